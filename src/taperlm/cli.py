@@ -1,0 +1,71 @@
+"""The `taperlm` command line: parses arguments and dispatches to one module per subcommand.
+
+Each subcommand lives in `taperlm.commands.<name>` and exposes two functions:
+`add_arguments(parser)` and `run(args) -> int`. Modules are imported only when their
+subcommand runs, so `taperlm plan` never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from taperlm.errors import TaperlmError
+
+# name -> one-line help; the module taperlm.commands.<name> implements it.
+COMMANDS: dict[str, str] = {
+    "plan": "show per-layer widths, parameters and FLOPs of a taper beside its uniform baseline",
+    "prepare": "tokenize a corpus into memory-mapped token shards",
+    "train": "pretrain a model (single process or under torchrun)",
+    "eval": "evaluate a run on validation perplexity and the paper's zero-shot suite",
+    "export": "export a run as a Hugging Face model directory",
+    "generate": "sample text from a run",
+    "novelty": "layer-wise novelty (rho_block, rho_mlp) of a model",
+    "compare": "train and compare tapers at one budget over seeds (the main job)",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="taperlm",
+        description="Tapered Language Models: build, train, evaluate and study depth-tapered LMs.",
+    )
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, help_text in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_command=name)
+        # Argument definitions are cheap to import (no torch at module level in commands/*).
+        _module(name).add_arguments(p)
+    return parser
+
+
+def _module(name: str):
+    return importlib.import_module(f"taperlm.commands.{name}")
+
+
+def _version() -> str:
+    from taperlm import __version__
+
+    return f"taperlm {__version__}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_command", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(_module(args._command).run(args) or 0)
+    except TaperlmError as err:
+        print(f"taperlm {args._command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"taperlm {args._command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

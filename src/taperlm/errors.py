@@ -1,0 +1,24 @@
+"""Error types. Every user-facing failure is a TaperlmError with a message that says what was
+wrong and what to do; the CLI prints it without a traceback."""
+
+from __future__ import annotations
+
+
+class TaperlmError(Exception):
+    """Base class for errors the user can fix (bad config, bad file, bad argument)."""
+
+
+class ConfigError(TaperlmError, ValueError):
+    """A configuration value, key or file is invalid."""
+
+
+class TaperError(ConfigError):
+    """A taper specification cannot be resolved to integer widths at the requested budget."""
+
+
+class DataError(TaperlmError):
+    """A corpus, token shard, tokenizer or evaluation file is missing or malformed."""
+
+
+class CheckpointError(TaperlmError):
+    """A checkpoint is missing, corrupt or incompatible with the requested run."""
