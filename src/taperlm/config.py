@@ -134,7 +134,9 @@ class ModelConfig:
     def validate(self) -> None:
         """Check shapes and options; raise ConfigError naming the key and the fix."""
         if self.family not in FAMILIES:
-            raise ConfigError(f"model.family {self.family!r} is unknown; choose one of {', '.join(FAMILIES)}")
+            raise ConfigError(
+                f"model.family {self.family!r} is unknown; choose one of {', '.join(FAMILIES)}"
+            )
         for key in ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_width", "context_length"):
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -150,7 +152,9 @@ class ModelConfig:
                 f"model.n_kv_heads ({self.n_kv_heads}) must divide model.n_heads ({self.n_heads})"
             )
         if self.gate not in GATE_KINDS:
-            raise ConfigError(f"model.gate {self.gate!r} is unknown; choose elementwise or headwise")
+            raise ConfigError(
+                f"model.gate {self.gate!r} is unknown; choose elementwise or headwise"
+            )
         if self.mlp_widths is not None:
             if len(self.mlp_widths) != self.n_layers:
                 raise ConfigError(
@@ -158,7 +162,9 @@ class ModelConfig:
                     "give one width per layer (or delete mlp_widths to resolve it from the taper)"
                 )
             if any((not isinstance(w, int)) or w < 1 for w in self.mlp_widths):
-                raise ConfigError(f"model.mlp_widths must be positive integers, got {self.mlp_widths}")
+                raise ConfigError(
+                    f"model.mlp_widths must be positive integers, got {self.mlp_widths}"
+                )
             if sum(self.mlp_widths) != self.n_layers * self.mlp_width:
                 raise ConfigError(
                     f"model.mlp_widths sum to {sum(self.mlp_widths)} but the budget is n_layers x mlp_width = "
@@ -294,13 +300,17 @@ def from_dict(cls: type, data: Any, where: str = "") -> Any:
     if cls is TaperSpec:
         return _taper_from(data, where or "taper")
     if not isinstance(data, dict):
-        raise ConfigError(f"{where or 'config'} must be a mapping, got {type(data).__name__}: {data!r}")
+        raise ConfigError(
+            f"{where or 'config'} must be a mapping, got {type(data).__name__}: {data!r}"
+        )
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
         close = {u: _closest(u, names) for u in unknown}
-        hint = "; ".join(f"{u!r}" + (f" (did you mean {c!r}?)" if c else "") for u, c in close.items())
+        hint = "; ".join(
+            f"{u!r}" + (f" (did you mean {c!r}?)" if c else "") for u, c in close.items()
+        )
         raise ConfigError(
             f"unknown key(s) in {where or 'config'}: {hint}. Valid keys: {', '.join(sorted(names))}"
         )
@@ -321,7 +331,9 @@ def _taper_from(data: Any, where: str) -> TaperSpec:
         except TaperError as err:
             raise ConfigError(f"{where}: {err}") from None
         return spec
-    raise ConfigError(f"{where} must be a taper spec string (e.g. cosine:1.5:0.5) or a mapping, got {data!r}")
+    raise ConfigError(
+        f"{where} must be a taper spec string (e.g. cosine:1.5:0.5) or a mapping, got {data!r}"
+    )
 
 
 def from_dict_plain(cls: type, data: dict, where: str) -> Any:
@@ -329,7 +341,9 @@ def from_dict_plain(cls: type, data: dict, where: str) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
-        raise ConfigError(f"unknown key(s) in {where}: {', '.join(map(repr, unknown))}. Valid keys: {', '.join(sorted(names))}")
+        raise ConfigError(
+            f"unknown key(s) in {where}: {', '.join(map(repr, unknown))}. Valid keys: {', '.join(sorted(names))}"
+        )
     return cls(**{k: _coerce(hints[k], v, f"{where}.{k}") for k, v in data.items()})
 
 
@@ -396,13 +410,17 @@ def load_yaml(path: str | Path) -> dict:
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"config file {p} is not valid YAML{where}: {getattr(err, 'problem', err)}") from None
+        raise ConfigError(
+            f"config file {p} is not valid YAML{where}: {getattr(err, 'problem', err)}"
+        ) from None
     except UnicodeDecodeError:
         raise ConfigError(f"config file {p} is not UTF-8 text") from None
     if data is None:
         raise ConfigError(f"config file {p} is empty")
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {p} must hold a mapping (model:, data:, train:), got {type(data).__name__}")
+        raise ConfigError(
+            f"config file {p} must hold a mapping (model:, data:, train:), got {type(data).__name__}"
+        )
     return data
 
 
@@ -466,7 +484,9 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {text!r}: {p!r} is not a section")
         node[parts[-1]] = value
-        if parts[:2] == ["model", "taper"] or (len(parts) >= 2 and parts[0] == "model" and parts[1] in ("mlp_width", "n_layers")):
+        if parts[:2] == ["model", "taper"] or (
+            len(parts) >= 2 and parts[0] == "model" and parts[1] in ("mlp_width", "n_layers")
+        ):
             # The widths are derived from these; re-resolve them.
             data.get("model", {}).pop("mlp_widths", None)
     return data

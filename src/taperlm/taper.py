@@ -92,7 +92,9 @@ class TaperSpec:
             spec.validate()
             return spec
         if not parts or not parts[0]:
-            raise TaperError(f"taper {text!r}: {name} needs a comma-separated list, e.g. {name}:1.5,1.0,0.5")
+            raise TaperError(
+                f"taper {text!r}: {name} needs a comma-separated list, e.g. {name}:1.5,1.0,0.5"
+            )
         if len(parts) > 1:
             raise TaperError(f"taper {text!r}: use commas between {name} values, not colons")
         items = [p.strip() for p in parts[0].split(",")]
@@ -121,24 +123,40 @@ class TaperSpec:
 
     def validate(self) -> None:
         if self.schedule not in SCHEDULES:
-            raise TaperError(f"unknown taper schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
-        if not isinstance(self.multiple_of, int) or isinstance(self.multiple_of, bool) or self.multiple_of < 1:
-            raise TaperError(f"taper multiple_of must be a positive integer, got {self.multiple_of!r}")
+            raise TaperError(
+                f"unknown taper schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}"
+            )
+        if (
+            not isinstance(self.multiple_of, int)
+            or isinstance(self.multiple_of, bool)
+            or self.multiple_of < 1
+        ):
+            raise TaperError(
+                f"taper multiple_of must be a positive integer, got {self.multiple_of!r}"
+            )
         if self.schedule in ("cosine", "linear", "sigmoid"):
             for name, v in (("start", self.start), ("end", self.end)):
                 if not math.isfinite(v) or v <= 0:
-                    raise TaperError(f"taper {self.schedule} {name} multiplier must be > 0, got {v}")
-            if self.schedule == "sigmoid" and (not math.isfinite(self.steepness) or self.steepness <= 0):
+                    raise TaperError(
+                        f"taper {self.schedule} {name} multiplier must be > 0, got {v}"
+                    )
+            if self.schedule == "sigmoid" and (
+                not math.isfinite(self.steepness) or self.steepness <= 0
+            ):
                 raise TaperError(f"sigmoid steepness k must be > 0, got {self.steepness}")
         if self.schedule == "groups":
             if not self.groups:
-                raise TaperError("taper 'groups' needs at least one group multiplier, e.g. groups:1.5,1.0,0.5")
+                raise TaperError(
+                    "taper 'groups' needs at least one group multiplier, e.g. groups:1.5,1.0,0.5"
+                )
             bad = [g for g in self.groups if not math.isfinite(g) or g <= 0]
             if bad:
                 raise TaperError(f"group multipliers must be > 0, got {bad}")
         if self.schedule == "custom":
             if not self.values:
-                raise TaperError("taper 'custom' needs one value per layer, e.g. custom:4224,2816,1408")
+                raise TaperError(
+                    "taper 'custom' needs one value per layer, e.g. custom:4224,2816,1408"
+                )
             bad = [v for v in self.values if not math.isfinite(v) or v <= 0]
             if bad:
                 raise TaperError(f"custom taper values must be > 0, got {bad}")
@@ -204,7 +222,9 @@ def multipliers(spec: TaperSpec, n_layers: int) -> list[float]:
     if spec.schedule == "groups":
         n = len(spec.groups)
         if n > L:
-            raise TaperError(f"taper groups: {n} groups need at least {n} layers, the model has {L}")
+            raise TaperError(
+                f"taper groups: {n} groups need at least {n} layers, the model has {L}"
+            )
         # n groups of consecutive layers, sizes differing by at most one (earlier groups larger).
         sizes = [L // n + (1 if g < L % n else 0) for g in range(n)]
         out: list[float] = []
@@ -238,7 +258,9 @@ def _direction(values: list[float]) -> int:
 # Solver
 
 
-def solve_sizes(spec: TaperSpec, n_layers: int, baseline: int, *, what: str = "mlp width") -> list[int]:
+def solve_sizes(
+    spec: TaperSpec, n_layers: int, baseline: int, *, what: str = "mlp width"
+) -> list[int]:
     """Resolve `spec` to one integer size per layer with sum exactly n_layers * baseline.
 
     `what` names the quantity in error messages (the solver is generic over per-layer sizes).
@@ -264,7 +286,9 @@ def solve_sizes(spec: TaperSpec, n_layers: int, baseline: int, *, what: str = "m
                 f"(off by {total - target:+d}); adjust the list so its mean equals the baseline"
             )
         if spec.monotone and _direction([float(w) for w in widths]) == 2:
-            raise TaperError(f"custom {what}s {widths} are not monotone but monotone=true was asked")
+            raise TaperError(
+                f"custom {what}s {widths} are not monotone but monotone=true was asked"
+            )
         return widths
 
     if baseline % m:
@@ -275,7 +299,9 @@ def solve_sizes(spec: TaperSpec, n_layers: int, baseline: int, *, what: str = "m
     r = multipliers(spec, n_layers)
     direction = _direction(r)
     if spec.monotone and direction == 2:
-        raise TaperError(f"taper {spec.to_string()} is not monotone across depth but monotone=true was asked")
+        raise TaperError(
+            f"taper {spec.to_string()} is not monotone across depth but monotone=true was asked"
+        )
     enforce = direction in (-1, 1) if spec.monotone is None else bool(spec.monotone)
 
     unit = baseline // m  # baseline in steps of m
@@ -321,7 +347,9 @@ def solve_sizes(spec: TaperSpec, n_layers: int, baseline: int, *, what: str = "m
 
 def _keeps_order(steps: list[int], i: int, new: int, direction: int) -> bool:
     prev_ok = i == 0 or (steps[i - 1] >= new if direction <= 0 else steps[i - 1] <= new)
-    next_ok = i == len(steps) - 1 or (new >= steps[i + 1] if direction <= 0 else new <= steps[i + 1])
+    next_ok = i == len(steps) - 1 or (
+        new >= steps[i + 1] if direction <= 0 else new <= steps[i + 1]
+    )
     return prev_ok and next_ok
 
 

@@ -1,0 +1,135 @@
+"""Parameter and FLOP accounting per layer and in total (pure Python; no torch).
+
+Parameters are counted exactly (the built model's `numel` equals `total_params`). Training FLOPs
+per token follow the usual convention (Kaplan et al.; PaLM appendix B):
+
+    flops_per_token = 6 * N_matmul + 3 * sum_l A_l(seq_len)
+
+N_matmul counts every weight that takes part in a matrix multiply per token: all block
+projections and the output head (also when it is tied to the embedding, since the head matmul is
+still computed); the embedding lookup and the norm gains are not matmuls. 6 = 2 FLOPs per
+multiply-add x (1 forward + 2 backward). A_l is the forward FLOPs per token of layer l's mixer
+beyond its weights (attention: 2*2*H*d_h*T for QK^T and AV over a context of T tokens, no causal
+halving; memory families add their inner-loop work), tripled for the backward pass.
+
+Because MLP parameters are linear in the width, a taper with the same total width has the same
+N_matmul and the same FLOPs per token as its uniform baseline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from taperlm.config import ModelConfig
+from taperlm.families import family
+
+
+@dataclass
+class LayerBudget:
+    layer: int
+    mlp_width: int
+    multiplier: float
+    params: int
+    mixer_params: int
+    mlp_params: int
+    matmul_params: int
+    flops_per_token: int
+    components: dict[str, int]
+
+
+def embedding_params(cfg: ModelConfig) -> int:
+    return cfg.vocab_size * cfg.d_model
+
+
+def head_params(cfg: ModelConfig) -> int:
+    """Output head parameters that are not shared with the embedding."""
+    return 0 if cfg.tie_embeddings else cfg.vocab_size * cfg.d_model
+
+
+def layer_budget(cfg: ModelConfig, layer: int, seq_len: int | None = None) -> LayerBudget:
+    assert cfg.mlp_widths is not None, "resolve the config first (ModelConfig.resolve())"
+    fam = family(cfg)
+    mixer = fam.mixer_params(cfg, layer)
+    mlp = fam.mlp_params(cfg, layer)
+    components = {f"mixer.{k}": v for k, v in mixer.items()} | {
+        f"mlp.{k}": v for k, v in mlp.items()
+    }
+    params = sum(components.values())
+    # Norm gains, conv kernels and other per-channel vectors are not matmul weights.
+    non_matmul = sum(v for k, v in components.items() if _is_vector(k))
+    matmul = params - non_matmul
+    T = seq_len or cfg.context_length
+    flops = 6 * matmul + 3 * fam.mixer_flops(cfg, layer, T)
+    return LayerBudget(
+        layer=layer,
+        mlp_width=cfg.mlp_widths[layer],
+        multiplier=cfg.mlp_widths[layer] / cfg.mlp_width,
+        params=params,
+        mixer_params=sum(mixer.values()),
+        mlp_params=sum(mlp.values()),
+        matmul_params=matmul,
+        flops_per_token=flops,
+        components=components,
+    )
+
+
+def _is_vector(component: str) -> bool:
+    name = component.split(".", 1)[1]
+    return name.startswith(("norms", "conv", "bias", "vector"))
+
+
+def layer_budgets(cfg: ModelConfig, seq_len: int | None = None) -> list[LayerBudget]:
+    return [layer_budget(cfg, i, seq_len) for i in range(cfg.n_layers)]
+
+
+def total_params(cfg: ModelConfig) -> int:
+    """Every parameter of the model, embeddings included (final norm included)."""
+    body = sum(b.params for b in layer_budgets(cfg))
+    return embedding_params(cfg) + head_params(cfg) + body + cfg.d_model
+
+
+def non_embedding_params(cfg: ModelConfig) -> int:
+    return total_params(cfg) - embedding_params(cfg) - head_params(cfg)
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+    return sum(b.matmul_params for b in layer_budgets(cfg)) + cfg.vocab_size * cfg.d_model
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> int:
+    """Training FLOPs per token (forward + backward), see the module docstring."""
+    layers = layer_budgets(cfg, seq_len)
+    head = 6 * cfg.vocab_size * cfg.d_model
+    return sum(b.flops_per_token for b in layers) + head
+
+
+@dataclass
+class Plan:
+    """A config's budget beside its uniform baseline (what `taperlm plan` prints)."""
+
+    config: ModelConfig
+    baseline: ModelConfig
+    layers: list[LayerBudget]
+    baseline_layers: list[LayerBudget]
+    total_params: int
+    baseline_total_params: int
+    flops_per_token: int
+    baseline_flops_per_token: int
+    seq_len: int
+
+
+def plan(cfg: ModelConfig, seq_len: int | None = None) -> Plan:
+    cfg.resolve()
+    base = cfg.baseline()
+    T = seq_len or cfg.context_length
+    return Plan(
+        config=cfg,
+        baseline=base,
+        layers=layer_budgets(cfg, T),
+        baseline_layers=layer_budgets(base, T),
+        total_params=total_params(cfg),
+        baseline_total_params=total_params(base),
+        flops_per_token=flops_per_token(cfg, T),
+        baseline_flops_per_token=flops_per_token(base, T),
+        seq_len=T,
+    )

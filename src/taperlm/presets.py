@@ -1,0 +1,119 @@
+"""Named model presets `{family}-{size}` and their training defaults (pure Python; no torch).
+
+Shapes follow the model family the paper builds on (PAPER.md §5; fla/flame and Atlas Table 7):
+SwiGLU width = 256 * ceil((8d/3) / 256), Llama-2 32K vocabulary, 4K context, untied embeddings.
+Sizes name the total parameter count *with* embeddings (input embedding + untied head), as the
+paper's 440M/760M/1.3B naming does:
+
+| size  | layers | d_model | heads (d_h) | mlp_width | transformer total |
+|-------|--------|---------|-------------|-----------|-------------------|
+| 440m  | 24     | 1152    | 16 (72)     | 3072      | 455.9M            |
+| 760m  | 24     | 1536    | 16 (96)     | 4096      | 777.9M            |
+| 1.3b  | 24     | 2048    | 16 (128)    | 5632      | 1364.3M           |
+
+440m: the family's 24-layer depth (divisible by 3 for the paper's three-group experiment) with
+d_model raised from 1024 (374M) to 1152, the nearest width with a whole head dim that reaches
+~440M. Gated Attention adds its gate (d x d per layer) on top of the same shape rather than
+shrinking the MLP, as in Qiu et al.; Hope and Titans presets are defined by their families.
+
+Tiny presets (`*-tiny`: 6 layers, d_model 128, 8K BPE vocabulary, 256 context) train on 2 CPU
+cores in minutes; `*-small` (8 layers, d_model 256) is the default of `taperlm compare`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+from taperlm.config import HopeConfig, ModelConfig, TitansConfig
+from taperlm.errors import ConfigError
+from taperlm.taper import TaperSpec
+
+PAPER_SHAPES: dict[str, dict] = {
+    "440m": dict(n_layers=24, d_model=1152, n_heads=16, mlp_width=3072),
+    "760m": dict(n_layers=24, d_model=1536, n_heads=16, mlp_width=4096),
+    "1.3b": dict(n_layers=24, d_model=2048, n_heads=16, mlp_width=5632),
+}
+PAPER_COMMON = dict(vocab_size=32000, context_length=4096, tie_embeddings=False)
+
+SMALL_SHAPES: dict[str, dict] = {
+    "tiny": dict(
+        n_layers=6, d_model=128, n_heads=4, mlp_width=352, vocab_size=8192, context_length=256
+    ),
+    "small": dict(
+        n_layers=8,
+        d_model=256,
+        n_heads=4,
+        mlp_width=688 - 688 % 16,
+        vocab_size=8192,
+        context_length=256,
+    ),
+}
+
+# Family-specific extras applied on top of the shape (a function of the size name).
+FamilyExtras = Callable[[str], dict]
+
+
+def _transformer(size: str) -> dict:
+    return {"family": "transformer"}
+
+
+def _gated(size: str) -> dict:
+    return {"family": "gated", "gate": "elementwise"}
+
+
+FAMILY_EXTRAS: dict[str, FamilyExtras] = {"transformer": _transformer, "gated": _gated}
+
+
+def register_family(name: str, extras: FamilyExtras) -> None:
+    """Add a family's presets (used by the Hope and Titans families)."""
+    FAMILY_EXTRAS[name] = extras
+
+
+def _all_sizes() -> list[str]:
+    return [*SMALL_SHAPES, *PAPER_SHAPES]
+
+
+def preset_names() -> list[str]:
+    _load_family_presets()
+    return [f"{fam}-{size}" for fam in FAMILY_EXTRAS for size in _all_sizes()]
+
+
+def get_preset(name: str, taper: TaperSpec | None = None, resolve: bool = True) -> ModelConfig:
+    """A fresh ModelConfig for preset `name`, optionally with a taper, resolved by default."""
+    _load_family_presets()
+    fam, _, size = name.rpartition("-")
+    if fam not in FAMILY_EXTRAS or size not in _all_sizes():
+        raise ConfigError(
+            f"unknown preset {name!r}; run `taperlm plan --list-presets` to see them "
+            f"(families: {', '.join(FAMILY_EXTRAS)}; sizes: {', '.join(_all_sizes())})"
+        )
+    fields: dict = {}
+    if size in PAPER_SHAPES:
+        fields.update(PAPER_COMMON, **PAPER_SHAPES[size])
+    else:
+        fields.update(SMALL_SHAPES[size])
+    extras = copy.deepcopy(FAMILY_EXTRAS[fam](size))
+    hope = extras.pop("hope", None)
+    titans = extras.pop("titans", None)
+    fields.update(extras)
+    cfg = ModelConfig(**fields)
+    if hope is not None:
+        cfg.hope = hope if isinstance(hope, HopeConfig) else HopeConfig(**hope)
+    if titans is not None:
+        cfg.titans = titans if isinstance(titans, TitansConfig) else TitansConfig(**titans)
+    if taper is not None:
+        cfg.taper = taper
+    return cfg.resolve() if resolve else cfg
+
+
+def _load_family_presets() -> None:
+    """Import modules that register further families (kept lazy to avoid import cycles)."""
+    import importlib
+
+    for mod in ("taperlm.families_presets",):
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as err:
+            if err.name != mod:
+                raise
