@@ -19,6 +19,7 @@ decimal point, widths if all are integers).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -243,8 +244,8 @@ def multipliers(spec: TaperSpec, n_layers: int) -> list[float]:
 
 def _direction(values: list[float]) -> int:
     """+1 non-decreasing, -1 non-increasing, 0 constant, None-like 2 for neither."""
-    inc = all(b >= a for a, b in zip(values, values[1:]))
-    dec = all(b <= a for a, b in zip(values, values[1:]))
+    inc = all(b >= a for a, b in itertools.pairwise(values))
+    dec = all(b <= a for a, b in itertools.pairwise(values))
     if inc and dec:
         return 0
     if dec:
@@ -306,7 +307,7 @@ def solve_sizes(
 
     unit = baseline // m  # baseline in steps of m
     exact = [x * unit for x in r]  # ideal size in steps
-    steps = [int(math.floor(x + 0.5)) for x in exact]
+    steps = [math.floor(x + 0.5) for x in exact]
     for i, s in enumerate(steps):
         if s <= 0:
             raise TaperError(
