@@ -26,7 +26,9 @@ COMMANDS: dict[str, str] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser; with `only`, just that subcommand's arguments are imported and added
+    (so one command's module is the only one loaded when it runs)."""
     parser = argparse.ArgumentParser(
         prog="taperlm",
         description="Tapered Language Models: build, train, evaluate and study depth-tapered LMs.",
@@ -36,8 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_command=name)
-        # Argument definitions are cheap to import (no torch at module level in commands/*).
-        _module(name).add_arguments(p)
+        if only is None or only == name:
+            _module(name).add_arguments(p)
     return parser
 
 
@@ -52,7 +54,9 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    first = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(only=first if first in COMMANDS else "")
     args = parser.parse_args(argv)
     if not getattr(args, "_command", None):
         parser.print_help()

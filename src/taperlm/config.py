@@ -484,12 +484,28 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {text!r}: {p!r} is not a section")
         node[parts[-1]] = value
-        if parts[:2] == ["model", "taper"] or (
-            len(parts) >= 2 and parts[0] == "model" and parts[1] in ("mlp_width", "n_layers")
-        ):
-            # The widths are derived from these; re-resolve them.
-            data.get("model", {}).pop("mlp_widths", None)
+        if parts[0] == "model" and _affects_sizes(parts[1:]):
+            clear_resolved_sizes(data["model"])
     return data
+
+
+_SIZE_KEYS = {"taper", "mlp_width", "n_layers", "family", "hope", "titans"}
+_RESOLVED_KEYS = {"mlp_widths", "level_widths", "memory_widths"}
+
+
+def _affects_sizes(path: list[str]) -> bool:
+    """Whether overriding model.<path> changes the resolved per-layer sizes."""
+    return bool(path) and path[0] in _SIZE_KEYS and path[-1] not in _RESOLVED_KEYS
+
+
+def clear_resolved_sizes(model: dict) -> None:
+    """Drop resolved per-layer sizes from a model dict so `resolve()` recomputes them from the
+    (changed) taper; used when the taper, baseline or depth is overridden."""
+    model.pop("mlp_widths", None)
+    for sub in ("hope", "titans"):
+        if isinstance(model.get(sub), dict):
+            model[sub].pop("level_widths", None)
+            model[sub].pop("memory_widths", None)
 
 
 def _section_of(key: str) -> str | None:

@@ -17,7 +17,7 @@ d_model raised from 1024 (374M) to 1152, the nearest width with a whole head dim
 shrinking the MLP, as in Qiu et al.; Hope and Titans presets are defined by their families.
 
 Tiny presets (`*-tiny`: 6 layers, d_model 128, 8K BPE vocabulary, 256 context) train on 2 CPU
-cores in minutes; `*-small` (8 layers, d_model 256) is the default of `taperlm compare`.
+cores in minutes; `*-small` (12 layers, d_model 192) is the default of `taperlm compare`.
 """
 
 from __future__ import annotations
@@ -41,12 +41,7 @@ SMALL_SHAPES: dict[str, dict] = {
         n_layers=6, d_model=128, n_heads=4, mlp_width=352, vocab_size=8192, context_length=256
     ),
     "small": dict(
-        n_layers=8,
-        d_model=256,
-        n_heads=4,
-        mlp_width=688 - 688 % 16,
-        vocab_size=8192,
-        context_length=256,
+        n_layers=12, d_model=192, n_heads=4, mlp_width=512, vocab_size=8192, context_length=256
     ),
 }
 

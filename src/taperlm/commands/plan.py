@@ -1,0 +1,129 @@
+"""`taperlm plan`: per-layer widths, parameters and FLOPs of a taper beside its uniform baseline."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from taperlm.commands.common import add_model_arguments, build_run_config
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    parser.add_argument(
+        "--seq-len", type=int, help="context for the attention FLOPs (default: the model's)"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--plot", type=Path, help="write the width profile as a PNG")
+    parser.add_argument("--dump-config", action="store_true", help="print the resolved YAML")
+    parser.add_argument("--list-presets", action="store_true", help="list preset names and exit")
+
+
+def run(args: argparse.Namespace) -> int:
+    from taperlm.budget import plan
+    from taperlm.config import dump_yaml
+
+    if args.list_presets:
+        _list_presets()
+        return 0
+    cfg = build_run_config(args)
+    if args.dump_config:
+        print(dump_yaml(cfg), end="")
+        return 0
+    p = plan(cfg.model, args.seq_len)
+    if args.json:
+        print(json.dumps(plan_to_dict(p), indent=2))
+    else:
+        print(format_plan(p))
+    if args.plot:
+        from taperlm.analysis.plots import plot_width_profiles
+
+        label = cfg.model.taper.to_string()
+        path = plot_width_profiles(
+            {label: list(cfg.model.mlp_widths or [])}, cfg.model.mlp_width, args.plot
+        )
+        if not args.json:
+            print(f"width profile written to {path}")
+    return 0
+
+
+def _list_presets() -> None:
+    from taperlm.budget import total_params
+    from taperlm.presets import get_preset, preset_names
+
+    print(f"{'preset':<22}{'layers':>7}{'d_model':>9}{'mlp_width':>11}{'params':>12}")
+    for name in preset_names():
+        c = get_preset(name)
+        print(
+            f"{name:<22}{c.n_layers:>7}{c.d_model:>9}{c.mlp_width:>11}"
+            f"{total_params(c) / 1e6:>11.1f}M"
+        )
+
+
+def plan_to_dict(p) -> dict:
+    cfg = p.config
+    total_flops = sum(b.flops_per_token for b in p.layers)
+    return {
+        "family": cfg.family,
+        "taper": cfg.taper.to_dict(),
+        "taper_spec": cfg.taper.to_string(),
+        "n_layers": cfg.n_layers,
+        "d_model": cfg.d_model,
+        "baseline_mlp_width": cfg.mlp_width,
+        "mlp_widths": list(cfg.mlp_widths or []),
+        "seq_len": p.seq_len,
+        "layers": [
+            {
+                "layer": b.layer,
+                "mlp_width": b.mlp_width,
+                "multiplier": b.multiplier,
+                "params": b.params,
+                "mixer_params": b.mixer_params,
+                "mlp_params": b.mlp_params,
+                "baseline_params": bb.params,
+                "flops_per_token": b.flops_per_token,
+                "flops_share": b.flops_per_token / total_flops,
+                "components": b.components,
+            }
+            for b, bb in zip(p.layers, p.baseline_layers)
+        ],
+        "total_params": p.total_params,
+        "baseline_total_params": p.baseline_total_params,
+        "params_difference": p.total_params - p.baseline_total_params,
+        "flops_per_token": p.flops_per_token,
+        "baseline_flops_per_token": p.baseline_flops_per_token,
+        "flops_difference": p.flops_per_token - p.baseline_flops_per_token,
+    }
+
+
+def format_plan(p) -> str:
+    cfg = p.config
+    from taperlm.taper import describe
+
+    total_flops = sum(b.flops_per_token for b in p.layers)
+    lines = [
+        f"{cfg.family} model: {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads, "
+        f"vocab {cfg.vocab_size}, context {cfg.context_length}",
+        f"taper: {describe(cfg.taper)} (multiple_of {cfg.taper.multiple_of}); "
+        f"baseline mlp_width {cfg.mlp_width}",
+        "",
+        f"{'layer':>5} {'width':>7} {'x base':>7} {'params':>12} {'baseline':>12} "
+        f"{'diff':>10} {'FLOPs share':>11}",
+    ]
+    for b, bb in zip(p.layers, p.baseline_layers):
+        lines.append(
+            f"{b.layer:>5} {b.mlp_width:>7} {b.multiplier:>7.3f} {b.params:>12,} {bb.params:>12,} "
+            f"{b.params - bb.params:>+10,} {100 * b.flops_per_token / total_flops:>10.2f}%"
+        )
+    mean = sum(cfg.mlp_widths or []) / cfg.n_layers
+    lines += [
+        "",
+        f"mean width {mean:g} (baseline {cfg.mlp_width})",
+        f"{'':<28}{'tapered':>16}{'uniform':>16}{'difference':>12}",
+        f"{'total parameters':<28}{p.total_params:>16,}{p.baseline_total_params:>16,}"
+        f"{p.total_params - p.baseline_total_params:>+12,}",
+        f"{'training FLOPs/token @' + str(p.seq_len):<28}{p.flops_per_token:>16,}"
+        f"{p.baseline_flops_per_token:>16,}{p.flops_per_token - p.baseline_flops_per_token:>+12,}",
+    ]
+    return "\n".join(lines)
