@@ -373,6 +373,12 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         if isinstance(value, bool):
             return value
         raise ConfigError(f"{path} must be true or false, got {value!r}")
+    if tp in (int, float) and isinstance(value, str):
+        # YAML 1.1 reads `1e-3` and `2e6` as strings; accept numeric strings.
+        try:
+            value = float(value.replace("_", ""))
+        except ValueError:
+            pass
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value

@@ -1,0 +1,144 @@
+"""Config parsing, YAML round trip, overrides, and `taperlm plan`."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from taperlm.cli import main
+from taperlm.config import (
+    ModelConfig,
+    RunConfig,
+    apply_overrides,
+    load_run_config,
+    run_config_from_dict,
+    save_yaml,
+    to_dict,
+)
+from taperlm.errors import ConfigError
+from taperlm.presets import get_preset, preset_names
+from taperlm.taper import TaperSpec
+
+
+def test_yaml_round_trip_keeps_resolved_widths(tmp_path):
+    cfg = RunConfig(model=get_preset("transformer-tiny", TaperSpec.parse("cosine")))
+    save_yaml(cfg, tmp_path / "c.yaml")
+    back = load_run_config(tmp_path / "c.yaml")
+    assert back.model.mlp_widths == cfg.model.mlp_widths
+    assert back.model.taper == cfg.model.taper
+    assert to_dict(back) == to_dict(cfg)
+
+
+def test_loaded_widths_are_authoritative(tmp_path):
+    """Widths in a saved config are never recomputed from the schedule on load."""
+    cfg = RunConfig(model=get_preset("transformer-tiny", TaperSpec.parse("cosine")))
+    d = to_dict(cfg)
+    d["model"]["mlp_widths"] = [400, 400, 352, 352, 304, 304]  # same sum, not what cosine gives
+    back = run_config_from_dict(d).resolve()
+    assert back.model.mlp_widths == [400, 400, 352, 352, 304, 304]
+
+
+def test_overrides_reresolve_widths_only_when_sizes_change():
+    d = to_dict(RunConfig(model=get_preset("transformer-tiny", TaperSpec.parse("cosine"))))
+    apply_overrides(d, ["model.context_length=128"])
+    assert "mlp_widths" in d["model"]
+    apply_overrides(d, ["model.taper=linear:1.5:0.5", "train.lr=1e-3", "n_layers=9"])
+    cfg = run_config_from_dict(d).resolve()
+    assert cfg.model.n_layers == 9 and len(cfg.model.mlp_widths) == 9
+    assert cfg.model.taper.schedule == "linear"
+    assert cfg.train.lr == 1e-3
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"model": {"d_modle": 3}}, "unknown key.*'d_modle' \\(did you mean 'd_model'\\?\\)"),
+        ({"model": {"d_model": "wide"}}, "model.d_model must be an integer"),
+        ({"model": {"tie_embeddings": "yes"}}, "model.tie_embeddings must be true or false"),
+        ({"train": {"lr": "fast"}}, "train.lr must be a number"),
+        ({"model": {"taper": "cosine:2"}}, "expected cosine or cosine:START:END"),
+        ({"model": {"taper": {"schedule": "cosine", "startt": 1}}}, "unknown key.*startt"),
+        ({"model": {"d_model": 30, "n_heads": 4}}, "must be divisible by model.n_heads"),
+        ({"model": {"n_kv_heads": 3}}, "must divide model.n_heads"),
+        ({"model": {"family": "mamba"}}, "model.family 'mamba' is unknown"),
+        ({"model": {"gate": "scalar"}}, "model.gate 'scalar' is unknown"),
+        ({"model": {"mlp_widths": [352, 352]}}, "mlp_widths has 2 entries but model.n_layers is 6"),
+        ({"model": {"mlp_widths": [352] * 5 + [368]}}, "sum to 2128 but the budget"),
+        ({"model": {"vocab_size": 0}}, "model.vocab_size must be a positive integer"),
+        ({"modell": {}}, "unknown key.*'modell'"),
+    ],
+)
+def test_bad_config_errors(data, message):
+    base = to_dict(RunConfig(model=get_preset("transformer-tiny", resolve=False)))
+    for section, values in data.items():
+        base.setdefault(section, {})
+        if isinstance(base[section], dict):
+            base[section].update(values)
+    with pytest.raises(ConfigError, match=message):
+        run_config_from_dict(base).resolve()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("model: [1, 2\n", "not valid YAML at line"),
+        ("", "is empty"),
+        ("- 1\n- 2\n", "must hold a mapping"),
+    ],
+)
+def test_bad_yaml_files(tmp_path, text, message):
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_run_config(p)
+
+
+def test_every_preset_resolves_with_exact_budget():
+    from taperlm.budget import total_params
+
+    for name in preset_names():
+        cfg = get_preset(name, TaperSpec.parse("cosine"))
+        assert total_params(cfg) == total_params(cfg.baseline()), name
+
+
+def test_440m_preset_is_about_440m():
+    from taperlm.budget import total_params
+
+    n = total_params(get_preset("transformer-440m"))
+    assert 420e6 < n < 470e6
+
+
+def test_plan_json_440m_cosine(capsys):
+    assert main(["plan", "--preset", "transformer-440m", "--taper", "cosine", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    widths = [layer["mlp_width"] for layer in out["layers"]]
+    base = out["baseline_mlp_width"]
+    assert widths[0] == 1.5 * base and widths[-1] == 0.5 * base
+    assert all(a >= b for a, b in itertools.pairwise(widths))
+    assert out["total_params"] == out["baseline_total_params"]
+    assert out["flops_per_token"] == out["baseline_flops_per_token"]
+    assert sum(layer["params"] for layer in out["layers"]) == sum(
+        layer["baseline_params"] for layer in out["layers"]
+    )
+
+
+def test_plan_table_and_errors(capsys, tmp_path):
+    assert main(["plan", "--preset", "gated-tiny", "--taper", "groups:1.5,1.0,0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "total parameters" in out and "+0" in out
+    assert main(["plan", "--preset", "transformer-tiny", "--taper", "cosine:1.5:1.0"]) == 2
+    assert "cannot meet the budget" in capsys.readouterr().err
+    assert main(["plan", "--preset", "no-such"]) == 2
+    assert "unknown preset" in capsys.readouterr().err
+    cfg = tmp_path / "m.yaml"
+    cfg.write_text("model:\n  family: transformer\n  d_model: 64\n  n_layers: 3\n  n_heads: 2\n"
+                   "  mlp_width: 192\n  vocab_size: 100\n  taper: linear:1.5:0.5\n")
+    assert main(["plan", "--config", str(cfg), "--multiple-of", "32", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [x["mlp_width"] for x in out["layers"]] == [288, 192, 96]
+
+
+def test_model_config_defaults_validate():
+    ModelConfig().resolve()
