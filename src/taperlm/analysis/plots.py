@@ -1,0 +1,156 @@
+"""PNG plots for plan / novelty / compare: width profiles, loss curves, novelty curves.
+
+Figures are drawn with matplotlib's object API on an Agg canvas (`Figure` + `savefig`), never
+through pyplot, so no display is needed and the process-wide backend is left untouched.
+Every function writes one PNG and returns its path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from taperlm.analysis.novelty import NoveltyResult
+
+# One point of a loss curve: (tokens seen, loss).
+CurvePoint = tuple[float, float]
+
+
+def _figure(ncols: int = 1, width: float = 7.0, height: float = 4.5) -> tuple[Figure, list[Axes]]:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=120, layout="constrained")
+    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    return fig, list(axes)
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    return out
+
+
+def plot_width_profiles(
+    profiles: Mapping[str, Sequence[int]],
+    baseline: int,
+    path: str | Path,
+    title: str = "MLP width per layer",
+) -> Path:
+    """One line per allocation (label -> per-layer widths), the uniform baseline dashed."""
+    if not profiles:
+        raise ValueError("plot_width_profiles needs at least one profile")
+    fig, (ax,) = _figure()
+    n_max = 0
+    for label, widths in profiles.items():
+        layers = np.arange(len(widths))
+        n_max = max(n_max, len(widths))
+        ax.plot(layers, list(widths), marker="o", markersize=3.5, linewidth=1.6, label=label)
+    ax.axhline(baseline, color="0.3", linestyle="--", linewidth=1.2, label=f"baseline ({baseline})")
+    ax.set_xlabel("layer (0 = first)")
+    ax.set_ylabel("MLP intermediate width d_ff")
+    ax.set_title(title)
+    ax.set_xlim(-0.5, n_max - 0.5)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def _is_multi_seed(curve: Any) -> bool:
+    """A multi-seed curve is a list of curves (each a list of (tokens, loss) pairs)."""
+    if not curve:
+        return False
+    first = curve[0]
+    return len(first) > 0 and isinstance(first[0], (list, tuple))
+
+
+def _mean_band(runs: Sequence[Sequence[CurvePoint]]) -> tuple[np.ndarray, ...]:
+    """Mean and std over seeds on the tokens of the first run, each run interpolated onto that
+    grid within the range every run covers (seeds may log at slightly different token counts)."""
+    arrays = [np.asarray(r, dtype=float).reshape(-1, 2) for r in runs if len(r)]
+    if not arrays:
+        return np.empty(0), np.empty(0), np.empty(0)
+    lo = max(a[:, 0].min() for a in arrays)
+    hi = min(a[:, 0].max() for a in arrays)
+    grid = arrays[0][:, 0]
+    grid = grid[(grid >= lo) & (grid <= hi)]
+    ys = np.stack([np.interp(grid, a[:, 0], a[:, 1]) for a in arrays])
+    return grid, ys.mean(axis=0), ys.std(axis=0, ddof=1) if len(arrays) > 1 else np.zeros_like(grid)
+
+
+def plot_loss_curves(
+    curves: Mapping[str, Sequence[CurvePoint] | Sequence[Sequence[CurvePoint]]],
+    path: str | Path,
+    title: str = "Validation loss",
+    ylabel: str = "loss (nats/token)",
+) -> Path:
+    """Loss vs tokens seen, one line per label. A label's value is either one curve
+    [(tokens, loss), ...] or a list of curves, one per seed: then the mean is drawn with a
+    ±1 std band (sample std over seeds)."""
+    if not curves:
+        raise ValueError("plot_loss_curves needs at least one curve")
+    fig, (ax,) = _figure()
+    any_band = False
+    for label, curve in curves.items():
+        if _is_multi_seed(curve):
+            runs = [list(r) for r in curve]  # type: ignore[arg-type]
+            x, mean, std = _mean_band(runs)
+            (line,) = ax.plot(x, mean, linewidth=1.6, label=f"{label} (n={len(runs)})")
+            if len(runs) > 1:
+                ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+                any_band = True
+        else:
+            pts = np.asarray(curve, dtype=float).reshape(-1, 2)
+            ax.plot(pts[:, 0], pts[:, 1], linewidth=1.6, label=label)
+    ax.set_xlabel("tokens seen")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title + (" (mean ± 1 std over seeds)" if any_band else ""))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def plot_novelty(
+    results: Mapping[str, NoveltyResult],
+    path: str | Path,
+    title: str = "Layer-wise novelty",
+    band: bool = True,
+) -> Path:
+    """rho_mlp (left) and rho_block (right) per layer, one line per model, each with its ±1 std
+    band over tokens. Models of different depth are drawn against relative depth l/(L-1)."""
+    if not results:
+        raise ValueError("plot_novelty needs at least one result")
+    depths = {r.n_layers for r in results.values()}
+    relative = len(depths) > 1
+    fig, axes = _figure(ncols=2, width=11.0, height=4.5)
+    panels = [
+        ("rho_mlp", "ρ_mlp = cos(F_l(z_l), h_l)", "pearson_mlp"),
+        ("rho_block", "ρ_block = cos(h_{l+1} − h_l, h_l)", "pearson_block"),
+    ]
+    for ax, (key, label, r_key) in zip(axes, panels):
+        for name, res in results.items():
+            stats = getattr(res, key)
+            L = len(stats)
+            x = np.arange(L) / max(L - 1, 1) if relative else np.arange(L)
+            mean = np.array([s.mean for s in stats])
+            std = np.array([s.std for s in stats])
+            r = getattr(res, r_key)
+            (line,) = ax.plot(x, mean, marker="o", markersize=3, label=f"{name} (r={r:+.2f})")
+            if band:
+                ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.15)
+        ax.axhline(0.0, color="0.4", linewidth=0.8)
+        ax.set_xlabel("relative depth l/(L−1)" if relative else "layer l")
+        ax.set_ylabel(label)
+        ax.set_title(f"{label.split(' =')[0]} per layer" + (" (band: ±1 std)" if band else ""))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small", title="r = Pearson with depth", title_fontsize="small")
+    fig.suptitle(title)
+    return _save(fig, path)
