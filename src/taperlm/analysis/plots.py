@@ -47,7 +47,10 @@ def plot_width_profiles(
     """One line per allocation (label -> per-layer widths), the uniform baseline dashed."""
     if not profiles:
         raise ValueError("plot_width_profiles needs at least one profile")
+    from matplotlib.ticker import MaxNLocator
+
     fig, (ax,) = _figure()
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     n_max = 0
     for label, widths in profiles.items():
         layers = np.arange(len(widths))
@@ -128,14 +131,16 @@ def plot_novelty(
     band over tokens. Models of different depth are drawn against relative depth l/(L-1)."""
     if not results:
         raise ValueError("plot_novelty needs at least one result")
+    from matplotlib.ticker import MaxNLocator
+
     depths = {r.n_layers for r in results.values()}
     relative = len(depths) > 1
     fig, axes = _figure(ncols=2, width=11.0, height=4.5)
     panels = [
-        ("rho_mlp", "ρ_mlp = cos(F_l(z_l), h_l)", "pearson_mlp"),
-        ("rho_block", "ρ_block = cos(h_{l+1} − h_l, h_l)", "pearson_block"),
+        ("rho_mlp", r"$\rho_{\mathrm{mlp}}$", r"$\cos(F_l(z_l),\ h_l)$", "pearson_mlp"),
+        ("rho_block", r"$\rho_{\mathrm{block}}$", r"$\cos(h_{l+1} - h_l,\ h_l)$", "pearson_block"),
     ]
-    for ax, (key, label, r_key) in zip(axes, panels):
+    for ax, (key, symbol, formula, r_key) in zip(axes, panels):
         for name, res in results.items():
             stats = getattr(res, key)
             L = len(stats)
@@ -147,9 +152,11 @@ def plot_novelty(
             if band:
                 ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.15)
         ax.axhline(0.0, color="0.4", linewidth=0.8)
-        ax.set_xlabel("relative depth l/(L−1)" if relative else "layer l")
-        ax.set_ylabel(label)
-        ax.set_title(f"{label.split(' =')[0]} per layer" + (" (band: ±1 std)" if band else ""))
+        ax.set_xlabel("relative depth l/(L-1)" if relative else "layer l")
+        if not relative:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel(f"{symbol} = {formula}")
+        ax.set_title(f"{symbol} per layer" + (" (band: ±1 std over tokens)" if band else ""))
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small", title="r = Pearson with depth", title_fontsize="small")
     fig.suptitle(title)
