@@ -1,0 +1,93 @@
+"""`taperlm train`: pretrain a model into a run directory, single process or under torchrun.
+
+    taperlm train --preset transformer-tiny --taper cosine:1.5:0.5 --data DATA --out RUN
+    torchrun --nproc_per_node 8 -m taperlm.cli train --config run.yaml --data DATA --out RUN
+
+Config precedence: preset / config file < --taper / --multiple-of < --set. Without --preset or
+--config, an existing RUN/config.yaml is used (so `taperlm train --out RUN` continues a run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from taperlm.commands.common import add_model_arguments, build_run_config
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    parser.add_argument("--data", type=Path, help="data dir written by `taperlm prepare`")
+    parser.add_argument("--out", type=Path, required=True, help="run directory (created)")
+    parser.add_argument(
+        "--resume",
+        choices=("auto", "never", "must"),
+        default="auto",
+        help="auto (default): continue from the newest good checkpoint in --out if there is one; "
+        "never: refuse a run dir that has checkpoints; must: fail unless there is one",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--stop-after-steps",
+        type=int,
+        metavar="N",
+        help="stop (with a checkpoint) once N steps are done; rerun to continue",
+    )
+
+
+def _resolve_config(args: argparse.Namespace):
+    from taperlm.errors import ConfigError
+
+    if not args.preset and not args.config:
+        saved = args.out / "config.yaml"
+        if not saved.is_file():
+            raise ConfigError(
+                f"give a model with --preset NAME or --config FILE ({saved} does not exist, so "
+                "there is no run to continue)"
+            )
+        args.config = saved
+    cfg = build_run_config(args)
+    if args.data is not None:
+        cfg.data.dir = str(args.data.resolve())
+    elif cfg.data.dir:
+        cfg.data.dir = str(Path(cfg.data.dir).expanduser())
+    return cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    import warnings
+
+    from taperlm.training import distributed as D
+    from taperlm.training.checkpoint import TrainingWarning
+    from taperlm.training.loop import train
+
+    def show(message, category, filename, lineno, file=None, line=None):  # no source lines
+        import sys
+
+        print(f"taperlm train: warning: {message}", file=sys.stderr)
+
+    warnings.simplefilter("always", TrainingWarning)
+    warnings.showwarning = show  # type: ignore[assignment]
+    cfg = _resolve_config(args)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        result = train(
+            cfg,
+            args.out,
+            resume=args.resume,
+            progress=not args.no_progress,
+            stop_after=args.stop_after_steps,
+        )
+    finally:
+        D.shutdown(D.DistInfo(world_size=int(os.environ.get("WORLD_SIZE", "1"))))
+    if rank == 0:
+        val = f"val loss {result.val_loss:.4f}" if result.val_loss is not None else "no val loss"
+        train_loss = f"{result.train_loss:.4f}" if result.train_loss is not None else "n/a"
+        state = "done" if result.finished else "stopped"
+        print(
+            f"{state}: step {result.step}/{result.total_steps}, {result.tokens:,} tokens, "
+            f"train loss {train_loss}, {val}, {result.tokens_per_s:,.0f} tokens/s, "
+            f"{result.skipped_steps} skipped steps; run dir {result.run_dir}"
+        )
+    return 0

@@ -1,0 +1,395 @@
+"""Atomic, verifiable checkpoints and loading a trained model back.
+
+Layout of a run directory::
+
+    RUN/config.yaml                       resolved RunConfig (mlp_widths included)
+    RUN/metrics.jsonl                     one JSON object per log / eval step
+    RUN/checkpoints/step_00000100/        one complete checkpoint
+        model.safetensors                 full (unsharded) fp32 weights
+        state.pt                          optimizer, LR schedule, step, tokens, data position, RNG
+        manifest.json                     sha256 + size of every file, step, the run config
+    RUN/checkpoints/latest                name of the newest complete checkpoint (a hint)
+
+A checkpoint is written into `checkpoints/.tmp-step_XXXXXXXX-<pid>/`, every file fsynced, then
+renamed into place with `os.replace` (atomic on POSIX), so a crash leaves either the complete
+checkpoint or a temp dir that is ignored and cleaned up later. `manifest.json` is written last
+inside the temp dir; loading verifies sizes and hashes, so truncation or bit flips are detected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+from taperlm.errors import CheckpointError
+
+CHECKPOINT_DIR = "checkpoints"
+MODEL_FILE = "model.safetensors"
+STATE_FILE = "state.pt"
+MANIFEST_FILE = "manifest.json"
+LATEST_FILE = "latest"
+FORMAT_VERSION = 1
+_PREFIX = "step_"
+_TMP_PREFIX = ".tmp-"
+
+
+class TrainingWarning(UserWarning):
+    """Something the user should know that did not stop the run (checkpoint fallback, compile)."""
+
+
+def checkpoint_name(step: int) -> str:
+    return f"{_PREFIX}{step:08d}"
+
+
+def checkpoints_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CHECKPOINT_DIR
+
+
+def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of every checkpoint directory (complete or not), oldest first; temp dirs of
+    interrupted writes are not listed."""
+    root = checkpoints_dir(run_dir)
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.iterdir():
+        if p.is_dir() and p.name.startswith(_PREFIX):
+            try:
+                out.append((int(p.name[len(_PREFIX) :]), p))
+            except ValueError:
+                continue
+    return sorted(out)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ----------------------------------------------------------------------------------------------
+# writing
+
+
+def _dedupe_shared(state: dict[str, Any]) -> dict[str, Any]:
+    """safetensors refuses tensors that share memory (a tied head): store copies instead."""
+    seen: set[tuple[int, int]] = set()
+    out = {}
+    for k, t in state.items():
+        t = t.detach().cpu()
+        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        out[k] = t.clone().contiguous() if key in seen else t.contiguous()
+        seen.add(key)
+    return out
+
+
+def _write_model(path: Path, state: dict[str, Any]) -> None:
+    from safetensors.torch import save_file
+
+    save_file(_dedupe_shared(state), str(path), metadata={"format": "pt"})
+
+
+def _write_state(path: Path, state: dict[str, Any]) -> None:
+    import torch
+
+    torch.save(state, path)
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    model_state: dict[str, Any],
+    train_state: dict[str, Any],
+    run_config: dict[str, Any],
+    keep: int,
+) -> Path:
+    """Write checkpoint `step` atomically, update `latest`, prune to the newest `keep`.
+
+    Any OSError (disk full, read-only directory, ...) removes the partial temp dir, leaves every
+    earlier checkpoint intact, and raises CheckpointError naming the path and the OS error.
+    """
+    root = checkpoints_dir(run_dir)
+    final = root / checkpoint_name(step)
+    tmp = root / f"{_TMP_PREFIX}{checkpoint_name(step)}-{os.getpid()}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        _write_model(tmp / MODEL_FILE, model_state)
+        _write_state(tmp / STATE_FILE, train_state)
+        files = {}
+        for name in (MODEL_FILE, STATE_FILE):
+            _fsync_file(tmp / name)
+            files[name] = {"sha256": sha256_file(tmp / name), "bytes": (tmp / name).stat().st_size}
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "step": step,
+            "tokens": train_state.get("tokens"),
+            "files": files,
+            "run_config": run_config,
+        }
+        _write_text(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2))
+        _fsync_dir(tmp)
+        if final.exists():  # re-saving a step (e.g. the end of a resumed run): swap it out
+            old = root / f"{_TMP_PREFIX}old-{final.name}-{os.getpid()}"
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+        _fsync_dir(root)
+        _write_text(root / LATEST_FILE, final.name + "\n")
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        good = [p.name for _, p in list_checkpoints(run_dir) if p != final]
+        prev = f"the previous checkpoint {good[-1]} is intact" if good else "no earlier checkpoint"
+        raise CheckpointError(
+            f"could not write checkpoint {final}: {err.strerror or err} "
+            f"({type(err).__name__}, errno {err.errno}); {prev}. Free disk space or fix the "
+            f"permissions of {root}, then rerun the same command to resume"
+        ) from None
+    prune_checkpoints(run_dir, keep)
+    return final
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
+    """Delete all but the newest `keep` checkpoints, and stale temp dirs of killed writes."""
+    root = checkpoints_dir(run_dir)
+    if not root.is_dir():
+        return
+    for p in root.iterdir():
+        if p.name.startswith(_TMP_PREFIX) and not p.name.endswith(f"-{os.getpid()}"):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    ckpts = list_checkpoints(run_dir)
+    for _, p in ckpts[: max(0, len(ckpts) - max(1, keep))]:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# verifying and reading
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    mpath = path / MANIFEST_FILE
+    if not mpath.is_file():
+        raise CheckpointError(
+            f"checkpoint {path} is incomplete: {MANIFEST_FILE} is missing (the write was "
+            "interrupted); delete it or resume from an earlier checkpoint"
+        )
+    try:
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(
+            f"checkpoint {path}: {MANIFEST_FILE} is corrupt ({err}); delete this checkpoint or "
+            "resume from an earlier one"
+        ) from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST_FILE} has no file list; it is corrupt")
+    return manifest
+
+
+def verify_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Check every file against the manifest (size, then sha256); return the manifest.
+
+    Raises CheckpointError saying which file is missing, truncated or corrupted.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    manifest = read_manifest(path)
+    for name, info in manifest["files"].items():
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"checkpoint {path} is missing {name}; it is incomplete")
+        size = f.stat().st_size
+        if size != info.get("bytes"):
+            raise CheckpointError(
+                f"checkpoint file {f} is truncated or altered: {size} bytes, the manifest says "
+                f"{info.get('bytes')}; delete this checkpoint or resume from an earlier one"
+            )
+        if sha256_file(f) != info.get("sha256"):
+            raise CheckpointError(
+                f"checkpoint file {f} is corrupted: its sha256 does not match the manifest; "
+                "delete this checkpoint or resume from an earlier one"
+            )
+    return manifest
+
+
+def find_checkpoint(run_dir: str | Path, step: int | None = None) -> Path | None:
+    """The checkpoint to load: `step` exactly (verified, CheckpointError if bad), or the newest
+    one that verifies, warning about each newer one that does not (None if there is none)."""
+    ckpts = list_checkpoints(run_dir)
+    if step is not None:
+        for s, p in ckpts:
+            if s == step:
+                verify_checkpoint(p)
+                return p
+        have = ", ".join(str(s) for s, _ in ckpts) or "none"
+        raise CheckpointError(
+            f"run {run_dir} has no checkpoint at step {step} (available steps: {have})"
+        )
+    for _, p in reversed(ckpts):
+        try:
+            verify_checkpoint(p)
+            return p
+        except CheckpointError as err:
+            warnings.warn(
+                f"skipping bad checkpoint: {err}; falling back to an earlier one",
+                TrainingWarning,
+                stacklevel=2,
+            )
+    return None
+
+
+def load_checkpoint(path: str | Path, verify: bool = True) -> tuple[dict, dict, dict]:
+    """(model_state, train_state, manifest) of one checkpoint directory, on CPU."""
+    import torch
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    manifest = verify_checkpoint(path) if verify else read_manifest(path)
+    try:
+        model_state = load_file(str(path / MODEL_FILE), device="cpu")
+    except Exception as err:  # safetensors raises its own error types on bad headers
+        raise CheckpointError(
+            f"checkpoint file {path / MODEL_FILE} cannot be read: {err}"
+        ) from None
+    train_state: dict = {}
+    if (path / STATE_FILE).is_file():
+        try:
+            train_state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+        except Exception as err:
+            raise CheckpointError(
+                f"checkpoint file {path / STATE_FILE} cannot be read: {err}"
+            ) from None
+    return model_state, train_state, manifest
+
+
+# ----------------------------------------------------------------------------------------------
+# the public loader used by eval / export / generate / novelty
+
+
+def config_differences(a: dict, b: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, a's value, b's value) for every leaf that differs between two config dicts."""
+    out: list[tuple[str, Any, Any]] = []
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key), b.get(key)
+        path = f"{prefix}{key}"
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out.extend(config_differences(va, vb, path + "."))
+        elif va != vb:
+            out.append((path, va, vb))
+    return out
+
+
+def format_differences(diffs: list[tuple[str, Any, Any]], a_name: str, b_name: str) -> str:
+    return "; ".join(f"{k}: {va!r} ({a_name}) vs {vb!r} ({b_name})" for k, va, vb in diffs)
+
+
+def load_run_model(run_dir: str | Path, step: int | None = None, device: str = "cpu"):
+    """(model, run_config) of a run's newest complete checkpoint (or checkpoint `step`).
+
+    `run_dir` may also be a checkpoint directory itself. The model is built from the resolved
+    config (widths are never recomputed), loaded in fp32 and put in eval mode on `device`.
+    Raises CheckpointError when the run dir is missing, has no usable checkpoint, or the
+    checkpoint does not match the run's config (naming the mismatching keys).
+    """
+    from taperlm.config import load_run_config, run_config_from_dict, to_dict
+    from taperlm.errors import ConfigError
+    from taperlm.models import TaperedLM
+
+    run = Path(run_dir)
+    if not run.exists():
+        raise CheckpointError(
+            f"run directory {run} does not exist; pass the --out directory of a `taperlm train` run"
+        )
+    if (run / MANIFEST_FILE).is_file():  # a checkpoint directory
+        ckpt = run
+        manifest = verify_checkpoint(ckpt)
+        if step is not None and manifest.get("step") != step:
+            raise CheckpointError(f"checkpoint {ckpt} is step {manifest.get('step')}, not {step}")
+        cfg_path = None
+    else:
+        cfg_path = run / "config.yaml"
+        if not cfg_path.is_file():
+            raise CheckpointError(
+                f"{run} is not a run directory: {cfg_path.name} is missing (expected the --out "
+                "directory of `taperlm train`)"
+            )
+        found = find_checkpoint(run, step)
+        if found is None:
+            n = len(list_checkpoints(run))
+            why = "none of its checkpoints verifies" if n else "it has no checkpoint yet"
+            raise CheckpointError(
+                f"run {run} has no usable checkpoint: {why}; train it (`taperlm train --out {run}`)"
+            )
+        ckpt = found
+    model_state, _, manifest = load_checkpoint(ckpt, verify=False)
+    try:
+        if cfg_path is not None:
+            run_config = load_run_config(cfg_path)
+        else:
+            run_config = run_config_from_dict(manifest["run_config"], str(ckpt / MANIFEST_FILE))
+        run_config.resolve()
+    except ConfigError as err:
+        raise CheckpointError(f"cannot rebuild the model of {run}: {err}") from None
+    saved_model = (manifest.get("run_config") or {}).get("model")
+    if saved_model is not None:
+        diffs = config_differences(saved_model, to_dict(run_config.model), "model.")
+        if diffs:
+            raise CheckpointError(
+                f"checkpoint {ckpt} does not match {cfg_path}: "
+                + format_differences(diffs, "checkpoint", "config")
+                + "; load it with the config it was trained with"
+            )
+    model = TaperedLM(run_config.model)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in model_state.items()}
+    bad = [
+        f"{k}: checkpoint {got.get(k)} vs model {expected.get(k)}"
+        for k in sorted(set(expected) | set(got))
+        if expected.get(k) != got.get(k)
+    ]
+    if bad:
+        shown = "; ".join(bad[:8]) + (f"; ... ({len(bad)} in all)" if len(bad) > 8 else "")
+        raise CheckpointError(
+            f"checkpoint {ckpt} does not fit a {run_config.model.family} model of this config "
+            f"(other family or shape): {shown}"
+        )
+    model.load_state_dict(model_state)
+    return model.to(device).eval(), run_config

@@ -1,0 +1,657 @@
+"""The trainer: one code path for 1 process, DDP and FSDP2, CPU and CUDA.
+
+One optimizer step consumes `train.batch_tokens` tokens globally: every rank runs
+`accum = batch_tokens / (seq_len x micro_batch_size x world_size)` micro-batches, each loss
+scaled by 1/accum, and the gradients are averaged across ranks on the last micro-batch.
+`step` counts optimizer steps attempted (skipped non-finite steps included); checkpoints and
+metric lines are labelled with the number of steps completed.
+
+Resuming restores the model, the optimizer, the step (the LR schedule is a function of it), the
+data position, every RNG and any gradients still accumulating for parameters with
+`update_period > 1`, so an interrupted run continues exactly as if it had not stopped (bitwise on
+CPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from taperlm.config import RunConfig, TrainConfig, load_run_config, save_yaml, to_dict
+from taperlm.errors import CheckpointError, ConfigError, DataError, TaperlmError
+from taperlm.training import checkpoint as ckpt
+from taperlm.training import distributed as D
+from taperlm.training.metrics import MetricsWriter, mfu, peak_flops
+from taperlm.training.optim import LRSchedule, build_optimizer, groups_due, set_lr
+
+RESUME_MODES = ("auto", "never", "must")
+PRECISIONS = ("auto", "fp32", "bf16")
+NAN_ENV = "TAPERLM_INJECT_NAN_AT_STEP"
+
+# Train settings that may change between a run and its resumption: they affect speed, logging
+# or where things run, not which updates are made (up to floating-point reordering).
+RUNTIME_KEYS = frozenset(
+    {
+        "data.dir",
+        "train.eval_every",
+        "train.eval_tokens",
+        "train.checkpoint_every",
+        "train.keep_checkpoints",
+        "train.log_every",
+        "train.max_bad_steps",
+        "train.compile",
+        "train.parallel",
+        "train.device",
+        "train.precision",
+        "train.peak_flops",
+    }
+)
+
+
+class TrainingError(TaperlmError):
+    """Training cannot continue (e.g. repeated non-finite losses); the last good checkpoint is
+    intact."""
+
+
+@dataclass
+class TrainResult:
+    """What a finished (or stopped) run reached."""
+
+    run_dir: Path
+    step: int
+    tokens: int
+    train_loss: float | None
+    val_loss: float | None
+    tokens_per_s: float
+    skipped_steps: int
+    total_steps: int
+
+    @property
+    def finished(self) -> bool:
+        return self.step >= self.total_steps
+
+
+# ----------------------------------------------------------------------------------------------
+# configuration checks
+
+
+def accumulation_steps(cfg: TrainConfig, world_size: int) -> int:
+    """Micro-batches per rank per optimizer step; ConfigError listing valid batch sizes."""
+    per_micro = cfg.seq_len * cfg.micro_batch_size * world_size
+    if cfg.batch_tokens < per_micro or cfg.batch_tokens % per_micro:
+        ok = ", ".join(str(per_micro * k) for k in (1, 2, 4, 8, 16))
+        raise ConfigError(
+            f"train.batch_tokens ({cfg.batch_tokens}) must be a positive multiple of "
+            f"train.seq_len x train.micro_batch_size x world size = {cfg.seq_len} x "
+            f"{cfg.micro_batch_size} x {world_size} = {per_micro}; valid values: {ok}, ... "
+            "(or change micro_batch_size / seq_len)"
+        )
+    return cfg.batch_tokens // per_micro
+
+
+def validate_train_config(run: RunConfig, world_size: int = 1) -> None:
+    t = run.train
+    for key in ("tokens", "batch_tokens", "micro_batch_size", "seq_len", "keep_checkpoints"):
+        if getattr(t, key) < 1:
+            raise ConfigError(f"train.{key} must be >= 1, got {getattr(t, key)}")
+    for key in ("eval_every", "checkpoint_every", "log_every", "warmup_tokens", "eval_tokens"):
+        if getattr(t, key) < 0:
+            raise ConfigError(f"train.{key} must be >= 0, got {getattr(t, key)}")
+    if t.max_bad_steps < 1:
+        raise ConfigError(f"train.max_bad_steps must be >= 1, got {t.max_bad_steps}")
+    if not (t.lr > 0 and math.isfinite(t.lr)):
+        raise ConfigError(f"train.lr must be a positive number, got {t.lr}")
+    if not 0 <= t.min_lr_ratio <= 1:
+        raise ConfigError(f"train.min_lr_ratio must be in [0, 1], got {t.min_lr_ratio}")
+    if t.precision not in PRECISIONS:
+        raise ConfigError(f"train.precision {t.precision!r} is unknown; choose auto, fp32 or bf16")
+    if t.parallel not in ("ddp", "fsdp"):
+        raise ConfigError(f"train.parallel {t.parallel!r} is unknown; choose ddp or fsdp")
+    if t.seq_len > run.model.context_length:
+        raise ConfigError(
+            f"train.seq_len ({t.seq_len}) exceeds model.context_length "
+            f"({run.model.context_length}); lower seq_len or raise context_length"
+        )
+    if t.tokens < t.batch_tokens:
+        raise ConfigError(
+            f"train.tokens ({t.tokens}) is less than one batch (train.batch_tokens = "
+            f"{t.batch_tokens}); raise tokens or lower batch_tokens"
+        )
+    accumulation_steps(t, world_size)
+
+
+def resume_conflicts(old: RunConfig, new: RunConfig) -> list[tuple[str, Any, Any]]:
+    """Differences between a run's saved config and a new one that would change the result."""
+    diffs = ckpt.config_differences(to_dict(old), to_dict(new))
+    return [d for d in diffs if d[0] not in RUNTIME_KEYS]
+
+
+def _prepare_run_dir(run: RunConfig, out: Path, resume: str) -> Path | None:
+    """Check the run dir against the config and resume mode; return the checkpoint to resume.
+
+    Read-only: every rank calls it and reaches the same verdict (no rank hangs on an error).
+    """
+    if resume not in RESUME_MODES:
+        raise ConfigError(f"--resume {resume!r} is unknown; choose auto, never or must")
+    have = ckpt.list_checkpoints(out)
+    if resume == "never":
+        if have:
+            raise ConfigError(
+                f"{out} already holds checkpoints (newest: {have[-1][1].name}) and --resume is "
+                "never; train into a fresh --out directory, or use --resume auto to continue it"
+            )
+        return None
+    if resume == "must" and not have:
+        raise CheckpointError(
+            f"--resume must, but {out} has no checkpoint; train it first or use --resume auto"
+        )
+    if not have:
+        return None
+    cfg_path = out / "config.yaml"
+    if cfg_path.is_file():
+        try:
+            old = load_run_config(cfg_path).resolve()
+        except ConfigError as err:
+            raise ConfigError(
+                f"cannot resume {out}: its config.yaml is unreadable ({err}); use a fresh --out"
+            ) from None
+        conflicts = resume_conflicts(old, run)
+        if conflicts:
+            raise ConfigError(
+                f"cannot resume {out} with a different config: "
+                + ckpt.format_differences(conflicts, "run", "now")
+                + f". Continue it with its own settings (`taperlm train --out {out}`), or train "
+                "into a fresh --out directory"
+            )
+    found = ckpt.find_checkpoint(out)
+    if found is None:
+        if resume == "must":
+            raise CheckpointError(f"--resume must, but no checkpoint in {out} verifies")
+        return None
+    return found
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+
+
+def _rng_state() -> dict[str, Any]:
+    py = random.getstate()
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state((n[0], n[1].numpy(), *n[2:]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _nan_steps() -> tuple[set[int], int | None]:
+    """Test hook: TAPERLM_INJECT_NAN_AT_STEP="3" | "3,5" | "3-" (from step 3 on; 1-based)."""
+    raw = os.environ.get(NAN_ENV, "").strip()
+    steps: set[int] = set()
+    start = None
+    for part in filter(None, (p.strip() for p in raw.split(","))):
+        if part.endswith("-"):
+            start = int(part[:-1])
+        else:
+            steps.add(int(part))
+    return steps, start
+
+
+def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    if use_bf16:
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _raise_compile_limits(n_shapes: int) -> None:
+    """Each distinct layer width is a new shape for dynamo; allow that many recompiles."""
+    import torch._dynamo
+
+    need = n_shapes + 8
+    cfg = torch._dynamo.config
+    for name in ("cache_size_limit", "recompile_limit"):
+        if hasattr(cfg, name) and getattr(cfg, name) < need:
+            setattr(cfg, name, need)
+    for name in ("accumulated_cache_size_limit", "accumulated_recompile_limit"):
+        if hasattr(cfg, name) and getattr(cfg, name) < 8 * need:
+            setattr(cfg, name, 8 * need)
+
+
+def _flops_per_token(run: RunConfig) -> int | None:
+    from taperlm.budget import flops_per_token
+
+    try:
+        return flops_per_token(run.model, run.train.seq_len)
+    except (NotImplementedError, KeyError):
+        return None
+
+
+def _warn(msg: str) -> None:
+    import warnings
+
+    warnings.warn(msg, ckpt.TrainingWarning, stacklevel=3)
+
+
+# ----------------------------------------------------------------------------------------------
+# the trainer
+
+
+class Trainer:
+    """Holds the state of one run; `fit()` trains to the end (or to `stop_after`)."""
+
+    def __init__(self, run: RunConfig, out_dir: str | Path, resume: str = "auto") -> None:
+        from taperlm.data.loader import TokenBatches, check_vocab
+        from taperlm.models import TaperedLM
+
+        self.run = run.resolve()
+        self.cfg = run.train
+        self.out = Path(out_dir)
+        self.info = D.init_distributed(self.cfg.device)
+        validate_train_config(self.run, self.info.world_size)
+        self.accum = accumulation_steps(self.cfg, self.info.world_size)
+        self.total_steps = self.cfg.tokens // self.cfg.batch_tokens
+        self.schedule = LRSchedule.from_config(self.cfg, self.total_steps)
+        self.device = self.info.device
+
+        data_dir = Path(self.run.data.dir) if self.run.data.dir else None
+        if data_dir is None:
+            raise ConfigError(
+                "no data directory: pass --data DIR (a folder written by `taperlm prepare`) "
+                "or set data.dir in the config"
+            )
+        if not data_dir.is_dir():
+            raise DataError(
+                f"data directory {data_dir} does not exist; create it with "
+                f"`taperlm prepare --source SRC --out {data_dir}`"
+            )
+        self.data_dir = data_dir
+        check_vocab(data_dir, self.run.model.vocab_size)
+
+        resume_from = _prepare_run_dir(self.run, self.out, resume)
+        if self.info.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            save_yaml(self.run, self.out / "config.yaml")
+        D.barrier(self.info)
+
+        # Determinism: every rank builds the same initial weights from the same seed.
+        self._prev_deterministic = torch.are_deterministic_algorithms_enabled()
+        if self.device.type == "cpu":
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        _seed_everything(self.cfg.seed)
+        self.model = TaperedLM(self.run.model).to(self.device)
+        self.wrapped = D.wrap_model(self.model, self.cfg.parallel, self.info)
+        self.forward = self.wrapped
+        if self.cfg.compile:
+            self.forward = self._compile(self.wrapped)
+        self.optimizer = build_optimizer(self.model, self.cfg, self.device)
+        self.periodic = [
+            (name, p)
+            for name, p in self.model.named_parameters()
+            if getattr(p, "update_period", 1) > 1
+        ]
+
+        self.batches = TokenBatches(
+            data_dir,
+            "train",
+            self.cfg.seq_len,
+            self.cfg.micro_batch_size,
+            rank=self.info.rank,
+            world_size=self.info.world_size,
+            seed=self.cfg.seed,
+        )
+        self.step = 0
+        self.tokens = 0
+        self.skipped = 0
+        self.bad_streak = 0
+        self.last_loss: float | None = None
+        self.last_val: float | None = None
+        self.metrics = MetricsWriter(self.out / "metrics.jsonl")
+        if resume_from is not None:
+            self._restore(resume_from)
+        if self.info.is_main:
+            self.metrics.truncate_after(self.step)
+        self._iter = iter(self.batches)
+        self.fpt = _flops_per_token(self.run)
+        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
+        self.peak = peak_flops(self.device.type, name, getattr(self.cfg, "peak_flops", None))
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    def _compile(self, module: torch.nn.Module):
+        widths = set(self.run.model.mlp_widths or [])
+        _raise_compile_limits(len(widths) + 1)
+        try:
+            return torch.compile(module)
+        except Exception as err:  # e.g. unsupported platform
+            _warn(f"torch.compile failed ({type(err).__name__}: {err}); training eagerly")
+            return module
+
+    def _forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with _autocast(self.device, self.cfg.precision):
+            try:
+                return self.forward(x, targets=y).loss
+            except Exception as err:
+                if self.forward is self.wrapped or not _is_compile_error(err):
+                    raise
+                _warn(f"torch.compile failed ({type(err).__name__}: {err}); training eagerly")
+                self.forward = self.wrapped
+                return self.forward(x, targets=y).loss
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def _train_state(self) -> dict[str, Any]:
+        pending = {}
+        for name, p in self.periodic:
+            if p.grad is not None:
+                pending[name] = D.full_tensor(p.grad).detach().cpu()
+        return {
+            "step": self.step,
+            "tokens": self.tokens,
+            "skipped_steps": self.skipped,
+            "bad_streak": self.bad_streak,
+            "optimizer": D.full_optimizer_state(self.model, self.optimizer),
+            "scheduler": self.schedule.state_dict(),
+            "loader": D.gather_objects(self.batches.state_dict(), self.info),
+            "rng": _rng_state(),
+            "pending_grads": pending,
+            "world_size": self.info.world_size,
+            "last_loss": self.last_loss,
+            "last_val_loss": self.last_val,
+        }
+
+    def save(self) -> None:
+        model_state = D.full_model_state(self.model)  # collective under FSDP
+        state = self._train_state()  # collective (optimizer state, loader positions)
+        err: str | None = None
+        if self.info.is_main:
+            try:
+                ckpt.save_checkpoint(
+                    self.out,
+                    self.step,
+                    model_state,
+                    state,
+                    to_dict(self.run),
+                    self.cfg.keep_checkpoints,
+                )
+            except CheckpointError as e:
+                err = str(e)
+        err = D.broadcast_object(err, self.info)
+        if err is not None:
+            raise CheckpointError(err)
+
+    def _restore(self, path: Path) -> None:
+        model_state, state, _ = ckpt.load_checkpoint(path, verify=False)  # verified on lookup
+        try:
+            D.load_full_model_state(self.model, model_state)
+        except (RuntimeError, KeyError, ValueError) as err:
+            raise CheckpointError(
+                f"checkpoint {path} does not fit this model: {str(err).splitlines()[0]}"
+            ) from None
+        D.load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
+        loaders = state["loader"]
+        # The loader's position is a global sample index, so a run may resume on another number
+        # of processes: rank 0's state then continues every rank.
+        same_world = len(loaders) == self.info.world_size
+        try:
+            self.batches.load_state_dict(loaders[self.info.rank if same_world else 0])
+        except DataError as err:
+            raise CheckpointError(f"cannot resume from {path}: {err}") from None
+        params = dict(self.model.named_parameters())
+        for name, g in state.get("pending_grads", {}).items():
+            params[name].grad = D.like_param(g, params[name])
+        _set_rng_state(state["rng"])
+        self.step = int(state["step"])
+        self.tokens = int(state["tokens"])
+        self.skipped = int(state.get("skipped_steps", 0))
+        self.bad_streak = int(state.get("bad_streak", 0))
+        self.last_loss = state.get("last_loss")
+        self.last_val = state.get("last_val_loss")
+
+    # -- evaluation ----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self) -> float | None:
+        """Mean validation loss over `eval_tokens` tokens (the same batches on every rank)."""
+        from taperlm.data.loader import val_batches
+
+        if self.cfg.eval_tokens <= 0:
+            return None
+        self.model.eval()
+        total = torch.zeros((), dtype=torch.float64)
+        count = 0
+        try:
+            for x, y in val_batches(
+                self.data_dir, self.cfg.seq_len, self.cfg.micro_batch_size, self.cfg.eval_tokens
+            ):
+                x, y = x.to(self.device), y.to(self.device)
+                with _autocast(self.device, self.cfg.precision):
+                    loss = self.model(x, targets=y).loss
+                total += loss.double().cpu() * y.numel()
+                count += y.numel()
+        finally:
+            self.model.train()
+        return float(total / count) if count else None
+
+    # -- training ------------------------------------------------------------------------------
+
+    def _micro_steps(self, poison: bool) -> torch.Tensor:
+        loss_sum = torch.zeros((), device=self.device)
+        for micro in range(self.accum):
+            x, y = next(self._iter)
+            x = x.to(self.device, non_blocking=True)
+            y = y.to(self.device, non_blocking=True)
+            with D.no_sync(self.wrapped, self.model, sync=micro == self.accum - 1):
+                loss = self._forward_loss(x, y) / self.accum
+                loss.backward()
+            loss_sum += loss.detach()
+        if poison:
+            loss_sum = loss_sum * float("nan")
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.fill_(float("nan"))
+        return loss_sum
+
+    def _optimizer_step(self) -> tuple[bool, float]:
+        """Clip and step the groups due at this step; (finite, grad norm)."""
+        due = groups_due(self.optimizer, self.step)
+        due_ids = {id(g) for g in due}
+        params = [p for g in due for p in g["params"] if p.grad is not None]
+        clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, clip, foreach=True) if params else None
+        gnorm = float(D.full_tensor(norm)) if norm is not None else 0.0
+        if not math.isfinite(gnorm):
+            return False, gnorm
+        # Step only the due groups: params of other groups hide their (accumulating) grads.
+        hidden = {}
+        for g in self.optimizer.param_groups:
+            if id(g) not in due_ids:
+                for p in g["params"]:
+                    if p.grad is not None:
+                        hidden[p] = p.grad
+                        p.grad = None
+        self.optimizer.step()
+        for p, grad in hidden.items():
+            p.grad = grad
+        for g in due:
+            for p in g["params"]:
+                p.grad = None
+        return True, gnorm
+
+    def fit(self, progress: bool = True, stop_after: int | None = None) -> TrainResult:
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        nan_steps, nan_from = _nan_steps()
+        bar = tqdm(
+            total=self.total_steps * cfg.batch_tokens,
+            initial=self.tokens,
+            unit="tok",
+            unit_scale=True,
+            dynamic_ncols=True,
+            desc=f"train {self.out.name}",
+            disable=not (progress and self.info.is_main),
+        )
+        t_window, tok_window = time.perf_counter(), 0
+        t_total, tok_total = 0.0, 0
+        last_rate = 0.0
+        self.model.train()
+        try:
+            while self.step < self.total_steps:
+                t0 = time.perf_counter()
+                n = self.step + 1
+                poison = n in nan_steps or (nan_from is not None and n >= nan_from)
+                set_lr(self.optimizer, self.schedule(self.step))
+                lr = self.schedule(self.step)
+                loss_sum = self._micro_steps(poison)
+                loss = float(D.all_reduce_mean(loss_sum.float().reshape(1), self.info)[0])
+                if math.isfinite(loss):
+                    ok, gnorm = self._optimizer_step()
+                else:
+                    ok, gnorm = False, float("nan")
+                if not ok:
+                    self.optimizer.zero_grad(set_to_none=True)
+                    self.skipped += 1
+                    self.bad_streak += 1
+                else:
+                    self.bad_streak = 0
+                    self.last_loss = loss
+                self.step += 1
+                self.tokens += cfg.batch_tokens
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                dt = time.perf_counter() - t0
+                t_total += dt
+                tok_total += cfg.batch_tokens
+                tok_window += cfg.batch_tokens
+                bar.update(cfg.batch_tokens)
+                bar.set_postfix(loss=f"{loss:.4f}", step=self.step, refresh=False)
+                if self.bad_streak >= cfg.max_bad_steps:
+                    good = ckpt.list_checkpoints(self.out)
+                    where = (
+                        f"the last good checkpoint {good[-1][1]} is intact"
+                        if good
+                        else ("no checkpoint was written yet")
+                    )
+                    raise TrainingError(
+                        f"{self.bad_streak} consecutive steps (up to step {self.step}) had a "
+                        f"non-finite loss or gradient norm (loss {loss}, grad norm {gnorm}); "
+                        f"stopping, {where}. Lower train.lr, check the data, or raise "
+                        "train.max_bad_steps"
+                    )
+                last = self.step == self.total_steps
+                stop = last or self.step == stop_after
+                if self.info.is_main and (
+                    last or (cfg.log_every and self.step % cfg.log_every == 0)
+                ):
+                    now = time.perf_counter()
+                    last_rate = tok_window / max(now - t_window, 1e-9)
+                    t_window, tok_window = now, 0
+                    self.metrics.write(
+                        {
+                            "step": self.step,
+                            "tokens": self.tokens,
+                            "loss": loss,
+                            "lr": lr,
+                            "grad_norm": gnorm,
+                            "tokens_per_s": last_rate,
+                            "mfu": mfu(last_rate, self.fpt or 0, self.peak, self.info.world_size),
+                            "skipped_steps": self.skipped,
+                        }
+                    )
+                if last or (cfg.eval_every and self.step % cfg.eval_every == 0):
+                    t_eval = time.perf_counter()
+                    val = self.evaluate()
+                    if val is not None:
+                        self.last_val = val
+                        if self.info.is_main:
+                            self.metrics.write(
+                                {
+                                    "step": self.step,
+                                    "tokens": self.tokens,
+                                    "val_loss": val,
+                                    "val_ppl": math.exp(min(val, 700.0)),
+                                }
+                            )
+                    t_window += time.perf_counter() - t_eval
+                if self.bad_streak == 0 and (
+                    stop or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0)
+                ):
+                    t_ck = time.perf_counter()
+                    self.save()
+                    t_window += time.perf_counter() - t_ck
+                if self.step == stop_after:
+                    break
+        finally:
+            bar.close()
+        if self.info.is_main and self.step >= self.total_steps:
+            from taperlm.training.plots import plot_run
+
+            try:
+                plot_run(self.out)
+            except Exception as err:  # a plot must never fail a finished run
+                _warn(f"could not write {self.out / 'loss.png'}: {err}")
+        return TrainResult(
+            run_dir=self.out,
+            step=self.step,
+            tokens=self.tokens,
+            train_loss=self.last_loss,
+            val_loss=self.last_val,
+            tokens_per_s=tok_total / t_total if t_total > 0 else 0.0,
+            skipped_steps=self.skipped,
+            total_steps=self.total_steps,
+        )
+
+    def close(self) -> None:
+        torch.use_deterministic_algorithms(self._prev_deterministic)
+
+
+def _is_compile_error(err: Exception) -> bool:
+    mod = type(err).__module__ or ""
+    return mod.startswith(("torch._dynamo", "torch._inductor")) or "compile" in str(err).lower()
+
+
+def train(
+    run_config: RunConfig,
+    out_dir: str | Path,
+    resume: str = "auto",
+    progress: bool = True,
+    stop_after: int | None = None,
+) -> TrainResult:
+    """Train `run_config` into run directory `out_dir` (resuming per `resume`: auto | never |
+    must); returns what was reached. Works in-process and under torchrun. `stop_after` stops
+    (with a checkpoint) after that many completed steps, e.g. to split a run into sessions."""
+    trainer = Trainer(run_config, out_dir, resume)
+    try:
+        return trainer.fit(progress=progress, stop_after=stop_after)
+    finally:
+        trainer.close()

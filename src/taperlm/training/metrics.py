@@ -1,0 +1,96 @@
+"""metrics.jsonl writing, throughput and model-FLOPs utilisation (MFU).
+
+MFU = tokens_per_s x flops_per_token / (world_size x peak FLOP/s per device), with
+flops_per_token from `taperlm.budget.flops_per_token` (6N + attention, forward + backward) and the
+peak from `PEAK_FLOPS` below: dense bf16 tensor-core throughput per device from the vendors' data
+sheets (no sparsity). On CPU there is no meaningful peak, so MFU is null unless
+`train.peak_flops` gives one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+# Dense bf16 peak FLOP/s per device, matched as a substring of torch.cuda.get_device_name().
+PEAK_FLOPS: dict[str, float] = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+}
+
+
+def peak_flops(device_type: str, device_name: str | None, override: float | None) -> float | None:
+    """Peak FLOP/s of one device: `override` when given, else the table for CUDA, else None."""
+    if override:
+        return float(override)
+    if device_type != "cuda" or not device_name:
+        return None
+    for key, value in PEAK_FLOPS.items():
+        if key.lower() in device_name.lower():
+            return value
+    return None
+
+
+def mfu(
+    tokens_per_s: float, flops_per_token: int, peak: float | None, world_size: int
+) -> float | None:
+    """Fraction of the peak achieved (None when the peak is unknown)."""
+    if not peak or tokens_per_s <= 0:
+        return None
+    return tokens_per_s * flops_per_token / (peak * world_size)
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN/inf: write them as strings so a bad step stays visible and parseable."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+class MetricsWriter:
+    """Appends one JSON object per line to RUN/metrics.jsonl (rank 0 only), flushed each line so
+    a killed run keeps everything it logged."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def write(self, record: dict[str, Any]) -> None:
+        line = json.dumps({k: _clean(v) for k, v in record.items()})
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+            f.flush()
+
+    def truncate_after(self, step: int) -> None:
+        """Drop lines logged after `step` (work lost by a crash that is being redone on resume),
+        rewriting the file atomically."""
+        if not self.path.exists():
+            return
+        kept = [r for r in read_metrics(self.path) if int(r.get("step", 0)) <= step]
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            for r in kept:
+                f.write(json.dumps(r) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All records of a metrics.jsonl; a torn last line (killed mid-write) is ignored."""
+    records = []
+    p = Path(path)
+    if not p.exists():
+        return records
+    for line in p.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records

@@ -1,0 +1,123 @@
+"""AdamW parameter groups, per-parameter update periods, and the warmup + cosine LR schedule.
+
+Weight decay applies to matrices (parameters with >= 2 dimensions) except embeddings; embeddings,
+norm gains, biases and every other 1-D parameter get none. Embedding weights are recognised by
+the module that owns them (`nn.Embedding`); a head tied to the embedding shares that parameter and
+is therefore not decayed either.
+
+Update periods: a parameter with an integer attribute `update_period > 1` (Hope's CMS levels set
+it) is stepped only every `update_period` optimizer steps; in between its gradients keep
+accumulating in `.grad` (the sum over the period, as in Nested Learning's multi-timescale
+update). Parameters are grouped by (decay, period) so the trainer can skip stepping and zeroing
+the groups that are not due.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from taperlm.config import TrainConfig
+
+
+def update_period(param: nn.Parameter) -> int:
+    """The optimizer-step period of a parameter (1 unless it carries `update_period`)."""
+    period = getattr(param, "update_period", 1)
+    if not isinstance(period, int) or isinstance(period, bool) or period < 1:
+        raise ValueError(f"update_period must be a positive int, got {period!r}")
+    return period
+
+
+def _embedding_param_ids(model: nn.Module) -> set[int]:
+    return {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups keyed by (decay, period), in a deterministic order.
+
+    Every group carries `period` (steps between updates) and `decay` (bool) besides the usual
+    AdamW keys, so a saved optimizer state names its grouping.
+    """
+    embeddings = _embedding_param_ids(model)
+    groups: dict[tuple[bool, int], list[nn.Parameter]] = {}
+    seen: set[int] = set()
+    for _, p in model.named_parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        decay = p.dim() >= 2 and id(p) not in embeddings
+        groups.setdefault((decay, update_period(p)), []).append(p)
+    out = []
+    for (decay, period), params in sorted(groups.items(), key=lambda kv: (kv[0][1], not kv[0][0])):
+        out.append(
+            {
+                "params": params,
+                "weight_decay": weight_decay if decay else 0.0,
+                "decay": decay,
+                "period": period,
+            }
+        )
+    return out
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW over `param_groups`; the fused kernel on CUDA, the default (foreach) one on CPU."""
+    kwargs: dict = {}
+    if device.type == "cuda":
+        kwargs["fused"] = True
+    return torch.optim.AdamW(
+        param_groups(model, cfg.weight_decay),
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+        **kwargs,
+    )
+
+
+def groups_due(optimizer: torch.optim.Optimizer, step: int) -> list[dict]:
+    """Groups that take an update at (0-based) optimizer step `step`: those whose period divides
+    step + 1, so a period-4 group steps after steps 3, 7, 11, ... (4 accumulated gradients)."""
+    return [g for g in optimizer.param_groups if (step + 1) % g.get("period", 1) == 0]
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    """Linear warmup from 0 to `lr` over `warmup_steps`, then cosine decay to `min_lr_ratio*lr`
+    at `total_steps` (and flat after). A pure function of the step, so resuming needs only the
+    step count; the fields are saved for provenance."""
+
+    lr: float
+    warmup_steps: int
+    total_steps: int
+    min_lr_ratio: float
+
+    @classmethod
+    def from_config(cls, cfg: TrainConfig, total_steps: int) -> LRSchedule:
+        warmup = min(total_steps, math.ceil(cfg.warmup_tokens / cfg.batch_tokens))
+        return cls(cfg.lr, warmup, total_steps, cfg.min_lr_ratio)
+
+    def __call__(self, step: int) -> float:
+        """LR used by optimizer step `step` (0-based)."""
+        if self.warmup_steps > 0 and step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        floor = self.min_lr_ratio * self.lr
+        span = max(1, self.total_steps - self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / span)
+        return floor + 0.5 * (self.lr - floor) * (1.0 + math.cos(math.pi * progress))
+
+    def state_dict(self) -> dict:
+        return {
+            "kind": "warmup_cosine",
+            "lr": self.lr,
+            "warmup_steps": self.warmup_steps,
+            "total_steps": self.total_steps,
+            "min_lr_ratio": self.min_lr_ratio,
+        }
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for g in optimizer.param_groups:
+        g["lr"] = lr
