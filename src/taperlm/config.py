@@ -240,6 +240,8 @@ class TrainConfig:
         keep_checkpoints: keep the newest k checkpoints.
         log_every: steps between metric lines.
         max_bad_steps: consecutive non-finite steps tolerated before the run stops.
+        peak_flops: peak FLOP/s of one device for MFU (null = the built-in table on CUDA,
+            no MFU on CPU).
     """
 
     seed: int = 0
@@ -265,6 +267,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     log_every: int = 10
     max_bad_steps: int = 5
+    peak_flops: float | None = None
 
 
 @dataclass
