@@ -1,0 +1,284 @@
+"""Run the paper's evaluation suite: per-task metrics and standard errors as lm-eval defines
+them, the paper's table, and a JSON record of every number and setting.
+
+Metrics (lm-eval 0.4.x):
+- multiple choice: acc = mean[argmax_i ll_i == gold]; acc_norm = mean[argmax_i ll_i / len(choice_i)
+  == gold] with len in characters of lm-eval's doc_to_choice string (no leading space). Ties go
+  to the first choice (numpy argmax). stderr = sample std / sqrt(n) (lm-eval's mean_stderr).
+- lambada_openai: acc = mean[greedy], perplexity = exp(-mean ll).
+- wikitext: word_perplexity = exp(-sum ll / sum words), byte_perplexity = exp(-sum ll / sum bytes),
+  bits_per_byte = -sum ll / sum bytes / ln 2 (words and bytes of the original page).
+- val: exp(mean next-token loss) on non-overlapping windows of the run's validation shard.
+Perplexity standard errors use the delta method (lm-eval bootstraps perplexity and reports none
+for the weighted ones): se(exp(-m)) = exp(-m) * se(m), with se of a ratio of sums estimated from
+per-item residuals. Documented in docs/evaluation.md.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from taperlm.evaluation.scoring import Scorer
+from taperlm.evaluation.tasks import TASKS, TaskData
+
+PAPER_TASKS = ("val", *TASKS)
+
+# (column, task, metric, scale) — the paper's table; accuracies shown in percent.
+PAPER_COLUMNS: list[tuple[str, str, str, float]] = [
+    ("Wiki ppl", "wikitext", "word_perplexity", 1.0),
+    ("LMB ppl", "lambada_openai", "perplexity", 1.0),
+    ("LMB acc", "lambada_openai", "acc", 100.0),
+    ("PIQA", "piqa", "acc", 100.0),
+    ("Hella", "hellaswag", "acc_norm", 100.0),
+    ("Wino", "winogrande", "acc", 100.0),
+    ("ARC-e", "arc_easy", "acc", 100.0),
+    ("ARC-c", "arc_challenge", "acc_norm", 100.0),
+    ("SIQA", "social_iqa", "acc", 100.0),
+    ("BoolQ", "boolq", "acc", 100.0),
+]
+AVG_COLUMNS = ("LMB acc", "PIQA", "Hella", "Wino", "ARC-e", "ARC-c", "SIQA", "BoolQ")
+
+
+@dataclass
+class TaskResult:
+    task: str
+    metrics: dict[str, float]
+    stderr: dict[str, float | None]
+    n: int
+    seconds: float
+    settings: dict[str, Any] = field(default_factory=dict)
+    per_item: list[dict[str, Any]] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {
+            "task": self.task,
+            "metrics": self.metrics,
+            "stderr": self.stderr,
+            "n": self.n,
+            "seconds": round(self.seconds, 3),
+            "items_per_s": round(self.n / self.seconds, 2) if self.seconds > 0 else None,
+            "settings": self.settings,
+        }
+        if self.per_item is not None:
+            d["per_item"] = self.per_item
+        return d
+
+
+# ----------------------------------------------------------------------------------------------
+# statistics
+
+
+def mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def mean_stderr(xs: Sequence[float]) -> float | None:
+    """lm-eval's mean_stderr: sample standard deviation / sqrt(n)."""
+    n = len(xs)
+    if n < 2:
+        return None
+    m = mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) / math.sqrt(n)
+
+
+def ratio_stderr(num: Sequence[float], den: Sequence[float]) -> float | None:
+    """Delta-method standard error of sum(num) / sum(den) over items."""
+    n = len(num)
+    if n < 2:
+        return None
+    r = sum(num) / sum(den)
+    resid = [a - r * b for a, b in zip(num, den)]
+    return math.sqrt(sum(e * e for e in resid) / (n * (n - 1))) / mean(den)
+
+
+def argmax(xs: Sequence[float]) -> int:
+    best = 0
+    for i, x in enumerate(xs):
+        if x > xs[best]:
+            best = i
+    return best
+
+
+# ----------------------------------------------------------------------------------------------
+# task runners
+
+
+def run_task(scorer: Scorer, data: TaskData, keep_items: bool = False) -> TaskResult:
+    t0 = time.perf_counter()
+    items = data.items()
+    if data.kind == "rolling":
+        res = _rolling(scorer, data.name, items, keep_items)
+    elif data.kind == "loglikelihood":
+        res = _lambada(scorer, data.name, items, keep_items)
+    else:
+        res = _multiple_choice(scorer, data.name, items, keep_items)
+    res.seconds = time.perf_counter() - t0
+    res.settings.update(
+        {
+            "max_length": scorer.max_length,
+            "batch_size": scorer.batch_size,
+            "source": data.source,
+            "files": data.files,
+            "num_fewshot": 0,
+        }
+    )
+    return res
+
+
+def _multiple_choice(scorer: Scorer, name: str, items: list, keep: bool) -> TaskResult:
+    pairs, owner = [], []
+    for k, it in enumerate(items):
+        for ctx, cont in it.requests:
+            pairs.append(scorer.encode_pair(ctx, cont))
+            owner.append(k)
+    lls = scorer.loglikelihood(pairs, desc=name)
+    per: list[list[float]] = [[] for _ in items]
+    for k, (ll, _) in zip(owner, lls):
+        per[k].append(ll)
+    acc, acc_norm, records = [], [], []
+    for it, ll in zip(items, per):
+        lengths = [float(len(c)) for c in it.choices]
+        pred = argmax(ll)
+        pred_norm = argmax([x / n for x, n in zip(ll, lengths)])
+        acc.append(float(pred == it.gold))
+        acc_norm.append(float(pred_norm == it.gold))
+        if keep:
+            records.append({"lls": ll, "gold": it.gold, "pred": pred, "pred_norm": pred_norm})
+    return TaskResult(
+        task=name,
+        metrics={"acc": mean(acc), "acc_norm": mean(acc_norm)},
+        stderr={"acc": mean_stderr(acc), "acc_norm": mean_stderr(acc_norm)},
+        n=len(items),
+        seconds=0.0,
+        settings={"acc_norm": "ll / len(choice) in characters (lm-eval)", "requests": len(pairs)},
+        per_item=records if keep else None,
+    )
+
+
+def _lambada(scorer: Scorer, name: str, items: list, keep: bool) -> TaskResult:
+    pairs = [scorer.encode_pair(*it.requests[0]) for it in items]
+    out = scorer.loglikelihood(pairs, desc=name)
+    lls = [ll for ll, _ in out]
+    acc = [float(g) for _, g in out]
+    m = mean(lls)
+    se_m = mean_stderr(lls)
+    ppl = math.exp(-m)
+    return TaskResult(
+        task=name,
+        metrics={"perplexity": ppl, "acc": mean(acc)},
+        stderr={"perplexity": None if se_m is None else ppl * se_m, "acc": mean_stderr(acc)},
+        n=len(items),
+        seconds=0.0,
+        settings={"acc": "greedy argmax reproduces every continuation token"},
+        per_item=[{"ll": ll, "greedy": bool(g)} for ll, g in out] if keep else None,
+    )
+
+
+def _rolling(scorer: Scorer, name: str, items: list, keep: bool) -> TaskResult:
+    token_lists = [scorer.tok.encode(it.text) for it in items]
+    lls = scorer.loglikelihood_rolling(token_lists, desc=name)
+    words = [float(it.words) for it in items]
+    nbytes = [float(it.bytes) for it in items]
+    per_word = sum(lls) / sum(words)
+    per_byte = sum(lls) / sum(nbytes)
+    se_w = ratio_stderr(lls, words)
+    se_b = ratio_stderr(lls, nbytes)
+    wppl, bppl = math.exp(-per_word), math.exp(-per_byte)
+    return TaskResult(
+        task=name,
+        metrics={
+            "word_perplexity": wppl,
+            "byte_perplexity": bppl,
+            "bits_per_byte": -per_byte / math.log(2),
+        },
+        stderr={
+            "word_perplexity": None if se_w is None else wppl * se_w,
+            "byte_perplexity": None if se_b is None else bppl * se_b,
+            "bits_per_byte": None if se_b is None else se_b / math.log(2),
+        },
+        n=len(items),
+        seconds=0.0,
+        settings={
+            "windows": "disjoint rolling windows of max_length, EOS prefix (lm-eval)",
+            "tokens": sum(len(t) for t in token_lists),
+            "words": int(sum(words)),
+            "bytes": int(sum(nbytes)),
+        },
+        per_item=[{"ll": ll, "tokens": len(t)} for ll, t in zip(lls, token_lists)]
+        if keep
+        else None,
+    )
+
+
+def run_val(scorer: Scorer, tokens: Any, limit: int | None, source: str) -> TaskResult:
+    """In-distribution validation perplexity on a token stream (the run's val shard)."""
+    t0 = time.perf_counter()
+    total, count, per = scorer.token_losses(tokens, desc="val", max_windows=limit)
+    loss = total / count
+    se = mean_stderr(per)
+    ppl = math.exp(loss)
+    return TaskResult(
+        task="val",
+        metrics={"loss": loss, "perplexity": ppl},
+        stderr={"loss": se, "perplexity": None if se is None else ppl * se},
+        n=len(per),
+        seconds=time.perf_counter() - t0,
+        settings={
+            "max_length": scorer.max_length,
+            "windows": "non-overlapping, each predicts max_length tokens",
+            "tokens": count,
+            "source": source,
+        },
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# reporting
+
+
+def paper_row(results: dict[str, TaskResult]) -> dict[str, float | None]:
+    row: dict[str, float | None] = {}
+    for col, task, metric, scale in PAPER_COLUMNS:
+        r = results.get(task)
+        row[col] = None if r is None else r.metrics[metric] * scale
+    accs = [row[c] for c in AVG_COLUMNS]
+    row["Avg"] = None if any(a is None for a in accs) else mean(accs)  # type: ignore[arg-type]
+    return row
+
+
+def format_table(results: dict[str, TaskResult], label: str = "model") -> str:
+    """The paper's table (markdown), plus val ppl and per-task wall time beneath it."""
+    row = paper_row(results)
+    cols = [c for c, *_ in PAPER_COLUMNS] + ["Avg"]
+    head = "| " + " | ".join(["model", *cols]) + " |"
+    sep = "|" + "---|" * (len(cols) + 1)
+    cells = ["-" if row[c] is None else f"{row[c]:.2f}" for c in cols]
+    lines = [head, sep, "| " + " | ".join([label, *cells]) + " |"]
+    if "val" in results:
+        v = results["val"]
+        lines.append(f"\nval ppl {v.metrics['perplexity']:.3f} (loss {v.metrics['loss']:.4f}, "
+                     f"{v.settings['tokens']} tokens)")
+    lines.append("")
+    lines.append("| task | n | metric | value | stderr | seconds | items/s |")
+    lines.append("|---|---|---|---|---|---|---|")
+    for name, r in results.items():
+        for k, v in r.metrics.items():
+            se = r.stderr.get(k)
+            ips = r.n / r.seconds if r.seconds > 0 else float("nan")
+            lines.append(
+                f"| {name} | {r.n} | {k} | {v:.4f} | {'-' if se is None else f'{se:.4f}'} | "
+                f"{r.seconds:.1f} | {ips:.1f} |"
+            )
+    return "\n".join(lines)
+
+
+def results_json(results: dict[str, TaskResult], meta: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "meta": meta,
+        "paper_table": paper_row(results),
+        "tasks": {k: v.to_dict() for k, v in results.items()},
+    }

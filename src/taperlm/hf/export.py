@@ -1,0 +1,130 @@
+"""Export a taperlm model to a Hugging Face model directory:
+
+    config.json (model_type "taperlm", auto_map -> the two code files), model.safetensors,
+    configuration_taperlm.py / modeling_taperlm.py (thin files importing the installed
+    `taperlm` package), tokenizer files, generation_config.json.
+
+`AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)` loads it anywhere taperlm is
+installed; after `import taperlm` no remote code is needed at all.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from taperlm.config import to_dict
+from taperlm.errors import DataError
+
+CONFIG_FILE = "configuration_taperlm.py"
+MODELING_FILE = "modeling_taperlm.py"
+AUTO_MAP = {
+    "AutoConfig": "configuration_taperlm.TaperLMConfig",
+    "AutoModelForCausalLM": "modeling_taperlm.TaperLMForCausalLM",
+}
+_CODE = {
+    CONFIG_FILE: '"""TaperLM config for transformers; needs `pip install taperlm`."""\n\n'
+    "from taperlm.hf.configuration import TaperLMConfig\n\n"
+    '__all__ = ["TaperLMConfig"]\n',
+    MODELING_FILE: '"""TaperLM causal LM for transformers; needs `pip install taperlm`."""\n\n'
+    "from taperlm.hf.modeling import TaperLMForCausalLM\n\n"
+    '__all__ = ["TaperLMForCausalLM"]\n',
+}
+
+
+def hf_tokenizer(tokenizer: Any, context_length: int | None = None) -> Any:
+    """A transformers fast tokenizer from ours (via `to_hf()`), a `tokenizers.Tokenizer`, or
+    one that already is a transformers tokenizer. BOS = EOS (lm-eval's prefix token)."""
+    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+    if isinstance(tokenizer, PreTrainedTokenizerBase):
+        tok = tokenizer
+    elif hasattr(tokenizer, "to_hf"):
+        tok = tokenizer.to_hf()
+    else:
+        inner = getattr(tokenizer, "tokenizer", tokenizer)
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:  # pragma: no cover - tokenizers is a core dependency
+            Tokenizer = ()  # type: ignore[assignment]
+        if not isinstance(inner, Tokenizer):
+            raise DataError(
+                f"cannot convert tokenizer {type(tokenizer).__name__} to a Hugging Face tokenizer; "
+                "it needs a to_hf() method or a `tokenizers.Tokenizer`"
+            )
+        eos_id = getattr(tokenizer, "eos_id", None)
+        eos = inner.id_to_token(eos_id) if eos_id is not None else None
+        tok = PreTrainedTokenizerFast(tokenizer_object=inner, eos_token=eos, bos_token=eos)
+    if tok.eos_token is None:
+        raise DataError("the tokenizer has no EOS token; taperlm evaluation needs one as prefix")
+    if tok.bos_token is None:
+        tok.bos_token = tok.eos_token
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "right"
+    if context_length:
+        tok.model_max_length = context_length
+    return tok
+
+
+def to_hf_model(model: Any) -> Any:
+    """Wrap a `TaperedLM` (weights shared, not copied) as a `TaperLMForCausalLM`."""
+    from taperlm.hf.configuration import TaperLMConfig
+    from taperlm.hf.modeling import TaperLMForCausalLM
+
+    cfg = TaperLMConfig(taperlm=to_dict(model.config))
+    hf = TaperLMForCausalLM(cfg)
+    hf.model = model
+    return hf.eval()
+
+
+def export_model(
+    model: Any,
+    out_dir: str | Path,
+    tokenizer: Any | None = None,
+    generation: dict[str, Any] | None = None,
+) -> Path:
+    """Write a Hugging Face directory for `model` (a TaperedLM) to `out_dir`."""
+    from transformers import GenerationConfig
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    hf = to_hf_model(model)
+    hf.config.auto_map = dict(AUTO_MAP)
+    hf.config.architectures = ["TaperLMForCausalLM"]
+    tok = hf_tokenizer(tokenizer, model.config.context_length) if tokenizer is not None else None
+    if tok is not None:
+        hf.config.eos_token_id = tok.eos_token_id
+        hf.config.bos_token_id = tok.bos_token_id
+        hf.config.pad_token_id = tok.pad_token_id
+    hf.save_pretrained(out, safe_serialization=True)
+    for name, code in _CODE.items():
+        (out / name).write_text(code, encoding="utf-8")
+    gen = {
+        "do_sample": False,
+        "use_cache": False,
+        "max_length": model.config.context_length,
+    }
+    if tok is not None:
+        gen |= {"eos_token_id": tok.eos_token_id, "bos_token_id": tok.bos_token_id,
+                "pad_token_id": tok.pad_token_id}
+    gen |= generation or {}
+    GenerationConfig(**gen).save_pretrained(out)
+    if tok is not None:
+        tok.save_pretrained(out)
+    # Make sure auto_map survived (older/newer transformers may drop unknown attributes).
+    cfg_path = out / "config.json"
+    data = json.loads(cfg_path.read_text(encoding="utf-8"))
+    if data.get("auto_map") != AUTO_MAP:
+        data["auto_map"] = dict(AUTO_MAP)
+        cfg_path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def export_run(run_dir: str | Path, out_dir: str | Path, step: int | None = None) -> Path:
+    """Export the newest (or `step`) checkpoint of a training run, with its tokenizer."""
+    from taperlm.evaluation.run import load_run
+
+    model, tokenizer, _ = load_run(run_dir, step=step)
+    return export_model(model, out_dir, tokenizer)
