@@ -62,7 +62,10 @@ class TitansConfig:
         window: sliding attention window (mag, mal).
         segment_len: segment length of mac.
         max_inner_lr: upper bound of the data-dependent inner learning rate theta_t.
-        memory_taper: optional second taper (spec string) on the memory hidden width per layer.
+        memory_taper: second taper (spec string, e.g. cosine:1.5:0.5) on the per-layer memory
+            hidden width; baseline memory_expansion x memory_head_dim; depth 2 only (deeper
+            memories are not linear in the width, so a taper would change the budget).
+        memory_multiple_of: every resolved memory width is a multiple of this.
         memory_widths: resolved per-layer memory hidden widths; written by the library.
     """
 
@@ -78,6 +81,7 @@ class TitansConfig:
     segment_len: int = 128
     max_inner_lr: float = 0.1
     memory_taper: str = "uniform"
+    memory_multiple_of: int = 16
     memory_widths: list[int] | None = None
 
 
@@ -171,10 +175,10 @@ class ModelConfig:
                     f"{self.n_layers * self.mlp_width}; the widths do not match this baseline "
                     "(delete mlp_widths to re-resolve them from the taper)"
                 )
-        if self.family == "titans" and self.titans.variant not in TITANS_VARIANTS:
-            raise ConfigError(
-                f"model.titans.variant {self.titans.variant!r} is unknown; choose mac, mag or mal"
-            )
+        if self.family == "titans":
+            _validate_titans(self.titans, self.n_layers)
+        if self.family == "hope":
+            _validate_hope(self.hope, self.n_layers, self.mlp_widths)
 
     def resolve(self) -> ModelConfig:
         """Fill `mlp_widths` from the taper when absent, validate, and return self.
@@ -201,6 +205,96 @@ class ModelConfig:
     def baseline(self) -> ModelConfig:
         """The uniform model of the same budget (the taper turned off)."""
         return self.with_taper(TaperSpec(schedule="uniform", multiple_of=self.taper.multiple_of))
+
+
+def _positive_int(value: Any, key: str, minimum: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{key} must be an integer >= {minimum}, got {value!r}")
+
+
+def _validate_titans(t: TitansConfig, n_layers: int) -> None:
+    """Titans options: shapes, chunking and the memory-width taper (ConfigError names the key)."""
+    if t.variant not in TITANS_VARIANTS:
+        raise ConfigError(f"model.titans.variant {t.variant!r} is unknown; choose mac, mag or mal")
+    for key in (
+        "memory_heads",
+        "memory_head_dim",
+        "memory_expansion",
+        "chunk_size",
+        "conv_kernel",
+        "window",
+        "segment_len",
+        "memory_multiple_of",
+    ):
+        _positive_int(getattr(t, key), f"model.titans.{key}")
+    _positive_int(t.memory_depth, "model.titans.memory_depth", 2)
+    _positive_int(t.persistent_tokens, "model.titans.persistent_tokens", 0)
+    if not isinstance(t.max_inner_lr, (int, float)) or not 0 < t.max_inner_lr <= 1:
+        raise ConfigError(
+            f"model.titans.max_inner_lr must be in (0, 1], got {t.max_inner_lr!r} "
+            "(the inner step on ||M(k)-v||^2 diverges for large values)"
+        )
+    if t.variant == "mac" and t.segment_len % t.chunk_size:
+        raise ConfigError(
+            f"model.titans.segment_len ({t.segment_len}) must be a multiple of "
+            f"model.titans.chunk_size ({t.chunk_size}) so memory chunks never straddle segments"
+        )
+    try:
+        spec = TaperSpec.parse(t.memory_taper, t.memory_multiple_of)
+    except TaperError as err:
+        raise ConfigError(f"model.titans.memory_taper: {err}") from None
+    if not spec.is_uniform and t.memory_depth != 2:
+        raise ConfigError(
+            f"model.titans.memory_taper {t.memory_taper!r} needs memory_depth 2 (got "
+            f"{t.memory_depth}): deeper memories have width^2 parameters, so a taper would not "
+            "keep the budget; use memory_taper: uniform"
+        )
+    base = t.memory_expansion * t.memory_head_dim
+    if t.memory_widths is not None:
+        w = t.memory_widths
+        if len(w) != n_layers or any(not isinstance(x, int) or x < 1 for x in w):
+            raise ConfigError(
+                f"model.titans.memory_widths must be {n_layers} positive integers (one per "
+                f"layer), got {w}; delete it to re-resolve from memory_taper"
+            )
+        if sum(w) != n_layers * base:
+            raise ConfigError(
+                f"model.titans.memory_widths sum to {sum(w)} but the budget is n_layers x "
+                f"memory_expansion x memory_head_dim = {n_layers * base}; delete it to re-resolve"
+            )
+
+
+def _validate_hope(h: HopeConfig, n_layers: int, mlp_widths: list[int] | None) -> None:
+    """Hope options: one fraction and one period per level; resolved widths split each layer."""
+    _positive_int(h.levels, "model.hope.levels")
+    for key in ("level_fractions", "update_periods"):
+        n = len(getattr(h, key))
+        if n != h.levels:
+            raise ConfigError(
+                f"model.hope.{key} has {n} entries but model.hope.levels is {h.levels}; "
+                "give one per level"
+            )
+    if any(f <= 0 for f in h.level_fractions) or abs(sum(h.level_fractions) - 1) > 1e-6:
+        raise ConfigError(
+            f"model.hope.level_fractions must be positive and sum to 1, got {h.level_fractions}"
+        )
+    for i, p in enumerate(h.update_periods):
+        _positive_int(p, f"model.hope.update_periods[{i}]")
+    if h.level_widths is not None:
+        rows = h.level_widths
+        if len(rows) != n_layers or any(len(r) != h.levels for r in rows):
+            raise ConfigError(
+                f"model.hope.level_widths must be {n_layers} rows of {h.levels} widths; "
+                "delete it to re-resolve from level_fractions"
+            )
+        for i, r in enumerate(rows):
+            if any(not isinstance(x, int) or x < 1 for x in r):
+                raise ConfigError(f"model.hope.level_widths[{i}] must be positive integers: {r}")
+            if mlp_widths is not None and sum(r) != mlp_widths[i]:
+                raise ConfigError(
+                    f"model.hope.level_widths[{i}] = {r} sums to {sum(r)} but mlp_widths[{i}] is "
+                    f"{mlp_widths[i]}; delete level_widths to re-resolve"
+                )
 
 
 @dataclass
