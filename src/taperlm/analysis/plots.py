@@ -113,6 +113,9 @@ def plot_loss_curves(
         else:
             pts = np.asarray(curve, dtype=float).reshape(-1, 2)
             ax.plot(pts[:, 0], pts[:, 1], linewidth=1.6, label=label)
+    from matplotlib.ticker import EngFormatter
+
+    ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 2M, 500k: token counts stay readable
     ax.set_xlabel("tokens seen")
     ax.set_ylabel(ylabel)
     ax.set_title(title + (" (mean ± 1 std over seeds)" if any_band else ""))

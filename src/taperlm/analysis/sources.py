@@ -26,11 +26,16 @@ class LoadedModel:
 
 
 def load_model(
-    spec: str, device: str = "cpu", dtype: str | None = None, trust_remote_code: bool = False
+    spec: str,
+    device: str = "cpu",
+    dtype: str | None = None,
+    trust_remote_code: bool = False,
+    step: int | None = None,
 ) -> LoadedModel:
     """MODEL argument -> model in eval mode + its tokenizer's encode.
 
-    - a run dir (has config.yaml): newest complete checkpoint, tokenizer of its data dir;
+    - a run dir (has config.yaml): newest complete checkpoint (or `step`), tokenizer of its
+      data dir; a checkpoint dir (has manifest.json) loads that checkpoint;
     - a Hugging Face model dir (has config.json), e.g. a `taperlm export`: loaded with
       trust_remote_code (it is a local folder the user chose; our exports need their code);
     - `hf:NAME`: any Hub causal LM (needs internet or the HF cache); remote code only when
@@ -39,8 +44,8 @@ def load_model(
     if spec.startswith("hf:"):
         return _load_hf(spec[3:], spec, device, dtype, trust_remote_code)
     path = Path(spec)
-    if path.is_dir() and (path / "config.yaml").is_file():
-        return _load_run(path, device, dtype)
+    if path.is_dir() and any((path / f).is_file() for f in ("config.yaml", "manifest.json")):
+        return _load_run(path, device, dtype, step)
     if path.is_dir() and (path / "config.json").is_file():
         return _load_hf(str(path), spec, device, dtype, True)
     if not path.exists():
@@ -65,7 +70,7 @@ def _torch_dtype(dtype: str | None):
     return table[dtype]
 
 
-def _load_run(run_dir: Path, device: str, dtype: str | None) -> LoadedModel:
+def _load_run(run_dir: Path, device: str, dtype: str | None, step: int | None) -> LoadedModel:
     try:
         from taperlm.training.checkpoint import load_run_model
     except ImportError as err:
@@ -74,7 +79,7 @@ def _load_run(run_dir: Path, device: str, dtype: str | None) -> LoadedModel:
         ) from None
     from taperlm.data.tokenizer import load_tokenizer
 
-    model, run_cfg = load_run_model(run_dir, device=device)
+    model, run_cfg = load_run_model(run_dir, step=step, device=device)
     if (td := _torch_dtype(dtype)) is not None:
         model = model.to(td)
     data_dir = _resolve_data_dir(Path(run_cfg.data.dir), run_dir)
@@ -91,6 +96,11 @@ def _load_run(run_dir: Path, device: str, dtype: str | None) -> LoadedModel:
 def _resolve_data_dir(data_dir: Path, run_dir: Path) -> Path:
     """A run's data.dir may be relative to where training ran; try cwd, the run dir and its
     parent before giving up."""
+    if not str(data_dir) or str(data_dir) == ".":
+        raise DataError(
+            f"run {run_dir} has no data.dir in its config, so its tokenizer is unknown; set "
+            "data.dir in its config.yaml to the folder `taperlm prepare` wrote"
+        )
     candidates = [data_dir] if data_dir.is_absolute() else [data_dir, run_dir / data_dir]
     if not data_dir.is_absolute():
         candidates.append(run_dir.parent / data_dir)

@@ -34,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also measure the first token of each window (excluded by default: it attends "
         "only to itself and acts as an attention sink in trained models)",
     )
+    parser.add_argument("--step", type=int, help="run dirs: use checkpoint STEP (default: newest)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
     parser.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), help="load the weights as")
     parser.add_argument(
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    loaded = load_model(args.model, device, args.dtype, args.trust_remote_code)
+    loaded = load_model(args.model, device, args.dtype, args.trust_remote_code, args.step)
     data = args.data if args.data is not None else default_eval_text()
     ids = first_tokens(data, loaded.encode, args.tokens)
     seq_len = args.seq_len or min(loaded.context_length or args.tokens, args.tokens)
