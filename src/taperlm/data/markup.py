@@ -40,12 +40,12 @@ _RST_VERSION = {
 }
 
 _DIRECTIVE = re.compile(r"^(\s*)\.\.\s+([A-Za-z][\w:.+-]*)::(?:\s+(.*))?$")
-_COMMENT = re.compile(r"^(\s*)\.\.(?:\s|$)")
+_COMMENT = re.compile(r"^(\s*)(?:[-*+]\s+)?\.\.(?:\s|$)")
 _ADORNMENT = re.compile(r"^\s*([!-/:-@\[-`{-~])\1+\s*$")
 _SIMPLE_TABLE_BORDER = re.compile(r"^\s*=+(?:\s+=+)+\s*$")
 _GRID_TABLE = re.compile(r"^\s*\+[-=+]+\+?\s*$")
 _OPTION = re.compile(r"^\s*:[\w -]+:(\s.*)?$")
-_FIELD = re.compile(r"^:([^:`]+):(?!`)\s*(.*)$")
+_FIELD = re.compile(r"^:([^:`]+):(?:\s+(.*))?$")
 _BULLET = re.compile(r"^(?:[-*+•]|\d+[.)]|#\.|[a-zA-Z][.)]|\(\d+\))\s+")
 
 _ROLE = re.compile(r":([A-Za-z][\w:.+-]*):`([^`]+)`")
@@ -81,17 +81,19 @@ def _role_sub(m: re.Match) -> str:
 
 
 def rst_inline(text: str) -> str:
-    """Replace reST inline markup by its text."""
-    text = _ROLE.sub(_role_sub, text)
-    text = _LITERAL.sub(r"\1", text)
-    text = _LINK.sub(r"\1", text)
-    text = _REF.sub(lambda m: _role_text(m.group(1)), text)
-    text = _INTERPRETED.sub(r"\1", text)
-    text = _STRONG.sub(r"\1", text)
-    text = _EMPH.sub(r"\1", text)
-    text = _NAMED_REF.sub(r"\1", text)
-    text = _SUBST.sub(r"\1", text)
-    return text.replace("\\ ", "").replace("\\", "")
+    """Replace reST inline markup by its text (``literals`` are kept verbatim)."""
+    parts = _LITERAL.split(text)  # odd items: literal contents, where backslashes are literal
+    for i in range(0, len(parts), 2):
+        t = _ROLE.sub(_role_sub, parts[i])
+        t = _LINK.sub(r"\1", t)
+        t = _REF.sub(lambda m: _role_text(m.group(1)), t)
+        t = _INTERPRETED.sub(r"\1", t)
+        t = _STRONG.sub(r"\1", t)
+        t = _EMPH.sub(r"\1", t)
+        t = _NAMED_REF.sub(r"\1", t)
+        t = _SUBST.sub(r"\1", t)
+        parts[i] = re.sub(r"\\(.)", r"\1", t.replace("\\ ", ""))
+    return "".join(parts)
 
 
 def rst_to_text(src: str) -> str:
@@ -166,7 +168,8 @@ def rst_to_text(src: str) -> str:
         if s.endswith("::"):  # paragraph introducing a literal (code) block
             text = s[:-2].rstrip()
             if text:
-                kept.append(text + (":" if not s[:-2].endswith(" ") else ""))
+                colon = not (text.endswith(":") or s[:-2].endswith(" "))
+                kept.append(text + (":" if colon else ""))
             j = i + 1
             while j < n and not lines[j].strip():
                 j += 1
@@ -175,7 +178,7 @@ def rst_to_text(src: str) -> str:
             continue
         fm = _FIELD.match(s)
         if fm:  # field list entry (":Author: name"): its own line
-            kept.extend(["", f"{fm.group(1)}: {fm.group(2)}".rstrip(), ""])
+            kept.extend(["", f"{fm.group(1)}: {fm.group(2) or ''}".rstrip(), ""])
         else:
             kept.append(s)
         i += 1

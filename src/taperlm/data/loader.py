@@ -1,0 +1,252 @@
+"""Training and validation batches from a `taperlm prepare` data dir.
+
+Sampling (TokenBatches). A split of N tokens holds `n_windows = (N - 1) // T` non-overlapping
+windows; window w covers tokens [w*T, w*T + T] (T + 1 tokens: x is the first T, y the last T).
+The windows are visited in epochs; epoch e uses the permutation
+`numpy.random.default_rng([seed, e]).permutation(n_windows)`. Concatenating the epochs gives one
+infinite *global sample sequence*: global sample g is window `perm_{g // n}[g % n]` (batches may
+straddle an epoch boundary; nothing is dropped).
+
+Ranks. With micro-batch B per rank and W ranks, global micro-step s covers global samples
+[s*B*W, (s+1)*B*W); rank r takes samples s*B*W + r + j*W for j = 0..B-1 (row j of its batch).
+Invariant: for one seed, the union over ranks of a global micro-step is the same set of samples
+whatever W is, as long as B*W is the same — so 2 ranks with B=4 see exactly the sequences one
+process with B=8 sees, and with gradient accumulation each optimizer step of W ranks x k
+micro-steps covers the same samples as 1 process x W*k micro-steps at the same B.
+
+Resuming. `state_dict()` records the global sample index of the next micro-step (plus epoch and
+position for humans); `load_state_dict()` continues exactly there.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from taperlm.data.prepare import META_FILE, META_FORMAT
+from taperlm.data.shards import open_shard
+from taperlm.errors import DataError
+
+SPLITS = ("train", "val")
+AUTO_VERIFY_BYTES = 64 << 20  # shards up to this size are checksummed on open
+STATE_VERSION = 1
+
+
+def _prepare_hint(data_dir: Path) -> str:
+    return f"create it with `taperlm prepare --source default --out {data_dir}`"
+
+
+def load_meta(data_dir: str | Path) -> dict[str, Any]:
+    """meta.json of a data dir, with errors for a missing/empty dir or missing/invalid meta."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise DataError(f"data dir {data_dir} does not exist; {_prepare_hint(data_dir)}")
+    if not any(data_dir.iterdir()):
+        raise DataError(f"data dir {data_dir} is empty; {_prepare_hint(data_dir)}")
+    path = data_dir / META_FILE
+    if not path.is_file():
+        raise DataError(
+            f"{data_dir} has no {META_FILE}: it is not a complete `taperlm prepare` output "
+            f"(an interrupted prepare leaves none); {_prepare_hint(data_dir)}"
+        )
+    try:
+        meta = json.loads(path.read_text())
+    except ValueError as err:
+        raise DataError(f"{path}: not valid JSON ({err}); re-run `taperlm prepare`") from None
+    if not isinstance(meta, dict) or meta.get("format") != META_FORMAT:
+        raise DataError(f"{path}: not a taperlm data meta file; re-run `taperlm prepare`")
+    for key in ("vocab_size", "eos_id", "splits"):
+        if key not in meta:
+            raise DataError(f"{path}: missing key {key!r}; re-run `taperlm prepare`")
+    return meta
+
+
+def open_split(
+    data_dir: str | Path, split: str, verify: bool | None = None
+) -> tuple[dict[str, Any], np.ndarray]:
+    """(meta, memmapped tokens) of one split, checked against meta.json.
+
+    verify=None checksums shards up to AUTO_VERIFY_BYTES; True/False force it on/off.
+    """
+    data_dir = Path(data_dir)
+    meta = load_meta(data_dir)
+    if split not in SPLITS or split not in meta["splits"]:
+        raise DataError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
+    info = meta["splits"][split]
+    path = data_dir / info.get("file", f"{split}.bin")
+    if verify is None:
+        verify = path.is_file() and path.stat().st_size <= AUTO_VERIFY_BYTES
+    header, tokens = open_shard(path, verify=verify)
+    if header.vocab_size != meta["vocab_size"]:
+        raise DataError(
+            f"{path}: shard vocab_size {header.vocab_size} differs from meta.json "
+            f"({meta['vocab_size']}); re-run `taperlm prepare`"
+        )
+    if header.count != info.get("tokens", header.count) or (
+        "crc32" in info and header.crc32 != info["crc32"]
+    ):
+        raise DataError(
+            f"{path}: shard does not match meta.json (token count or checksum); it "
+            "was replaced or corrupted, re-run `taperlm prepare`"
+        )
+    return meta, tokens
+
+
+def check_vocab(data_dir: str | Path, model_vocab_size: int) -> int:
+    """Raise DataError when the data's token ids do not fit the model; return the data's vocab."""
+    vocab = int(load_meta(data_dir)["vocab_size"])
+    if vocab > model_vocab_size:
+        raise DataError(
+            f"tokenizer of {data_dir} has {vocab} ids but model.vocab_size is {model_vocab_size}; "
+            f"set model.vocab_size={vocab} (e.g. --set model.vocab_size={vocab})"
+        )
+    return vocab
+
+
+def _check_length(path: str, n_tokens: int, seq_len: int) -> None:
+    if n_tokens < seq_len + 1:
+        raise DataError(
+            f"{path} has {n_tokens} tokens, fewer than seq_len + 1 = {seq_len + 1}; lower seq_len "
+            "or prepare more data (--val-tokens for the validation split)"
+        )
+
+
+def _windows(tokens: np.ndarray, window_ids: np.ndarray, seq_len: int) -> tuple[torch.Tensor, ...]:
+    rows = np.stack(
+        [np.asarray(tokens[w * seq_len : w * seq_len + seq_len + 1]) for w in window_ids]
+    )
+    rows = torch.from_numpy(rows.astype(np.int64))
+    return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+
+class TokenBatches:
+    """Endless iterator of (x, y) LongTensor pairs [micro_batch_size, seq_len] for one rank.
+
+    See the module docstring for the exact sampling and rank-partition invariant.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | Path,
+        split: str,
+        seq_len: int,
+        micro_batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        verify: bool | None = None,
+    ) -> None:
+        if seq_len < 1 or micro_batch_size < 1:
+            raise DataError(
+                f"seq_len ({seq_len}) and micro_batch_size ({micro_batch_size}) must be positive"
+            )
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise DataError(f"rank {rank} is not in [0, world_size={world_size})")
+        self.data_dir = Path(data_dir)
+        self.split = split
+        self.meta, self.tokens = open_split(self.data_dir, split, verify=verify)
+        _check_length(str(self.data_dir / f"{split}.bin"), len(self.tokens), seq_len)
+        self.seq_len = seq_len
+        self.micro_batch_size = micro_batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.n_windows = (len(self.tokens) - 1) // seq_len
+        self.global_batch = micro_batch_size * world_size
+        self.sample = 0  # global index of the first sample of the next global micro-step
+        self._perms: dict[int, np.ndarray] = {}
+
+    @property
+    def epoch(self) -> int:
+        return self.sample // self.n_windows
+
+    @property
+    def position(self) -> int:
+        return self.sample % self.n_windows
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        """Window order of one epoch (cached for the current and next epoch only)."""
+        if epoch not in self._perms:
+            if len(self._perms) >= 2:
+                del self._perms[min(self._perms)]
+            rng = np.random.default_rng([self.seed, epoch])
+            self._perms[epoch] = rng.permutation(self.n_windows)
+        return self._perms[epoch]
+
+    def window_ids(self, samples: np.ndarray) -> np.ndarray:
+        """Window index of each global sample index."""
+        out = np.empty(len(samples), dtype=np.int64)
+        for i, g in enumerate(samples):
+            out[i] = self.permutation(int(g) // self.n_windows)[int(g) % self.n_windows]
+        return out
+
+    def rank_samples(self, sample: int | None = None) -> np.ndarray:
+        """Global sample indices of this rank's rows in the micro-step starting at `sample`."""
+        start = self.sample if sample is None else sample
+        return start + self.rank + self.world_size * np.arange(self.micro_batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = self.window_ids(self.rank_samples())
+        self.sample += self.global_batch
+        return _windows(self.tokens, ids, self.seq_len)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "split": self.split,
+            "seed": self.seed,
+            "seq_len": self.seq_len,
+            "n_windows": self.n_windows,
+            "global_batch": self.global_batch,
+            "sample": self.sample,
+            "epoch": self.epoch,
+            "position": self.position,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly where `state` stopped (the data and sampling must be the same)."""
+        for key in ("split", "seed", "seq_len", "n_windows"):
+            if key in state and state[key] != getattr(self, key):
+                raise DataError(
+                    f"cannot resume the data loader: saved {key}={state[key]!r} but this run has "
+                    f"{key}={getattr(self, key)!r}; use the same data dir, seed and seq_len"
+                )
+        if "sample" in state:
+            sample = int(state["sample"])
+        else:
+            sample = int(state["epoch"]) * self.n_windows + int(state["position"])
+        if sample < 0:
+            raise DataError(f"cannot resume the data loader: sample index {sample} is negative")
+        self.sample = sample
+
+
+def val_batches(
+    data_dir: str | Path,
+    seq_len: int,
+    batch_size: int,
+    max_tokens: int | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    verify: bool | None = None,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The validation split in order as non-overlapping windows (x, y); the last batch may be
+    smaller. `max_tokens` caps the windows (at least one); with several ranks, rank r takes
+    windows r, r+W, ... of that list."""
+    if seq_len < 1 or batch_size < 1:
+        raise DataError(f"seq_len ({seq_len}) and batch_size ({batch_size}) must be positive")
+    _, tokens = open_split(data_dir, "val", verify=verify)
+    _check_length(str(Path(data_dir) / "val.bin"), len(tokens), seq_len)
+    n = (len(tokens) - 1) // seq_len
+    if max_tokens is not None:
+        n = min(n, max(1, max_tokens // seq_len))
+    mine = np.arange(rank, n, world_size)
+    for start in range(0, len(mine), batch_size):
+        yield _windows(tokens, mine[start : start + batch_size], seq_len)
