@@ -327,7 +327,7 @@ def test_bad_jsonl_lines(tmp_path: Path) -> None:
 def test_missing_source_and_empty_folder(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="does not exist"):
         corpus.open_source(str(tmp_path / "nope"))
-    with pytest.raises(DataError, match="has no .txt or .jsonl files"):
+    with pytest.raises(DataError, match=r"has no \.txt or \.jsonl files"):
         corpus.open_source(str(tmp_path))
 
 

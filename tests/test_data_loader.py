@@ -109,7 +109,7 @@ def test_val_batches_in_order(data_dir: Path) -> None:
     assert torch.cat(xs)[:, 0].tolist() == list(range(0, 290, 10))
     capped = list(val_batches(data_dir, 10, 4, max_tokens=55))
     assert sum(len(x) for x, _ in capped) == 5
-    r1 = [x for x, _ in val_batches(data_dir, 10, 100, rank=1, world_size=2)][0]
+    r1 = next(x for x, _ in val_batches(data_dir, 10, 100, rank=1, world_size=2))
     assert r1[:, 0].tolist() == list(range(10, 290, 20))
 
 
@@ -124,19 +124,19 @@ def test_check_vocab(data_dir: Path) -> None:
 
 
 def test_missing_and_empty_data_dir(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match="does not exist.*taperlm prepare"):
+    with pytest.raises(DataError, match=r"does not exist.*taperlm prepare"):
         TokenBatches(tmp_path / "nope", "train", 8, 2)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(DataError, match="is empty.*taperlm prepare"):
+    with pytest.raises(DataError, match=r"is empty.*taperlm prepare"):
         TokenBatches(tmp_path / "empty", "train", 8, 2)
     (tmp_path / "empty" / "train.bin").write_bytes(b"x")
-    with pytest.raises(DataError, match="has no meta.json"):
+    with pytest.raises(DataError, match=r"has no meta\.json"):
         load_meta(tmp_path / "empty")
 
 
 def test_short_shard_and_bad_split(tmp_path: Path) -> None:
     d = make_data_dir(tmp_path / "d", n_train=100, n_val=20)
-    with pytest.raises(DataError, match="val.bin has 20 tokens, fewer than seq_len \\+ 1 = 33"):
+    with pytest.raises(DataError, match=r"val\.bin has 20 tokens, fewer than seq_len \+ 1 = 33"):
         list(val_batches(d, 32, 2))
     with pytest.raises(DataError, match="unknown split 'test'"):
         TokenBatches(d, "test", 8, 2)
