@@ -65,13 +65,13 @@ def run(args: argparse.Namespace) -> int:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     loaded = load_model(args.model, device, args.dtype, args.trust_remote_code, args.step)
-    data = args.data if args.data is not None else default_eval_text()
-    ids = first_tokens(data, loaded.encode, args.tokens)
     seq_len = args.seq_len or min(loaded.context_length or args.tokens, args.tokens)
     if loaded.context_length and seq_len > loaded.context_length:
         raise ConfigError(
             f"--seq-len {seq_len} exceeds the model's context of {loaded.context_length}"
         )
+    data = args.data if args.data is not None else default_eval_text()
+    ids = first_tokens(data, loaded.encode, args.tokens)
     try:
         result = measure(
             loaded.model,

@@ -1,0 +1,165 @@
+"""`taperlm novelty` end to end on offline tiny models: a saved random GPT-2 dir (as a plain dir
+and as hf:DIR), a run dir of ours, the default-data lookup and the user-facing errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from taperlm.cli import main
+
+TEXT = (
+    "The quick brown fox jumps over the lazy dog . A tapered model puts more width early and "
+    "less width late , at the same budget . Novelty is the cosine between what a layer writes "
+    "and the residual stream that enters it .\n"
+) * 20
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random 3-layer GPT-2 with a 100-word word-level tokenizer, saved like a Hub model."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    out = tmp_path_factory.mktemp("gpt2")
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(
+        [TEXT], trainers.WordLevelTrainer(vocab_size=100, special_tokens=["[UNK]"])
+    )
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(
+        out
+    )
+    cfg = transformers.GPT2Config(
+        n_layer=3,
+        n_embd=32,
+        n_head=2,
+        vocab_size=100,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(out)
+    return out
+
+
+@pytest.fixture()
+def text_file(tmp_path: Path) -> Path:
+    p = tmp_path / "text.txt"
+    p.write_text(TEXT, encoding="utf-8")
+    return p
+
+
+def test_json_and_plot_on_hf_dir(gpt2_dir: Path, text_file: Path, tmp_path: Path, capsys):
+    png = tmp_path / "out" / "novelty.png"
+    rc = main(
+        [
+            "novelty",
+            str(gpt2_dir),
+            "--data",
+            str(text_file),
+            "--tokens",
+            "150",
+            "--json",
+            "--plot",
+            str(png),
+            "--batch-size",
+            "2",
+        ]
+    )
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["n_layers"] == 3 and out["input_tokens"] == 150
+    assert out["seq_len"] == 64 and out["n_windows"] == 3  # 64 + 64 + 22
+    assert out["n_tokens"] == 150 - 3 and out["skip_first"] is True
+    assert out["layers_path"] == "transformer.h"
+    assert [x["mlp_width"] for x in out["layers"]] == [128, 128, 128]
+    for layer in out["layers"]:
+        for key in ("rho_block", "rho_mlp"):
+            s = layer[key]
+            assert -1 <= s["p10"] <= s["median"] <= s["p90"] <= 1 and s["n"] == 147
+    assert -1 <= out["pearson_mlp"] <= 1
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_table_on_hf_prefix_include_first(gpt2_dir: Path, text_file: Path, capsys):
+    rc = main(
+        [
+            "novelty",
+            f"hf:{gpt2_dir}",
+            "--data",
+            str(text_file),
+            "--tokens",
+            "100",
+            "--seq-len",
+            "50",
+            "--include-first",
+        ]
+    )
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "Pearson r with depth" in out and "100 tokens measured per layer" in out
+    assert "rho_block mean ± std" in out
+    assert len([ln for ln in out.splitlines() if ln.strip().startswith(("0 ", "1 ", "2 "))]) == 3
+
+
+def test_default_data_from_env(gpt2_dir: Path, tmp_path: Path, monkeypatch, capsys):
+    root = tmp_path / "evaldata"
+    (root / "wikitext-2").mkdir(parents=True)
+    (root / "wikitext-2" / "wiki.test.raw").write_text(TEXT, encoding="utf-8")
+    monkeypatch.setenv("TAPERLM_EVAL_DATA", str(root))
+    assert main(["novelty", str(gpt2_dir), "--tokens", "64", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["data"].endswith("wiki.test.raw") and out["n_tokens"] == 63
+
+
+def test_user_errors(gpt2_dir: Path, text_file: Path, tmp_path: Path, capsys):
+    assert main(["novelty", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["novelty", str(tmp_path / "empty")]) == 2
+    assert "neither a run dir" in capsys.readouterr().err
+    assert main(["novelty", str(gpt2_dir), "--data", str(text_file), "--tokens", "100000"]) == 2
+    assert "fewer than the 100000" in capsys.readouterr().err
+    assert main(["novelty", str(gpt2_dir), "--data", str(text_file), "--seq-len", "65"]) == 2
+    assert "exceeds the model's context of 64" in capsys.readouterr().err
+    args = ["novelty", str(gpt2_dir), "--data", str(text_file), "--tokens", "64"]
+    assert main([*args, "--layers", "transformer.nope"]) == 2
+    assert "no submodule" in capsys.readouterr().err
+
+
+def test_run_dir(tmp_path: Path, text_file: Path, capsys):
+    ckpt = pytest.importorskip("taperlm.training.checkpoint")
+    import torch
+
+    from taperlm.config import DataConfig, ModelConfig, RunConfig, save_yaml, to_dict
+    from taperlm.data.tokenizer import train_bpe
+    from taperlm.models import TaperedLM
+    from taperlm.taper import TaperSpec
+
+    data_dir = tmp_path / "data"
+    tok = train_bpe([TEXT], vocab_size=300)
+    tok.save(data_dir / "tokenizer")
+    model_cfg = ModelConfig(
+        vocab_size=320,
+        d_model=32,
+        n_layers=3,
+        n_heads=2,
+        mlp_width=64,
+        context_length=32,
+        taper=TaperSpec.parse("cosine"),
+    )
+    run_cfg = RunConfig(model=model_cfg, data=DataConfig(dir=str(data_dir))).resolve()
+    run = tmp_path / "run"
+    save_yaml(run_cfg, run / "config.yaml")
+    torch.manual_seed(0)
+    model = TaperedLM(run_cfg.model)
+    ckpt.save_checkpoint(run, 1, model.state_dict(), {"tokens": 0}, to_dict(run_cfg), keep=1)
+    assert main(["novelty", str(run), "--data", str(text_file), "--tokens", "96", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["layers_path"] == "blocks" and out["seq_len"] == 32 and out["n_tokens"] == 93
+    assert [x["mlp_width"] for x in out["layers"]] == run_cfg.model.mlp_widths
