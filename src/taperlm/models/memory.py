@@ -124,30 +124,38 @@ def run_memory(
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """Read and write a sequence chunk by chunk (fp32).
 
-    weights/momentum[j]: [N, in_j, out_j]; q, k, v: [N, T, d_m]; gates: [N, T]; T % chunk == 0.
+    weights/momentum[j]: [N, in_j, out_j]; q, k, v: [N, T, d_m]; gates: [N, T]. A last partial
+    chunk (T % chunk tokens) is a shorter chunk with the same semantics.
     Returns (retrieved [N, T, d_m], final weights, final momentum).
     """
-    N, T, dm = q.shape
-    n = T // chunk
-    coeffs, carry_s, s_to_m, decay = chunk_coefficients(
-        theta.view(N, n, chunk), log_keep.view(N, n, chunk), log_eta.view(N, n, chunk)
-    )
-    kc, vc = k.view(N, n, chunk, dm), v.view(N, n, chunk, dm)
+    N, T, _ = q.shape
+    n, rest = divmod(T, chunk)
+    groups = []  # (first token, chunk length, number of chunks)
+    if n:
+        groups.append((0, chunk, n))
+    if rest:
+        groups.append((n * chunk, rest, 1))
     outs = []
-    for c in range(n):
-        # Tokens of chunk c read the state at the end of chunk c-1 (causal), then chunk c writes.
-        outs.append(memory_forward(weights, q[:, c * chunk : (c + 1) * chunk]))
-        grads = weighted_grads(weights, kc[:, c], vc[:, c], coeffs[:, :, c])
-        a_c = carry_s[:, c].view(N, 1, 1)
-        m_c = s_to_m[:, c].view(N, 1, 1)
-        b_c = decay[:, c].view(N, 1, 1)
-        new_w, new_s = [], []
-        for w, s, g in zip(weights, momentum, grads):
-            new_s.append(a_c * s - g[0])
-            new_w.append(b_c * w + m_c * s - g[1])
-        weights, momentum = new_w, new_s
-    out = torch.cat(outs, 1)
-    return out, weights, momentum
+    for start, size, count in groups:
+        span = slice(start, start + size * count)
+        coeffs, carry_s, s_to_m, decay = chunk_coefficients(
+            *(x[:, span].reshape(N, count, size) for x in (theta, log_keep, log_eta))
+        )
+        for c in range(count):
+            t = slice(start + c * size, start + (c + 1) * size)
+            # Tokens of chunk c read the state at the end of the previous chunk (causal), then
+            # chunk c writes with every gradient taken at that same state.
+            outs.append(memory_forward(weights, q[:, t]))
+            grads = weighted_grads(weights, k[:, t], v[:, t], coeffs[:, :, c])
+            a_c = carry_s[:, c].view(N, 1, 1)
+            m_c = s_to_m[:, c].view(N, 1, 1)
+            b_c = decay[:, c].view(N, 1, 1)
+            new_w, new_s = [], []
+            for w, s, g in zip(weights, momentum, grads):
+                new_s.append(a_c * s - g[0])
+                new_w.append(b_c * w + m_c * s - g[1])
+            weights, momentum = new_w, new_s
+    return torch.cat(outs, 1), weights, momentum
 
 
 def causal_conv(
@@ -262,20 +270,14 @@ class NeuralMemory(nn.Module):
     def write_read(
         self, state: MemoryState, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     ) -> tuple[torch.Tensor, MemoryState]:
-        """Chunk-wise read + write of a stream (padded to whole chunks with no-op tokens)."""
-        T = q.shape[1]
-        pad = (-T) % self.chunk
+        """Chunk-wise read + write of a stream; returns (retrieved, state after the stream)."""
         theta = self.max_inner_lr * torch.sigmoid(g[..., 0])
         log_keep = F.logsigmoid(-g[..., 1])
         log_eta = F.logsigmoid(g[..., 2])
-        if pad:
-            # Padded tokens write nothing and leave the state unchanged (theta 0, no decay).
-            q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
-            theta, log_keep, log_eta = (F.pad(x, (0, pad)) for x in (theta, log_keep, log_eta))
         out, w, s = run_memory(
             state.weights, state.momentum, q, k, v, theta, log_keep, log_eta, self.chunk
         )
-        return out[:, :T], MemoryState(w, s)
+        return out, MemoryState(w, s)
 
     # -- output --------------------------------------------------------------------------------
     def output(self, r: torch.Tensor, gate_input: torch.Tensor) -> torch.Tensor:

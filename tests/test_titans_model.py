@@ -1,0 +1,219 @@
+"""Titans MAC/MAG/MAL: causality, attention masks against dense references, exact budgets,
+stable training."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from taperlm import budget
+from taperlm.config import ModelConfig, TitansConfig
+from taperlm.errors import ConfigError
+from taperlm.models import TaperedLM
+from taperlm.models.titans import segment_attention, sliding_window_attention
+from taperlm.presets import get_preset, preset_names
+from taperlm.taper import TaperSpec
+
+VARIANTS = ("mac", "mag", "mal")
+
+
+def small_cfg(variant: str, taper: str = "uniform", **titans) -> ModelConfig:
+    opts = dict(
+        variant=variant,
+        memory_heads=2,
+        memory_head_dim=8,
+        memory_expansion=2,
+        chunk_size=4,
+        window=8,
+        segment_len=8,
+        persistent_tokens=2,
+    )
+    opts.update(titans)
+    cfg = ModelConfig(
+        family="titans",
+        vocab_size=61,
+        d_model=32,
+        n_heads=4,
+        n_layers=3,
+        mlp_width=64,
+        context_length=64,
+        taper=TaperSpec.parse(taper),
+        titans=TitansConfig(**opts),
+    )
+    return cfg.resolve()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_causal_at_token_granularity(variant: str) -> None:
+    torch.manual_seed(0)
+    model = TaperedLM(small_cfg(variant)).eval()
+    T = 27  # not a multiple of chunk (4), window (8) or segment (8)
+    idx = torch.randint(0, 61, (2, T))
+    with torch.no_grad():
+        base = model(idx).logits
+        # chunk/segment starts, mid-chunk, last token of a segment, last token
+        for p in (1, 3, 4, 6, 7, 8, 13, 16, 23, 26):
+            alt = idx.clone()
+            alt[:, p] = (alt[:, p] + 7) % 61
+            out = model(alt).logits
+            torch.testing.assert_close(out[:, :p], base[:, :p], rtol=0, atol=1e-6)
+            assert (out[:, p] - base[:, p]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_prefix_consistency(variant: str) -> None:
+    """Running a prefix alone gives the same logits (generation recomputes without a cache)."""
+    torch.manual_seed(1)
+    model = TaperedLM(small_cfg(variant)).eval()
+    idx = torch.randint(0, 61, (1, 21))
+    with torch.no_grad():
+        full = model(idx).logits
+        for p in (1, 5, 8, 12, 17):
+            torch.testing.assert_close(model(idx[:, :p]).logits, full[:, :p], rtol=0, atol=1e-5)
+    with pytest.raises(NotImplementedError):
+        model.new_cache()
+
+
+def _dense(q, keys, vals, mask):
+    return F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
+
+
+def test_mac_mask_equals_dense_reference() -> None:
+    torch.manual_seed(2)
+    B, H, S, n, Np, hd = 2, 3, 5, 3, 2, 4
+    T = S * n
+    q, k, v, kh, vh = (torch.randn(B, H, T, hd, dtype=torch.float64) for _ in range(5))
+    kp, vp = (torch.randn(H, Np, hd, dtype=torch.float64) for _ in range(2))
+    got = segment_attention(q, k, v, kh, vh, kp, vp, S)
+    # Dense: keys [persistent | all memory tokens | all tokens]; query t sees persistent tokens,
+    # and memory token / token j iff j is in t's segment and j <= t.
+    mask = torch.zeros(T, Np + 2 * T, dtype=torch.bool)
+    for t in range(T):
+        mask[t, :Np] = True
+        for j in range(T):
+            if j // S == t // S and j <= t:
+                mask[t, Np + j] = True
+                mask[t, Np + T + j] = True
+    keys = torch.cat((kp.expand(B, H, Np, hd), kh, k), 2)
+    vals = torch.cat((vp.expand(B, H, Np, hd), vh, v), 2)
+    torch.testing.assert_close(got, _dense(q, keys, vals, mask))
+
+
+@pytest.mark.parametrize("T", [5, 8, 19])
+def test_sliding_window_equals_dense_reference(T: int) -> None:
+    torch.manual_seed(3)
+    B, H, W, Np, hd = 2, 2, 8, 3, 4
+    q, k, v = (torch.randn(B, H, T, hd, dtype=torch.float64) for _ in range(3))
+    kp, vp = (torch.randn(H, Np, hd, dtype=torch.float64) for _ in range(2))
+    got = sliding_window_attention(q, k, v, kp, vp, W, rotary=None)
+    mask = torch.zeros(T, Np + T, dtype=torch.bool)
+    mask[:, :Np] = True
+    for t in range(T):
+        for j in range(T):
+            mask[t, Np + j] = j <= t and t - j < W
+    keys = torch.cat((kp.expand(B, H, Np, hd), k), 2)
+    vals = torch.cat((vp.expand(B, H, Np, hd), v), 2)
+    torch.testing.assert_close(got, _dense(q, keys, vals, mask))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize(
+    "taper,memory_taper",
+    [("uniform", "uniform"), ("cosine:1.5:0.5", "uniform"), ("linear:1.25:0.75", "cosine")],
+)
+def test_param_count_equals_formula_and_budget(variant: str, taper: str, memory_taper: str) -> None:
+    cfg = small_cfg(variant, taper, memory_taper=memory_taper, memory_multiple_of=4)
+    model = TaperedLM(cfg)
+    assert budget.total_params(cfg) == model.num_params()
+    base = cfg.baseline()
+    assert budget.total_params(base) == budget.total_params(cfg)
+    assert budget.flops_per_token(base) == budget.flops_per_token(cfg)
+    if memory_taper != "uniform":
+        assert len(set(cfg.titans.memory_widths)) > 1
+
+
+def test_memory_taper_changes_widths_at_equal_budget() -> None:
+    uni = small_cfg("mag", memory_multiple_of=4)
+    tap = small_cfg("mag", memory_taper="cosine:1.5:0.5", memory_multiple_of=4)
+    assert tap.titans.memory_widths[0] > tap.titans.memory_widths[-1]
+    assert budget.total_params(uni) == budget.total_params(tap)
+    assert budget.flops_per_token(uni) == budget.flops_per_token(tap)
+
+
+def test_memory_depth_three_params_and_taper_rejected() -> None:
+    cfg = small_cfg("mal", memory_depth=3)
+    assert budget.total_params(cfg) == TaperedLM(cfg).num_params()
+    with pytest.raises(ConfigError, match="memory_depth 2"):
+        small_cfg("mal", memory_depth=3, memory_taper="cosine")
+
+
+def test_config_errors_name_the_key() -> None:
+    with pytest.raises(ConfigError, match="segment_len"):
+        small_cfg("mac", segment_len=6)
+    with pytest.raises(ConfigError, match="memory_depth"):
+        small_cfg("mag", memory_depth=1)
+    with pytest.raises(ConfigError, match="max_inner_lr"):
+        small_cfg("mag", max_inner_lr=3.0)
+
+
+def test_presets_exist_and_budgets_are_exact() -> None:
+    names = [n for n in preset_names() if n.startswith("titans-")]
+    for v in VARIANTS:
+        for size in ("tiny", "small", "440m", "760m", "1.3b"):
+            assert f"titans-{v}-{size}" in names
+    for v in VARIANTS:
+        cfg = get_preset(f"titans-{v}-tiny")
+        assert cfg.family == "titans" and cfg.titans.variant == v
+        assert budget.total_params(cfg) == TaperedLM(cfg).num_params()
+        big = get_preset(f"titans-{v}-760m", taper=TaperSpec.parse("cosine:1.5:0.5"))
+        assert budget.total_params(big) == budget.total_params(big.baseline())
+
+
+def test_chunk_size_is_saved_in_config() -> None:
+    from taperlm.config import dump_yaml, run_config_from_dict
+
+    cfg = small_cfg("mag", chunk_size=2)
+    import yaml
+
+    back = run_config_from_dict(yaml.safe_load(dump_yaml(cfg))).model
+    assert back.titans.chunk_size == 2 and back.titans.memory_widths == cfg.titans.memory_widths
+    assert dataclasses.asdict(back.titans) == dataclasses.asdict(cfg.titans)
+
+
+def _train(variant: str, steps: int) -> list[float]:
+    """AdamW on a repeated random pattern with the tiny preset's Titans settings."""
+    torch.manual_seed(0)
+    cfg = get_preset(f"titans-{variant}-tiny", resolve=False)
+    cfg = dataclasses.replace(cfg, vocab_size=64, context_length=64).resolve()
+    model = TaperedLM(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.1)
+    pattern = torch.randint(0, 64, (4, 12))
+    data = pattern.repeat(1, 6)[:, :65]
+    losses = []
+    for _ in range(steps):
+        out = model(data[:, :-1], targets=data[:, 1:])
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(out.loss.item())
+        assert all(torch.isfinite(p).all() for p in model.parameters())
+    return losses
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_short_training_is_finite_and_learns(variant: str) -> None:
+    losses = _train(variant, 25)
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < 0.7 * losses[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_long_training_has_no_nan(variant: str) -> None:
+    losses = _train(variant, 300)
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < 0.1 * losses[0]
