@@ -468,6 +468,7 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(self.accum):
             x, y = next(self._iter)
+            self._check_ids(x, y)
             x = x.to(self.device, non_blocking=True)
             y = y.to(self.device, non_blocking=True)
             with D.no_sync(self.wrapped, self.model, sync=micro == self.accum - 1):
@@ -480,6 +481,19 @@ class Trainer:
                 if p.grad is not None:
                     p.grad.fill_(float("nan"))
         return loss_sum
+
+    def _check_ids(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Ids beyond the embedding would fail deep inside torch; name the problem instead."""
+        vocab = self.run.model.vocab_size
+        hi = max(int(x.max()), int(y.max()))
+        lo = min(int(x.min()), int(y.min()))
+        if hi >= vocab or lo < 0:
+            bad = hi if hi >= vocab else lo
+            raise DataError(
+                f"{self.data_dir}: token id {bad} (in the batch of step {self.step + 1}) is "
+                f"outside [0, model.vocab_size={vocab}); the data was tokenized with another "
+                "vocabulary: re-run `taperlm prepare` or set model.vocab_size to the tokenizer's"
+            )
 
     def _optimizer_step(self) -> tuple[bool, float]:
         """Clip and step the groups due at this step; (finite, grad norm)."""
