@@ -6,6 +6,8 @@ import gzip
 import json
 import re
 import struct
+import sys
+import types
 import zlib
 from pathlib import Path
 
@@ -339,6 +341,36 @@ def test_hf_source_spec() -> None:
     assert corpus.parse_hf_spec("hf:wikitext") == ("wikitext", None)
     with pytest.raises(DataError, match="expected hf:NAME"):
         corpus.parse_hf_spec("hf:")
+
+
+def test_hf_source_streams_rows_with_fake_datasets(monkeypatch) -> None:
+    calls = []
+
+    def load_dataset(name, config, split, streaming):
+        calls.append((name, config, split, streaming))
+        return iter([{"text": "first"}, {"text": "  "}, {"text": "third"}])
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    docs = list(corpus.open_source("hf:org/set:cfg").documents())
+    assert [(d.name, d.text) for d in docs] == [("org/set:0", "first"), ("org/set:2", "third")]
+    assert calls == [("org/set", "cfg", "train", True)]
+
+    def no_text(*args, **kwargs):
+        return iter([{"content": "x"}])
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=no_text))
+    with pytest.raises(DataError, match="has no 'text' column \\(columns: content\\)"):
+        list(corpus.iter_hf("hf:org/set"))
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("no network")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=offline))
+    with pytest.raises(DataError, match="need internet access"):
+        list(corpus.iter_hf("hf:org/set"))
+    monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
+    with pytest.raises(DataError, match=r"needs the 'datasets' package"):
+        list(corpus.iter_hf("hf:org/set"))
 
 
 def test_default_corpus_missing_packages_names_install_command(tmp_path: Path) -> None:

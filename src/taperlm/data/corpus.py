@@ -280,7 +280,7 @@ def iter_hf(spec: str, text_field: str = "text") -> Iterator[Document]:
         raise DataError(
             f"could not open Hugging Face dataset {name!r}"
             + (f" (config {config!r})" if config else "")
-            + f": {type(err).__name__}: {err}. hf: sources need internet access; offline, use "
+            + f": {type(err).__name__}: {str(err).rstrip('.')}. hf: sources need internet access; offline, use "
             "--source default or a local .txt/.jsonl folder"
         ) from None
     if first is None:

@@ -182,7 +182,8 @@ def _from_hf(spec: str) -> Tokenizer:
         hf = AutoTokenizer.from_pretrained(name)
     except Exception as err:  # offline, unknown name, gated repo
         raise DataError(
-            f"could not load Hugging Face tokenizer {name!r}: {type(err).__name__}: {err}. "
+            f"could not load Hugging Face tokenizer {name!r}: {type(err).__name__}: "
+            f"{str(err).rstrip('.')}. "
             "hf: tokenizers need internet access; offline, use bpe:N or a local folder"
         ) from None
     backend = getattr(hf, "backend_tokenizer", None)
