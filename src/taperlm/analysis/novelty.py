@@ -263,6 +263,11 @@ def mlp_width(mlp: nn.Module) -> int | None:
         v = getattr(getattr(mlp, child, None), attr, None)
         if isinstance(v, int):
             return v
+    levels = getattr(mlp, "levels", None)  # Hope's continuum memory: a chain of level MLPs
+    if isinstance(levels, nn.ModuleList) and len(levels):
+        widths = [mlp_width(m) for m in levels]
+        if all(w is not None for w in widths):
+            return sum(w for w in widths if w is not None)
     return None
 
 
