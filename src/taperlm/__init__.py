@@ -9,6 +9,19 @@ __version__ = "0.1.0"
 
 from taperlm.errors import CheckpointError, ConfigError, DataError, TaperError, TaperlmError
 
+
+def _hf_autoregister() -> None:
+    """Arrange for taperlm to register with transformers' Auto classes when (and only if) the
+    process imports them; costs nothing here (no transformers or torch import)."""
+    try:
+        from taperlm.hf.autoregister import install
+    except ImportError:  # a trimmed install without taperlm.hf
+        return
+    install()
+
+
+_hf_autoregister()
+
 __all__ = [
     "CheckpointError",
     "ConfigError",

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from taperlm.errors import DataError
+
 
 class Tokenizer(Protocol):
     eos_id: int
@@ -33,6 +35,7 @@ class HFTokenizerAdapter:
     def __init__(self, tok: Any) -> None:
         self.tok = tok
         self.eos_id = tok.eos_token_id
+        self.bos_id = tok.bos_token_id
         self.vocab_size = len(tok)
 
     def encode(self, text: str) -> list[int]:
@@ -90,7 +93,9 @@ class Scorer:
         self.device = torch.device(device)
         self.progress = progress
         self.dtype = dtype  # autocast dtype (None = the model's own precision)
-        self.prefix = int(tokenizer.eos_id)
+        # lm-eval's prefix token: BOS when the tokenizer has one, else EOS.
+        bos = getattr(tokenizer, "bos_id", None)
+        self.prefix = int(tokenizer.eos_id if bos is None else bos)
 
     # -- tokenization --------------------------------------------------------------------------
     def encode_pair(self, context: str, continuation: str) -> Pair:
@@ -111,7 +116,8 @@ class Scorer:
     @torch.no_grad()
     def _logprobs(self, batch: torch.Tensor) -> torch.Tensor:
         with torch.autocast(
-            device_type=self.device.type, dtype=self.dtype or torch.float32,
+            device_type=self.device.type,
+            dtype=self.dtype or torch.float32,
             enabled=self.dtype is not None,
         ):
             logits = self.model(batch).logits
@@ -124,17 +130,28 @@ class Scorer:
         L = self.max_length
         order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
         results: list[tuple[float, bool] | None] = [None] * len(pairs)
-        bar = tqdm(total=len(pairs), desc=desc, unit="req", disable=not self.progress,
-                   dynamic_ncols=True, leave=False)
+        bar = tqdm(
+            total=len(pairs),
+            desc=desc,
+            unit="req",
+            disable=not self.progress,
+            dynamic_ncols=True,
+            leave=False,
+        )
         for start in range(0, len(order), self.batch_size):
             idxs = order[start : start + self.batch_size]
             inputs, conts = [], []
             for i in idxs:
                 ctx, cont = pairs[i]
                 if not cont:
-                    raise ValueError("empty continuation: nothing to score")
+                    raise DataError(
+                        f"{desc}: a continuation tokenizes to nothing; check the eval file"
+                    )
                 if len(cont) > L:
-                    raise ValueError(f"continuation of {len(cont)} tokens exceeds max_length {L}")
+                    raise DataError(
+                        f"{desc}: a continuation of {len(cont)} tokens exceeds max_length {L}; "
+                        "raise --max-length"
+                    )
                 inputs.append((ctx + cont)[-(L + 1) :][:-1])
                 conts.append(cont)
             width = max(len(x) for x in inputs)

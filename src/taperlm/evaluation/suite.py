@@ -260,8 +260,10 @@ def format_table(results: dict[str, TaskResult], label: str = "model") -> str:
     lines = [head, sep, "| " + " | ".join([label, *cells]) + " |"]
     if "val" in results:
         v = results["val"]
-        lines.append(f"\nval ppl {v.metrics['perplexity']:.3f} (loss {v.metrics['loss']:.4f}, "
-                     f"{v.settings['tokens']} tokens)")
+        lines.append(
+            f"\nval ppl {v.metrics['perplexity']:.3f} (loss {v.metrics['loss']:.4f}, "
+            f"{v.settings['tokens']} tokens)"
+        )
     lines.append("")
     lines.append("| task | n | metric | value | stderr | seconds | items/s |")
     lines.append("|---|---|---|---|---|---|---|")

@@ -34,7 +34,15 @@ TASKS = (
     "social_iqa",
     "boolq",
 )
-MULTIPLE_CHOICE = ("piqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "social_iqa", "boolq")
+MULTIPLE_CHOICE = (
+    "piqa",
+    "hellaswag",
+    "winogrande",
+    "arc_easy",
+    "arc_challenge",
+    "social_iqa",
+    "boolq",
+)
 
 # Local file(s) of each task, relative to the data dir (see ../shared/data/README.md).
 LOCAL_FILES: dict[str, tuple[str, ...]] = {
@@ -268,7 +276,7 @@ class _Lines:
         if key not in rec:
             raise self.fail(line, f"missing field {key!r}; expected a record like {example}")
         v = rec[key]
-        if not isinstance(v, kind) or isinstance(v, bool) and kind is int:
+        if not isinstance(v, kind) or (isinstance(v, bool) and kind is int):
             raise self.fail(line, f"field {key!r} must be {_kind_name(kind)}, got {v!r}")
         if isinstance(v, str) and not v.strip():
             raise self.fail(line, f"field {key!r} is empty")

@@ -1,33 +1,49 @@
-"""Hugging Face integration: `TaperLMConfig`, `TaperLMForCausalLM`, `export_run`.
+"""Hugging Face integration: `TaperLMConfig`, `TaperLMForCausalLM`, `export_model`/`export_run`.
 
+Importing this package is light; the classes (and transformers, torch) load on first access.
 `register()` adds model_type "taperlm" to `AutoConfig` / `AutoModelForCausalLM` so exported
-directories load without `trust_remote_code`. Importing this module imports transformers.
+directories load without `trust_remote_code`; `import taperlm` arranges for it to happen
+automatically when transformers' Auto classes are imported (see `taperlm.hf.autoregister`).
 """
 
 from __future__ import annotations
 
-from taperlm.hf.configuration import TaperLMConfig
-from taperlm.hf.modeling import TaperLMForCausalLM
+import contextlib
+from typing import Any
 
-_registered = False
+__all__ = ["TaperLMConfig", "TaperLMForCausalLM", "register", "register_config"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TaperLMConfig":
+        from taperlm.hf.configuration import TaperLMConfig
+
+        return TaperLMConfig
+    if name == "TaperLMForCausalLM":
+        from taperlm.hf.modeling import TaperLMForCausalLM
+
+        return TaperLMForCausalLM
+    raise AttributeError(f"module 'taperlm.hf' has no attribute {name!r}")
+
+
+def register_config() -> None:
+    """Register TaperLMConfig with AutoConfig (cheap: no torch, no modeling code)."""
+    from transformers import AutoConfig
+
+    from taperlm.hf.configuration import TaperLMConfig
+
+    # ValueError: already registered (e.g. by remote code of the same model type).
+    with contextlib.suppress(ValueError):
+        AutoConfig.register("taperlm", TaperLMConfig)
 
 
 def register() -> None:
     """Register TaperLMConfig / TaperLMForCausalLM with the transformers Auto classes (idempotent)."""
-    global _registered
-    if _registered:
-        return
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    try:
-        AutoConfig.register("taperlm", TaperLMConfig)
-    except ValueError:  # already registered (e.g. by remote code of the same name)
-        pass
-    try:
+    from taperlm.hf.configuration import TaperLMConfig
+    from taperlm.hf.modeling import TaperLMForCausalLM
+
+    register_config()
+    with contextlib.suppress(ValueError):
         AutoModelForCausalLM.register(TaperLMConfig, TaperLMForCausalLM)
-    except ValueError:
-        pass
-    _registered = True
-
-
-__all__ = ["TaperLMConfig", "TaperLMForCausalLM", "register"]

@@ -107,8 +107,11 @@ def export_model(
         "max_length": model.config.context_length,
     }
     if tok is not None:
-        gen |= {"eos_token_id": tok.eos_token_id, "bos_token_id": tok.bos_token_id,
-                "pad_token_id": tok.pad_token_id}
+        gen |= {
+            "eos_token_id": tok.eos_token_id,
+            "bos_token_id": tok.bos_token_id,
+            "pad_token_id": tok.pad_token_id,
+        }
     gen |= generation or {}
     GenerationConfig(**gen).save_pretrained(out)
     if tok is not None:

@@ -8,7 +8,7 @@ uses our own cache). Left padding is rejected: the model has no attention mask.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +24,7 @@ class TaperLMPreTrainedModel(PreTrainedModel):
     config_class = TaperLMConfig
     base_model_prefix = "model"
     supports_gradient_checkpointing = False
-    _no_split_modules = ["Block"]
+    _no_split_modules: ClassVar[list[str]] = ["Block"]
     _supports_cache_class = False
 
     def _init_weights(self, module: torch.nn.Module) -> None:

@@ -1,0 +1,216 @@
+"""`taperlm eval RUN --tasks LIST`: validation perplexity and the paper's zero-shot suite
+(lm-evaluation-harness conventions), printed as the paper's table and/or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from taperlm.errors import ConfigError, DataError
+
+TASK_HELP = (
+    "comma-separated: paper (= val + all below), val, wikitext, lambada_openai, piqa, hellaswag, "
+    "winogrande, arc_easy, arc_challenge, social_iqa, boolq"
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "run",
+        nargs="?",
+        type=Path,
+        help="run directory of `taperlm train` (or a checkpoint dir, or a `taperlm export` dir)",
+    )
+    parser.add_argument("--tasks", default="paper", help=TASK_HELP)
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        help="folder with the eval files laid out like ../shared/data (default: $TAPERLM_EVAL_DATA, "
+        "else ../shared/data beside the checkout or the working directory)",
+    )
+    parser.add_argument(
+        "--source",
+        choices=("local", "hf"),
+        default="local",
+        help="local files (default) or the Hugging Face datasets lm-eval downloads",
+    )
+    parser.add_argument("--limit", type=int, help="first N items per task (val: N windows)")
+    parser.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass")
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        help="context window for scoring (default: the model's context_length)",
+    )
+    parser.add_argument("--step", type=int, help="evaluate checkpoint STEP (default: newest)")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    parser.add_argument(
+        "--dtype",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="bf16 autocast on GPU (default fp32, exact)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    parser.add_argument("--out", type=Path, help="also write the JSON results to FILE")
+    parser.add_argument(
+        "--samples", action="store_true", help="include per-item log-likelihoods in the JSON"
+    )
+    parser.add_argument(
+        "--write-lm-eval-tasks",
+        type=Path,
+        metavar="DIR",
+        help="write lm-eval task YAMLs + normalized data for the local files to DIR and exit "
+        "(then: lm_eval --include_path DIR --tasks taperlm_piqa,...)",
+    )
+
+
+def default_data_dir() -> Path | None:
+    env = os.environ.get("TAPERLM_EVAL_DATA")
+    if env:
+        return Path(env)
+    repo = Path(__file__).resolve().parents[3]  # src/taperlm/commands -> checkout root
+    for cand in (repo.parent / "shared" / "data", Path.cwd().parent / "shared" / "data"):
+        if cand.is_dir():
+            return cand
+    return None
+
+
+def parse_tasks(text: str) -> list[str]:
+    from taperlm.evaluation.suite import PAPER_TASKS
+
+    out: list[str] = []
+    for t in (x.strip() for x in text.split(",")):
+        if not t:
+            continue
+        names = list(PAPER_TASKS) if t in ("paper", "all") else [t]
+        for n in names:
+            if n not in PAPER_TASKS:
+                raise ConfigError(f"--tasks: unknown task {n!r}; choose from {TASK_HELP}")
+            if n not in out:
+                out.append(n)
+    if not out:
+        raise ConfigError(f"--tasks is empty; choose from {TASK_HELP}")
+    return out
+
+
+def _device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def run(args: argparse.Namespace) -> int:
+    tasks = parse_tasks(args.tasks)
+    data_dir = args.data_dir or default_data_dir()
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be >= 1, got {args.limit}")
+    if args.write_lm_eval_tasks:
+        from taperlm.evaluation.harness import write_task_dir
+
+        out = write_task_dir(
+            args.write_lm_eval_tasks,
+            data_dir,
+            [t for t in tasks if t != "val"],
+            source=args.source,
+            limit=args.limit,
+        )
+        print(
+            f"wrote lm-eval tasks to {out}; run e.g.\n  lm_eval --model hf --model_args "
+            f"pretrained=EXPORT_DIR,trust_remote_code=True --include_path {out} "
+            "--tasks taperlm_piqa,taperlm_hellaswag --batch_size 16"
+        )
+        return 0
+    if args.run is None:
+        raise ConfigError("give the RUN directory to evaluate (or --write-lm-eval-tasks DIR)")
+
+    import time
+
+    import torch
+
+    from taperlm.evaluation.run import load_any, resolve_data_dir
+    from taperlm.evaluation.scoring import Scorer
+    from taperlm.evaluation.suite import format_table, results_json, run_task, run_val
+    from taperlm.evaluation.tasks import load_task
+
+    explicit_val = "val" in [t.strip() for t in args.tasks.split(",")]
+    device = _device(args.device)
+    model, tokenizer, run_config = load_any(args.run, step=args.step, device=device)
+    max_length = args.max_length or model.config.context_length
+    if max_length < 2:
+        raise ConfigError(f"--max-length must be >= 2, got {max_length}")
+    scorer = Scorer(
+        model,
+        tokenizer,
+        max_length,
+        batch_size=args.batch_size,
+        device=device,
+        dtype=torch.bfloat16 if args.dtype == "bf16" else None,
+    )
+    if any(t != "val" for t in tasks) and args.source == "local" and data_dir is None:
+        raise DataError(
+            "no evaluation data found: pass --data-dir DIR (laid out like ../shared/data), set "
+            "TAPERLM_EVAL_DATA, or use --source hf"
+        )
+    results = {}
+    notes = []
+    for task in tasks:
+        t0 = time.perf_counter()
+        if task == "val":
+            run_data = resolve_data_dir(Path(args.run), run_config) if run_config else None
+            if run_data is None:
+                if explicit_val:
+                    raise DataError(
+                        f"val: {args.run} has no data dir with a validation shard (data.dir in its "
+                        "config.yaml); evaluate a training run or drop val from --tasks"
+                    )
+                notes.append("val skipped: the model has no run data dir")
+                continue
+            from taperlm.data.loader import open_split
+
+            _, tokens = open_split(run_data, "val")
+            res = run_val(
+                scorer,
+                torch.from_numpy(tokens.astype("int64")),
+                args.limit,
+                str(run_data.resolve()),
+            )
+        else:
+            data = load_task(task, data_dir, source=args.source, limit=args.limit)
+            res = run_task(scorer, data, keep_items=args.samples)
+        res.seconds = time.perf_counter() - t0
+        results[task] = res
+        if not args.json:
+            shown = ", ".join(f"{k} {v:.4g}" for k, v in res.metrics.items())
+            print(f"{task}: {shown} (n={res.n}, {res.seconds:.1f}s)", file=sys.stderr)
+    meta = {
+        "run": str(Path(args.run).resolve()),
+        "step": args.step,
+        "device": device,
+        "dtype": args.dtype,
+        "max_length": max_length,
+        "batch_size": args.batch_size,
+        "source": args.source,
+        "data_dir": None if data_dir is None else str(Path(data_dir).resolve()),
+        "limit": args.limit,
+        "notes": notes,
+        "model": {
+            "family": model.config.family,
+            "params": sum(p.numel() for p in model.parameters()),
+            "mlp_widths": list(model.config.mlp_widths or []),
+        },
+    }
+    blob = results_json(results, meta)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(blob, indent=2) + "\n", encoding="utf-8")
+    if args.json:
+        print(json.dumps(blob, indent=2))
+    else:
+        print(format_table(results, label=Path(args.run).name))
+        for n in notes:
+            print(f"note: {n}")
+    return 0

@@ -1,0 +1,41 @@
+"""`taperlm export RUN --out DIR`: a Hugging Face model directory (config.json with auto_map,
+model.safetensors, tokenizer, generation_config.json, thin code files importing taperlm)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from taperlm.errors import ConfigError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "run", type=Path, help="run directory of `taperlm train` (or a checkpoint dir)"
+    )
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--step", type=int, help="export checkpoint STEP (default: newest)")
+    parser.add_argument(
+        "--force", action="store_true", help="write into --out even if it is not empty"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    out: Path = args.out
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.force:
+        raise ConfigError(
+            f"--out {out} exists and is not empty; choose another path or add --force"
+        )
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise ConfigError("export needs transformers: pip install 'taperlm[hf]'") from None
+    from taperlm.hf.export import export_run
+
+    path = export_run(args.run, out, step=args.step)
+    print(f"exported {args.run} to {path}")
+    print(
+        "load it with: AutoModelForCausalLM.from_pretrained("
+        f"{str(path)!r}, trust_remote_code=True)  (needs `pip install taperlm`)"
+    )
+    return 0

@@ -1,0 +1,58 @@
+"""`taperlm generate RUN --prompt TEXT`: sample text from a run, streamed to stdout."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "run", type=Path, help="run directory (or checkpoint dir, or `taperlm export` dir)"
+    )
+    parser.add_argument("--prompt", default="", help="text to continue (default: start from EOS)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument(
+        "--temperature", type=float, default=0.8, help="softmax temperature; 0 = greedy"
+    )
+    parser.add_argument("--top-k", type=int, help="sample from the K most likely tokens")
+    parser.add_argument("--top-p", type=float, help="nucleus sampling: smallest set with mass P")
+    parser.add_argument("--seed", type=int, help="random seed (same seed, same text)")
+    parser.add_argument("--step", type=int, help="use checkpoint STEP (default: newest)")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    parser.add_argument(
+        "--no-cache", action="store_true", help="recompute the prefix every step (no KV cache)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from taperlm.evaluation.run import load_any
+    from taperlm.generation import SamplingConfig, generate_tokens, stream_text
+
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = SamplingConfig(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        use_cache=not args.no_cache,
+    )
+    cfg.validate()
+    model, tokenizer, _ = load_any(args.run, step=args.step, device=device)
+    cfg.eos_id = tokenizer.eos_id
+    prompt = tokenizer.encode(args.prompt) if args.prompt else []
+    if not prompt:
+        prompt = [tokenizer.eos_id]
+    if args.prompt:
+        sys.stdout.write(args.prompt)
+    for piece in stream_text(generate_tokens(model, prompt, cfg, device), tokenizer.decode):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
