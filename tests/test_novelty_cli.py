@@ -163,3 +163,31 @@ def test_run_dir(tmp_path: Path, text_file: Path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["layers_path"] == "blocks" and out["seq_len"] == 32 and out["n_tokens"] == 93
     assert [x["mlp_width"] for x in out["layers"]] == run_cfg.model.mlp_widths
+
+
+def test_exported_taperlm_dir(tmp_path: Path, text_file: Path, capsys):
+    pytest.importorskip("transformers")
+    export = pytest.importorskip("taperlm.hf.export")
+    import torch
+
+    from taperlm.config import ModelConfig
+    from taperlm.data.tokenizer import train_bpe
+    from taperlm.models import TaperedLM
+    from taperlm.taper import TaperSpec
+
+    cfg = ModelConfig(
+        vocab_size=320,
+        d_model=32,
+        n_layers=3,
+        n_heads=2,
+        mlp_width=64,
+        context_length=32,
+        taper=TaperSpec.parse("cosine"),
+    ).resolve()
+    torch.manual_seed(0)
+    export.export_model(TaperedLM(cfg), tmp_path / "hf", train_bpe([TEXT], vocab_size=300))
+    argv = ["novelty", str(tmp_path / "hf"), "--data", str(text_file), "--tokens", "64", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["layers_path"] == "model.blocks" and out["seq_len"] == 32
+    assert [x["mlp_width"] for x in out["layers"]] == cfg.mlp_widths
