@@ -191,3 +191,18 @@ def test_exported_taperlm_dir(tmp_path: Path, text_file: Path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["layers_path"] == "model.blocks" and out["seq_len"] == 32
     assert [x["mlp_width"] for x in out["layers"]] == cfg.mlp_widths
+
+
+def test_first_tokens_is_a_prefix_of_the_whole_file(tmp_path: Path):
+    from taperlm.analysis.sources import first_tokens
+    from taperlm.data.tokenizer import train_bpe
+    from taperlm.errors import DataError
+
+    enc = train_bpe([TEXT], vocab_size=300).encode
+    p = tmp_path / "t.txt"
+    p.write_text(TEXT * 3, encoding="utf-8")
+    full = enc(TEXT * 3)
+    for n in (10, 700, len(full)):
+        assert first_tokens(p, enc, n) == full[:n]
+    with pytest.raises(DataError, match="fewer than"):
+        first_tokens(p, enc, len(full) + 1)

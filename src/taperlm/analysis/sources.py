@@ -172,7 +172,8 @@ def default_eval_text() -> Path:
 
 def first_tokens(path: Path, encode: Callable[[str], list[int]], n_tokens: int) -> list[int]:
     """The first `n_tokens` token ids of a text file. Encodes a growing prefix (cut at a line
-    end) instead of the whole file; raises DataError when the file has fewer tokens."""
+    end) instead of the whole file, with a margin of tokens past `n_tokens` so that the cut
+    never changes a kept token; raises DataError when the file has fewer tokens."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
@@ -182,7 +183,7 @@ def first_tokens(path: Path, encode: Callable[[str], list[int]], n_tokens: int) 
         end = text.find("\n", n_chars)
         prefix = text if end < 0 else text[: end + 1]
         ids = encode(prefix)
-        if len(ids) >= n_tokens or len(prefix) == len(text):
+        if len(ids) >= n_tokens + 64 or len(prefix) == len(text):
             break
         n_chars *= 2
     if len(ids) < n_tokens:
