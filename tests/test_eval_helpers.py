@@ -8,19 +8,26 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-WIKI = """ 
- = Alpha Beta = 
- 
- Alpha Beta is a test article . It has 2 @,@ 000 words , " quoted " text and ( brackets ) . 
- 
- = = History = = 
- 
- The history of Alpha 's town began in 1900 @-@ 1910 . N people lived there ; many left ! 
- 
- = Gamma = 
- 
- Gamma is another page . It is short . 
-"""
+# WikiText raw layout: " = Title = " headings, blank lines are a single space.
+WIKI = "\n".join(
+    [
+        " ",
+        " = Alpha Beta = ",
+        " ",
+        ' Alpha Beta is a test article . It has 2 @,@ 000 words , " quoted " text and '
+        "( brackets ) . ",
+        " ",
+        " = = History = = ",
+        " ",
+        " The history of Alpha 's town began in 1900 @-@ 1910 . N people lived there ; many "
+        "left ! ",
+        " ",
+        " = Gamma = ",
+        " ",
+        " Gamma is another page . It is short . ",
+        "",
+    ]
+)
 
 LAMBADA = [
     {"context": "The cat sat on the", "continuation": "mat"},

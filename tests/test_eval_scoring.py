@@ -44,7 +44,7 @@ def test_loglikelihood_matches_naive_reference() -> None:
     ]
     pairs = [sc.encode_pair(c, x) for c, x in texts]
     assert pairs[3][0] == [tok.eos_id]
-    ctx2, cont2 = pairs[2]
+    _, cont2 = pairs[2]
     assert tok.decode(cont2).startswith(" was")
     got = sc.loglikelihood(pairs)
     for (ctx, cont), (ll, greedy) in zip(pairs, got):
@@ -62,7 +62,7 @@ def test_greedy_flag_is_true_for_the_argmax_continuation() -> None:
     ctx = tok.encode("Question: What do plants need?")
     with torch.no_grad():
         nxt = int(model(torch.tensor([ctx])).logits[0, -1].argmax())
-    (ll, greedy), (_, other) = sc.loglikelihood([(ctx, [nxt]), (ctx, [(nxt + 1) % 50])])
+    (_, greedy), (_, other) = sc.loglikelihood([(ctx, [nxt]), (ctx, [(nxt + 1) % 50])])
     assert greedy and not other
 
 
