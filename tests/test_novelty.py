@@ -327,3 +327,12 @@ def test_token_stats_and_roundtrip():
     assert back.means("rho_mlp") == pytest.approx(res.means("rho_mlp"))
     assert back.pearson_block == pytest.approx(res.pearson_block)
     assert back.mlp_widths == res.mlp_widths and back.n_layers == 4
+
+
+def test_compiled_wrapper_is_unwrapped():
+    model = tiny_tapered()
+    ids = torch.randint(0, 64, (32,), generator=torch.Generator().manual_seed(7))
+    compiled = torch.compile(model)  # not run: measure() hooks the original module
+    assert measure(compiled, ids).means("rho_mlp") == pytest.approx(
+        measure(model, ids).means("rho_mlp"), abs=1e-6
+    )

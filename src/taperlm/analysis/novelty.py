@@ -347,6 +347,18 @@ def _forward_fn(model: nn.Module):
     return call_plain
 
 
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The plain module behind torch.compile / DDP wrappers (hooks must sit on the real layers,
+    and a compiled graph would not call them)."""
+    while True:
+        if isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            model = model._orig_mod  # type: ignore[assignment]
+        elif isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        else:
+            return model
+
+
 def _context_length(model: nn.Module) -> int | None:
     cfg = getattr(model, "config", None)
     for attr in ("context_length", "n_positions", "max_position_embeddings", "n_ctx"):
@@ -377,6 +389,7 @@ def measure(
     sequence) or 2-D [B, T] windows with an optional `attention_mask` (0 = padding, excluded).
     The model is put in eval mode for the measurement (dropout off) and restored afterwards.
     """
+    model = _unwrap(model)
     handles = find_layers(model, layers_path, mlp_name)
     L = len(handles.layers)
     ctx = _context_length(model)
