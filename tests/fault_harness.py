@@ -1,0 +1,613 @@
+"""Fault-injection harness for `taperlm train`: SIGKILL at random moments, resume, compare.
+
+One *trial* trains a tiny model (2 layers, d_model 32, vocab 320, seq 32, 16 steps, a checkpoint
+every step, keep 2) into a fresh run dir, killing the training process with SIGKILL up to
+`max_kills` times -- either after a random delay inside the training window, or the moment a
+checkpoint's temporary directory appears (mid-write) -- and rerunning the same command after each
+kill until it finishes. After every kill the harness checks, with its own manifest/sha256 reader:
+
+* every `checkpoints/step_*` directory either verifies or is older than the newest one that does
+  (an interrupted pruning of an old checkpoint is harmless; a partial *newest* checkpoint is not);
+* the next attempt resumes from exactly the newest checkpoint that verifies (or starts fresh when
+  there is none) -- the child process logs what `Trainer._restore` was given;
+
+and at the end: the run finished (exit 0), and its per-step losses, validation losses and final
+weights are bitwise equal to an uninterrupted run of the same command (CPU, one thread).
+
+Children are forked from a process that has already imported torch (fast: no 4 s import per
+attempt) or, with `--spawn exec`, started as fresh interpreters (`python tests/fault_harness.py
+--child train ...`). Both are real processes killed with SIGKILL.
+
+Opt-in long run (result in docs/reliability.md):
+
+    python tests/fault_harness.py --trials 100 --seed 0 [--spawn fork|exec] [--json out.json]
+
+Child mode (also the torchrun entry point of tests/test_torchrun_restart.py):
+
+    python tests/fault_harness.py --child train --preset ... --out RUN
+    env: TAPERLM_HARNESS_LOG=FILE          append one JSON line per restore / injected death
+         TAPERLM_HARNESS_DIE_AT_STEP=K     exit with os._exit(17) before optimizer step K ...
+         TAPERLM_HARNESS_DIE_RANK=R        ... on rank R only (default 1) ...
+         (only on the first torchrun attempt: TORCHELASTIC_RESTART_COUNT unset or 0)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve()
+LOG_ENV = "TAPERLM_HARNESS_LOG"
+DIE_STEP_ENV = "TAPERLM_HARNESS_DIE_AT_STEP"
+DIE_RANK_ENV = "TAPERLM_HARNESS_DIE_RANK"
+DIE_CODE = 17
+
+# 16 optimizer steps of 128 tokens; checkpoint every step, keep 2 (so pruning runs every step).
+TINY_SETS = [
+    "model.n_layers=2",
+    "model.d_model=32",
+    "model.n_heads=2",
+    "model.mlp_width=96",
+    "model.vocab_size=320",
+    "model.context_length=64",
+    "train.seq_len=32",
+    "train.micro_batch_size=4",
+    "train.batch_tokens=128",
+    "train.tokens=2048",
+    "train.warmup_tokens=256",
+    "train.lr=0.003",
+    "train.log_every=1",
+    "train.eval_every=4",
+    "train.eval_tokens=64",
+    "train.checkpoint_every=1",
+    "train.keep_checkpoints=2",
+]
+TOTAL_STEPS = 16
+WORDS = (
+    "the a king queen lord lady speak hear night day sword crown love hate old young river "
+    "castle horse storm fire stone bread wine shall will must not never ever good ill".split()
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# data and commands
+
+
+def corpus_text(n_words: int = 6000, seed: int = 0) -> str:
+    rng = random.Random(seed)
+    lines, line = [], []
+    for _ in range(n_words):
+        line.append(rng.choice(WORDS))
+        if len(line) >= rng.randint(6, 14):
+            lines.append(" ".join(line).capitalize() + ".")
+            line = []
+    return "\n".join(lines) + "\n"
+
+
+def prepare_data(root: Path, seed: int = 0, vocab: int = 300) -> Path:
+    """A tiny `taperlm prepare` data dir (byte-level BPE with `vocab` ids) under `root`."""
+    from taperlm.cli import main
+
+    root.mkdir(parents=True, exist_ok=True)
+    src = root / f"corpus{seed}.txt"
+    src.write_text(corpus_text(seed=seed), encoding="utf-8")
+    out = root / f"data{seed}"
+    argv = ["prepare", "--source", str(src), "--tokenizer", f"bpe:{vocab}", "--out", str(out)]
+    rc = main([*argv, "--val-tokens", "400", "--workers", "1", "--no-progress"])
+    if rc != 0:
+        raise RuntimeError(f"taperlm prepare failed ({rc})")
+    return out
+
+
+def train_argv(data: Path, out: Path, *extra_sets: str) -> list[str]:
+    """`taperlm train` arguments of the tiny harness run (without the program name)."""
+    argv = ["train", "--preset", "transformer-tiny", "--data", str(data), "--out", str(out)]
+    for s in [*TINY_SETS, *extra_sets]:
+        argv += ["--set", s]
+    return [*argv, "--no-progress"]
+
+
+def child_env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+# ----------------------------------------------------------------------------------------------
+# the child: the real CLI plus a restore logger and an optional injected rank death
+
+
+def _log(event: dict[str, Any]) -> None:
+    path = os.environ.get(LOG_ENV)
+    if not path:
+        return
+    event = {
+        **event,
+        "pid": os.getpid(),
+        "rank": int(os.environ.get("RANK", "0")),
+        "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
+    }
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, (json.dumps(event) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def install_hooks() -> None:
+    """Patch the trainer: log every restore; die at step K on one rank on the first attempt."""
+    from taperlm.training import loop
+
+    real_restore = loop.Trainer._restore
+
+    def restore(self, path):
+        _log({"event": "restore", "path": str(path), "step": int(Path(path).name.split("_")[-1])})
+        return real_restore(self, path)
+
+    loop.Trainer._restore = restore  # type: ignore[method-assign]
+
+    die_at = int(os.environ.get(DIE_STEP_ENV, "0") or 0)
+    die_rank = int(os.environ.get(DIE_RANK_ENV, "1") or 1)
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") in ("", "0")
+    if die_at and first_attempt:
+        real_micro = loop.Trainer._micro_steps
+
+        def micro_steps(self, poison):
+            if self.step + 1 == die_at and self.info.rank == die_rank:
+                _log({"event": "die", "step": die_at})
+                os._exit(DIE_CODE)
+            return real_micro(self, poison)
+
+        loop.Trainer._micro_steps = micro_steps  # type: ignore[method-assign]
+
+
+def child_main(argv: list[str]) -> int:
+    import torch
+
+    torch.set_num_threads(1)
+    install_hooks()
+    from taperlm.cli import main
+
+    return main(argv)
+
+
+# ----------------------------------------------------------------------------------------------
+# independent checkpoint verification (does not use taperlm's own verifier)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def checkpoint_ok(path: Path) -> bool:
+    """Whether a checkpoint dir is complete: manifest present and every file's size and sha256
+    match it."""
+    try:
+        manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+        files = manifest["files"]
+        if not files:
+            return False
+        for name, info in files.items():
+            f = path / name
+            if f.stat().st_size != info["bytes"] or _sha256(f) != info["sha256"]:
+                return False
+        return True
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def scan_checkpoints(run: Path) -> tuple[list[int], list[int], list[str]]:
+    """(steps that verify, steps that do not, names of temp entries) under run/checkpoints."""
+    good, bad, tmp = [], [], []
+    root = run / "checkpoints"
+    if not root.is_dir():
+        return good, bad, tmp
+    for p in sorted(root.iterdir()):
+        if p.name.startswith(".tmp-"):
+            tmp.append(p.name)
+        elif p.is_dir() and p.name.startswith("step_"):
+            (good if checkpoint_ok(p) else bad).append(int(p.name[5:]))
+    return sorted(good), sorted(bad), tmp
+
+
+def snapshot(path: Path) -> dict[str, str]:
+    """relative path -> sha256 of every file below `path` (to prove nothing was overwritten)."""
+    path = Path(path)
+    if path.is_file():
+        return {".": _sha256(path)}
+    if not path.exists():
+        return {}
+    return {
+        p.relative_to(path).as_posix(): _sha256(p) for p in sorted(path.rglob("*")) if p.is_file()
+    }
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def metrics(run: Path) -> list[dict[str, Any]]:
+    from taperlm.training.metrics import read_metrics
+
+    return read_metrics(run / "metrics.jsonl")
+
+
+def final_weights(run: Path, step: int = TOTAL_STEPS):
+    from safetensors.torch import load_file
+
+    return load_file(str(run / "checkpoints" / f"step_{step:08d}" / "model.safetensors"))
+
+
+# ----------------------------------------------------------------------------------------------
+# starting and killing children
+
+
+def preload() -> None:
+    """Import what a training child needs once, before forking (saves seconds per attempt)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import safetensors.torch
+    import torch
+    import torch.distributed.checkpoint.state_dict
+
+    import taperlm.commands.train
+    import taperlm.training.loop
+    import taperlm.training.plots
+
+    del safetensors, taperlm
+    torch.set_num_threads(1)
+
+
+@dataclass
+class Child:
+    pid: int
+    proc: subprocess.Popen | None = None
+    output: Path | None = None
+
+    def poll(self) -> int | None:
+        if self.proc is not None:
+            return self.proc.poll()
+        pid, status = os.waitpid(self.pid, os.WNOHANG)
+        if pid == 0:
+            return None
+        self._status = os.waitstatus_to_exitcode(status)
+        return self._status
+
+    def kill(self) -> int:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        return self.wait()
+
+    def wait(self) -> int:
+        if self.proc is not None:
+            return self.proc.wait()
+        if hasattr(self, "_status"):
+            return self._status
+        _, status = os.waitpid(self.pid, 0)
+        self._status = os.waitstatus_to_exitcode(status)
+        return self._status
+
+
+def start_child(argv: list[str], log: Path, output: Path, spawn: str = "fork") -> Child:
+    """Run `taperlm <argv>` (with the hooks) in a new process; stdout+stderr go to `output`."""
+    env = {**child_env(), LOG_ENV: str(log)}
+    if spawn == "exec":
+        with open(output, "wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, str(HERE), "--child", *argv],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        return Child(proc.pid, proc, output)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child never returns into the caller (pytest or the trial loop)
+        code = 70
+        try:
+            os.environ.update(env)
+            fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 (the process exits below)
+            sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+            code = child_main(argv)
+        except BaseException:  # report, never unwind into the parent's stack
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    return Child(pid, None, output)
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+# ----------------------------------------------------------------------------------------------
+# one trial
+
+
+@dataclass
+class Attempt:
+    mode: str  # "random" | "ckpt" | "none" (not killed on purpose)
+    expected_resume: int | None  # newest verifying checkpoint before the attempt
+    resumed: int | None = None  # what the child logged
+    killed: bool = False
+    rc: int | None = None
+    tmp_at_kill: bool = False  # a checkpoint temp dir of this process existed when killed
+    good_after: list[int] = field(default_factory=list)
+    bad_after: list[int] = field(default_factory=list)
+    fallback_warnings: int = 0
+
+
+@dataclass
+class TrialResult:
+    attempts: list[Attempt]
+    failures: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def reference_run(data: Path, out: Path, spawn: str = "fork") -> tuple[float, float]:
+    """An uninterrupted run into `out`. Returns (first, last): seconds from config.yaml being
+    written to the first and to the last checkpoint appearing -- the window random kills aim at."""
+    log, text = out.parent / "ref-log.jsonl", out.parent / "ref.out"
+    child = start_child(train_argv(data, out), log, text, spawn)
+    t_cfg = t_first = t_last = None
+    seen = 0
+    while child.poll() is None:
+        now = time.perf_counter()
+        if t_cfg is None and (out / "config.yaml").exists():
+            t_cfg = now
+        n = len(list((out / "checkpoints").glob("step_*"))) if t_cfg else 0
+        if n and t_first is None:
+            t_first = now
+        if (out / "checkpoints" / f"step_{TOTAL_STEPS:08d}").exists():
+            t_last = t_last or now
+        seen = max(seen, n)
+        time.sleep(0.001)
+    rc = child.wait()
+    if rc != 0:
+        raise RuntimeError(f"reference run failed ({rc}): {text.read_text()}")
+    t_cfg = t_cfg or time.perf_counter()
+    first = (t_first or t_cfg) - t_cfg
+    last = (t_last or time.perf_counter()) - t_cfg
+    return max(0.0, first), max(first + 0.05, last)
+
+
+def _wait_and_kill(
+    child: Child, run: Path, mode: str, rng: random.Random, window: tuple[float, float]
+) -> bool:
+    """Kill `child` per `mode`; False when it exited first."""
+    cfg_before = _stamp(run / "config.yaml")
+    ckdir = run / "checkpoints"
+    suffix = f"-{child.pid}"
+    skip = rng.randint(0, 4)  # ckpt mode: let this many checkpoint writes pass first
+    seen: set[str] = set()
+    started = None
+    # random mode: from just before the first checkpoint to just after the last one
+    delay = rng.uniform(0.5 * window[0], 1.1 * window[1])
+    while child.poll() is None:
+        if mode == "random":
+            if started is None and _stamp(run / "config.yaml") not in (None, cfg_before):
+                started = time.perf_counter()
+            if started is not None and time.perf_counter() - started >= delay:
+                child.kill()
+                return True
+            time.sleep(0.001)
+        else:
+            try:
+                names = [
+                    n
+                    for n in os.listdir(ckdir)
+                    if n.startswith(".tmp-step_") and n.endswith(suffix)
+                ]
+            except FileNotFoundError:
+                names = []
+            new = [n for n in names if n not in seen]
+            if new:
+                seen.update(new)
+                if len(seen) > skip:
+                    time.sleep(rng.choice([0.0, 0.0, rng.uniform(0.0, 0.004)]))
+                    child.kill()
+                    return True
+            time.sleep(0.0002)
+    return False
+
+
+def run_trial(
+    data: Path,
+    ref: Path,
+    work: Path,
+    rng: random.Random,
+    window: tuple[float, float],
+    max_kills: int = 3,
+    spawn: str = "fork",
+    modes: tuple[str, ...] = ("random", "ckpt"),
+) -> TrialResult:
+    """Train into `work/run`, killing up to `max_kills` times; check every invariant."""
+    run = work / "run"
+    log = work / "log.jsonl"
+    failures: list[str] = []
+    attempts: list[Attempt] = []
+    kills = 0
+    for n in range(max_kills + 3):
+        good, _, _ = scan_checkpoints(run)
+        mode = rng.choice(modes) if kills < max_kills else "none"
+        att = Attempt(mode=mode, expected_resume=good[-1] if good else None)
+        before = len(read_log(log))
+        out = work / f"attempt{n}.out"
+        child = start_child(train_argv(data, run), log, out, spawn)
+        if mode != "none":
+            att.killed = _wait_and_kill(child, run, mode, rng, window)
+            kills += att.killed
+            att.tmp_at_kill = att.killed and any(
+                x.endswith(f"-{child.pid}") for x in scan_checkpoints(run)[2]
+            )
+        att.rc = child.wait()
+        events = [e for e in read_log(log)[before:] if e["event"] == "restore"]
+        att.resumed = events[-1]["step"] if events else None
+        text = out.read_text(errors="replace")
+        att.fallback_warnings = text.count("skipping bad checkpoint")
+        att.good_after, att.bad_after, _ = scan_checkpoints(run)
+        attempts.append(att)
+        where = f"attempt {n} ({mode}{', killed' if att.killed else ''})"
+        if events and att.resumed != att.expected_resume:
+            failures.append(
+                f"{where}: resumed from step {att.resumed}, newest complete was {att.expected_resume}"
+            )
+        if not att.killed:
+            if att.rc != 0:
+                failures.append(f"{where}: exit code {att.rc}: {text[-2000:]}")
+                break
+            if att.expected_resume is not None and not events:
+                failures.append(f"{where}: did not resume (newest complete {att.expected_resume})")
+            if "Traceback" in text:
+                failures.append(f"{where}: traceback in output: {text[-2000:]}")
+        if att.good_after and any(b > att.good_after[-1] for b in att.bad_after):
+            failures.append(
+                f"{where}: a partial checkpoint is the newest: bad {att.bad_after}, good {att.good_after}"
+            )
+        if not att.good_after and att.bad_after:
+            failures.append(f"{where}: only partial checkpoints {att.bad_after}")
+        if not att.killed:
+            break
+    else:
+        failures.append("the run never finished")
+    if not failures:
+        failures += compare_runs(run, ref)
+    return TrialResult(attempts, failures)
+
+
+def compare_runs(run: Path, ref: Path) -> list[str]:
+    """Differences between a (resumed) run and the uninterrupted reference: [] if identical."""
+    import torch
+
+    out = []
+    recs, ref_recs = metrics(run), metrics(ref)
+    train = [(r["step"], r["loss"]) for r in recs if "loss" in r]
+    ref_train = [(r["step"], r["loss"]) for r in ref_recs if "loss" in r]
+    if train != ref_train:
+        out.append(f"losses differ: {train} vs reference {ref_train}")
+    val = [(r["step"], r["val_loss"]) for r in recs if "val_loss" in r]
+    if val != [(r["step"], r["val_loss"]) for r in ref_recs if "val_loss" in r]:
+        out.append(f"validation losses differ: {val}")
+    if not checkpoint_ok(run / "checkpoints" / f"step_{TOTAL_STEPS:08d}"):
+        out.append("the final checkpoint does not verify")
+        return out
+    a, b = final_weights(run), final_weights(ref)
+    if a.keys() != b.keys() or any(not torch.equal(a[k], b[k]) for k in a):
+        out.append("final weights differ from the reference")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# the opt-in many-trial run
+
+
+def many_trials(
+    trials: int,
+    seed: int,
+    work: Path,
+    spawn: str = "fork",
+    max_kills: int = 3,
+    verbose: bool = True,
+) -> dict[str, Any]:
+    preload()
+    work.mkdir(parents=True, exist_ok=True)
+    data = prepare_data(work / "data")
+    ref = work / "ref" / "run"
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    window = reference_run(data, ref, spawn)
+    rng = random.Random(seed)
+    results = []
+    t0 = time.perf_counter()
+    for i in range(trials):
+        twork = work / f"trial{i:03d}"
+        twork.mkdir(parents=True, exist_ok=True)
+        res = run_trial(data, ref, twork, rng, window, max_kills=max_kills, spawn=spawn)
+        results.append(res)
+        if verbose:
+            kinds = ",".join(
+                f"{a.mode}{'*' if a.tmp_at_kill else ''}{'' if a.killed else '-'}@{a.resumed}"
+                for a in res.attempts
+            )
+            print(
+                f"trial {i}: {'ok' if res.ok else 'FAIL'} [{kinds}] {res.failures[:1]}", flush=True
+            )
+        if res.ok:  # keep failing trials for inspection only
+            import shutil
+
+            shutil.rmtree(twork, ignore_errors=True)
+    atts = [a for r in results for a in r.attempts]
+    summary = {
+        "trials": trials,
+        "seed": seed,
+        "spawn": spawn,
+        "passed": sum(r.ok for r in results),
+        "failed": [i for i, r in enumerate(results) if not r.ok],
+        "failures": [f for r in results for f in r.failures][:20],
+        "kills": sum(a.killed for a in atts),
+        "kills_random": sum(a.killed and a.mode == "random" for a in atts),
+        "kills_during_checkpoint_write": sum(a.killed and a.mode == "ckpt" for a in atts),
+        "kills_with_temp_dir_present": sum(a.tmp_at_kill for a in atts),
+        "resumes": sum(a.resumed is not None for a in atts),
+        "fresh_starts_after_kill": sum(
+            a.resumed is None and a.expected_resume is None for a in atts[1:]
+        ),
+        "partial_old_checkpoints_seen": sum(bool(a.bad_after) for a in atts),
+        "resumes_with_fallback_warning": sum(a.fallback_warnings > 0 for a in atts),
+        "reference_window_s": [round(w, 3) for w in window],
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        return child_main(argv[1:])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--trials", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-kills", type=int, default=3)
+    p.add_argument("--spawn", choices=("fork", "exec"), default="fork")
+    p.add_argument("--work", type=Path, help="scratch dir (default: a new temp dir)")
+    p.add_argument("--json", type=Path, help="also write the summary here")
+    a = p.parse_args(argv)
+    import tempfile
+
+    work = a.work or Path(tempfile.mkdtemp(prefix="taperlm-faults-"))
+    summary = many_trials(a.trials, a.seed, work, a.spawn, a.max_kills)
+    text = json.dumps(summary, indent=2)
+    print(text)
+    if a.json:
+        a.json.write_text(text + "\n")
+    return 0 if not summary["failed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
