@@ -29,6 +29,9 @@ Child mode (also the torchrun entry point of tests/test_torchrun_restart.py):
          TAPERLM_HARNESS_DIE_AT_STEP=K     exit with os._exit(17) before optimizer step K ...
          TAPERLM_HARNESS_DIE_RANK=R        ... on rank R only (default 1) ...
          (only on the first torchrun attempt: TORCHELASTIC_RESTART_COUNT unset or 0)
+         TAPERLM_HARNESS_PAUSE_AT_STEP=K   sleep 60 s inside the checkpoint write of step K, after
+                                           model.safetensors and before state.pt (a kill then
+                                           lands mid-write, deterministically)
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ HERE = Path(__file__).resolve()
 LOG_ENV = "TAPERLM_HARNESS_LOG"
 DIE_STEP_ENV = "TAPERLM_HARNESS_DIE_AT_STEP"
 DIE_RANK_ENV = "TAPERLM_HARNESS_DIE_RANK"
+PAUSE_STEP_ENV = "TAPERLM_HARNESS_PAUSE_AT_STEP"
 DIE_CODE = 17
 
 # 16 optimizer steps of 128 tokens; checkpoint every step, keep 2 (so pruning runs every step).
@@ -154,6 +158,20 @@ def install_hooks() -> None:
         return real_restore(self, path)
 
     loop.Trainer._restore = restore  # type: ignore[method-assign]
+
+    pause_at = int(os.environ.get(PAUSE_STEP_ENV, "0") or 0)
+    if pause_at:
+        from taperlm.training import checkpoint
+
+        real_write = checkpoint._write_state
+
+        def write_state(path, state):
+            if state.get("step") == pause_at:
+                _log({"event": "pause", "step": pause_at, "path": str(path.parent)})
+                time.sleep(60)
+            return real_write(path, state)
+
+        checkpoint._write_state = write_state
 
     die_at = int(os.environ.get(DIE_STEP_ENV, "0") or 0)
     die_rank = int(os.environ.get(DIE_RANK_ENV, "1") or 1)
@@ -300,9 +318,15 @@ class Child:
         return self._status
 
 
-def start_child(argv: list[str], log: Path, output: Path, spawn: str = "fork") -> Child:
+def start_child(
+    argv: list[str],
+    log: Path,
+    output: Path,
+    spawn: str = "fork",
+    extra_env: dict[str, str] | None = None,
+) -> Child:
     """Run `taperlm <argv>` (with the hooks) in a new process; stdout+stderr go to `output`."""
-    env = {**child_env(), LOG_ENV: str(log)}
+    env = {**child_env(), LOG_ENV: str(log), **(extra_env or {})}
     if spawn == "exec":
         with open(output, "wb") as out:
             proc = subprocess.Popen(
