@@ -1,0 +1,24 @@
+"""`taperlm compare`: train a grid of width allocations x seeds at one exact budget, evaluate
+each run (validation loss, optional zero-shot suite, layer-wise novelty) and write a report with
+paired statistics and plots.
+
+- `grid`: allocations (taper specs, paper modes), seeds, the per-cell run configs and the budget
+  checks (equal parameters and FLOPs/token; same data order and init seed per seed).
+- `runner`: trains, evaluates and measures every cell in-process; resumable.
+- `report`: statistics (mean, std, paired differences with t-based CIs, rank agreement with the
+  paper), report.md, report.json and the PNGs.
+- `stats`: the small statistics toolkit (Student t quantile without scipy).
+"""
+
+from taperlm.compare.grid import Allocation, Cell, Grid, build_grid, paper_allocations
+from taperlm.compare.stats import paired_difference, t_quantile
+
+__all__ = [
+    "Allocation",
+    "Cell",
+    "Grid",
+    "build_grid",
+    "paired_difference",
+    "paper_allocations",
+    "t_quantile",
+]

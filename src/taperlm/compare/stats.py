@@ -1,0 +1,212 @@
+"""Statistics for comparing allocations over seeds (pure Python; no scipy, no numpy).
+
+- `summary`: mean and sample standard deviation (ddof = 1) over seeds.
+- `paired_difference`: per-seed differences a_s - b_s over the seeds both have (same seed = same
+  data order and init seed), their mean, sample std and the two-sided Student-t confidence
+  interval mean ± t_{1-alpha/2, n-1} * std / sqrt(n).
+- `t_quantile`: the Student t quantile, by bisection on the CDF; the CDF is written with the
+  regularized incomplete beta function, evaluated by its continued fraction (modified Lentz).
+- `spearman` and `pairwise_agreement`: how well an ordering matches a reference ordering.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def mean(xs: Sequence[float]) -> float:
+    return math.fsum(xs) / len(xs)
+
+
+def std(xs: Sequence[float]) -> float | None:
+    """Sample standard deviation (n - 1); None for fewer than two values."""
+    n = len(xs)
+    if n < 2:
+        return None
+    m = mean(xs)
+    return math.sqrt(math.fsum((x - m) ** 2 for x in xs) / (n - 1))
+
+
+def summary(xs: Sequence[float]) -> dict[str, Any]:
+    vals = [float(x) for x in xs]
+    return {
+        "mean": mean(vals) if vals else None,
+        "std": std(vals),
+        "n": len(vals),
+        "values": vals,
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Student t
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the incomplete beta function (modified Lentz's method)."""
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 10_000):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-15:
+            break
+    return h
+
+
+def betainc(a: float, b: float, x: float) -> float:
+    """Regularized incomplete beta function I_x(a, b)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = (
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    front = math.exp(log_front)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with `df` degrees of freedom."""
+    if df <= 0:
+        raise ValueError(f"degrees of freedom must be positive, got {df}")
+    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The p-quantile of Student's t (e.g. t_quantile(0.975, 2) = 4.302653)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p must be in (0, 1), got {p}")
+    if p == 0.5:
+        return 0.0
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        hi *= 2.0
+        if hi > 1e12:
+            return math.inf
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * max(1.0, hi):
+            break
+    return 0.5 * (lo + hi)
+
+
+# ----------------------------------------------------------------------------------------------
+# paired differences
+
+
+def paired_difference(
+    a: Mapping[int, float], b: Mapping[int, float], confidence: float = 0.95
+) -> dict[str, Any]:
+    """Differences a[s] - b[s] over the seeds s present in both, with a t confidence interval.
+
+    Returns mean, std (sample), n, the per-seed differences, t (the quantile used), the CI
+    [lo, hi] (None when n < 2) and whether the CI excludes 0.
+    """
+    seeds = sorted(set(a) & set(b))
+    diffs = [float(a[s]) - float(b[s]) for s in seeds]
+    out: dict[str, Any] = {
+        "seeds": seeds,
+        "per_seed": diffs,
+        "n": len(diffs),
+        "mean": mean(diffs) if diffs else None,
+        "std": std(diffs),
+        "confidence": confidence,
+        "t": None,
+        "ci": None,
+        "excludes_zero": None,
+    }
+    if len(diffs) >= 2:
+        sd = out["std"]
+        t = t_quantile(0.5 + confidence / 2.0, len(diffs) - 1)
+        half = t * sd / math.sqrt(len(diffs))
+        m = out["mean"]
+        out["t"] = t
+        out["ci"] = [m - half, m + half]
+        out["excludes_zero"] = bool(m - half > 0 or m + half < 0)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# agreement of orderings
+
+
+def ranks(xs: Sequence[float]) -> list[float]:
+    """1-based ranks, ties given their average rank."""
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    out = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    return out
+
+
+def pearson(x: Sequence[float], y: Sequence[float]) -> float | None:
+    n = len(x)
+    if n < 2 or n != len(y):
+        return None
+    mx, my = mean(x), mean(y)
+    sxy = math.fsum((a - mx) * (b - my) for a, b in zip(x, y))
+    sxx = math.fsum((a - mx) ** 2 for a in x)
+    syy = math.fsum((b - my) ** 2 for b in y)
+    if sxx <= 0 or syy <= 0:
+        return None
+    return sxy / math.sqrt(sxx * syy)
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Spearman rank correlation (Pearson of average ranks); None if undefined."""
+    return pearson(ranks(x), ranks(y))
+
+
+def pairwise_agreement(ours: Mapping[str, float], ref: Mapping[str, float]) -> dict[str, Any]:
+    """For every pair of names in both mappings whose reference values differ: does our order
+    agree? Pairs tied in the reference are skipped (counted under `ties`)."""
+    names = [n for n in ref if n in ours]
+    agree, disagree, ties = [], [], 0
+    for i, p in enumerate(names):
+        for q in names[i + 1 :]:
+            if ref[p] == ref[q]:
+                ties += 1
+                continue
+            same = (ours[p] - ours[q]) * (ref[p] - ref[q]) > 0
+            (agree if same else disagree).append([p, q])
+    n = len(agree) + len(disagree)
+    return {
+        "pairs": n,
+        "agree": len(agree),
+        "fraction": len(agree) / n if n else None,
+        "ties_in_reference": ties,
+        "disagreeing_pairs": disagree,
+    }
