@@ -9,6 +9,7 @@ rebuilds the shapes it was trained with (DESIGN.md, principle 2).
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -274,7 +275,9 @@ def _validate_hope(h: HopeConfig, n_layers: int, mlp_widths: list[int] | None) -
                 f"model.hope.{key} has {n} entries but model.hope.levels is {h.levels}; "
                 "give one per level"
             )
-    if any(f <= 0 for f in h.level_fractions) or abs(sum(h.level_fractions) - 1) > 1e-6:
+    if not all(math.isfinite(f) and f > 0 for f in h.level_fractions) or not (
+        abs(sum(h.level_fractions) - 1) <= 1e-6
+    ):
         raise ConfigError(
             f"model.hope.level_fractions must be positive and sum to 1, got {h.level_fractions}"
         )
@@ -402,9 +405,10 @@ def from_dict(cls: type, data: Any, where: str = "") -> Any:
         )
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
+    # key=str: YAML keys may be ints/bools/None (`1: 2`), which neither sort with str nor match.
+    unknown = sorted((k for k in data if k not in names), key=str)
     if unknown:
-        close = {u: _closest(u, names) for u in unknown}
+        close = {u: _closest(str(u), names) for u in unknown}
         hint = "; ".join(
             f"{u!r}" + (f" (did you mean {c!r}?)" if c else "") for u, c in close.items()
         )
@@ -436,7 +440,7 @@ def _taper_from(data: Any, where: str) -> TaperSpec:
 def from_dict_plain(cls: type, data: dict, where: str) -> Any:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
+    unknown = sorted((k for k in data if k not in names), key=str)
     if unknown:
         raise ConfigError(
             f"unknown key(s) in {where}: {', '.join(map(repr, unknown))}. Valid keys: {', '.join(sorted(names))}"

@@ -219,7 +219,8 @@ def multipliers(spec: TaperSpec, n_layers: int) -> list[float]:
         return [s - (s - e) * i / (L - 1) for i in range(L)]
     if spec.schedule == "sigmoid":
         k = spec.steepness
-        return [e + (s - e) / (1 + math.exp(k * (i / (L - 1) - 0.5))) for i in range(L)]
+        # exp() is capped: it overflows for a large k (e.g. sigmoid:1.5:0.5:5000); 1/(1+e^700)~0.
+        return [e + (s - e) / (1 + math.exp(min(k * (i / (L - 1) - 0.5), 700.0))) for i in range(L)]
     if spec.schedule == "groups":
         n = len(spec.groups)
         if n > L:
