@@ -203,10 +203,19 @@ def _iter_jsonl(path: Path, name: str) -> Iterator[Document]:
             row = json.loads(line)
         except json.JSONDecodeError as err:
             raise DataError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+        except RecursionError:
+            raise DataError(f"{path}:{lineno}: JSON nested too deeply to be a document") from None
         if not isinstance(row, dict) or not isinstance(row.get("text"), str):
             raise DataError(
                 f"{path}:{lineno}: each line must be a JSON object with a string field 'text'"
             )
+        try:
+            row["text"].encode("utf-8")
+        except UnicodeEncodeError as err:  # a lone surrogate escape such as "\ud800"
+            raise DataError(
+                f"{path}:{lineno}: 'text' is not valid Unicode ({err.reason} at character "
+                f"{err.start}); fix or drop this line"
+            ) from None
         if row["text"].strip():
             count += 1
             yield Document(f"{name}:{lineno}", row["text"])

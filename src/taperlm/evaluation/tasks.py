@@ -267,6 +267,8 @@ class _Lines:
                 raise self.fail(
                     i, f"not valid JSON ({err.msg}); each line must be one JSON object"
                 ) from None
+            except RecursionError:
+                raise self.fail(i, "JSON nested too deeply; each line must be one record") from None
             if not isinstance(rec, dict):
                 raise self.fail(i, f"expected a JSON object, got {type(rec).__name__}")
             out.append((i, rec))
