@@ -67,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
 
         print(f"taperlm train: warning: {message}", file=sys.stderr)
 
+    if args.stop_after_steps is not None and args.stop_after_steps < 1:
+        from taperlm.errors import ConfigError
+
+        raise ConfigError(f"--stop-after-steps must be >= 1, got {args.stop_after_steps}")
     warnings.simplefilter("always", TrainingWarning)
     warnings.showwarning = show  # type: ignore[assignment]
     cfg = _resolve_config(args)
