@@ -12,7 +12,12 @@ from taperlm.config import HopeConfig, ModelConfig
 from taperlm.errors import ConfigError
 from taperlm.families import split_width
 from taperlm.models import TaperedLM
-from taperlm.models.hope import ContinuumMemory, is_due, periodic_parameters
+from taperlm.models.hope import (
+    ContinuumMemory,
+    is_due,
+    periodic_parameters,
+    tag_update_periods,
+)
 from taperlm.presets import get_preset, preset_names
 from taperlm.taper import TaperSpec
 
@@ -148,3 +153,23 @@ def test_presets() -> None:
     tr = get_preset("transformer-1.3b")
     # Hope adds (levels - 1) norms per layer on top of the transformer of the same shape.
     assert budget.total_params(big) - budget.total_params(tr) == 2 * tr.d_model * tr.n_layers
+
+
+def test_export_load_round_trip(tmp_path) -> None:
+    """Hugging Face export reloads to identical logits, level widths and update periods."""
+    pytest.importorskip("transformers")
+    export = pytest.importorskip("taperlm.hf.export")
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(4)
+    model = TaperedLM(hope_cfg("cosine")).eval()
+    export.export_model(model, tmp_path)
+    back = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True).eval()
+    assert back.model.config.hope.level_widths == model.config.hope.level_widths
+    # transformers' loader replaces Parameter objects (attributes are lost); re-tag them.
+    tag_update_periods(back.model)
+    assert back.model.blocks[0].mlp.levels[2].w_in.weight.update_period == 16
+    assert back.model.blocks[0].mlp_norm.weight.update_period == 1
+    idx = torch.randint(0, 53, (1, 15))
+    with torch.no_grad():
+        assert torch.equal(back(idx).logits, model(idx).logits)

@@ -217,3 +217,20 @@ def test_long_training_has_no_nan(variant: str) -> None:
     losses = _train(variant, 300)
     assert all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < 0.1 * losses[0]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_export_load_round_trip(variant: str, tmp_path) -> None:
+    """Hugging Face export (config + safetensors) reloads to identical logits."""
+    pytest.importorskip("transformers")
+    export = pytest.importorskip("taperlm.hf.export")
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(5)
+    model = TaperedLM(small_cfg(variant, "cosine", memory_taper="cosine", memory_multiple_of=4))
+    export.export_model(model.eval(), tmp_path)
+    back = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True).eval()
+    assert back.model.config.titans == model.config.titans
+    idx = torch.randint(0, 61, (1, 19))
+    with torch.no_grad():
+        torch.testing.assert_close(back(idx).logits, model(idx).logits, rtol=1e-5, atol=1e-6)

@@ -12,7 +12,8 @@ Update periods (the multi-timescale reading; docs/architectures.md): every param
 (its SwiGLU and its norm; for level 1 also the block's mlp_norm) carries an int attribute
 `update_period` = cfg.hope.update_periods[i]. The training loop steps a parameter with period p
 only on optimizer steps where (step + 1) % p == 0 and keeps accumulating its gradient otherwise.
-Parameters without the attribute have period 1. `periodic_parameters` and `is_due` help.
+Parameters without the attribute have period 1. `periodic_parameters` and `is_due` help;
+`tag_update_periods(model)` restores the attributes after a loader replaced the Parameters.
 """
 
 from __future__ import annotations
@@ -32,13 +33,17 @@ class ContinuumMemory(nn.Module):
 
     def __init__(self, d_model: int, widths: list[int], periods: list[int], eps: float) -> None:
         super().__init__()
+        self.periods = [int(p) for p in periods]
         self.levels = nn.ModuleList(SwiGLU(d_model, w) for w in widths)
         # Level 0 reuses the block's mlp_norm; levels >= 1 own a norm.
         self.norms = nn.ModuleList(RMSNorm(d_model, eps) for _ in widths[1:])
+        self.tag_update_periods()
+
+    def tag_update_periods(self) -> None:
         for i, level in enumerate(self.levels):
-            set_update_period(level.parameters(), periods[i])
+            set_update_period(level.parameters(), self.periods[i])
             if i:
-                set_update_period(self.norms[i - 1].parameters(), periods[i])
+                set_update_period(self.norms[i - 1].parameters(), self.periods[i])
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         # The sum of the level updates (= z_k - z_0, without the cancellation error of
@@ -55,6 +60,18 @@ class ContinuumMemory(nn.Module):
 def set_update_period(params: Iterable[nn.Parameter], period: int) -> None:
     for p in params:
         p.update_period = int(period)  # type: ignore[attr-defined]
+
+
+def tag_update_periods(model: nn.Module) -> nn.Module:
+    """(Re)set `update_period` on every CMS parameter of `model` (and on the block norms that
+    feed level 1). Loaders that replace Parameter objects (e.g. transformers' from_pretrained)
+    drop Python attributes; call this after such a load. Returns the model."""
+    for module in model.modules():
+        if isinstance(module, ContinuumMemory):
+            module.tag_update_periods()
+        elif isinstance(module, Block) and isinstance(module.mlp, ContinuumMemory):
+            set_update_period(module.mlp_norm.parameters(), module.mlp.periods[0])
+    return model
 
 
 def update_period(p: nn.Parameter) -> int:
