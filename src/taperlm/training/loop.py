@@ -174,9 +174,12 @@ def _prepare_run_dir(run: RunConfig, out: Path, resume: str) -> Path | None:
             )
     found = ckpt.find_checkpoint(out)
     if found is None:
-        if resume == "must":
-            raise CheckpointError(f"--resume must, but no checkpoint in {out} verifies")
-        return None
+        # Never silently restart from scratch over a run's (possibly repairable) checkpoints.
+        raise CheckpointError(
+            f"none of the {len(have)} checkpoint(s) in {ckpt.checkpoints_dir(out)} verifies "
+            "(see the warnings above): they are corrupt or incomplete. Restore them from a "
+            "backup, delete them to restart this run from step 0, or train into a fresh --out"
+        )
     return found
 
 
@@ -298,10 +301,16 @@ class Trainer:
         check_vocab(data_dir, self.run.model.vocab_size)
 
         resume_from = _prepare_run_dir(self.run, self.out, resume)
+        err: str | None = None
         if self.info.is_main:
-            self.out.mkdir(parents=True, exist_ok=True)
-            save_yaml(self.run, self.out / "config.yaml")
-        D.barrier(self.info)
+            try:
+                self.out.mkdir(parents=True, exist_ok=True)
+                save_yaml(self.run, self.out / "config.yaml")
+            except OSError as e:
+                err = _os_error_message(self.out / "config.yaml", e, self.out)
+        err = D.broadcast_object(err, self.info)
+        if err is not None:
+            raise CheckpointError(err)
 
         # Determinism: every rank builds the same initial weights from the same seed.
         self._prev_deterministic = torch.are_deterministic_algorithms_enabled()
@@ -339,7 +348,7 @@ class Trainer:
         if resume_from is not None:
             self._restore(resume_from)
         if self.info.is_main:
-            self.metrics.truncate_after(self.step)
+            self._guard_metrics(self.metrics.truncate_after, self.step)
         self._iter = iter(self.batches)
         self.fpt = _flops_per_token(self.run)
         name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
@@ -366,6 +375,16 @@ class Trainer:
                 _warn(f"torch.compile failed ({type(err).__name__}: {err}); training eagerly")
                 self.forward = self.wrapped
                 return self.forward(x, targets=y).loss
+
+    def _log(self, record: dict[str, Any]) -> None:
+        self._guard_metrics(self.metrics.write, record)
+
+    def _guard_metrics(self, fn, arg) -> None:
+        """A failed metrics write (disk full, read-only dir) stops the run with a clear error."""
+        try:
+            fn(arg)
+        except OSError as e:
+            raise CheckpointError(_os_error_message(self.metrics.path, e, self.out)) from None
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -590,7 +609,7 @@ class Trainer:
                     now = time.perf_counter()
                     last_rate = tok_window / max(now - t_window, 1e-9)
                     t_window, tok_window = now, 0
-                    self.metrics.write(
+                    self._log(
                         {
                             "step": self.step,
                             "tokens": self.tokens,
@@ -608,7 +627,7 @@ class Trainer:
                     if val is not None:
                         self.last_val = val
                         if self.info.is_main:
-                            self.metrics.write(
+                            self._log(
                                 {
                                     "step": self.step,
                                     "tokens": self.tokens,
@@ -647,6 +666,20 @@ class Trainer:
 
     def close(self) -> None:
         torch.use_deterministic_algorithms(self._prev_deterministic)
+
+
+def _os_error_message(path: Path, err: OSError, run_dir: Path) -> str:
+    good = ckpt.list_checkpoints(run_dir)
+    where = (
+        f"the last checkpoint {good[-1][1]} is intact"
+        if good
+        else "no checkpoint has been written yet"
+    )
+    return (
+        f"could not write {path}: {err.strerror or err} ({type(err).__name__}, errno "
+        f"{err.errno}); {where}. Free disk space or fix the permissions of {path.parent}, then "
+        "rerun the same command to resume"
+    )
 
 
 def _is_compile_error(err: Exception) -> bool:
