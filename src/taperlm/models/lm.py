@@ -11,12 +11,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from taperlm.config import ModelConfig
 from taperlm.errors import ConfigError
-from taperlm.models.layers import Attention, RMSNorm, Rotary, SwiGLU, init_weights
+from taperlm.models.layers import (
+    Attention,
+    RMSNorm,
+    Rotary,
+    SwiGLU,
+    cross_entropy,
+    init_weights,
+)
 
 
 class Block(nn.Module):
@@ -105,9 +111,7 @@ class TaperedLM(nn.Module):
         logits = self.lm_head(self.norm(x))
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(
-                logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100
-            )
+            loss = cross_entropy(logits, targets)
         return LMOutput(logits=logits, loss=loss)
 
     def num_params(self) -> int:

@@ -1,0 +1,134 @@
+"""Timing helpers shared by the benchmark scripts.
+
+Every comparison runs in one process and interleaves its contestants (A B A B ...) after a
+warm-up, so drift of a shared machine's speed hits all of them alike; we report medians.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def machine_info() -> dict[str, Any]:
+    """What the numbers were measured on (CPU model, cores, torch, threads, GPU if any)."""
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    info: dict[str, Any] = {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def raise_recompile_limit(limit: int) -> None:
+    """Let Dynamo keep `limit` compiled versions per code object (default 8): with per-layer
+    widths, a compiled block function sees one shape per distinct width and would otherwise fall
+    back to eager silently after the eighth."""
+    import torch._dynamo
+
+    for key in ("cache_size_limit", "recompile_limit"):
+        if hasattr(torch._dynamo.config, key):
+            setattr(torch._dynamo.config, key, limit)
+    for key in ("accumulated_cache_size_limit", "accumulated_recompile_limit"):
+        if hasattr(torch._dynamo.config, key):
+            setattr(torch._dynamo.config, key, max(limit, getattr(torch._dynamo.config, key)))
+
+
+def sync(device: torch.device | str) -> None:
+    """Wait for queued GPU work so wall-clock timings cover it (no-op on CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def interleaved(
+    steps: dict[str, Callable[[], Any]],
+    rounds: int,
+    steps_per_round: int = 1,
+    warmup: int = 1,
+    device: torch.device | str = "cpu",
+    on_round: Callable[[int], None] | None = None,
+) -> dict[str, dict[str, list[float]]]:
+    """Seconds per step of each contestant, measured in alternating rounds.
+
+    Each round runs every contestant for `steps_per_round` steps (timed together, divided by
+    the count) in a rotating order, so no contestant always follows the same one. Returns
+    `{name: {"wall": [...], "cpu": [...]}}`: wall-clock and process CPU seconds per step. On a
+    shared CPU machine with one torch thread, CPU time is the figure that other processes
+    disturb least (wall time also counts the time we were descheduled).
+    """
+    names = list(steps)
+    for _ in range(warmup):
+        for name in names:
+            steps[name]()
+    sync(device)
+    times: dict[str, dict[str, list[float]]] = {n: {"wall": [], "cpu": []} for n in names}
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            sync(device)
+            t0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(steps_per_round):
+                steps[name]()
+            sync(device)
+            times[name]["wall"].append((time.perf_counter() - t0) / steps_per_round)
+            times[name]["cpu"].append((time.process_time() - c0) / steps_per_round)
+        if on_round is not None:
+            on_round(r)
+    return times
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def paired_ratio(a: list[float], b: list[float]) -> float:
+    """Median over rounds of a[i] / b[i] (pairs measured next to each other)."""
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
+def write_json(name: str, data: dict[str, Any], out: str | Path | None = None) -> Path:
+    """Write results to `out` (or benchmarks/results/<name>.json) and return the path."""
+    path = Path(out) if out else RESULTS_DIR / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    """A plain fixed-width text table of `rows` restricted to `columns`."""
+
+    def fmt(v: Any) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 100 else f"{v:,.0f}"
+        return str(v)
+
+    cells = [[fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    line = lambda vals: "  ".join(v.rjust(w) for v, w in zip(vals, widths))  # noqa: E731
+    return "\n".join([line(columns), line(["-" * w for w in widths]), *map(line, cells)])

@@ -1,0 +1,200 @@
+"""The benchmark scripts run end to end at tiny size (`--smoke`), and the CPU fast paths they
+measure (fused cross-entropy, closed-form RMSNorm, precomputed RoPE tables) compute exactly what
+the plain PyTorch ops compute. No timing asserts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from taperlm.config import ModelConfig
+from taperlm.models import TaperedLM, layers
+from taperlm.models.layers import RMSNorm, Rotary, cross_entropy
+from taperlm.taper import TaperSpec
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture
+def bench_module():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import gpu
+        import taper_overhead
+        import train_vs_hf
+
+        yield {"train_vs_hf": train_vs_hf, "taper_overhead": taper_overhead, "gpu": gpu}
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+# ---------------------------------------------------------------------------------------------
+# smoke runs
+
+
+def test_train_vs_hf_smoke(bench_module, tmp_path):
+    pytest.importorskip("transformers")
+    out = tmp_path / "r.json"
+    assert bench_module["train_vs_hf"].main(["--smoke", "--threads", "1", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert [r["model"] for r in data["rows"]] == ["hf", "ours"]
+    assert all(r["tokens/s"] > 0 for r in data["rows"])
+
+
+def test_train_vs_hf_checks_equivalence(bench_module, monkeypatch):
+    """The comparison refuses to run on models that are not the same function."""
+    pytest.importorskip("transformers")
+    m = bench_module["train_vs_hf"]
+    args = m.argparse.Namespace(
+        d_model=32, layers=2, heads=2, mlp_width=64, vocab=128, seq=16, batch=2
+    )
+    ours, hf = m.build_ours(args), m.build_hf(args)
+    assert m.check_equivalent(ours, hf, args.vocab, 8) < 1e-4
+    with torch.no_grad():
+        ours.blocks[1].mlp.w_out.weight.add_(0.1)  # a different model from here on
+    monkeypatch.setattr(m, "copy_weights", lambda a, b: None)
+    with pytest.raises(SystemExit, match="logits differ"):
+        m.check_equivalent(ours, hf, args.vocab, 8)
+
+
+def test_taper_overhead_smoke(bench_module, tmp_path):
+    out = tmp_path / "r.json"
+    argv = ["--smoke", "--families", "transformer", "gated", "--json", str(out)]
+    assert bench_module["taper_overhead"].main(argv) == 0
+    data = json.loads(out.read_text())
+    assert {r["family"] for r in data["rows"]} == {"transformer", "gated"}
+    for r in data["rows"]:
+        assert r["ratio (cpu)"] > 0 and r["distinct widths"] > 1
+
+
+def test_gpu_smoke(bench_module, tmp_path):
+    out = tmp_path / "r.json"
+    argv = ["--smoke", "--families", "transformer", "gated", "--json", str(out)]
+    assert bench_module["gpu"].main(argv) == 0
+    data = json.loads(out.read_text())
+    seen = {(r["family"], r["taper"], r["mode"]) for r in data["rows"]}
+    assert ("transformer", "cosine", "compile") in seen
+    assert ("gated", "uniform", "eager") in seen
+    assert all(r["flops_per_token"] > 0 and r["tokens/s"] > 0 for r in data["rows"])
+
+
+def test_gpu_peak_table(bench_module):
+    gpu = bench_module["gpu"]
+    assert gpu.peak_flops(torch.device("cpu"), None) is None
+    assert gpu.peak_flops(torch.device("cpu"), 100.0) == 100e12
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU fast paths == plain ops
+
+
+def _ce_both(logits: torch.Tensor, targets: torch.Tensor, scale: float):
+    out = []
+    for fn in (cross_entropy, lambda a, b: F.cross_entropy(a.flatten(0, -2), b.flatten())):
+        x = logits.clone().requires_grad_()
+        loss = fn(x, targets)
+        (loss * scale).backward()
+        out.append((loss.detach(), x.grad))
+    return out
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.25])
+@pytest.mark.parametrize("vocab", [7, 50, 3000])
+def test_fused_cross_entropy_matches(scale, vocab):
+    torch.manual_seed(0)
+    logits = torch.randn(3, 70, vocab) * 3
+    targets = torch.randint(0, vocab, (3, 70))
+    targets[0, 5:9] = -100
+    targets[2] = -100
+    (l1, g1), (l2, g2) = _ce_both(logits, targets, scale)
+    assert torch.allclose(l1, l2, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(g1, g2, atol=1e-7, rtol=1e-4)
+    assert g1[2].abs().max() == 0  # ignored rows get no gradient
+
+
+def test_fused_cross_entropy_retain_graph_and_edge_cases():
+    torch.manual_seed(0)
+    x = torch.randn(4, 11, requires_grad=True)
+    t = torch.randint(0, 11, (4,))
+    loss = cross_entropy(x, t)
+    (loss * 0.5).backward(retain_graph=True)
+    first = x.grad.clone()
+    x.grad = None
+    (loss * 2.0).backward()
+    assert torch.allclose(x.grad, 4 * first)
+    # Every target ignored: the same NaN as F.cross_entropy (mean over nothing).
+    none = torch.full((4,), -100)
+    assert torch.isnan(cross_entropy(x, none)) and torch.isnan(F.cross_entropy(x, none))
+    with torch.no_grad():
+        assert torch.allclose(cross_entropy(x, t), F.cross_entropy(x, t))
+
+
+def test_rmsnorm_fast_path_matches():
+    torch.manual_seed(0)
+    norm = RMSNorm(24, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(3, 5, 24) * 4
+    g = torch.randn(3, 5, 24)
+    results = []
+    for fast in (True, False):
+        xi = x.clone().requires_grad_()
+        norm.weight.grad = None
+        if fast:
+            y = norm(xi)
+        else:
+            y = F.rms_norm(xi, (24,), norm.weight, 1e-5)
+        y.backward(g)
+        results.append((y.detach(), xi.grad, norm.weight.grad.clone()))
+    for a, b in zip(*results):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_rotary_tables_match_reference():
+    rot = Rotary(8, 16, theta=100.0)
+    x = torch.randn(2, 3, 5, 8)
+    inv = 1.0 / (100.0 ** (torch.arange(0, 8, 2).float() / 8))
+    ang = torch.outer(torch.arange(4, 9).float(), inv)
+    cos, sin = ang.cos(), ang.sin()
+    x1, x2 = x[..., :4], x[..., 4:]
+    ref = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    assert torch.allclose(rot(x, start=4), ref, atol=1e-6)
+    long = torch.randn(1, 1, 40, 8)  # beyond the table: it grows
+    assert torch.allclose(rot(long)[..., 30:, :], rot(long[..., 30:, :], start=30), atol=1e-5)
+
+
+def test_model_fast_path_equals_reference_path(monkeypatch):
+    """A training step's loss and every parameter gradient agree with the plain-op path."""
+    cfg = ModelConfig(
+        family="transformer",
+        vocab_size=97,
+        d_model=32,
+        n_layers=3,
+        n_heads=4,
+        mlp_width=96,
+        context_length=64,
+        taper=TaperSpec.parse("cosine"),
+    ).resolve()
+    torch.manual_seed(0)
+    model = TaperedLM(cfg)
+    idx = torch.randint(0, 97, (2, 20))
+    tgt = idx.roll(-1, 1)
+    tgt[:, -1] = -100
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        loss = model(idx, targets=tgt).loss
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    fast_loss, fast_grads = run()
+    monkeypatch.setattr(layers, "_eager_cpu", lambda x: False)
+    ref_loss, ref_grads = run()
+    assert torch.allclose(fast_loss, ref_loss, atol=1e-6)
+    for name, g in ref_grads.items():
+        assert torch.allclose(fast_grads[name], g, atol=1e-6, rtol=1e-4), name
