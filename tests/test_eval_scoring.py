@@ -56,6 +56,17 @@ def test_loglikelihood_matches_naive_reference() -> None:
     assert [a for a, _ in one] == pytest.approx([a for a, _ in got], abs=1e-5)
 
 
+def test_continuation_longer_than_max_length_is_chunked() -> None:
+    model, tok = tiny_model(context_length=8), tiny_tokenizer()
+    sc = Scorer(model, tok, max_length=8, batch_size=2, progress=False)
+    ctx, cont = [5, 6, 7], list(range(10, 30))  # 20 tokens > 8
+    ((ll, _),) = sc.loglikelihood([(ctx, cont)])
+    ref = sum(
+        naive_ll(model, ctx + cont[:s], cont[s : s + 8], 8)[0] for s in range(0, len(cont), 8)
+    )
+    assert ll == pytest.approx(ref, abs=1e-4)
+
+
 def test_greedy_flag_is_true_for_the_argmax_continuation() -> None:
     model, tok = tiny_model(), tiny_tokenizer()
     sc = Scorer(model, tok, max_length=64, progress=False)

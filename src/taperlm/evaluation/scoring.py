@@ -126,7 +126,29 @@ class Scorer:
     def loglikelihood(
         self, pairs: Sequence[Pair], desc: str = "loglikelihood"
     ) -> list[tuple[float, bool]]:
-        """Sum log p(continuation | context) and whether greedy decoding reproduces it."""
+        """Sum log p(continuation | context) and whether greedy decoding reproduces it.
+
+        A continuation longer than max_length (where lm-eval stops with an assertion) is scored
+        in consecutive chunks of max_length tokens, each conditioned on what precedes it; the
+        chunk log-likelihoods add up and the greedy flags are and-ed. Shorter requests are
+        scored exactly as lm-eval scores them."""
+        L = self.max_length
+        flat: list[Pair] = []
+        owner: list[int] = []
+        for k, (ctx, cont) in enumerate(pairs):
+            if not cont:
+                raise DataError(f"{desc}: a continuation tokenizes to nothing; check the eval file")
+            for s in range(0, len(cont), L):
+                flat.append((list(ctx) + list(cont[:s]), list(cont[s : s + L])))
+                owner.append(k)
+        scored = self._score(flat, desc)
+        out: list[list] = [[0.0, True] for _ in pairs]
+        for k, (ll, greedy) in zip(owner, scored):
+            out[k][0] += ll
+            out[k][1] = out[k][1] and greedy
+        return [(ll, greedy) for ll, greedy in out]
+
+    def _score(self, pairs: Sequence[Pair], desc: str) -> list[tuple[float, bool]]:
         L = self.max_length
         order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
         results: list[tuple[float, bool] | None] = [None] * len(pairs)
@@ -143,15 +165,6 @@ class Scorer:
             inputs, conts = [], []
             for i in idxs:
                 ctx, cont = pairs[i]
-                if not cont:
-                    raise DataError(
-                        f"{desc}: a continuation tokenizes to nothing; check the eval file"
-                    )
-                if len(cont) > L:
-                    raise DataError(
-                        f"{desc}: a continuation of {len(cont)} tokens exceeds max_length {L}; "
-                        "raise --max-length"
-                    )
                 inputs.append((ctx + cont)[-(L + 1) :][:-1])
                 conts.append(cont)
             width = max(len(x) for x in inputs)
