@@ -163,6 +163,17 @@ def test_unknown_preset(data, tmp_path, capsys):
         ("train.tokens=64", ("train.tokens (64) is less than one batch",)),
         ("model.n_heads=3", ("model.d_model (32) must be divisible by model.n_heads (3)",)),
     ],
+    ids=[
+        "no_equals",
+        "unknown_key",
+        "not_a_section",
+        "misspelt_key",
+        "negative_tokens",
+        "zero_lr",
+        "seq_len_over_context",
+        "tokens_below_batch",
+        "heads_not_dividing",
+    ],
 )
 def test_set_override(data, tmp_path, capsys, override, needles):
     expect_error(train_args(data, tmp_path / "run", override), capsys, *needles)
@@ -226,6 +237,7 @@ def _rewrite_shard(path: Path, payload: bytes, **fields) -> None:
         ("id_beyond_vocab", ("token id 400 >= vocab_size 300",)),
         ("extra_bytes", ("bytes after its", "corrupt")),
     ],
+    ids=["random_bytes", "truncated", "bitflip", "id_beyond_vocab", "extra_bytes"],
 )
 def test_corrupt_train_shard(data_copy, tmp_path, capsys, defect, needles):
     shard = data_copy / "train.bin"
@@ -493,3 +505,15 @@ def test_eval_file(trained, tmp_path, capsys, task, rel, lines, needles):
 
 def test_eval_unknown_task(trained, capsys):
     expect_error(["eval", str(trained), "--tasks", "mmlu"], capsys, "unknown task 'mmlu'")
+
+
+def test_catalogue_table_lists_every_test():
+    """docs/reliability.md has one table row per test of this file (ids included)."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "reliability.md").read_text()
+    import inspect
+    import sys
+
+    mod = sys.modules[__name__]
+    names = [n for n, f in inspect.getmembers(mod, inspect.isfunction) if n.startswith("test_")]
+    missing = [n for n in names if n != "test_catalogue_table_lists_every_test" and n not in doc]
+    assert not missing, missing
