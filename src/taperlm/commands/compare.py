@@ -25,7 +25,7 @@ from typing import Any
 # data preparation included (measurements in docs/compare.md).
 DEFAULT_PRESET = "transformer-tiny"
 DEFAULT_SEEDS = 3
-DEFAULT_TOKENS = 1_048_576
+DEFAULT_TOKENS = 327_680  # 160 steps of 2,048 tokens
 DEFAULT_VAL_TOKENS = 32768
 DEFAULT_NOVELTY_TOKENS = 2048
 DEFAULT_EVAL_LIMIT = 200
@@ -33,10 +33,10 @@ DEFAULT_THREADS = 2
 COMPARE_TRAIN_DEFAULTS: dict[str, Any] = {
     "seq_len": 128,
     "micro_batch_size": 16,
-    "batch_tokens": 4096,
+    "batch_tokens": 2048,
     "lr": 2e-3,
     "min_lr_ratio": 0.1,
-    "eval_tokens": 8192,
+    "eval_tokens": 4096,
     "keep_checkpoints": 1,
     "log_every": 4,
 }
@@ -378,6 +378,7 @@ def run(args: argparse.Namespace) -> int:
     from taperlm.errors import ConfigError
 
     t_start = time.perf_counter()
+    cpu_start = time.process_time()
     if args.seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
     if args.threads < 1:
@@ -436,6 +437,7 @@ def run(args: argparse.Namespace) -> int:
         "paper_mode": args.paper,
         "cells": len(grid.cells),
         "wall_s": time.perf_counter() - t_start,
+        "cpu_s": time.process_time() - cpu_start,
         "model": {
             "family": m.family,
             "n_layers": m.n_layers,

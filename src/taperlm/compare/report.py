@@ -424,8 +424,9 @@ def render_markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
         f"- data: `{s['data_dir']}` (train {s['train_tokens']:,} tokens); validation on the "
         f"first {s['val_tokens']:,} tokens of its val split (the same for every run)",
         f"- {len(allocs)} allocations x {len(s['seeds'])} seeds = {meta['cells']} runs; "
-        f"wall time {meta['wall_s'] / 60:.1f} min this invocation ({meta['threads']} torch "
-        f"thread(s)); {meta['created']}",
+        f"wall time {meta['wall_s'] / 60:.1f} min this invocation, "
+        f"{meta.get('cpu_s', 0) / 60:.1f} CPU-min ({meta['threads']} torch thread(s)); "
+        f"{meta['created']}",
         "",
         "## Validation",
         "",

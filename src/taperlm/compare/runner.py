@@ -28,6 +28,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -382,7 +383,7 @@ def run_grid(
         disable=not progress,
         position=0,
     )
-    write = log or (lambda msg: tqdm.write(msg))
+    write = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
     results: dict[str, dict[str, Any]] = {}
     n = len(grid.cells)
     done_before = done_tokens

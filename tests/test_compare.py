@@ -1,0 +1,393 @@
+"""`taperlm compare`: end to end on a tiny model, resume, statistics, paper grids, bad input."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from taperlm.cli import main
+from taperlm.compare.grid import (
+    PAPER_SWEEP,
+    build_grid,
+    paper_allocations,
+    parse_allocations,
+    split_taper_list,
+)
+from taperlm.compare.stats import paired_difference, pairwise_agreement, spearman, t_quantile
+from taperlm.config import RunConfig, TrainConfig
+from taperlm.presets import get_preset
+
+TINY = [
+    "--preset",
+    "transformer-tiny",
+    "--set",
+    "model.n_layers=3",
+    "--set",
+    "model.d_model=32",
+    "--set",
+    "model.n_heads=2",
+    "--set",
+    "model.mlp_width=64",
+    "--set",
+    "model.context_length=32",
+    "--set",
+    "train.seq_len=32",
+    "--set",
+    "train.micro_batch_size=2",
+    "--set",
+    "train.batch_tokens=64",
+    "--set",
+    "train.eval_tokens=64",
+    "--set",
+    "train.keep_checkpoints=2",
+    "--tokens",
+    "256",
+    "--val-tokens",
+    "128",
+    "--novelty-tokens",
+    "96",
+    "--threads",
+    "1",
+    "--no-progress",
+]
+ALLOCS = ["--tapers", "uniform;late=cosine:0.5:1.5"]
+
+
+def _cli(args: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(args)
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    from taperlm.data.prepare import prepare
+
+    root = tmp_path_factory.mktemp("cmpdata")
+    rng = random.Random(0)
+    words = "the cat dog runs fast slow over under a bird sings loud tree house river".split()
+    text = "\n".join(
+        " ".join(rng.choice(words) for _ in range(rng.randint(5, 12))) + "." for _ in range(600)
+    )
+    (root / "text.txt").write_text(text + "\n")
+    prepare(str(root / "text.txt"), root / "data", "bpe:300", val_tokens=600, progress=False)
+    return root / "data"
+
+
+@pytest.fixture(scope="module")
+def finished(data_dir, tmp_path_factory) -> tuple[Path, list[str], str]:
+    out = tmp_path_factory.mktemp("cmp") / "out"
+    args = ["compare", *TINY, *ALLOCS, "--seeds", "3", "--data", str(data_dir), "--out", str(out)]
+    rc, _, stderr = _cli(args)
+    assert rc == 0, stderr
+    return out, args, stderr
+
+
+def _report(out: Path) -> dict:
+    return json.loads((out / "report.json").read_text())
+
+
+# ---------------------------------------------------------------------------------- end to end
+
+
+def test_grid_runs_end_to_end(finished):
+    out, _, _ = finished
+    for name in ("report.md", "report.json", "widths.png", "val_loss.png", "novelty.png"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    assert (out / "val_loss_diff.png").is_file()
+    rep = _report(out)
+    names = [a["name"] for a in rep["allocations"]]
+    assert names == ["uniform", "late"]
+    assert sorted(p.name for p in (out / "runs").iterdir()) == sorted(
+        f"{a}-s{s}" for a in names for s in range(3)
+    )
+    for a in rep["allocations"]:
+        assert a["val_loss"]["n"] == 3 and len(a["val_loss"]["values"]) == 3
+        assert math.isclose(a["val_ppl"]["values"][0], math.exp(a["val_loss"]["values"][0]))
+        assert a["tokens_per_s"]["mean"] > 0
+        assert len(a["novelty"]["rho_mlp_per_layer"]) == 3
+    # one budget: equal parameters and FLOPs/token, different widths
+    a, b = rep["allocations"]
+    assert a["params"] == b["params"] and a["flops_per_token"] == b["flops_per_token"]
+    assert a["widths"] == [64, 64, 64] and b["widths"] != a["widths"]
+    assert b["widths"][0] < b["widths"][-1]  # the wider-late mirror
+    assert sum(b["widths"]) == sum(a["widths"])
+    assert all(rep["checks"].values()), rep["checks"]
+    # the model follows the data's tokenizer (a preset's 8192 vocab would waste rows)
+    assert rep["base_config"]["model"]["vocab_size"] == 300
+    md = (out / "report.md").read_text()
+    assert "| uniform | `uniform` |" in md and "| late | `cosine:0.5:1.5` |" in md
+    assert "Δ loss vs uniform [95% CI]" in md and "(baseline)" in md
+    assert "taperlm compare --preset transformer-tiny" in md
+    assert "![widths](widths.png)" in md and "## Novelty" in md
+
+
+def test_paired_ci_matches_hand_computation(finished):
+    rep = _report(finished[0])
+    u, late = rep["allocations"]
+    diffs = [
+        late["per_seed"][str(s)]["val_loss"] - u["per_seed"][str(s)]["val_loss"] for s in range(3)
+    ]
+    m = sum(diffs) / 3
+    sd = math.sqrt(sum((d - m) ** 2 for d in diffs) / 2)
+    half = 4.302653 * sd / math.sqrt(3)
+    d = late["diff_vs_uniform"]["val_loss"]
+    assert d["n"] == 3 and d["per_seed"] == pytest.approx(diffs, abs=1e-12)
+    assert d["mean"] == pytest.approx(m, abs=1e-12)
+    assert d["ci"] == pytest.approx([m - half, m + half], rel=1e-6)
+    assert d["t"] == pytest.approx(4.302653, abs=1e-6)
+
+
+def test_same_seed_same_data_order_and_init_seed(finished):
+    out = finished[0]
+    rep = _report(out)
+    runs = rep["runs"]
+    for s in range(3):
+        u, late = runs[f"uniform-s{s}"], runs[f"late-s{s}"]
+        assert u["data_order"] == late["data_order"]
+        assert u["data_order"]["first_ids"]  # recorded
+    assert len({runs[f"uniform-s{s}"]["data_order"]["sha256"] for s in range(3)}) == 3
+    # the trainer seeds init and data order from train.seed, which is the cell's seed
+    from taperlm.config import load_run_config
+
+    for s in range(3):
+        a = load_run_config(out / "runs" / f"uniform-s{s}" / "config.yaml")
+        b = load_run_config(out / "runs" / f"late-s{s}" / "config.yaml")
+        assert a.train == b.train and a.train.seed == s
+        assert a.data == b.data
+        assert a.model.mlp_widths != b.model.mlp_widths
+
+
+def test_second_invocation_retrains_nothing(finished):
+    out, args, _ = finished
+    watched = sorted(p for p in (out / "runs").rglob("*") if p.is_file() and p.suffix != ".png")
+    before = {p: p.stat().st_mtime_ns for p in watched}
+    rc, _, stderr = _cli(args)
+    assert rc == 0, stderr
+    assert stderr.count(": cached;") == 6
+    after = {p: p.stat().st_mtime_ns for p in watched}
+    assert after == before
+
+
+def test_changed_eval_settings_reevaluate_without_training(finished):
+    out, args, _ = finished
+    ckpts = sorted((out / "runs").glob("*/checkpoints/step_*/model.safetensors"))
+    before = {p: p.stat().st_mtime_ns for p in ckpts}
+    new = [*args]
+    new[new.index("--novelty-tokens") + 1] = "64"
+    rc, _, stderr = _cli(new)
+    assert rc == 0, stderr
+    assert stderr.count(": re-evaluated;") == 6
+    assert {p: p.stat().st_mtime_ns for p in ckpts} == before
+    assert _report(out)["allocations"][0]["novelty"]["tokens"] < 96
+    rc, _, stderr = _cli(args)  # back to the fixture's settings for the other tests
+    assert rc == 0 and stderr.count(": re-evaluated;") == 6
+
+
+def test_interrupted_cell_resumes_from_its_checkpoint(finished):
+    out, args, _ = finished
+    cell = out / "runs" / "late-s1"
+    old = json.loads((cell / "result.json").read_text())
+    # simulate a kill after step 3 of 4: no result, no final checkpoint
+    (cell / "result.json").unlink()
+    shutil.rmtree(cell / "checkpoints" / "step_00000004")
+    (cell / "checkpoints" / "latest").unlink(missing_ok=True)
+    others = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/result.json")}
+    rc, _, stderr = _cli(args)
+    assert rc == 0, stderr
+    assert "late-s1: resumed;" in stderr and stderr.count(": cached;") == 5
+    new = json.loads((cell / "result.json").read_text())
+    assert new["train"]["resumed_from_step"] == 3
+    # exact resume on CPU: the same model as the uninterrupted run
+    assert new["val"]["loss"] == old["val"]["loss"]
+    assert {p: p.stat().st_mtime_ns for p in others} == others
+
+
+def test_changed_training_config_is_refused(finished):
+    _, args, _ = finished
+    new = [*args]
+    new[new.index("--tokens") + 1] = "320"
+    rc, _, stderr = _cli(new)
+    assert rc == 2
+    assert "different config" in stderr and "train.tokens" in stderr and "fresh --out" in stderr
+
+
+# ---------------------------------------------------------------------------------- statistics
+
+
+def test_t_quantiles():
+    assert t_quantile(0.975, 2) == pytest.approx(4.302653, abs=1e-6)
+    assert t_quantile(0.975, 4) == pytest.approx(2.776445, abs=1e-6)
+    assert t_quantile(0.975, 1) == pytest.approx(12.706205, abs=1e-5)
+    assert t_quantile(0.95, 10) == pytest.approx(1.812461, abs=1e-6)
+    assert t_quantile(0.025, 4) == pytest.approx(-2.776445, abs=1e-6)
+    assert t_quantile(0.975, 10_000) == pytest.approx(1.960201, abs=1e-5)
+
+
+def test_paired_difference_by_hand():
+    a = {0: 5.0, 1: 5.2, 2: 4.9, 3: 5.1, 4: 5.3, 9: 1.0}  # seed 9 has no partner
+    b = {0: 5.1, 1: 5.25, 2: 5.0, 3: 5.1, 4: 5.35}
+    d = paired_difference(a, b)
+    diffs = [-0.1, -0.05, -0.1, 0.0, -0.05]
+    m = sum(diffs) / 5
+    sd = math.sqrt(sum((x - m) ** 2 for x in diffs) / 4)
+    assert d["n"] == 5 and d["seeds"] == [0, 1, 2, 3, 4]
+    assert d["ci"] == pytest.approx([m - 2.776445 * sd / 5**0.5, m + 2.776445 * sd / 5**0.5])
+    assert d["excludes_zero"] is True
+    one = paired_difference({0: 1.0}, {0: 2.0})
+    assert one["mean"] == -1.0 and one["ci"] is None
+
+
+def test_rank_agreement():
+    assert spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
+    assert spearman([3, 2, 1], [10, 20, 30]) == pytest.approx(-1.0)
+    pw = pairwise_agreement({"a": 1, "b": 2, "c": 3}, {"a": 15.0, "b": 16.0, "c": 15.5})
+    assert pw["pairs"] == 3 and pw["agree"] == 2 and pw["disagreeing_pairs"] == [["b", "c"]]
+    tie = pairwise_agreement({"a": 1, "b": 2}, {"a": 15.0, "b": 15.0})
+    assert tie["pairs"] == 0 and tie["ties_in_reference"] == 1
+
+
+# ---------------------------------------------------------------------------------- grids
+
+
+def test_taper_lists():
+    assert split_taper_list("uniform,groups:1.5,1.0,0.5,cosine") == [
+        "uniform",
+        "groups:1.5,1.0,0.5",
+        "cosine",
+    ]
+    assert split_taper_list("uniform;custom:1.5,1,0.5; linear:1.25:0.75") == [
+        "uniform",
+        "custom:1.5,1,0.5",
+        "linear:1.25:0.75",
+    ]
+    assert split_taper_list("early=groups:1.5,1.0,0.5,late=groups:0.5,1.0,1.5") == [
+        "early=groups:1.5,1.0,0.5",
+        "late=groups:0.5,1.0,1.5",
+    ]
+    allocs = parse_allocations(["cosine:1.5:0.5", "x=linear"])
+    assert [a.name for a in allocs] == ["uniform", "cosine-1.5-0.5", "x"]  # uniform added
+    assert allocs[1].paper_ppl == 14.44 and allocs[0].paper_ppl == 16.28
+
+
+def _base(n_layers: int, mlp_width: int) -> RunConfig:
+    model = get_preset("transformer-tiny", resolve=False)
+    model.n_layers, model.mlp_width = n_layers, mlp_width
+    return RunConfig(model=model.resolve(), train=TrainConfig(tokens=4096, batch_tokens=1024))
+
+
+def test_paper_controlled_grid():
+    allocs = paper_allocations("controlled")
+    assert [(a.name, a.paper_ppl) for a in allocs] == [
+        ("uniform", 16.28),
+        ("wider-early", 15.96),
+        ("wider-middle", 16.61),
+        ("wider-late", 17.29),
+    ]
+    grid = build_grid(_base(6, 352), allocs, [0, 1])
+    w = {a.name: grid.budget[a.name]["widths"] for a in allocs}
+    assert w["uniform"] == [352] * 6
+    assert w["wider-early"][0] == w["wider-early"][1] > w["wider-early"][2] == w["wider-early"][3]
+    assert w["wider-early"][3] > w["wider-early"][4] == w["wider-early"][5]
+    assert w["wider-late"] == w["wider-early"][::-1]
+    assert max(w["wider-middle"]) == w["wider-middle"][2] == w["wider-middle"][3]
+    assert len({grid.budget[a.name]["params"] for a in allocs}) == 1
+    assert len({grid.budget[a.name]["flops_per_token"] for a in allocs}) == 1
+    assert len(grid.cells) == 8 and {c.config.train.seed for c in grid.cells} == {0, 1}
+
+
+def test_paper_sweep_grid():
+    allocs = paper_allocations("sweep")
+    assert len(allocs) == 16 and allocs[0].is_uniform
+    specs = {(a.spec.schedule, a.spec.start, a.spec.end): a.paper_ppl for a in allocs[1:]}
+    assert len(specs) == 15
+    for (start, end), row in PAPER_SWEEP.items():
+        for sched, ppl in row.items():
+            assert specs[(sched, start, end)] == ppl
+    assert all(a.spec.steepness == 10.0 for a in allocs if a.spec.schedule == "sigmoid")
+    grid = build_grid(_base(12, 512), allocs, [0])
+    assert len({grid.budget[a.name]["params"] for a in allocs}) == 1
+    cos = grid.budget["cosine-1.5-0.5"]["widths"]
+    assert cos[0] == 768 and cos[-1] == 256
+
+
+# ---------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--tapers", "uniform;cosin:1.5:0.5"], "unknown taper schedule 'cosin'"),
+        (["--seeds", "0"], "--seeds must be >= 1, got 0"),
+        (["--paper", "controlled", "--tapers", "cosine"], "either --paper"),
+        (["--tapers", "cosine;cosine"], "twice"),
+        (["--eval-tasks", "piqa,nope"], "unknown task 'nope'"),
+        (["--tokens", "16"], "train.tokens (16) is less than one batch"),
+    ],
+)
+def test_bad_input(data_dir, tmp_path, extra, message):
+    rc, _, stderr = _cli(
+        ["compare", *TINY, "--data", str(data_dir), "--out", str(tmp_path), *extra]
+    )
+    assert rc == 2
+    assert message in stderr
+    assert "Traceback" not in stderr
+
+
+def test_missing_data_dir(tmp_path):
+    rc, _, stderr = _cli(
+        ["compare", *TINY, "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]
+    )
+    assert rc == 2
+    assert "does not exist" in stderr and "taperlm prepare" in stderr
+
+
+def test_default_corpus_missing_packages(tmp_path, monkeypatch):
+    from taperlm.data import corpus
+
+    monkeypatch.setenv("TAPERLM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(
+        corpus, "DEFAULT_PARTS", (corpus.CorpusPart("nosuch-doc", "no/such/dir", "*.rst", "rst"),)
+    )
+    rc, _, stderr = _cli(["compare", *TINY, "--out", str(tmp_path / "o")])
+    assert rc == 2
+    assert "nosuch-doc" in stderr and "apt-get install" in stderr
+    assert not any((tmp_path / "cache").glob("*/meta.json"))
+
+
+def test_zero_shot_tasks(data_dir, tmp_path, shared_data):
+    args = [
+        "compare",
+        *TINY,
+        "--tapers",
+        "uniform",
+        "--seeds",
+        "1",
+        "--eval-tasks",
+        "piqa,lambada_openai",
+        "--eval-limit",
+        "3",
+        "--set",
+        "model.context_length=512",  # room for PIQA's long solutions in a 300-id vocabulary
+        "--eval-data",
+        str(shared_data),
+        "--data",
+        str(data_dir),
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    rc, _, stderr = _cli(args)
+    assert rc == 0, stderr
+    rep = _report(tmp_path / "o")
+    row = rep["runs"]["uniform-s0"]["zero_shot"]
+    assert row["tasks"]["piqa"]["n"] == 3 and 0 <= row["paper_row"]["PIQA"] <= 100
+    md = (tmp_path / "o" / "report.md").read_text()
+    assert "## Zero-shot" in md and "PIQA" in md
