@@ -133,8 +133,10 @@ def test_plan_table_and_errors(capsys, tmp_path):
     assert main(["plan", "--preset", "no-such"]) == 2
     assert "unknown preset" in capsys.readouterr().err
     cfg = tmp_path / "m.yaml"
-    cfg.write_text("model:\n  family: transformer\n  d_model: 64\n  n_layers: 3\n  n_heads: 2\n"
-                   "  mlp_width: 192\n  vocab_size: 100\n  taper: linear:1.5:0.5\n")
+    cfg.write_text(
+        "model:\n  family: transformer\n  d_model: 64\n  n_layers: 3\n  n_heads: 2\n"
+        "  mlp_width: 192\n  vocab_size: 100\n  taper: linear:1.5:0.5\n"
+    )
     assert main(["plan", "--config", str(cfg), "--multiple-of", "32", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [x["mlp_width"] for x in out["layers"]] == [288, 192, 96]

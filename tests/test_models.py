@@ -25,8 +25,14 @@ TAPERS = [
 
 def tiny(family: str = "transformer", taper: str = "cosine", **kw) -> ModelConfig:
     fields = dict(
-        family=family, vocab_size=97, d_model=32, n_layers=6, n_heads=4, mlp_width=96,
-        context_length=64, taper=TaperSpec.parse(taper),
+        family=family,
+        vocab_size=97,
+        d_model=32,
+        n_layers=6,
+        n_heads=4,
+        mlp_width=96,
+        context_length=64,
+        taper=TaperSpec.parse(taper),
     )
     fields.update(kw)
     return ModelConfig(**fields).resolve()
@@ -54,8 +60,14 @@ def test_numel_equals_formula_and_baseline(family, taper):
     gate=st.sampled_from(["elementwise", "headwise"]),
 )
 def test_budget_equality_property(family, taper, n_layers, tie, gqa, gate):
-    cfg = tiny(family, taper, n_layers=n_layers, tie_embeddings=tie,
-               n_kv_heads=2 if gqa else None, gate=gate)
+    cfg = tiny(
+        family,
+        taper,
+        n_layers=n_layers,
+        tie_embeddings=tie,
+        n_kv_heads=2 if gqa else None,
+        gate=gate,
+    )
     base = cfg.baseline()
     assert total_params(cfg) == total_params(base)
     assert flops_per_token(cfg) == flops_per_token(base)

@@ -151,8 +151,15 @@ def test_monotone_request_rejects_non_monotone():
 
 @pytest.mark.parametrize(
     "text",
-    ["uniform", "cosine:1.5:0.5", "linear:1.625:0.375", "sigmoid:1.5:0.5:10", "groups:1.5,1,0.5",
-     "custom:4224,2816,1408", "custom:1.5,1.0,0.5"],
+    [
+        "uniform",
+        "cosine:1.5:0.5",
+        "linear:1.625:0.375",
+        "sigmoid:1.5:0.5:10",
+        "groups:1.5,1,0.5",
+        "custom:4224,2816,1408",
+        "custom:1.5,1.0,0.5",
+    ],
 )
 def test_spec_string_round_trip(text):
     spec = TaperSpec.parse(text)

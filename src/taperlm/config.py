@@ -8,6 +8,7 @@ rebuilds the shapes it was trained with (DESIGN.md, principle 2).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import types
@@ -476,10 +477,8 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         raise ConfigError(f"{path} must be true or false, got {value!r}")
     if tp in (int, float) and isinstance(value, str):
         # YAML 1.1 reads `1e-3` and `2e6` as strings; accept numeric strings.
-        try:
+        with contextlib.suppress(ValueError):
             value = float(value.replace("_", ""))
-        except ValueError:
-            pass
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value

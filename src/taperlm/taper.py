@@ -109,18 +109,19 @@ class TaperSpec:
         return spec
 
     def to_string(self) -> str:
-        """Inverse of `parse` (up to float formatting)."""
+        """Inverse of `parse`: `TaperSpec.parse(spec.to_string())` equals `spec` exactly."""
         if self.schedule == "uniform":
             return "uniform"
         if self.schedule in ("cosine", "linear"):
-            return f"{self.schedule}:{_fmt(self.start)}:{_fmt(self.end)}"
+            return f"{self.schedule}:{_exact(self.start)}:{_exact(self.end)}"
         if self.schedule == "sigmoid":
-            return f"sigmoid:{_fmt(self.start)}:{_fmt(self.end)}:{_fmt(self.steepness)}"
+            return f"sigmoid:{_exact(self.start)}:{_exact(self.end)}:{_exact(self.steepness)}"
         if self.schedule == "groups":
-            return "groups:" + ",".join(_fmt(g) for g in self.groups)
+            return "groups:" + ",".join(_exact(g) for g in self.groups)
         if self.values_are_widths:
             return "custom:" + ",".join(str(int(v)) for v in self.values)
-        return "custom:" + ",".join(_fmt(v) if "." in _fmt(v) else f"{v:.1f}" for v in self.values)
+        # repr of a float always has a '.' or an exponent, so parse reads multipliers back.
+        return "custom:" + ",".join(_exact(v) for v in self.values)
 
     def validate(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -196,6 +197,11 @@ def _number(text: str, spec: str) -> float:
 
 def _fmt(x: float) -> str:
     return f"{x:g}"
+
+
+def _exact(x: float) -> str:
+    """Shortest string that parses back to the same float (1.5 -> '1.5', 1.0 -> '1.0')."""
+    return repr(float(x))
 
 
 # ----------------------------------------------------------------------------------------------
