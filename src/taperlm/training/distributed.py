@@ -130,10 +130,10 @@ def gather_objects(obj, info: DistInfo) -> list:
     return out
 
 
-def _full_options(cpu_offload: bool = True):
+def _full_options(cpu_offload: bool = True, strict: bool = True):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
+    return StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload, strict=strict)
 
 
 def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -162,7 +162,16 @@ def load_full_optimizer_state(
 ) -> None:
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-    set_optimizer_state_dict(model, optimizer, state, options=_full_options(cpu_offload=False))
+    # Not strict: parameters with update_period > 1 have no Adam state until their first update.
+    options = _full_options(cpu_offload=False, strict=False)
+    set_optimizer_state_dict(model, optimizer, state, options=options)
+    # Loading first initialises every parameter's state with a zero-gradient step (step = 1);
+    # drop it again for parameters the checkpoint had no state for, so their first real update
+    # is Adam step 1, exactly as in the uninterrupted run.
+    saved = state.get("state", {})
+    for name, p in model.named_parameters():
+        if name not in saved:
+            optimizer.state.pop(p, None)
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:

@@ -559,7 +559,7 @@ class Trainer:
         last_rate = 0.0
         self.model.train()
         try:
-            while self.step < self.total_steps:
+            while self.step < self.total_steps and (stop_after is None or self.step < stop_after):
                 t0 = time.perf_counter()
                 n = self.step + 1
                 poison = n in nan_steps or (nan_from is not None and n >= nan_from)
@@ -642,8 +642,6 @@ class Trainer:
                     t_ck = time.perf_counter()
                     self.save()
                     t_window += time.perf_counter() - t_ck
-                if self.step == stop_after:
-                    break
         finally:
             bar.close()
         if self.info.is_main and self.step >= self.total_steps:
