@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     except TaperlmError as err:
         print(f"taperlm {args._command}: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head` and closed early
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print(f"taperlm {args._command}: interrupted", file=sys.stderr)
         return 130

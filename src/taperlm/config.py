@@ -205,8 +205,14 @@ class ModelConfig:
         return new.resolve()
 
     def baseline(self) -> ModelConfig:
-        """The uniform model of the same budget (the taper turned off)."""
-        return self.with_taper(TaperSpec(schedule="uniform", multiple_of=self.taper.multiple_of))
+        """The uniform model of the same budget (every taper turned off, the memory taper too)."""
+        base = self.with_taper(TaperSpec(schedule="uniform", multiple_of=self.taper.multiple_of))
+        if base.titans.memory_taper != "uniform":
+            base.titans = dataclasses.replace(
+                base.titans, memory_taper="uniform", memory_widths=None
+            )
+            base.resolve()
+        return base
 
 
 def _positive_int(value: Any, key: str, minimum: int = 1) -> None:

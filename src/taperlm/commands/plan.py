@@ -111,10 +111,14 @@ def format_plan(p) -> str:
         f"{'layer':>5} {'width':>7} {'x base':>7} {'params':>12} {'baseline':>12} "
         f"{'diff':>10} {'FLOPs share':>11}",
     ]
+    extra_name, extra = _family_sizes(cfg)
+    if extra_name:
+        lines[-1] += f"  {extra_name}"
     for b, bb in zip(p.layers, p.baseline_layers):
         lines.append(
             f"{b.layer:>5} {b.mlp_width:>7} {b.multiplier:>7.3f} {b.params:>12,} {bb.params:>12,} "
             f"{b.params - bb.params:>+10,} {100 * b.flops_per_token / total_flops:>10.2f}%"
+            + (f"  {extra[b.layer]}" if extra_name else "")
         )
     mean = sum(cfg.mlp_widths or []) / cfg.n_layers
     lines += [
@@ -127,3 +131,12 @@ def format_plan(p) -> str:
         f"{p.baseline_flops_per_token:>16,}{p.flops_per_token - p.baseline_flops_per_token:>+12,}",
     ]
     return "\n".join(lines)
+
+
+def _family_sizes(cfg) -> tuple[str, list[str]]:
+    """A per-layer column for family-specific sizes: Hope CMS level widths, Titans memory widths."""
+    if cfg.family == "hope" and cfg.hope.level_widths:
+        return "CMS levels", ["+".join(map(str, w)) for w in cfg.hope.level_widths]
+    if cfg.family == "titans" and cfg.titans.memory_widths:
+        return "memory width", [str(w) for w in cfg.titans.memory_widths]
+    return "", []
