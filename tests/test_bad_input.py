@@ -444,7 +444,8 @@ def test_eval_run_without_usable_checkpoint(run_copy, capsys):
 
 
 @_bug(
-    "`--out` naming an existing file raises FileExistsError from out.mkdir (a traceback); fix in "
+    "`--out` naming an existing file: no traceback any more, but the message says `could not "
+    "write X/config.yaml: File exists ... Free disk space or fix the permissions`; fix in "
     "training/loop.py _prepare_run_dir: raise ConfigError('--out X is a file; choose a folder')"
 )
 def test_out_is_a_file(data, tmp_path, capsys):

@@ -196,12 +196,6 @@ def test_checkpoint_with_unreadable_state_is_named(setup, tmp_path):
         ckpt.load_checkpoint(copy, verify=False)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: with --resume auto and every checkpoint corrupt, training silently restarts from "
-    "step 0 (and prunes/overwrites the old checkpoints); fix in training/loop.py "
-    "_prepare_run_dir: raise CheckpointError when checkpoints exist but none verifies",
-)
 def test_all_checkpoints_corrupt_stops_instead_of_restarting(setup, tmp_path, capsys):
     data, _, _ = setup
     run = tmp_path / "run"
@@ -292,12 +286,6 @@ def _readonly(*_a, **_k):
     raise PermissionError(errno.EROFS, "Read-only file system")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: an OSError writing RUN/config.yaml (disk full, read-only dir) escapes as a "
-    "traceback; fix in training/loop.py Trainer.__init__: wrap out.mkdir + save_yaml in "
-    "`except OSError` -> CheckpointError naming the path and errno",
-)
 @pytest.mark.parametrize("fault", [_nospace, _readonly])
 def test_config_write_failure_is_a_clear_error(setup, tmp_path, capsys, monkeypatch, fault):
     from taperlm.training import loop
@@ -335,12 +323,6 @@ def test_config_write_is_atomic(tmp_path):
     assert path.read_bytes() == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: an OSError appending to RUN/metrics.jsonl (disk full) escapes as a traceback; "
-    "fix in training/metrics.py MetricsWriter.write (or Trainer.fit): raise CheckpointError "
-    "naming metrics.jsonl, the errno and the last good checkpoint",
-)
 def test_metrics_write_failure_is_a_clear_error(setup, tmp_path, capsys, monkeypatch):
     from taperlm.training import metrics
 
