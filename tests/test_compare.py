@@ -47,6 +47,8 @@ TINY = [
     "train.eval_tokens=64",
     "--set",
     "train.keep_checkpoints=2",
+    "--set",
+    "train.checkpoint_every=2",
     "--tokens",
     "256",
     "--val-tokens",
@@ -196,7 +198,7 @@ def test_interrupted_cell_resumes_from_its_checkpoint(finished):
     out, args, _ = finished
     cell = out / "runs" / "late-s1"
     old = json.loads((cell / "result.json").read_text())
-    # simulate a kill after step 3 of 4: no result, no final checkpoint
+    # simulate a kill between steps 2 and 4: no result, no final checkpoint
     (cell / "result.json").unlink()
     shutil.rmtree(cell / "checkpoints" / "step_00000004")
     (cell / "checkpoints" / "latest").unlink(missing_ok=True)
@@ -205,7 +207,7 @@ def test_interrupted_cell_resumes_from_its_checkpoint(finished):
     assert rc == 0, stderr
     assert "late-s1: resumed;" in stderr and stderr.count(": cached;") == 5
     new = json.loads((cell / "result.json").read_text())
-    assert new["train"]["resumed_from_step"] == 3
+    assert new["train"]["resumed_from_step"] == 2
     # exact resume on CPU: the same model as the uninterrupted run
     assert new["val"]["loss"] == old["val"]["loss"]
     assert {p: p.stat().st_mtime_ns for p in others} == others
