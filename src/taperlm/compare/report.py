@@ -582,6 +582,38 @@ def _paper_section(pc: dict[str, Any], allocs: list[dict[str, Any]]) -> list[str
         ),
         f"- best allocation: ours {label[pc['best_ours']]}, paper {label[pc['best_paper']]}",
     ]
+    u = next((a for a in allocs if a["diff_vs_uniform"] is None), None)
+    u_ppl = u["val_ppl"]["mean"] if u else None
+    u_paper = u["paper_ppl"] if u else None
+    rows = []
+    for a in allocs:
+        if a["name"] not in pc["paper_val_ppl"]:
+            continue
+        d = a["diff_vs_uniform"]
+        ours = "(baseline)"
+        if d and d["val_ppl"]["mean"] is not None and u_ppl:
+            ci = d["val_ppl"]["ci"]
+            ours = f"{100 * d['val_ppl']['mean'] / u_ppl:+.2f}%" + (
+                "" if ci is None else f" [{100 * ci[0] / u_ppl:+.2f}, {100 * ci[1] / u_ppl:+.2f}]"
+            )
+        paper = "(baseline)"
+        if d is not None and u_paper:
+            paper = f"{100 * (a['paper_ppl'] - u_paper) / u_paper:+.2f}%"
+        rows.append(
+            [a["label"], f"{a['val_ppl']['mean']:.2f}", ours, f"{a['paper_ppl']:.2f}", paper]
+        )
+    lines += [""]
+    lines += _table(
+        [
+            "allocation",
+            "our val ppl",
+            "ours vs uniform [95% CI]",
+            "paper val ppl",
+            "paper vs uniform",
+        ],
+        rows,
+    )
+    lines += [""]
     if pw["disagreeing_pairs"]:
         shown = ", ".join(f"{label[p]} vs {label[q]}" for p, q in pw["disagreeing_pairs"][:12])
         more = len(pw["disagreeing_pairs"]) - 12
