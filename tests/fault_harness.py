@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import importlib
 import json
 import os
 import random
@@ -281,10 +282,21 @@ def preload() -> None:
     import torch.distributed.checkpoint.state_dict
 
     import taperlm.commands.train
+    import taperlm.data.loader
+    import taperlm.models
     import taperlm.training.loop
+    import taperlm.training.optim
     import taperlm.training.plots
 
-    del safetensors, taperlm
+    # Import every taperlm module a training child would import lazily, so forked children never
+    # read source files (other engineers may be editing the working tree while trials run).
+    with contextlib.redirect_stdout(None):
+        import pkgutil
+
+        for mod in pkgutil.walk_packages(taperlm.__path__, "taperlm."):
+            if mod.name.split(".")[1] not in ("hf", "evaluation", "analysis"):
+                importlib.import_module(mod.name)
+    del safetensors
     torch.set_num_threads(1)
 
 
@@ -348,7 +360,11 @@ def start_child(
             os.dup2(fd, 2)
             sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 (the process exits below)
             sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+            before = {m for m in sys.modules if m.startswith("taperlm")}
             code = child_main(argv)
+            late = sorted(m for m in sys.modules if m.startswith("taperlm") and m not in before)
+            if late:  # read from disk after the fork: the trial may mix code versions
+                _log({"event": "late_imports", "modules": late})
         except BaseException:  # report, never unwind into the parent's stack
             import traceback
 
@@ -492,7 +508,11 @@ def run_trial(
                 x.endswith(f"-{child.pid}") for x in scan_checkpoints(run)[2]
             )
         att.rc = child.wait()
-        events = [e for e in read_log(log)[before:] if e["event"] == "restore"]
+        new_events = read_log(log)[before:]
+        events = [e for e in new_events if e["event"] == "restore"]
+        late = [m for e in new_events if e["event"] == "late_imports" for m in e["modules"]]
+        if late and spawn == "fork":
+            failures.append(f"attempt {n}: the child imported {late} after the fork (preload them)")
         att.resumed = events[-1]["step"] if events else None
         text = out.read_text(errors="replace")
         att.fallback_warnings = text.count("skipping bad checkpoint")
