@@ -101,7 +101,12 @@ def _report(out: Path) -> dict:
 
 
 def test_grid_runs_end_to_end(finished):
-    out, _, _ = finished
+    out, _, stderr = finished
+    # seed-major order: complete pairs exist as early as possible
+    done = [
+        line.split(":")[0].split("] ")[1] for line in stderr.splitlines() if line.startswith("[")
+    ]
+    assert done == ["uniform-s0", "late-s0", "uniform-s1", "late-s1", "uniform-s2", "late-s2"]
     for name in ("report.md", "report.json", "widths.png", "val_loss.png", "novelty.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     assert (out / "val_loss_diff.png").is_file()

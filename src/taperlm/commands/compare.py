@@ -423,49 +423,57 @@ def run(args: argparse.Namespace) -> int:
         f"({grid.budget[grid.allocations[0].name]['params']:,} params each) into {out}",
         file=sys.stderr,
     )
-    results = run_grid(grid, out, data_dir, settings, progress=progress)
-    first = next(iter(results.values()))
-    m = base.model
-    t = base.train
-    report_meta = {
-        "title": _title(args, grid),
-        "command": command,
-        "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "taperlm_version": _version(),
-        "torch_version": torch.__version__,
-        "threads": args.threads,
-        "paper_mode": args.paper,
-        "cells": len(grid.cells),
-        "wall_s": time.perf_counter() - t_start,
-        "cpu_s": time.process_time() - cpu_start,
-        "model": {
-            "family": m.family,
-            "n_layers": m.n_layers,
-            "d_model": m.d_model,
-            "n_heads": m.n_heads,
-            "mlp_width": m.mlp_width,
-            "vocab_size": m.vocab_size,
-        },
-        "settings": {
-            "tokens": t.tokens,
-            "steps": t.tokens // t.batch_tokens,
-            "batch_tokens": t.batch_tokens,
-            "seq_len": t.seq_len,
-            "lr": t.lr,
-            "warmup_tokens": t.warmup_tokens,
-            "eval_every": t.eval_every,
-            "eval_tokens": t.eval_tokens,
-            "seeds": seeds,
-            "data_dir": str(data_dir),
-            "train_tokens": int(meta["splits"]["train"]["tokens"]),
-            "val_tokens": first["val"]["tokens"],
-            "eval_tasks": settings.eval_tasks,
-            "eval_limit": settings.eval_limit,
-            "novelty_text": settings.novelty_text or f"{data_dir}/val.bin",
-            "novelty_tokens": settings.novelty_tokens,
-        },
-    }
-    md, js = write_report(grid, results, out, report_meta)
+
+    def report_meta(results: dict[str, Any]) -> dict[str, Any]:
+        first = next(iter(results.values()))
+        m = base.model
+        t = base.train
+        return {
+            "title": _title(args, grid),
+            "command": command,
+            "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "taperlm_version": _version(),
+            "torch_version": torch.__version__,
+            "threads": args.threads,
+            "paper_mode": args.paper,
+            "cells": len(grid.cells),
+            "wall_s": time.perf_counter() - t_start,
+            "cpu_s": time.process_time() - cpu_start,
+            "model": {
+                "family": m.family,
+                "n_layers": m.n_layers,
+                "d_model": m.d_model,
+                "n_heads": m.n_heads,
+                "mlp_width": m.mlp_width,
+                "vocab_size": m.vocab_size,
+            },
+            "settings": {
+                "tokens": t.tokens,
+                "steps": t.tokens // t.batch_tokens,
+                "batch_tokens": t.batch_tokens,
+                "seq_len": t.seq_len,
+                "lr": t.lr,
+                "warmup_tokens": t.warmup_tokens,
+                "eval_every": t.eval_every,
+                "eval_tokens": t.eval_tokens,
+                "seeds": seeds,
+                "data_dir": str(data_dir),
+                "train_tokens": int(meta["splits"]["train"]["tokens"]),
+                "val_tokens": first["val"]["tokens"],
+                "eval_tasks": settings.eval_tasks,
+                "eval_limit": settings.eval_limit,
+                "novelty_text": settings.novelty_text or f"{data_dir}/val.bin",
+                "novelty_tokens": settings.novelty_tokens,
+            },
+        }
+
+    def partial(results: dict[str, Any]) -> None:
+        meta = report_meta(results)
+        meta["title"] += f" (PARTIAL: {len(results)}/{len(grid.cells)} runs done)"
+        write_report(grid, results, out, meta)
+
+    results = run_grid(grid, out, data_dir, settings, progress=progress, on_seed_done=partial)
+    md, js = write_report(grid, results, out, report_meta(results))
     print(f"wrote {md} and {js} ({(time.perf_counter() - t_start) / 60:.1f} min)")
     return 0
 

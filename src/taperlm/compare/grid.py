@@ -285,6 +285,9 @@ def build_grid(
             )
             cfg.train.seed = int(seed)
             cells.append(Cell(alloc, int(seed), cfg))
+    # Seed-major order: every allocation of seed 0, then of seed 1, ... so that an interrupted
+    # or still-running grid already holds complete pairs.
+    cells.sort(key=lambda c: seeds.index(c.seed))
     _check_budget(budget, allocations)
     _check_only_allocation_differs(cells)
     base_cfg = next(c.config for c in cells if c.allocation.is_uniform and c.seed == seeds[0])

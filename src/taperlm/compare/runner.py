@@ -363,8 +363,11 @@ def run_grid(
     settings: EvalSettings,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
+    on_seed_done: Callable[[dict[str, dict[str, Any]]], None] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Run every cell (resuming/caching as described above); cell name -> result."""
+    """Run every cell (resuming/caching as described above); cell name -> result.
+    `on_seed_done(results so far)` is called whenever the last cell of a seed finishes (not after
+    the final cell), e.g. to write a partial report."""
     from tqdm.auto import tqdm
 
     runs = out_dir / "runs"
@@ -406,6 +409,14 @@ def run_grid(
                 f"grid {done_tokens:,}/{grid.total_tokens:,} tokens, {elapsed:.0f} s elapsed"
                 + _eta(done_tokens - done_before, grid.total_tokens - done_tokens, elapsed)
             )
+            seed_cells = [c.name for c in grid.cells if c.seed == cell.seed]
+            if (
+                on_seed_done is not None
+                and status != "cached"
+                and i < n
+                and all(name in results for name in seed_cells)
+            ):
+                on_seed_done(dict(results))
     finally:
         bar.close()
     return results
