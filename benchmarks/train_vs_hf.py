@@ -10,14 +10,21 @@ this process; we report median tokens/s and the paired ratio ours/HF.
     python benchmarks/train_vs_hf.py --threads 1 --compile
     python benchmarks/train_vs_hf.py --smoke              # tiny, seconds
 
-Contestants: `hf` (LlamaForCausalLM, eager PyTorch + SDPA), `ours` (TaperedLM eager) and with
+Contestants: `hf` (LlamaForCausalLM, eager PyTorch + SDPA), `ours` (TaperedLM eager); with
+`--ablate` also `ours-plain` (our CPU fast paths off: plain ATen cross-entropy and RMSNorm), with
 `--compile` also `ours+compile` and `hf+compile` (torch.compile of the whole model).
+
+Timing: CPU seconds of the process per step (robust to other processes on a shared machine when
+torch uses one thread) and wall seconds; "speedup" is HF's time / the contestant's, paired by
+round.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import interleaved, machine_info, median, paired_ratio, table, write_json
 from taperlm.config import ModelConfig
-from taperlm.models import TaperedLM
+from taperlm.models import TaperedLM, layers
 from taperlm.taper import TaperSpec
 
 
@@ -108,17 +115,30 @@ def check_equivalent(ours: TaperedLM, hf: torch.nn.Module, vocab: int, seq: int)
     return diff
 
 
+@contextlib.contextmanager
+def plain_ops() -> Iterator[None]:
+    """Turn off our CPU fast paths (fused cross-entropy, closed-form RMSNorm) for a while: the
+    model then runs on the plain ATen ops, as before those were written (ablation)."""
+    saved = layers._eager_cpu
+    layers._eager_cpu = lambda x: False
+    try:
+        yield
+    finally:
+        layers._eager_cpu = saved
+
+
 def make_step(model: torch.nn.Module, kind: str, x: torch.Tensor, y: torch.Tensor, fused: bool):
     """One forward + backward + AdamW step, in the way each library is normally used."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=fused or None)
     fwd = model
 
     def step() -> None:
-        if kind == "ours":
-            loss = fwd(x, targets=y).loss
-        else:  # HF shifts the labels itself
-            loss = fwd(input_ids=x, labels=x).loss
-        loss.backward()
+        with plain_ops() if kind == "ours-plain" else contextlib.nullcontext():
+            if kind.startswith("ours"):
+                loss = fwd(x, targets=y).loss
+            else:  # HF shifts the labels itself
+                loss = fwd(input_ids=x, labels=x).loss
+            loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -139,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=2, help="steps per contestant per round")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--compile", action="store_true", help="also time torch.compile'd models")
+    p.add_argument("--ablate", action="store_true", help="also time ours on plain ATen ops")
     p.add_argument("--fused-adamw", action="store_true", help="AdamW(fused=True) for both")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, 2 rounds (for tests)")
     p.add_argument("--json", default=None, help="results file (default benchmarks/results/)")
@@ -162,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         "hf": make_step(hf, "hf", x, y, args.fused_adamw),
         "ours": make_step(ours, "ours", x, y, args.fused_adamw),
     }
+    if args.ablate:
+        plain = build_ours(args)
+        plain.load_state_dict(ours.state_dict())
+        steps["ours-plain"] = make_step(plain, "ours-plain", x, y, args.fused_adamw)
     if args.compile:
         steps["ours+compile"] = make_step(
             torch.compile(build_ours(args)), "ours", x, y, args.fused_adamw
