@@ -104,9 +104,7 @@ def generate_tokens(
             logits = run(tokens, None)
 
 
-def stream_text(
-    token_iter: Iterator[int], decode: Callable[[list[int]], str]
-) -> Iterator[str]:
+def stream_text(token_iter: Iterator[int], decode: Callable[[list[int]], str]) -> Iterator[str]:
     """Turn a token stream into text pieces; holds back incomplete UTF-8 (U+FFFD at the end)."""
     ids: list[int] = []
     emitted = ""
