@@ -68,6 +68,8 @@ def test_overrides_reresolve_widths_only_when_sizes_change():
         ({"model": {"mlp_widths": [352] * 5 + [368]}}, "sum to 2128 but the budget"),
         ({"model": {"vocab_size": 0}}, "model.vocab_size must be a positive integer"),
         ({"modell": {}}, "unknown key.*'modell'"),
+        ({"model": {"rope_theta": float("nan")}}, "model.rope_theta must be a finite number > 0"),
+        ({"model": {"norm_eps": 0}}, "model.norm_eps must be a finite number > 0"),
     ],
 )
 def test_bad_config_errors(data, message):
@@ -129,7 +131,7 @@ def test_plan_table_and_errors(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "total parameters" in out and "+0" in out
     assert main(["plan", "--preset", "transformer-tiny", "--taper", "cosine:1.5:1.0"]) == 2
-    assert "cannot meet the budget" in capsys.readouterr().err
+    assert "mean multiplier 1.25" in capsys.readouterr().err
     assert main(["plan", "--preset", "no-such"]) == 2
     assert "unknown preset" in capsys.readouterr().err
     cfg = tmp_path / "m.yaml"

@@ -110,9 +110,11 @@ def test_custom_widths_and_multipliers():
 @pytest.mark.parametrize(
     ("spec", "layers", "baseline", "message"),
     [
-        ("cosine:1.5:0.01", 8, 64, "positive width"),
+        ("cosine:1.99:0.01", 8, 64, "positive width"),
         ("cosine", 8, 100, "not a multiple of multiple_of=16"),
-        ("cosine:1.5:1.0", 12, 512, "cannot meet the budget"),
+        ("cosine:1.5:1.0", 12, 512, "mean multiplier 1.25"),
+        ("cosine:1.05:1.0", 12, 512, "cannot meet the budget"),
+        ("custom:1.0,1000000.0,1.0,1.0", 4, 512, "mean multiplier 2.5e"),
         ("custom:768,512", 3, 512, "has 2 widths but the model has 3 layers"),
         ("custom:1.5,0.5", 3, 512, "has 2 values but the model has 3 layers"),
         ("custom:768,512,512", 3, 512, "sum to 1792 but the budget is 3 x 512 = 1536"),

@@ -147,6 +147,10 @@ class ModelConfig:
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"model.{key} must be a positive integer, got {v!r}")
+        for key in ("rope_theta", "norm_eps", "init_std"):
+            v = getattr(self, key)
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ConfigError(f"model.{key} must be a finite number > 0, got {v!r}")
         if self.d_model % self.n_heads:
             raise ConfigError(
                 f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})"

@@ -31,6 +31,9 @@ DEFAULT_START = 1.5
 DEFAULT_END = 0.5
 DEFAULT_STEEPNESS = 10.0
 DEFAULT_MULTIPLE_OF = 16
+# How far the multipliers' mean may stray from 1 before the solver tries to repair it (uneven group
+# sizes in shallow models give e.g. 1.125); beyond this the schedule itself breaks the budget.
+MAX_MEAN_DEVIATION = 0.25
 
 
 @dataclass
@@ -312,6 +315,13 @@ def solve_sizes(
         )
     enforce = direction in (-1, 1) if spec.monotone is None else bool(spec.monotone)
 
+    mean = sum(r) / len(r)
+    if abs(mean - 1.0) > MAX_MEAN_DEVIATION:
+        raise TaperError(
+            f"taper {spec.to_string()} has mean multiplier {mean:.4g}, but a taper must keep the "
+            f"budget: the mean must be 1.0 (e.g. start + end = 2 for cosine/linear/sigmoid, "
+            f"group multipliers that average 1, custom multipliers that average 1)"
+        )
     unit = baseline // m  # baseline in steps of m
     exact = [x * unit for x in r]  # ideal size in steps
     steps = [math.floor(x + 0.5) for x in exact]

@@ -71,20 +71,22 @@ def run(args: argparse.Namespace) -> int:
         from taperlm.errors import ConfigError
 
         raise ConfigError(f"--stop-after-steps must be >= 1, got {args.stop_after_steps}")
-    warnings.simplefilter("always", TrainingWarning)
-    warnings.showwarning = show  # type: ignore[assignment]
     cfg = _resolve_config(args)
     rank = int(os.environ.get("RANK", "0"))
-    try:
-        result = train(
-            cfg,
-            args.out,
-            resume=args.resume,
-            progress=not args.no_progress,
-            stop_after=args.stop_after_steps,
-        )
-    finally:
-        D.shutdown(D.DistInfo(world_size=int(os.environ.get("WORLD_SIZE", "1"))))
+    # Plain one-line warnings for this command only; catch_warnings restores the global hooks.
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", TrainingWarning)
+        warnings.showwarning = show  # type: ignore[assignment]
+        try:
+            result = train(
+                cfg,
+                args.out,
+                resume=args.resume,
+                progress=not args.no_progress,
+                stop_after=args.stop_after_steps,
+            )
+        finally:
+            D.shutdown(D.DistInfo(world_size=int(os.environ.get("WORLD_SIZE", "1"))))
     if rank == 0:
         val = f"val loss {result.val_loss:.4f}" if result.val_loss is not None else "no val loss"
         train_loss = f"{result.train_loss:.4f}" if result.train_loss is not None else "n/a"

@@ -106,7 +106,6 @@ def prepare(
     src = open_source(source, workers=workers, root=corpus_root)
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER_FILE).write_text("written by taperlm prepare\n")
-    (out / META_FILE).unlink(missing_ok=True)  # the folder is incomplete until meta is rewritten
     timing: dict[str, float] = {}
     spool, stream = out / _SPOOL, out / _STREAM
     try:
@@ -120,6 +119,9 @@ def prepare(
         )
         if tok.vocab_size > 2**32:
             raise DataError(f"tokenizer {tokenizer!r} has {tok.vocab_size} ids, more than uint32")
+        # The first old output is replaced here: from now on the folder is incomplete until
+        # meta.json is rewritten (a failure before this point leaves a previous output usable).
+        (out / META_FILE).unlink(missing_ok=True)
         if (out / "tokenizer").exists():
             shutil.rmtree(out / "tokenizer")
         tok.save(out / "tokenizer")

@@ -197,7 +197,13 @@ def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
     ckpts = list_checkpoints(run_dir)
     for _, p in ckpts[: max(0, len(ckpts) - max(1, keep))]:
-        shutil.rmtree(p, ignore_errors=True)
+        # Rename first (atomic), so a kill mid-delete leaves a temp dir, never a partial checkpoint.
+        doomed = root / f"{_TMP_PREFIX}old-{p.name}-{os.getpid()}"
+        try:
+            p.rename(doomed)
+        except OSError:
+            continue
+        shutil.rmtree(doomed, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------------------------

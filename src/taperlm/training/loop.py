@@ -142,6 +142,8 @@ def _prepare_run_dir(run: RunConfig, out: Path, resume: str) -> Path | None:
     """
     if resume not in RESUME_MODES:
         raise ConfigError(f"--resume {resume!r} is unknown; choose auto, never or must")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder; choose a folder for the run")
     have = ckpt.list_checkpoints(out)
     if resume == "never":
         if have:
@@ -305,9 +307,8 @@ class Trainer:
         if self.info.is_main:
             try:
                 self.out.mkdir(parents=True, exist_ok=True)
-                save_yaml(self.run, self.out / "config.yaml")
             except OSError as e:
-                err = _os_error_message(self.out / "config.yaml", e, self.out)
+                err = _os_error_message(self.out, e, self.out)
         err = D.broadcast_object(err, self.info)
         if err is not None:
             raise CheckpointError(err)
@@ -347,6 +348,16 @@ class Trainer:
         self.metrics = MetricsWriter(self.out / "metrics.jsonl")
         if resume_from is not None:
             self._restore(resume_from)
+        # Written only once the resume succeeded, so a failed resume leaves the old config intact.
+        err = None
+        if self.info.is_main:
+            try:
+                save_yaml(self.run, self.out / "config.yaml")
+            except OSError as e:
+                err = _os_error_message(self.out / "config.yaml", e, self.out)
+        err = D.broadcast_object(err, self.info)
+        if err is not None:
+            raise CheckpointError(err)
         if self.info.is_main:
             self._guard_metrics(self.metrics.truncate_after, self.step)
         self._iter = iter(self.batches)
