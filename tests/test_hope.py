@@ -16,7 +16,6 @@ from taperlm.models.hope import (
     ContinuumMemory,
     is_due,
     periodic_parameters,
-    tag_update_periods,
 )
 from taperlm.presets import get_preset, preset_names
 from taperlm.taper import TaperSpec
@@ -166,8 +165,7 @@ def test_export_load_round_trip(tmp_path) -> None:
     export.export_model(model, tmp_path)
     back = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True).eval()
     assert back.model.config.hope.level_widths == model.config.hope.level_widths
-    # transformers' loader replaces Parameter objects (attributes are lost); re-tag them.
-    tag_update_periods(back.model)
+    # transformers' loader replaces Parameter objects; from_pretrained re-tags them.
     assert back.model.blocks[0].mlp.levels[2].w_in.weight.update_period == 16
     assert back.model.blocks[0].mlp_norm.weight.update_period == 1
     idx = torch.randint(0, 53, (1, 15))

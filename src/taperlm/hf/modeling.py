@@ -50,6 +50,16 @@ class TaperLMForCausalLM(TaperLMPreTrainedModel, GenerationMixin):
             self._tied_weights_keys = {"model.lm_head.weight": "model.embed.weight"}
         self.post_init()
 
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):  # type: ignore[override]
+        model = super().from_pretrained(*args, **kwargs)
+        # The loader replaces Parameter objects, dropping Hope's per-level `update_period` tags
+        # that the trainer reads; restore them so a loaded model trains like ours.
+        from taperlm.models.hope import tag_update_periods
+
+        tag_update_periods(model.model)
+        return model
+
     def get_input_embeddings(self) -> torch.nn.Module:
         return self.model.embed
 
