@@ -7,7 +7,14 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from taperlm.errors import CheckpointError, ConfigError, DataError, TaperError, TaperlmError
+from taperlm.errors import (
+    CheckpointError,
+    ConfigError,
+    DataError,
+    TaperError,
+    TaperlmError,
+    TrainingError,
+)
 
 
 def _hf_autoregister() -> None:
@@ -28,5 +35,6 @@ __all__ = [
     "DataError",
     "TaperError",
     "TaperlmError",
+    "TrainingError",
     "__version__",
 ]

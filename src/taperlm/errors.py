@@ -22,3 +22,8 @@ class DataError(TaperlmError):
 
 class CheckpointError(TaperlmError):
     """A checkpoint is missing, corrupt or incompatible with the requested run."""
+
+
+class TrainingError(TaperlmError):
+    """Training cannot continue (e.g. repeated non-finite losses); the last good checkpoint is
+    intact."""

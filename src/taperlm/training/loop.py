@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from taperlm.config import RunConfig, TrainConfig, load_run_config, save_yaml, to_dict
-from taperlm.errors import CheckpointError, ConfigError, DataError, TaperlmError
+from taperlm.errors import CheckpointError, ConfigError, DataError, TrainingError
 from taperlm.training import checkpoint as ckpt
 from taperlm.training import distributed as D
 from taperlm.training.metrics import MetricsWriter, mfu, peak_flops
@@ -55,11 +55,6 @@ RUNTIME_KEYS = frozenset(
         "train.peak_flops",
     }
 )
-
-
-class TrainingError(TaperlmError):
-    """Training cannot continue (e.g. repeated non-finite losses); the last good checkpoint is
-    intact."""
 
 
 @dataclass
