@@ -16,10 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from taperlm.config import ModelConfig
 from taperlm.errors import ConfigError, TaperError
 from taperlm.taper import TaperSpec, solve_sizes
+
+if TYPE_CHECKING:  # config.py calls into this module to resolve family sizes
+    from taperlm.config import ModelConfig
 
 
 @dataclass(frozen=True)

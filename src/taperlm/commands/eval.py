@@ -131,10 +131,10 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from taperlm.evaluation.run import load_any, resolve_data_dir
     from taperlm.evaluation.scoring import Scorer
     from taperlm.evaluation.suite import format_table, results_json, run_task, run_val
     from taperlm.evaluation.tasks import load_task
+    from taperlm.loading import load_any, resolve_data_dir
 
     explicit_val = "val" in [t.strip() for t in args.tasks.split(",")]
     device = _device(args.device)

@@ -30,9 +30,11 @@ def run(args: argparse.Namespace) -> int:
         import transformers  # noqa: F401
     except ImportError:
         raise ConfigError("export needs transformers: pip install 'taperlm[hf]'") from None
-    from taperlm.hf.export import export_run
+    from taperlm.hf.export import export_model
+    from taperlm.loading import load_run
 
-    path = export_run(args.run, out, step=args.step)
+    model, tokenizer, _ = load_run(args.run, step=args.step)
+    path = export_model(model, out, tokenizer)
     print(f"exported {args.run} to {path}")
     print(
         "load it with: AutoModelForCausalLM.from_pretrained("

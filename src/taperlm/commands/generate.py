@@ -29,8 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from taperlm.evaluation.run import load_any
     from taperlm.generation import SamplingConfig, generate_tokens, stream_text
+    from taperlm.loading import load_any
 
     device = args.device
     if device == "auto":

@@ -1,4 +1,4 @@
-"""Hugging Face integration: `TaperLMConfig`, `TaperLMForCausalLM`, `export_model`/`export_run`.
+"""Hugging Face integration: `TaperLMConfig`, `TaperLMForCausalLM`, `export_model`.
 
 Importing this package is light; the classes (and transformers, torch) load on first access.
 `register()` adds model_type "taperlm" to `AutoConfig` / `AutoModelForCausalLM` so exported

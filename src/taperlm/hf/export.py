@@ -123,11 +123,3 @@ def export_model(
         data["auto_map"] = dict(AUTO_MAP)
         cfg_path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     return out
-
-
-def export_run(run_dir: str | Path, out_dir: str | Path, step: int | None = None) -> Path:
-    """Export the newest (or `step`) checkpoint of a training run, with its tokenizer."""
-    from taperlm.evaluation.run import load_run
-
-    model, tokenizer, _ = load_run(run_dir, step=step)
-    return export_model(model, out_dir, tokenizer)

@@ -1,5 +1,5 @@
-"""Load what evaluation needs from a training run directory: the model (newest complete
-checkpoint), its tokenizer (the run's data dir) and the run config.
+"""Load a model with its tokenizer from a training run directory (newest complete checkpoint),
+a checkpoint directory, or a `taperlm export` directory — for eval, export and generate.
 
 Relies on `taperlm.training.checkpoint.load_run_model` and `taperlm.data.tokenizer.load_tokenizer`.
 """
