@@ -131,8 +131,14 @@ def summarize(grid: Grid, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 "val_ppl": stats.paired_difference(ppl_s, u_ppl),
             }
         allocations.append(entry)
+    times = {"train_s": 0.0, "val_s": 0.0, "zero_shot_s": 0.0, "novelty_s": 0.0}
+    for r in results.values():
+        times["train_s"] += r["train"].get("wall_s") or 0.0
+        for k in ("val_s", "zero_shot_s", "novelty_s"):
+            times[k] += (r.get("times") or {}).get(k) or 0.0
     return {
         "allocations": allocations,
+        "run_times": times,
         "checks": _checks(grid, results),
         "paper_comparison": _paper_comparison(allocations, grid.paper),
     }
@@ -427,6 +433,9 @@ def render_markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
         f"wall time {meta['wall_s'] / 60:.1f} min this invocation, "
         f"{meta.get('cpu_s', 0) / 60:.1f} CPU-min ({meta['threads']} torch thread(s)); "
         f"{meta['created']}",
+        f"- summed over the runs (when each was trained/evaluated): training "
+        f"{summary['run_times']['train_s'] / 60:.1f} min, validation + zero-shot + novelty "
+        f"{sum(v for k, v in summary['run_times'].items() if k != 'train_s') / 60:.1f} min",
         "",
         "## Validation",
         "",
