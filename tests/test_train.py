@@ -162,7 +162,7 @@ def test_sigkill_then_resume_is_exact(data_dir, tmp_path):
     """The CLI killed with SIGKILL soon after its step-4 checkpoint, resumed: same losses and
     weights as an uninterrupted CLI run (both single-threaded subprocesses)."""
     args = ["-m", "taperlm.cli", "train", "--preset", "transformer-tiny", "--data", str(data_dir)]
-    for s in [*TINY, "train.checkpoint_every=1", "train.tokens=6144"]:  # 24 steps
+    for s in [*TINY, "train.checkpoint_every=1", "train.tokens=24576"]:  # 96 steps
         args += ["--set", s]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     ref = tmp_path / "ref"
@@ -178,11 +178,12 @@ def test_sigkill_then_resume_is_exact(data_dir, tmp_path):
     while not (out / "checkpoints" / ckpt.checkpoint_name(4)).exists():
         assert proc.poll() is None and time.time() < deadline, "run ended before step 4"
         time.sleep(0.01)
-    time.sleep(random.Random(0).uniform(0.0, 0.2))  # possibly in the middle of a write
+    time.sleep(random.Random(0).uniform(0.0, 0.02))  # possibly in the middle of a write
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     done = [s for s, _ in ckpt.list_checkpoints(out)]
-    assert 4 in done and 24 not in done
+    # Older checkpoints may already be pruned (keep-last-k) on a fast machine.
+    assert done and max(done) >= 4 and 96 not in done
     r = subprocess.run(
         [sys.executable, *args, "--out", str(out), "--no-progress"],
         env=env,
@@ -190,9 +191,9 @@ def test_sigkill_then_resume_is_exact(data_dir, tmp_path):
         text=True,
     )
     assert r.returncode == 0, r.stderr
-    assert "done: step 24/24" in r.stdout
+    assert "done: step 96/96" in r.stdout
     assert losses(out) == losses(ref)
-    assert_same_weights(weights(out, 24), weights(ref, 24))
+    assert_same_weights(weights(out, 96), weights(ref, 96))
 
 
 def test_resume_modes_and_config_conflicts(data_dir, reference, tmp_path):
