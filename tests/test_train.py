@@ -18,6 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import fault_harness
 from taperlm.cli import main as cli_main
 from taperlm.config import RunConfig, apply_overrides, run_config_from_dict, to_dict
 from taperlm.errors import CheckpointError, ConfigError, DataError
@@ -47,21 +48,9 @@ TINY = [
     "train.keep_checkpoints=10",
 ]
 
-WORDS = (
-    "the a king queen lord lady speak hear night day sword crown love hate old young river "
-    "castle horse storm fire stone bread wine shall will must not never ever good ill".split()
-)
-
 
 def _corpus(n_words: int = 12000, seed: int = 0) -> str:
-    rng = random.Random(seed)
-    lines, line = [], []
-    for _ in range(n_words):
-        line.append(rng.choice(WORDS))
-        if len(line) >= rng.randint(6, 14):
-            lines.append(" ".join(line).capitalize() + ".")
-            line = []
-    return "\n".join(lines) + "\n"
+    return fault_harness.corpus_text(n_words, seed)
 
 
 @pytest.fixture(scope="module")
