@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,8 @@ from taperlm.config import (
 from taperlm.errors import ConfigError
 from taperlm.presets import get_preset, preset_names
 from taperlm.taper import TaperSpec
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_yaml_round_trip_keeps_resolved_widths(tmp_path):
@@ -146,3 +149,14 @@ def test_plan_table_and_errors(capsys, tmp_path):
 
 def test_model_config_defaults_validate():
     ModelConfig().resolve()
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_example_configs_load_and_match_their_presets(path):
+    """configs/*.yaml are documented copies of presets: they load and resolve to the same model."""
+    cfg = load_run_config(path).resolve()
+    preset, taper = path.stem.rsplit("-", 1)
+    expected = get_preset(preset, TaperSpec.parse(taper))
+    assert to_dict(cfg.model) == to_dict(expected)
+    text = path.read_text()
+    assert text.count("\n  # ") >= 10  # fields carry their documentation
