@@ -57,7 +57,19 @@ def init_distributed(requested_device: str) -> DistInfo:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None)
+        device_id = device if backend == "nccl" else None
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if attempt is None:
+            dist.init_process_group(backend=backend, device_id=device_id)
+        else:
+            # After `torchrun --max-restarts` restarts the workers, the rendezvous store can still
+            # hold the previous attempt's connection keys, and a new rank may read a dead peer's
+            # address (gloo: "connectFullMesh ... Connection refused"). Scope every key by attempt.
+            store, rank, world = next(dist.rendezvous("env://"))
+            store = dist.PrefixStore(f"taperlm/attempt_{attempt}", store)
+            dist.init_process_group(
+                backend=backend, store=store, rank=rank, world_size=world, device_id=device_id
+            )
     return DistInfo(rank, local_rank, world, device, backend)
 
 
