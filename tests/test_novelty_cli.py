@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from taperlm.cli import main
+from test_novelty import tiny_gpt2
 
 TEXT = (
     "The quick brown fox jumps over the lazy dog . A tapered model puts more width early and "
@@ -21,7 +22,6 @@ TEXT = (
 def gpt2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random 3-layer GPT-2 with a 100-word word-level tokenizer, saved like a Hub model."""
     transformers = pytest.importorskip("transformers")
-    import torch
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     out = tmp_path_factory.mktemp("gpt2")
@@ -33,17 +33,7 @@ def gpt2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(
         out
     )
-    cfg = transformers.GPT2Config(
-        n_layer=3,
-        n_embd=32,
-        n_head=2,
-        vocab_size=100,
-        n_positions=64,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    torch.manual_seed(0)
-    transformers.GPT2LMHeadModel(cfg).save_pretrained(out)
+    tiny_gpt2().save_pretrained(out)
     return out
 
 
