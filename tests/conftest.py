@@ -1,31 +1,21 @@
-"""Shared test fixtures. Real benchmark files live in ../shared/data beside the checkout; tests
-that need them use the `shared_data` fixture and skip cleanly when it is absent."""
+"""Shared test fixtures. Real benchmark files live in ../shared/data beside the checkout (or
+$TAPERLM_EVAL_DATA, the library's own lookup); tests that need them use the `shared_data`
+fixture and skip cleanly when it is absent."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def _shared_data_dir() -> Path | None:
-    env = os.environ.get("TAPERLM_SHARED_DATA")
-    candidates = [Path(env)] if env else []
-    candidates.append(REPO_ROOT.parent / "shared" / "data")
-    for c in candidates:
-        if c.is_dir():
-            return c
-    return None
+from taperlm.evaluation.locate import eval_data_dir
 
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """Path to ../shared/data (real eval sets, GPT-2 tokenizer, tiny-shakespeare); skip if absent."""
-    path = _shared_data_dir()
-    if path is None:
+    path = eval_data_dir()
+    if path is None or not path.is_dir():
         pytest.skip("../shared/data is not present beside the checkout")
     return path
 

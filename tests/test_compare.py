@@ -20,9 +20,9 @@ from taperlm.compare.grid import (
     parse_allocations,
     split_taper_list,
 )
-from taperlm.compare.stats import paired_difference, pairwise_agreement, spearman, t_quantile
 from taperlm.config import RunConfig, TrainConfig
 from taperlm.presets import get_preset
+from taperlm.stats import paired_difference, pairwise_agreement, spearman, t_quantile
 
 TINY = [
     "--preset",

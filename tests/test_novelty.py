@@ -18,11 +18,11 @@ from taperlm.analysis.novelty import (
     TokenStats,
     find_layers,
     measure,
-    pearson,
 )
 from taperlm.config import ModelConfig
 from taperlm.errors import ConfigError
 from taperlm.models import TaperedLM
+from taperlm.stats import pearson
 from taperlm.taper import TaperSpec
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from taperlm.errors import ConfigError, TaperError
+from taperlm.io import atomic_write_text
 from taperlm.taper import TaperSpec, solve_sizes
 
 FAMILIES = ("transformer", "gated", "hope", "titans")
@@ -554,9 +555,7 @@ def save_yaml(cfg: RunConfig | ModelConfig, path: str | Path) -> None:
     """Write a config as YAML atomically (write to a temporary file, then rename)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(dump_yaml(cfg), encoding="utf-8")
-    tmp.replace(p)
+    atomic_write_text(p, dump_yaml(cfg))
 
 
 def dump_yaml(cfg: Any) -> str:

@@ -1,5 +1,6 @@
 """Load a model with its tokenizer from a training run directory (newest complete checkpoint),
-a checkpoint directory, or a `taperlm export` directory — for eval, export and generate.
+a checkpoint directory, or a `taperlm export` directory — for eval, export, generate and
+novelty (the one place a run's data dir, and so its tokenizer, is looked up).
 
 Relies on `taperlm.training.checkpoint.load_run_model` and `taperlm.data.tokenizer.load_tokenizer`.
 """
@@ -14,15 +15,36 @@ from taperlm.errors import CheckpointError, DataError
 
 
 def resolve_data_dir(run_dir: Path, run_config: Any) -> Path | None:
-    """The run's data dir (config data.dir; relative paths tried against the run dir and cwd)."""
+    """The run's data dir (config data.dir; a relative path is tried against the working
+    directory, the run dir and its parent, since training may have run elsewhere); None if absent."""
+    found, _ = _data_dir_candidates(run_dir, run_config)
+    return found
+
+
+def _data_dir_candidates(run_dir: Path, run_config: Any) -> tuple[Path | None, list[Path]]:
     raw = getattr(getattr(run_config, "data", None), "dir", "") or ""
-    if not raw:
-        return None
+    if not raw or raw == ".":
+        return None, []
     p = Path(raw)
-    for cand in [p] if p.is_absolute() else [Path.cwd() / p, run_dir / p, run_dir.parent / p]:
-        if cand.is_dir():
-            return cand
-    return None
+    tried = [p] if p.is_absolute() else [p, run_dir / p, run_dir.parent / p]
+    return next((c for c in tried if c.is_dir()), None), tried
+
+
+def require_data_dir(run_dir: Path, run_config: Any) -> Path:
+    """`resolve_data_dir`, or a DataError saying what is missing and how to fix it."""
+    found, tried = _data_dir_candidates(run_dir, run_config)
+    if found is not None:
+        return found
+    if not tried:
+        raise DataError(
+            f"run {run_dir} has no data.dir in its config, so its tokenizer is unknown; set "
+            "data.dir in its config.yaml to the folder `taperlm prepare` wrote"
+        )
+    raise DataError(
+        f"the tokenizer of run {run_dir} lives in its data dir {tried[0]}, which does not exist "
+        f"(tried {', '.join(map(str, tried))}); re-create it with `taperlm prepare` or fix "
+        "data.dir in the run's config.yaml"
+    )
 
 
 def is_hf_export(path: Path) -> bool:
@@ -91,12 +113,13 @@ def load_run(run_dir: str | Path, step: int | None = None, device: str = "cpu"):
         ) from None
     model, run_config = load_run_model(run, step=step, device=device)
     model.eval()
-    data_dir = resolve_data_dir(run, run_config)
-    if data_dir is None:
-        raise DataError(
-            f"{run}/config.yaml: data.dir {getattr(run_config.data, 'dir', '')!r} is not a folder; "
-            "the run's tokenizer lives there (re-run `taperlm prepare` or fix data.dir)"
-        )
+    data_dir = require_data_dir(run, run_config)
     from taperlm.data.tokenizer import load_tokenizer
 
-    return model, load_tokenizer(data_dir), run_config
+    tok = load_tokenizer(data_dir)
+    if tok.vocab_size > run_config.model.vocab_size:
+        raise DataError(
+            f"tokenizer in {data_dir} has {tok.vocab_size} ids but the model's vocab_size is "
+            f"{run_config.model.vocab_size}; the run's data.dir points at the wrong data"
+        )
+    return model, tok, run_config

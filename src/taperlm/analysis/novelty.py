@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from taperlm.errors import ConfigError
+from taperlm.stats import pearson
 
 MLP_NAMES: tuple[str, ...] = ("mlp", "feed_forward", "ffn")
 KNOWN_LAYER_PATHS: tuple[str, ...] = ("blocks", "transformer.h", "model.layers", "gpt_neox.layers")
@@ -161,16 +162,6 @@ def _json_float(x: float | int) -> float | int | None:
 
 def _nan_if_none(x: float | None) -> float:
     return float("nan") if x is None else float(x)
-
-
-def pearson(x: Sequence[float], y: Sequence[float]) -> float:
-    """Pearson correlation; nan when either side is constant or has fewer than 2 points."""
-    a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    if a.size < 2 or a.size != b.size:
-        return float("nan")
-    a, b = a - a.mean(), b - b.mean()
-    denom = math.sqrt(float((a * a).sum()) * float((b * b).sum()))
-    return float((a * b).sum() / denom) if denom > 0 else float("nan")
 
 
 # ---------------------------------------------------------------------------- layer discovery

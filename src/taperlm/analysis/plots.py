@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from taperlm.io import atomic_output
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
@@ -34,7 +36,8 @@ def _figure(ncols: int = 1, width: float = 7.0, height: float = 4.5) -> tuple[Fi
 def _save(fig: Figure, path: str | Path) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
+    with atomic_output(out) as tmp:
+        fig.savefig(tmp, format="png")
     return out
 
 

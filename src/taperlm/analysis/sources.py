@@ -1,19 +1,14 @@
 """Models and text for analysis commands: load a model (our run dir, a Hugging Face model dir, or
-`hf:NAME`) with the tokenizer it was trained with, find the default corpus (WikiText-2 test, the
-paper's choice for novelty), and cut the first N tokens of a text."""
+`hf:NAME`) with the tokenizer it was trained with, and cut the first N tokens of a text."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from taperlm.errors import CheckpointError, ConfigError, DataError
-
-WIKITEXT_TEST = Path("wikitext-2") / "wiki.test.raw"
-_PKG_ROOT = Path(__file__).resolve().parents[3]  # the checkout root for an editable install
+from taperlm.errors import ConfigError, DataError
 
 
 @dataclass
@@ -71,47 +66,12 @@ def _torch_dtype(dtype: str | None):
 
 
 def _load_run(run_dir: Path, device: str, dtype: str | None, step: int | None) -> LoadedModel:
-    try:
-        from taperlm.training.checkpoint import load_run_model
-    except ImportError as err:
-        raise CheckpointError(
-            f"cannot load run {run_dir}: taperlm.training.checkpoint is unavailable ({err})"
-        ) from None
-    from taperlm.data.tokenizer import load_tokenizer
+    from taperlm.loading import load_run
 
-    model, run_cfg = load_run_model(run_dir, step=step, device=device)
+    model, tok, run_cfg = load_run(run_dir, step=step, device=device)
     if (td := _torch_dtype(dtype)) is not None:
         model = model.to(td)
-    data_dir = _resolve_data_dir(Path(run_cfg.data.dir), run_dir)
-    tok = load_tokenizer(data_dir)
-    if tok.vocab_size > run_cfg.model.vocab_size:
-        raise DataError(
-            f"tokenizer in {data_dir} has {tok.vocab_size} ids but the model's vocab_size is "
-            f"{run_cfg.model.vocab_size}; the run's data.dir points at the wrong data"
-        )
-    model.eval()
     return LoadedModel(model, tok.encode, str(run_dir), "run", run_cfg.model.context_length)
-
-
-def _resolve_data_dir(data_dir: Path, run_dir: Path) -> Path:
-    """A run's data.dir may be relative to where training ran; try cwd, the run dir and its
-    parent before giving up."""
-    if not str(data_dir) or str(data_dir) == ".":
-        raise DataError(
-            f"run {run_dir} has no data.dir in its config, so its tokenizer is unknown; set "
-            "data.dir in its config.yaml to the folder `taperlm prepare` wrote"
-        )
-    candidates = [data_dir] if data_dir.is_absolute() else [data_dir, run_dir / data_dir]
-    if not data_dir.is_absolute():
-        candidates.append(run_dir.parent / data_dir)
-    for c in candidates:
-        if c.is_dir():
-            return c
-    raise DataError(
-        f"the tokenizer of run {run_dir} lives in its data dir {data_dir}, which does not exist "
-        f"(tried {', '.join(map(str, candidates))}); re-create it with `taperlm prepare` or fix "
-        "data.dir in the run's config.yaml"
-    )
 
 
 def _load_hf(
@@ -147,27 +107,6 @@ def _load_hf(
             ctx = v
             break
     return LoadedModel(model, encode, spec, "hf", ctx)
-
-
-def default_eval_text() -> Path:
-    """WikiText-2 raw test: $TAPERLM_EVAL_DATA (a folder laid out like ../shared/data, or the
-    file itself), else ../shared/data beside the checkout or the working directory."""
-    env = os.environ.get("TAPERLM_EVAL_DATA")
-    tried: list[Path] = []
-    if env:
-        p = Path(env)
-        tried += [p] if p.is_file() else [p / WIKITEXT_TEST, p / "wiki.test.raw"]
-    for root in (_PKG_ROOT, Path.cwd()):
-        tried.append(root.parent / "shared" / "data" / WIKITEXT_TEST)
-        tried.append(root / "shared" / "data" / WIKITEXT_TEST)
-    for p in tried:
-        if p.is_file():
-            return p
-    raise DataError(
-        "no default text for novelty: WikiText-2 test (wikitext-2/wiki.test.raw) not found "
-        f"(tried {', '.join(dict.fromkeys(map(str, tried)))}); set TAPERLM_EVAL_DATA to a folder "
-        "laid out like ../shared/data, or pass --data FILE"
-    )
 
 
 def first_tokens(path: Path, encode: Callable[[str], list[int]], n_tokens: int) -> list[int]:

@@ -306,9 +306,9 @@ def _eval_settings(args: argparse.Namespace, data_dir: Path):
         raise ConfigError(f"--eval-limit must be >= 0, got {args.eval_limit}")
     eval_data = None
     if tasks:
-        from taperlm.commands.eval import default_data_dir
+        from taperlm.evaluation.locate import eval_data_dir
 
-        eval_data = args.eval_data or default_data_dir()
+        eval_data = args.eval_data or eval_data_dir()
         if eval_data is None or not Path(eval_data).is_dir():
             raise DataError(
                 f"--eval-tasks {','.join(tasks)} needs the evaluation files: pass --eval-data DIR "
@@ -324,10 +324,10 @@ def _eval_settings(args: argparse.Namespace, data_dir: Path):
             raise DataError(f"--novelty-data {args.novelty_data} is not a file")
         novelty_text = str(args.novelty_data.resolve())
     else:
-        from taperlm.analysis.sources import default_eval_text
+        from taperlm.evaluation.locate import wikitext_test
 
         try:
-            novelty_text = str(default_eval_text())
+            novelty_text = str(wikitext_test())
         except DataError:
             novelty_text = None  # fall back to the val split
     return EvalSettings(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -66,17 +65,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def default_data_dir() -> Path | None:
-    env = os.environ.get("TAPERLM_EVAL_DATA")
-    if env:
-        return Path(env)
-    repo = Path(__file__).resolve().parents[3]  # src/taperlm/commands -> checkout root
-    for cand in (repo.parent / "shared" / "data", Path.cwd().parent / "shared" / "data"):
-        if cand.is_dir():
-            return cand
-    return None
-
-
 def parse_tasks(text: str) -> list[str]:
     from taperlm.evaluation.suite import PAPER_TASKS
 
@@ -95,54 +83,59 @@ def parse_tasks(text: str) -> list[str]:
     return out
 
 
-def _device(name: str) -> str:
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
-
-
 def run(args: argparse.Namespace) -> int:
+    from taperlm.device import resolve_device
+    from taperlm.evaluation.locate import eval_data_dir
+    from taperlm.loading import load_any
+
     tasks = parse_tasks(args.tasks)
-    data_dir = args.data_dir or default_data_dir()
+    data_dir = args.data_dir or eval_data_dir()
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {args.limit}")
     if args.write_lm_eval_tasks:
-        from taperlm.evaluation.harness import write_task_dir
-
-        out = write_task_dir(
-            args.write_lm_eval_tasks,
-            data_dir,
-            [t for t in tasks if t != "val"],
-            source=args.source,
-            limit=args.limit,
-        )
-        print(
-            f"wrote lm-eval tasks to {out}; run e.g.\n  lm_eval --model hf --model_args "
-            f"pretrained=EXPORT_DIR,trust_remote_code=True --include_path {out} "
-            "--tasks taperlm_piqa,taperlm_hellaswag --batch_size 16"
-        )
-        return 0
+        return _write_lm_eval_tasks(args, tasks, data_dir)
     if args.run is None:
         raise ConfigError("give the RUN directory to evaluate (or --write-lm-eval-tasks DIR)")
+    device = resolve_device(args.device)
+    model, tokenizer, run_config = load_any(args.run, step=args.step, device=device)
+    scorer = _scorer(args, model, tokenizer, device)
+    if any(t != "val" for t in tasks) and args.source == "local" and data_dir is None:
+        raise DataError(
+            "no evaluation data found: pass --data-dir DIR (laid out like ../shared/data), set "
+            "TAPERLM_EVAL_DATA, or use --source hf"
+        )
+    results, notes = _run_tasks(args, tasks, scorer, data_dir, run_config)
+    _report(args, results, notes, _meta(args, device, data_dir, scorer.max_length, model, notes))
+    return 0
 
-    import time
 
+def _write_lm_eval_tasks(args: argparse.Namespace, tasks: list[str], data_dir: Path | None) -> int:
+    from taperlm.evaluation.harness import write_task_dir
+
+    out = write_task_dir(
+        args.write_lm_eval_tasks,
+        data_dir,
+        [t for t in tasks if t != "val"],
+        source=args.source,
+        limit=args.limit,
+    )
+    print(
+        f"wrote lm-eval tasks to {out}; run e.g.\n  lm_eval --model hf --model_args "
+        f"pretrained=EXPORT_DIR,trust_remote_code=True --include_path {out} "
+        "--tasks taperlm_piqa,taperlm_hellaswag --batch_size 16"
+    )
+    return 0
+
+
+def _scorer(args: argparse.Namespace, model, tokenizer, device: str):
     import torch
 
     from taperlm.evaluation.scoring import Scorer
-    from taperlm.evaluation.suite import format_table, results_json, run_task, run_val
-    from taperlm.evaluation.tasks import load_task
-    from taperlm.loading import load_any, resolve_data_dir
 
-    explicit_val = "val" in [t.strip() for t in args.tasks.split(",")]
-    device = _device(args.device)
-    model, tokenizer, run_config = load_any(args.run, step=args.step, device=device)
     max_length = args.max_length or model.config.context_length
     if max_length < 2:
         raise ConfigError(f"--max-length must be >= 2, got {max_length}")
-    scorer = Scorer(
+    return Scorer(
         model,
         tokenizer,
         max_length,
@@ -150,34 +143,23 @@ def run(args: argparse.Namespace) -> int:
         device=device,
         dtype=torch.bfloat16 if args.dtype == "bf16" else None,
     )
-    if any(t != "val" for t in tasks) and args.source == "local" and data_dir is None:
-        raise DataError(
-            "no evaluation data found: pass --data-dir DIR (laid out like ../shared/data), set "
-            "TAPERLM_EVAL_DATA, or use --source hf"
-        )
+
+
+def _run_tasks(args: argparse.Namespace, tasks: list[str], scorer, data_dir, run_config):
+    """({task: TaskResult}, notes), printing one line per task unless --json."""
+    import time
+
+    from taperlm.evaluation.suite import run_task
+    from taperlm.evaluation.tasks import load_task
+
     results = {}
-    notes = []
+    notes: list[str] = []
     for task in tasks:
         t0 = time.perf_counter()
         if task == "val":
-            run_data = resolve_data_dir(Path(args.run), run_config) if run_config else None
-            if run_data is None:
-                if explicit_val:
-                    raise DataError(
-                        f"val: {args.run} has no data dir with a validation shard (data.dir in its "
-                        "config.yaml); evaluate a training run or drop val from --tasks"
-                    )
-                notes.append("val skipped: the model has no run data dir")
+            res = _run_val(args, scorer, run_config, notes)
+            if res is None:
                 continue
-            from taperlm.data.loader import open_split
-
-            _, tokens = open_split(run_data, "val")
-            res = run_val(
-                scorer,
-                torch.from_numpy(tokens.astype("int64")),
-                args.limit,
-                str(run_data.resolve()),
-            )
         else:
             data = load_task(task, data_dir, source=args.source, limit=args.limit)
             res = run_task(scorer, data, keep_items=args.samples)
@@ -186,7 +168,34 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             shown = ", ".join(f"{k} {v:.4g}" for k, v in res.metrics.items())
             print(f"{task}: {shown} (n={res.n}, {res.seconds:.1f}s)", file=sys.stderr)
-    meta = {
+    return results, notes
+
+
+def _run_val(args: argparse.Namespace, scorer, run_config, notes: list[str]):
+    """Perplexity on the run's validation shard; None (with a note) when the model has no run
+    data dir and val was not asked for explicitly."""
+    import torch
+
+    from taperlm.data.loader import open_split
+    from taperlm.evaluation.suite import run_val
+    from taperlm.loading import resolve_data_dir
+
+    run_data = resolve_data_dir(Path(args.run), run_config) if run_config else None
+    if run_data is None:
+        if "val" in [t.strip() for t in args.tasks.split(",")]:
+            raise DataError(
+                f"val: {args.run} has no data dir with a validation shard (data.dir in its "
+                "config.yaml); evaluate a training run or drop val from --tasks"
+            )
+        notes.append("val skipped: the model has no run data dir")
+        return None
+    _, tokens = open_split(run_data, "val")
+    tokens = torch.from_numpy(tokens.astype("int64"))
+    return run_val(scorer, tokens, args.limit, str(run_data.resolve()))
+
+
+def _meta(args: argparse.Namespace, device, data_dir, max_length, model, notes) -> dict:
+    return {
         "run": str(Path(args.run).resolve()),
         "step": args.step,
         "device": device,
@@ -203,14 +212,19 @@ def run(args: argparse.Namespace) -> int:
             "mlp_widths": list(model.config.mlp_widths or []),
         },
     }
+
+
+def _report(args: argparse.Namespace, results, notes: list[str], meta: dict) -> None:
+    from taperlm.evaluation.suite import format_table, results_json
+    from taperlm.io import atomic_write_text
+
     blob = results_json(results, meta)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(blob, indent=2) + "\n", encoding="utf-8")
+        atomic_write_text(args.out, json.dumps(blob, indent=2) + "\n")
     if args.json:
         print(json.dumps(blob, indent=2))
     else:
         print(format_table(results, label=Path(args.run).name))
         for n in notes:
             print(f"note: {n}")
-    return 0

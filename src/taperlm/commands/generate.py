@@ -27,14 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
+    from taperlm.device import resolve_device
     from taperlm.generation import SamplingConfig, generate_tokens, stream_text
     from taperlm.loading import load_any
 
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(args.device)
     cfg = SamplingConfig(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,

@@ -52,8 +52,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from taperlm.analysis.novelty import measure
-    from taperlm.analysis.sources import default_eval_text, first_tokens, load_model
+    from taperlm.analysis.sources import first_tokens, load_model
+    from taperlm.device import resolve_device
     from taperlm.errors import ConfigError
+    from taperlm.evaluation.locate import wikitext_test
 
     if args.tokens < 2:
         raise ConfigError(f"--tokens must be at least 2, got {args.tokens}")
@@ -61,16 +63,14 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--seq-len must be at least 2, got {args.seq_len}")
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size must be positive, got {args.batch_size}")
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(args.device)
     loaded = load_model(args.model, device, args.dtype, args.trust_remote_code, args.step)
     seq_len = args.seq_len or min(loaded.context_length or args.tokens, args.tokens)
     if loaded.context_length and seq_len > loaded.context_length:
         raise ConfigError(
             f"--seq-len {seq_len} exceeds the model's context of {loaded.context_length}"
         )
-    data = args.data if args.data is not None else default_eval_text()
+    data = args.data if args.data is not None else wikitext_test()
     ids = first_tokens(data, loaded.encode, args.tokens)
     try:
         result = measure(

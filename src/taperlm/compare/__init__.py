@@ -7,11 +7,10 @@ paired statistics and plots.
 - `runner`: trains, evaluates and measures every cell in-process; resumable.
 - `report`: statistics (mean, std, paired differences with t-based CIs, rank agreement with the
   paper), report.md, report.json and the PNGs.
-- `stats`: the small statistics toolkit (Student t quantile without scipy).
 """
 
 from taperlm.compare.grid import Allocation, Cell, Grid, build_grid, paper_allocations
-from taperlm.compare.stats import paired_difference, t_quantile
+from taperlm.stats import paired_difference, t_quantile
 
 __all__ = [
     "Allocation",

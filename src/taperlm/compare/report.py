@@ -1,6 +1,6 @@
 """The comparison report: statistics over seeds, report.json, report.md and the PNGs.
 
-Statistics (see `taperlm.compare.stats`):
+Statistics (see `taperlm.stats`):
 - per allocation: mean and sample std over seeds of val loss, val ppl, tokens/s, train loss;
 - paired difference vs uniform per seed (same seed = same data order and init seed), mean, std,
   n and the 95% Student-t confidence interval; a CI that excludes 0 is marked `*`;
@@ -14,16 +14,14 @@ Statistics (see `taperlm.compare.stats`):
 
 from __future__ import annotations
 
-import json
-import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from taperlm.compare import stats
+from taperlm import stats
 from taperlm.compare.grid import PAPER_SWEEP, SWEEP_SCHEDULES, Grid
 from taperlm.config import to_dict
+from taperlm.io import atomic_write_json, atomic_write_text
 
 PLOTS = {
     "widths": "widths.png",
@@ -243,7 +241,8 @@ def _sweep_claims(have: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _averaged_novelty(results: list[dict[str, Any]], label: str):
     """One NoveltyResult per allocation: per-layer statistics averaged over seeds."""
-    from taperlm.analysis.novelty import NoveltyResult, TokenStats, pearson
+    from taperlm.analysis.novelty import NoveltyResult, TokenStats
+    from taperlm.stats import pearson
 
     per_seed = [NoveltyResult.from_dict(r["novelty"]) for r in results]
     first = per_seed[0]
@@ -659,22 +658,6 @@ def write_report(
     }
     md = render_markdown(summary, meta)
     json_path, md_path = out_dir / "report.json", out_dir / "report.md"
-    _atomic(json_path, json.dumps(_finite(doc), indent=1, allow_nan=False) + "\n")
-    _atomic(md_path, md)
+    atomic_write_json(json_path, doc)
+    atomic_write_text(md_path, md)
     return md_path, json_path
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-def _atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -35,11 +34,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from taperlm.compare.grid import Cell, Grid
 from taperlm.config import to_dict
+from taperlm.device import resolve_device
 from taperlm.errors import ConfigError, DataError
+from taperlm.io import atomic_write_json, finite_json
 
 RESULT_FILE = "result.json"
 RESULT_VERSION = 1
@@ -129,17 +128,18 @@ def read_result(run_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("version") == RESULT_VERSION else None
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+def _check_saved_config(run_dir: Path, saved: Any, cell: Cell, what: str) -> None:
+    """ConfigError unless the config a cell folder holds trains exactly like the cell's."""
+    from taperlm.training.checkpoint import format_differences
+    from taperlm.training.loop import resume_conflicts
 
-
-def _training_conflicts(saved: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    from taperlm.training.checkpoint import config_differences
-    from taperlm.training.loop import RUNTIME_KEYS
-
-    return [d for d in config_differences(saved, now) if d[0] not in RUNTIME_KEYS]
+    conflicts = resume_conflicts(saved, cell.config)
+    if conflicts:
+        raise ConfigError(
+            f"{run_dir} {what} ("
+            + format_differences(conflicts, "saved", "now")
+            + "); write this comparison to a fresh --out, or delete that run folder"
+        )
 
 
 def _has_final_checkpoint(run_dir: Path, total_steps: int) -> bool:
@@ -185,22 +185,6 @@ def read_curve(run_dir: Path) -> tuple[list[list[float]], list[float]]:
     return curve, rates
 
 
-@torch.no_grad()
-def validation_loss(model: torch.nn.Module, data_dir: Path, cell: Cell, max_tokens: int | None):
-    """(mean loss, tokens) over the first max_tokens tokens of the val split."""
-    from taperlm.data.loader import val_batches
-
-    t = cell.config.train
-    total, count = 0.0, 0
-    device = next(model.parameters()).device
-    for x, y in val_batches(data_dir, t.seq_len, t.micro_batch_size, max_tokens):
-        x, y = x.to(device), y.to(device)
-        loss = model(x, targets=y).loss
-        total += float(loss.double()) * y.numel()
-        count += y.numel()
-    return total / count, count
-
-
 def _zero_shot(model, shared: SharedInputs, cell: Cell) -> dict[str, Any]:
     from taperlm.evaluation.scoring import Scorer
     from taperlm.evaluation.suite import paper_row, run_task
@@ -222,25 +206,21 @@ def _zero_shot(model, shared: SharedInputs, cell: Cell) -> dict[str, Any]:
     }
 
 
-def eval_device(cell: Cell) -> str:
-    """Where a cell is evaluated: where it trained (train.device; auto = CUDA when present)."""
-    dev = cell.config.train.device
-    if dev == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return dev
-
-
 def evaluate_cell(cell: Cell, run_dir: Path, shared: SharedInputs) -> dict[str, Any]:
     """Validation loss, zero-shot tasks and novelty of a trained cell (its final checkpoint)."""
     from taperlm.analysis.novelty import measure
     from taperlm.training.checkpoint import load_run_model
+    from taperlm.training.validation import validation_loss
 
-    device = eval_device(cell)
-    model, _ = load_run_model(run_dir, device=device)
+    # Evaluated where it trained (train.device).
+    model, _ = load_run_model(run_dir, device=resolve_device(cell.config.train.device))
     model.eval()
     times: dict[str, float] = {}
     t0 = time.perf_counter()
-    loss, n_tok = validation_loss(model, shared.data_dir, cell, shared.settings.val_tokens)
+    t = cell.config.train
+    loss, n_tok = validation_loss(
+        model, shared.data_dir, t.seq_len, t.micro_batch_size, shared.settings.val_tokens
+    )
     times["val_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     zero_shot = _zero_shot(model, shared, cell)
@@ -256,20 +236,9 @@ def evaluate_cell(cell: Cell, run_dir: Path, shared: SharedInputs) -> dict[str, 
     return {
         "val": {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": n_tok},
         "zero_shot": zero_shot,
-        "novelty": _finite(nov.to_dict()),
+        "novelty": finite_json(nov.to_dict()),
         "times": times,
     }
-
-
-def _finite(obj: Any) -> Any:
-    """JSON has no NaN: map non-finite floats to None."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def run_cell(
@@ -286,28 +255,12 @@ def run_cell(
     total_steps = cell.config.train.tokens // cell.config.train.batch_tokens
     cached = read_result(run_dir)
     if cached is not None:
-        conflicts = _training_conflicts(cached["config"], cfg_now)
-        if conflicts:
-            from taperlm.training.checkpoint import format_differences
-
-            raise ConfigError(
-                f"{run_dir} was trained with a different config ("
-                + format_differences(conflicts, "saved", "now")
-                + "); write this comparison to a fresh --out, or delete that run folder"
-            )
+        _check_saved_config(run_dir, cached["config"], cell, "was trained with a different config")
         if cached.get("eval_settings") == settings:
             return cached, "cached"
     elif (run_dir / "config.yaml").is_file() and list_checkpoints(run_dir):
-        saved = to_dict(load_run_config(run_dir / "config.yaml"))
-        conflicts = _training_conflicts(saved, cfg_now)
-        if conflicts:
-            from taperlm.training.checkpoint import format_differences
-
-            raise ConfigError(
-                f"{run_dir} holds checkpoints of a different config ("
-                + format_differences(conflicts, "saved", "now")
-                + "); write this comparison to a fresh --out, or delete that run folder"
-            )
+        saved = load_run_config(run_dir / "config.yaml")
+        _check_saved_config(run_dir, saved, cell, "holds checkpoints of a different config")
 
     train_info: dict[str, Any]
     if cached is not None and _has_final_checkpoint(run_dir, total_steps):
@@ -348,7 +301,7 @@ def run_cell(
         **ev,
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    _write_json(run_dir / RESULT_FILE, _finite(result))
+    atomic_write_json(run_dir / RESULT_FILE, result)
     return result, status
 
 

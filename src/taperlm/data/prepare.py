@@ -33,6 +33,7 @@ from taperlm.data.corpus import open_source
 from taperlm.data.shards import VERSION, ShardWriter, dtype_for_vocab
 from taperlm.data.tokenizer import Tokenizer, build_tokenizer, iter_batches, load_tokenizer
 from taperlm.errors import DataError
+from taperlm.io import atomic_write_text
 
 META_FILE = "meta.json"
 MARKER_FILE = ".taperlm-prepare"
@@ -165,9 +166,7 @@ def prepare(
         },
         "splits": splits,
     }
-    tmp = out / (META_FILE + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=2) + "\n")
-    os.replace(tmp, out / META_FILE)
+    atomic_write_text(out / META_FILE, json.dumps(meta, indent=2) + "\n")
     return {**meta, "_timing": timing}
 
 

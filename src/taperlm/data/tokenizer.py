@@ -16,12 +16,12 @@ tokenizer_meta.json (kind, spec, EOS/BOS tokens and ids, vocab size).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from taperlm.errors import DataError
+from taperlm.io import atomic_write_text
 
 EOS_TOKEN = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"
@@ -83,8 +83,8 @@ class Tokenizer:
         """Write tokenizer.json + tokenizer_meta.json into `directory` (atomically per file)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        _atomic_write(directory / TOKENIZER_FILE, self.backend.to_str())
-        _atomic_write(directory / META_FILE, json.dumps(self.meta, indent=2) + "\n")
+        atomic_write_text(directory / TOKENIZER_FILE, self.backend.to_str())
+        atomic_write_text(directory / META_FILE, json.dumps(self.meta, indent=2) + "\n")
         return directory
 
     def to_hf(self):
@@ -106,12 +106,6 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer(kind={self.kind!r}, spec={self.spec!r}, vocab_size={self.vocab_size})"
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 # --- building from a --tokenizer spec ------------------------------------------------------------

@@ -12,7 +12,6 @@ No torch import; `datasets` is imported only for `source="hf"`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from taperlm.errors import DataError
+from taperlm.io import sha256_file
 
 # Paper order; `val` (the run's own validation shard) is handled by the suite, not here.
 TASKS = (
@@ -226,14 +226,6 @@ def _mc_prompt(name: str, doc: dict[str, Any]) -> tuple[str, list[str], int]:
 
 # ----------------------------------------------------------------------------------------------
 # local readers
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class _Lines:

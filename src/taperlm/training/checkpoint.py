@@ -18,7 +18,6 @@ inside the temp dir; loading verifies sizes and hashes, so truncation or bit fli
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from taperlm.errors import CheckpointError
+from taperlm.io import atomic_write_text, sha256_file
 
 CHECKPOINT_DIR = "checkpoints"
 MODEL_FILE = "model.safetensors"
@@ -64,14 +64,6 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
             except ValueError:
                 continue
     return sorted(out)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _fsync_file(path: Path) -> None:
@@ -154,7 +146,7 @@ def save_checkpoint(
             "files": files,
             "run_config": run_config,
         }
-        _write_text(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2))
+        atomic_write_text(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2), fsync=True)
         _fsync_dir(tmp)
         if final.exists():  # re-saving a step (e.g. the end of a resumed run): swap it out
             old = root / f"{_TMP_PREFIX}old-{final.name}-{os.getpid()}"
@@ -164,7 +156,7 @@ def save_checkpoint(
         else:
             os.replace(tmp, final)
         _fsync_dir(root)
-        _write_text(root / LATEST_FILE, final.name + "\n")
+        atomic_write_text(root / LATEST_FILE, final.name + "\n", fsync=True)
     except OSError as err:
         shutil.rmtree(tmp, ignore_errors=True)
         good = [p.name for _, p in list_checkpoints(run_dir) if p != final]
@@ -176,15 +168,6 @@ def save_checkpoint(
         ) from None
     prune_checkpoints(run_dir, keep)
     return final
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def prune_checkpoints(run_dir: str | Path, keep: int) -> None:

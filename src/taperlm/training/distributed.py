@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from taperlm.device import resolve_device
 from taperlm.errors import ConfigError
 
 
@@ -40,7 +41,7 @@ def pick_device(requested: str, local_rank: int = 0) -> torch.device:
         raise ConfigError(f"train.device {requested!r} is unknown; choose auto, cpu or cuda")
     if requested == "cuda" and not torch.cuda.is_available():
         raise ConfigError("train.device is cuda but no CUDA device is available; use auto or cpu")
-    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+    if resolve_device(requested) == "cpu":
         return torch.device("cpu")
     return torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
 

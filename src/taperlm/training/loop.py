@@ -14,7 +14,6 @@ CPU).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import random
@@ -26,12 +25,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from taperlm.config import RunConfig, TrainConfig, load_run_config, save_yaml, to_dict
+from taperlm.config import (
+    RunConfig,
+    TrainConfig,
+    load_run_config,
+    run_config_from_dict,
+    save_yaml,
+    to_dict,
+)
 from taperlm.errors import CheckpointError, ConfigError, DataError, TrainingError
 from taperlm.training import checkpoint as ckpt
 from taperlm.training import distributed as D
 from taperlm.training.metrics import MetricsWriter, mfu, peak_flops
 from taperlm.training.optim import LRSchedule, build_optimizer, groups_due, set_lr
+from taperlm.training.validation import autocast, validation_loss
 
 RESUME_MODES = ("auto", "never", "must")
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -124,9 +131,17 @@ def validate_train_config(run: RunConfig, world_size: int = 1) -> None:
     accumulation_steps(t, world_size)
 
 
-def resume_conflicts(old: RunConfig, new: RunConfig) -> list[tuple[str, Any, Any]]:
-    """Differences between a run's saved config and a new one that would change the result."""
-    diffs = ckpt.config_differences(to_dict(old), to_dict(new))
+def resume_conflicts(
+    old: RunConfig | dict[str, Any], new: RunConfig | dict[str, Any]
+) -> list[tuple[str, Any, Any]]:
+    """Differences between a run's saved config and a new one that would change the result
+    (RUNTIME_KEYS excluded). A dict (e.g. from result.json) is read as a run config first, so
+    configs written by older versions compare by meaning, not by layout."""
+
+    def as_dict(cfg: RunConfig | dict[str, Any]) -> dict[str, Any]:
+        return to_dict(cfg if isinstance(cfg, RunConfig) else run_config_from_dict(cfg))
+
+    diffs = ckpt.config_differences(as_dict(old), as_dict(new))
     return [d for d in diffs if d[0] not in RUNTIME_KEYS]
 
 
@@ -224,13 +239,6 @@ def _nan_steps() -> tuple[set[int], int | None]:
         else:
             steps.add(int(part))
     return steps, start
-
-
-def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
-    if use_bf16:
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 def _raise_compile_limits(n_shapes: int) -> None:
@@ -372,7 +380,7 @@ class Trainer:
             return module
 
     def _forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        with _autocast(self.device, self.cfg.precision):
+        with autocast(self.device, self.cfg.precision):
             try:
                 return self.forward(x, targets=y).loss
             except Exception as err:
@@ -464,28 +472,24 @@ class Trainer:
 
     # -- evaluation ----------------------------------------------------------------------------
 
-    @torch.no_grad()
     def evaluate(self) -> float | None:
         """Mean validation loss over `eval_tokens` tokens (the same batches on every rank)."""
-        from taperlm.data.loader import val_batches
-
         if self.cfg.eval_tokens <= 0:
             return None
         self.model.eval()
-        total = torch.zeros((), dtype=torch.float64)
-        count = 0
         try:
-            for x, y in val_batches(
-                self.data_dir, self.cfg.seq_len, self.cfg.micro_batch_size, self.cfg.eval_tokens
-            ):
-                x, y = x.to(self.device), y.to(self.device)
-                with _autocast(self.device, self.cfg.precision):
-                    loss = self.model(x, targets=y).loss
-                total += loss.double().cpu() * y.numel()
-                count += y.numel()
+            loss, count = validation_loss(
+                self.model,
+                self.data_dir,
+                self.cfg.seq_len,
+                self.cfg.micro_batch_size,
+                self.cfg.eval_tokens,
+                self.cfg.precision,
+                self.device,
+            )
         finally:
             self.model.train()
-        return float(total / count) if count else None
+        return loss if count else None
 
     # -- training ------------------------------------------------------------------------------
 

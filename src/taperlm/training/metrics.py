@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
+
+from taperlm.io import atomic_write_text
 
 # Dense bf16 peak FLOP/s per device, matched as a substring of torch.cuda.get_device_name().
 PEAK_FLOPS: dict[str, float] = {
@@ -70,13 +71,7 @@ class MetricsWriter:
         if not self.path.exists():
             return
         kept = [r for r in read_metrics(self.path) if int(r.get("step", 0)) <= step]
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            for r in kept:
-                f.write(json.dumps(r) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept), fsync=True)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from taperlm.io import atomic_output
 from taperlm.training.metrics import read_metrics
 
 
@@ -32,10 +33,11 @@ def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
     if train or val:
         ax.legend()
     fig.tight_layout()
-    tmp = out.with_name(out.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(out)
+    try:
+        with atomic_output(out) as tmp:
+            fig.savefig(tmp, dpi=120, format="png")
+    finally:
+        plt.close(fig)
     return out
 
 

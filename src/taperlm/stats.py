@@ -1,4 +1,4 @@
-"""Statistics for comparing allocations over seeds (pure Python; no scipy, no numpy).
+"""Statistics for comparing allocations over seeds and for the novelty analysis (no scipy).
 
 - `summary`: mean and sample standard deviation (ddof = 1) over seeds.
 - `paired_difference`: per-seed differences a_s - b_s over the seeds both have (same seed = same
@@ -6,7 +6,8 @@
   interval mean ± t_{1-alpha/2, n-1} * std / sqrt(n).
 - `t_quantile`: the Student t quantile, by bisection on the CDF; the CDF is written with the
   regularized incomplete beta function, evaluated by its continued fraction (modified Lentz).
-- `spearman` and `pairwise_agreement`: how well an ordering matches a reference ordering.
+- `pearson`: the correlation of two sequences (nan when undefined); `spearman` and
+  `pairwise_agreement`: how well an ordering matches a reference ordering.
 """
 
 from __future__ import annotations
@@ -172,22 +173,22 @@ def ranks(xs: Sequence[float]) -> list[float]:
     return out
 
 
-def pearson(x: Sequence[float], y: Sequence[float]) -> float | None:
-    n = len(x)
-    if n < 2 or n != len(y):
-        return None
-    mx, my = mean(x), mean(y)
-    sxy = math.fsum((a - mx) * (b - my) for a, b in zip(x, y))
-    sxx = math.fsum((a - mx) ** 2 for a in x)
-    syy = math.fsum((b - my) ** 2 for b in y)
-    if sxx <= 0 or syy <= 0:
-        return None
-    return sxy / math.sqrt(sxx * syy)
+def pearson(x: Sequence[float], y: Sequence[float]) -> float:
+    """Pearson correlation; nan when either side is constant or has fewer than 2 points."""
+    import numpy as np
+
+    a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if a.size < 2 or a.size != b.size:
+        return float("nan")
+    a, b = a - a.mean(), b - b.mean()
+    denom = math.sqrt(float((a * a).sum()) * float((b * b).sum()))
+    return float((a * b).sum() / denom) if denom > 0 else float("nan")
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
     """Spearman rank correlation (Pearson of average ranks); None if undefined."""
-    return pearson(ranks(x), ranks(y))
+    r = pearson(ranks(x), ranks(y))
+    return None if math.isnan(r) else r
 
 
 def pairwise_agreement(ours: Mapping[str, float], ref: Mapping[str, float]) -> dict[str, Any]:

@@ -1,0 +1,80 @@
+"""Files that a reader never sees half-written, their hashes, and JSON without NaN (no torch).
+
+Every write goes to `<name>.tmp-<pid>` in the same folder and is renamed into place with
+`os.replace` (atomic on POSIX), so a crash or a concurrent reader sees the old file or the new
+one, never a torn one. `fsync=True` also flushes the data to disk before the rename (for files a
+resumed run depends on).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+def temp_path(path: str | Path) -> Path:
+    """The temporary name a write of `path` uses: `<name>.tmp-<pid>` beside it."""
+    p = Path(path)
+    return p.with_name(f"{p.name}.tmp-{os.getpid()}")
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | Path, fsync: bool = False) -> Iterator[Path]:
+    """Yield a temporary path to write `path` through (e.g. for `savefig`, `torch.save`); it is
+    renamed into place when the block ends without an error and removed when it raises."""
+    final = Path(path)
+    tmp = temp_path(final)
+    try:
+        yield tmp
+        if fsync:
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes, fsync: bool = False) -> Path:
+    """Write `data` to `path` atomically; returns the path."""
+    with atomic_output(path, fsync) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
+
+
+def atomic_write_text(path: str | Path, text: str, fsync: bool = False) -> Path:
+    """Write UTF-8 `text` to `path` atomically; returns the path."""
+    with atomic_output(path, fsync) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
+def atomic_write_json(path: str | Path, obj: Any, indent: int = 1, fsync: bool = False) -> Path:
+    """Write `obj` as JSON (non-finite floats as null, see `finite_json`) plus a newline."""
+    text = json.dumps(finite_json(obj), indent=indent, allow_nan=False)
+    return atomic_write_text(path, text + "\n", fsync)
+
+
+def finite_json(obj: Any) -> Any:
+    """`obj` with every NaN/inf float replaced by None (JSON has no NaN); tuples become lists."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
