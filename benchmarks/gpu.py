@@ -36,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_info, raise_recompile_limit, sync, table, write_json
 from taperlm.budget import flops_per_token, total_params
 from taperlm.errors import ConfigError, TaperError
-from taperlm.presets import get_preset
+from taperlm.presets import get_preset, preset_families
 from taperlm.taper import TaperSpec
 
-FAMILIES = ("transformer", "gated", "hope", "titans-mac", "titans-mag", "titans-mal")
+FAMILIES = tuple(preset_families())  # transformer, gated, hope, titans-mac, ...
 # Dense bf16 peak FLOP/s (no sparsity), matched against torch.cuda.get_device_name().
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
 

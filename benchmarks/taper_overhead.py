@@ -33,10 +33,10 @@ from common import (
 )
 from taperlm.config import ModelConfig
 from taperlm.errors import ConfigError, TaperError
-from taperlm.presets import get_preset
+from taperlm.presets import get_preset, preset_families
 from taperlm.taper import TaperSpec
 
-FAMILIES = ("transformer", "gated", "hope", "titans-mac", "titans-mag", "titans-mal")
+FAMILIES = tuple(preset_families())  # transformer, gated, hope, titans-mac, ...
 
 
 def family_config(family: str, size: str, taper: str, multiple_of: int) -> ModelConfig | str:

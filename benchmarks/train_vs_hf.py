@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import interleaved, machine_info, median, paired_ratio, table, write_json
 from taperlm.config import ModelConfig
-from taperlm.models import TaperedLM, layers
+from taperlm.models import TaperedLM, cpu_kernels
 from taperlm.taper import TaperSpec
 
 
@@ -119,12 +119,12 @@ def check_equivalent(ours: TaperedLM, hf: torch.nn.Module, vocab: int, seq: int)
 def plain_ops() -> Iterator[None]:
     """Turn off our CPU fast paths (fused cross-entropy, closed-form RMSNorm) for a while: the
     model then runs on the plain ATen ops, as before those were written (ablation)."""
-    saved = layers._eager_cpu
-    layers._eager_cpu = lambda x: False
+    saved = cpu_kernels.applies
+    cpu_kernels.applies = lambda x: False
     try:
         yield
     finally:
-        layers._eager_cpu = saved
+        cpu_kernels.applies = saved
 
 
 def make_step(model: torch.nn.Module, kind: str, x: torch.Tensor, y: torch.Tensor, fused: bool):

@@ -1,14 +1,61 @@
-"""Shared test fixtures. Real benchmark files live in ../shared/data beside the checkout (or
-$TAPERLM_EVAL_DATA, the library's own lookup); tests that need them use the `shared_data`
-fixture and skip cleanly when it is absent."""
+"""Shared test fixtures and the one builder of small model configs (`tiny_config`).
+
+Real benchmark files live in ../shared/data beside the checkout (or $TAPERLM_EVAL_DATA, the
+library's own lookup); tests that need them use the `shared_data` fixture and skip cleanly when
+it is absent.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from taperlm.config import ModelConfig
 from taperlm.evaluation.locate import eval_data_dir
+from taperlm.taper import TaperSpec
+
+TINY_SHAPE = dict(vocab_size=64, d_model=32, n_layers=4, n_heads=4, mlp_width=64, context_length=64)
+
+
+def tiny_config(
+    family: str = "transformer",
+    taper: str | TaperSpec = "uniform",
+    preset: str | None = None,
+    resolve: bool = True,
+    **kw: Any,
+) -> ModelConfig:
+    """A small model config for tests: TINY_SHAPE with the given family and taper (a spec string
+    or a TaperSpec), resolved unless `resolve=False`. Keyword arguments set model fields
+    (`n_layers=3`, `tie_embeddings=True`) or, by their names, the family's options
+    (`variant="mac"`, `levels=2`, `gate="headwise"`). With `preset` (e.g. "titans-mag-tiny") the
+    family and its options come from that preset instead (shape still TINY_SHAPE)."""
+    from taperlm.presets import get_preset
+
+    if preset is not None:
+        base = get_preset(preset, resolve=False)
+        family, options = base.family, base.options
+    else:
+        options = None
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    fields = {**TINY_SHAPE, **{k: v for k, v in kw.items() if k in names}}
+    opts = {k: v for k, v in kw.items() if k not in names}
+    spec = taper if isinstance(taper, TaperSpec) else TaperSpec.parse(taper)
+    cfg = ModelConfig(family=family, taper=spec, options=options, **fields)
+    if opts:
+        cfg.options = dataclasses.replace(cfg.options, **opts)
+    return cfg.resolve() if resolve else cfg
+
+
+def torchrun_command(*args: str, nproc: int = 2) -> list[str]:
+    """`torchrun --standalone --nproc_per_node N ARGS...` with this interpreter."""
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        "--nproc_per_node", str(nproc), *args,
+    ]  # fmt: skip
 
 
 @pytest.fixture(scope="session")

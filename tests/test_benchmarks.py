@@ -12,10 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from taperlm.config import ModelConfig
-from taperlm.models import TaperedLM, layers
+from conftest import tiny_config
+from taperlm.models import TaperedLM, cpu_kernels
 from taperlm.models.layers import RMSNorm, Rotary, cross_entropy
-from taperlm.taper import TaperSpec
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -170,16 +169,7 @@ def test_rotary_tables_match_reference():
 
 def test_model_fast_path_equals_reference_path(monkeypatch):
     """A training step's loss and every parameter gradient agree with the plain-op path."""
-    cfg = ModelConfig(
-        family="transformer",
-        vocab_size=97,
-        d_model=32,
-        n_layers=3,
-        n_heads=4,
-        mlp_width=96,
-        context_length=64,
-        taper=TaperSpec.parse("cosine"),
-    ).resolve()
+    cfg = tiny_config(taper="cosine", vocab_size=97, n_layers=3, mlp_width=96)
     torch.manual_seed(0)
     model = TaperedLM(cfg)
     idx = torch.randint(0, 97, (2, 20))
@@ -193,7 +183,7 @@ def test_model_fast_path_equals_reference_path(monkeypatch):
         return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
     fast_loss, fast_grads = run()
-    monkeypatch.setattr(layers, "_eager_cpu", lambda x: False)
+    monkeypatch.setattr(cpu_kernels, "applies", lambda x: False)
     ref_loss, ref_grads = run()
     assert torch.allclose(fast_loss, ref_loss, atol=1e-6)
     for name, g in ref_grads.items():

@@ -3,10 +3,11 @@ a tiny byte-level BPE tokenizer trained on them, and tiny random models. (No tes
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from functools import lru_cache
 from pathlib import Path
+
+from conftest import tiny_config
 
 # WikiText raw layout: " = Title = " headings, blank lines are a single space.
 WIKI = "\n".join(
@@ -163,19 +164,10 @@ def tiny_model(family: str = "transformer", context_length: int = 128, seed: int
     import torch
 
     from taperlm.models import TaperedLM
-    from taperlm.presets import get_preset
 
-    cfg = get_preset(f"{family}-tiny", resolve=False)
     fields = dict(
-        vocab_size=tiny_tokenizer().vocab_size,
-        d_model=32,
-        n_heads=2,
-        n_layers=2,
-        mlp_width=64,
-        mlp_widths=None,
-        context_length=context_length,
+        vocab_size=tiny_tokenizer().vocab_size, n_heads=2, n_layers=2, context_length=context_length
     )
-    fields.update(kw)
-    cfg = dataclasses.replace(cfg, **fields).resolve()
+    cfg = tiny_config(preset=f"{family}-tiny", **{**fields, **kw})
     torch.manual_seed(seed)
     return TaperedLM(cfg).eval()

@@ -7,10 +7,11 @@ import dataclasses
 import pytest
 import torch
 
+from conftest import tiny_config
 from taperlm import budget
-from taperlm.config import HopeConfig, ModelConfig
+from taperlm.config import ModelConfig
 from taperlm.errors import ConfigError
-from taperlm.families import split_width
+from taperlm.families.hope import split_width
 from taperlm.models import TaperedLM
 from taperlm.models.hope import (
     ContinuumMemory,
@@ -22,17 +23,7 @@ from taperlm.taper import TaperSpec
 
 
 def hope_cfg(taper: str = "uniform", **hope) -> ModelConfig:
-    return ModelConfig(
-        family="hope",
-        vocab_size=53,
-        d_model=32,
-        n_heads=4,
-        n_layers=4,
-        mlp_width=96,
-        context_length=64,
-        taper=TaperSpec.parse(taper),
-        hope=HopeConfig(**hope),
-    ).resolve()
+    return tiny_config("hope", taper, vocab_size=53, mlp_width=96, **hope)
 
 
 def test_one_level_period_one_is_exactly_transformer() -> None:

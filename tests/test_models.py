@@ -7,10 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import tiny_config
 from taperlm.budget import flops_per_token, layer_budgets, total_params
 from taperlm.config import ModelConfig
 from taperlm.models import TaperedLM
-from taperlm.taper import TaperSpec
 
 TAPERS = [
     "uniform",
@@ -24,18 +24,9 @@ TAPERS = [
 
 
 def tiny(family: str = "transformer", taper: str = "cosine", **kw) -> ModelConfig:
-    fields = dict(
-        family=family,
-        vocab_size=97,
-        d_model=32,
-        n_layers=6,
-        n_heads=4,
-        mlp_width=96,
-        context_length=64,
-        taper=TaperSpec.parse(taper),
-    )
-    fields.update(kw)
-    return ModelConfig(**fields).resolve()
+    if family != "gated":
+        kw.pop("gate", None)  # an option of the gated family only
+    return tiny_config(family, taper, **{"vocab_size": 97, "n_layers": 6, "mlp_width": 96, **kw})
 
 
 @pytest.mark.parametrize("family", ["transformer", "gated"])

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conftest import tiny_config
 from taperlm.analysis.novelty import (
     LayerDiscoveryError,
     NoveltyResult,
@@ -19,23 +20,13 @@ from taperlm.analysis.novelty import (
     find_layers,
     measure,
 )
-from taperlm.config import ModelConfig
 from taperlm.errors import ConfigError
 from taperlm.models import TaperedLM
 from taperlm.stats import pearson
-from taperlm.taper import TaperSpec
 
 
 def tiny_tapered(seed: int = 0) -> TaperedLM:
-    cfg = ModelConfig(
-        vocab_size=64,
-        d_model=32,
-        n_layers=4,
-        n_heads=2,
-        mlp_width=64,
-        context_length=32,
-        taper=TaperSpec.parse("cosine"),
-    ).resolve()
+    cfg = tiny_config(taper="cosine", n_heads=2, context_length=32)
     torch.manual_seed(seed)
     return TaperedLM(cfg)
 

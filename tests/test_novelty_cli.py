@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import tiny_config
 from taperlm.cli import main
 from test_novelty import tiny_gpt2
 
@@ -126,22 +127,15 @@ def test_run_dir(tmp_path: Path, text_file: Path, capsys):
     ckpt = pytest.importorskip("taperlm.training.checkpoint")
     import torch
 
-    from taperlm.config import DataConfig, ModelConfig, RunConfig, save_yaml, to_dict
+    from taperlm.config import DataConfig, RunConfig, save_yaml, to_dict
     from taperlm.data.tokenizer import train_bpe
     from taperlm.models import TaperedLM
-    from taperlm.taper import TaperSpec
 
     data_dir = tmp_path / "data"
     tok = train_bpe([TEXT], vocab_size=300)
     tok.save(data_dir / "tokenizer")
-    model_cfg = ModelConfig(
-        vocab_size=320,
-        d_model=32,
-        n_layers=3,
-        n_heads=2,
-        mlp_width=64,
-        context_length=32,
-        taper=TaperSpec.parse("cosine"),
+    model_cfg = tiny_config(
+        taper="cosine", vocab_size=320, n_layers=3, n_heads=2, context_length=32, resolve=False
     )
     run_cfg = RunConfig(model=model_cfg, data=DataConfig(dir=str(data_dir))).resolve()
     run = tmp_path / "run"
@@ -160,20 +154,10 @@ def test_exported_taperlm_dir(tmp_path: Path, text_file: Path, capsys):
     export = pytest.importorskip("taperlm.hf.export")
     import torch
 
-    from taperlm.config import ModelConfig
     from taperlm.data.tokenizer import train_bpe
     from taperlm.models import TaperedLM
-    from taperlm.taper import TaperSpec
 
-    cfg = ModelConfig(
-        vocab_size=320,
-        d_model=32,
-        n_layers=3,
-        n_heads=2,
-        mlp_width=64,
-        context_length=32,
-        taper=TaperSpec.parse("cosine"),
-    ).resolve()
+    cfg = tiny_config(taper="cosine", vocab_size=320, n_layers=3, n_heads=2, context_length=32)
     torch.manual_seed(0)
     export.export_model(TaperedLM(cfg), tmp_path / "hf", train_bpe([TEXT], vocab_size=300))
     argv = ["novelty", str(tmp_path / "hf"), "--data", str(text_file), "--tokens", "64", "--json"]

@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import tiny_config
 from taperlm import budget
-from taperlm.config import ModelConfig, TitansConfig
+from taperlm.config import ModelConfig
 from taperlm.errors import ConfigError
 from taperlm.models import TaperedLM
 from taperlm.models.titans import segment_attention, sliding_window_attention
@@ -32,18 +33,7 @@ def small_cfg(variant: str, taper: str = "uniform", **titans) -> ModelConfig:
         persistent_tokens=2,
     )
     opts.update(titans)
-    cfg = ModelConfig(
-        family="titans",
-        vocab_size=61,
-        d_model=32,
-        n_heads=4,
-        n_layers=3,
-        mlp_width=64,
-        context_length=64,
-        taper=TaperSpec.parse(taper),
-        titans=TitansConfig(**opts),
-    )
-    return cfg.resolve()
+    return tiny_config("titans", taper, vocab_size=61, n_layers=3, **opts)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 import fault_harness as H
+from conftest import torchrun_command
 
 pytestmark = pytest.mark.distributed
 
@@ -25,18 +25,12 @@ DIE_AT = 7  # checkpoints every step: the restart resumes from step 6
 
 
 def _torchrun(data: Path, out: Path, log: Path, *extra: str, env: dict | None = None):
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
+    cmd = torchrun_command(
         *extra,
         str(H.HERE),
         "--child",
         *H.train_argv(data, out, "train.micro_batch_size=2"),  # 2 ranks x 2 x 32 = 128 tokens
-    ]
+    )
     full_env = {**H.child_env(), H.LOG_ENV: str(log), **(env or {})}
     return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=240)
 

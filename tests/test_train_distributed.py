@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import torchrun_command
 from taperlm.training import checkpoint as ckpt
 from taperlm.training.metrics import read_metrics
 
@@ -93,17 +94,7 @@ def _single(data_dir: Path, out: Path) -> None:
 
 
 def _torchrun(data_dir: Path, out: Path, *extra: str, timeout: int = 120) -> str:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        "-m",
-        "taperlm.cli",
-        *_args(data_dir, out, *extra),
-    ]
+    cmd = torchrun_command("-m", "taperlm.cli", *_args(data_dir, out, *extra))
     r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-4000:])
     return r.stdout

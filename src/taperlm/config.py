@@ -4,6 +4,10 @@
 The resolved per-layer widths (`ModelConfig.mlp_widths`) are the authority: they are written by
 `ModelConfig.resolve()` from the taper and never recomputed once present, so a checkpoint always
 rebuilds the shapes it was trained with (DESIGN.md, principle 2).
+
+What differs between model families (their options, checks and per-layer sizes) lives in
+`taperlm.families`; a model config carries only its own family's section (`hope:`, `titans:`,
+...). Configs written by taperlm 0.1, which carried every family's section, still load.
 """
 
 from __future__ import annotations
@@ -20,72 +24,9 @@ from typing import Any
 import yaml
 
 from taperlm.errors import ConfigError, TaperError
+from taperlm.families import FAMILIES, get_family
 from taperlm.io import atomic_write_text
 from taperlm.taper import TaperSpec, solve_sizes
-
-FAMILIES = ("transformer", "gated", "hope", "titans")
-GATE_KINDS = ("elementwise", "headwise")
-TITANS_VARIANTS = ("mac", "mag", "mal")
-
-
-@dataclass
-class HopeConfig:
-    """Hope-attention: the MLP of every block is a Continuum Memory System (CMS), a chain of
-    `levels` SwiGLU MLPs. Level widths of layer l are `level_fractions` x mlp_widths[l] (resolved
-    into `HopeConfig.level_widths` by the model family; see docs/architectures.md). Level i's
-    parameters take an optimizer step every `update_periods[i]` optimizer steps, accumulating
-    gradients in between (the multi-timescale reading of Nested Learning).
-
-    Fields:
-        levels: number of CMS levels k (k = 1 with period 1 is exactly Transformer++).
-        level_fractions: share of the layer's MLP width given to each level (sums to 1).
-        update_periods: optimizer-step period C_i of each level (1 = every step).
-        level_widths: resolved [layer][level] widths; written by the library, authoritative.
-    """
-
-    levels: int = 3
-    level_fractions: list[float] = field(default_factory=lambda: [0.5, 0.25, 0.25])
-    update_periods: list[int] = field(default_factory=lambda: [1, 4, 16])
-    level_widths: list[list[int]] | None = None
-
-
-@dataclass
-class TitansConfig:
-    """Titans: neural long-term memory (LMM) combined with attention, followed by a SwiGLU MLP.
-
-    Fields:
-        variant: mac (memory as context) | mag (memory as gate) | mal (memory as layer).
-        memory_heads: number of memory heads H_m.
-        memory_head_dim: per-head key/value width d_m of the memory.
-        memory_depth: layers of the memory MLP (>= 2).
-        memory_expansion: hidden width of the memory MLP as a multiple of memory_head_dim.
-        chunk_size: tokens per chunk of the chunk-wise parallel update; part of the model.
-        conv_kernel: kernel of the depthwise convolutions after the q/k/v projections.
-        persistent_tokens: learned persistent memory tokens N_p.
-        window: sliding attention window (mag, mal).
-        segment_len: segment length of mac.
-        max_inner_lr: upper bound of the data-dependent inner learning rate theta_t.
-        memory_taper: second taper (spec string, e.g. cosine:1.5:0.5) on the per-layer memory
-            hidden width; baseline memory_expansion x memory_head_dim; depth 2 only (deeper
-            memories are not linear in the width, so a taper would change the budget).
-        memory_multiple_of: every resolved memory width is a multiple of this.
-        memory_widths: resolved per-layer memory hidden widths; written by the library.
-    """
-
-    variant: str = "mag"
-    memory_heads: int = 4
-    memory_head_dim: int = 64
-    memory_depth: int = 2
-    memory_expansion: int = 2
-    chunk_size: int = 16
-    conv_kernel: int = 4
-    persistent_tokens: int = 4
-    window: int = 512
-    segment_len: int = 128
-    max_inner_lr: float = 0.1
-    memory_taper: str = "uniform"
-    memory_multiple_of: int = 16
-    memory_widths: list[int] | None = None
 
 
 @dataclass
@@ -93,7 +34,7 @@ class ModelConfig:
     """A language model of one family with per-layer MLP widths.
 
     Fields:
-        family: transformer | gated | hope | titans.
+        family: transformer | gated | hope | titans (`taperlm.families.FAMILIES`).
         vocab_size: tokenizer vocabulary size (the embedding and head rows).
         d_model: residual stream width.
         n_layers: number of blocks.
@@ -107,9 +48,10 @@ class ModelConfig:
         norm_eps: RMSNorm epsilon.
         tie_embeddings: share the token embedding with the output head.
         init_std: std of the normal init; residual output projections use init_std / sqrt(2 n_layers).
-        gate: gated family only — elementwise (d x d gate) or headwise (d x H gate).
-        hope: hope family options.
-        titans: titans family options.
+        options: the family's own options (e.g. `taperlm.families.hope.HopeConfig`), written as
+            the section named after the family (`hope:`) and read as `cfg.hope`; None for a
+            family without options. Built without them (or with another family's, e.g. when the
+            family is replaced), a config gets its family's defaults.
     """
 
     family: str = "transformer"
@@ -126,9 +68,31 @@ class ModelConfig:
     norm_eps: float = 1e-6
     tie_embeddings: bool = False
     init_std: float = 0.02
-    gate: str = "elementwise"
-    hope: HopeConfig = field(default_factory=HopeConfig)
-    titans: TitansConfig = field(default_factory=TitansConfig)
+    options: Any = field(default=None, metadata={"section": True})
+
+    def __post_init__(self) -> None:
+        # No options, or another family's (e.g. after dataclasses.replace(cfg, family=...)):
+        # this family's defaults, just as a YAML section of another family is ignored.
+        fam = FAMILIES.get(self.family) if isinstance(self.family, str) else None
+        if fam is None:
+            return
+        others = tuple(f.options for f in FAMILIES.values() if f.options and f is not fam)
+        if self.options is None or (others and isinstance(self.options, others)):
+            self.options = fam.options() if fam.options else None
+
+    def __getattr__(self, name: str) -> Any:
+        # `cfg.hope`, `cfg.titans`, ...: the options under their YAML section name. Only called
+        # for names that are not attributes; dunder lookups (copy, pickle) must fail normally.
+        family = self.__dict__.get("family")
+        if not name.startswith("__") and name == family and name in FAMILIES:
+            options = self.__dict__.get("options")
+            if options is not None:
+                return options
+        if not name.startswith("__") and name in FAMILIES:
+            raise AttributeError(
+                f"model.{name} holds the options of family {name!r}; this model is {family!r}"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def head_dim(self) -> int:
@@ -140,10 +104,7 @@ class ModelConfig:
 
     def validate(self) -> None:
         """Check shapes and options; raise ConfigError naming the key and the fix."""
-        if self.family not in FAMILIES:
-            raise ConfigError(
-                f"model.family {self.family!r} is unknown; choose one of {', '.join(FAMILIES)}"
-            )
+        fam = get_family(self.family)
         for key in ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_width", "context_length"):
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -162,10 +123,6 @@ class ModelConfig:
             raise ConfigError(
                 f"model.n_kv_heads ({self.n_kv_heads}) must divide model.n_heads ({self.n_heads})"
             )
-        if self.gate not in GATE_KINDS:
-            raise ConfigError(
-                f"model.gate {self.gate!r} is unknown; choose elementwise or headwise"
-            )
         if self.mlp_widths is not None:
             if len(self.mlp_widths) != self.n_layers:
                 raise ConfigError(
@@ -182,134 +139,40 @@ class ModelConfig:
                     f"{self.n_layers * self.mlp_width}; the widths do not match this baseline "
                     "(delete mlp_widths to re-resolve them from the taper)"
                 )
-        if self.family == "titans":
-            _validate_titans(self.titans, self.n_layers)
-        if self.family == "hope":
-            _validate_hope(self.hope, self.n_layers, self.mlp_widths)
+        if fam.options is None and self.options is not None:
+            raise ConfigError(
+                f"model.family {self.family!r} has no options, but {type(self.options).__name__} "
+                "options are set"
+            )
+        if fam.options is not None and not isinstance(self.options, fam.options):
+            raise ConfigError(
+                f"model.{self.family} must be {fam.options.__name__} options, got "
+                f"{type(self.options).__name__}"
+            )
+        fam.validate(self)
 
     def resolve(self) -> ModelConfig:
-        """Fill `mlp_widths` from the taper when absent, validate, and return self.
-
-        Family-specific per-layer sizes (Hope level widths, Titans memory widths) are resolved by
-        `taperlm.families.resolve_family_sizes`, which is called here as well.
-        """
+        """Fill `mlp_widths` from the taper and the family's per-layer sizes (e.g. Hope level
+        widths, Titans memory widths) when absent, validate, and return self."""
         self.validate()
         if self.mlp_widths is None:
             self.mlp_widths = solve_sizes(self.taper, self.n_layers, self.mlp_width)
-        from taperlm.families import resolve_family_sizes  # no torch; avoids an import cycle
-
-        resolve_family_sizes(self)
+        get_family(self.family).resolve(self)
         self.validate()
         return self
 
     def with_taper(self, taper: TaperSpec) -> ModelConfig:
         """A copy of this config with a different taper, widths re-resolved at the same budget."""
-        new = dataclasses.replace(self, taper=taper, mlp_widths=None)
-        new.hope = dataclasses.replace(self.hope, level_widths=None)
-        new.titans = dataclasses.replace(self.titans, memory_widths=None)
-        return new.resolve()
+        fam = get_family(self.family)
+        options = fam.fresh_options(self.options)
+        return dataclasses.replace(self, taper=taper, mlp_widths=None, options=options).resolve()
 
     def baseline(self) -> ModelConfig:
-        """The uniform model of the same budget (every taper turned off, the memory taper too)."""
-        base = self.with_taper(TaperSpec(schedule="uniform", multiple_of=self.taper.multiple_of))
-        if base.titans.memory_taper != "uniform":
-            base.titans = dataclasses.replace(
-                base.titans, memory_taper="uniform", memory_widths=None
-            )
-            base.resolve()
-        return base
-
-
-def _positive_int(value: Any, key: str, minimum: int = 1) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"{key} must be an integer >= {minimum}, got {value!r}")
-
-
-def _validate_titans(t: TitansConfig, n_layers: int) -> None:
-    """Titans options: shapes, chunking and the memory-width taper (ConfigError names the key)."""
-    if t.variant not in TITANS_VARIANTS:
-        raise ConfigError(f"model.titans.variant {t.variant!r} is unknown; choose mac, mag or mal")
-    for key in (
-        "memory_heads",
-        "memory_head_dim",
-        "memory_expansion",
-        "chunk_size",
-        "conv_kernel",
-        "window",
-        "segment_len",
-        "memory_multiple_of",
-    ):
-        _positive_int(getattr(t, key), f"model.titans.{key}")
-    _positive_int(t.memory_depth, "model.titans.memory_depth", 2)
-    _positive_int(t.persistent_tokens, "model.titans.persistent_tokens", 0)
-    if not isinstance(t.max_inner_lr, (int, float)) or not 0 < t.max_inner_lr <= 1:
-        raise ConfigError(
-            f"model.titans.max_inner_lr must be in (0, 1], got {t.max_inner_lr!r} "
-            "(the inner step on ||M(k)-v||^2 diverges for large values)"
-        )
-    if t.variant == "mac" and t.segment_len % t.chunk_size:
-        raise ConfigError(
-            f"model.titans.segment_len ({t.segment_len}) must be a multiple of "
-            f"model.titans.chunk_size ({t.chunk_size}) so memory chunks never straddle segments"
-        )
-    try:
-        spec = TaperSpec.parse(t.memory_taper, t.memory_multiple_of)
-    except TaperError as err:
-        raise ConfigError(f"model.titans.memory_taper: {err}") from None
-    if not spec.is_uniform and t.memory_depth != 2:
-        raise ConfigError(
-            f"model.titans.memory_taper {t.memory_taper!r} needs memory_depth 2 (got "
-            f"{t.memory_depth}): deeper memories have width^2 parameters, so a taper would not "
-            "keep the budget; use memory_taper: uniform"
-        )
-    base = t.memory_expansion * t.memory_head_dim
-    if t.memory_widths is not None:
-        w = t.memory_widths
-        if len(w) != n_layers or any(not isinstance(x, int) or x < 1 for x in w):
-            raise ConfigError(
-                f"model.titans.memory_widths must be {n_layers} positive integers (one per "
-                f"layer), got {w}; delete it to re-resolve from memory_taper"
-            )
-        if sum(w) != n_layers * base:
-            raise ConfigError(
-                f"model.titans.memory_widths sum to {sum(w)} but the budget is n_layers x "
-                f"memory_expansion x memory_head_dim = {n_layers * base}; delete it to re-resolve"
-            )
-
-
-def _validate_hope(h: HopeConfig, n_layers: int, mlp_widths: list[int] | None) -> None:
-    """Hope options: one fraction and one period per level; resolved widths split each layer."""
-    _positive_int(h.levels, "model.hope.levels")
-    for key in ("level_fractions", "update_periods"):
-        n = len(getattr(h, key))
-        if n != h.levels:
-            raise ConfigError(
-                f"model.hope.{key} has {n} entries but model.hope.levels is {h.levels}; "
-                "give one per level"
-            )
-    if not all(math.isfinite(f) and f > 0 for f in h.level_fractions) or not (
-        abs(sum(h.level_fractions) - 1) <= 1e-6
-    ):
-        raise ConfigError(
-            f"model.hope.level_fractions must be positive and sum to 1, got {h.level_fractions}"
-        )
-    for i, p in enumerate(h.update_periods):
-        _positive_int(p, f"model.hope.update_periods[{i}]")
-    if h.level_widths is not None:
-        rows = h.level_widths
-        if len(rows) != n_layers or any(len(r) != h.levels for r in rows):
-            raise ConfigError(
-                f"model.hope.level_widths must be {n_layers} rows of {h.levels} widths; "
-                "delete it to re-resolve from level_fractions"
-            )
-        for i, r in enumerate(rows):
-            if any(not isinstance(x, int) or x < 1 for x in r):
-                raise ConfigError(f"model.hope.level_widths[{i}] must be positive integers: {r}")
-            if mlp_widths is not None and sum(r) != mlp_widths[i]:
-                raise ConfigError(
-                    f"model.hope.level_widths[{i}] = {r} sums to {sum(r)} but mlp_widths[{i}] is "
-                    f"{mlp_widths[i]}; delete level_widths to re-resolve"
-                )
+        """The uniform model of the same budget (every taper turned off, a family's own too)."""
+        fam = get_family(self.family)
+        uniform = TaperSpec(schedule="uniform", multiple_of=self.taper.multiple_of)
+        options = None if self.options is None else fam.fresh_options(fam.untapered(self.options))
+        return dataclasses.replace(self, taper=uniform, mlp_widths=None, options=options).resolve()
 
 
 @dataclass
@@ -397,14 +260,24 @@ class RunConfig:
 
 
 def to_dict(obj: Any) -> Any:
-    """Plain-Python (YAML-safe) form of a config dataclass."""
+    """Plain-Python (YAML-safe) form of a config dataclass; a model's options are written as the
+    section named after its family."""
     if isinstance(obj, TaperSpec):
         return obj.to_dict()
     if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        out = {name: to_dict(getattr(obj, name)) for name in config_keys(type(obj))}
+        if isinstance(obj, ModelConfig) and obj.options is not None:
+            out[obj.family] = to_dict(obj.options)
+        return out
     if isinstance(obj, (list, tuple)):
         return [to_dict(x) for x in obj]
     return obj
+
+
+def config_keys(cls: type) -> list[str]:
+    """The keys of config dataclass `cls` in a YAML mapping (a model's options are not one: they
+    are the section named after its family)."""
+    return [f.name for f in dataclasses.fields(cls) if not f.metadata.get("section")]
 
 
 def from_dict(cls: type, data: Any, where: str = "") -> Any:
@@ -415,23 +288,50 @@ def from_dict(cls: type, data: Any, where: str = "") -> Any:
         raise ConfigError(
             f"{where or 'config'} must be a mapping, got {type(data).__name__}: {data!r}"
         )
+    if cls is ModelConfig:
+        return _model_from(data, where)
+    return _dataclass_from(cls, data, where)
+
+
+def _dataclass_from(cls: type, data: dict, where: str, sections: tuple[str, ...] = ()) -> Any:
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = set(config_keys(cls))
     # key=str: YAML keys may be ints/bools/None (`1: 2`), which neither sort with str nor match.
     unknown = sorted((k for k in data if k not in names), key=str)
     if unknown:
-        close = {u: _closest(str(u), names) for u in unknown}
+        valid = names | set(sections)
+        close = {u: _closest(str(u), valid) for u in unknown}
         hint = "; ".join(
             f"{u!r}" + (f" (did you mean {c!r}?)" if c else "") for u, c in close.items()
         )
         raise ConfigError(
-            f"unknown key(s) in {where or 'config'}: {hint}. Valid keys: {', '.join(sorted(names))}"
+            f"unknown key(s) in {where or 'config'}: {hint}. Valid keys: {', '.join(sorted(valid))}"
         )
     kwargs = {}
     for key, value in data.items():
         path = f"{where}.{key}" if where else key
         kwargs[key] = _coerce(hints[key], value, path)
     return cls(**kwargs)
+
+
+def _model_from(data: dict, where: str) -> ModelConfig:
+    """A ModelConfig: the shared keys, plus the section named after its family read into the
+    family's options. Sections of other families (every 0.1 config carried all of them) are
+    ignored, and each family may upgrade keys of older layouts first (`Family.upgrade`)."""
+    at = f"{where}." if where else ""
+    family = _coerce(str, data.get("family", ModelConfig.family), f"{at}family")
+    if family not in FAMILIES:
+        raise ConfigError(f"{at}family {family!r} is unknown; choose one of {', '.join(FAMILIES)}")
+    for fam in FAMILIES.values():
+        data = fam.upgrade(data, where)
+    fam = FAMILIES[family]
+    shared = {k: v for k, v in data.items() if k not in FAMILIES}
+    cfg = _dataclass_from(ModelConfig, shared, where, (family,) if fam.options else ())
+    section = data.get(family, {}) if fam.options is not None else None
+    if family in data and fam.options is None:
+        raise ConfigError(f"{at}{family}: the {family} family has no options; delete the section")
+    cfg.options = None if section is None else from_dict(fam.options, section, f"{at}{family}")
+    return cfg
 
 
 def _taper_from(data: Any, where: str) -> TaperSpec:
@@ -587,7 +487,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         key, value = parse_override(text)
         parts = key.split(".")
         if parts[0] not in ("model", "data", "train"):
-            section = _section_of(parts[0])
+            section = section_of(parts[0])
             if section is None:
                 raise ConfigError(
                     f"--set {text!r}: unknown key {parts[0]!r}; use model.KEY, train.KEY or data.KEY"
@@ -604,27 +504,35 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
-_SIZE_KEYS = {"taper", "mlp_width", "n_layers", "family", "hope", "titans"}
-_RESOLVED_KEYS = {"mlp_widths", "level_widths", "memory_widths"}
+_SIZE_KEYS = {"taper", "mlp_width", "n_layers", "family"}
 
 
 def _affects_sizes(path: list[str]) -> bool:
-    """Whether overriding model.<path> changes the resolved per-layer sizes."""
-    return bool(path) and path[0] in _SIZE_KEYS and path[-1] not in _RESOLVED_KEYS
+    """Whether overriding model.<path> changes the resolved per-layer sizes: the taper, the
+    baseline, the depth, the family or any family option (except a resolved size itself)."""
+    if not path or (path[0] not in _SIZE_KEYS and path[0] not in FAMILIES):
+        return False
+    resolved = {"mlp_widths"} | {k for fam in FAMILIES.values() for k in fam.resolved}
+    return path[-1] not in resolved
 
 
 def clear_resolved_sizes(model: dict) -> None:
     """Drop resolved per-layer sizes from a model dict so `resolve()` recomputes them from the
     (changed) taper; used when the taper, baseline or depth is overridden."""
     model.pop("mlp_widths", None)
-    for sub in ("hope", "titans"):
-        if isinstance(model.get(sub), dict):
-            model[sub].pop("level_widths", None)
-            model[sub].pop("memory_widths", None)
+    for fam in FAMILIES.values():
+        section = model.get(fam.name)
+        if isinstance(section, dict):
+            for key in fam.resolved:
+                section.pop(key, None)
 
 
-def _section_of(key: str) -> str | None:
+def section_of(key: str) -> str | None:
+    """The config section (model, train, data) a bare `--set` key belongs to, if any; a family's
+    options section (`hope`, ...) belongs to model."""
+    if key in FAMILIES:
+        return "model"
     for section, cls in (("model", ModelConfig), ("train", TrainConfig), ("data", DataConfig)):
-        if key in {f.name for f in dataclasses.fields(cls)}:
+        if key in config_keys(cls):
             return section
     return None

@@ -14,7 +14,8 @@ paper's 440M/760M/1.3B naming does:
 440m: the family's 24-layer depth (divisible by 3 for the paper's three-group experiment) with
 d_model raised from 1024 (374M) to 1152, the nearest width with a whole head dim that reaches
 ~440M. Gated Attention adds its gate (d x d per layer) on top of the same shape rather than
-shrinking the MLP, as in Qiu et al.; Hope and Titans presets are defined by their families.
+shrinking the MLP, as in Qiu et al.; the options of each family's presets (Hope levels, Titans
+memory) are defined by the family (`Family.presets` in `taperlm.families`).
 
 Tiny presets (`*-tiny`: 6 layers, d_model 128, 8K BPE vocabulary, 256 context) train on 2 CPU
 cores in minutes (`transformer-tiny` is the default of `taperlm compare`); `*-small` (12 layers,
@@ -23,11 +24,12 @@ d_model 192) is about 2.3x slower.
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable
+from pathlib import Path
 
-from taperlm.config import HopeConfig, ModelConfig, TitansConfig
+from taperlm.config import ModelConfig, load_yaml, to_dict
 from taperlm.errors import ConfigError
+from taperlm.families import FAMILIES, Family
+from taperlm.families.base import PresetOptions
 from taperlm.taper import TaperSpec
 
 PAPER_SHAPES: dict[str, dict] = {
@@ -46,24 +48,14 @@ SMALL_SHAPES: dict[str, dict] = {
     ),
 }
 
-# Family-specific extras applied on top of the shape (a function of the size name).
-FamilyExtras = Callable[[str], dict]
 
-
-def _transformer(size: str) -> dict:
-    return {"family": "transformer"}
-
-
-def _gated(size: str) -> dict:
-    return {"family": "gated", "gate": "elementwise"}
-
-
-FAMILY_EXTRAS: dict[str, FamilyExtras] = {"transformer": _transformer, "gated": _gated}
-
-
-def register_family(name: str, extras: FamilyExtras) -> None:
-    """Add a family's presets (used by the Hope and Titans families)."""
-    FAMILY_EXTRAS[name] = extras
+def preset_families() -> dict[str, tuple[Family, PresetOptions]]:
+    """Preset name prefix (`transformer`, `titans-mac`, ...) -> its family and options."""
+    return {
+        prefix: (fam, options)
+        for fam in FAMILIES.values()
+        for prefix, options in fam.presets.items()
+    }
 
 
 def _all_sizes() -> list[str]:
@@ -71,45 +63,38 @@ def _all_sizes() -> list[str]:
 
 
 def preset_names() -> list[str]:
-    _load_family_presets()
-    return [f"{fam}-{size}" for fam in FAMILY_EXTRAS for size in _all_sizes()]
+    return [f"{prefix}-{size}" for prefix in preset_families() for size in _all_sizes()]
 
 
 def get_preset(name: str, taper: TaperSpec | None = None, resolve: bool = True) -> ModelConfig:
     """A fresh ModelConfig for preset `name`, optionally with a taper, resolved by default."""
-    _load_family_presets()
-    fam, _, size = name.rpartition("-")
-    if fam not in FAMILY_EXTRAS or size not in _all_sizes():
+    prefixes = preset_families()
+    prefix, _, size = name.rpartition("-")
+    if prefix not in prefixes or size not in _all_sizes():
         raise ConfigError(
             f"unknown preset {name!r}; run `taperlm plan --list-presets` to see them "
-            f"(families: {', '.join(FAMILY_EXTRAS)}; sizes: {', '.join(_all_sizes())})"
+            f"(families: {', '.join(prefixes)}; sizes: {', '.join(_all_sizes())})"
         )
-    fields: dict = {}
+    shape: dict = {}
     if size in PAPER_SHAPES:
-        fields.update(PAPER_COMMON, **PAPER_SHAPES[size])
+        shape.update(PAPER_COMMON, **PAPER_SHAPES[size])
     else:
-        fields.update(SMALL_SHAPES[size])
-    extras = copy.deepcopy(FAMILY_EXTRAS[fam](size))
-    hope = extras.pop("hope", None)
-    titans = extras.pop("titans", None)
-    fields.update(extras)
-    cfg = ModelConfig(**fields)
-    if hope is not None:
-        cfg.hope = hope if isinstance(hope, HopeConfig) else HopeConfig(**hope)
-    if titans is not None:
-        cfg.titans = titans if isinstance(titans, TitansConfig) else TitansConfig(**titans)
+        shape.update(SMALL_SHAPES[size])
+    fam, options = prefixes[prefix]
+    cfg = ModelConfig(family=fam.name, options=options(size, shape), **shape)
     if taper is not None:
         cfg.taper = taper
     return cfg.resolve() if resolve else cfg
 
 
-def _load_family_presets() -> None:
-    """Import modules that register further families (kept lazy to avoid import cycles)."""
-    import importlib
-
-    for mod in ("taperlm.families_presets",):
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as err:
-            if err.name != mod:
-                raise
+def config_data(config: str | Path | None, preset: str | None) -> tuple[dict, str]:
+    """The run-config dict (model:, data:, train:) of a YAML file (a bare model mapping is
+    accepted), else of a preset's unresolved model; and its name for error messages."""
+    if config:
+        data = load_yaml(config)
+        if "model" not in data and "family" in data:
+            data = {"model": data}
+        return data, str(config)
+    if preset:
+        return {"model": to_dict(get_preset(preset, resolve=False))}, f"preset {preset}"
+    raise ConfigError("give a model with --preset NAME or --config FILE")

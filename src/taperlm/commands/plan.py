@@ -98,8 +98,10 @@ def plan_to_dict(p) -> dict:
 
 
 def format_plan(p) -> str:
-    cfg = p.config
+    from taperlm.families import family
     from taperlm.taper import describe
+
+    cfg = p.config
 
     total_flops = sum(b.flops_per_token for b in p.layers)
     lines = [
@@ -111,7 +113,8 @@ def format_plan(p) -> str:
         f"{'layer':>5} {'width':>7} {'x base':>7} {'params':>12} {'baseline':>12} "
         f"{'diff':>10} {'FLOPs share':>11}",
     ]
-    extra_name, extra = _family_sizes(cfg)
+    column = family(cfg).plan_column(cfg)
+    extra_name, extra = column if column else ("", [])
     if extra_name:
         lines[-1] += f"  {extra_name}"
     for b, bb in zip(p.layers, p.baseline_layers):
@@ -131,12 +134,3 @@ def format_plan(p) -> str:
         f"{p.baseline_flops_per_token:>16,}{p.flops_per_token - p.baseline_flops_per_token:>+12,}",
     ]
     return "\n".join(lines)
-
-
-def _family_sizes(cfg) -> tuple[str, list[str]]:
-    """A per-layer column for family-specific sizes: Hope CMS level widths, Titans memory widths."""
-    if cfg.family == "hope" and cfg.hope.level_widths:
-        return "CMS levels", ["+".join(map(str, w)) for w in cfg.hope.level_widths]
-    if cfg.family == "titans" and cfg.titans.memory_widths:
-        return "memory width", [str(w) for w in cfg.titans.memory_widths]
-    return "", []

@@ -25,6 +25,7 @@ from typing import Any
 
 from taperlm.config import RunConfig, to_dict
 from taperlm.errors import ConfigError, TaperError
+from taperlm.families import FAMILIES
 from taperlm.taper import TaperSpec
 
 PAPER_MODES = ("controlled", "sweep")
@@ -243,8 +244,7 @@ def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
 ALLOCATION_KEYS = (
     "model.taper",
     "model.mlp_widths",
-    "model.hope.level_widths",
-    "model.titans.memory_widths",
+    *(f"model.{fam.name}.{key}" for fam in FAMILIES.values() for key in fam.resolved),
 )
 
 

@@ -6,7 +6,7 @@ Block: h = x + Attn(norm(x)); u = mlp_norm(h);
     CMS(u) = z_k - z_0 = sum_i L_i(.)   (the update added to the residual stream).
 Level 1 is normalised by the block's `mlp_norm` (so k = 1 is exactly Transformer++); levels >= 2
 have their own RMSNorm. Level widths are `cfg.hope.level_widths[layer]` (the layer's tapered
-width split by `level_fractions`, exact sums; see taperlm.families.split_width).
+width split by `level_fractions`, exact sums; see taperlm.families.hope.split_width).
 
 Update periods (the multi-timescale reading; docs/architectures.md): every parameter of level i
 (its SwiGLU and its norm; for level 1 also the block's mlp_norm) carries an int attribute
@@ -23,9 +23,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from taperlm.config import ModelConfig
-from taperlm.models.layers import Attention, RMSNorm, Rotary, SwiGLU
-from taperlm.models.lm import Block, register_block_factory
+from taperlm.families.base import ModelFields
+from taperlm.models.layers import Attention, Block, RMSNorm, Rotary, SwiGLU
 
 
 class ContinuumMemory(nn.Module):
@@ -91,7 +90,7 @@ def is_due(p: nn.Parameter, step: int) -> bool:
     return (step + 1) % update_period(p) == 0
 
 
-def hope_block(cfg: ModelConfig, layer: int, rotary: Rotary) -> Block:
+def hope_block(cfg: ModelFields, layer: int, rotary: Rotary) -> Block:
     assert cfg.hope.level_widths is not None, "resolve the config first (ModelConfig.resolve())"
     attn = Attention(cfg.d_model, cfg.n_heads, cfg.kv_heads, rotary)
     widths = cfg.hope.level_widths[layer]
@@ -99,6 +98,3 @@ def hope_block(cfg: ModelConfig, layer: int, rotary: Rotary) -> Block:
     block = Block(attn, cms, cfg.d_model, cfg.norm_eps)
     set_update_period(block.mlp_norm.parameters(), cfg.hope.update_periods[0])
     return block
-
-
-register_block_factory("hope", hope_block)

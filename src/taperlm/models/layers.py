@@ -1,58 +1,22 @@
-"""Building blocks shared by every family: RMSNorm, RoPE, SwiGLU, (gated) causal attention.
+"""Building blocks shared by every family: RMSNorm, RoPE, SwiGLU, (gated) causal attention and
+the pre-norm residual `Block`.
 
 Conventions: no biases; row-major `nn.Linear`; attention through
-`F.scaled_dot_product_attention`, which picks flash / memory-efficient kernels on GPU.
-
-Speed notes (measured in benchmarks/README.md): on CPU in eager mode, RMSNorm and the training
-cross-entropy use hand-written autograd functions (`rms_norm_fp32`, `cross_entropy`) that make
-fewer passes over memory than the composite ATen ops; on GPU and under `torch.compile` the plain
-ops are used, since fused kernels / Inductor already do better there. Both paths compute the
-same function (tests compare them).
+`F.scaled_dot_product_attention`, which picks flash / memory-efficient kernels on GPU. In fp32
+on CPU in eager mode, RMSNorm and the training loss run on the hand-written kernels of
+`taperlm.models.cpu_kernels` (fewer passes over memory; the same function, tested).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-def _eager_cpu(x: torch.Tensor) -> bool:
-    """Whether the hand-written CPU kernels apply: fp32 on CPU, outside torch.compile tracing."""
-    return x.device.type == "cpu" and x.dtype == torch.float32 and not torch.compiler.is_compiling()
-
-
-class _RMSNormFn(torch.autograd.Function):
-    """y = x * rstd * w with rstd = 1/sqrt(mean(x^2) + eps), saving only x_hat and rstd.
-
-    ATen's CPU rms_norm is composite (pow, mean, add, rsqrt, mul, mul), and autograd then keeps
-    and replays every intermediate; the closed-form backward below needs two reductions."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
-        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps))
-        x_hat = x * rstd
-        ctx.save_for_backward(x_hat, rstd, weight)
-        return x_hat * weight
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        x_hat, rstd, weight = ctx.saved_tensors
-        grad_w = (
-            (grad * x_hat).reshape(-1, x_hat.shape[-1]).sum(0) if ctx.needs_input_grad[1] else None
-        )
-        gw = grad * weight
-        # d/dx of x_hat * w: rstd * (g*w - x_hat * mean(g*w * x_hat))
-        dot = (gw * x_hat).mean(-1, keepdim=True)
-        grad_x = gw.sub_(x_hat * dot).mul_(rstd)
-        return grad_x, grad_w, None
-
-
-def rms_norm_fp32(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of fp32 `x` (any leading shape) with gain `weight`, closed-form backward."""
-    return _RMSNormFn.apply(x, weight, eps)
+from taperlm.models import cpu_kernels
 
 
 class RMSNorm(nn.Module):
@@ -64,8 +28,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _eager_cpu(x) and self.weight.dtype == torch.float32:
-            return rms_norm_fp32(x, self.weight, self.eps)
+        if cpu_kernels.applies(x) and self.weight.dtype == torch.float32:
+            return cpu_kernels.rms_norm(x, self.weight, self.eps)
         return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).type_as(x)
 
 
@@ -100,62 +64,17 @@ class Rotary(nn.Module):
         return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-class _CrossEntropyFn(torch.autograd.Function):
-    """Mean cross-entropy over rows whose target is not -100, with the gradient computed in the
-    forward pass, block by block of rows while they are in cache.
-
-    ATen's path (log_softmax -> nll_loss -> their backwards) writes three fresh [N, V] tensors
-    (log-probabilities, a zero-filled gradient, the logits' gradient) and reads them back; here
-    one [N, V] gradient is written and returned as is by the backward pass.
-    """
-
-    @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, n_valid: int) -> torch.Tensor:  # type: ignore[override]
-        N, V = logits.shape
-        valid = targets != -100
-        tgt = torch.where(valid, targets, 0).unsqueeze(1)
-        inv_n = 1.0 / n_valid
-        grad = torch.empty_like(logits)
-        picked = torch.empty(N, 1, dtype=logits.dtype)
-        minus = torch.full((N, 1), -inv_n, dtype=logits.dtype)
-        rows = max(1, (1 << 18) // V)  # ~1 MiB of fp32 per block: stays in L2
-        for s in range(0, N, rows):
-            g, t = grad[s : s + rows], tgt[s : s + rows]
-            torch.ops.aten._log_softmax.out(logits[s : s + rows], -1, False, out=g)
-            torch.gather(g, 1, t, out=picked[s : s + rows])
-            g.exp_().mul_(inv_n).scatter_add_(1, t, minus[s : s + rows])  # (softmax - onehot) / n
-        if n_valid < N:
-            grad.index_fill_(0, (~valid).nonzero().squeeze(1), 0.0)
-        ctx.save_for_backward(grad)
-        ctx.scale = 1.0
-        return -(picked.squeeze(1) * valid).sum() * inv_n
-
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
-        (grad,) = ctx.saved_tensors
-        s = float(grad_out)
-        if s == 0.0:
-            return torch.zeros_like(grad), None, None
-        if s != ctx.scale:
-            # Scale in place (no second [N, V] tensor) and remember the factor applied, so a
-            # retained graph's next backward rescales correctly. `.data` keeps autograd's
-            # version check, which would reject the change to a saved tensor, out of this.
-            grad.data.mul_(s / ctx.scale)
-            ctx.scale = s
-        return grad, None, None
-
-
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy (fp32) over targets != -100; logits [..., V], targets [...].
 
-    Uses the fused CPU kernel above when training in fp32 on CPU in eager mode, else
+    Uses the fused CPU kernel when training in fp32 on CPU in eager mode, else
     `F.cross_entropy` on fp32 logits."""
     flat = logits.reshape(-1, logits.shape[-1])
     tgt = targets.reshape(-1)
-    if _eager_cpu(flat) and torch.is_grad_enabled() and flat.requires_grad:
+    if cpu_kernels.applies(flat) and torch.is_grad_enabled() and flat.requires_grad:
         n_valid = int((tgt != -100).sum())
         if n_valid > 0:
-            return _CrossEntropyFn.apply(flat, tgt, n_valid)
+            return cpu_kernels.cross_entropy(flat, tgt, n_valid)
     return F.cross_entropy(flat.float(), tgt, ignore_index=-100)
 
 
@@ -253,6 +172,23 @@ class Attention(nn.Module):
             g = g.view(B, T, H, -1)  # [.., hd] elementwise, [.., 1] headwise
             y = y * torch.sigmoid(g)
         return self.out(y.reshape(B, T, H * hd))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: h = x + mixer(norm(x)); out = h + mlp(norm(h)). Every family is
+    a stack of these; `mlp` returns exactly the update added to the residual stream."""
+
+    def __init__(self, mixer: nn.Module, mlp: nn.Module, d_model: int, eps: float) -> None:
+        super().__init__()
+        self.mixer_norm = RMSNorm(d_model, eps)
+        self.mixer = mixer
+        self.mlp_norm = RMSNorm(d_model, eps)
+        self.mlp = mlp
+
+    def forward(self, x: torch.Tensor, cache: Any = None) -> torch.Tensor:
+        normed = self.mixer_norm(x)
+        h = x + (self.mixer(normed) if cache is None else self.mixer(normed, cache=cache))
+        return h + self.mlp(self.mlp_norm(h))
 
 
 def init_weights(module: nn.Module, std: float, n_layers: int) -> None:

@@ -1,12 +1,11 @@
 """TaperedLM: embedding -> blocks (each built from its own MLP width) -> norm -> head.
 
 One code path for every allocation: a uniform model is a tapered model whose resolved widths
-are all equal. Families differ only in the block factory (`BLOCK_FACTORIES`).
+are all equal. Families differ only in their blocks (`taperlm.families`, `Family.build_block`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,50 +14,8 @@ from torch import nn
 
 from taperlm.config import ModelConfig
 from taperlm.errors import ConfigError
-from taperlm.models.layers import (
-    Attention,
-    RMSNorm,
-    Rotary,
-    SwiGLU,
-    cross_entropy,
-    init_weights,
-)
-
-
-class Block(nn.Module):
-    """Pre-norm residual block: h = x + mixer(norm(x)); out = h + mlp(norm(h))."""
-
-    def __init__(self, mixer: nn.Module, mlp: nn.Module, d_model: int, eps: float) -> None:
-        super().__init__()
-        self.mixer_norm = RMSNorm(d_model, eps)
-        self.mixer = mixer
-        self.mlp_norm = RMSNorm(d_model, eps)
-        self.mlp = mlp
-
-    def forward(self, x: torch.Tensor, cache: Any = None) -> torch.Tensor:
-        normed = self.mixer_norm(x)
-        h = x + (self.mixer(normed) if cache is None else self.mixer(normed, cache=cache))
-        return h + self.mlp(self.mlp_norm(h))
-
-
-BlockFactory = Callable[[ModelConfig, int, Rotary], Block]
-
-
-def _attention_block(cfg: ModelConfig, layer: int, rotary: Rotary) -> Block:
-    gate = cfg.gate if cfg.family == "gated" else None
-    attn = Attention(cfg.d_model, cfg.n_heads, cfg.kv_heads, rotary, gate=gate)
-    assert cfg.mlp_widths is not None
-    return Block(attn, SwiGLU(cfg.d_model, cfg.mlp_widths[layer]), cfg.d_model, cfg.norm_eps)
-
-
-BLOCK_FACTORIES: dict[str, BlockFactory] = {
-    "transformer": _attention_block,
-    "gated": _attention_block,
-}
-
-
-def register_block_factory(family: str, factory: BlockFactory) -> None:
-    BLOCK_FACTORIES[family] = factory
+from taperlm.families import family
+from taperlm.models.layers import RMSNorm, Rotary, cross_entropy, init_weights
 
 
 @dataclass
@@ -73,14 +30,11 @@ class TaperedLM(nn.Module):
         if cfg.mlp_widths is None:
             raise ConfigError("ModelConfig has no resolved mlp_widths; call cfg.resolve() first")
         cfg.validate()
-        _load_family_modules()
-        if cfg.family not in BLOCK_FACTORIES:
-            raise ConfigError(f"model family {cfg.family!r} has no implementation")
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         rotary = Rotary(cfg.head_dim, cfg.context_length, cfg.rope_theta)
-        factory = BLOCK_FACTORIES[cfg.family]
-        self.blocks = nn.ModuleList(factory(cfg, i, rotary) for i in range(cfg.n_layers))
+        build = family(cfg).build_block
+        self.blocks = nn.ModuleList(build(cfg, i, rotary) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         init_weights(self, cfg.init_std, cfg.n_layers)
@@ -117,15 +71,3 @@ class TaperedLM(nn.Module):
     def num_params(self) -> int:
         """Unique parameters (a tied head counts once), comparable to budget.total_params."""
         return sum(p.numel() for p in self.parameters())
-
-
-def _load_family_modules() -> None:
-    """Import model modules that register further families (hope, titans) if present."""
-    import importlib
-
-    for mod in ("taperlm.models.hope", "taperlm.models.titans"):
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as err:
-            if err.name != mod:
-                raise

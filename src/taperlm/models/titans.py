@@ -25,9 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from taperlm.config import ModelConfig
-from taperlm.models.layers import RMSNorm, Rotary, SwiGLU
-from taperlm.models.lm import Block, register_block_factory
+from taperlm.families.base import ModelFields
+from taperlm.models.layers import Block, RMSNorm, Rotary, SwiGLU
 from taperlm.models.memory import NeuralMemory
 
 
@@ -138,7 +137,7 @@ def segment_attention(
 class TitansAttention(nn.Module):
     """Softmax attention with RoPE and N_p persistent tokens (model-space, projected by W_kv)."""
 
-    def __init__(self, cfg: ModelConfig, rotary: Rotary) -> None:
+    def __init__(self, cfg: ModelFields, rotary: Rotary) -> None:
         super().__init__()
         d, hd = cfg.d_model, cfg.head_dim
         self.H, self.Hkv, self.hd = cfg.n_heads, cfg.kv_heads, hd
@@ -184,7 +183,7 @@ class TitansAttention(nn.Module):
         return self.merge(segment_attention(q, k, v, kh, vh, kp, vp, u.shape[1]))
 
 
-def _memory(cfg: ModelConfig, layer: int) -> NeuralMemory:
+def _memory(cfg: ModelFields, layer: int) -> NeuralMemory:
     t = cfg.titans
     assert t.memory_widths is not None
     return NeuralMemory(
@@ -200,27 +199,35 @@ def _memory(cfg: ModelConfig, layer: int) -> NeuralMemory:
     )
 
 
-class MAGMixer(nn.Module):
-    """Memory as gate: RMSNorm(SWA(u)) * sigmoid(RMSNorm(LMM(u)))."""
+class _GatedByMemory(nn.Module):
+    """Attention and memory combined as RMSNorm(attention) * sigmoid(RMSNorm(memory)) (MAG, MAC)."""
 
-    def __init__(self, cfg: ModelConfig, layer: int, rotary: Rotary) -> None:
+    def __init__(self, cfg: ModelFields, layer: int, rotary: Rotary) -> None:
         super().__init__()
-        self.window = cfg.titans.window
         self.attn = TitansAttention(cfg, rotary)
         self.memory = _memory(cfg, layer)
         self.norm_attn = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.norm_mem = RMSNorm(cfg.d_model, cfg.norm_eps)
 
-    def forward(self, u: torch.Tensor) -> torch.Tensor:
-        a = self.attn.sliding(u, self.window)
-        m = self.memory(u)
+    def combine(self, a: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         return self.norm_attn(a) * torch.sigmoid(self.norm_mem(m))
+
+
+class MAGMixer(_GatedByMemory):
+    """Memory as gate: RMSNorm(SWA(u)) * sigmoid(RMSNorm(LMM(u)))."""
+
+    def __init__(self, cfg: ModelFields, layer: int, rotary: Rotary) -> None:
+        super().__init__(cfg, layer, rotary)
+        self.window = cfg.titans.window
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        return self.combine(self.attn.sliding(u, self.window), self.memory(u))
 
 
 class MALMixer(nn.Module):
     """Memory as layer: m = LMM(u); m + SWA(RMSNorm(u + m))."""
 
-    def __init__(self, cfg: ModelConfig, layer: int, rotary: Rotary) -> None:
+    def __init__(self, cfg: ModelFields, layer: int, rotary: Rotary) -> None:
         super().__init__()
         self.window = cfg.titans.window
         self.memory = _memory(cfg, layer)
@@ -232,16 +239,12 @@ class MALMixer(nn.Module):
         return m + self.attn.sliding(self.norm(u + m), self.window)
 
 
-class MACMixer(nn.Module):
+class MACMixer(_GatedByMemory):
     """Memory as context, sequential over segments (see the module docstring)."""
 
-    def __init__(self, cfg: ModelConfig, layer: int, rotary: Rotary) -> None:
-        super().__init__()
+    def __init__(self, cfg: ModelFields, layer: int, rotary: Rotary) -> None:
+        super().__init__(cfg, layer, rotary)
         self.segment = cfg.titans.segment_len
-        self.attn = TitansAttention(cfg, rotary)
-        self.memory = _memory(cfg, layer)
-        self.norm_attn = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.norm_mem = RMSNorm(cfg.d_model, cfg.norm_eps)
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         B, T, _ = u.shape
@@ -263,17 +266,14 @@ class MACMixer(nn.Module):
             with torch.autocast(device_type=u.device.type, enabled=False):
                 r, state = mem.write_read(state, q_y, k_y, v_y, g_y)
             m = mem.output(r, y)
-            outs.append(self.norm_attn(y) * torch.sigmoid(self.norm_mem(m)))
+            outs.append(self.combine(y, m))
         return torch.cat(outs, 1)
 
 
 MIXERS = {"mac": MACMixer, "mag": MAGMixer, "mal": MALMixer}
 
 
-def titans_block(cfg: ModelConfig, layer: int, rotary: Rotary) -> Block:
+def titans_block(cfg: ModelFields, layer: int, rotary: Rotary) -> Block:
     assert cfg.mlp_widths is not None
     mixer = MIXERS[cfg.titans.variant](cfg, layer, rotary)
     return Block(mixer, SwiGLU(cfg.d_model, cfg.mlp_widths[layer]), cfg.d_model, cfg.norm_eps)
-
-
-register_block_factory("titans", titans_block)

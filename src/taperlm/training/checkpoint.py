@@ -318,7 +318,13 @@ def load_run_model(run_dir: str | Path, step: int | None = None, device: str = "
     Raises CheckpointError when the run dir is missing, has no usable checkpoint, or the
     checkpoint does not match the run's config (naming the mismatching keys).
     """
-    from taperlm.config import load_run_config, run_config_from_dict, to_dict
+    from taperlm.config import (
+        ModelConfig,
+        from_dict,
+        load_run_config,
+        run_config_from_dict,
+        to_dict,
+    )
     from taperlm.errors import ConfigError
     from taperlm.models import TaperedLM
 
@@ -355,9 +361,12 @@ def load_run_model(run_dir: str | Path, step: int | None = None, device: str = "
         else:
             run_config = run_config_from_dict(manifest["run_config"], str(ckpt / MANIFEST_FILE))
         run_config.resolve()
+        # Read through the config classes, so a manifest in an older layout compares by meaning.
+        saved_model = (manifest.get("run_config") or {}).get("model")
+        if saved_model is not None:
+            saved_model = to_dict(from_dict(ModelConfig, saved_model, "model"))
     except ConfigError as err:
         raise CheckpointError(f"cannot rebuild the model of {run}: {err}") from None
-    saved_model = (manifest.get("run_config") or {}).get("model")
     if saved_model is not None:
         diffs = config_differences(saved_model, to_dict(run_config.model), "model.")
         if diffs:

@@ -1,0 +1,170 @@
+"""The `Family` record and what families share (pure Python; no torch, no taperlm.config).
+
+A model family is one module in `taperlm/families/` that defines a `Family` and is listed in
+`taperlm.families.FAMILIES`; nothing else in taperlm names a family. Every family is a stack of
+pre-norm residual blocks
+
+    h = x + mixer(mixer_norm(x));   out = h + mlp(mlp_norm(h))
+
+(`taperlm.models.layers.Block`) whose layer-l MLP has the tapered width `mlp_widths[l]`. The
+record says how to check and resolve the family's options, how many parameters and FLOPs each
+component has, how to build a block, which presets it has and what `taperlm plan` shows for it.
+Families read a config through `ModelFields` and never import `taperlm.config` (which imports
+them), so there is no import circle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from taperlm.errors import ConfigError
+from taperlm.taper import TaperSpec
+
+
+class ModelFields(Protocol):
+    """What a family reads of a `taperlm.config.ModelConfig` (see its field documentation)."""
+
+    family: str
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int | None
+    mlp_width: int
+    taper: TaperSpec
+    mlp_widths: list[int] | None
+    context_length: int
+    rope_theta: float
+    norm_eps: float
+    options: Any  # the family's options dataclass (None for families without options)
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @property
+    def kv_heads(self) -> int: ...
+
+
+# (cfg, layer) -> parameter count by component, e.g. {"attn_qkv": ..., "norms": ...}
+ComponentParams = Callable[[ModelFields, int], dict[str, int]]
+# (size name, shape) -> the family's options for preset `<prefix>-<size>` (None: no options)
+PresetOptions = Callable[[str, Mapping[str, int]], Any]
+
+
+# ----------------------------------------------------------------------------------------------
+# shared parameter and FLOP formulas
+
+
+def swiglu_params(d: int, width: int) -> int:
+    """W_gate, W_up: d x width; W_down: width x d; no biases."""
+    return 3 * d * width
+
+
+def swiglu_mlp_params(cfg: ModelFields, layer: int) -> dict[str, int]:
+    """The SwiGLU MLP of layer l at its own width, and its norm."""
+    assert cfg.mlp_widths is not None, "resolve the config first (ModelConfig.resolve())"
+    return {"mlp": swiglu_params(cfg.d_model, cfg.mlp_widths[layer]), "norms": cfg.d_model}
+
+
+def attention_params(cfg: ModelFields) -> dict[str, int]:
+    d, hd = cfg.d_model, cfg.head_dim
+    return {
+        "attn_qkv": d * (cfg.n_heads + 2 * cfg.kv_heads) * hd,
+        "attn_out": cfg.n_heads * hd * d,
+    }
+
+
+def attention_span_flops(cfg: ModelFields, span: int) -> int:
+    """QK^T and AV for every query against `span` keys (2 FLOPs per multiply-add)."""
+    return 2 * 2 * cfg.n_heads * cfg.head_dim * span
+
+
+def attention_flops(cfg: ModelFields, seq_len: int, window: int | None = None) -> int:
+    """Forward FLOPs per token of softmax attention beyond the projections: QK^T and AV over the
+    full context (the PaLM convention; no causal halving), or over a sliding `window`."""
+    return attention_span_flops(cfg, seq_len if window is None else min(seq_len, window))
+
+
+def full_attention_flops(cfg: ModelFields, layer: int, seq_len: int) -> int:
+    """Mixer FLOPs of global softmax attention over `seq_len` tokens."""
+    return attention_flops(cfg, seq_len)
+
+
+# ----------------------------------------------------------------------------------------------
+# the record
+
+
+def _nothing(cfg: ModelFields) -> None:
+    return None
+
+
+def _same(options: Any) -> Any:
+    return options
+
+
+def _no_column(cfg: ModelFields) -> tuple[str, list[str]] | None:
+    return None
+
+
+def _unchanged(model: dict[str, Any], where: str) -> dict[str, Any]:
+    return model
+
+
+@dataclass(frozen=True)
+class Family:
+    """Everything taperlm knows about one model family.
+
+    Fields:
+        name: `model.family`; also the YAML section of its options (`model.<name>:`).
+        build_block: (cfg, layer, rotary) -> the layer's `Block` (imports torch itself, so
+            that `taperlm plan` never does).
+        mixer_params / mlp_params: exact parameter counts by component of layer l's mixer and
+            MLP, equal to `numel` of the built modules. Components named `norms*`, `conv*`,
+            `bias*` or `vector*` are not matmul weights (`taperlm.budget`).
+        mixer_flops: (cfg, layer, seq_len) -> forward FLOPs per token of the mixer that are not
+            weight matmuls (attention scores and values, memory updates).
+        options: the dataclass of the family's options (None: the family has none). Its fields
+            are typed and documented like every config field.
+        validate: ConfigError (naming the key and the fix) for bad options; called after the
+            shared checks of `ModelConfig.validate`.
+        resolve: fill the family's per-layer sizes into its options from `cfg.mlp_widths`;
+            idempotent, never overwrites sizes already present (they are authoritative).
+        resolved: names of the option fields `resolve` writes (cleared when sizes change).
+        untapered: the options of the uniform baseline (turns off a family's own tapers).
+        presets: preset name prefix -> options of `<prefix>-<size>` for every shared size.
+        plan_column: (header, one value per layer) that `taperlm plan` adds, or None.
+        upgrade: rewrites a model dict from an older taperlm layout (before it is read).
+    """
+
+    name: str
+    build_block: Callable[[ModelFields, int, Any], Any]
+    mixer_params: ComponentParams
+    mlp_params: ComponentParams = swiglu_mlp_params
+    mixer_flops: Callable[[ModelFields, int, int], int] = full_attention_flops
+    options: type | None = None
+    validate: Callable[[ModelFields], None] = _nothing
+    resolve: Callable[[ModelFields], None] = _nothing
+    resolved: tuple[str, ...] = ()
+    untapered: Callable[[Any], Any] = _same
+    presets: Mapping[str, PresetOptions] = field(default_factory=dict)
+    plan_column: Callable[[ModelFields], tuple[str, list[str]] | None] = _no_column
+    upgrade: Callable[[dict[str, Any], str], dict[str, Any]] = _unchanged
+
+    def fresh_options(self, options: Any) -> Any:
+        """A copy of `options` with the resolved sizes cleared (to be re-resolved)."""
+        if options is None:
+            return None
+        return dataclasses.replace(options, **dict.fromkeys(self.resolved))
+
+
+# ----------------------------------------------------------------------------------------------
+# option checks
+
+
+def positive_int(value: Any, key: str, minimum: int = 1) -> None:
+    """ConfigError naming `key` unless `value` is an integer >= minimum."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{key} must be an integer >= {minimum}, got {value!r}")

@@ -1,0 +1,72 @@
+"""Gated Attention (Qiu et al. 2025): Transformer++ whose attention output is multiplied by a
+sigmoid gate of the block input (position G1), elementwise (d x d) or one gate per head (d x H)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from taperlm.errors import ConfigError
+from taperlm.families.base import Family, ModelFields, attention_params
+from taperlm.families.transformer import attention_block
+
+GATE_KINDS = ("elementwise", "headwise")
+
+
+@dataclass
+class GatedConfig:
+    """Gated Attention options (`model.gated:`).
+
+    Fields:
+        gate: elementwise (d x d gate) or headwise (d x H gate).
+    """
+
+    gate: str = "elementwise"
+
+
+def _check_gate(gate: Any, key: str) -> None:
+    if gate not in GATE_KINDS:
+        raise ConfigError(f"{key} {gate!r} is unknown; choose elementwise or headwise")
+
+
+def _validate(cfg: ModelFields) -> None:
+    _check_gate(cfg.options.gate, "model.gated.gate")
+
+
+def _block(cfg: ModelFields, layer: int, rotary: Any) -> Any:
+    return attention_block(cfg, layer, rotary, gate=cfg.options.gate)
+
+
+def _mixer_params(cfg: ModelFields, layer: int) -> dict[str, int]:
+    heads_out = cfg.n_heads * cfg.head_dim if cfg.options.gate == "elementwise" else cfg.n_heads
+    return {**attention_params(cfg), "attn_gate": cfg.d_model * heads_out, "norms": cfg.d_model}
+
+
+def _preset(size: str, shape: Mapping[str, int]) -> GatedConfig:
+    return GatedConfig(gate="elementwise")
+
+
+def _upgrade(model: dict[str, Any], where: str) -> dict[str, Any]:
+    """taperlm 0.1 configs carried `gate:` at the top level of every model (used only by this
+    family): check it as before, and move it into the `gated:` section of gated models."""
+    if "gate" not in model:
+        return model
+    model = dict(model)
+    gate = model.pop("gate")
+    _check_gate(gate, f"{where}.gate" if where else "gate")
+    section = model.get("gated", {})
+    if model.get("family") == "gated" and isinstance(section, dict):
+        model["gated"] = {"gate": gate, **section}
+    return model
+
+
+FAMILY = Family(
+    name="gated",
+    build_block=_block,
+    mixer_params=_mixer_params,
+    options=GatedConfig,
+    validate=_validate,
+    presets={"gated": _preset},
+    upgrade=_upgrade,
+)

@@ -1,0 +1,305 @@
+"""Structure: one home per model family (a toy fifth family from the docs needs one module and one
+registry line), no import circle, and configs of taperlm 0.1 (every family's section, a top-level
+`gate:`) still load, in run dirs, checkpoints and exports alike."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from taperlm import budget, families
+from taperlm.cli import main
+from taperlm.config import (
+    ModelConfig,
+    RunConfig,
+    from_dict,
+    load_run_config,
+    run_config_from_dict,
+    to_dict,
+)
+from taperlm.errors import ConfigError
+from taperlm.models import TaperedLM
+from taperlm.presets import get_preset, preset_names
+from taperlm.taper import TaperSpec
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src" / "taperlm"
+
+# ----------------------------------------------------------------------------------------------
+# a fifth family: the example of docs/architectures.md, run as written
+
+
+def _doc_family_source() -> str:
+    text = (REPO / "docs" / "architectures.md").read_text(encoding="utf-8")
+    section = text.split("## Adding a family", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.fixture
+def plainmlp(tmp_path, monkeypatch):
+    """The docs' module, imported from a file and registered with one line; unregistered after."""
+    path = tmp_path / "plainmlp.py"
+    path.write_text(_doc_family_source(), encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("plainmlp_family", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    families.register(module.FAMILY)  # the one registry line
+    yield module
+    del families.FAMILIES[module.FAMILY.name]
+
+
+def test_toy_family_from_the_docs_works_everywhere(plainmlp, capsys):
+    names = preset_names()
+    assert [f"plainmlp-{s}" for s in ("tiny", "small", "440m", "760m", "1.3b")] == [
+        n for n in names if n.startswith("plainmlp-")
+    ]
+    cfg = get_preset("plainmlp-tiny", TaperSpec.parse("cosine"))
+    assert cfg.family == "plainmlp" and cfg.plainmlp.activation == "gelu"
+    # exact budgets: the formula equals numel, tapered equals uniform
+    model = TaperedLM(cfg)
+    assert model.num_params() == budget.total_params(cfg)
+    assert budget.total_params(cfg) == budget.total_params(cfg.baseline())
+    assert budget.flops_per_token(cfg) == budget.flops_per_token(cfg.baseline())
+    assert [b.mlp[0].out_features for b in model.blocks] == cfg.mlp_widths
+    # forward, backward, causality
+    idx = torch.randint(0, cfg.vocab_size, (2, 12))
+    model(idx, targets=idx).loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+    model.eval()
+    with torch.no_grad():
+        ref = model(idx).logits
+        pert = idx.clone()
+        pert[:, 6] = (pert[:, 6] + 1) % cfg.vocab_size
+        assert torch.equal(model(pert).logits[:, :6], ref[:, :6])
+    # YAML: only its own section, round trip, validation by key
+    d = to_dict(RunConfig(model=cfg))
+    assert d["model"]["plainmlp"] == {"activation": "gelu"}
+    assert not {"hope", "titans", "gated", "gate"} & set(d["model"])
+    assert to_dict(run_config_from_dict(d)) == d
+    d["model"]["plainmlp"]["activation"] = "tanh"
+    with pytest.raises(ConfigError, match=r"model\.plainmlp\.activation 'tanh' is unknown"):
+        run_config_from_dict(d).resolve()
+    # the plan command shows the family's column
+    assert main(["plan", "--preset", "plainmlp-tiny", "--taper", "cosine"]) == 0
+    out = capsys.readouterr().out
+    assert "activation" in out and out.count("gelu") == cfg.n_layers
+
+
+def test_every_registered_family_is_complete():
+    """Every family has presets that build, with exact budgets and its own YAML section only."""
+    for name, fam in families.FAMILIES.items():
+        assert fam.name == name and fam.presets, name
+        for prefix in fam.presets:
+            cfg = get_preset(f"{prefix}-tiny", TaperSpec.parse("cosine"))
+            assert TaperedLM(cfg).num_params() == budget.total_params(cfg), prefix
+            d = to_dict(cfg)
+            assert not (set(families.FAMILIES) - {name}) & set(d), prefix
+            assert (name in d) == (fam.options is not None), prefix
+
+
+# ----------------------------------------------------------------------------------------------
+# imports
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """taperlm module -> the taperlm modules it imports anywhere: at the top, inside functions,
+    under TYPE_CHECKING, or by a string given to importlib.import_module. (Importing a submodule
+    also runs its package's __init__; like other import-graph tools, that edge is not drawn.)"""
+    modules = {_module_name(p): p for p in SRC.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                # `from pkg import submodule` imports the submodule; other names come from pkg
+                subs = {f"{node.module}.{a.name}" for a in node.names} & set(modules)
+                targets |= subs
+                if len(subs) < len(node.names):
+                    targets.add(node.module)
+            elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("import_module"):
+                targets |= {a.value for a in node.args if isinstance(a, ast.Constant)}
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle():
+    graph = _import_graph()
+    assert _cycles(graph) == []
+    fams = [m for m in graph if m.startswith("taperlm.families")]
+    assert len(fams) >= 6
+    for m in fams:  # families never reach back to the config (which imports them)
+        assert not {"taperlm.config", "taperlm.presets", "taperlm.models.lm"} & graph[m], m
+
+
+def test_config_families_and_plan_do_not_import_torch():
+    code = (
+        "import sys, taperlm.config, taperlm.families, taperlm.presets, taperlm.budget, "
+        "taperlm.compare.grid\n"
+        "from taperlm.cli import main\n"
+        "main(['plan', '--preset', 'titans-mac-tiny', '--taper', 'cosine'])\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# configs of taperlm 0.1: every family's section, and `gate:` at the top level
+
+V01_SECTIONS = """\
+  gate: GATE
+  hope:
+    levels: 3
+    level_fractions: [0.5, 0.25, 0.25]
+    update_periods: [1, 4, 16]
+    level_widths: null
+  titans:
+    variant: mag
+    memory_heads: 4
+    memory_head_dim: 64
+    memory_depth: 2
+    memory_expansion: 2
+    chunk_size: 16
+    conv_kernel: 4
+    persistent_tokens: 4
+    window: 512
+    segment_len: 128
+    max_inner_lr: 0.1
+    memory_taper: uniform
+    memory_multiple_of: 16
+    memory_widths: null
+"""
+
+
+def _v01_model_yaml(family: str, gate: str = "elementwise") -> str:
+    return (
+        f"model:\n  family: {family}\n  vocab_size: 300\n  d_model: 32\n  n_layers: 3\n"
+        "  n_heads: 2\n  n_kv_heads: null\n  mlp_width: 64\n"
+        "  taper: {schedule: cosine, multiple_of: 16, start: 1.5, end: 0.5}\n"
+        "  mlp_widths: null\n  context_length: 32\n  rope_theta: 10000.0\n  norm_eps: 1.0e-06\n"
+        "  tie_embeddings: false\n  init_std: 0.02\n" + V01_SECTIONS.replace("GATE", gate)
+    )
+
+
+@pytest.mark.parametrize("family", ["transformer", "gated"])
+def test_v01_configs_load_with_the_same_meaning(tmp_path, family):
+    path = tmp_path / "config.yaml"
+    path.write_text(_v01_model_yaml(family, gate="headwise"), encoding="utf-8")
+    cfg = load_run_config(path).resolve()
+    d = to_dict(cfg.model)
+    assert not {"hope", "titans", "gate"} & set(d)
+    if family == "gated":
+        assert cfg.model.gated.gate == "headwise" and d["gated"] == {"gate": "headwise"}
+        assert cfg.model.baseline().gated.gate == "headwise"
+    else:
+        assert "gated" not in d
+    assert budget.total_params(cfg.model) == TaperedLM(cfg.model).num_params()
+    # a bad old value is still named by its old key
+    path.write_text(_v01_model_yaml(family, gate="scalar"), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"model\.gate 'scalar' is unknown"):
+        load_run_config(path)
+
+
+def test_v01_run_dir_loads_resumes_and_compares(tmp_path):
+    """A run dir whose config.yaml and checkpoint manifest are in the 0.1 layout: the model loads,
+    `taperlm train --out RUN` continues it, and compare sees no config conflict."""
+    from fault_harness import corpus_text
+    from taperlm.compare.runner import _check_saved_config
+    from taperlm.training.checkpoint import find_checkpoint, load_run_model
+
+    data = tmp_path / "data"
+    (tmp_path / "corpus.txt").write_text(corpus_text(), encoding="utf-8")
+    assert main(["prepare", "--source", str(tmp_path / "corpus.txt"), "--tokenizer", "bpe:300",
+                 "--out", str(data), "--no-progress"]) == 0  # fmt: skip
+    run = tmp_path / "run"
+    base = [
+        "train", "--config", str(tmp_path / "c.yaml"), "--data", str(data), "--out", str(run),
+        "--no-progress", "--set", "train.seq_len=16", "--set", "train.micro_batch_size=2",
+        "--set", "train.batch_tokens=32", "--set", "train.eval_tokens=32",
+        "--set", "train.checkpoint_every=2", "--set", "train.warmup_tokens=0",
+    ]  # fmt: skip
+    (tmp_path / "c.yaml").write_text(_v01_model_yaml("transformer"), encoding="utf-8")
+    assert main([*base, "--set", "train.tokens=128", "--stop-after-steps", "2"]) == 0
+    # rewrite the run into the 0.1 layout: config.yaml and the manifest's run_config
+    old = _v01_model_yaml("transformer").split("\n", 1)[1]
+    saved = load_run_config(run / "config.yaml")
+    text = (run / "config.yaml").read_text()
+    assert "hope:" not in text and "gate:" not in text
+    widths = saved.model.mlp_widths
+    model_yaml = old.replace("  mlp_widths: null\n", f"  mlp_widths: {widths}\n")
+    rest = text.split("\ndata:", 1)[1]
+    (run / "config.yaml").write_text("model:\n" + model_yaml + "data:" + rest)
+    ckpt = find_checkpoint(run)
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    v01 = to_dict(load_run_config(run / "config.yaml"))
+    import yaml
+
+    v01["model"] = yaml.safe_load("m:\n" + model_yaml)["m"]
+    manifest["run_config"] = v01
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    _, cfg = load_run_model(run)
+    assert cfg.model.mlp_widths == widths and "hope" not in to_dict(cfg.model)
+    # compare's cached result (a dict in the old layout) and the new config agree
+    cell = type("Cell", (), {"config": cfg})()
+    _check_saved_config(run, v01, cell, "was trained with a different config")
+    # continue the run with its own (old) config.yaml: no conflict, finishes
+    assert main(["train", "--out", str(run), "--no-progress"]) == 0
+    assert find_checkpoint(run).name == "step_00000004"
+    assert "hope:" not in (run / "config.yaml").read_text()  # rewritten in today's layout
+
+
+def test_v01_export_config_loads():
+    """The `taperlm` dict of a 0.1 export's config.json still builds the model."""
+    import yaml
+
+    old = yaml.safe_load(_v01_model_yaml("gated", gate="headwise"))["model"]
+    cfg = from_dict(ModelConfig, old, "config.json:taperlm").resolve()
+    assert cfg.family == "gated" and cfg.gated.gate == "headwise"
+    assert TaperedLM(cfg).num_params() == budget.total_params(cfg)
