@@ -36,6 +36,15 @@ DEFAULT_MULTIPLE_OF = 16
 MAX_MEAN_DEVIATION = 0.25
 
 
+def _check_positive(values: list[float], if_empty: str, what: str) -> None:
+    """TaperError `if_empty` for no values, or naming the values that are not finite and > 0."""
+    if not values:
+        raise TaperError(if_empty)
+    bad = [v for v in values if not math.isfinite(v) or v <= 0]
+    if bad:
+        raise TaperError(f"{what} must be > 0, got {bad}")
+
+
 @dataclass
 class TaperSpec:
     """How per-layer sizes are derived from a baseline size.
@@ -150,21 +159,17 @@ class TaperSpec:
             ):
                 raise TaperError(f"sigmoid steepness k must be > 0, got {self.steepness}")
         if self.schedule == "groups":
-            if not self.groups:
-                raise TaperError(
-                    "taper 'groups' needs at least one group multiplier, e.g. groups:1.5,1.0,0.5"
-                )
-            bad = [g for g in self.groups if not math.isfinite(g) or g <= 0]
-            if bad:
-                raise TaperError(f"group multipliers must be > 0, got {bad}")
+            _check_positive(
+                self.groups,
+                "taper 'groups' needs at least one group multiplier, e.g. groups:1.5,1.0,0.5",
+                "group multipliers",
+            )
         if self.schedule == "custom":
-            if not self.values:
-                raise TaperError(
-                    "taper 'custom' needs one value per layer, e.g. custom:4224,2816,1408"
-                )
-            bad = [v for v in self.values if not math.isfinite(v) or v <= 0]
-            if bad:
-                raise TaperError(f"custom taper values must be > 0, got {bad}")
+            _check_positive(
+                self.values,
+                "taper 'custom' needs one value per layer, e.g. custom:4224,2816,1408",
+                "custom taper values",
+            )
             if self.values_are_widths and any(v != int(v) for v in self.values):
                 raise TaperError("custom widths must be integers")
 

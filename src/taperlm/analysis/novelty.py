@@ -28,6 +28,7 @@ Llama and ours; not for blocks that normalise the MLP output before adding it, e
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import math
 from collections.abc import Sequence
@@ -106,6 +107,21 @@ class NoveltyResult:
         """Per-layer means of "rho_block" or "rho_mlp"."""
         return [s.mean for s in getattr(self, key)]
 
+    def with_layers(
+        self, rho_block: list[TokenStats], rho_mlp: list[TokenStats], **changes: Any
+    ) -> NoveltyResult:
+        """This result with other per-layer statistics (e.g. averaged over seeds), their depth
+        correlations recomputed, and no per-token values."""
+        return dataclasses.replace(
+            self,
+            rho_block=rho_block,
+            rho_mlp=rho_mlp,
+            pearson_block=depth_correlation(rho_block),
+            pearson_mlp=depth_correlation(rho_mlp),
+            per_token=None,
+            **changes,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (per-token values are not included)."""
         return {
@@ -152,6 +168,11 @@ class NoveltyResult:
             mlp_name=d.get("mlp_name", ""),
             aggregation=d.get("aggregation", ""),
         )
+
+
+def depth_correlation(layers: Sequence[TokenStats]) -> float:
+    """Pearson correlation of the per-layer means with the layer index (nan if undefined)."""
+    return pearson(list(range(len(layers))), [s.mean for s in layers])
 
 
 def _json_float(x: float | int) -> float | int | None:
@@ -382,106 +403,29 @@ def measure(
     """
     model = _unwrap(model)
     handles = find_layers(model, layers_path, mlp_name)
-    L = len(handles.layers)
-    ctx = _context_length(model)
     if seq_len is None:
+        ctx = _context_length(model)
         ids_len = torch.as_tensor(token_ids).shape[-1]
         seq_len = min(ctx, ids_len) if ctx else ids_len
-    if seq_len < 1 or batch_size < 1:
-        raise ValueError(f"seq_len ({seq_len}) and batch_size ({batch_size}) must be positive")
-    windows = _windows(token_ids, seq_len, attention_mask)
-    if not windows:
-        raise ValueError("no tokens to measure")
-    if ctx and max(w.numel() for w, _ in windows) > ctx:
-        raise ValueError(f"windows of {seq_len} tokens exceed the model's context of {ctx}")
-
-    device = next(model.parameters()).device
-    call = _forward_fn(model)
-    values: dict[str, list[list[torch.Tensor]]] = {
-        "rho_block": [[] for _ in range(L)],
-        "rho_mlp": [[] for _ in range(L)],
-    }
-    state: dict[str, Any] = {}
-
-    def pre_hook(i: int):
-        def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
-            state[("in", i)] = _layer_input(args, kwargs)
-
-        return hook
-
-    def mlp_hook(i: int):
-        def hook(_m: nn.Module, _args: tuple, output: Any) -> None:
-            state[("mlp", i)] = _first_tensor(output)
-
-        return hook
-
-    def post_hook(i: int):
-        def hook(_m: nn.Module, _args: tuple, _kwargs: dict, output: Any) -> None:
-            h = state.pop(("in", i)).float()
-            out = _first_tensor(output).float()
-            if ("mlp", i) not in state:
-                raise LayerDiscoveryError(
-                    f"layer {i} ({handles.path}.{i}) ran without calling its "
-                    f"{handles.mlp_name!r} module; its MLP cannot be measured"
-                )
-            f = state.pop(("mlp", i)).float().reshape(h.shape)
-            keep = state["keep"]
-            values["rho_block"][i].append(F.cosine_similarity(out - h, h, dim=-1)[keep].cpu())
-            values["rho_mlp"][i].append(F.cosine_similarity(f, h, dim=-1)[keep].cpu())
-            state["done"].add(i)
-            if len(state["done"]) == L:
-                raise _StopForward
-
-        return hook
-
-    hooks = []
+    windows = _checked_windows(model, token_ids, seq_len, batch_size, attention_mask)
+    recorder = _Recorder(handles)
     was_training = model.training
     model.eval()
     try:
-        for i, (layer, mlp) in enumerate(zip(handles.layers, handles.mlps)):
-            hooks.append(layer.register_forward_pre_hook(pre_hook(i), with_kwargs=True))
-            hooks.append(layer.register_forward_hook(post_hook(i), with_kwargs=True))
-            hooks.append(mlp.register_forward_hook(mlp_hook(i)))
-        batches = _batches(windows, batch_size)
-        bar = _progress(sum(w.numel() for w, _ in windows), progress, name)
-        for ids, mask in batches:
-            keep = mask.clone()
-            if skip_first:
-                first = mask.long().argmax(dim=1)  # first real token of each row
-                keep[torch.arange(len(keep)), first] = False
-            state.clear()
-            state["keep"] = keep.to(device)
-            state["done"] = set()
-            with contextlib.suppress(_StopForward):
-                call(ids.to(device), mask.to(device), padded=not bool(mask.all()))
-            if len(state["done"]) != L:
-                missing = sorted(set(range(L)) - state["done"])
-                raise LayerDiscoveryError(
-                    f"layers {missing} of {handles.path} did not run during the forward pass"
-                )
-            if bar is not None:
-                bar.update(ids.numel())
-        if bar is not None:
-            bar.close()
+        with recorder.hooked():
+            _run_windows(model, recorder, windows, batch_size, skip_first, progress, name)
     finally:
-        for h in hooks:
-            h.remove()
         model.train(was_training)
-
-    per_layer = {
-        k: [torch.cat(v).double().numpy() if v else np.empty(0) for v in vs]
-        for k, vs in values.items()
-    }
+    per_layer = recorder.per_layer()
     rb = [TokenStats.of(v) for v in per_layer["rho_block"]]
     rm = [TokenStats.of(v) for v in per_layer["rho_mlp"]]
-    depth = list(range(L))
     return NoveltyResult(
         name=name,
         rho_block=rb,
         rho_mlp=rm,
         mlp_widths=[mlp_width(m) for m in handles.mlps],
-        pearson_block=pearson(depth, [s.mean for s in rb]),
-        pearson_mlp=pearson(depth, [s.mean for s in rm]),
+        pearson_block=depth_correlation(rb),
+        pearson_mlp=depth_correlation(rm),
         n_tokens=rb[0].n,
         n_windows=len(windows),
         seq_len=seq_len,
@@ -491,6 +435,129 @@ def measure(
         aggregation=AGGREGATION.format(first="excluded" if skip_first else "included"),
         per_token={k: np.stack(v) for k, v in per_layer.items()} if keep_per_token else None,
     )
+
+
+def _checked_windows(
+    model: nn.Module, token_ids: Any, seq_len: int, batch_size: int, attention_mask: Any
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The windows to measure; ValueError for empty input, bad sizes or windows beyond the
+    model's context."""
+    if seq_len < 1 or batch_size < 1:
+        raise ValueError(f"seq_len ({seq_len}) and batch_size ({batch_size}) must be positive")
+    windows = _windows(token_ids, seq_len, attention_mask)
+    if not windows:
+        raise ValueError("no tokens to measure")
+    ctx = _context_length(model)
+    if ctx and max(w.numel() for w, _ in windows) > ctx:
+        raise ValueError(f"windows of {seq_len} tokens exceed the model's context of {ctx}")
+    return windows
+
+
+class _Recorder:
+    """Forward hooks on every layer and its MLP: per token of the kept positions, the cosines
+    rho_block = cos(out - h, h) and rho_mlp = cos(F, h) with h the layer input (fp32). The
+    forward pass stops once the last layer has been measured."""
+
+    def __init__(self, handles: LayerHandles) -> None:
+        self.handles = handles
+        self.n_layers = len(handles.layers)
+        self.values: dict[str, list[list[torch.Tensor]]] = {
+            "rho_block": [[] for _ in range(self.n_layers)],
+            "rho_mlp": [[] for _ in range(self.n_layers)],
+        }
+        self.state: dict[Any, Any] = {}
+
+    @contextlib.contextmanager
+    def hooked(self):
+        hooks = []
+        try:
+            for i, (layer, mlp) in enumerate(zip(self.handles.layers, self.handles.mlps)):
+                hooks.append(layer.register_forward_pre_hook(self._pre_hook(i), with_kwargs=True))
+                hooks.append(layer.register_forward_hook(self._post_hook(i), with_kwargs=True))
+                hooks.append(mlp.register_forward_hook(self._mlp_hook(i)))
+            yield self
+        finally:
+            for h in hooks:
+                h.remove()
+
+    def start(self, keep: torch.Tensor) -> None:
+        """Begin a batch whose measured positions are `keep` [B, T]."""
+        self.state.clear()
+        self.state["keep"] = keep
+        self.state["done"] = set()
+
+    def check_complete(self) -> None:
+        if len(self.state["done"]) != self.n_layers:
+            missing = sorted(set(range(self.n_layers)) - self.state["done"])
+            raise LayerDiscoveryError(
+                f"layers {missing} of {self.handles.path} did not run during the forward pass"
+            )
+
+    def per_layer(self) -> dict[str, list[np.ndarray]]:
+        return {
+            k: [torch.cat(v).double().numpy() if v else np.empty(0) for v in vs]
+            for k, vs in self.values.items()
+        }
+
+    def _pre_hook(self, i: int):
+        def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+            self.state[("in", i)] = _layer_input(args, kwargs)
+
+        return hook
+
+    def _mlp_hook(self, i: int):
+        def hook(_m: nn.Module, _args: tuple, output: Any) -> None:
+            self.state[("mlp", i)] = _first_tensor(output)
+
+        return hook
+
+    def _post_hook(self, i: int):
+        def hook(_m: nn.Module, _args: tuple, _kwargs: dict, output: Any) -> None:
+            state = self.state
+            h = state.pop(("in", i)).float()
+            out = _first_tensor(output).float()
+            if ("mlp", i) not in state:
+                raise LayerDiscoveryError(
+                    f"layer {i} ({self.handles.path}.{i}) ran without calling its "
+                    f"{self.handles.mlp_name!r} module; its MLP cannot be measured"
+                )
+            f = state.pop(("mlp", i)).float().reshape(h.shape)
+            keep = state["keep"]
+            self.values["rho_block"][i].append(F.cosine_similarity(out - h, h, dim=-1)[keep].cpu())
+            self.values["rho_mlp"][i].append(F.cosine_similarity(f, h, dim=-1)[keep].cpu())
+            state["done"].add(i)
+            if len(state["done"]) == self.n_layers:
+                raise _StopForward
+
+        return hook
+
+
+def _run_windows(
+    model: nn.Module,
+    recorder: _Recorder,
+    windows: list[tuple[torch.Tensor, torch.Tensor]],
+    batch_size: int,
+    skip_first: bool,
+    progress: bool,
+    name: str,
+) -> None:
+    """Forward every batch of windows through the hooked model."""
+    device = next(model.parameters()).device
+    call = _forward_fn(model)
+    bar = _progress(sum(w.numel() for w, _ in windows), progress, name)
+    for ids, mask in _batches(windows, batch_size):
+        keep = mask.clone()
+        if skip_first:
+            first = mask.long().argmax(dim=1)  # first real token of each row
+            keep[torch.arange(len(keep)), first] = False
+        recorder.start(keep.to(device))
+        with contextlib.suppress(_StopForward):
+            call(ids.to(device), mask.to(device), padded=not bool(mask.all()))
+        recorder.check_complete()
+        if bar is not None:
+            bar.update(ids.numel())
+    if bar is not None:
+        bar.close()
 
 
 def _batches(

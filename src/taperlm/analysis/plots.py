@@ -127,6 +127,37 @@ def plot_loss_curves(
     return _save(fig, path)
 
 
+def plot_paired_differences(
+    curves: Mapping[str, Sequence[Sequence[CurvePoint]]],
+    path: str | Path,
+    title: str = "Paired validation-loss difference vs uniform (mean ± 1 std over seeds)",
+    ylabel: str = "val loss − uniform (same seed), nats/token",
+) -> Path:
+    """Per label, one difference curve per seed [(tokens, loss - baseline loss), ...]: the mean
+    over seeds at the token counts every seed has, a ±1 std band (sample std), and 0 dashed."""
+    fig, (ax,) = _figure()
+    for label, runs in curves.items():
+        if not runs:
+            continue
+        grid = sorted(set.intersection(*(set(t for t, _ in r) for r in runs)))
+        ys = np.array([[dict(map(tuple, r))[t] for t in grid] for r in runs])
+        mean = ys.mean(axis=0)
+        (line,) = ax.plot(grid, mean, linewidth=1.6, label=f"{label} (n={len(runs)})")
+        if len(runs) > 1:
+            sd = ys.std(axis=0, ddof=1)
+            ax.fill_between(grid, mean - sd, mean + sd, color=line.get_color(), alpha=0.2)
+    from matplotlib.ticker import EngFormatter
+
+    ax.axhline(0.0, color="0.3", linestyle="--", linewidth=1.2, label="uniform")
+    ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+    ax.set_xlabel("tokens seen")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
 def plot_novelty(
     results: Mapping[str, NoveltyResult],
     path: str | Path,

@@ -1,38 +1,35 @@
-"""Argument groups and config assembly shared by the commands that take a model config
-(plan, train, compare): `--preset NAME | --config FILE`, `--taper SPEC`, `--multiple-of N`,
-`--set key=value`. No torch import."""
+"""The argument group shared by the commands that take a model config (plan, train, compare):
+`--preset NAME | --config FILE`, `--taper SPEC`, `--multiple-of N`, `--set key=value`, and the
+config assembly of plan and train. No torch import."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from taperlm.config import (
-    RunConfig,
-    apply_overrides,
-    clear_resolved_sizes,
-    load_yaml,
-    run_config_from_dict,
-    to_dict,
-)
-from taperlm.errors import ConfigError
-from taperlm.presets import get_preset
+from taperlm.config import RunConfig, apply_overrides, clear_resolved_sizes, run_config_from_dict
+from taperlm.presets import config_data
 from taperlm.taper import TaperSpec
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, default_preset: str | None = None) -> None:
+def add_model_arguments(
+    parser: argparse.ArgumentParser, taper: bool = True, default_preset: str | None = None
+) -> None:
+    """--preset | --config, --taper (unless `taper` is False: compare takes lists of tapers),
+    --multiple-of and --set. `default_preset` is named in the help as what the command uses
+    when neither --preset nor --config is given."""
     src = parser.add_mutually_exclusive_group()
+    default = f"default {default_preset}; " if default_preset else "e.g. transformer-440m; "
     src.add_argument(
-        "--preset",
-        default=default_preset,
-        help="named preset, e.g. transformer-440m (see `taperlm plan --list-presets`)",
+        "--preset", help=f"named model preset ({default}see `taperlm plan --list-presets`)"
     )
     src.add_argument("--config", type=Path, help="YAML config file (model:, data:, train:)")
-    parser.add_argument(
-        "--taper",
-        help="taper spec: uniform | cosine[:START:END] | linear[:START:END] | "
-        "sigmoid[:START:END[:K]] | groups:R1,R2,.. | custom:W1,W2,.. (default: the config's)",
-    )
+    if taper:
+        parser.add_argument(
+            "--taper",
+            help="taper spec: uniform | cosine[:START:END] | linear[:START:END] | "
+            "sigmoid[:START:END[:K]] | groups:R1,R2,.. | custom:W1,W2,.. (default: the config's)",
+        )
     parser.add_argument(
         "--multiple-of",
         type=int,
@@ -44,22 +41,14 @@ def add_model_arguments(parser: argparse.ArgumentParser, default_preset: str | N
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a config value, e.g. --set model.n_layers=12 (repeatable)",
+        help="override a config value, e.g. --set model.n_layers=12 or --set train.lr=1e-3 "
+        "(repeatable)",
     )
 
 
 def build_run_config(args: argparse.Namespace) -> RunConfig:
     """preset/config file < --taper/--multiple-of < --set, resolved (widths computed)."""
-    if getattr(args, "config", None):
-        data = load_yaml(args.config)
-        if "model" not in data and "family" in data:
-            data = {"model": data}
-        source = str(args.config)
-    elif getattr(args, "preset", None):
-        data = {"model": to_dict(get_preset(args.preset, resolve=False))}
-        source = f"preset {args.preset}"
-    else:
-        raise ConfigError("give a model with --preset NAME or --config FILE")
+    data, source = config_data(getattr(args, "config", None), getattr(args, "preset", None))
     model = data.setdefault("model", {})
     if args.taper or args.multiple_of:
         current = model.get("taper", {"schedule": "uniform"})

@@ -66,18 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_tasks(text: str) -> list[str]:
-    from taperlm.evaluation.suite import PAPER_TASKS
+    from taperlm.evaluation.suite import PAPER_TASKS, parse_task_list
 
-    out: list[str] = []
-    for t in (x.strip() for x in text.split(",")):
-        if not t:
-            continue
-        names = list(PAPER_TASKS) if t in ("paper", "all") else [t]
-        for n in names:
-            if n not in PAPER_TASKS:
-                raise ConfigError(f"--tasks: unknown task {n!r}; choose from {TASK_HELP}")
-            if n not in out:
-                out.append(n)
+    out = parse_task_list(text, PAPER_TASKS, "--tasks")
     if not out:
         raise ConfigError(f"--tasks is empty; choose from {TASK_HELP}")
     return out

@@ -2,11 +2,13 @@
 each run (validation loss, optional zero-shot suite, layer-wise novelty) and write a report with
 paired statistics and plots.
 
+- `job`: the options of `taperlm compare`, the base config, the default corpus, evaluation
+  settings, and `run_comparison`, which runs the whole job.
 - `grid`: allocations (taper specs, paper modes), seeds, the per-cell run configs and the budget
   checks (equal parameters and FLOPs/token; same data order and init seed per seed).
 - `runner`: trains, evaluates and measures every cell in-process; resumable.
-- `report`: statistics (mean, std, paired differences with t-based CIs, rank agreement with the
-  paper), report.md, report.json and the PNGs.
+- `summary`: the statistics (mean, std, paired differences with t-based CIs, rank agreement
+  with the paper); `plots`: the PNGs; `report`: report.md and report.json.
 """
 
 from taperlm.compare.grid import Allocation, Cell, Grid, build_grid, paper_allocations

@@ -72,6 +72,27 @@ class TaskResult:
 # statistics
 
 
+def parse_task_list(
+    text: str, choices: Sequence[str], option: str, skip: Sequence[str] = ()
+) -> list[str]:
+    """Comma-separated task names -> the distinct names in order; `paper` or `all` stands for
+    every choice, names in `skip` are ignored; ConfigError (naming `option`) for unknown ones."""
+    from taperlm.errors import ConfigError
+
+    out: list[str] = []
+    for t in (x.strip() for x in text.split(",")):
+        if not t or t in skip:
+            continue
+        for name in choices if t in ("paper", "all") else [t]:
+            if name not in choices:
+                raise ConfigError(
+                    f"{option}: unknown task {name!r}; choose from {', '.join(choices)}"
+                )
+            if name not in out:
+                out.append(name)
+    return out
+
+
 def mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs)
 

@@ -14,6 +14,7 @@ CPU).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -228,8 +229,9 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _nan_steps() -> tuple[set[int], int | None]:
-    """Test hook: TAPERLM_INJECT_NAN_AT_STEP="3" | "3,5" | "3-" (from step 3 on; 1-based)."""
+def _poisoned_steps():
+    """Test hook: TAPERLM_INJECT_NAN_AT_STEP="3" | "3,5" | "3-" (from step 3 on; 1-based) ->
+    a predicate on the 1-based step number."""
     raw = os.environ.get(NAN_ENV, "").strip()
     steps: set[int] = set()
     start = None
@@ -238,7 +240,40 @@ def _nan_steps() -> tuple[set[int], int | None]:
             start = int(part[:-1])
         else:
             steps.add(int(part))
-    return steps, start
+    return lambda n: n in steps or (start is not None and n >= start)
+
+
+class _Throughput:
+    """Tokens/s of the training steps: per logging window (evaluation and checkpoint time
+    excluded) and over the whole run (step time only)."""
+
+    def __init__(self) -> None:
+        self.window_start, self.window_tokens = time.perf_counter(), 0
+        self.step_seconds, self.step_tokens = 0.0, 0
+
+    def step(self, seconds: float, tokens: int) -> None:
+        self.step_seconds += seconds
+        self.step_tokens += tokens
+        self.window_tokens += tokens
+
+    def window_rate(self) -> float:
+        """Tokens/s since the last call (or the start), and start a new window."""
+        now = time.perf_counter()
+        rate = self.window_tokens / max(now - self.window_start, 1e-9)
+        self.window_start, self.window_tokens = now, 0
+        return rate
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Time spent in the block does not count against the current window."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.window_start += time.perf_counter() - t0
+
+    def mean_rate(self) -> float:
+        return self.step_tokens / self.step_seconds if self.step_seconds > 0 else 0.0
 
 
 def _raise_compile_limits(n_shapes: int) -> None:
@@ -551,12 +586,12 @@ class Trainer:
         return True, gnorm
 
     def fit(self, progress: bool = True, stop_after: int | None = None) -> TrainResult:
+        """Train to the end (or until `stop_after` completed steps): one optimizer step at a
+        time, then logging, evaluation and checkpoints when they are due."""
         from tqdm.auto import tqdm
 
-        cfg = self.cfg
-        nan_steps, nan_from = _nan_steps()
         bar = tqdm(
-            total=self.total_steps * cfg.batch_tokens,
+            total=self.total_steps * self.cfg.batch_tokens,
             initial=self.tokens,
             unit="tok",
             unit_scale=True,
@@ -564,113 +599,128 @@ class Trainer:
             desc=f"train {self.out.name}",
             disable=not (progress and self.info.is_main),
         )
-        t_window, tok_window = time.perf_counter(), 0
-        t_total, tok_total = 0.0, 0
-        last_rate = 0.0
+        poisoned = _poisoned_steps()
+        clock = _Throughput()
         self.model.train()
         try:
             while self.step < self.total_steps and (stop_after is None or self.step < stop_after):
                 t0 = time.perf_counter()
-                n = self.step + 1
-                poison = n in nan_steps or (nan_from is not None and n >= nan_from)
-                set_lr(self.optimizer, self.schedule(self.step))
-                lr = self.schedule(self.step)
-                loss_sum = self._micro_steps(poison)
-                loss = float(D.all_reduce_mean(loss_sum.float().reshape(1), self.info)[0])
-                if math.isfinite(loss):
-                    ok, gnorm = self._optimizer_step()
-                else:
-                    ok, gnorm = False, float("nan")
-                if not ok:
-                    self.optimizer.zero_grad(set_to_none=True)
-                    self.skipped += 1
-                    self.bad_streak += 1
-                else:
-                    self.bad_streak = 0
-                    self.last_loss = loss
-                self.step += 1
-                self.tokens += cfg.batch_tokens
+                loss, lr, gnorm = self._step(poison=poisoned(self.step + 1))
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
-                dt = time.perf_counter() - t0
-                t_total += dt
-                tok_total += cfg.batch_tokens
-                tok_window += cfg.batch_tokens
-                bar.update(cfg.batch_tokens)
+                clock.step(time.perf_counter() - t0, self.cfg.batch_tokens)
+                bar.update(self.cfg.batch_tokens)
                 bar.set_postfix(loss=f"{loss:.4f}", step=self.step, refresh=False)
-                if self.bad_streak >= cfg.max_bad_steps:
-                    good = ckpt.list_checkpoints(self.out)
-                    where = (
-                        f"the last good checkpoint {good[-1][1]} is intact"
-                        if good
-                        else ("no checkpoint was written yet")
-                    )
-                    raise TrainingError(
-                        f"{self.bad_streak} consecutive steps (up to step {self.step}) had a "
-                        f"non-finite loss or gradient norm (loss {loss}, grad norm {gnorm}); "
-                        f"stopping, {where}. Lower train.lr, check the data, or raise "
-                        "train.max_bad_steps"
-                    )
+                self._stop_if_diverged(loss, gnorm)
                 last = self.step == self.total_steps
-                stop = last or self.step == stop_after
-                if self.info.is_main and (
-                    last or (cfg.log_every and self.step % cfg.log_every == 0)
-                ):
-                    now = time.perf_counter()
-                    last_rate = tok_window / max(now - t_window, 1e-9)
-                    t_window, tok_window = now, 0
-                    self._log(
-                        {
-                            "step": self.step,
-                            "tokens": self.tokens,
-                            "loss": loss,
-                            "lr": lr,
-                            "grad_norm": gnorm,
-                            "tokens_per_s": last_rate,
-                            "mfu": mfu(last_rate, self.fpt or 0, self.peak, self.info.world_size),
-                            "skipped_steps": self.skipped,
-                        }
-                    )
-                if last or (cfg.eval_every and self.step % cfg.eval_every == 0):
-                    t_eval = time.perf_counter()
-                    val = self.evaluate()
-                    if val is not None:
-                        self.last_val = val
-                        if self.info.is_main:
-                            self._log(
-                                {
-                                    "step": self.step,
-                                    "tokens": self.tokens,
-                                    "val_loss": val,
-                                    "val_ppl": math.exp(min(val, 700.0)),
-                                }
-                            )
-                    t_window += time.perf_counter() - t_eval
-                if self.bad_streak == 0 and (
-                    stop or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0)
-                ):
-                    t_ck = time.perf_counter()
-                    self.save()
-                    t_window += time.perf_counter() - t_ck
+                self._log_if_due(last, loss, lr, gnorm, clock)
+                with clock.paused():
+                    self._evaluate_if_due(last)
+                with clock.paused():
+                    self._checkpoint_if_due(last or self.step == stop_after)
         finally:
             bar.close()
         if self.info.is_main and self.step >= self.total_steps:
-            from taperlm.training.plots import plot_run
-
-            try:
-                plot_run(self.out)
-            except Exception as err:  # a plot must never fail a finished run
-                _warn(f"could not write {self.out / 'loss.png'}: {err}")
+            self._plot()
         return TrainResult(
             run_dir=self.out,
             step=self.step,
             tokens=self.tokens,
             train_loss=self.last_loss,
             val_loss=self.last_val,
-            tokens_per_s=tok_total / t_total if t_total > 0 else 0.0,
+            tokens_per_s=clock.mean_rate(),
             skipped_steps=self.skipped,
             total_steps=self.total_steps,
         )
+
+    def _step(self, poison: bool) -> tuple[float, float, float]:
+        """One optimizer step (skipped when the loss or gradient is not finite); (loss, lr,
+        grad norm)."""
+        lr = self.schedule(self.step)
+        set_lr(self.optimizer, lr)
+        loss_sum = self._micro_steps(poison)
+        loss = float(D.all_reduce_mean(loss_sum.float().reshape(1), self.info)[0])
+        if math.isfinite(loss):
+            ok, gnorm = self._optimizer_step()
+        else:
+            ok, gnorm = False, float("nan")
+        if not ok:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.skipped += 1
+            self.bad_streak += 1
+        else:
+            self.bad_streak = 0
+            self.last_loss = loss
+        self.step += 1
+        self.tokens += self.cfg.batch_tokens
+        return loss, lr, gnorm
+
+    def _stop_if_diverged(self, loss: float, gnorm: float) -> None:
+        if self.bad_streak < self.cfg.max_bad_steps:
+            return
+        good = ckpt.list_checkpoints(self.out)
+        where = (
+            f"the last good checkpoint {good[-1][1]} is intact"
+            if good
+            else ("no checkpoint was written yet")
+        )
+        raise TrainingError(
+            f"{self.bad_streak} consecutive steps (up to step {self.step}) had a "
+            f"non-finite loss or gradient norm (loss {loss}, grad norm {gnorm}); "
+            f"stopping, {where}. Lower train.lr, check the data, or raise "
+            "train.max_bad_steps"
+        )
+
+    def _log_if_due(
+        self, last: bool, loss: float, lr: float, gnorm: float, clock: _Throughput
+    ) -> None:
+        every = self.cfg.log_every
+        if not self.info.is_main or not (last or (every and self.step % every == 0)):
+            return
+        rate = clock.window_rate()
+        self._log(
+            {
+                "step": self.step,
+                "tokens": self.tokens,
+                "loss": loss,
+                "lr": lr,
+                "grad_norm": gnorm,
+                "tokens_per_s": rate,
+                "mfu": mfu(rate, self.fpt or 0, self.peak, self.info.world_size),
+                "skipped_steps": self.skipped,
+            }
+        )
+
+    def _evaluate_if_due(self, last: bool) -> None:
+        every = self.cfg.eval_every
+        if not (last or (every and self.step % every == 0)):
+            return
+        val = self.evaluate()
+        if val is None:
+            return
+        self.last_val = val
+        if self.info.is_main:
+            self._log(
+                {
+                    "step": self.step,
+                    "tokens": self.tokens,
+                    "val_loss": val,
+                    "val_ppl": math.exp(min(val, 700.0)),
+                }
+            )
+
+    def _checkpoint_if_due(self, stop: bool) -> None:
+        every = self.cfg.checkpoint_every
+        if self.bad_streak == 0 and (stop or (every and self.step % every == 0)):
+            self.save()
+
+    def _plot(self) -> None:
+        from taperlm.training.plots import plot_run
+
+        try:
+            plot_run(self.out)
+        except Exception as err:  # a plot must never fail a finished run
+            _warn(f"could not write {self.out / 'loss.png'}: {err}")
 
     def close(self) -> None:
         torch.use_deterministic_algorithms(self._prev_deterministic)

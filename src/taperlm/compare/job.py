@@ -1,0 +1,402 @@
+"""The comparison job (`taperlm compare`): its options, the base config every cell starts from,
+the allocations, the default corpus (prepared once into a cache), how cells are evaluated, and
+`run_comparison`, which ties grid, runner and report together.
+
+Precedence of training settings: compare's defaults < the config file's train: section <
+`tokens` < `overrides` (`--set`). Without a data dir the default corpus is prepared once into the
+cache ($TAPERLM_CACHE, else $XDG_CACHE_HOME/taperlm, else ~/.cache/taperlm) and reused.
+Module-level imports stay light (no torch).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from taperlm.errors import ConfigError, DataError
+
+# Defaults chosen so that 3 allocations x 5 seeds finish within about 15 minutes on 2 idle CPU
+# cores, data preparation included (measurements in docs/compare.md). Five seeds rather than
+# three: the paired 95% interval uses t(0.975, 4) = 2.78 instead of t(0.975, 2) = 4.30.
+DEFAULT_PRESET = "transformer-tiny"
+DEFAULT_SEEDS = 5
+DEFAULT_TOKENS = 327_680  # 160 steps of 2,048 tokens
+DEFAULT_VAL_TOKENS = 32768
+DEFAULT_NOVELTY_TOKENS = 2048
+DEFAULT_EVAL_LIMIT = 200
+DEFAULT_THREADS = 2
+COMPARE_TRAIN_DEFAULTS: dict[str, Any] = {
+    "seq_len": 128,
+    "micro_batch_size": 16,
+    "batch_tokens": 2048,
+    "lr": 2e-3,
+    "min_lr_ratio": 0.1,
+    "eval_tokens": 4096,
+    "keep_checkpoints": 1,
+    "log_every": 4,
+}
+# Derived from train.tokens unless given explicitly (config file or --set).
+WARMUP_FRACTION = 0.05
+CURVE_POINTS = 16
+CHECKPOINTS_PER_RUN = 4
+DEFAULT_CORPUS_TOKENIZER = "bpe:8192"
+
+
+@dataclass
+class CompareOptions:
+    """What to compare and how (the options of `taperlm compare`, named as its arguments)."""
+
+    out: Path
+    preset: str | None = None  # None (and no config): DEFAULT_PRESET
+    config: Path | None = None
+    tapers: str | None = None  # a list, see taperlm.compare.grid.split_taper_list
+    taper_list: list[str] = field(default_factory=list)  # one allocation each
+    paper: str | None = None  # controlled | sweep
+    multiple_of: int | None = None
+    seeds: int = DEFAULT_SEEDS
+    tokens: int | None = None
+    data: Path | None = None
+    overrides: list[str] = field(default_factory=list)
+    val_tokens: int = DEFAULT_VAL_TOKENS
+    eval_tasks: str = "none"
+    eval_limit: int = DEFAULT_EVAL_LIMIT
+    eval_data: Path | None = None
+    novelty_tokens: int = DEFAULT_NOVELTY_TOKENS
+    novelty_data: Path | None = None
+    threads: int = DEFAULT_THREADS
+    no_progress: bool = False
+
+
+# ----------------------------------------------------------------------------------------------
+# configuration
+
+
+def allocations(opts: CompareOptions):
+    """The allocations to compare (uniform always included, paper numbers attached)."""
+    from taperlm.compare.grid import (
+        DEFAULT_TAPERS,
+        paper_allocations,
+        parse_allocations,
+        split_taper_list,
+    )
+
+    if opts.paper and (opts.tapers or opts.taper_list):
+        raise ConfigError("give either --paper MODE or --tapers/--taper, not both")
+    if opts.paper:
+        return paper_allocations(opts.paper, opts.multiple_of)
+    texts: list[str] = []
+    if opts.tapers is not None:
+        texts += split_taper_list(opts.tapers)
+        if not texts:
+            raise ConfigError("--tapers is empty; give e.g. --tapers 'uniform;cosine:1.5:0.5'")
+    texts += [t.strip() for t in opts.taper_list]
+    return parse_allocations(texts or list(DEFAULT_TAPERS), opts.multiple_of)
+
+
+def _explicit_keys(opts: CompareOptions, file_data: dict[str, Any]) -> set[str]:
+    """`section.key` of every setting the user gave (config file or --set), which compare's
+    defaults and derived values must not override."""
+    from taperlm.config import parse_override, section_of
+
+    keys = {f"train.{k}" for k in (file_data.get("train") or {})}
+    keys |= {f"model.{k}" for k in (file_data.get("model") or {})}
+    for text in opts.overrides:
+        key, _ = parse_override(text)
+        parts = key.split(".")
+        if parts[0] not in ("model", "train", "data"):
+            parts = [section_of(parts[0]) or "?", *parts]
+        keys.add(".".join(parts[:2]))
+    return keys
+
+
+def base_config(opts: CompareOptions, data_dir: Path | None, data_vocab: int | None):
+    """The uniform run config every cell starts from (before taper and seed)."""
+    from taperlm.config import apply_overrides, clear_resolved_sizes, run_config_from_dict
+    from taperlm.presets import config_data
+
+    loaded, source = config_data(opts.config, opts.preset or DEFAULT_PRESET)
+    file_data = loaded if opts.config else {}  # a preset's values are no choice of the user's
+    model = dict(loaded.get("model") or {})
+    clear_resolved_sizes(model)
+    model.pop("taper", None)
+    explicit = _explicit_keys(opts, file_data)
+    train = {**COMPARE_TRAIN_DEFAULTS, **(file_data.get("train") or {})}
+    data = dict(file_data.get("data") or {})
+    if opts.tokens is not None:
+        if opts.tokens < 1:
+            raise ConfigError(f"--tokens must be >= 1, got {opts.tokens}")
+        train["tokens"] = opts.tokens
+        explicit.add("train.tokens")
+    train.setdefault("tokens", DEFAULT_TOKENS)
+    if data_dir is not None:
+        data["dir"] = str(data_dir)
+    if data_vocab is not None and not opts.config and "model.vocab_size" not in explicit:
+        model["vocab_size"] = data_vocab  # a preset follows the data's tokenizer
+    cfg_data = {"model": model, "data": data, "train": train}
+    apply_overrides(cfg_data, opts.overrides)
+    _derive_schedule(cfg_data["train"], explicit)
+    cfg = run_config_from_dict(cfg_data, source)
+    if cfg.model.taper.schedule != "uniform":
+        raise ConfigError(
+            "the config's model.taper must be uniform here; list tapers with --tapers"
+        )
+    if cfg.train.eval_tokens < 1:
+        raise ConfigError("train.eval_tokens must be >= 1 for the loss curves")
+    return cfg.resolve()
+
+
+def _derive_schedule(train: dict[str, Any], explicit: set[str]) -> None:
+    """Warmup, evaluation and checkpoint intervals from train.tokens, unless given."""
+    tokens = int(float(train["tokens"]))
+    batch = int(float(train.get("batch_tokens", 16384)))
+    steps = max(1, tokens // batch)
+    if "train.warmup_tokens" not in explicit:
+        train["warmup_tokens"] = int(WARMUP_FRACTION * tokens) // batch * batch
+    if "train.eval_every" not in explicit:
+        train["eval_every"] = max(1, steps // CURVE_POINTS)
+    if "train.checkpoint_every" not in explicit:
+        train["checkpoint_every"] = max(1, steps // CHECKPOINTS_PER_RUN)
+
+
+def cache_root() -> Path:
+    env = os.environ.get("TAPERLM_CACHE")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "taperlm"
+
+
+def default_corpus_dir(progress: bool) -> Path:
+    """The default corpus, prepared once into the cache (atomic: a temp dir renamed into place,
+    so concurrent or interrupted runs never see a half-written data dir)."""
+    import shutil
+
+    from taperlm.data.prepare import META_FILE, prepare
+
+    target = cache_root() / f"default-{DEFAULT_CORPUS_TOKENIZER.replace(':', '')}"
+    if (target / META_FILE).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".tmp-{target.name}-{os.getpid()}")
+    print(
+        f"taperlm compare: preparing the default corpus into {target} (once; ~1 min)",
+        file=sys.stderr,
+    )
+    try:
+        prepare("default", tmp, DEFAULT_CORPUS_TOKENIZER, workers=2, progress=progress)
+        if target.exists() and not (target / META_FILE).is_file():
+            shutil.rmtree(target)  # an incomplete leftover
+        if not target.exists():
+            os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def eval_settings(opts: CompareOptions):
+    """How every cell is evaluated (zero-shot tasks, their data, novelty text and tokens)."""
+    from taperlm.compare.runner import EvalSettings
+    from taperlm.evaluation.locate import eval_data_dir, wikitext_test
+    from taperlm.evaluation.suite import parse_task_list
+    from taperlm.evaluation.tasks import TASKS
+
+    tasks = parse_task_list(opts.eval_tasks, TASKS, "--eval-tasks", skip=("none", "val"))
+    if opts.eval_limit < 0:
+        raise ConfigError(f"--eval-limit must be >= 0, got {opts.eval_limit}")
+    eval_data = None
+    if tasks:
+        eval_data = opts.eval_data or eval_data_dir()
+        if eval_data is None or not Path(eval_data).is_dir():
+            raise DataError(
+                f"--eval-tasks {','.join(tasks)} needs the evaluation files: pass --eval-data DIR "
+                "(laid out like ../shared/data) or set TAPERLM_EVAL_DATA, or use --eval-tasks none"
+            )
+    if opts.novelty_tokens < 2:
+        raise ConfigError(f"--novelty-tokens must be >= 2, got {opts.novelty_tokens}")
+    if opts.val_tokens < 0:
+        raise ConfigError(f"--val-tokens must be >= 0, got {opts.val_tokens}")
+    novelty_text = None
+    if opts.novelty_data is not None:
+        if not opts.novelty_data.is_file():
+            raise DataError(f"--novelty-data {opts.novelty_data} is not a file")
+        novelty_text = str(opts.novelty_data.resolve())
+    else:
+        try:
+            novelty_text = str(wikitext_test())
+        except DataError:
+            novelty_text = None  # fall back to the val split
+    return EvalSettings(
+        val_tokens=opts.val_tokens or None,
+        eval_tasks=tasks,
+        eval_limit=opts.eval_limit or None,
+        eval_data=None if eval_data is None else str(Path(eval_data).resolve()),
+        novelty_tokens=opts.novelty_tokens,
+        novelty_text=novelty_text,
+    )
+
+
+def canonical_command(opts: CompareOptions, grid) -> str:
+    """A command line that reproduces this comparison (every choice explicit)."""
+    parts = ["taperlm", "compare"]
+    if opts.config:
+        parts += ["--config", str(opts.config)]
+    else:
+        parts += ["--preset", opts.preset or DEFAULT_PRESET]
+    if grid.paper:
+        parts += ["--paper", grid.paper]
+    else:
+        specs = [
+            a.spec_string if a.label == a.spec_string else f"{a.name}={a.spec_string}"
+            for a in grid.allocations
+        ]
+        parts += ["--tapers", ";".join(specs)]
+    if opts.multiple_of:
+        parts += ["--multiple-of", str(opts.multiple_of)]
+    parts += ["--seeds", str(len(grid.seeds)), "--tokens", str(grid.base.train.tokens)]
+    if opts.data is not None:
+        parts += ["--data", str(opts.data)]
+    for o in opts.overrides:
+        parts += ["--set", o]
+    parts += ["--val-tokens", str(opts.val_tokens), "--eval-tasks", opts.eval_tasks]
+    if opts.eval_tasks not in ("none", ""):
+        parts += ["--eval-limit", str(opts.eval_limit)]
+    parts += ["--novelty-tokens", str(opts.novelty_tokens)]
+    if opts.novelty_data is not None:
+        parts += ["--novelty-data", str(opts.novelty_data)]
+    parts += ["--threads", str(opts.threads), "--out", str(opts.out)]
+    return shlex.join(parts)
+
+
+# ----------------------------------------------------------------------------------------------
+# the comparison
+
+
+def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
+    """Validate, prepare the data if needed, train and evaluate every cell (resumably) and write
+    the report; returns (report.md, report.json)."""
+    t_start, cpu_start = time.perf_counter(), time.process_time()
+    if opts.seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {opts.seeds}")
+    if opts.threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {opts.threads}")
+    allocs = allocations(opts)
+
+    import torch
+
+    from taperlm.compare.grid import build_grid
+    from taperlm.compare.report import write_report
+    from taperlm.compare.runner import run_grid
+    from taperlm.data.loader import load_meta
+    from taperlm.training.loop import validate_train_config
+
+    torch.set_num_threads(opts.threads)
+    seeds = list(range(opts.seeds))
+    # Validate everything that does not need the data before preparing it.
+    provisional = base_config(opts, None, None)
+    build_grid(provisional, allocs, seeds, opts.paper)
+    validate_train_config(provisional)
+
+    data_dir = _data_dir(opts, provisional)
+    meta = load_meta(data_dir)
+    base = base_config(opts, data_dir, int(meta["vocab_size"]))
+    grid = build_grid(base, allocs, seeds, opts.paper)
+    settings = eval_settings(opts)
+
+    opts.out.mkdir(parents=True, exist_ok=True)
+    command = canonical_command(opts, grid)
+    print(
+        f"taperlm compare: {len(grid.allocations)} allocations x {len(seeds)} seeds = "
+        f"{len(grid.cells)} runs of {base.train.tokens:,} tokens "
+        f"({grid.budget[grid.allocations[0].name]['params']:,} params each) into {opts.out}",
+        file=sys.stderr,
+    )
+
+    def report_meta(results: dict[str, Any]) -> dict[str, Any]:
+        return _report_meta(opts, grid, results, command, data_dir, meta, settings) | {
+            "wall_s": time.perf_counter() - t_start,
+            "cpu_s": time.process_time() - cpu_start,
+        }
+
+    def partial(results: dict[str, Any]) -> None:
+        meta = report_meta(results)
+        meta["title"] += f" (PARTIAL: {len(results)}/{len(grid.cells)} runs done)"
+        write_report(grid, results, opts.out, meta)
+
+    progress = not opts.no_progress
+    results = run_grid(grid, opts.out, data_dir, settings, progress=progress, on_seed_done=partial)
+    md, js = write_report(grid, results, opts.out, report_meta(results))
+    print(f"wrote {md} and {js} ({(time.perf_counter() - t_start) / 60:.1f} min)")
+    return md, js
+
+
+def _data_dir(opts: CompareOptions, provisional) -> Path:
+    """--data, else the config's data.dir, else the default corpus (prepared once)."""
+    from taperlm.data.loader import load_meta
+
+    if opts.data is not None:
+        data_dir = opts.data.expanduser().resolve()
+    elif provisional.data.dir:
+        data_dir = Path(provisional.data.dir).expanduser().resolve()
+    else:
+        return default_corpus_dir(not opts.no_progress)
+    load_meta(data_dir)  # DataError naming `taperlm prepare` when missing or incomplete
+    return data_dir
+
+
+def _report_meta(opts, grid, results, command, data_dir, meta, settings) -> dict[str, Any]:
+    import torch
+
+    from taperlm import __version__
+
+    first = next(iter(results.values()))
+    m, t = grid.base.model, grid.base.train
+    return {
+        "title": _title(opts, grid),
+        "command": command,
+        "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "taperlm_version": __version__,
+        "torch_version": torch.__version__,
+        "threads": opts.threads,
+        "paper_mode": opts.paper,
+        "cells": len(grid.cells),
+        "wall_s": 0.0,
+        "cpu_s": 0.0,
+        "model": {
+            "family": m.family,
+            "n_layers": m.n_layers,
+            "d_model": m.d_model,
+            "n_heads": m.n_heads,
+            "mlp_width": m.mlp_width,
+            "vocab_size": m.vocab_size,
+        },
+        "settings": {
+            "tokens": t.tokens,
+            "steps": t.tokens // t.batch_tokens,
+            "batch_tokens": t.batch_tokens,
+            "seq_len": t.seq_len,
+            "lr": t.lr,
+            "warmup_tokens": t.warmup_tokens,
+            "eval_every": t.eval_every,
+            "eval_tokens": t.eval_tokens,
+            "seeds": grid.seeds,
+            "data_dir": str(data_dir),
+            "train_tokens": int(meta["splits"]["train"]["tokens"]),
+            "val_tokens": first["val"]["tokens"],
+            "eval_tasks": settings.eval_tasks,
+            "eval_limit": settings.eval_limit,
+            "novelty_text": settings.novelty_text or f"{data_dir}/val.bin",
+            "novelty_tokens": settings.novelty_tokens,
+        },
+    }
+
+
+def _title(opts: CompareOptions, grid) -> str:
+    model = str(opts.config) if opts.config else (opts.preset or DEFAULT_PRESET)
+    mode = f"paper {grid.paper}" if grid.paper else f"{len(grid.allocations)} allocations"
+    return f"{model}, {mode}, {len(grid.seeds)} seeds, {grid.base.train.tokens:,} tokens/run"

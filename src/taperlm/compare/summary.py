@@ -1,0 +1,220 @@
+"""The numbers behind a comparison report: per allocation, budgets and summaries over seeds
+(mean, sample std), paired differences vs uniform with t intervals (`taperlm.stats`), novelty
+correlations, zero-shot rows, the design checks and the comparison with the paper.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from taperlm import stats
+from taperlm.compare.grid import PAPER_SWEEP, SWEEP_SCHEDULES, Grid
+
+
+def _loss(r: dict[str, Any]) -> float:
+    return r["val"]["loss"]
+
+
+def _ppl(r: dict[str, Any]) -> float:
+    return r["val"]["ppl"]
+
+
+def _by_seed(results: list[dict[str, Any]], get) -> dict[int, float]:
+    out = {}
+    for r in results:
+        v = get(r)
+        if v is not None:
+            out[int(r["seed"])] = float(v)
+    return out
+
+
+def _layer_means(results: list[dict[str, Any]], key: str) -> list[float | None]:
+    rows = [[(x[key] or {}).get("mean") for x in r["novelty"]["layers"]] for r in results]
+    if not rows:
+        return []
+    out: list[float | None] = []
+    for vals in zip(*rows):
+        ok = [v for v in vals if v is not None]
+        out.append(stats.mean(ok) if ok else None)
+    return out
+
+
+def summarize(grid: Grid, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Every number behind the report (JSON-ready)."""
+    uniform = next(a for a in grid.allocations if a.is_uniform)
+    per_alloc: dict[str, list[dict[str, Any]]] = {a.name: [] for a in grid.allocations}
+    for c in grid.cells:
+        if c.name in results:
+            per_alloc[c.allocation.name].append(results[c.name])
+
+    u_loss = _by_seed(per_alloc[uniform.name], _loss)
+    u_ppl = _by_seed(per_alloc[uniform.name], _ppl)
+    allocations = [
+        _allocation_entry(grid, a, per_alloc[a.name], u_loss, u_ppl) for a in grid.allocations
+    ]
+    times = {"train_s": 0.0, "val_s": 0.0, "zero_shot_s": 0.0, "novelty_s": 0.0}
+    for r in results.values():
+        times["train_s"] += r["train"].get("wall_s") or 0.0
+        for k in ("val_s", "zero_shot_s", "novelty_s"):
+            times[k] += (r.get("times") or {}).get(k) or 0.0
+    return {
+        "allocations": allocations,
+        "run_times": times,
+        "checks": _checks(grid, results),
+        "paper_comparison": _paper_comparison(allocations, grid.paper),
+    }
+
+
+def _allocation_entry(
+    grid: Grid, a, rs: list[dict[str, Any]], u_loss: dict[int, float], u_ppl: dict[int, float]
+) -> dict[str, Any]:
+    """Budget, per-seed numbers, summaries over seeds and the paired difference vs uniform of
+    one allocation (`rs`: its results)."""
+    b = grid.budget[a.name]
+    loss_s, ppl_s = _by_seed(rs, _loss), _by_seed(rs, _ppl)
+    entry: dict[str, Any] = {
+        "name": a.name,
+        "label": a.label,
+        "taper": a.spec_string,
+        "widths": b["widths"],
+        "baseline_width": b["baseline_width"],
+        "params": b["params"],
+        "flops_per_token": b["flops_per_token"],
+        "paper_ppl": a.paper_ppl,
+        "seeds": sorted(loss_s),
+        "val_loss": stats.summary([loss_s[s] for s in sorted(loss_s)]),
+        "val_ppl": stats.summary([ppl_s[s] for s in sorted(ppl_s)]),
+        "tokens_per_s": stats.summary(
+            list(_by_seed(rs, lambda r: r["train"].get("tokens_per_s")).values())
+        ),
+        "train_loss": stats.summary(
+            list(_by_seed(rs, lambda r: r["train"].get("train_loss")).values())
+        ),
+        "diff_vs_uniform": None,
+        "novelty": {
+            "pearson_mlp": stats.summary(
+                list(_by_seed(rs, lambda r: r["novelty"].get("pearson_mlp")).values())
+            ),
+            "pearson_block": stats.summary(
+                list(_by_seed(rs, lambda r: r["novelty"].get("pearson_block")).values())
+            ),
+            "rho_mlp_per_layer": _layer_means(rs, "rho_mlp"),
+            "rho_block_per_layer": _layer_means(rs, "rho_block"),
+            "tokens": rs[0]["novelty"]["n_tokens"] if rs else None,
+        },
+        "zero_shot": _zero_shot_summary(rs),
+        "per_seed": {
+            str(r["seed"]): {
+                "val_loss": r["val"]["loss"],
+                "val_ppl": r["val"]["ppl"],
+                "val_tokens": r["val"]["tokens"],
+                "train_loss": r["train"].get("train_loss"),
+                "tokens_per_s": r["train"].get("tokens_per_s"),
+                "train_wall_s": r["train"].get("wall_s"),
+                "pearson_mlp": r["novelty"].get("pearson_mlp"),
+                "data_order_sha256": r["data_order"]["sha256"],
+                "zero_shot": (r.get("zero_shot") or {}).get("paper_row"),
+                "times": r.get("times"),
+            }
+            for r in sorted(rs, key=lambda r: r["seed"])
+        },
+    }
+    if not a.is_uniform:
+        entry["diff_vs_uniform"] = {
+            "val_loss": stats.paired_difference(loss_s, u_loss),
+            "val_ppl": stats.paired_difference(ppl_s, u_ppl),
+        }
+    return entry
+
+
+def _zero_shot_summary(rs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    rows = [(r.get("zero_shot") or {}).get("paper_row") for r in rs]
+    rows = [x for x in rows if x]
+    if not rows:
+        return None
+    out = {}
+    for col in rows[0]:
+        vals = [x[col] for x in rows if x.get(col) is not None]
+        if vals:
+            out[col] = stats.summary(vals)
+    return out
+
+
+def _checks(grid: Grid, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    params = {grid.budget[a.name]["params"] for a in grid.allocations}
+    flops = {grid.budget[a.name]["flops_per_token"] for a in grid.allocations}
+    order_ok, init_ok = True, True
+    for seed in grid.seeds:
+        shas = {
+            results[c.name]["data_order"]["sha256"]
+            for c in grid.cells
+            if c.seed == seed and c.name in results
+        }
+        order_ok &= len(shas) <= 1
+    for c in grid.cells:
+        if c.name in results:
+            init_ok &= results[c.name]["config"]["train"]["seed"] == c.seed
+    distinct = {
+        results[c.name]["data_order"]["sha256"]
+        for c in grid.cells
+        if c.allocation.is_uniform and c.name in results
+    }
+    return {
+        "equal_params": len(params) == 1,
+        "equal_flops_per_token": len(flops) == 1,
+        "same_data_order_within_seed": order_ok,
+        "distinct_data_order_across_seeds": len(distinct)
+        == len([c for c in grid.cells if c.allocation.is_uniform and c.name in results]),
+        "init_seed_equals_seed": init_ok,
+    }
+
+
+def _paper_comparison(allocations: list[dict[str, Any]], mode: str | None) -> dict[str, Any] | None:
+    have = [
+        a for a in allocations if a["paper_ppl"] is not None and a["val_ppl"]["mean"] is not None
+    ]
+    if len(have) < 2:
+        return None
+    ours = {a["name"]: a["val_ppl"]["mean"] for a in have}
+    ref = {a["name"]: a["paper_ppl"] for a in have}
+    names = list(ref)
+    out: dict[str, Any] = {
+        "allocations": names,
+        "ours_val_ppl": ours,
+        "paper_val_ppl": ref,
+        "spearman": stats.spearman([ours[n] for n in names], [ref[n] for n in names]),
+        "pairwise": stats.pairwise_agreement(ours, ref),
+        "best_ours": min(names, key=lambda n: ours[n]),
+        "best_paper": min(names, key=lambda n: ref[n]),
+    }
+    if mode == "sweep":
+        out["sweep_claims"] = _sweep_claims(have)
+    return out
+
+
+def _sweep_claims(have: list[dict[str, Any]]) -> dict[str, Any]:
+    """The paper's §4 claims checked on our numbers."""
+    from taperlm.taper import TaperSpec
+
+    table: dict[tuple[float, float], dict[str, float]] = {}
+    for a in have:
+        spec = TaperSpec.parse(a["taper"])
+        if spec.schedule in SWEEP_SCHEDULES:
+            table.setdefault((spec.start, spec.end), {})[spec.schedule] = a["val_ppl"]["mean"]
+    per_ratio = {}
+    for ratio in PAPER_SWEEP:
+        row = table.get(ratio, {})
+        if all(s in row for s in SWEEP_SCHEDULES):
+            per_ratio[f"{ratio[0]}->{ratio[1]}"] = {
+                "ours": row,
+                "cosine<linear<sigmoid": row["cosine"] < row["linear"] < row["sigmoid"],
+            }
+    cos = {r: t["cosine"] for r, t in table.items() if "cosine" in t}
+    best = min(cos, key=lambda r: cos[r]) if cos else None
+    return {
+        "per_ratio": per_ratio,
+        "ordering_holds_at": sum(v["cosine<linear<sigmoid"] for v in per_ratio.values()),
+        "ratios": len(per_ratio),
+        "best_cosine_ratio_ours": None if best is None else f"{best[0]}->{best[1]}",
+        "best_cosine_ratio_paper": "1.5->0.5",
+    }
