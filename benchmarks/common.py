@@ -64,6 +64,60 @@ def sync(device: torch.device | str) -> None:
         torch.cuda.synchronize()
 
 
+def add_gpu_benchmark_arguments(p: Any) -> None:
+    """The options every GPU benchmark shares (see `gpu_or_smoke` for what --smoke sets)."""
+    p.add_argument("--size", default="440m")
+    p.add_argument("--multiple-of", type=int, default=128, help="rounding of tapered widths")
+    p.add_argument("--batch", type=int, default=8, help="micro-batch (scale.py: the largest tried)")
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--budget-s", type=float, default=420.0, help="skip the rest after this")
+    p.add_argument("--peak-tflops", type=float, default=None, help="override the peak table")
+    p.add_argument("--smoke", action="store_true", help="tiny presets on CPU, seconds")
+    p.add_argument("--json", default=None, help="results file (default benchmarks/results/)")
+
+
+def gpu_or_smoke(args: Any, script: str) -> torch.device | None:
+    """The device of a GPU benchmark: the CPU with `--smoke` (tiny presets, one thread, 1 warm-up
+    and 1 timed step of batch 2 x 32), else the first GPU with TF32 matmuls, else None (with a
+    message saying to use --smoke)."""
+    import sys
+
+    if args.smoke:
+        args.size, args.batch, args.seq, args.warmup, args.steps = "tiny", 2, 32, 1, 1
+        args.multiple_of = 16
+        torch.set_num_threads(1)
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(0)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        return torch.device("cuda", 0)
+    print(f"{script}: no CUDA device; use --smoke to check the code path on CPU", file=sys.stderr)
+    return None
+
+
+def warm_and_time(
+    step: Callable[[], Any], warmup: int, steps: int, device: torch.device
+) -> tuple[float, float]:
+    """(seconds of `warmup` steps, seconds per step of the next `steps`), synchronised around
+    each region; the CUDA peak-memory counter is reset first."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    sync(device)
+    warm_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync(device)
+    return warm_s, (time.perf_counter() - t0) / steps
+
+
 def interleaved(
     steps: dict[str, Callable[[], Any]],
     rounds: int,

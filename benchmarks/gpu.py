@@ -33,7 +33,15 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine_info, raise_recompile_limit, sync, table, write_json
+from common import (
+    add_gpu_benchmark_arguments,
+    gpu_or_smoke,
+    machine_info,
+    raise_recompile_limit,
+    table,
+    warm_and_time,
+    write_json,
+)
 from taperlm.budget import flops_per_token, total_params
 from taperlm.errors import ConfigError, TaperError
 from taperlm.presets import get_preset, preset_families
@@ -81,19 +89,7 @@ def run_config(
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    sync(device)
-    t0 = time.perf_counter()
-    for _ in range(args.warmup):
-        step()
-    sync(device)
-    warm_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        step()
-    sync(device)
-    step_s = (time.perf_counter() - t0) / args.steps
+    warm_s, step_s = warm_and_time(step, args.warmup, args.steps, device)
     tokens = args.batch * seq
     out = {
         "step_ms": 1e3 * step_s,
@@ -110,31 +106,13 @@ def run_config(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    add_gpu_benchmark_arguments(p)
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
-    p.add_argument("--size", default="440m")
     p.add_argument("--tapers", nargs="+", default=["uniform", "cosine"])
-    p.add_argument("--multiple-of", type=int, default=128, help="rounding of tapered widths")
     p.add_argument("--modes", nargs="+", default=["eager", "compile"], choices=["eager", "compile"])
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=2048)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--budget-s", type=float, default=420.0, help="skip the rest after this")
-    p.add_argument("--peak-tflops", type=float, default=None, help="override the peak table")
-    p.add_argument("--smoke", action="store_true", help="tiny presets on CPU, seconds")
-    p.add_argument("--json", default=None, help="results file (default benchmarks/results/)")
     args = p.parse_args(argv)
-    if args.smoke:
-        args.size, args.batch, args.seq, args.warmup, args.steps = "tiny", 2, 32, 1, 1
-        args.multiple_of = 16
-        device = torch.device("cpu")
-        torch.set_num_threads(1)
-    elif torch.cuda.is_available():
-        device = torch.device("cuda")
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    else:
-        print("gpu.py: no CUDA device; use --smoke to check the code path on CPU", file=sys.stderr)
+    device = gpu_or_smoke(args, "gpu.py")
+    if device is None:
         return 2
     # A compiled block function sees one shape per distinct width (and Dynamo keeps 8 by default).
     raise_recompile_limit(256)

@@ -30,8 +30,12 @@ Child mode (also the torchrun entry point of tests/test_torchrun_restart.py):
          TAPERLM_HARNESS_DIE_RANK=R        ... on rank R only (default 1) ...
          (only on the first torchrun attempt: TORCHELASTIC_RESTART_COUNT unset or 0)
          TAPERLM_HARNESS_PAUSE_AT_STEP=K   sleep 60 s inside the checkpoint write of step K, after
-                                           model.safetensors and before state.pt (a kill then
+                                           the weight shards and before state.pt (a kill then
                                            lands mid-write, deterministically)
+         TAPERLM_HARNESS_MEASURE=1         log checkpoint save/restore seconds, the bytes of
+                                           parameters, gradients and optimizer state at the
+                                           first step, and the peak RSS at exit (the 440M dry
+                                           run, tests/test_scale_dryrun.py)
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ LOG_ENV = "TAPERLM_HARNESS_LOG"
 DIE_STEP_ENV = "TAPERLM_HARNESS_DIE_AT_STEP"
 DIE_RANK_ENV = "TAPERLM_HARNESS_DIE_RANK"
 PAUSE_STEP_ENV = "TAPERLM_HARNESS_PAUSE_AT_STEP"
+MEASURE_ENV = "TAPERLM_HARNESS_MEASURE"
 DIE_CODE = 17
 
 # 16 optimizer steps of 128 tokens; checkpoint every step, keep 2 (so pruning runs every step).
@@ -189,14 +194,69 @@ def install_hooks() -> None:
         loop.Trainer._micro_steps = micro_steps  # type: ignore[method-assign]
 
 
+def _tensor_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors` (local shards of DTensors)."""
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors if t is not None]
+    return sum(
+        {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in local}.values()
+    )
+
+
+def install_measurements() -> None:
+    """TAPERLM_HARNESS_MEASURE=1: log the seconds of every checkpoint save and restore, and the
+    bytes of parameters, gradients and optimizer state this rank holds at its first step."""
+    from taperlm.training import loop
+
+    for name in ("save", "_restore"):
+        real = getattr(loop.Trainer, name)
+
+        def timed(self, *a, _real=real, _name=name, **k):
+            t0 = time.perf_counter()
+            out = _real(self, *a, **k)
+            seconds = time.perf_counter() - t0
+            _log({"event": f"{_name.strip('_')}_time", "step": self.step, "s": seconds})
+            return out
+
+        setattr(loop.Trainer, name, timed)
+    real_step = loop.Trainer._optimizer_step
+
+    def step(self):
+        params = list(self.model.parameters())
+        grads = _tensor_bytes(p.grad for p in params)
+        out = real_step(self)
+        if not getattr(self, "_measured", False):
+            self._measured = True
+            state = [v for s in self.optimizer.state.values() for k, v in s.items() if k != "step"]
+            _log(
+                {
+                    "event": "tensors",
+                    "parameters": _tensor_bytes(params),
+                    "gradients": grads,
+                    "optimizer": _tensor_bytes(state),
+                }
+            )
+        return out
+
+    loop.Trainer._optimizer_step = step  # type: ignore[method-assign]
+
+
 def child_main(argv: list[str]) -> int:
+    import resource
+
     import torch
 
     torch.set_num_threads(1)
     install_hooks()
+    if os.environ.get(MEASURE_ENV):
+        install_measurements()
     from taperlm.cli import main
 
-    return main(argv)
+    try:
+        return main(argv)
+    finally:
+        if os.environ.get(MEASURE_ENV):
+            peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            _log({"event": "exit", "peak_rss_bytes": peak_kb * 1024})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -263,9 +323,10 @@ def metrics(run: Path) -> list[dict[str, Any]]:
 
 
 def final_weights(run: Path, step: int = TOTAL_STEPS):
-    from safetensors.torch import load_file
+    """Full weights of a checkpoint (read from its shards by taperlm's converter)."""
+    from taperlm.training.checkpoint import load_model_state
 
-    return load_file(str(run / "checkpoints" / f"step_{step:08d}" / "model.safetensors"))
+    return load_model_state(run / "checkpoints" / f"step_{step:08d}", verify=False)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -279,6 +340,7 @@ def preload() -> None:
     matplotlib.use("Agg")
     import safetensors.torch
     import torch
+    import torch.distributed.checkpoint
     import torch.distributed.checkpoint.state_dict
 
     import taperlm.commands.train

@@ -418,7 +418,7 @@ def test_eval_missing_run_dir(tmp_path, capsys):
 
 
 def test_eval_run_without_usable_checkpoint(run_copy, capsys):
-    for p in (run_copy / "checkpoints").glob("step_*/model.safetensors"):
+    for p in (run_copy / "checkpoints").glob("step_*/__0_0.distcp"):
         p.write_bytes(p.read_bytes()[:-8])
     expect_error(
         ["eval", str(run_copy), "--tasks", "val", "--device", "cpu"],

@@ -45,6 +45,31 @@ def test_train_vs_hf_smoke(bench_module, tmp_path):
     assert all(r["tokens/s"] > 0 for r in data["rows"])
 
 
+def test_scale_smoke(tmp_path):
+    """benchmarks/scale.py --smoke: meta init, FSDP2 (one gloo rank) with the bf16 policy, eager
+    and regional compile, DCP save/load, the planner's figure: every column filled."""
+    import subprocess
+
+    out = tmp_path / "scale.json"
+    r = subprocess.run(
+        [sys.executable, str(BENCH / "scale.py"), "--smoke", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(x["family"], x["mode"]) for x in rows] == [
+        ("transformer", "eager"),
+        ("titans-mag", "eager"),
+        ("transformer", "compile"),
+    ]
+    assert all(x["tokens/s"] > 0 and x["planned_GiB"] > 0 for x in rows)
+    assert rows[2]["graphs"] >= 1 and rows[0]["dcp_save_s"] > 0 and rows[1]["dcp_load_s"] > 0
+    assert rows[0]["dcp_GB"] > 0
+
+
 def test_train_vs_hf_checks_equivalence(bench_module, monkeypatch):
     """The comparison refuses to run on models that are not the same function."""
     pytest.importorskip("transformers")

@@ -186,7 +186,7 @@ def test_second_invocation_retrains_nothing(finished):
 
 def test_changed_eval_settings_reevaluate_without_training(finished):
     out, args, _ = finished
-    ckpts = sorted((out / "runs").glob("*/checkpoints/step_*/model.safetensors"))
+    ckpts = sorted((out / "runs").glob("*/checkpoints/step_*/manifest.json"))
     before = {p: p.stat().st_mtime_ns for p in ckpts}
     new = [*args]
     new[new.index("--novelty-tokens") + 1] = "64"

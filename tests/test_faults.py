@@ -1,7 +1,7 @@
 """Crash safety, corruption, numerics and storage faults of `taperlm train` (issue 8, items 1-4).
 
 Already covered elsewhere (not repeated here): tests/test_train.py -- one SIGKILL after step 4
-(test_sigkill_then_resume_is_exact), a bit-flipped model.safetensors falls back
+(test_sigkill_then_resume_is_exact), a bit-flipped weight shard falls back
 (test_corrupt_newest_checkpoint_falls_back), truncated state.pt / missing manifest are detected
 (test_truncated_and_incomplete_checkpoints_are_detected), NaN loss+gradients skipped and repeated
 NaN stops (test_nan_step_is_skipped, test_repeated_nan_stops_with_last_good_checkpoint), ENOSPC /
@@ -73,7 +73,7 @@ def test_sigkill_trials_resume_exactly(setup, tmp_path):
 
 
 def test_kill_in_the_middle_of_a_checkpoint_write(setup, tmp_path):
-    """Deterministic mid-write kill: the step-5 write is paused after model.safetensors (before
+    """Deterministic mid-write kill: the step-5 write is paused after the weight shards (before
     state.pt and the manifest) and the process is SIGKILLed there. Only the temp dir is partial;
     the resume starts from step 4, cleans the temp dir up, and ends bitwise equal."""
     data, ref, _ = setup
@@ -91,7 +91,8 @@ def test_kill_in_the_middle_of_a_checkpoint_write(setup, tmp_path):
     assert good[-1] == 4 and 5 not in good and not bad
     assert tmp == [f".tmp-step_00000005-{child.pid}"]
     partial = run / "checkpoints" / tmp[0]
-    assert (partial / "model.safetensors").is_file() and not (partial / "manifest.json").exists()
+    assert (partial / "__0_0.distcp").is_file() and (partial / ".metadata").is_file()
+    assert not (partial / "state.pt").exists() and not (partial / "manifest.json").exists()
 
     child = H.start_child(H.train_argv(data, run), log, tmp_path / "b.out")
     assert child.wait() == 0, (tmp_path / "b.out").read_text()
@@ -166,7 +167,8 @@ def _corrupt(path: Path, how: str) -> None:
 @pytest.mark.parametrize(
     ("file", "how", "message"),
     [
-        ("model.safetensors", "truncate", "is truncated or altered"),
+        ("__0_0.distcp", "truncate", "is truncated or altered"),
+        (".metadata", "bitflip", "is corrupted: its sha256 does not match"),
         ("state.pt", "bitflip", "is corrupted: its sha256 does not match"),
         ("manifest.json", "garbage", "manifest.json is corrupt"),
         ("manifest.json", "delete", "incomplete: manifest.json is missing"),
@@ -200,7 +202,7 @@ def test_all_checkpoints_corrupt_stops_instead_of_restarting(setup, tmp_path, ca
     data, _, _ = setup
     run = tmp_path / "run"
     _stopped_run(data, run, 4, capsys)
-    for p in (run / "checkpoints").glob("step_*/model.safetensors"):
+    for p in (run / "checkpoints").glob("step_*/__0_0.distcp"):
         _corrupt(p, "bitflip")
     before = H.snapshot(run)
     rc, _, err = _run_cli(H.train_argv(data, run), capsys)

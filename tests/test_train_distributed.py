@@ -1,5 +1,6 @@
 """`taperlm train` under torchrun with 2 CPU processes (gloo): DDP matches one process with the
-same global batch, FSDP2 matches DDP, and their checkpoints load anywhere.
+same global batch, FSDP2 matches DDP, their sharded (DCP) checkpoints resume on another number of
+processes and under the other wrapper, and Hope's update periods survive FSDP2.
 
 Tolerance: both sides see exactly the same sequences per optimizer step (the loader's rank
 partition invariant), so they differ only in the order of fp32 sums (gradient all-reduce vs
@@ -71,8 +72,8 @@ def data_dir(tmp_path_factory) -> Path:
     return out
 
 
-def _args(data_dir: Path, out: Path, *extra: str) -> list[str]:
-    args = ["train", "--preset", "transformer-tiny", "--data", str(data_dir), "--out", str(out)]
+def _args(data_dir: Path, out: Path, *extra: str, preset: str = "transformer-tiny") -> list[str]:
+    args = ["train", "--preset", preset, "--data", str(data_dir), "--out", str(out)]
     for s in [*SETS, *extra]:
         args += ["--set", s]
     return [*args, "--no-progress"]
@@ -82,9 +83,9 @@ def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-def _single(data_dir: Path, out: Path) -> None:
+def _single(data_dir: Path, out: Path, *flags: str) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "taperlm.cli", *_args(data_dir, out)],
+        [sys.executable, "-m", "taperlm.cli", *_args(data_dir, out), *flags],
         env=_env(),
         capture_output=True,
         text=True,
@@ -93,8 +94,17 @@ def _single(data_dir: Path, out: Path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
 
 
-def _torchrun(data_dir: Path, out: Path, *extra: str, timeout: int = 120) -> str:
-    cmd = torchrun_command("-m", "taperlm.cli", *_args(data_dir, out, *extra))
+def _torchrun(
+    data_dir: Path,
+    out: Path,
+    *extra: str,
+    timeout: int = 120,
+    flags: tuple[str, ...] = (),
+    preset: str = "transformer-tiny",
+) -> str:
+    cmd = torchrun_command(
+        "-m", "taperlm.cli", *_args(data_dir, out, *extra, preset=preset), *flags
+    )
     r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-4000:])
     return r.stdout
@@ -105,10 +115,8 @@ def _losses(run: Path) -> list[float]:
 
 
 def _max_weight_diff(a: Path, b: Path, step: int) -> float:
-    from safetensors.torch import load_file
-
-    wa = load_file(str(a / "checkpoints" / ckpt.checkpoint_name(step) / "model.safetensors"))
-    wb = load_file(str(b / "checkpoints" / ckpt.checkpoint_name(step) / "model.safetensors"))
+    wa = ckpt.load_model_state(a / "checkpoints" / ckpt.checkpoint_name(step))
+    wb = ckpt.load_model_state(b / "checkpoints" / ckpt.checkpoint_name(step))
     assert wa.keys() == wb.keys()
     return max(float((wa[k] - wb[k]).abs().max()) for k in wa)
 
@@ -157,23 +165,107 @@ def test_fsdp_checkpoint_resumes_in_one_process(data_dir, single_run, tmp_path):
     single-process run (within the DDP tolerance), i.e. optimizer state and data position are
     saved in a world-size-independent form."""
     out2 = tmp_path / "mixed"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        "-m",
-        "taperlm.cli",
-        *_args(data_dir, out2, "train.parallel=fsdp"),
-        "--stop-after-steps",
-        "3",
-    ]
-    r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr[-3000:]
+    _torchrun(data_dir, out2, "train.parallel=fsdp", flags=("--stop-after-steps", "3"))
     _single(data_dir, out2)
     a, b = _losses(single_run), _losses(out2)
     assert len(b) == 6
     assert max(abs(x - y) for x, y in zip(a, b)) < TOL, (a, b)
     assert _max_weight_diff(single_run, out2, 6) < TOL
+
+
+def test_sharded_checkpoints_resume_across_fsdp_and_ddp_bitwise(data_dir, ddp_run, tmp_path):
+    """FSDP2 (2 ranks) stops at step 2, DDP (2 ranks, background checkpoint writes) continues to
+    step 4, FSDP2 finishes: each leg reads the other wrapper's shards, and the losses are bitwise
+    those of the uninterrupted DDP run. (The weights agree to ~4e-9, not bitwise: FSDP2 sums the
+    clipping norm shard by shard, so its updates differ from DDP's in the last bits.)"""
+    out = tmp_path / "chain"
+    _torchrun(data_dir, out, "train.parallel=fsdp", flags=("--stop-after-steps", "2"))
+    manifest = ckpt.read_manifest(out / "checkpoints" / ckpt.checkpoint_name(2))
+    shards = [f for f in manifest["files"] if f.endswith(".distcp")]
+    assert manifest["world_size"] == 2 and len(shards) == 2  # each rank wrote its own
+    _torchrun(
+        data_dir,
+        out,
+        "train.parallel=ddp",
+        "train.async_checkpoint=true",
+        "train.checkpoint_every=1",
+        flags=("--stop-after-steps", "4"),
+    )
+    assert [s for s, _ in ckpt.list_checkpoints(out)] == [3, 4]
+    _torchrun(data_dir, out, "train.parallel=fsdp")
+    assert _losses(out) == _losses(ddp_run)
+    assert _max_weight_diff(out, ddp_run, 6) < 1e-7
+
+
+def test_single_process_checkpoint_resumes_on_two_ranks(data_dir, single_run, tmp_path):
+    """1 -> 2: a one-process checkpoint continued by FSDP2 on 2 ranks ends where the one-process
+    run ends (within the DDP tolerance: the later steps sum gradients in another order)."""
+    out = tmp_path / "grow"
+    _single(data_dir, out, "--stop-after-steps", "3")
+    _torchrun(data_dir, out, "train.parallel=fsdp")
+    a, b = _losses(single_run), _losses(out)
+    assert a[:3] == b[:3] and len(b) == 6
+    assert max(abs(x - y) for x, y in zip(a, b)) < TOL, (a, b)
+    assert _max_weight_diff(single_run, out, 6) < TOL
+
+
+HOPE_SETS = ["model.hope.update_periods=[1,2,3]", "train.checkpoint_every=6"]
+
+
+def _optimizer_groups(run: Path, step: int) -> list[tuple[int, bool, list[str]]]:
+    """(period, decay, parameter names) of every optimizer group saved in a checkpoint."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    flat = run / "flat.pt"
+    dcp_to_torch_save(str(run / "checkpoints" / ckpt.checkpoint_name(step)), str(flat))
+    groups = torch.load(flat, weights_only=False)["optimizer"]["param_groups"]
+    return sorted((g["period"], g["decay"], sorted(g["params"])) for g in groups)
+
+
+def test_hope_update_periods_survive_fsdp(data_dir, tmp_path):
+    """Hope (CMS periods 1, 2, 3) under FSDP2 and DDP on 2 ranks: the same optimizer groups
+    (slow levels in their own period groups) and the same weights after 6 steps. Before the
+    fix, fully_shard dropped the period tags and every level stepped every step."""
+    runs = {}
+    for parallel in ("ddp", "fsdp"):
+        runs[parallel] = tmp_path / parallel
+        _torchrun(
+            data_dir, runs[parallel], *HOPE_SETS, f"train.parallel={parallel}", preset="hope-tiny"
+        )
+    groups = _optimizer_groups(runs["fsdp"], 6)
+    assert groups == _optimizer_groups(runs["ddp"], 6)
+    periods = {period for period, _, names in groups if names}
+    assert periods == {1, 2, 3}
+    slow = [n for period, _, names in groups if period == 3 for n in names]
+    assert "blocks.0.mlp.levels.2.w_in.weight" in slow and "blocks.0.mlp.norms.1.weight" in slow
+    assert _losses(runs["fsdp"]) == _losses(runs["ddp"])
+    assert _max_weight_diff(runs["fsdp"], runs["ddp"], 6) < 1e-7
+
+
+def test_fsdp_meta_init_mixed_precision_and_planned_memory(tmp_path):
+    """tests/scale_worker.py on 2 ranks: models built on meta and sharded are bitwise the CPU
+    build (every family, tied or not); the bf16 policy computes with bf16 weights while the
+    sharded weights and gradients stay fp32 and gradients are reduced in fp32; the parameter,
+    gradient and AdamW bytes each rank holds are the planner's per-GPU figures (within 10%)."""
+    import json
+
+    worker = Path(__file__).resolve().parent / "scale_worker.py"
+    r = subprocess.run(
+        torchrun_command(str(worker), str(tmp_path / "out")),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    for rank in range(2):
+        res = json.loads((tmp_path / f"out-{rank}.json").read_text())
+        assert res["meta_init"] and all(res["meta_init"].values()), res["meta_init"]
+        bf16, fp32 = res["mixed_precision"]["bf16"], res["mixed_precision"]["fp32"]
+        assert bf16["compute_dtype"] == "torch.bfloat16" and bf16["reduce_dtype"] == "torch.float32"
+        assert fp32["compute_dtype"] == "torch.float32"
+        for r_ in (bf16, fp32):
+            assert r_["param_dtypes"] == r_["grad_dtypes"] == ["torch.float32"] and r_["finite"]
+        for preset, lines in res["memory"].items():
+            for line, (measured, planned) in lines.items():
+                assert abs(planned - measured) <= 0.1 * measured, (rank, preset, line)

@@ -203,8 +203,18 @@ class TrainConfig:
         beta1, beta2, eps: AdamW moments.
         grad_clip: max global grad norm (0 disables).
         precision: auto | fp32 | bf16 (auto = bf16 autocast on CUDA, fp32 on CPU).
-        compile: wrap the model in torch.compile.
+        compile: compile the model with torch.compile (see compile_scope).
+        compile_scope: model (one graph for the whole model) | blocks (each block compiled on
+            its own, "regional": faster to compile, one recompile per distinct block shape).
+        activation_checkpointing: none | full (keep only each block's input for backward and
+            recompute the block; same losses, less activation memory, ~1/3 more compute).
         parallel: ddp | fsdp (under torchrun; ignored for one process).
+        fsdp_param_dtype: auto | bf16 | fp32: dtype FSDP2 gathers parameters in for compute
+            (auto = bf16 when the run computes in bf16, else fp32). Sharded weights, gradients
+            and optimizer state stay fp32.
+        fsdp_reduce_dtype: fp32 | bf16: dtype FSDP2 reduce-scatters gradients in.
+        async_checkpoint: write checkpoint shards in a background thread while training goes
+            on (committed once every rank has written; the final checkpoint is synchronous).
         device: auto | cpu | cuda.
         eval_every: steps between validation-loss evaluations (0 = only at the end).
         eval_tokens: validation tokens per evaluation.
@@ -231,7 +241,12 @@ class TrainConfig:
     grad_clip: float = 1.0
     precision: str = "auto"
     compile: bool = False
+    compile_scope: str = "model"
+    activation_checkpointing: str = "none"
     parallel: str = "ddp"
+    fsdp_param_dtype: str = "auto"
+    fsdp_reduce_dtype: str = "fp32"
+    async_checkpoint: bool = False
     device: str = "auto"
     eval_every: int = 50
     eval_tokens: int = 65536

@@ -1,4 +1,5 @@
-"""`taperlm plan`: per-layer widths, parameters and FLOPs of a taper beside its uniform baseline."""
+"""`taperlm plan`: per-layer widths, parameters and FLOPs of a taper beside its uniform baseline;
+with `--gpus N`, also the per-GPU memory and the time of the run (training/planner.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", type=Path, help="write the width profile as a PNG")
     parser.add_argument("--dump-config", action="store_true", help="print the resolved YAML")
     parser.add_argument("--list-presets", action="store_true", help="list preset names and exit")
+    g = parser.add_argument_group("memory and time plan (with --gpus)")
+    g.add_argument("--gpus", type=int, help="GPUs of the run: print per-GPU memory and time")
+    g.add_argument("--gpu-memory", default="80GB", help="memory of one GPU (default 80GB)")
+    g.add_argument("--micro-batch", type=int, help="sequences per GPU per forward pass")
+    g.add_argument("--parallel", choices=("fsdp", "ddp"), help="default: the config's")
+    g.add_argument(
+        "--activation-checkpointing", action="store_true", help="recompute each block in backward"
+    )
+    g.add_argument("--tokens", type=float, help="training tokens (default: train.tokens)")
+    g.add_argument("--mfu", type=float, default=0.4, help="assumed MFU (default 0.4)")
+    g.add_argument(
+        "--peak-tflops", type=float, default=989.0, help="dense bf16 peak of one GPU (H100: 989)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,10 +46,19 @@ def run(args: argparse.Namespace) -> int:
         print(dump_yaml(cfg), end="")
         return 0
     p = plan(cfg.model, args.seq_len)
+    memory = _memory_plan(args, cfg) if args.gpus is not None else None
     if args.json:
-        print(json.dumps(plan_to_dict(p), indent=2))
+        out = plan_to_dict(p)
+        if memory is not None:
+            out["memory_plan"] = memory.to_dict()
+        print(json.dumps(out, indent=2))
     else:
         print(format_plan(p))
+        if memory is not None:
+            from taperlm.training.planner import format_memory_plan
+
+            print()
+            print(format_memory_plan(memory))
     if args.plot:
         from taperlm.analysis.plots import plot_width_profiles
 
@@ -46,6 +69,27 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"width profile written to {path}")
     return 0
+
+
+def _memory_plan(args: argparse.Namespace, cfg):
+    from taperlm.training.planner import parse_bytes, plan_training
+
+    t = cfg.train
+    return plan_training(
+        cfg.model,
+        gpus=args.gpus,
+        gpu_memory=parse_bytes(args.gpu_memory),
+        micro_batch=args.micro_batch if args.micro_batch is not None else t.micro_batch_size,
+        seq_len=args.seq_len if args.seq_len is not None else t.seq_len,
+        parallel=args.parallel or ("fsdp" if t.parallel == "fsdp" else "ddp"),
+        activation_checkpointing=args.activation_checkpointing
+        or t.activation_checkpointing == "full",
+        tokens=int(args.tokens) if args.tokens is not None else t.tokens,
+        batch_tokens=t.batch_tokens,
+        mfu=args.mfu,
+        peak_flops=args.peak_tflops * 1e12,
+        keep_checkpoints=t.keep_checkpoints,
+    )
 
 
 def _list_presets() -> None:

@@ -67,15 +67,19 @@ class Rotary(nn.Module):
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy (fp32) over targets != -100; logits [..., V], targets [...].
 
-    Uses the fused CPU kernel when training in fp32 on CPU in eager mode, else
-    `F.cross_entropy` on fp32 logits."""
+    Uses the fused CPU kernel when training in fp32 on CPU in eager mode, else the chunked loss
+    of models/loss.py (no fp32 copy of the whole logits: bf16 logits on GPU)."""
+    from taperlm.models.loss import chunked_cross_entropy
+
     flat = logits.reshape(-1, logits.shape[-1])
     tgt = targets.reshape(-1)
     if cpu_kernels.applies(flat) and torch.is_grad_enabled() and flat.requires_grad:
         n_valid = int((tgt != -100).sum())
         if n_valid > 0:
             return cpu_kernels.cross_entropy(flat, tgt, n_valid)
-    return F.cross_entropy(flat.float(), tgt, ignore_index=-100)
+    if flat.dtype == torch.float32 and flat.device.type == "cpu":
+        return F.cross_entropy(flat, tgt, ignore_index=-100)  # eval on CPU: no copy to avoid
+    return chunked_cross_entropy(flat, tgt)
 
 
 class SwiGLU(nn.Module):
@@ -178,6 +182,8 @@ class Block(nn.Module):
     """Pre-norm residual block: h = x + mixer(norm(x)); out = h + mlp(norm(h)). Every family is
     a stack of these; `mlp` returns exactly the update added to the residual stream."""
 
+    checkpoint_activations = False  # recompute in backward (set_activation_checkpointing)
+
     def __init__(self, mixer: nn.Module, mlp: nn.Module, d_model: int, eps: float) -> None:
         super().__init__()
         self.mixer_norm = RMSNorm(d_model, eps)
@@ -186,19 +192,37 @@ class Block(nn.Module):
         self.mlp = mlp
 
     def forward(self, x: torch.Tensor, cache: Any = None) -> torch.Tensor:
+        if self.checkpoint_activations and cache is None and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
+
+            return checkpoint(self._forward, x, None, use_reentrant=False)
+        return self._forward(x, cache)
+
+    def _forward(self, x: torch.Tensor, cache: Any) -> torch.Tensor:
         normed = self.mixer_norm(x)
         h = x + (self.mixer(normed) if cache is None else self.mixer(normed, cache=cache))
         return h + self.mlp(self.mlp_norm(h))
 
 
-def init_weights(module: nn.Module, std: float, n_layers: int) -> None:
+def set_activation_checkpointing(model: nn.Module, enabled: bool) -> None:
+    """Per-block activation checkpointing: keep only each block's input for the backward pass
+    and recompute the block there. Inside the block's forward, so parameter names, FSDP's hooks
+    and per-block compilation are unchanged."""
+    for m in model.modules():
+        if isinstance(m, Block):
+            m.checkpoint_activations = enabled
+
+
+def init_weights(module: nn.Module, std: float, n_layers: int, normal_=nn.init.normal_) -> None:
     """Normal(0, std) for matrices and embeddings; residual output projections get
-    std / sqrt(2 * n_layers) so the residual stream's variance does not grow with depth."""
+    std / sqrt(2 * n_layers) so the residual stream's variance does not grow with depth.
+    `normal_(tensor, mean, std)` draws the values (a sharded model passes its own, which draws
+    the full tensor and keeps its shard)."""
     for m in module.modules():
         if isinstance(m, nn.Linear):
             s = std / math.sqrt(2 * n_layers) if getattr(m, "residual_out", False) else std
-            nn.init.normal_(m.weight, mean=0.0, std=s)
+            normal_(m.weight, 0.0, s)
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
         elif isinstance(m, nn.Embedding):
-            nn.init.normal_(m.weight, mean=0.0, std=std)
+            normal_(m.weight, 0.0, std)

@@ -6,7 +6,9 @@ are all equal. Families differ only in their blocks (`taperlm.families`, `Family
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -31,15 +33,27 @@ class TaperedLM(nn.Module):
             raise ConfigError("ModelConfig has no resolved mlp_widths; call cfg.resolve() first")
         cfg.validate()
         self.config = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        rotary = Rotary(cfg.head_dim, cfg.context_length, cfg.rope_theta)
-        build = family(cfg).build_block
-        self.blocks = nn.ModuleList(build(cfg, i, rotary) for i in range(cfg.n_layers))
-        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        parts = dict(self.parts(cfg, Rotary(cfg.head_dim, cfg.context_length, cfg.rope_theta)))
+        self.embed = parts.pop("embed")()
+        self.blocks = nn.ModuleList(parts.pop(f"blocks.{i}")() for i in range(cfg.n_layers))
+        self.norm = parts.pop("norm")()
+        self.lm_head = parts.pop("lm_head")()
         init_weights(self, cfg.init_std, cfg.n_layers)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
+
+    @staticmethod
+    def parts(cfg: ModelConfig, rotary: Rotary) -> list[tuple[str, Callable[[], nn.Module]]]:
+        """(name, builder) of every top-level part in construction order. Building them in this
+        order draws the same random numbers as building the model, which is how a model made on
+        the meta device is later filled part by part (training/meta_init.py)."""
+        build = family(cfg).build_block
+        return [
+            ("embed", lambda: nn.Embedding(cfg.vocab_size, cfg.d_model)),
+            *((f"blocks.{i}", partial(build, cfg, i, rotary)) for i in range(cfg.n_layers)),
+            ("norm", lambda: RMSNorm(cfg.d_model, cfg.norm_eps)),
+            ("lm_head", lambda: nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)),
+        ]
 
     def new_cache(self) -> list[Any]:
         """Per-layer incremental-decoding state; raises NotImplementedError for mixers without one."""

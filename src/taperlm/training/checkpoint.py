@@ -5,15 +5,21 @@ Layout of a run directory::
     RUN/config.yaml                       resolved RunConfig (mlp_widths included)
     RUN/metrics.jsonl                     one JSON object per log / eval step
     RUN/checkpoints/step_00000100/        one complete checkpoint
-        model.safetensors                 full (unsharded) fp32 weights
-        state.pt                          optimizer, LR schedule, step, tokens, data position, RNG
+        __0_0.distcp, __1_0.distcp, ...   model, optimizer and pending-gradient shards, one file
+                                          per rank (torch.distributed.checkpoint; see sharded.py)
+        .metadata                         DCP's index of those shards
+        state.pt                          LR schedule, step, tokens, data position, RNG
         manifest.json                     sha256 + size of every file, step, the run config
     RUN/checkpoints/latest                name of the newest complete checkpoint (a hint)
 
-A checkpoint is written into `checkpoints/.tmp-step_XXXXXXXX-<pid>/`, every file fsynced, then
-renamed into place with `os.replace` (atomic on POSIX), so a crash leaves either the complete
-checkpoint or a temp dir that is ignored and cleaned up later. `manifest.json` is written last
-inside the temp dir; loading verifies sizes and hashes, so truncation or bit flips are detected.
+A checkpoint is written into `checkpoints/.tmp-step_XXXXXXXX-<pid>/` (every rank its shards,
+fsynced), then rank 0 writes `state.pt` and `manifest.json` last and renames the directory into
+place with `os.replace` (atomic on POSIX), so a crash leaves either the complete checkpoint or a
+temp dir that is ignored and cleaned up later. Loading verifies sizes and hashes, so truncation or
+bit flips are detected; the hashing can be split over ranks (`part`), so no rank reads every shard.
+
+Checkpoints of format version 1 (one `model.safetensors` with full weights, the optimizer inside
+`state.pt`) are still read by `load_run_model`, `load_model_state` and resume.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import json
 import os
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +36,11 @@ from taperlm.errors import CheckpointError
 from taperlm.io import atomic_write_text, sha256_file
 
 CHECKPOINT_DIR = "checkpoints"
-MODEL_FILE = "model.safetensors"
+MODEL_FILE = "model.safetensors"  # format version 1 only
 STATE_FILE = "state.pt"
 MANIFEST_FILE = "manifest.json"
 LATEST_FILE = "latest"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1: full model.safetensors + state.pt; 2: DCP shards + state.pt
 _PREFIX = "step_"
 _TMP_PREFIX = ".tmp-"
 
@@ -88,62 +95,81 @@ def _fsync_dir(path: Path) -> None:
 # writing
 
 
-def _dedupe_shared(state: dict[str, Any]) -> dict[str, Any]:
-    """safetensors refuses tensors that share memory (a tied head): store copies instead."""
-    seen: set[tuple[int, int]] = set()
-    out = {}
-    for k, t in state.items():
-        t = t.detach().cpu()
-        key = (t.untyped_storage().data_ptr(), t.storage_offset())
-        out[k] = t.clone().contiguous() if key in seen else t.contiguous()
-        seen.add(key)
-    return out
-
-
-def _write_model(path: Path, state: dict[str, Any]) -> None:
-    from safetensors.torch import save_file
-
-    save_file(_dedupe_shared(state), str(path), metadata={"format": "pt"})
-
-
 def _write_state(path: Path, state: dict[str, Any]) -> None:
     import torch
 
     torch.save(state, path)
 
 
-def save_checkpoint(
+def temp_checkpoint_dir(run_dir: str | Path, step: int, tag: int | None = None) -> Path:
+    """Where checkpoint `step` is assembled before its commit (`tag`: rank 0's pid by default)."""
+    tag = os.getpid() if tag is None else tag
+    return checkpoints_dir(run_dir) / f"{_TMP_PREFIX}{checkpoint_name(step)}-{tag}"
+
+
+def _write_error(run_dir: str | Path, step: int, err: OSError) -> CheckpointError:
+    final = checkpoints_dir(run_dir) / checkpoint_name(step)
+    good = [p.name for _, p in list_checkpoints(run_dir) if p != final]
+    prev = f"the previous checkpoint {good[-1]} is intact" if good else "no earlier checkpoint"
+    return CheckpointError(
+        f"could not write checkpoint {final}: {err.strerror or err} "
+        f"({type(err).__name__}, errno {err.errno}); {prev}. Free disk space or fix the "
+        f"permissions of {checkpoints_dir(run_dir)}, then rerun the same command to resume"
+    )
+
+
+def begin_checkpoint(run_dir: str | Path, step: int, tag: int | None = None) -> Path:
+    """Create the empty temp dir of checkpoint `step` (one process: rank 0) and return it."""
+    tmp = temp_checkpoint_dir(run_dir, step, tag)
+    try:
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _write_error(run_dir, step, err) from None
+    return tmp
+
+
+def abort_checkpoint(tmp: Path) -> None:
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def commit_checkpoint(
     run_dir: str | Path,
     step: int,
-    model_state: dict[str, Any],
+    tmp: Path,
+    files: dict[str, dict[str, Any]],
     train_state: dict[str, Any],
     run_config: dict[str, Any],
     keep: int,
 ) -> Path:
-    """Write checkpoint `step` atomically, update `latest`, prune to the newest `keep`.
+    """Finish checkpoint `step` whose shards are already in `tmp` (with their hashes in `files`):
+    write state.pt and the manifest, rename into place, update `latest`, prune to `keep`.
 
-    Any OSError (disk full, read-only directory, ...) removes the partial temp dir, leaves every
-    earlier checkpoint intact, and raises CheckpointError naming the path and the OS error.
+    Any OSError (disk full, read-only directory, ...) removes the temp dir, leaves every earlier
+    checkpoint intact, and raises CheckpointError naming the path and the OS error.
     """
     root = checkpoints_dir(run_dir)
     final = root / checkpoint_name(step)
-    tmp = root / f"{_TMP_PREFIX}{checkpoint_name(step)}-{os.getpid()}"
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-        _write_model(tmp / MODEL_FILE, model_state)
         _write_state(tmp / STATE_FILE, train_state)
-        files = {}
-        for name in (MODEL_FILE, STATE_FILE):
-            _fsync_file(tmp / name)
-            files[name] = {"sha256": sha256_file(tmp / name), "bytes": (tmp / name).stat().st_size}
+        _fsync_file(tmp / STATE_FILE)
+        files = {
+            **files,
+            STATE_FILE: {
+                "sha256": sha256_file(tmp / STATE_FILE),
+                "bytes": (tmp / STATE_FILE).stat().st_size,
+            },
+        }
         manifest = {
             "format_version": FORMAT_VERSION,
+            "format": "dcp",
             "step": step,
             "tokens": train_state.get("tokens"),
-            "files": files,
+            "world_size": train_state.get("world_size", 1),
+            "files": dict(sorted(files.items())),
             "run_config": run_config,
         }
         atomic_write_text(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2), fsync=True)
@@ -158,16 +184,32 @@ def save_checkpoint(
         _fsync_dir(root)
         atomic_write_text(root / LATEST_FILE, final.name + "\n", fsync=True)
     except OSError as err:
-        shutil.rmtree(tmp, ignore_errors=True)
-        good = [p.name for _, p in list_checkpoints(run_dir) if p != final]
-        prev = f"the previous checkpoint {good[-1]} is intact" if good else "no earlier checkpoint"
-        raise CheckpointError(
-            f"could not write checkpoint {final}: {err.strerror or err} "
-            f"({type(err).__name__}, errno {err.errno}); {prev}. Free disk space or fix the "
-            f"permissions of {root}, then rerun the same command to resume"
-        ) from None
+        abort_checkpoint(tmp)
+        raise _write_error(run_dir, step, err) from None
     prune_checkpoints(run_dir, keep)
     return final
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    model_state: dict[str, Any],
+    train_state: dict[str, Any],
+    run_config: dict[str, Any],
+    keep: int,
+) -> Path:
+    """Write a checkpoint of full weights from one process (e.g. a converted or hand-made model):
+    the same layout as a training checkpoint, without optimizer state."""
+    from taperlm.training import sharded
+
+    tmp = begin_checkpoint(run_dir, step)
+    try:
+        written = sharded.write_shards(tmp, {sharded.MODEL_KEY: model_state}).result()
+        files = sharded.hash_files(tmp, written)
+    except OSError as err:
+        abort_checkpoint(tmp)
+        raise _write_error(run_dir, step, err) from None
+    return commit_checkpoint(run_dir, step, tmp, files, train_state, run_config, keep)
 
 
 def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
@@ -212,16 +254,17 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return manifest
 
 
-def verify_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Check every file against the manifest (size, then sha256); return the manifest.
+Agree = Callable[[Any], list[Any]]  # every rank's value, in rank order (an all-gather)
 
-    Raises CheckpointError saying which file is missing, truncated or corrupted.
-    """
-    path = Path(path)
+
+def _check_files(path: Path, part: tuple[int, int]) -> dict[str, Any]:
+    """The manifest of `path` after checking every file's size and this rank's share of hashes
+    (every `world`-th file, starting at `rank`); CheckpointError on the first problem."""
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {path} does not exist")
     manifest = read_manifest(path)
-    for name, info in manifest["files"].items():
+    rank, world = part
+    for i, (name, info) in enumerate(sorted(manifest["files"].items())):
         f = path / name
         if not f.is_file():
             raise CheckpointError(f"checkpoint {path} is missing {name}; it is incomplete")
@@ -231,7 +274,7 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
                 f"checkpoint file {f} is truncated or altered: {size} bytes, the manifest says "
                 f"{info.get('bytes')}; delete this checkpoint or resume from an earlier one"
             )
-        if sha256_file(f) != info.get("sha256"):
+        if i % world == rank and sha256_file(f) != info.get("sha256"):
             raise CheckpointError(
                 f"checkpoint file {f} is corrupted: its sha256 does not match the manifest; "
                 "delete this checkpoint or resume from an earlier one"
@@ -239,14 +282,41 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
     return manifest
 
 
-def find_checkpoint(run_dir: str | Path, step: int | None = None) -> Path | None:
+def verify_checkpoint(
+    path: str | Path, part: tuple[int, int] = (0, 1), agree: Agree | None = None
+) -> dict[str, Any]:
+    """Check every file against the manifest (size, then sha256); return the manifest.
+
+    Raises CheckpointError saying which file is missing, truncated or corrupted. Under several
+    processes pass `part=(rank, world)` and an all-gather `agree`: each rank hashes only its share
+    of the files and every rank reaches the same verdict.
+    """
+    path = Path(path)
+    try:
+        manifest, problem = _check_files(path, part), None
+    except CheckpointError as err:
+        manifest, problem = {}, str(err)
+    if agree is not None:
+        problem = next((p for p in agree(problem) if p is not None), None)
+    if problem is not None:
+        raise CheckpointError(problem)
+    return manifest
+
+
+def find_checkpoint(
+    run_dir: str | Path,
+    step: int | None = None,
+    part: tuple[int, int] = (0, 1),
+    agree: Agree | None = None,
+) -> Path | None:
     """The checkpoint to load: `step` exactly (verified, CheckpointError if bad), or the newest
-    one that verifies, warning about each newer one that does not (None if there is none)."""
+    one that verifies, warning about each newer one that does not (None if there is none).
+    `part`/`agree`: see `verify_checkpoint` (every rank must call this together)."""
     ckpts = list_checkpoints(run_dir)
     if step is not None:
         for s, p in ckpts:
             if s == step:
-                verify_checkpoint(p)
+                verify_checkpoint(p, part, agree)
                 return p
         have = ", ".join(str(s) for s, _ in ckpts) or "none"
         raise CheckpointError(
@@ -254,39 +324,64 @@ def find_checkpoint(run_dir: str | Path, step: int | None = None) -> Path | None
         )
     for _, p in reversed(ckpts):
         try:
-            verify_checkpoint(p)
+            verify_checkpoint(p, part, agree)
             return p
         except CheckpointError as err:
-            warnings.warn(
-                f"skipping bad checkpoint: {err}; falling back to an earlier one",
-                TrainingWarning,
-                stacklevel=2,
-            )
+            if part[0] == 0:
+                warnings.warn(
+                    f"skipping bad checkpoint: {err}; falling back to an earlier one",
+                    TrainingWarning,
+                    stacklevel=2,
+                )
     return None
+
+
+def is_sharded(manifest: dict[str, Any]) -> bool:
+    """Whether a checkpoint holds DCP shards (format 2) rather than one model.safetensors."""
+    return manifest.get("format") == "dcp"
+
+
+def load_model_state(path: str | Path, verify: bool = True) -> dict[str, Any]:
+    """Full (unsharded) weights of one checkpoint directory on CPU, keyed by parameter name,
+    converted from the shards in this one process (what eval, export and tests read)."""
+    path = Path(path)
+    manifest = verify_checkpoint(path) if verify else read_manifest(path)
+    try:
+        if not is_sharded(manifest):
+            from safetensors.torch import load_file
+
+            return load_file(str(path / MODEL_FILE), device="cpu")
+        from taperlm.training import sharded
+
+        return sharded.load_model_state(path)
+    except Exception as err:  # safetensors / DCP raise their own error types on bad files
+        raise CheckpointError(
+            f"checkpoint {path}: the model weights cannot be read ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}); delete this checkpoint or resume "
+            "from an earlier one"
+        ) from None
+
+
+def load_train_state(path: str | Path) -> dict[str, Any]:
+    """The small non-tensor state (`state.pt`) of a checkpoint ({} if absent)."""
+    import torch
+
+    path = Path(path)
+    if not (path / STATE_FILE).is_file():
+        return {}
+    try:
+        return torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise CheckpointError(
+            f"checkpoint file {path / STATE_FILE} cannot be read: {err}"
+        ) from None
 
 
 def load_checkpoint(path: str | Path, verify: bool = True) -> tuple[dict, dict, dict]:
     """(model_state, train_state, manifest) of one checkpoint directory, on CPU."""
-    import torch
-    from safetensors.torch import load_file
-
     path = Path(path)
     manifest = verify_checkpoint(path) if verify else read_manifest(path)
-    try:
-        model_state = load_file(str(path / MODEL_FILE), device="cpu")
-    except Exception as err:  # safetensors raises its own error types on bad headers
-        raise CheckpointError(
-            f"checkpoint file {path / MODEL_FILE} cannot be read: {err}"
-        ) from None
-    train_state: dict = {}
-    if (path / STATE_FILE).is_file():
-        try:
-            train_state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
-        except Exception as err:
-            raise CheckpointError(
-                f"checkpoint file {path / STATE_FILE} cannot be read: {err}"
-            ) from None
-    return model_state, train_state, manifest
+    return load_model_state(path, verify=False), load_train_state(path), manifest
 
 
 # ----------------------------------------------------------------------------------------------

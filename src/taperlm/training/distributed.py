@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -79,12 +80,15 @@ def shutdown(info: DistInfo) -> None:
         dist.destroy_process_group()
 
 
-def wrap_model(model: nn.Module, parallel: str, info: DistInfo) -> nn.Module:
+def wrap_model(
+    model: nn.Module, parallel: str, info: DistInfo, mixed_precision: Any = None
+) -> nn.Module:
     """The module to call for training forward passes.
 
     One process: the model itself. DDP: a DistributedDataParallel wrapper (the model is
-    unchanged). FSDP2: `fully_shard` on every block, then on the root; the model is sharded in
-    place and returned.
+    unchanged). FSDP2: `fully_shard` on every block, then on the root, with `mixed_precision`
+    (an FSDP `MixedPrecisionPolicy`, or None for fp32); the model is sharded in place (also
+    while still on the meta device) and returned.
     """
     if parallel not in ("ddp", "fsdp"):
         raise ConfigError(f"train.parallel {parallel!r} is unknown; choose ddp or fsdp")
@@ -95,12 +99,30 @@ def wrap_model(model: nn.Module, parallel: str, info: DistInfo) -> nn.Module:
 
         ids = [info.device.index] if info.device.type == "cuda" else None
         return DDP(model, device_ids=ids)
-    from torch.distributed.fsdp import fully_shard
+    return shard_model(model, mixed_precision)
 
+
+def shard_model(model: nn.Module, mixed_precision: Any = None) -> nn.Module:
+    """FSDP2: `fully_shard` every block, then the root, over the default process group (also a
+    group of one rank: the same code path, e.g. for mixed precision on one GPU)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = mixed_precision or MixedPrecisionPolicy()
     for block in model.blocks:  # type: ignore[attr-defined]
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
     return model
+
+
+def mixed_precision_policy(param_dtype: torch.dtype, reduce_dtype: torch.dtype) -> Any:
+    """FSDP2's policy: gather parameters for compute in `param_dtype`, reduce-scatter gradients
+    in `reduce_dtype`; the sharded parameters, gradients and optimizer state stay fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    # None = "as stored" (fp32); a None reduce dtype would follow a bf16 param dtype.
+    param = None if param_dtype == torch.float32 else param_dtype
+    reduce = None if param is None and reduce_dtype == torch.float32 else reduce_dtype
+    return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
 
 
 def no_sync(wrapped: nn.Module, model: nn.Module, sync: bool) -> AbstractContextManager:
@@ -117,6 +139,13 @@ def all_reduce_mean(values: torch.Tensor, info: DistInfo) -> torch.Tensor:
         values = values.clone()
         dist.all_reduce(values, op=dist.ReduceOp.SUM)
         values /= info.world_size
+    return values
+
+
+def all_reduce_min(values: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    if info.enabled:
+        values = values.clone()
+        dist.all_reduce(values, op=dist.ReduceOp.MIN)
     return values
 
 
@@ -170,13 +199,15 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
     return get_optimizer_state_dict(model, optimizer, options=_full_options())
 
 
-def load_full_optimizer_state(
-    model: nn.Module, optimizer: torch.optim.Optimizer, state: dict
+def load_optimizer_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, state: dict, full: bool = True
 ) -> None:
-    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+    """Load optimizer state keyed by parameter names: `full` (unsharded tensors, e.g. from a
+    format-1 checkpoint) or in this rank's layout (from a sharded checkpoint)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     # Not strict: parameters with update_period > 1 have no Adam state until their first update.
-    options = _full_options(cpu_offload=False, strict=False)
+    options = StateDictOptions(full_state_dict=full, cpu_offload=False, strict=False)
     set_optimizer_state_dict(model, optimizer, state, options=options)
     # Loading first initialises every parameter's state with a zero-gradient step (step = 1);
     # drop it again for parameters the checkpoint had no state for, so their first real update

@@ -37,12 +37,26 @@ from taperlm.config import (
 from taperlm.errors import CheckpointError, ConfigError, DataError, TrainingError
 from taperlm.training import checkpoint as ckpt
 from taperlm.training import distributed as D
+from taperlm.training.meta_init import build_on_meta, materialize
 from taperlm.training.metrics import MetricsWriter, mfu, peak_flops
-from taperlm.training.optim import LRSchedule, build_optimizer, groups_due, set_lr
-from taperlm.training.validation import autocast, validation_loss
+from taperlm.training.optim import (
+    LRSchedule,
+    build_optimizer,
+    groups_due,
+    parameter_periods,
+    set_lr,
+)
+from taperlm.training.sharded import ShardedCheckpointer, load_training_state, training_state
+from taperlm.training.validation import autocast, uses_bf16, validation_loss
 
 RESUME_MODES = ("auto", "never", "must")
 PRECISIONS = ("auto", "fp32", "bf16")
+CHOICES = {
+    "compile_scope": ("model", "blocks"),
+    "activation_checkpointing": ("none", "full"),
+    "fsdp_param_dtype": ("auto", "bf16", "fp32"),
+    "fsdp_reduce_dtype": ("fp32", "bf16"),
+}
 NAN_ENV = "TAPERLM_INJECT_NAN_AT_STEP"
 
 # Train settings that may change between a run and its resumption: they affect speed, logging
@@ -57,7 +71,12 @@ RUNTIME_KEYS = frozenset(
         "train.log_every",
         "train.max_bad_steps",
         "train.compile",
+        "train.compile_scope",
+        "train.activation_checkpointing",
         "train.parallel",
+        "train.fsdp_param_dtype",
+        "train.fsdp_reduce_dtype",
+        "train.async_checkpoint",
         "train.device",
         "train.precision",
         "train.peak_flops",
@@ -119,6 +138,11 @@ def validate_train_config(run: RunConfig, world_size: int = 1) -> None:
         raise ConfigError(f"train.precision {t.precision!r} is unknown; choose auto, fp32 or bf16")
     if t.parallel not in ("ddp", "fsdp"):
         raise ConfigError(f"train.parallel {t.parallel!r} is unknown; choose ddp or fsdp")
+    for key, allowed in CHOICES.items():
+        if getattr(t, key) not in allowed:
+            raise ConfigError(
+                f"train.{key} {getattr(t, key)!r} is unknown; choose {' or '.join(allowed)}"
+            )
     if t.seq_len > run.model.context_length:
         raise ConfigError(
             f"train.seq_len ({t.seq_len}) exceeds model.context_length "
@@ -146,10 +170,13 @@ def resume_conflicts(
     return [d for d in diffs if d[0] not in RUNTIME_KEYS]
 
 
-def _prepare_run_dir(run: RunConfig, out: Path, resume: str) -> Path | None:
+def _prepare_run_dir(
+    run: RunConfig, out: Path, resume: str, info: D.DistInfo | None = None
+) -> Path | None:
     """Check the run dir against the config and resume mode; return the checkpoint to resume.
 
-    Read-only: every rank calls it and reaches the same verdict (no rank hangs on an error).
+    Read-only: every rank calls it and reaches the same verdict (no rank hangs on an error);
+    each rank hashes only its share of a checkpoint's files.
     """
     if resume not in RESUME_MODES:
         raise ConfigError(f"--resume {resume!r} is unknown; choose auto, never or must")
@@ -185,7 +212,10 @@ def _prepare_run_dir(run: RunConfig, out: Path, resume: str) -> Path | None:
                 + f". Continue it with its own settings (`taperlm train --out {out}`), or train "
                 "into a fresh --out directory"
             )
-    found = ckpt.find_checkpoint(out)
+    info = info or D.DistInfo()
+    found = ckpt.find_checkpoint(
+        out, part=(info.rank, info.world_size), agree=lambda x: D.gather_objects(x, info)
+    )
     if found is None:
         # Never silently restart from scratch over a run's (possibly repairable) checkpoints.
         raise CheckpointError(
@@ -314,7 +344,6 @@ class Trainer:
 
     def __init__(self, run: RunConfig, out_dir: str | Path, resume: str = "auto") -> None:
         from taperlm.data.loader import TokenBatches, check_vocab
-        from taperlm.models import TaperedLM
 
         self.run = run.resolve()
         self.cfg = run.train
@@ -340,7 +369,7 @@ class Trainer:
         self.data_dir = data_dir
         check_vocab(data_dir, self.run.model.vocab_size)
 
-        resume_from = _prepare_run_dir(self.run, self.out, resume)
+        resume_from = _prepare_run_dir(self.run, self.out, resume, self.info)
         err: str | None = None
         if self.info.is_main:
             try:
@@ -356,17 +385,13 @@ class Trainer:
         if self.device.type == "cpu":
             torch.use_deterministic_algorithms(True, warn_only=True)
         _seed_everything(self.cfg.seed)
-        self.model = TaperedLM(self.run.model).to(self.device)
-        self.wrapped = D.wrap_model(self.model, self.cfg.parallel, self.info)
+        self.model, self.wrapped, periods = self._build_model()
         self.forward = self.wrapped
         if self.cfg.compile:
             self.forward = self._compile(self.wrapped)
-        self.optimizer = build_optimizer(self.model, self.cfg, self.device)
-        self.periodic = [
-            (name, p)
-            for name, p in self.model.named_parameters()
-            if getattr(p, "update_period", 1) > 1
-        ]
+        self.optimizer = build_optimizer(self.model, self.cfg, self.device, periods)
+        self.periodic = [(n, p) for n, p in self.model.named_parameters() if n in periods]
+        self.checkpointer = ShardedCheckpointer(self.out, self.info, self.cfg.async_checkpoint)
 
         self.batches = TokenBatches(
             data_dir,
@@ -405,23 +430,62 @@ class Trainer:
 
     # -- setup ---------------------------------------------------------------------------------
 
+    def _build_model(self) -> tuple[torch.nn.Module, torch.nn.Module, dict[str, int]]:
+        """(model, the module to call, update periods by name). Built on the meta device and
+        materialised after sharding (FSDP2) or before wrapping (DDP, one process), with the
+        weights a whole CPU build gives for the seed; the periods are read before any wrapper
+        can replace the parameters that carry them."""
+        from taperlm.models.layers import set_activation_checkpointing
+
+        model = build_on_meta(self.run.model)
+        periods = parameter_periods(model)
+        set_activation_checkpointing(model, self.cfg.activation_checkpointing == "full")
+        if self.cfg.parallel == "fsdp" and self.info.enabled:
+            wrapped = D.wrap_model(model, "fsdp", self.info, self._mixed_precision())
+            materialize(model, self.device)
+        else:
+            materialize(model, self.device)
+            wrapped = D.wrap_model(model, self.cfg.parallel, self.info)
+        return model, wrapped, periods
+
+    def _mixed_precision(self):
+        """FSDP2's policy: bf16 compute copies when the run computes in bf16 (configurable)."""
+        bf16 = uses_bf16(self.device, self.cfg.precision)
+        param = {"auto": bf16, "bf16": True, "fp32": False}[self.cfg.fsdp_param_dtype]
+        return D.mixed_precision_policy(
+            torch.bfloat16 if param else torch.float32,
+            torch.bfloat16 if self.cfg.fsdp_reduce_dtype == "bf16" else torch.float32,
+        )
+
     def _compile(self, module: torch.nn.Module):
+        """torch.compile the whole model, or (compile_scope blocks) each block's forward in place
+        (parameter names, FSDP hooks and activation checkpointing stay outside the graphs)."""
         widths = set(self.run.model.mlp_widths or [])
         _raise_compile_limits(len(widths) + 1)
         try:
+            if self.cfg.compile_scope == "blocks":
+                for block in self.model.blocks:
+                    block.forward = torch.compile(block.forward)
+                return module
             return torch.compile(module)
         except Exception as err:  # e.g. unsupported platform
+            self._uncompile()
             _warn(f"torch.compile failed ({type(err).__name__}: {err}); training eagerly")
             return module
+
+    def _uncompile(self) -> None:
+        for block in self.model.blocks:
+            block.__dict__.pop("forward", None)  # back to the class's eager forward
 
     def _forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with autocast(self.device, self.cfg.precision):
             try:
                 return self.forward(x, targets=y).loss
             except Exception as err:
-                if self.forward is self.wrapped or not _is_compile_error(err):
+                if not self.cfg.compile or not _is_compile_error(err):
                     raise
                 _warn(f"torch.compile failed ({type(err).__name__}: {err}); training eagerly")
+                self._uncompile()
                 self.forward = self.wrapped
                 return self.forward(x, targets=y).loss
 
@@ -438,54 +502,45 @@ class Trainer:
     # -- checkpoints ---------------------------------------------------------------------------
 
     def _train_state(self) -> dict[str, Any]:
-        pending = {}
-        for name, p in self.periodic:
-            if p.grad is not None:
-                pending[name] = D.full_tensor(p.grad).detach().cpu()
+        """The small, non-tensor part of a checkpoint (rank 0's is kept); collective."""
         return {
             "step": self.step,
             "tokens": self.tokens,
             "skipped_steps": self.skipped,
             "bad_streak": self.bad_streak,
-            "optimizer": D.full_optimizer_state(self.model, self.optimizer),
             "scheduler": self.schedule.state_dict(),
             "loader": D.gather_objects(self.batches.state_dict(), self.info),
             "rng": _rng_state(),
-            "pending_grads": pending,
             "world_size": self.info.world_size,
             "last_loss": self.last_loss,
             "last_val_loss": self.last_val,
         }
 
-    def save(self) -> None:
-        model_state = D.full_model_state(self.model)  # collective under FSDP
-        state = self._train_state()  # collective (optimizer state, loader positions)
-        err: str | None = None
-        if self.info.is_main:
-            try:
-                ckpt.save_checkpoint(
-                    self.out,
-                    self.step,
-                    model_state,
-                    state,
-                    to_dict(self.run),
-                    self.cfg.keep_checkpoints,
-                )
-            except CheckpointError as e:
-                err = str(e)
-        err = D.broadcast_object(err, self.info)
-        if err is not None:
-            raise CheckpointError(err)
+    def save(self, use_async: bool | None = None) -> None:
+        """Checkpoint the current step: every rank writes its shards (sharded.py), rank 0 commits
+        (collective; in the background with train.async_checkpoint)."""
+        tensors = training_state(self.model, self.optimizer, self.periodic)
+        self.checkpointer.save(
+            self.step,
+            tensors,
+            self._train_state(),
+            to_dict(self.run),
+            self.cfg.keep_checkpoints,
+            use_async=use_async,
+        )
 
     def _restore(self, path: Path) -> None:
-        model_state, state, _ = ckpt.load_checkpoint(path, verify=False)  # verified on lookup
+        manifest = ckpt.read_manifest(path)
         try:
-            D.load_full_model_state(self.model, model_state)
+            if ckpt.is_sharded(manifest):
+                load_training_state(path, self.model, self.optimizer, self.periodic)
+                state = ckpt.load_train_state(path)
+            else:
+                state = self._restore_full(path)
         except (RuntimeError, KeyError, ValueError) as err:
             raise CheckpointError(
                 f"checkpoint {path} does not fit this model: {str(err).splitlines()[0]}"
             ) from None
-        D.load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
         loaders = state["loader"]
         # The loader's position is a global sample index, so a run may resume on another number
         # of processes: rank 0's state then continues every rank.
@@ -494,9 +549,6 @@ class Trainer:
             self.batches.load_state_dict(loaders[self.info.rank if same_world else 0])
         except DataError as err:
             raise CheckpointError(f"cannot resume from {path}: {err}") from None
-        params = dict(self.model.named_parameters())
-        for name, g in state.get("pending_grads", {}).items():
-            params[name].grad = D.like_param(g, params[name])
         _set_rng_state(state["rng"])
         self.step = int(state["step"])
         self.tokens = int(state["tokens"])
@@ -504,6 +556,16 @@ class Trainer:
         self.bad_streak = int(state.get("bad_streak", 0))
         self.last_loss = state.get("last_loss")
         self.last_val = state.get("last_val_loss")
+
+    def _restore_full(self, path: Path) -> dict[str, Any]:
+        """Resume from a format-1 checkpoint (full weights and optimizer state in one file)."""
+        model_state, state, _ = ckpt.load_checkpoint(path, verify=False)  # verified on lookup
+        D.load_full_model_state(self.model, model_state)
+        D.load_optimizer_state(self.model, self.optimizer, state["optimizer"], full=True)
+        params = dict(self.model.named_parameters())
+        for name, g in state.get("pending_grads", {}).items():
+            params[name].grad = D.like_param(g, params[name])
+        return state
 
     # -- evaluation ----------------------------------------------------------------------------
 
@@ -710,9 +772,11 @@ class Trainer:
             )
 
     def _checkpoint_if_due(self, stop: bool) -> None:
+        """Commit a finished background save; checkpoint when due (the last one synchronously)."""
+        self.checkpointer.poll()
         every = self.cfg.checkpoint_every
         if self.bad_streak == 0 and (stop or (every and self.step % every == 0)):
-            self.save()
+            self.save(use_async=False if stop else None)
 
     def _plot(self) -> None:
         from taperlm.training.plots import plot_run
@@ -723,7 +787,10 @@ class Trainer:
             _warn(f"could not write {self.out / 'loss.png'}: {err}")
 
     def close(self) -> None:
-        torch.use_deterministic_algorithms(self._prev_deterministic)
+        try:
+            self.checkpointer.close()
+        finally:
+            torch.use_deterministic_algorithms(self._prev_deterministic)
 
 
 def _os_error_message(path: Path, err: OSError, run_dir: Path) -> str:

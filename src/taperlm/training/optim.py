@@ -10,6 +10,11 @@ it) is stepped only every `update_period` optimizer steps; in between its gradie
 accumulating in `.grad` (the sum over the period, as in Nested Learning's multi-timescale
 update). Parameters are grouped by (decay, period) so the trainer can skip stepping and zeroing
 the groups that are not due.
+
+The attribute lives on the Parameter object, and wrappers replace Parameters (FSDP2's
+`fully_shard` swaps in DTensors; loaders build new ones). So the trainer reads the periods *by
+name* with `parameter_periods` from the plain model before wrapping it, and groups the wrapped
+model's parameters by those names (`param_groups(..., periods=...)`).
 """
 
 from __future__ import annotations
@@ -35,21 +40,31 @@ def _embedding_param_ids(model: nn.Module) -> set[int]:
     return {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+def parameter_periods(model: nn.Module) -> dict[str, int]:
+    """{parameter name: update period} of every parameter whose period is > 1."""
+    return {n: update_period(p) for n, p in model.named_parameters() if update_period(p) > 1}
+
+
+def param_groups(
+    model: nn.Module, weight_decay: float, periods: dict[str, int] | None = None
+) -> list[dict]:
     """AdamW groups keyed by (decay, period), in a deterministic order.
 
+    `periods`: update periods by parameter name (default: read from the parameters' own
+    `update_period`); pass what `parameter_periods` read before the model was wrapped.
     Every group carries `period` (steps between updates) and `decay` (bool) besides the usual
     AdamW keys, so a saved optimizer state names its grouping.
     """
+    periods = parameter_periods(model) if periods is None else periods
     embeddings = _embedding_param_ids(model)
     groups: dict[tuple[bool, int], list[nn.Parameter]] = {}
     seen: set[int] = set()
-    for _, p in model.named_parameters():
+    for name, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
         decay = p.dim() >= 2 and id(p) not in embeddings
-        groups.setdefault((decay, update_period(p)), []).append(p)
+        groups.setdefault((decay, periods.get(name, 1)), []).append(p)
     out = []
     for (decay, period), params in sorted(groups.items(), key=lambda kv: (kv[0][1], not kv[0][0])):
         out.append(
@@ -63,13 +78,19 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return out
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW over `param_groups`; the fused kernel on CUDA, the default (foreach) one on CPU."""
+def build_optimizer(
+    model: nn.Module,
+    cfg: TrainConfig,
+    device: torch.device,
+    periods: dict[str, int] | None = None,
+) -> torch.optim.AdamW:
+    """AdamW over `param_groups` (`periods` as there); the fused kernel on CUDA, the default
+    (foreach) one on CPU."""
     kwargs: dict = {}
     if device.type == "cuda":
         kwargs["fused"] = True
     return torch.optim.AdamW(
-        param_groups(model, cfg.weight_decay),
+        param_groups(model, cfg.weight_decay, periods),
         lr=cfg.lr,
         betas=(cfg.beta1, cfg.beta2),
         eps=cfg.eps,

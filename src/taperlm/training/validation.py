@@ -13,10 +13,14 @@ from pathlib import Path
 import torch
 
 
+def uses_bf16(device: torch.device, precision: str) -> bool:
+    """Whether a run computes in bf16: precision bf16, or auto on CUDA."""
+    return precision == "bf16" or (precision == "auto" and device.type == "cuda")
+
+
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
     """bf16 autocast for precision bf16, or auto on CUDA; nothing otherwise (fp32)."""
-    use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
-    if use_bf16:
+    if uses_bf16(device, precision):
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
