@@ -37,6 +37,7 @@ from taperlm.config import (
 from taperlm.errors import CheckpointError, ConfigError, DataError, TrainingError
 from taperlm.training import checkpoint as ckpt
 from taperlm.training import distributed as D
+from taperlm.training.checkpointer import ShardedCheckpointer
 from taperlm.training.meta_init import build_on_meta, materialize
 from taperlm.training.metrics import MetricsWriter, mfu, peak_flops
 from taperlm.training.optim import (
@@ -46,7 +47,7 @@ from taperlm.training.optim import (
     parameter_periods,
     set_lr,
 )
-from taperlm.training.sharded import ShardedCheckpointer, load_training_state, training_state
+from taperlm.training.sharded import load_training_state, training_state
 from taperlm.training.validation import autocast, uses_bf16, validation_loss
 
 RESUME_MODES = ("auto", "never", "must")
