@@ -99,6 +99,7 @@ def load_training_state(
     """Load weights, optimizer state and pending gradients of checkpoint `path` into this rank's
     (possibly sharded) model and optimizer. Every rank reads only the pieces it holds."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_optimizer_state_dict,
@@ -107,14 +108,25 @@ def load_training_state(
 
     from taperlm.training.distributed import load_optimizer_state
 
-    keys = saved_keys(path)
+    meta = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    keys = set(meta)
+    model_state = get_model_state_dict(model)
+    bad = [
+        f"{k}: checkpoint {tuple(getattr(meta.get(f'{MODEL_KEY}.{k}'), 'size', ())) or None} "
+        f"vs model {tuple(v.shape)}"
+        for k, v in model_state.items()
+        if tuple(getattr(meta.get(f"{MODEL_KEY}.{k}"), "size", ())) != tuple(v.shape)
+    ]
+    if bad:  # another shape or family: say which tensors, before DCP's own error
+        more = f"; ... ({len(bad)} in all)" if len(bad) > 4 else ""
+        raise ValueError("; ".join(bad[:4]) + more)
     with_state = _saved_optimizer_params(keys)
     # The template: our own (sharded) tensors, loaded in place. Parameters with an update period
     # have no Adam state until their first update; ask only for what the checkpoint holds.
     optim = get_optimizer_state_dict(model, optimizer)
     optim["state"] = {k: v for k, v in optim["state"].items() if k in with_state}
     pending = {name: torch.zeros_like(p) for name, p in periodic if f"{PENDING_KEY}.{name}" in keys}
-    state = {MODEL_KEY: get_model_state_dict(model), OPTIMIZER_KEY: optim, PENDING_KEY: pending}
+    state = {MODEL_KEY: model_state, OPTIMIZER_KEY: optim, PENDING_KEY: pending}
     with _quiet():
         dcp.load(state, checkpoint_id=str(path), no_dist=_no_dist())
     set_model_state_dict(model, state[MODEL_KEY])
