@@ -1,4 +1,6 @@
-"""`taperlm compare`: end to end on a tiny model, resume, statistics, paper grids, bad input."""
+"""`taperlm compare`: end to end on a tiny model, resume, statistics, paper grids, bad input;
+cells on several worker processes (the same numbers as one process), the CPUs it may use, clean
+stops on Ctrl-C that name the command which resumes, and what each cell records of how it ran."""
 
 from __future__ import annotations
 
@@ -6,13 +8,22 @@ import contextlib
 import io
 import json
 import math
+import os
 import random
+import shlex
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from taperlm import cpus
 from taperlm.cli import main
+from taperlm.compare import runner
 from taperlm.compare.grid import (
     PAPER_SWEEP,
     build_grid,
@@ -56,6 +67,8 @@ TINY = [
     "--novelty-tokens",
     "96",
     "--threads",
+    "1",
+    "--jobs",
     "1",
     "--no-progress",
 ]
@@ -398,3 +411,247 @@ def test_zero_shot_tasks(data_dir, tmp_path, shared_data):
     assert row["tasks"]["piqa"]["n"] == 3 and 0 <= row["paper_row"]["PIQA"] <= 100
     md = (tmp_path / "o" / "report.md").read_text()
     assert "## Zero-shot" in md and "PIQA" in md
+
+
+# ---------------------------------------------------------------------- parallel cells (--jobs)
+
+
+def _with(args: list[str], values: dict[str, str]) -> list[str]:
+    """`args` with the values of the given options replaced."""
+    new = [*args]
+    for option, value in values.items():
+        new[new.index(option) + 1] = value
+    return new
+
+
+def _numbers(out: Path) -> dict:
+    """Every number of every cell that must not depend on how the cells were run."""
+    runs = _report(out)["runs"]
+    return {
+        name: {
+            "val": r["val"],
+            "curve": r["curve"],
+            "train_loss": r["train"]["train_loss"],
+            "novelty": r["novelty"]["layers"],
+            "data_order": r["data_order"],
+        }
+        for name, r in runs.items()
+    }
+
+
+def test_two_workers_give_bit_identical_numbers(finished, tmp_path):
+    """jobs=2 (two spawned worker processes) vs the fixture's jobs=1 (in-process): every loss,
+    curve point and novelty value equal, and the report's tables equal."""
+    out_1, args, _ = finished
+    out_2 = tmp_path / "jobs2"
+    rc, _, stderr = _cli(_with(args, {"--jobs": "2", "--out": str(out_2)}))
+    assert rc == 0, stderr
+    assert "6 cell(s) to run, 2 at a time" in stderr
+    assert _numbers(out_2) == _numbers(out_1)
+    rep_1, rep_2 = _report(out_1), _report(out_2)
+    for a, b in zip(rep_1["allocations"], rep_2["allocations"]):
+        assert a["val_loss"] == b["val_loss"] and a["diff_vs_uniform"] == b["diff_vs_uniform"]
+    # how each cell ran is recorded, and the report says so
+    assert rep_2["execution"]["jobs"] == [2] and rep_2["execution"]["consistent"]
+    (setting,) = rep_2["execution"]["settings"]
+    assert setting["threads"] == 1 and setting["device"] == "cpu"
+    assert setting["train_steps"] == 6 * 4 and len(setting["cells"]) == 6
+    sessions = [
+        json.loads(line)
+        for line in (out_2 / "runs" / "late-s1" / "sessions.jsonl").read_text().splitlines()
+    ]
+    assert [s["phase"] for s in sessions] == ["train", "evaluate"]
+    assert sessions[0]["jobs"] == 2 and sessions[0]["threads"] == 1
+    md = (out_2 / "report.md").read_text()
+    assert "computed with 1 torch thread(s) per cell" in md and "2 cell(s) at a time" in md
+    # --jobs and --threads change the speed, never the numbers: not in the reproducing command
+    assert "--jobs" not in rep_2["meta"]["command"] and "--threads" not in rep_2["meta"]["command"]
+
+
+def test_mixed_settings_are_reported(finished, tmp_path):
+    """A cell whose sessions ran with different thread counts is named in the report."""
+    from taperlm.compare.report import _execution_lines
+    from taperlm.compare.summary import execution
+
+    out, _, _ = finished
+    rep = _report(out)
+    results = {name: dict(r) for name, r in rep["runs"].items()}
+    first = results["uniform-s0"]
+    first["sessions"] = [
+        {**first["sessions"][0], "threads": 2, "to_step": 2},
+        {**first["sessions"][0], "from_step": 2, "to_step": 4},
+    ]
+
+    grid = SimpleNamespace(cells=[SimpleNamespace(name=n) for n in results])
+    ex = execution(grid, results)
+    assert not ex["consistent"]
+    lines = "\n".join(_execution_lines(ex))
+    assert "different settings" in lines and "2 torch thread(s)" in lines
+    assert "uniform-s0" in lines
+
+
+# ---------------------------------------------------------------------------------------- CPUs
+
+
+def test_usable_cpus_follow_affinity_and_quota(monkeypatch):
+    monkeypatch.setattr(cpus, "_affinity", lambda: {0, 1, 2, 3})
+    monkeypatch.setattr(cpus, "_cgroup_quota", lambda: None)
+    assert cpus.usable_cpus() == 4
+    monkeypatch.setattr(cpus, "_cgroup_quota", lambda: 2.5)
+    assert cpus.usable_cpus() == 2
+    monkeypatch.setattr(cpus, "_cgroup_quota", lambda: 0.5)
+    assert cpus.usable_cpus() == 1
+
+
+def test_busy_cpus_subtract_our_own_use(monkeypatch):
+    """Other processes' CPU time over the sample counts; our own does not."""
+    clock = iter([0.0, 10.0])  # busy CPU-seconds of everything before/after the sample
+    own = iter([0.0, 4.0])  # of which ours
+    monkeypatch.setattr(cpus, "_busy_seconds", lambda: next(clock))
+    monkeypatch.setattr(cpus, "_own_seconds", lambda: next(own))
+    t = iter([100.0, 104.0])
+    monkeypatch.setattr(cpus.time, "monotonic", lambda: next(t))
+    monkeypatch.setattr(cpus.time, "sleep", lambda s: None)
+    assert cpus.busy_cpus(4.0) == pytest.approx(1.5)  # (10 - 4) / 4 s
+
+
+@pytest.mark.parametrize(
+    "usable, busy, threads, cells, want",
+    [
+        (2, 0.0, 1, 15, 2),  # an idle 2-core box: two cells at a time
+        (2, 1.0, 1, 15, 1),  # another job on one core: never oversubscribe
+        (2, 2.3, 1, 15, 1),  # fully busy: still one
+        (64, 0.4, 1, 15, 15),  # a workstation: every cell at once
+        (64, 0.0, 4, 15, 15),
+        (8, 0.0, 4, 15, 2),  # threads x jobs <= idle cores
+        (8, 0.0, 1, 3, 3),  # never more workers than cells left
+    ],
+)
+def test_default_jobs_never_oversubscribe(monkeypatch, usable, busy, threads, cells, want, capsys):
+    from taperlm.compare.job import CompareOptions, choose_jobs
+
+    monkeypatch.setattr(cpus, "usable_cpus", lambda: usable)
+    monkeypatch.setattr(cpus, "busy_cpus", lambda sample_s=0.5: busy)
+    monkeypatch.setattr(runner, "cell_state", lambda cell, run_dir, settings: ("train", None))
+    grid = SimpleNamespace(cells=[SimpleNamespace(name=f"c{i}") for i in range(cells)])
+    settings = runner.EvalSettings()
+    jobs = choose_jobs(CompareOptions(out=Path("x"), threads=threads), grid, Path("x"), settings)
+    assert jobs == want
+    assert jobs * threads <= max(usable - round(busy), threads)
+    assert "--jobs N to override" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------ stopping
+
+
+def test_checkpoint_clock(monkeypatch):
+    """A cell checkpoints when a minute has passed since its last checkpoint (the trainer's
+    own periodic ones count) and stops once asked."""
+    now = [0.0]
+    monkeypatch.setattr(runner.time, "monotonic", lambda: now[0])
+    stop = [False]
+    clock = runner.CheckpointClock(checkpoint_every=10, stop=lambda: stop[0])
+    actions = []
+    for step in range(1, 31):
+        now[0] += 7.0  # 7 s a step
+        actions.append(clock(step, 30))
+    saved = [i + 1 for i, a in enumerate(actions) if a == "checkpoint"]
+    # periodic at 10, 20, 30; timed ones 60+ s after the last checkpoint of either kind
+    assert saved == [9, 19, 29]
+    stop[0] = True
+    assert clock(31, 40) == "stop"
+
+
+def test_ctrl_c_stops_at_the_next_step_and_names_the_command(data_dir, tmp_path, monkeypatch):
+    """In-process (jobs=1): the first Ctrl-C lets the running cell finish its step, checkpoint
+    and stop; the message names the exact command; rerunning it resumes that cell."""
+    out = tmp_path / "o"
+    args = [
+        "compare", *TINY, *ALLOCS, "--seeds", "1", "--set", "train.checkpoint_every=100",
+        "--data", str(data_dir), "--out", str(out),
+    ]  # fmt: skip
+    real_step = runner.GridDisplay.step
+    sent = []
+
+    def step(self, slot, cell, step, total, loss):
+        real_step(self, slot, cell, step, total, loss)
+        if cell.name == "late-s0" and step == 1 and not sent:
+            sent.append(1)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(runner.GridDisplay, "step", step)
+    rc, _, stderr = _cli(args)
+    assert rc == 130
+    assert "stopping" in stderr and "late-s0 stopped at step 1/4 (checkpointed)" in stderr
+    assert f"run the same command again:\n  {shlex.join(['taperlm', *args])}" in stderr
+    ckpts = sorted(p.name for p in (out / "runs" / "late-s0" / "checkpoints").glob("step_*"))
+    assert ckpts == ["step_00000001"]
+    assert (out / "runs" / "uniform-s0" / "result.json").is_file()
+    assert not (out / "runs" / "late-s0" / "result.json").exists()
+    monkeypatch.setattr(runner.GridDisplay, "step", real_step)
+    rc, _, stderr = _cli(args)
+    assert rc == 0, stderr
+    assert "uniform-s0: cached;" in stderr and "late-s0: resumed;" in stderr
+    result = json.loads((out / "runs" / "late-s0" / "result.json").read_text())
+    assert result["train"]["resumed_from_step"] == 1
+    assert [(s["phase"], s["from_step"], s.get("to_step")) for s in result["sessions"]] == [
+        ("train", 0, 1),
+        ("train", 1, 4),
+        ("evaluate", 4, None),
+    ]
+
+
+@pytest.mark.slow
+def test_ctrl_c_with_workers(data_dir, tmp_path):
+    """Two worker processes, SIGINT to the whole process group as a terminal sends it: every
+    worker checkpoints and exits, no process is left, the message names the command, and the
+    same command then finishes the grid with the same numbers as one uninterrupted process.
+    (~1 min on 2 cores)"""
+    out = tmp_path / "o"
+    args = [
+        "compare", *TINY, *ALLOCS, "--seeds", "1", "--tokens", "64000", "--set",
+        "train.checkpoint_every=100000", "--jobs", "2", "--data", str(data_dir), "--out", str(out),
+    ]  # fmt: skip
+    cmd = [sys.executable, "-m", "taperlm.cli", *args]
+    proc = subprocess.Popen(
+        cmd, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    metrics = [out / "runs" / c / "metrics.jsonl" for c in ("uniform-s0", "late-s0")]
+    deadline = time.monotonic() + 120
+    while not all(m.is_file() for m in metrics) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "stopped at step" in stderr and "run the same command again" in stderr
+    assert _group_gone(proc.pid), "a worker survived the interrupt"
+    for cell in ("uniform-s0", "late-s0"):
+        assert list((out / "runs" / cell / "checkpoints").glob("step_*")), cell
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count(": resumed;") == 2
+    ref = tmp_path / "ref"
+    rc, _, stderr = _cli(_with(args, {"--jobs": "1", "--out": str(ref)}))
+    assert rc == 0, stderr
+    assert _numbers(out) == _numbers(ref)
+
+
+def _group_gone(pgid: int, wait_s: float = 10.0) -> bool:
+    """Whether every process of the group has exited (within `wait_s`)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_train_ctrl_c_message_names_the_command():
+    from taperlm.cli import _interrupted
+
+    msg = _interrupted("train", ["train", "--preset", "x", "--resume", "never", "--out", "r"])
+    assert "taperlm train --preset x --resume auto --out r" in msg
+    assert _interrupted("plan", ["plan"]) == "taperlm plan: interrupted"

@@ -70,8 +70,30 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except KeyboardInterrupt:
-        print(f"taperlm {args._command}: interrupted", file=sys.stderr)
+        print(_interrupted(args._command, argv), file=sys.stderr)
         return 130
+
+
+# Commands whose work survives an interrupt (checkpoints, finished cells) and continues when the
+# same command runs again.
+RESUMABLE = ("train", "compare")
+
+
+def _interrupted(command: str, argv: list[str]) -> str:
+    """The Ctrl-C message; for resumable commands it names the exact command that continues."""
+    if command not in RESUMABLE:
+        return f"taperlm {command}: interrupted"
+    import shlex
+
+    argv = list(argv)
+    for i, arg in enumerate(argv[:-1]):  # `--resume never` would refuse the saved checkpoints
+        if arg == "--resume" and argv[i + 1] == "never":
+            argv[i + 1] = "auto"
+    argv = [a if a != "--resume=never" else "--resume=auto" for a in argv]
+    return (
+        f"taperlm {command}: interrupted; the work done so far is saved. To continue, run the "
+        f"same command again:\n  {shlex.join(['taperlm', *argv])}"
+    )
 
 
 if __name__ == "__main__":

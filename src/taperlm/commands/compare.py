@@ -98,10 +98,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "val split)",
     )
     parser.add_argument(
+        "--jobs",
+        type=int,
+        help="cells trained at a time, each in its own worker process (default: as many as "
+        "there are idle CPU cores for --threads each; 1 = in this process). Changes the speed, "
+        "never the numbers",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=DEFAULT_THREADS,
-        help=f"torch CPU threads [{DEFAULT_THREADS}]; use 1 on a machine shared with other jobs",
+        help=f"torch CPU threads per cell [{DEFAULT_THREADS}]; more only helps when there are "
+        "more idle cores than cells",
     )
     parser.add_argument("--out", type=Path, required=True, help="output folder (resumable)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")

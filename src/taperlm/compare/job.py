@@ -29,7 +29,7 @@ DEFAULT_TOKENS = 327_680  # 160 steps of 2,048 tokens
 DEFAULT_VAL_TOKENS = 32768
 DEFAULT_NOVELTY_TOKENS = 2048
 DEFAULT_EVAL_LIMIT = 200
-DEFAULT_THREADS = 2
+DEFAULT_THREADS = 1  # torch threads per cell (worker); cells run in parallel instead
 COMPARE_TRAIN_DEFAULTS: dict[str, Any] = {
     "seq_len": 128,
     "micro_batch_size": 16,
@@ -69,6 +69,7 @@ class CompareOptions:
     novelty_tokens: int = DEFAULT_NOVELTY_TOKENS
     novelty_data: Path | None = None
     threads: int = DEFAULT_THREADS
+    jobs: int | None = None  # cells at a time; None: as many as idle cores allow
     no_progress: bool = False
 
 
@@ -269,7 +270,7 @@ def canonical_command(opts: CompareOptions, grid) -> str:
     parts += ["--novelty-tokens", str(opts.novelty_tokens)]
     if opts.novelty_data is not None:
         parts += ["--novelty-data", str(opts.novelty_data)]
-    parts += ["--threads", str(opts.threads), "--out", str(opts.out)]
+    parts += ["--out", str(opts.out)]  # --jobs/--threads change the speed, never the numbers
     return shlex.join(parts)
 
 
@@ -280,14 +281,14 @@ def canonical_command(opts: CompareOptions, grid) -> str:
 def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
     """Validate, prepare the data if needed, train and evaluate every cell (resumably) and write
     the report; returns (report.md, report.json)."""
-    t_start, cpu_start = time.perf_counter(), time.process_time()
+    t_start, cpu_start = time.perf_counter(), _cpu_seconds()
     if opts.seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {opts.seeds}")
     if opts.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {opts.threads}")
+    if opts.jobs is not None and opts.jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {opts.jobs}")
     allocs = allocations(opts)
-
-    import torch
 
     from taperlm.compare.grid import build_grid
     from taperlm.compare.report import write_report
@@ -295,7 +296,6 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
     from taperlm.data.loader import load_meta
     from taperlm.training.loop import validate_train_config
 
-    torch.set_num_threads(opts.threads)
     seeds = list(range(opts.seeds))
     # Validate everything that does not need the data before preparing it.
     provisional = base_config(opts, None, None)
@@ -317,10 +317,13 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
         file=sys.stderr,
     )
 
+    jobs = choose_jobs(opts, grid, opts.out / "runs", settings)
+
     def report_meta(results: dict[str, Any]) -> dict[str, Any]:
         return _report_meta(opts, grid, results, command, data_dir, meta, settings) | {
             "wall_s": time.perf_counter() - t_start,
-            "cpu_s": time.process_time() - cpu_start,
+            "cpu_s": _cpu_seconds() - cpu_start,
+            "jobs": jobs,
         }
 
     def partial(results: dict[str, Any]) -> None:
@@ -329,10 +332,51 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
         write_report(grid, results, opts.out, meta)
 
     progress = not opts.no_progress
-    results = run_grid(grid, opts.out, data_dir, settings, progress=progress, on_seed_done=partial)
+    results = run_grid(
+        grid,
+        opts.out,
+        data_dir,
+        settings,
+        progress=progress,
+        on_seed_done=partial,
+        jobs=jobs,
+        threads=opts.threads,
+    )
     md, js = write_report(grid, results, opts.out, report_meta(results))
     print(f"wrote {md} and {js} ({(time.perf_counter() - t_start) / 60:.1f} min)")
     return md, js
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its finished worker processes."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def choose_jobs(opts: CompareOptions, grid, runs: Path, settings) -> int:
+    """--jobs, else as many cells at a time as idle cores allow at --threads each (at least
+    one, at most the cells left to run); says what it chose and why."""
+    from taperlm.compare.runner import cell_state
+    from taperlm.cpus import idle_cpus, usable_cpus
+
+    todo = sum(cell_state(c, runs / c.name, settings.to_dict())[0] != "cached" for c in grid.cells)
+    if todo == 0:
+        return 1
+    if opts.jobs is not None:
+        jobs, usable = opts.jobs, usable_cpus()
+        why = f"--jobs {jobs}; {usable} usable CPU(s)"
+        if jobs * opts.threads > usable:
+            why += f", OVERSUBSCRIBED: {jobs * opts.threads} threads (slower, same numbers)"
+    else:
+        idle, usable, busy = idle_cpus()
+        jobs = max(1, min(todo, idle // opts.threads))
+        why = f"{usable} usable CPU(s), {busy:.1f} busy with other processes; --jobs N to override"
+    print(
+        f"taperlm compare: {todo} cell(s) to run, {min(jobs, todo)} at a time with "
+        f"{opts.threads} torch thread(s) each ({why})",
+        file=sys.stderr,
+    )
+    return jobs
 
 
 def _data_dir(opts: CompareOptions, provisional) -> Path:
@@ -363,6 +407,7 @@ def _report_meta(opts, grid, results, command, data_dir, meta, settings) -> dict
         "taperlm_version": __version__,
         "torch_version": torch.__version__,
         "threads": opts.threads,
+        "jobs": opts.jobs,
         "paper_mode": opts.paper,
         "cells": len(grid.cells),
         "wall_s": 0.0,

@@ -94,13 +94,44 @@ def _header(summary: dict[str, Any], meta: dict[str, Any]) -> list[str]:
         f"first {s['val_tokens']:,} tokens of its val split (the same for every run)",
         f"- {len(summary['allocations'])} allocations x {len(s['seeds'])} seeds = "
         f"{meta['cells']} runs; wall time {meta['wall_s'] / 60:.1f} min this invocation, "
-        f"{meta.get('cpu_s', 0) / 60:.1f} CPU-min ({meta['threads']} torch thread(s)); "
-        f"{meta['created']}",
+        f"{meta.get('cpu_s', 0) / 60:.1f} CPU-min; {meta['created']}",
+        *_execution_lines(summary["execution"]),
         f"- summed over the runs (when each was trained/evaluated): training "
         f"{summary['run_times']['train_s'] / 60:.1f} min, validation + zero-shot + novelty "
         f"{sum(v for k, v in summary['run_times'].items() if k != 'train_s') / 60:.1f} min",
         "",
     ]
+
+
+def _execution_lines(ex: dict[str, Any]) -> list[str]:
+    """How the cells ran (from each cell's sessions.jsonl), and what that means for a rerun."""
+
+    def combo(e: dict[str, Any]) -> str:
+        return (
+            f"{e['threads']} torch thread(s) per cell, torch {e['torch']}, CPU "
+            f"{e['cpu_capability']}, device {e['device']}"
+        )
+
+    at_a_time = "/".join(str(j) for j in ex["jobs"]) or "?"
+    if not ex["settings"]:
+        return []
+    if ex["consistent"]:
+        e = ex["settings"][0]
+        line = f"- computed with {combo(e)} (every cell), {at_a_time} cell(s) at a time"
+        if e["threads"] == 1:
+            line += (
+                "; a rerun with the same torch and CPU capability gives bit-identical numbers, "
+                "whatever --jobs and the machine's load"
+            )
+        return [line]
+    lines = ["- **computed with different settings** (numbers may differ from a rerun in the "
+             "last bits):"]  # fmt: skip
+    for e in ex["settings"]:
+        cells = ", ".join(e["cells"][:6]) + (
+            f" (+{len(e['cells']) - 6})" if len(e["cells"]) > 6 else ""
+        )
+        lines.append(f"  - {combo(e)}: {e['train_steps']} training steps; cells {cells}")
+    return lines
 
 
 def _validation_section(summary: dict[str, Any]) -> list[str]:

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from taperlm.compare.grid import Cell, Grid
 from taperlm.config import to_dict
@@ -40,8 +40,12 @@ from taperlm.device import resolve_device
 from taperlm.errors import ConfigError, DataError
 from taperlm.io import atomic_write_json, finite_json
 
+if TYPE_CHECKING:
+    from taperlm.training.loop import StepHook
+
 RESULT_FILE = "result.json"
 RESULT_VERSION = 1
+SESSIONS_FILE = "sessions.jsonl"  # one line per training/evaluation session of a cell
 
 
 @dataclass
@@ -241,39 +245,115 @@ def evaluate_cell(cell: Cell, run_dir: Path, shared: SharedInputs) -> dict[str, 
     }
 
 
-def run_cell(
-    cell: Cell, run_dir: Path, shared: SharedInputs, progress: bool = True
-) -> tuple[dict[str, Any], str]:
-    """Bring one cell to done; returns (result, status) with status one of "cached",
-    "re-evaluated", "trained" or "resumed"."""
+class CellInterrupted(Exception):
+    """A cell stopped early because a stop was requested; its newest checkpoint holds the
+    progress (rerunning the comparison continues it)."""
+
+    def __init__(self, cell: str, step: int, total: int) -> None:
+        super().__init__(f"{cell} stopped at step {step}/{total} (checkpointed)")
+        self.cell, self.step, self.total = cell, step, total
+
+
+def cell_state(cell: Cell, run_dir: Path, settings: dict[str, Any]) -> tuple[str, dict | None]:
+    """What a cell needs: ("cached", result) when it is done with these evaluation settings,
+    ("evaluate", old result) when only the evaluation settings changed, ("train", None)
+    otherwise. ConfigError when its folder holds a run of a different training config."""
     from taperlm.config import load_run_config
     from taperlm.training.checkpoint import list_checkpoints
-    from taperlm.training.loop import train
 
-    cfg_now = to_dict(cell.config)
-    settings = shared.settings.to_dict()
-    total_steps = cell.config.train.tokens // cell.config.train.batch_tokens
     cached = read_result(run_dir)
     if cached is not None:
         _check_saved_config(run_dir, cached["config"], cell, "was trained with a different config")
         if cached.get("eval_settings") == settings:
-            return cached, "cached"
+            return "cached", cached
+        total_steps = cell.config.train.tokens // cell.config.train.batch_tokens
+        if _has_final_checkpoint(run_dir, total_steps):
+            return "evaluate", cached
     elif (run_dir / "config.yaml").is_file() and list_checkpoints(run_dir):
         saved = load_run_config(run_dir / "config.yaml")
         _check_saved_config(run_dir, saved, cell, "holds checkpoints of a different config")
+    return "train", None
 
+
+def runtime_info(device: str, jobs: int) -> dict[str, Any]:
+    """How this process computes (recorded per cell session: numbers are bit-identical only
+    between runs with the same torch version, CPU capability and device)."""
+    import platform
+
+    import torch
+
+    return {
+        "threads": torch.get_num_threads(),
+        "jobs": jobs,
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "device": device,
+        "machine": platform.machine(),
+    }
+
+
+def _log_session(run_dir: Path, phase: str, from_step: int, runtime: dict[str, Any]) -> None:
+    """Append one line to the cell's sessions.jsonl: what ran (training from a step, or the
+    evaluation) with which settings."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    line = {"phase": phase, "from_step": from_step, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    with open(run_dir / SESSIONS_FILE, "a", encoding="utf-8") as f:
+        f.write(json.dumps({**line, **runtime}) + "\n")
+
+
+def read_sessions(run_dir: Path, total_steps: int) -> list[dict[str, Any]]:
+    """The cell's sessions with `to_step` filled in (where the next training session began, or
+    the end) for training sessions."""
+    path = run_dir / SESSIONS_FILE
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut by a crash
+    train = [s for s in out if s.get("phase") == "train"]
+    for a, b in zip(train, [*train[1:], None]):
+        a["to_step"] = total_steps if b is None else b["from_step"]
+    return out
+
+
+def run_cell(
+    cell: Cell,
+    run_dir: Path,
+    shared: SharedInputs,
+    progress: bool = True,
+    on_step: StepHook | None = None,
+    on_evaluate: Callable[[], None] | None = None,
+    jobs: int = 1,
+) -> tuple[dict[str, Any], str]:
+    """Bring one cell to done; returns (result, status) with status one of "cached",
+    "re-evaluated", "trained" or "resumed". `on_step` goes to the trainer (progress, and
+    "stop" to stop at the next step with a checkpoint: CellInterrupted); `on_evaluate` is
+    called when the evaluation begins; `jobs` is recorded with the session."""
+    from taperlm.training.checkpoint import list_checkpoints
+    from taperlm.training.loop import train
+
+    settings = shared.settings.to_dict()
+    state, cached = cell_state(cell, run_dir, settings)
+    if state == "cached":
+        return cached, "cached"
+    total_steps = cell.config.train.tokens // cell.config.train.batch_tokens
+    device = resolve_device(cell.config.train.device)
     train_info: dict[str, Any]
-    if cached is not None and _has_final_checkpoint(run_dir, total_steps):
+    if state == "evaluate":
         status = "re-evaluated"
         train_info = cached["train"]
     else:
         before = [s for s, _ in list_checkpoints(run_dir)]
         resumed_from = max(before) if before else 0
+        _log_session(run_dir, "train", resumed_from, runtime_info(device, jobs))
         t0 = time.perf_counter()
-        res = train(cell.config, run_dir, resume="auto", progress=progress)
+        res = train(cell.config, run_dir, resume="auto", progress=progress, on_step=on_step)
         wall = time.perf_counter() - t0
         if not res.finished:
-            raise ConfigError(f"{run_dir}: training stopped at step {res.step}/{res.total_steps}")
+            raise CellInterrupted(cell.name, res.step, res.total_steps)
         status = "resumed" if resumed_from else "trained"
         train_info = {
             "steps": res.step,
@@ -283,6 +363,9 @@ def run_cell(
             "resumed_from_step": resumed_from,
             "wall_s": wall,
         }
+    if on_evaluate is not None:
+        on_evaluate()
+    _log_session(run_dir, "evaluate", total_steps, runtime_info(device, jobs))
     curve, rates = read_curve(run_dir)
     train_info["tokens_per_s"] = sum(rates) / len(rates) if rates else None
     ev = evaluate_cell(cell, run_dir, shared)
@@ -293,12 +376,13 @@ def run_cell(
         "label": cell.allocation.label,
         "taper": cell.allocation.spec_string,
         "seed": cell.seed,
-        "config": cfg_now,
+        "config": to_dict(cell.config),
         "eval_settings": settings,
         "train": train_info,
         "curve": curve,
         "data_order": data_order_fingerprint(cell, shared.data_dir),
         **ev,
+        "sessions": read_sessions(run_dir, total_steps),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     atomic_write_json(run_dir / RESULT_FILE, result)
@@ -307,6 +391,153 @@ def run_cell(
 
 # ----------------------------------------------------------------------------------------------
 # the grid
+
+# A cell asks for a checkpoint when this long has passed since its last one, so that a crash or
+# kill loses at most about a minute (a Ctrl-C stops at the next step with a checkpoint).
+CHECKPOINT_SECONDS = 60.0
+
+
+class StopRequest:
+    """Ctrl-C (SIGINT) or SIGTERM while cells run: the first asks every running cell to stop at
+    its next step with a checkpoint; a second one interrupts at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopRequest:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        sys.stderr.write(
+            "\ntaperlm compare: stopping: running cells save a checkpoint at their next step "
+            "(press Ctrl-C again to stop at once)\n"
+        )
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class CheckpointClock:
+    """The `on_step` policy of one cell: "stop" once a stop is requested, "checkpoint" when
+    CHECKPOINT_SECONDS have passed since the cell's last checkpoint."""
+
+    def __init__(self, checkpoint_every: int, stop: Callable[[], bool]) -> None:
+        self.every, self.stop = checkpoint_every, stop
+        self.last = time.monotonic()
+
+    def __call__(self, step: int, total: int) -> str | None:
+        if self.stop():
+            return "stop"
+        now = time.monotonic()
+        if self.every and step % self.every == 0:
+            self.last = now  # the trainer checkpoints this step anyway
+        elif now - self.last >= CHECKPOINT_SECONDS and step < total:
+            self.last = now
+            return "checkpoint"
+        return None
+
+
+class GridDisplay:
+    """The grid's progress: a bar over the tokens of the whole grid (cells done + steps of the
+    running ones), one bar per worker when several run, and a line per finished cell
+    (validation loss, throughput, the grid's progress and the ETA)."""
+
+    def __init__(self, grid: Grid, runs: Path, workers: int, progress: bool, log) -> None:
+        from tqdm.auto import tqdm
+
+        self.grid, self.n = grid, len(grid.cells)
+        self.counted = {c.name for c in grid.cells if read_result(runs / c.name) is not None}
+        self.done_tokens = sum(c.config.train.tokens for c in grid.cells if c.name in self.counted)
+        self.base = self.done_tokens  # tokens not trained by this invocation (for the ETA)
+        self.running: dict[str, int] = {}  # cell -> tokens it has reached
+        self.finished = 0
+        self.t_start = time.perf_counter()
+        self.write = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
+        kw: dict[str, Any] = {"dynamic_ncols": True, "disable": not progress}
+        self.bar = tqdm(
+            total=grid.total_tokens,
+            initial=self.done_tokens,
+            unit="tok",
+            unit_scale=True,
+            desc="grid",
+            position=0,
+            **kw,
+        )
+        self.workers = [
+            tqdm(total=1, desc=f"worker {i + 1}", position=i + 1, leave=False, unit="step", **kw)
+            for i in range(workers if workers > 1 else 0)
+        ]
+        self.on_slot: dict[int, str] = {}
+        self._refreshed = 0.0
+
+    def _label(self, cell: Cell, slot: int, what: str = "") -> str:
+        if self.workers:
+            return f"worker {slot + 1} {cell.name}{what}"
+        return f"grid {self.finished + 1}/{self.n} {cell.name}{what}"
+
+    def step(self, slot: int, cell: Cell, step: int, total: int, loss: float) -> None:
+        batch = cell.config.train.batch_tokens
+        if cell.name not in self.running:  # its first step in this invocation
+            self.base += (step - 1) * batch
+        self.running[cell.name] = step * batch
+        self.bar.n = self.done_tokens + sum(self.running.values())
+        bar = self.workers[slot] if self.workers else self.bar
+        if self.workers:
+            if self.on_slot.get(slot) != cell.name:  # a new cell on this worker
+                self.on_slot[slot] = cell.name
+                bar.reset(total=total)
+            bar.update(step - bar.n)
+        bar.set_description(self._label(cell, slot), refresh=False)
+        bar.set_postfix(step=f"{step}/{total}", loss=f"{loss:.4f}", refresh=False)
+        now = time.monotonic()
+        if now - self._refreshed > 0.2 or step == total:
+            self._refreshed = now
+            for b in (self.bar, *self.workers):
+                b.refresh()
+
+    def evaluating(self, slot: int, cell: Cell) -> None:
+        bar = self.workers[slot] if self.workers else self.bar
+        bar.set_description(self._label(cell, slot, " (evaluating)"))
+
+    def done(self, cell: Cell, result: dict[str, Any], status: str) -> None:
+        self.finished += 1
+        self.running.pop(cell.name, None)
+        if cell.name not in self.counted:
+            self.counted.add(cell.name)
+            self.done_tokens += cell.config.train.tokens
+        self.bar.n = self.done_tokens + sum(self.running.values())
+        self.bar.refresh()
+        elapsed = time.perf_counter() - self.t_start
+        rate = result["train"].get("tokens_per_s") or 0.0
+        self.write(
+            f"[{self.finished}/{self.n}] {cell.name}: {status}; val loss "
+            f"{result['val']['loss']:.4f} (ppl {result['val']['ppl']:.2f}), {rate:,.0f} tok/s, "
+            f"rho_mlp r={_fmt(result['novelty'].get('pearson_mlp'))}; "
+            f"grid {self.done_tokens:,}/{self.grid.total_tokens:,} tokens, {elapsed:.0f} s "
+            f"elapsed" + self.eta(elapsed)
+        )
+
+    def eta(self, elapsed: float) -> str:
+        now = self.done_tokens + sum(self.running.values())
+        return _eta(now - self.base, self.grid.total_tokens - now, elapsed)
+
+    def close(self) -> None:
+        for b in self.workers:
+            b.close()
+        self.bar.close()
 
 
 def run_grid(
@@ -317,62 +548,93 @@ def run_grid(
     progress: bool = True,
     log: Callable[[str], None] | None = None,
     on_seed_done: Callable[[dict[str, dict[str, Any]]], None] | None = None,
+    jobs: int = 1,
+    threads: int = 1,
 ) -> dict[str, dict[str, Any]]:
     """Run every cell (resuming/caching as described above); cell name -> result.
-    `on_seed_done(results so far)` is called whenever the last cell of a seed finishes (not after
-    the final cell), e.g. to write a partial report."""
-    from tqdm.auto import tqdm
 
+    `jobs` > 1 runs that many cells at a time in worker processes (`taperlm.compare.workers`),
+    each with `threads` torch threads; `jobs` = 1 runs them here, one after the other. Every
+    cell computes the same numbers either way. `on_seed_done(results so far)` is called whenever
+    the last cell of a seed finishes (not after the final cell), e.g. to write a partial report.
+    Ctrl-C stops the running cells at their next step with a checkpoint and raises
+    KeyboardInterrupt."""
     runs = out_dir / "runs"
     runs.mkdir(parents=True, exist_ok=True)
-    shared = SharedInputs(data_dir, settings)
-    done_tokens = sum(
-        c.config.train.tokens for c in grid.cells if read_result(runs / c.name) is not None
-    )
-    bar = tqdm(
-        total=grid.total_tokens,
-        initial=done_tokens,
-        unit="tok",
-        unit_scale=True,
-        desc="grid",
-        dynamic_ncols=True,
-        disable=not progress,
-        position=0,
-    )
-    write = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
+    settings_dict = settings.to_dict()
     results: dict[str, dict[str, Any]] = {}
-    n = len(grid.cells)
-    done_before = done_tokens
-    t_start = time.perf_counter()
+    todo: list[Cell] = []
+    for cell in grid.cells:  # every folder is checked before anything trains
+        state, cached = cell_state(cell, runs / cell.name, settings_dict)
+        if state == "cached":
+            results[cell.name] = cached
+        else:
+            todo.append(cell)
+    display = GridDisplay(grid, runs, min(jobs, len(todo)), progress, log)
+    for cell in grid.cells:
+        if cell.name in results:
+            display.done(cell, results[cell.name], "cached")
+
+    def finished(cell: Cell, result: dict[str, Any], status: str) -> None:
+        results[cell.name] = result
+        display.done(cell, result, status)
+        seed_cells = [c.name for c in grid.cells if c.seed == cell.seed]
+        if (
+            on_seed_done is not None
+            and len(results) < len(grid.cells)
+            and all(name in results for name in seed_cells)
+        ):
+            on_seed_done(dict(results))
+
     try:
-        for i, cell in enumerate(grid.cells, 1):
-            bar.set_description(f"grid {i}/{n} {cell.name}")
-            was_done = read_result(runs / cell.name) is not None
-            result, status = run_cell(cell, runs / cell.name, shared, progress=progress)
-            results[cell.name] = result
-            if not was_done:
-                bar.update(cell.config.train.tokens)
-                done_tokens += cell.config.train.tokens
-            elapsed = time.perf_counter() - t_start
-            rate = result["train"].get("tokens_per_s") or 0.0
-            write(
-                f"[{i}/{n}] {cell.name}: {status}; val loss {result['val']['loss']:.4f} "
-                f"(ppl {result['val']['ppl']:.2f}), {rate:,.0f} tok/s, "
-                f"rho_mlp r={_fmt(result['novelty'].get('pearson_mlp'))}; "
-                f"grid {done_tokens:,}/{grid.total_tokens:,} tokens, {elapsed:.0f} s elapsed"
-                + _eta(done_tokens - done_before, grid.total_tokens - done_tokens, elapsed)
-            )
-            seed_cells = [c.name for c in grid.cells if c.seed == cell.seed]
-            if (
-                on_seed_done is not None
-                and status != "cached"
-                and i < n
-                and all(name in results for name in seed_cells)
-            ):
-                on_seed_done(dict(results))
+        with StopRequest() as stop:
+            if jobs > 1 and len(todo) > 1:
+                from taperlm.compare.workers import run_in_workers
+
+                run_in_workers(
+                    todo, runs, data_dir, settings, jobs, threads, display, finished, stop
+                )
+            else:
+                _run_here(
+                    todo, runs, SharedInputs(data_dir, settings), threads, display, finished, stop
+                )
     finally:
-        bar.close()
-    return results
+        display.close()
+    return {c.name: results[c.name] for c in grid.cells}
+
+
+def _run_here(todo, runs, shared, threads, display, finished, stop) -> None:
+    """The cells one after the other in this process, with `threads` torch threads."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for cell in todo:
+            clock = CheckpointClock(cell.config.train.checkpoint_every, lambda: stop.requested)
+
+            def on_step(step: int, total: int, loss: float, cell=cell, clock=clock):
+                display.step(0, cell, step, total, loss)
+                return clock(step, total)
+
+            try:
+                result, status = run_cell(
+                    cell,
+                    runs / cell.name,
+                    shared,
+                    progress=False,
+                    on_step=on_step,
+                    on_evaluate=lambda cell=cell: display.evaluating(0, cell),
+                    jobs=1,
+                )
+            except CellInterrupted as err:
+                display.write(f"taperlm compare: {err}")
+                raise KeyboardInterrupt from None
+            finished(cell, result, status)
+            if stop.requested:
+                raise KeyboardInterrupt
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _eta(done_now: int, left: int, elapsed: float) -> str:

@@ -60,6 +60,7 @@ def summarize(grid: Grid, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {
         "allocations": allocations,
         "run_times": times,
+        "execution": execution(grid, results),
         "checks": _checks(grid, results),
         "paper_comparison": _paper_comparison(allocations, grid.paper),
     }
@@ -125,6 +126,40 @@ def _allocation_entry(
             "val_ppl": stats.paired_difference(ppl_s, u_ppl),
         }
     return entry
+
+
+# What a cell's numbers can depend on besides its config: recorded per session, compared here.
+EXECUTION_KEYS = ("threads", "torch", "cpu_capability", "device")
+
+
+def execution(grid: Grid, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """How the cells actually ran: every distinct (threads, torch, CPU capability, device) of
+    their training and evaluation sessions with the cells (and steps) it covered, and the
+    numbers of cells run at a time. `consistent` is False when cells or parts of one cell ran
+    with different settings (their numbers may then differ in the last bits from a rerun)."""
+    combos: dict[tuple, dict[str, Any]] = {}
+    jobs: set[int] = set()
+    for c in grid.cells:
+        r = results.get(c.name)
+        if r is None:
+            continue
+        for sess in r.get("sessions") or []:
+            key = tuple(sess.get(k) for k in EXECUTION_KEYS)
+            entry = combos.setdefault(
+                key, {**dict(zip(EXECUTION_KEYS, key)), "cells": [], "train_steps": 0}
+            )
+            if c.name not in entry["cells"]:
+                entry["cells"].append(c.name)
+            if sess.get("phase") == "train":
+                entry["train_steps"] += int(sess.get("to_step", 0)) - int(sess.get("from_step", 0))
+            if isinstance(sess.get("jobs"), int):
+                jobs.add(sess["jobs"])
+    return {
+        "settings": list(combos.values()),
+        "jobs": sorted(jobs),
+        "consistent": len(combos) <= 1,
+        "single_thread": all(e["threads"] == 1 for e in combos.values()),
+    }
 
 
 def _zero_shot_summary(rs: list[dict[str, Any]]) -> dict[str, Any] | None:

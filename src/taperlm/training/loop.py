@@ -19,6 +19,7 @@ import math
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,8 @@ from taperlm.training.sharded import load_training_state, training_state
 from taperlm.training.validation import autocast, uses_bf16, validation_loss
 
 RESUME_MODES = ("auto", "never", "must")
+# on_step(completed steps, total steps, loss) -> None | "checkpoint" | "stop"
+StepHook = Callable[[int, int, float], "str | None"]
 PRECISIONS = ("auto", "fp32", "bf16")
 CHOICES = {
     "compile_scope": ("model", "blocks"),
@@ -648,9 +651,15 @@ class Trainer:
                 p.grad = None
         return True, gnorm
 
-    def fit(self, progress: bool = True, stop_after: int | None = None) -> TrainResult:
+    def fit(
+        self,
+        progress: bool = True,
+        stop_after: int | None = None,
+        on_step: StepHook | None = None,
+    ) -> TrainResult:
         """Train to the end (or until `stop_after` completed steps): one optimizer step at a
-        time, then logging, evaluation and checkpoints when they are due."""
+        time, then logging, evaluation and checkpoints when they are due. `on_step` (one
+        process only) is told of every step and may ask for a checkpoint or a stop."""
         from tqdm.auto import tqdm
 
         bar = tqdm(
@@ -679,8 +688,15 @@ class Trainer:
                 self._log_if_due(last, loss, lr, gnorm, clock)
                 with clock.paused():
                     self._evaluate_if_due(last)
+                action = on_step(self.step, self.total_steps, loss) if on_step else None
+                if action not in (None, "checkpoint", "stop"):
+                    raise ValueError(
+                        f"on_step returned {action!r}; expected None, checkpoint, stop"
+                    )
                 with clock.paused():
-                    self._checkpoint_if_due(last or self.step == stop_after)
+                    self._checkpoint_if_due(last or self.step == stop_after or action is not None)
+                if action == "stop":
+                    break
         finally:
             bar.close()
         if self.info.is_main and self.step >= self.total_steps:
@@ -819,12 +835,16 @@ def train(
     resume: str = "auto",
     progress: bool = True,
     stop_after: int | None = None,
+    on_step: StepHook | None = None,
 ) -> TrainResult:
     """Train `run_config` into run directory `out_dir` (resuming per `resume`: auto | never |
     must); returns what was reached. Works in-process and under torchrun. `stop_after` stops
-    (with a checkpoint) after that many completed steps, e.g. to split a run into sessions."""
+    (with a checkpoint) after that many completed steps, e.g. to split a run into sessions.
+    `on_step(step, total_steps, loss)` is called after every step of a single-process run and
+    returns None, "checkpoint" (save one now) or "stop" (save one and return unfinished), e.g.
+    for progress shown elsewhere and a clean stop on a signal."""
     trainer = Trainer(run_config, out_dir, resume)
     try:
-        return trainer.fit(progress=progress, stop_after=stop_after)
+        return trainer.fit(progress=progress, stop_after=stop_after, on_step=on_step)
     finally:
         trainer.close()

@@ -1,0 +1,260 @@
+"""Cells of a comparison in parallel worker processes (`taperlm compare --jobs N`).
+
+Each worker is a fresh (spawned) Python process that sets its torch threads before torch is
+imported, loads the shared inputs once and then runs the cells the parent hands it, one at a
+time, with `taperlm.compare.runner.run_cell` — the same function, on the same inputs, as the
+sequential path, so every cell computes the same numbers whatever the number of workers.
+Workers report progress, results and errors through one queue; the parent draws the bars, writes
+the result lines and the partial reports.
+
+Stopping: Ctrl-C reaches the workers too (same process group); a worker then finishes its
+current step, saves a checkpoint and reports the cell as interrupted, and the parent raises
+KeyboardInterrupt once all have stopped. A second Ctrl-C in the parent kills the workers at
+once. A worker whose parent disappears stops the same way at its next step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import queue
+import time
+import traceback
+from pathlib import Path
+
+from taperlm.errors import TrainingError
+
+STARTUP_TIMEOUT_S = 300.0  # a worker that has not reported within this time after start is dead
+STOP_GRACE_S = 60.0  # after a stop request, how long running cells may take to checkpoint
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def _worker_main(slot: int, threads: int, jobs: int, data_dir: str, settings: dict, tasks, events):
+    """A worker process: take (index, cell) tasks until None, report every step and the end."""
+    for name in THREAD_ENV:
+        os.environ[name] = str(threads)
+    import signal
+
+    stop = {"requested": False}
+
+    def request_stop(signum, frame) -> None:
+        stop["requested"] = True
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    parent = os.getppid()
+
+    import torch
+
+    from taperlm.compare.runner import (
+        CellInterrupted,
+        CheckpointClock,
+        EvalSettings,
+        SharedInputs,
+        run_cell,
+    )
+
+    torch.set_num_threads(threads)
+    shared = SharedInputs(Path(data_dir), EvalSettings(**settings))
+    events.put(("ready", slot, None))
+    while True:
+        task = tasks.get()
+        if task is None:
+            return
+        index, cell, run_dir = task
+
+        def stopping() -> bool:
+            return stop["requested"] or os.getppid() != parent
+
+        clock = CheckpointClock(cell.config.train.checkpoint_every, stopping)
+        last_sent = 0.0
+
+        def on_step(step: int, total: int, loss: float, index=index, clock=clock) -> str | None:
+            nonlocal last_sent
+            now = time.monotonic()
+            if now - last_sent > 0.2 or step == total:
+                last_sent = now
+                events.put(("step", slot, (index, step, total, loss)))
+            return clock(step, total)
+
+        try:
+            result, status = run_cell(
+                cell,
+                Path(run_dir),
+                shared,
+                progress=False,
+                on_step=on_step,
+                on_evaluate=lambda index=index: events.put(("evaluate", slot, index)),
+                jobs=jobs,
+            )
+        except CellInterrupted as err:
+            events.put(("interrupted", slot, (index, str(err))))
+            return
+        except BaseException as err:  # reported to the parent, which raises it
+            events.put(("error", slot, (index, _picklable(err))))
+            return
+        events.put(("done", slot, (index, result, status)))
+        if stopping():
+            return
+
+
+def _picklable(err: BaseException) -> bytes:
+    """The exception itself when it survives pickling (our errors do), else a TrainingError
+    carrying its traceback."""
+    try:
+        data = pickle.dumps(err)
+        pickle.loads(data)
+        return data
+    except Exception:
+        text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+        return pickle.dumps(TrainingError(f"a compare worker failed:\n{text}"))
+
+
+def run_in_workers(
+    todo, runs: Path, data_dir: Path, settings, jobs, threads, display, finished, stop
+) -> None:
+    """Run the cells `todo` on `jobs` worker processes (see the module docstring). `display`
+    (runner.GridDisplay) shows progress, `finished(cell, result, status)` takes each result,
+    `stop` (runner.StopRequest) tells of a Ctrl-C."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    events = ctx.Queue()
+    jobs = min(jobs, len(todo))
+    pending = list(enumerate(todo))
+    procs, inbox, running, started = [], [], {}, {}
+    import signal
+
+    # Workers start with SIGINT ignored (inherited through exec) until they install their own
+    # handler, so a Ctrl-C during their start-up prints no traceback.
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        for slot in range(jobs):
+            tasks = ctx.SimpleQueue()
+            p = ctx.Process(
+                target=_worker_main,
+                args=(slot, threads, jobs, str(data_dir), settings.to_dict(), tasks, events),
+                name=f"taperlm-compare-worker-{slot + 1}",
+                daemon=True,
+            )
+            p.start()
+            procs.append(p)
+            inbox.append(tasks)
+            started[slot] = time.monotonic()
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    idle: list[int] = []
+    error: BaseException | None = None
+    interrupted: list[str] = []
+    stop_sent = None
+    try:
+        while running or (pending and error is None and not stop.requested):
+            if stop.requested and stop_sent is None:
+                stop_sent = time.monotonic()
+                _signal_all(procs)
+            while idle and pending and error is None and not stop.requested:
+                slot = idle.pop()
+                index, cell = pending.pop(0)
+                running[slot] = index
+                inbox[slot].put((index, cell, str(runs / cell.name)))
+            if not running and (error is not None or stop.requested):
+                break
+            try:
+                kind, slot, payload = events.get(timeout=0.5)
+            except queue.Empty:
+                dead = _dead_worker(procs, running, started, todo)
+                if dead is not None and error is None:
+                    error = dead
+                    _signal_all(procs)
+                if dead is not None:
+                    running.pop(dead.slot, None)
+                    started.pop(dead.slot, None)
+                if stop_sent is not None and time.monotonic() - stop_sent > STOP_GRACE_S:
+                    break
+                continue
+            if kind == "ready":
+                started.pop(slot, None)
+                idle.append(slot)
+            elif kind == "step":
+                index, step, total, loss = payload
+                display.step(slot, todo[index], step, total, loss)
+            elif kind == "evaluate":
+                display.evaluating(slot, todo[payload])
+            elif kind == "done":
+                index, result, status = payload
+                running.pop(slot)
+                idle.append(slot)
+                finished(todo[index], result, status)
+            elif kind == "interrupted":
+                running.pop(slot)
+                interrupted.append(payload[1])
+            elif kind == "error":
+                index, data = payload
+                running.pop(slot)
+                if error is None:
+                    error = pickle.loads(data)
+                    _signal_all(procs)  # the others checkpoint and stop
+    except KeyboardInterrupt:  # a second Ctrl-C: stop at once
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        raise
+    finally:
+        for slot, p in enumerate(procs):
+            if p.is_alive():
+                with contextlib.suppress(OSError, ValueError):
+                    inbox[slot].put(None)
+        _reap(procs)
+    for line in interrupted:
+        display.write(f"taperlm compare: {line}")
+    if error is not None:
+        raise error
+    if stop.requested or interrupted:
+        raise KeyboardInterrupt
+
+
+def _signal_all(procs) -> None:
+    import signal
+
+    for p in procs:
+        if p.is_alive() and p.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGTERM)  # workers stop at their next step
+
+
+class WorkerDied(TrainingError):
+    def __init__(self, message: str, slot: int) -> None:
+        super().__init__(message)
+        self.slot = slot
+
+    def __reduce__(self):
+        return (WorkerDied, (str(self), self.slot))
+
+
+def _dead_worker(procs, running: dict[int, int], started: dict[int, float], todo):
+    """A WorkerDied error for a worker that died (killed, out of memory) or never came up."""
+    for slot, p in enumerate(procs):
+        dead = not p.is_alive()
+        late = slot in started and time.monotonic() - started[slot] > STARTUP_TIMEOUT_S
+        if (slot in running or slot in started) and (dead or late):
+            what = f"cell {todo[running[slot]].name}" if slot in running else "no cell yet"
+            state = f"died (exit code {p.exitcode})" if dead else "did not start"
+            return WorkerDied(
+                f"compare worker {slot + 1} ({what}) {state}; every cell's newest checkpoint "
+                "is intact: rerun the same command to resume (with fewer --jobs if the machine "
+                "ran out of memory)",
+                slot,
+            )
+    return None
+
+
+def _reap(procs, timeout: float = 10.0) -> None:
+    """Wait for the workers to exit; kill those that do not."""
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(5)

@@ -1,0 +1,107 @@
+"""How many CPU cores this process may use, and how many of them other processes keep busy: the
+default parallelism of `taperlm compare` (never more workers x threads than idle cores). No torch.
+
+- usable: the CPUs of this process's affinity mask, capped by a cgroup CPU quota (containers,
+  `docker --cpus`, Slurm), rounded down but at least 1;
+- busy: the CPU time other processes used during a short sample (Linux: /proc/stat over the CPUs
+  of the affinity mask, or the cgroup's own usage when it has a quota; our own use subtracted),
+  else the 1-minute load average.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+
+def _cgroup_quota() -> float | None:
+    """CPUs allowed by a cgroup quota (v2 cpu.max or v1 cfs_quota/period), None when unlimited."""
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        return None if quota <= 0 or period <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask capped by the cgroup quota (>= 1)."""
+    mine = _affinity()
+    n = len(mine) if mine else (os.cpu_count() or 1)
+    quota = _cgroup_quota()
+    if quota is not None:
+        n = min(n, max(1, math.floor(quota)))
+    return max(1, n)
+
+
+def _affinity() -> set[int] | None:
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def _busy_seconds() -> float | None:
+    """CPU-seconds spent so far by everything that competes with us: the processes of our cgroup
+    when it has a CPU quota (its cpu.stat), else all processes on the CPUs of our affinity mask
+    (/proc/stat); None when neither is readable (not Linux)."""
+    if _cgroup_quota() is not None:
+        try:
+            for line in Path("/sys/fs/cgroup/cpu.stat").read_text().splitlines():
+                key, value = line.split()
+                if key == "usage_usec":
+                    return int(value) / 1e6
+        except (OSError, ValueError):
+            pass
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    mine = _affinity()
+    ticks = 0
+    for line in lines:
+        name, *fields = line.split()
+        if not (name.startswith("cpu") and name[3:].isdigit()):
+            continue
+        if mine is not None and int(name[3:]) not in mine:
+            continue
+        values = [int(x) for x in fields[:8]]  # guest time is already in user/nice
+        ticks += sum(values) - values[3] - (values[4] if len(values) > 4 else 0)  # - idle, iowait
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _own_seconds() -> float:
+    """CPU-seconds used by this process and its waited-for children."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def busy_cpus(sample_s: float = 0.5) -> float:
+    """How many CPUs other processes keep busy now: measured over `sample_s` seconds (minus our
+    own use), else the 1-minute load average (0.0 when unknown)."""
+    start, own_start = _busy_seconds(), _own_seconds()
+    if start is not None and sample_s > 0:
+        t0 = time.monotonic()
+        time.sleep(sample_s)
+        end, own_end = _busy_seconds(), _own_seconds()
+        elapsed = time.monotonic() - t0
+        if end is not None and elapsed > 0:
+            return max(0.0, ((end - start) - (own_end - own_start)) / elapsed)
+    try:
+        return max(0.0, os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return 0.0
+
+
+def idle_cpus(sample_s: float = 0.5) -> tuple[int, int, float]:
+    """(idle, usable, busy): usable CPUs minus those other processes keep busy (rounded), >= 1."""
+    usable = usable_cpus()
+    busy = busy_cpus(sample_s)
+    return max(1, usable - round(busy)), usable, busy
