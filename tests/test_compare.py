@@ -23,7 +23,7 @@ import pytest
 
 from taperlm import cpus
 from taperlm.cli import main
-from taperlm.compare import runner
+from taperlm.compare import runner, scheduler
 from taperlm.compare.grid import (
     PAPER_SWEEP,
     build_grid,
@@ -570,7 +570,7 @@ def test_ctrl_c_stops_at_the_next_step_and_names_the_command(data_dir, tmp_path,
         "compare", *TINY, *ALLOCS, "--seeds", "1", "--set", "train.checkpoint_every=100",
         "--data", str(data_dir), "--out", str(out),
     ]  # fmt: skip
-    real_step = runner.GridDisplay.step
+    real_step = scheduler.GridDisplay.step
     sent = []
 
     def step(self, slot, cell, step, total, loss):
@@ -579,7 +579,7 @@ def test_ctrl_c_stops_at_the_next_step_and_names_the_command(data_dir, tmp_path,
             sent.append(1)
             os.kill(os.getpid(), signal.SIGINT)
 
-    monkeypatch.setattr(runner.GridDisplay, "step", step)
+    monkeypatch.setattr(scheduler.GridDisplay, "step", step)
     rc, _, stderr = _cli(args)
     assert rc == 130
     assert "stopping" in stderr and "late-s0 stopped at step 1/4 (checkpointed)" in stderr
@@ -588,7 +588,7 @@ def test_ctrl_c_stops_at_the_next_step_and_names_the_command(data_dir, tmp_path,
     assert ckpts == ["step_00000001"]
     assert (out / "runs" / "uniform-s0" / "result.json").is_file()
     assert not (out / "runs" / "late-s0" / "result.json").exists()
-    monkeypatch.setattr(runner.GridDisplay, "step", real_step)
+    monkeypatch.setattr(scheduler.GridDisplay, "step", real_step)
     rc, _, stderr = _cli(args)
     assert rc == 0, stderr
     assert "uniform-s0: cached;" in stderr and "late-s0: resumed;" in stderr

@@ -6,7 +6,9 @@ paired statistics and plots.
   settings, and `run_comparison`, which runs the whole job.
 - `grid`: allocations (taper specs, paper modes), seeds, the per-cell run configs and the budget
   checks (equal parameters and FLOPs/token; same data order and init seed per seed).
-- `runner`: trains, evaluates and measures every cell in-process; resumable.
+- `runner`: brings one cell to done (train or resume, evaluate, measure), resumably, and records
+  how it ran; `scheduler`: runs the grid's cells here one after the other or `--jobs` at a time
+  on `workers` (spawned processes, one torch thread each), with progress and Ctrl-C handling.
 - `summary`: the statistics (mean, std, paired differences with t-based CIs, rank agreement
   with the paper); `plots`: the PNGs; `report`: report.md and report.json.
 """

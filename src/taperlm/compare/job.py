@@ -292,7 +292,7 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
 
     from taperlm.compare.grid import build_grid
     from taperlm.compare.report import write_report
-    from taperlm.compare.runner import run_grid
+    from taperlm.compare.scheduler import run_grid
     from taperlm.data.loader import load_meta
     from taperlm.training.loop import validate_train_config
 

@@ -115,8 +115,8 @@ def run_in_workers(
     todo, runs: Path, data_dir: Path, settings, jobs, threads, display, finished, stop
 ) -> None:
     """Run the cells `todo` on `jobs` worker processes (see the module docstring). `display`
-    (runner.GridDisplay) shows progress, `finished(cell, result, status)` takes each result,
-    `stop` (runner.StopRequest) tells of a Ctrl-C."""
+    (scheduler.GridDisplay) shows progress, `finished(cell, result, status)` takes each result,
+    `stop` (scheduler.StopRequest) tells of a Ctrl-C."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")

@@ -1,0 +1,250 @@
+"""Run the cells of a comparison grid: one after the other in this process, or `jobs` at a time
+on worker processes (`taperlm.compare.workers`), with the grid's progress display and a clean
+stop on Ctrl-C. Each cell is brought to done by `taperlm.compare.runner.run_cell` either way.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from taperlm.compare.grid import Cell, Grid
+from taperlm.compare.runner import (
+    CellInterrupted,
+    CheckpointClock,
+    EvalSettings,
+    SharedInputs,
+    cell_state,
+    fmt_signed,
+    read_result,
+    run_cell,
+)
+
+
+class StopRequest:
+    """Ctrl-C (SIGINT) or SIGTERM while cells run: the first asks every running cell to stop at
+    its next step with a checkpoint; a second one interrupts at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopRequest:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        sys.stderr.write(
+            "\ntaperlm compare: stopping: running cells save a checkpoint at their next step "
+            "(press Ctrl-C again to stop at once)\n"
+        )
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class GridDisplay:
+    """The grid's progress: a bar over the tokens of the whole grid (cells done + steps of the
+    running ones), one bar per worker when several run, and a line per finished cell
+    (validation loss, throughput, the grid's progress and the ETA)."""
+
+    def __init__(self, grid: Grid, runs: Path, workers: int, progress: bool, log) -> None:
+        from tqdm.auto import tqdm
+
+        self.grid, self.n = grid, len(grid.cells)
+        self.counted = {c.name for c in grid.cells if read_result(runs / c.name) is not None}
+        self.done_tokens = sum(c.config.train.tokens for c in grid.cells if c.name in self.counted)
+        self.base = self.done_tokens  # tokens not trained by this invocation (for the ETA)
+        self.running: dict[str, int] = {}  # cell -> tokens it has reached
+        self.finished = 0
+        self.t_start = time.perf_counter()
+        self.write = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
+        kw: dict[str, Any] = {"dynamic_ncols": True, "disable": not progress}
+        self.bar = tqdm(
+            total=grid.total_tokens,
+            initial=self.done_tokens,
+            unit="tok",
+            unit_scale=True,
+            desc="grid",
+            position=0,
+            **kw,
+        )
+        self.workers = [
+            tqdm(total=1, desc=f"worker {i + 1}", position=i + 1, leave=False, unit="step", **kw)
+            for i in range(workers if workers > 1 else 0)
+        ]
+        self.on_slot: dict[int, str] = {}
+        self._refreshed = 0.0
+
+    def _label(self, cell: Cell, slot: int, what: str = "") -> str:
+        if self.workers:
+            return f"worker {slot + 1} {cell.name}{what}"
+        return f"grid {self.finished + 1}/{self.n} {cell.name}{what}"
+
+    def step(self, slot: int, cell: Cell, step: int, total: int, loss: float) -> None:
+        batch = cell.config.train.batch_tokens
+        if cell.name not in self.running:  # its first step in this invocation
+            self.base += (step - 1) * batch
+        self.running[cell.name] = step * batch
+        self.bar.n = self.done_tokens + sum(self.running.values())
+        bar = self.workers[slot] if self.workers else self.bar
+        if self.workers:
+            if self.on_slot.get(slot) != cell.name:  # a new cell on this worker
+                self.on_slot[slot] = cell.name
+                bar.reset(total=total)
+            bar.update(step - bar.n)
+        bar.set_description(self._label(cell, slot), refresh=False)
+        bar.set_postfix(step=f"{step}/{total}", loss=f"{loss:.4f}", refresh=False)
+        now = time.monotonic()
+        if now - self._refreshed > 0.2 or step == total:
+            self._refreshed = now
+            for b in (self.bar, *self.workers):
+                b.refresh()
+
+    def evaluating(self, slot: int, cell: Cell) -> None:
+        bar = self.workers[slot] if self.workers else self.bar
+        bar.set_description(self._label(cell, slot, " (evaluating)"))
+
+    def done(self, cell: Cell, result: dict[str, Any], status: str) -> None:
+        self.finished += 1
+        self.running.pop(cell.name, None)
+        if cell.name not in self.counted:
+            self.counted.add(cell.name)
+            self.done_tokens += cell.config.train.tokens
+        self.bar.n = self.done_tokens + sum(self.running.values())
+        self.bar.refresh()
+        elapsed = time.perf_counter() - self.t_start
+        rate = result["train"].get("tokens_per_s") or 0.0
+        self.write(
+            f"[{self.finished}/{self.n}] {cell.name}: {status}; val loss "
+            f"{result['val']['loss']:.4f} (ppl {result['val']['ppl']:.2f}), {rate:,.0f} tok/s, "
+            f"rho_mlp r={fmt_signed(result['novelty'].get('pearson_mlp'))}; "
+            f"grid {self.done_tokens:,}/{self.grid.total_tokens:,} tokens, {elapsed:.0f} s "
+            f"elapsed" + self.eta(elapsed)
+        )
+
+    def eta(self, elapsed: float) -> str:
+        now = self.done_tokens + sum(self.running.values())
+        return _eta(now - self.base, self.grid.total_tokens - now, elapsed)
+
+    def close(self) -> None:
+        for b in self.workers:
+            b.close()
+        self.bar.close()
+
+
+def run_grid(
+    grid: Grid,
+    out_dir: Path,
+    data_dir: Path,
+    settings: EvalSettings,
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+    on_seed_done: Callable[[dict[str, dict[str, Any]]], None] | None = None,
+    jobs: int = 1,
+    threads: int = 1,
+) -> dict[str, dict[str, Any]]:
+    """Run every cell (resuming/caching as described above); cell name -> result.
+
+    `jobs` > 1 runs that many cells at a time in worker processes (`taperlm.compare.workers`),
+    each with `threads` torch threads; `jobs` = 1 runs them here, one after the other. Every
+    cell computes the same numbers either way. `on_seed_done(results so far)` is called whenever
+    the last cell of a seed finishes (not after the final cell), e.g. to write a partial report.
+    Ctrl-C stops the running cells at their next step with a checkpoint and raises
+    KeyboardInterrupt."""
+    runs = out_dir / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    settings_dict = settings.to_dict()
+    results: dict[str, dict[str, Any]] = {}
+    todo: list[Cell] = []
+    for cell in grid.cells:  # every folder is checked before anything trains
+        state, cached = cell_state(cell, runs / cell.name, settings_dict)
+        if state == "cached":
+            results[cell.name] = cached
+        else:
+            todo.append(cell)
+    display = GridDisplay(grid, runs, min(jobs, len(todo)), progress, log)
+    for cell in grid.cells:
+        if cell.name in results:
+            display.done(cell, results[cell.name], "cached")
+
+    def finished(cell: Cell, result: dict[str, Any], status: str) -> None:
+        results[cell.name] = result
+        display.done(cell, result, status)
+        seed_cells = [c.name for c in grid.cells if c.seed == cell.seed]
+        if (
+            on_seed_done is not None
+            and len(results) < len(grid.cells)
+            and all(name in results for name in seed_cells)
+        ):
+            on_seed_done(dict(results))
+
+    try:
+        with StopRequest() as stop:
+            if jobs > 1 and len(todo) > 1:
+                from taperlm.compare.workers import run_in_workers
+
+                run_in_workers(
+                    todo, runs, data_dir, settings, jobs, threads, display, finished, stop
+                )
+            else:
+                _run_here(
+                    todo, runs, SharedInputs(data_dir, settings), threads, display, finished, stop
+                )
+    finally:
+        display.close()
+    return {c.name: results[c.name] for c in grid.cells}
+
+
+def _run_here(todo, runs, shared, threads, display, finished, stop) -> None:
+    """The cells one after the other in this process, with `threads` torch threads."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for cell in todo:
+            clock = CheckpointClock(cell.config.train.checkpoint_every, lambda: stop.requested)
+
+            def on_step(step: int, total: int, loss: float, cell=cell, clock=clock):
+                display.step(0, cell, step, total, loss)
+                return clock(step, total)
+
+            try:
+                result, status = run_cell(
+                    cell,
+                    runs / cell.name,
+                    shared,
+                    progress=False,
+                    on_step=on_step,
+                    on_evaluate=lambda cell=cell: display.evaluating(0, cell),
+                    jobs=1,
+                )
+            except CellInterrupted as err:
+                display.write(f"taperlm compare: {err}")
+                raise KeyboardInterrupt from None
+            finished(cell, result, status)
+            if stop.requested:
+                raise KeyboardInterrupt
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _eta(done_now: int, left: int, elapsed: float) -> str:
+    if done_now <= 0 or left <= 0:
+        return ""
+    return f", ETA {left * elapsed / done_now / 60:.1f} min"
