@@ -154,7 +154,7 @@ def test_unknown_preset(data, tmp_path, capsys):
         ("model.d_model.x=1", ("'d_model' is not a section",)),
         ("train.lrr=0.1", ("'lrr' (did you mean 'lr'?)",)),
         ("train.tokens=-128", ("train.tokens must be >= 1, got -128",)),
-        ("train.lr=0", ("train.lr must be a positive number",)),
+        ("train.lr=0", ("train.lr must be > 0, got 0.0",)),
         ("train.seq_len=128", ("train.seq_len (128) exceeds model.context_length (64)",)),
         ("train.tokens=64", ("train.tokens (64) is less than one batch",)),
         ("model.n_heads=3", ("model.d_model (32) must be divisible by model.n_heads (3)",)),

@@ -69,10 +69,10 @@ def test_overrides_reresolve_widths_only_when_sizes_change():
         ({"model": {"gate": "scalar"}}, "model.gate 'scalar' is unknown"),
         ({"model": {"mlp_widths": [352, 352]}}, "mlp_widths has 2 entries but model.n_layers is 6"),
         ({"model": {"mlp_widths": [352] * 5 + [368]}}, "sum to 2128 but the budget"),
-        ({"model": {"vocab_size": 0}}, "model.vocab_size must be a positive integer"),
+        ({"model": {"vocab_size": 0}}, "model.vocab_size must be >= 1, got 0"),
         ({"modell": {}}, "unknown key.*'modell'"),
-        ({"model": {"rope_theta": float("nan")}}, "model.rope_theta must be a finite number > 0"),
-        ({"model": {"norm_eps": 0}}, "model.norm_eps must be a finite number > 0"),
+        ({"model": {"rope_theta": float("nan")}}, "model.rope_theta must be > 0, got nan"),
+        ({"model": {"norm_eps": 0}}, "model.norm_eps must be > 0, got 0"),
     ],
 )
 def test_bad_config_errors(data, message):

@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 
+from taperlm.domains import check_arguments
 from taperlm.errors import TaperlmError
 
 # name -> one-line help; the module taperlm.commands.<name> implements it.
@@ -43,6 +44,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def subcommand_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of subcommand `name` inside the full parser."""
+    for action in parser._subparsers._group_actions if parser._subparsers else ():
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[name]
+    raise KeyError(name)
+
+
 def _module(name: str):
     return importlib.import_module(f"taperlm.commands.{name}")
 
@@ -62,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        # Every numeric option's declared domain (taperlm.domains), before the command runs.
+        check_arguments(subcommand_parser(parser, args._command), args)
         return int(_module(args._command).run(args) or 0)
     except TaperlmError as err:
         print(f"taperlm {args._command}: error: {err}", file=sys.stderr)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from taperlm.domains import MAX_SEED, Domain, check_domains, check_field, setting
 from taperlm.errors import ConfigError, TaperError
 from taperlm.families import FAMILIES, get_family
 from taperlm.io import atomic_write_text
@@ -54,20 +54,20 @@ class ModelConfig:
             family is replaced), a config gets its family's defaults.
     """
 
-    family: str = "transformer"
-    vocab_size: int = 32000
-    d_model: int = 1024
-    n_layers: int = 24
-    n_heads: int = 16
-    n_kv_heads: int | None = None
-    mlp_width: int = 2816
+    family: str = setting("transformer", Domain.choice_of(lambda: FAMILIES, "{families}"))
+    vocab_size: int = setting(32000, "[1, inf)")
+    d_model: int = setting(1024, "[1, inf)")
+    n_layers: int = setting(24, "[1, inf)")
+    n_heads: int = setting(16, "[1, inf)")
+    n_kv_heads: int | None = setting(None, "[1, inf)")
+    mlp_width: int = setting(2816, "[1, inf)")
     taper: TaperSpec = field(default_factory=TaperSpec)
-    mlp_widths: list[int] | None = None
-    context_length: int = 4096
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-6
+    mlp_widths: list[int] | None = setting(None, "[1, inf)")
+    context_length: int = setting(4096, "[1, inf)")
+    rope_theta: float = setting(10000.0, "(0, inf)")
+    norm_eps: float = setting(1e-6, "(0, inf)")
     tie_embeddings: bool = False
-    init_std: float = 0.02
+    init_std: float = setting(0.02, "(0, inf)")
     options: Any = field(default=None, metadata={"section": True})
 
     def __post_init__(self) -> None:
@@ -105,21 +105,17 @@ class ModelConfig:
     def validate(self) -> None:
         """Check shapes and options; raise ConfigError naming the key and the fix."""
         fam = get_family(self.family)
-        for key in ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_width", "context_length"):
-            v = getattr(self, key)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(f"model.{key} must be a positive integer, got {v!r}")
-        for key in ("rope_theta", "norm_eps", "init_std"):
-            v = getattr(self, key)
-            if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise ConfigError(f"model.{key} must be a finite number > 0, got {v!r}")
+        check_domains(self, "model")
+        _check_taper(self.taper, "model.taper")
+        if fam.options is not None and isinstance(self.options, fam.options):
+            check_domains(self.options, f"model.{self.family}")
         if self.d_model % self.n_heads:
             raise ConfigError(
                 f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})"
             )
         if self.head_dim % 2:
             raise ConfigError(f"head dim d_model/n_heads = {self.head_dim} must be even for RoPE")
-        if self.n_kv_heads is not None and (self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads):
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
             raise ConfigError(
                 f"model.n_kv_heads ({self.n_kv_heads}) must divide model.n_heads ({self.n_heads})"
             )
@@ -128,10 +124,6 @@ class ModelConfig:
                 raise ConfigError(
                     f"model.mlp_widths has {len(self.mlp_widths)} entries but model.n_layers is {self.n_layers}; "
                     "give one width per layer (or delete mlp_widths to resolve it from the taper)"
-                )
-            if any((not isinstance(w, int)) or w < 1 for w in self.mlp_widths):
-                raise ConfigError(
-                    f"model.mlp_widths must be positive integers, got {self.mlp_widths}"
                 )
             if sum(self.mlp_widths) != self.n_layers * self.mlp_width:
                 raise ConfigError(
@@ -183,7 +175,7 @@ class DataConfig:
         dir: folder written by `taperlm prepare` (shards, meta.json, tokenizer/).
     """
 
-    dir: str = ""
+    dir: str = setting("", "text")
 
 
 @dataclass
@@ -217,44 +209,51 @@ class TrainConfig:
             on (committed once every rank has written; the final checkpoint is synchronous).
         device: auto | cpu | cuda.
         eval_every: steps between validation-loss evaluations (0 = only at the end).
-        eval_tokens: validation tokens per evaluation.
+        eval_tokens: validation tokens per evaluation (0 = no validation).
         checkpoint_every: steps between checkpoints (0 = only at the end).
         keep_checkpoints: keep the newest k checkpoints.
-        log_every: steps between metric lines.
+        log_every: steps between metric lines (0 = only at the end).
         max_bad_steps: consecutive non-finite steps tolerated before the run stops.
         peak_flops: peak FLOP/s of one device for MFU (null = the built-in table on CUDA,
             no MFU on CPU).
+        restore_nonfinite: keep a copy of the weights and optimizer state from before each
+            step, so that a step that leaves a NaN/inf in them (with a finite loss) is undone
+            and skipped like a non-finite loss (one more copy of both in device memory); false:
+            such a step stops the run instead. Either way no non-finite state is checkpointed.
+
+    Every field declares its allowed values beside it (`taperlm.domains.setting`).
     """
 
-    seed: int = 0
-    tokens: int = 1_000_000
-    batch_tokens: int = 16384
-    micro_batch_size: int = 8
-    seq_len: int = 256
-    lr: float = 4e-4
-    min_lr_ratio: float = 0.1
-    warmup_tokens: int = 100_000
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0
-    precision: str = "auto"
+    seed: int = setting(0, f"[0, {MAX_SEED}]")
+    tokens: int = setting(1_000_000, "[1, inf)")
+    batch_tokens: int = setting(16384, "[1, inf)")
+    micro_batch_size: int = setting(8, "[1, inf)")
+    seq_len: int = setting(256, "[1, inf)")
+    lr: float = setting(4e-4, "(0, inf)")
+    min_lr_ratio: float = setting(0.1, "[0, 1]")
+    warmup_tokens: int = setting(100_000, "[0, inf)")
+    weight_decay: float = setting(0.1, "[0, inf)")
+    beta1: float = setting(0.9, "[0, 1)")
+    beta2: float = setting(0.95, "[0, 1)")
+    eps: float = setting(1e-8, "(0, inf)")
+    grad_clip: float = setting(1.0, "[0, inf)")
+    precision: str = setting("auto", "{auto, fp32, bf16}")
     compile: bool = False
-    compile_scope: str = "model"
-    activation_checkpointing: str = "none"
-    parallel: str = "ddp"
-    fsdp_param_dtype: str = "auto"
-    fsdp_reduce_dtype: str = "fp32"
+    compile_scope: str = setting("model", "{model, blocks}")
+    activation_checkpointing: str = setting("none", "{none, full}")
+    parallel: str = setting("ddp", "{ddp, fsdp}")
+    fsdp_param_dtype: str = setting("auto", "{auto, bf16, fp32}")
+    fsdp_reduce_dtype: str = setting("fp32", "{fp32, bf16}")
     async_checkpoint: bool = False
-    device: str = "auto"
-    eval_every: int = 50
-    eval_tokens: int = 65536
-    checkpoint_every: int = 100
-    keep_checkpoints: int = 2
-    log_every: int = 10
-    max_bad_steps: int = 5
-    peak_flops: float | None = None
+    device: str = setting("auto", "{auto, cpu, cuda}")
+    eval_every: int = setting(50, "[0, inf)")
+    eval_tokens: int = setting(65536, "[0, inf)")
+    checkpoint_every: int = setting(100, "[0, inf)")
+    keep_checkpoints: int = setting(2, "[1, inf)")
+    log_every: int = setting(10, "[0, inf)")
+    max_bad_steps: int = setting(5, "[1, inf)")
+    peak_flops: float | None = setting(None, "(0, inf)")
+    restore_nonfinite: bool = True
 
 
 @dataclass
@@ -265,8 +264,16 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
+    def validate(self) -> None:
+        """Every section's declared domains (the model's own checks included)."""
+        self.model.validate()
+        check_domains(self.data, "data")
+        check_domains(self.train, "train")
+
     def resolve(self) -> RunConfig:
         self.model.resolve()
+        check_domains(self.data, "data")
+        check_domains(self.train, "train")
         return self
 
 
@@ -326,6 +333,7 @@ def _dataclass_from(cls: type, data: dict, where: str, sections: tuple[str, ...]
     for key, value in data.items():
         path = f"{where}.{key}" if where else key
         kwargs[key] = _coerce(hints[key], value, path)
+        check_field(cls, key, kwargs[key], path)
     return cls(**kwargs)
 
 
@@ -354,10 +362,7 @@ def _taper_from(data: Any, where: str) -> TaperSpec:
         return TaperSpec.parse(data)
     if isinstance(data, dict):
         spec = from_dict_plain(TaperSpec, data, where)
-        try:
-            spec.validate()
-        except TaperError as err:
-            raise ConfigError(f"{where}: {err}") from None
+        _check_taper(spec, where)
         return spec
     raise ConfigError(
         f"{where} must be a taper spec string (e.g. cosine:1.5:0.5) or a mapping, got {data!r}"
@@ -372,7 +377,20 @@ def from_dict_plain(cls: type, data: dict, where: str) -> Any:
         raise ConfigError(
             f"unknown key(s) in {where}: {', '.join(map(repr, unknown))}. Valid keys: {', '.join(sorted(names))}"
         )
-    return cls(**{k: _coerce(hints[k], v, f"{where}.{k}") for k, v in data.items()})
+    kwargs = {}
+    for key, value in data.items():
+        kwargs[key] = _coerce(hints[key], value, f"{where}.{key}")
+        check_field(cls, key, kwargs[key], f"{where}.{key}")
+    return cls(**kwargs)
+
+
+def _check_taper(spec: TaperSpec, where: str) -> None:
+    """A taper's declared domains, then its own checks (as ConfigError naming `where`)."""
+    check_domains(spec, where)
+    try:
+        spec.validate()
+    except TaperError as err:
+        raise ConfigError(f"{where}: {err}") from None
 
 
 def _coerce(tp: Any, value: Any, path: str) -> Any:

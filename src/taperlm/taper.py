@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
+from taperlm.domains import setting
 from taperlm.errors import TaperError
 
 SCHEDULES = ("uniform", "cosine", "linear", "sigmoid", "groups", "custom")
@@ -61,14 +62,14 @@ class TaperSpec:
         monotone: enforce a monotone result; None = enforce exactly when the multipliers are monotone.
     """
 
-    schedule: str = "uniform"
-    start: float = DEFAULT_START
-    end: float = DEFAULT_END
-    steepness: float = DEFAULT_STEEPNESS
-    groups: list[float] = field(default_factory=list)
-    values: list[float] = field(default_factory=list)
+    schedule: str = setting("uniform", "{" + ", ".join(SCHEDULES) + "}")
+    start: float = setting(DEFAULT_START, "(0, inf)")
+    end: float = setting(DEFAULT_END, "(0, inf)")
+    steepness: float = setting(DEFAULT_STEEPNESS, "(0, inf)")
+    groups: list[float] = setting([], "(0, inf)")
+    values: list[float] = setting([], "(0, inf)")
     values_are_widths: bool = False
-    multiple_of: int = DEFAULT_MULTIPLE_OF
+    multiple_of: int = setting(DEFAULT_MULTIPLE_OF, "[1, inf)")
     monotone: bool | None = None
 
     @classmethod

@@ -8,6 +8,7 @@ import argparse
 from pathlib import Path
 
 from taperlm.config import RunConfig, apply_overrides, clear_resolved_sizes, run_config_from_dict
+from taperlm.domains import number
 from taperlm.presets import config_data
 from taperlm.taper import TaperSpec
 
@@ -32,7 +33,7 @@ def add_model_arguments(
         )
     parser.add_argument(
         "--multiple-of",
-        type=int,
+        type=number(int, "[1, inf)"),
         help="round every width to a multiple of N (default 16, as in the paper)",
     )
     parser.add_argument(

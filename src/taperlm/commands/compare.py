@@ -26,6 +26,7 @@ from taperlm.compare.job import (
     DEFAULT_VAL_TOKENS,
     CompareOptions,
 )
+from taperlm.domains import number
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,10 +52,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(3 equal groups, §3); sweep = cosine/linear/sigmoid x 5 ratios + uniform (§4)",
     )
     parser.add_argument(
-        "--seeds", type=int, default=DEFAULT_SEEDS, help=f"seeds 0..N-1 [{DEFAULT_SEEDS}]"
+        "--seeds",
+        type=number(int, "[1, inf)"),
+        default=DEFAULT_SEEDS,
+        help=f"seeds 0..N-1 [{DEFAULT_SEEDS}]",
     )
     parser.add_argument(
-        "--tokens", type=int, help=f"training tokens per run [default {DEFAULT_TOKENS:,}]"
+        "--tokens",
+        type=number(int, "[1, inf)"),
+        help=f"training tokens per run [default {DEFAULT_TOKENS:,}]",
     )
     parser.add_argument(
         "--data",
@@ -64,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--val-tokens",
-        type=int,
+        type=number(int, "[0, inf)"),
         default=DEFAULT_VAL_TOKENS,
         help=f"validation tokens for the final loss/ppl (0 = whole val split) [{DEFAULT_VAL_TOKENS}]",
     )
@@ -76,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--eval-limit",
-        type=int,
+        type=number(int, "[0, inf)"),
         default=DEFAULT_EVAL_LIMIT,
         help=f"first N items per zero-shot task (0 = all) [{DEFAULT_EVAL_LIMIT}]",
     )
@@ -87,7 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--novelty-tokens",
-        type=int,
+        type=number(int, "[2, inf)"),
         default=DEFAULT_NOVELTY_TOKENS,
         help=f"tokens for the novelty measurement [{DEFAULT_NOVELTY_TOKENS}]",
     )
@@ -106,7 +112,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--threads",
-        type=int,
+        type=number(int, "[1, inf)"),
         default=DEFAULT_THREADS,
         help=f"torch CPU threads per cell [{DEFAULT_THREADS}]; more only helps when there are "
         "more idle cores than cells",

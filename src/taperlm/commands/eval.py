@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from taperlm.domains import number
 from taperlm.errors import ConfigError, DataError
 
 TASK_HELP = (
@@ -36,14 +37,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="local",
         help="local files (default) or the Hugging Face datasets lm-eval downloads",
     )
-    parser.add_argument("--limit", type=int, help="first N items per task (val: N windows)")
-    parser.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass")
+    parser.add_argument(
+        "--limit", type=number(int, "[1, inf)"), help="first N items per task (val: N windows)"
+    )
+    parser.add_argument(
+        "--batch-size", type=number(int, "[1, inf)"), default=16, help="sequences per forward pass"
+    )
     parser.add_argument(
         "--max-length",
-        type=int,
+        type=number(int, "[2, inf)"),
         help="context window for scoring (default: the model's context_length)",
     )
-    parser.add_argument("--step", type=int, help="evaluate checkpoint STEP (default: newest)")
+    parser.add_argument(
+        "--step", type=number(int, "[0, inf)"), help="evaluate checkpoint STEP (default: newest)"
+    )
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument(
         "--dtype",

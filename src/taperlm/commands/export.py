@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from taperlm.domains import number
 from taperlm.errors import ConfigError
 
 
@@ -14,7 +15,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "run", type=Path, help="run directory of `taperlm train` (or a checkpoint dir)"
     )
     parser.add_argument("--out", type=Path, required=True, help="output directory")
-    parser.add_argument("--step", type=int, help="export checkpoint STEP (default: newest)")
+    parser.add_argument(
+        "--step", type=number(int, "[0, inf)"), help="export checkpoint STEP (default: newest)"
+    )
     parser.add_argument(
         "--force", action="store_true", help="write into --out even if it is not empty"
     )

@@ -6,20 +6,33 @@ import argparse
 import sys
 from pathlib import Path
 
+from taperlm.domains import MAX_SEED, number
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "run", type=Path, help="run directory (or checkpoint dir, or `taperlm export` dir)"
     )
     parser.add_argument("--prompt", default="", help="text to continue (default: start from EOS)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=number(int, "[0, inf)"), default=128)
     parser.add_argument(
-        "--temperature", type=float, default=0.8, help="softmax temperature; 0 = greedy"
+        "--temperature",
+        type=number(float, "[0, inf)"),
+        default=0.8,
+        help="softmax temperature; 0 = greedy",
     )
-    parser.add_argument("--top-k", type=int, help="sample from the K most likely tokens")
-    parser.add_argument("--top-p", type=float, help="nucleus sampling: smallest set with mass P")
-    parser.add_argument("--seed", type=int, help="random seed (same seed, same text)")
-    parser.add_argument("--step", type=int, help="use checkpoint STEP (default: newest)")
+    parser.add_argument(
+        "--top-k", type=number(int, "[1, inf)"), help="sample from the K most likely tokens"
+    )
+    parser.add_argument(
+        "--top-p", type=number(float, "(0, 1]"), help="nucleus sampling: smallest set with mass P"
+    )
+    parser.add_argument(
+        "--seed", type=number(int, f"[0, {MAX_SEED}]"), help="random seed (same seed, same text)"
+    )
+    parser.add_argument(
+        "--step", type=number(int, "[0, inf)"), help="use checkpoint STEP (default: newest)"
+    )
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument(
         "--no-cache", action="store_true", help="recompute the prefix every step (no KV cache)"

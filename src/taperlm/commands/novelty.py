@@ -7,6 +7,8 @@ import json
 import math
 from pathlib import Path
 
+from taperlm.domains import number
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -22,19 +24,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "../shared/data, the paper's choice)",
     )
     parser.add_argument(
-        "--tokens", type=int, default=2048, help="input tokens taken from the text (default 2048)"
+        "--tokens",
+        type=number(int, "[2, inf)"),
+        default=2048,
+        help="input tokens taken from the text (default 2048)",
     )
     parser.add_argument(
-        "--seq-len", type=int, help="window length (default: the model's context, at most --tokens)"
+        "--seq-len",
+        type=number(int, "[2, inf)"),
+        help="window length (default: the model's context, at most --tokens)",
     )
-    parser.add_argument("--batch-size", type=int, default=4, help="windows per forward pass")
+    parser.add_argument(
+        "--batch-size", type=number(int, "[1, inf)"), default=4, help="windows per forward pass"
+    )
     parser.add_argument(
         "--include-first",
         action="store_true",
         help="also measure the first token of each window (excluded by default: it attends "
         "only to itself and acts as an attention sink in trained models)",
     )
-    parser.add_argument("--step", type=int, help="run dirs: use checkpoint STEP (default: newest)")
+    parser.add_argument(
+        "--step",
+        type=number(int, "[0, inf)"),
+        help="run dirs: use checkpoint STEP (default: newest)",
+    )
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
     parser.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), help="load the weights as")
     parser.add_argument(

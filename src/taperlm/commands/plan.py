@@ -8,12 +8,15 @@ import json
 from pathlib import Path
 
 from taperlm.commands.common import add_model_arguments, build_run_config
+from taperlm.domains import number
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument(
-        "--seq-len", type=int, help="context for the attention FLOPs (default: the model's)"
+        "--seq-len",
+        type=number(int, "[1, inf)"),
+        help="context for the attention FLOPs (default: the model's)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", type=Path, help="write the width profile as a PNG")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from taperlm.domains import MAX_SEED, number
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -27,19 +29,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     split = parser.add_mutually_exclusive_group()
     split.add_argument(
         "--val-fraction",
-        type=float,
+        type=number(float, "(0, 0.5]"),
         default=None,
         help="fraction of tokens held out for validation, as whole documents [default: 0.01]",
     )
-    split.add_argument("--val-tokens", type=int, default=None, help="validation tokens (instead)")
+    split.add_argument(
+        "--val-tokens",
+        type=number(int, "[2, inf)"),
+        default=None,
+        help="validation tokens (instead)",
+    )
     parser.add_argument(
         "--workers",
-        type=int,
+        type=number(int, "[1, inf)"),
         default=min(2, os.cpu_count() or 1),
         help="tokenizer processes [default: min(2, CPUs)]",
     )
-    parser.add_argument("--max-chars", type=int, default=None, help="cap the corpus (characters)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the validation split")
+    parser.add_argument(
+        "--max-chars",
+        type=number(int, "[1, inf)"),
+        default=None,
+        help="cap the corpus (characters)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=number(int, f"[0, {MAX_SEED}]"),
+        default=0,
+        help="seed of the validation split",
+    )
     parser.add_argument(
         "--force",
         action="store_true",

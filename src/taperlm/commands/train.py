@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from taperlm.commands.common import add_model_arguments, build_run_config
+from taperlm.domains import number
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
         "--stop-after-steps",
-        type=int,
+        type=number(int, "[1, inf)"),
         metavar="N",
         help="stop (with a checkpoint) once N steps are done; rerun to continue",
     )

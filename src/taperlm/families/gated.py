@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from taperlm.domains import setting
 from taperlm.errors import ConfigError
 from taperlm.families.base import Family, ModelFields, attention_params
 from taperlm.families.transformer import attention_block
@@ -22,7 +23,7 @@ class GatedConfig:
         gate: elementwise (d x d gate) or headwise (d x H gate).
     """
 
-    gate: str = "elementwise"
+    gate: str = setting("elementwise", "{" + ", ".join(GATE_KINDS) + "}")
 
 
 def _check_gate(gate: Any, key: str) -> None:

@@ -8,13 +8,13 @@ parameters and FLOPs as the transformer of the same widths, plus one norm per ex
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from taperlm.domains import setting
 from taperlm.errors import ConfigError
-from taperlm.families.base import Family, ModelFields, positive_int, swiglu_params
+from taperlm.families.base import Family, ModelFields, swiglu_params
 from taperlm.families.transformer import attention_mixer_params
 
 
@@ -33,10 +33,10 @@ class HopeConfig:
         level_widths: resolved [layer][level] widths; written by the library, authoritative.
     """
 
-    levels: int = 3
-    level_fractions: list[float] = field(default_factory=lambda: [0.5, 0.25, 0.25])
-    update_periods: list[int] = field(default_factory=lambda: [1, 4, 16])
-    level_widths: list[list[int]] | None = None
+    levels: int = setting(3, "[1, inf)")
+    level_fractions: list[float] = setting([0.5, 0.25, 0.25], "(0, 1]")
+    update_periods: list[int] = setting([1, 4, 16], "[1, inf)")
+    level_widths: list[list[int]] | None = setting(None, "[1, inf)")
 
 
 def split_width(width: int, fractions: list[float], multiple_of: int) -> list[int]:
@@ -66,7 +66,6 @@ def split_width(width: int, fractions: list[float], multiple_of: int) -> list[in
 def _validate(cfg: ModelFields) -> None:
     """One fraction and one period per level; resolved widths split each layer exactly."""
     h: HopeConfig = cfg.options
-    positive_int(h.levels, "model.hope.levels")
     for key in ("level_fractions", "update_periods"):
         n = len(getattr(h, key))
         if n != h.levels:
@@ -74,14 +73,10 @@ def _validate(cfg: ModelFields) -> None:
                 f"model.hope.{key} has {n} entries but model.hope.levels is {h.levels}; "
                 "give one per level"
             )
-    if not all(math.isfinite(f) and f > 0 for f in h.level_fractions) or not (
-        abs(sum(h.level_fractions) - 1) <= 1e-6
-    ):
+    if not abs(sum(h.level_fractions) - 1) <= 1e-6:
         raise ConfigError(
             f"model.hope.level_fractions must be positive and sum to 1, got {h.level_fractions}"
         )
-    for i, p in enumerate(h.update_periods):
-        positive_int(p, f"model.hope.update_periods[{i}]")
     if h.level_widths is not None:
         _validate_level_widths(h, cfg.n_layers, cfg.mlp_widths)
 
@@ -94,8 +89,6 @@ def _validate_level_widths(h: HopeConfig, n_layers: int, mlp_widths: list[int] |
             "delete it to re-resolve from level_fractions"
         )
     for i, r in enumerate(rows):
-        if any(not isinstance(x, int) or x < 1 for x in r):
-            raise ConfigError(f"model.hope.level_widths[{i}] must be positive integers: {r}")
         if mlp_widths is not None and sum(r) != mlp_widths[i]:
             raise ConfigError(
                 f"model.hope.level_widths[{i}] = {r} sums to {sum(r)} but mlp_widths[{i}] is "

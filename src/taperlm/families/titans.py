@@ -12,13 +12,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from taperlm.domains import setting
 from taperlm.errors import ConfigError, TaperError
 from taperlm.families.base import (
     Family,
     ModelFields,
     attention_params,
     attention_span_flops,
-    positive_int,
 )
 from taperlm.taper import TaperSpec, solve_sizes
 
@@ -48,20 +48,21 @@ class TitansConfig:
         memory_widths: resolved per-layer memory hidden widths; written by the library.
     """
 
-    variant: str = "mag"
-    memory_heads: int = 4
-    memory_head_dim: int = 64
-    memory_depth: int = 2
-    memory_expansion: int = 2
-    chunk_size: int = 16
-    conv_kernel: int = 4
-    persistent_tokens: int = 4
-    window: int = 512
-    segment_len: int = 128
-    max_inner_lr: float = 0.1
-    memory_taper: str = "uniform"
-    memory_multiple_of: int = 16
-    memory_widths: list[int] | None = None
+    variant: str = setting("mag", "{" + ", ".join(VARIANTS) + "}")
+    memory_heads: int = setting(4, "[1, inf)")
+    memory_head_dim: int = setting(64, "[1, inf)")
+    memory_depth: int = setting(2, "[2, inf)")
+    memory_expansion: int = setting(2, "[1, inf)")
+    chunk_size: int = setting(16, "[1, inf)")
+    conv_kernel: int = setting(4, "[1, inf)")
+    persistent_tokens: int = setting(4, "[0, inf)")
+    window: int = setting(512, "[1, inf)")
+    segment_len: int = setting(128, "[1, inf)")
+    # the inner step on ||M(k)-v||^2 diverges for large values
+    max_inner_lr: float = setting(0.1, "(0, 1]")
+    memory_taper: str = setting("uniform", "text")
+    memory_multiple_of: int = setting(16, "[1, inf)")
+    memory_widths: list[int] | None = setting(None, "[1, inf)")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -69,28 +70,9 @@ class TitansConfig:
 
 
 def _validate(cfg: ModelFields) -> None:
-    """Shapes, chunking and the memory-width taper (ConfigError names the key)."""
+    """Chunking and the memory-width taper (ConfigError names the key); each option's own
+    range is its declared domain, checked by ModelConfig.validate."""
     t: TitansConfig = cfg.options
-    if t.variant not in VARIANTS:
-        raise ConfigError(f"model.titans.variant {t.variant!r} is unknown; choose mac, mag or mal")
-    for key in (
-        "memory_heads",
-        "memory_head_dim",
-        "memory_expansion",
-        "chunk_size",
-        "conv_kernel",
-        "window",
-        "segment_len",
-        "memory_multiple_of",
-    ):
-        positive_int(getattr(t, key), f"model.titans.{key}")
-    positive_int(t.memory_depth, "model.titans.memory_depth", 2)
-    positive_int(t.persistent_tokens, "model.titans.persistent_tokens", 0)
-    if not isinstance(t.max_inner_lr, (int, float)) or not 0 < t.max_inner_lr <= 1:
-        raise ConfigError(
-            f"model.titans.max_inner_lr must be in (0, 1], got {t.max_inner_lr!r} "
-            "(the inner step on ||M(k)-v||^2 diverges for large values)"
-        )
     if t.variant == "mac" and t.segment_len % t.chunk_size:
         raise ConfigError(
             f"model.titans.segment_len ({t.segment_len}) must be a multiple of "

@@ -54,13 +54,6 @@ from taperlm.training.validation import autocast, uses_bf16, validation_loss
 RESUME_MODES = ("auto", "never", "must")
 # on_step(completed steps, total steps, loss) -> None | "checkpoint" | "stop"
 StepHook = Callable[[int, int, float], "str | None"]
-PRECISIONS = ("auto", "fp32", "bf16")
-CHOICES = {
-    "compile_scope": ("model", "blocks"),
-    "activation_checkpointing": ("none", "full"),
-    "fsdp_param_dtype": ("auto", "bf16", "fp32"),
-    "fsdp_reduce_dtype": ("fp32", "bf16"),
-}
 NAN_ENV = "TAPERLM_INJECT_NAN_AT_STEP"
 
 # Train settings that may change between a run and its resumption: they affect speed, logging
@@ -125,28 +118,9 @@ def accumulation_steps(cfg: TrainConfig, world_size: int) -> int:
 
 
 def validate_train_config(run: RunConfig, world_size: int = 1) -> None:
+    """Every declared domain (`taperlm.domains`), then the checks between train fields."""
+    run.validate()
     t = run.train
-    for key in ("tokens", "batch_tokens", "micro_batch_size", "seq_len", "keep_checkpoints"):
-        if getattr(t, key) < 1:
-            raise ConfigError(f"train.{key} must be >= 1, got {getattr(t, key)}")
-    for key in ("eval_every", "checkpoint_every", "log_every", "warmup_tokens", "eval_tokens"):
-        if getattr(t, key) < 0:
-            raise ConfigError(f"train.{key} must be >= 0, got {getattr(t, key)}")
-    if t.max_bad_steps < 1:
-        raise ConfigError(f"train.max_bad_steps must be >= 1, got {t.max_bad_steps}")
-    if not (t.lr > 0 and math.isfinite(t.lr)):
-        raise ConfigError(f"train.lr must be a positive number, got {t.lr}")
-    if not 0 <= t.min_lr_ratio <= 1:
-        raise ConfigError(f"train.min_lr_ratio must be in [0, 1], got {t.min_lr_ratio}")
-    if t.precision not in PRECISIONS:
-        raise ConfigError(f"train.precision {t.precision!r} is unknown; choose auto, fp32 or bf16")
-    if t.parallel not in ("ddp", "fsdp"):
-        raise ConfigError(f"train.parallel {t.parallel!r} is unknown; choose ddp or fsdp")
-    for key, allowed in CHOICES.items():
-        if getattr(t, key) not in allowed:
-            raise ConfigError(
-                f"train.{key} {getattr(t, key)!r} is unknown; choose {' or '.join(allowed)}"
-            )
     if t.seq_len > run.model.context_length:
         raise ConfigError(
             f"train.seq_len ({t.seq_len}) exceeds model.context_length "

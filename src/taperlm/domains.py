@@ -1,0 +1,232 @@
+"""The values each setting accepts, declared once beside it (pure Python; no torch).
+
+A config field declares its domain with `setting`, and a numeric command-line option with
+`number`:
+
+    beta2: float = setting(0.95, "[0, 1)")
+    precision: str = setting("auto", "{auto, fp32, bf16}")
+    dir: str = setting("", "text")
+    parser.add_argument("--batch-size", type=number(int, "[1, inf)"), default=16)
+
+The domain language:
+
+* an interval `[lo, hi]`, `(lo, hi)`, `[lo, hi)`, ... with `inf` for no bound: a number inside
+  it (NaN never is; +-inf only through a closed `inf]` / `[-inf` end);
+* a set of choices `{a, b, c}` (strings), or `Domain.choice_of(callable)` when the set is a
+  registry that can grow (model families);
+* `text`: any string (checked by its own parser, e.g. a taper spec or a path).
+
+A list field's domain applies to each element (nested lists too); None passes where the field's
+type allows it. `check_domains` walks a config dataclass, `check_arguments` the parsed options of
+a command; both raise ConfigError `KEY must be in DOMAIN, got VALUE` before anything is written.
+Checks that relate several fields (seq_len <= context_length, ...) stay in the validate functions.
+tests/test_domains.py finds every numeric or string field of every config section and every
+numeric option of every command by introspection and fails on one without a domain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from taperlm.errors import ConfigError
+
+DOMAIN_KEY = "domain"  # the dataclasses.field metadata key
+MAX_SEED = 2**32 - 1  # seeds of every RNG taperlm seeds (numpy's legacy seed is 32-bit)
+
+
+@dataclass(frozen=True)
+class Domain:
+    """One declared domain (see the module docstring for the spec language)."""
+
+    spec: str
+    lo: float = -math.inf
+    hi: float = math.inf
+    lo_closed: bool = False
+    hi_closed: bool = False
+    choices: tuple[str, ...] | Callable[[], Iterable[str]] | None = None
+    text: bool = False
+
+    @classmethod
+    def parse(cls, spec: str) -> Domain:
+        s = spec.strip()
+        if s == "text":
+            return cls(spec=s, text=True)
+        if s.startswith("{") and s.endswith("}"):
+            items = tuple(x.strip() for x in s[1:-1].split(",") if x.strip())
+            if not items:
+                raise ValueError(f"domain {spec!r} has no choices")
+            return cls(spec=s, choices=items)
+        if len(s) >= 5 and s[0] in "[(" and s[-1] in "])" and "," in s:
+            lo_text, hi_text = (x.strip() for x in s[1:-1].split(",", 1))
+            lo, hi = float(lo_text), float(hi_text)
+            if not lo <= hi or math.isnan(lo) or math.isnan(hi):
+                raise ValueError(f"domain {spec!r}: empty interval")
+            return cls(spec=s, lo=lo, hi=hi, lo_closed=s[0] == "[", hi_closed=s[-1] == "]")
+        raise ValueError(
+            f"domain {spec!r}: expected an interval like [0, 1), a set like {{a, b}}, or text"
+        )
+
+    @classmethod
+    def choice_of(cls, names: Callable[[], Iterable[str]], label: str) -> Domain:
+        """Choices read when checked (a registry that may grow), e.g. the model families."""
+        return cls(spec=label, choices=names)
+
+    @property
+    def numeric(self) -> bool:
+        return self.choices is None and not self.text
+
+    def allowed(self) -> tuple[str, ...]:
+        c = self.choices
+        return tuple(c() if callable(c) else c or ())
+
+    def contains(self, value: Any) -> bool:
+        """Whether one (non-list) value is inside."""
+        if self.text:
+            return isinstance(value, str)
+        if self.choices is not None:
+            return isinstance(value, str) and value in self.allowed()
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if math.isnan(value):
+            return False
+        above = value > self.lo or (self.lo_closed and value == self.lo)
+        below = value < self.hi or (self.hi_closed and value == self.hi)
+        return above and below
+
+    def describe(self) -> str:
+        """The allowed range as the error messages name it: `>= 1`, `> 0`, `in [0, 1)`,
+        `one of auto, fp32, bf16`."""
+        if self.text:
+            return "a string"
+        if self.choices is not None:
+            return "one of " + ", ".join(self.allowed())
+        if self.hi == math.inf and not self.hi_closed and self.lo > -math.inf:
+            return f"{'>=' if self.lo_closed else '>'} {_num(self.lo)}"
+        if self.lo == -math.inf and not self.lo_closed and self.hi < math.inf:
+            return f"{'<=' if self.hi_closed else '<'} {_num(self.hi)}"
+        return f"in {self.spec}"
+
+    def check(self, value: Any, key: str) -> None:
+        """ConfigError naming `key` and the domain unless `value` (each element of a list,
+        None aside) is inside."""
+        if value is None:
+            return
+        if isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                self.check(v, f"{key}[{i}]")
+            return
+        if not self.contains(value):
+            raise ConfigError(f"{key} must be {self.describe()}, got {value!r}")
+
+    def outside(self, integer: bool) -> list[Any]:
+        """Values just outside the domain, one beyond each finite end (and NaN, +-inf for
+        floats where they are outside): what tests that walk every setting try."""
+        if self.text:
+            return []
+        if self.choices is not None:
+            return ["no-such-choice"]
+        step = 1 if integer else 0.5
+        out: list[Any] = []
+        if self.lo > -math.inf:
+            lo = int(self.lo) if integer else self.lo
+            out.append(lo - step if self.lo_closed else lo)
+        if self.hi < math.inf:
+            hi = int(self.hi) if integer else self.hi
+            out.append(hi + step if self.hi_closed else hi)
+        if not integer:
+            out.append(math.nan)
+            if not self.hi_closed or self.hi < math.inf:
+                out.append(math.inf)
+            if not self.lo_closed or self.lo > -math.inf:
+                out.append(-math.inf)
+        return out
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(x)
+
+
+def domain_of(spec: str | Domain) -> Domain:
+    return spec if isinstance(spec, Domain) else Domain.parse(spec)
+
+
+def setting(default: Any = dataclasses.MISSING, domain: str | Domain = "text", **meta: Any):
+    """A dataclass field with its default and its domain (a list default is copied per instance)."""
+    metadata = {DOMAIN_KEY: domain_of(domain), **meta}
+    if isinstance(default, list):
+        value = list(default)
+        return dataclasses.field(default_factory=lambda: list(value), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def field_domain(f: dataclasses.Field) -> Domain | None:
+    return f.metadata.get(DOMAIN_KEY)
+
+
+def check_domains(obj: Any, where: str) -> None:
+    """Check every field of config dataclass `obj` that declares a domain, and recurse into
+    nested config dataclasses (not into `section` fields: their owner checks them under their
+    own name); ConfigError naming `where.field`."""
+    for f in dataclasses.fields(obj):
+        if f.metadata.get("section"):
+            continue
+        value = getattr(obj, f.name)
+        key = f"{where}.{f.name}" if where else f.name
+        dom = field_domain(f)
+        if dom is not None:
+            dom.check(value, key)
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            check_domains(value, key)
+
+
+def check_field(cls: type, name: str, value: Any, key: str) -> None:
+    """Check one value read for field `name` of dataclass `cls` (e.g. from YAML or --set)."""
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            dom = field_domain(f)
+            if dom is not None:
+                dom.check(value, key)
+            return
+
+
+# ----------------------------------------------------------------------------------------------
+# command-line options
+
+
+class Number:
+    """An argparse `type` that parses an int or float and carries the option's domain
+    (checked by `check_arguments` after parsing, so the error is one line like every other)."""
+
+    def __init__(self, kind: type, domain: str | Domain) -> None:
+        self.kind = kind
+        self.domain = domain_of(domain)
+        self.__name__ = kind.__name__  # argparse names the type in "invalid int value"
+
+    def __call__(self, text: str) -> int | float:
+        return self.kind(text)
+
+    def __repr__(self) -> str:
+        return f"number({self.kind.__name__}, {self.domain.spec!r})"
+
+
+def number(kind: type, domain: str | Domain) -> Number:
+    """`type=number(int, "[1, inf)")` for a numeric command-line option."""
+    if kind not in (int, float):
+        raise TypeError(f"number() takes int or float, not {kind!r}")
+    return Number(kind, domain)
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """ConfigError naming the option and its domain for the first parsed value outside it."""
+    for action in parser._actions:
+        kind = action.type
+        if not isinstance(kind, Number):
+            continue
+        value = getattr(args, action.dest, None)
+        name = action.option_strings[0] if action.option_strings else action.dest
+        kind.domain.check(value, name)
