@@ -36,6 +36,12 @@ Child mode (also the torchrun entry point of tests/test_torchrun_restart.py):
                                            parameters, gradients and optimizer state at the
                                            first step, and the peak RSS at exit (the 440M dry
                                            run, tests/test_scale_dryrun.py)
+         TAPERLM_HARNESS_START_AT=T        start the command at unix time T (two writers racing)
+
+Two writers (`--two-writers N`): N trials in which two processes train the same run dir, started
+at the same instant or up to a second apart; exactly one may write (the other stops with an error
+naming the holder, or finds the run finished), their lock-holding intervals never overlap, and
+the run is bitwise the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ import argparse
 import contextlib
 import hashlib
 import importlib
+import itertools
 import json
 import os
 import random
@@ -61,6 +68,7 @@ DIE_STEP_ENV = "TAPERLM_HARNESS_DIE_AT_STEP"
 DIE_RANK_ENV = "TAPERLM_HARNESS_DIE_RANK"
 PAUSE_STEP_ENV = "TAPERLM_HARNESS_PAUSE_AT_STEP"
 MEASURE_ENV = "TAPERLM_HARNESS_MEASURE"
+START_AT_ENV = "TAPERLM_HARNESS_START_AT"
 DIE_CODE = 17
 
 # 16 optimizer steps of 128 tokens; checkpoint every step, keep 2 (so pruning runs every step).
@@ -165,6 +173,27 @@ def install_hooks() -> None:
 
     loop.Trainer._restore = restore  # type: ignore[method-assign]
 
+    from taperlm import runlock
+
+    real_acquire, real_release = runlock.RunLock.acquire, runlock.RunLock.release
+
+    def acquire(self):
+        try:
+            out = real_acquire(self)
+        except Exception:
+            _log({"event": "lock_refused", "t": time.time(), "dir": str(self.directory)})
+            raise
+        _log({"event": "lock", "t": time.time(), "dir": str(self.directory)})
+        return out
+
+    def release(self):
+        if self.held:
+            _log({"event": "unlock", "t": time.time(), "dir": str(self.directory)})
+        return real_release(self)
+
+    runlock.RunLock.acquire = acquire  # type: ignore[method-assign]
+    runlock.RunLock.release = release  # type: ignore[method-assign]
+
     pause_at = int(os.environ.get(PAUSE_STEP_ENV, "0") or 0)
     if pause_at:
         from taperlm.training import checkpoint
@@ -251,6 +280,9 @@ def child_main(argv: list[str]) -> int:
         install_measurements()
     from taperlm.cli import main
 
+    start_at = float(os.environ.get(START_AT_ENV, "0") or 0)
+    if start_at:
+        time.sleep(max(0.0, start_at - time.time()))
     try:
         return main(argv)
     finally:
@@ -608,6 +640,51 @@ def run_trial(
     return TrialResult(attempts, failures)
 
 
+def two_writers_trial(
+    data: Path, ref: Path, work: Path, rng: random.Random, spawn: str = "fork"
+) -> TrialResult:
+    """Two `taperlm train` processes on one fresh run dir, the second starting 0-1 s after the
+    first (a third of the trials at the same instant). Checks: no traceback; each exits 0 or
+    stops with `is in use by pid <the other>`; never both refused; the lock-holding intervals
+    (logged by the children) do not overlap; the run is bitwise the uninterrupted one."""
+    run, log = work / "run", work / "log.jsonl"
+    failures: list[str] = []
+    gap = 0.0 if rng.random() < 1 / 3 else rng.uniform(0.0, 1.0)
+    start = time.time() + 0.3
+    children = []
+    for i, offset in enumerate((0.0, gap)):
+        env = {START_AT_ENV: repr(start + offset)}
+        children.append(start_child(train_argv(data, run), log, work / f"w{i}.out", spawn, env))
+    codes = [c.wait() for c in children]
+    texts = [(work / f"w{i}.out").read_text(errors="replace") for i in range(2)]
+    pids = [c.pid for c in children]
+    for i, (rc, text) in enumerate(zip(codes, texts)):
+        if "Traceback" in text:
+            failures.append(f"writer {i}: traceback: {text[-1500:]}")
+        if rc == 2:
+            holder = f"is in use by pid {pids[1 - i]} "
+            if holder not in text and "it has not recorded itself yet" not in text:
+                failures.append(f"writer {i}: refused without naming the holder: {text[-600:]}")
+        elif rc != 0:
+            failures.append(f"writer {i}: exit code {rc}: {text[-1500:]}")
+    if codes == [2, 2]:
+        failures.append("both writers were refused")
+    events = [e for e in read_log(log) if e["event"] in ("lock", "unlock") and e["dir"] == str(run)]
+    spans: dict[int, list[float]] = {}
+    for e in events:
+        spans.setdefault(e["pid"], []).append(e["t"])
+    intervals = sorted((ts[0], ts[-1]) for ts in spans.values() if len(ts) == 2)
+    if len(intervals) != len(spans):
+        failures.append(f"unbalanced lock events: {events}")
+    for (_, a_end), (b_start, _) in itertools.pairwise(intervals):
+        if b_start < a_end:
+            failures.append(f"two writers held the run dir at once: {intervals}")
+    if not failures:
+        failures += compare_runs(run, ref)
+    attempts = [Attempt(mode="writer", expected_resume=None, rc=rc, killed=False) for rc in codes]
+    return TrialResult(attempts, failures)
+
+
 def compare_runs(run: Path, ref: Path) -> list[str]:
     """Differences between a (resumed) run and the uninterrupted reference: [] if identical."""
     import torch
@@ -692,6 +769,44 @@ def many_trials(
     return summary
 
 
+def many_two_writer_trials(
+    trials: int, seed: int, work: Path, spawn: str = "fork", verbose: bool = True
+) -> dict[str, Any]:
+    import shutil
+
+    preload()
+    work.mkdir(parents=True, exist_ok=True)
+    data = prepare_data(work / "data")
+    ref = work / "ref" / "run"
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    reference_run(data, ref, spawn)
+    rng = random.Random(seed)
+    t0 = time.perf_counter()
+    results = []
+    for i in range(trials):
+        twork = work / f"trial{i:03d}"
+        twork.mkdir(parents=True, exist_ok=True)
+        res = two_writers_trial(data, ref, twork, rng, spawn)
+        results.append(res)
+        if verbose:
+            codes = [a.rc for a in res.attempts]
+            print(f"trial {i}: {'ok' if res.ok else 'FAIL'} exits {codes} {res.failures[:1]}")
+        if res.ok:
+            shutil.rmtree(twork, ignore_errors=True)
+    codes = [tuple(a.rc for a in r.attempts) for r in results]
+    return {
+        "two_writer_trials": trials,
+        "seed": seed,
+        "spawn": spawn,
+        "passed": sum(r.ok for r in results),
+        "failed": [i for i, r in enumerate(results) if not r.ok],
+        "failures": [f for r in results for f in r.failures][:20],
+        "one_refused": sum(c.count(2) == 1 for c in codes),
+        "both_finished_one_after_the_other": sum(c == (0, 0) for c in codes),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
@@ -703,11 +818,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spawn", choices=("fork", "exec"), default="fork")
     p.add_argument("--work", type=Path, help="scratch dir (default: a new temp dir)")
     p.add_argument("--json", type=Path, help="also write the summary here")
+    p.add_argument(
+        "--two-writers", type=int, metavar="N", help="instead: N trials of two racing writers"
+    )
     a = p.parse_args(argv)
     import tempfile
 
     work = a.work or Path(tempfile.mkdtemp(prefix="taperlm-faults-"))
-    summary = many_trials(a.trials, a.seed, work, a.spawn, a.max_kills)
+    if a.two_writers:
+        summary = many_two_writer_trials(a.two_writers, a.seed, work, a.spawn)
+    else:
+        summary = many_trials(a.trials, a.seed, work, a.spawn, a.max_kills)
     text = json.dumps(summary, indent=2)
     print(text)
     if a.json:

@@ -158,7 +158,7 @@ def test_prepare_errors_name_the_problem(tmp_path: Path, capsys) -> None:
         )
         == 2
     )
-    assert "--val-fraction 0.9 must be in (0, 0.5]" in capsys.readouterr().err
+    assert "--val-fraction must be in (0, 0.5], got 0.9" in capsys.readouterr().err
 
 
 def test_single_document_uses_tail_split(tmp_path: Path) -> None:

@@ -113,7 +113,9 @@ def test_every_field_declares_a_domain():
         for where, name, tp, _, dom in config_fields()
         if dom is None and tp in (int, float, str)
     ]
-    assert not missing, f"config fields without a declared domain (taperlm.domains.setting): {missing}"
+    assert not missing, (
+        f"config fields without a declared domain (taperlm.domains.setting): {missing}"
+    )
     typed = [(f"{w}.{n}", tp, d) for w, n, tp, _, d in config_fields() if d is not None]
     wrong = [k for k, tp, d in typed if (tp is str) == d.numeric]
     assert not wrong, f"numeric domain on a string field or the reverse: {wrong}"

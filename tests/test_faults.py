@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import random
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -277,6 +281,159 @@ def test_repeated_non_finite_gradients_stop_with_message(setup, tmp_path, monkey
 
 
 # ----------------------------------------------------------------------------------------------
+# 3b. non-finite weights after a step whose loss and gradient were finite (issue 16, class 2)
+
+
+def _trainer(data: Path, run: Path, *sets: str):
+    from taperlm.cli import build_parser
+    from taperlm.commands.train import _resolve_config
+    from taperlm.training.loop import Trainer
+
+    args = build_parser("train").parse_args(H.train_argv(data, run, *sets))
+    return Trainer(_resolve_config(args), run)
+
+
+def _corrupt_after_step(trainer, at_steps: set[int], where: str, value: float) -> None:
+    """After the optimizer's real update at the given (1-based) steps, write `value` into one
+    entry of a parameter (`param`) or of its Adam state (`exp_avg`, `exp_avg_sq`)."""
+    real = trainer.optimizer.step
+    w = trainer.model.blocks[0].mlp.w_in.weight
+
+    def step(*a, **k):
+        out = real(*a, **k)
+        if trainer.step + 1 in at_steps:
+            with torch.no_grad():
+                target = w if where == "param" else trainer.optimizer.state[w][where]
+                target.view(-1)[7] = value
+        return out
+
+    trainer.optimizer.step = step
+
+
+def _optimizer_tensors(trainer) -> dict[tuple[int, str], torch.Tensor]:
+    return {
+        (i, k): v.clone()
+        for i, (p, st) in enumerate(trainer.optimizer.state.items())
+        for k, v in st.items()
+        if isinstance(v, torch.Tensor)
+    }
+
+
+def _all_checkpoints_finite(run: Path) -> list[int]:
+    from safetensors.torch import load_file
+
+    steps = []
+    for step, path in ckpt.list_checkpoints(run):
+        weights = load_file(str(path / "model.safetensors"))
+        state = torch.load(path / "state.pt", weights_only=True)
+        moments = [
+            v
+            for st in state["optimizer"]["state"].values()
+            for k, v in st.items()
+            if k != "step" and isinstance(v, torch.Tensor)
+        ]
+        assert moments and all(torch.isfinite(t).all() for t in [*weights.values(), *moments])
+        steps.append(step)
+    return steps
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [("param", float("inf")), ("param", float("nan")), ("exp_avg", float("nan")),
+     ("exp_avg_sq", float("inf"))],
+)  # fmt: skip
+def test_non_finite_update_is_undone_and_skipped(setup, tmp_path, where, value):
+    """Loss and gradient finite, but the update leaves NaN/inf in a weight or in Adam's state:
+    the step is undone -- weights and optimizer state bitwise as before it -- counted as
+    skipped, and training goes on; every checkpoint is finite."""
+    data, _, _ = setup
+    run = tmp_path / "run"
+    trainer = _trainer(data, run)
+    try:
+        trainer.fit(progress=False, stop_after=2)
+        weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        adam = _optimizer_tensors(trainer)
+        _corrupt_after_step(trainer, {3}, where, value)
+        trainer.fit(progress=False, stop_after=3)
+        now = trainer.model.state_dict()
+        assert all(torch.equal(weights[k], now[k]) for k in weights)
+        after = _optimizer_tensors(trainer)
+        assert after.keys() == adam.keys()
+        assert all(torch.equal(adam[k], after[k]) for k in adam)
+        res = trainer.fit(progress=False)
+    finally:
+        trainer.close()
+    assert res.step == 16 and res.skipped_steps == 1
+    recs = [r for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
+    assert isinstance(recs[2]["loss"], float) and isinstance(recs[2]["grad_norm"], float)
+    assert [r["skipped_steps"] for r in recs[:4]] == [0, 0, 1, 1]
+    assert _all_checkpoints_finite(run) == [15, 16]
+
+
+def test_non_finite_update_stops_without_the_copy(setup, tmp_path):
+    """train.restore_nonfinite false: such a step stops the run (naming the tensor), before any
+    checkpoint of it; the earlier checkpoints are finite and intact."""
+    from taperlm.errors import TrainingError
+
+    data, _, _ = setup
+    run = tmp_path / "run"
+    trainer = _trainer(data, run, "train.restore_nonfinite=false")
+    try:
+        _corrupt_after_step(trainer, {5}, "exp_avg_sq", float("nan"))
+        with pytest.raises(TrainingError) as err:
+            trainer.fit(progress=False)
+    finally:
+        trainer.close()
+    msg = str(err.value)
+    assert "step 5 left NaN/inf in blocks.0.mlp.w_in.weight:exp_avg_sq" in msg
+    assert "step_00000004 is intact" in msg and "train.restore_nonfinite" in msg
+    assert _all_checkpoints_finite(run) == [3, 4]
+
+
+@pytest.mark.parametrize(
+    ("sets", "what"),
+    [
+        (("train.lr=1e30", "train.weight_decay=1e10"), "blocks."),  # weights become inf
+        (("train.lr=1e39",), "the optimizer's update (value cannot be converted"),  # torch raises
+    ],
+    ids=["decay_overflows_weights", "step_size_overflows_float32"],
+)
+def test_settings_that_overflow_the_update_never_reach_a_checkpoint(
+    setup, tmp_path, capsys, sets, what
+):
+    """In-domain but absurd settings make the very first update overflow (loss and gradient
+    finite): every such update is undone, the run stops after max_bad_steps naming what
+    overflowed, and nothing was checkpointed."""
+    data, _, _ = setup
+    run = tmp_path / "run"
+    sets = (*sets, "train.warmup_tokens=0", "train.max_bad_steps=2")
+    rc, _, err = _run_cli(H.train_argv(data, run, *sets), capsys)
+    assert rc == 2 and "Traceback" not in err, err
+    assert "2 consecutive steps (up to step 2)" in err and f"left NaN/inf in {what}" in err, err
+    assert "no checkpoint was written yet" in err
+    assert not (run / "checkpoints").exists() or not ckpt.list_checkpoints(run)
+
+
+def test_checkpoint_refuses_non_finite_state(setup, tmp_path):
+    """Defence in depth: whatever put a NaN into the weights, `save` will not write it."""
+    from taperlm.errors import TrainingError
+
+    data, _, _ = setup
+    run = tmp_path / "run"
+    trainer = _trainer(data, run)
+    try:
+        trainer.fit(progress=False, stop_after=1)
+        before = H.snapshot(run / "checkpoints")
+        with torch.no_grad():
+            trainer.model.blocks[1].mixer.qkv.weight.view(-1)[0] = float("nan")
+        with pytest.raises(TrainingError, match=r"refusing to checkpoint step 1: blocks\.1"):
+            trainer.save()
+        assert H.snapshot(run / "checkpoints") == before
+    finally:
+        trainer.close()
+
+
+# ----------------------------------------------------------------------------------------------
 # 4. storage faults outside the checkpoint write
 
 
@@ -357,3 +514,150 @@ def test_checkpoint_dir_unwritable_at_first_save(setup, tmp_path, capsys, monkey
     assert "could not write checkpoint" in err and "Read-only file system" in err
     assert "no earlier checkpoint" in err
     assert not (run / "checkpoints").exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. one writer per run dir (issue 16, class 4)
+
+
+def test_two_concurrent_writers(setup, tmp_path):
+    """Two `taperlm train` processes on one run dir, racing (same instant or up to 1 s apart):
+    one writes, the other stops at once naming the holder (or finds the run finished); the lock
+    intervals never overlap and the run is bitwise the uninterrupted one. 3 trials here; the
+    slow test runs 30 and `python tests/fault_harness.py --two-writers N` any number."""
+    data, ref, _ = setup
+    rng = random.Random(16)
+    codes = []
+    for i in range(3):
+        work = tmp_path / f"t{i}"
+        work.mkdir()
+        res = H.two_writers_trial(data, ref, work, rng)
+        assert res.ok, (i, res.failures)
+        codes.append(tuple(a.rc for a in res.attempts))
+    assert any(2 in c for c in codes), codes  # the race was real at least once
+
+
+@pytest.mark.slow
+def test_two_concurrent_writers_many_trials(setup, tmp_path):
+    data, ref, _ = setup
+    rng = random.Random(1616)
+    for i in range(30):
+        work = tmp_path / f"t{i}"
+        work.mkdir()
+        res = H.two_writers_trial(data, ref, work, rng)
+        assert res.ok, (i, res.failures)
+
+
+def _hold_lock_in_child(directory: Path, what: str = "run dir") -> int:
+    """Fork a process that takes `directory`'s lock and sleeps; returns its pid once it holds."""
+    from taperlm.runlock import RunLock
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        try:
+            os.close(r)
+            RunLock(directory, what).acquire()
+            os.write(w, b"1")
+            time.sleep(120)
+        finally:
+            os._exit(0)
+    os.close(w)
+    assert os.read(r, 1) == b"1"
+    os.close(r)
+    return pid
+
+
+def _kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+
+
+def test_lock_names_its_holder_and_dies_with_it(setup, tmp_path, capsys):
+    """A run dir held by another process: `taperlm train` stops before touching anything, naming
+    the holder's pid, host and command; once the holder is SIGKILLed the lock is free at once
+    (nothing stale to clean up) and the run trains."""
+    import socket
+
+    data, _, _ = setup
+    run = tmp_path / "run"
+    _stopped_run(data, run, 2, capsys)
+    holder = _hold_lock_in_child(run)
+    before = H.snapshot(run)
+    try:
+        rc, _, err = _run_cli(H.train_argv(data, run), capsys)
+        assert rc == 2 and err.count("\n") == 1, err
+        assert f"run dir {run} is in use by pid {holder} on {socket.gethostname()}" in err
+        assert "started" in err and "wait for it to finish" in err
+        assert H.snapshot(run) == before
+    finally:
+        _kill(holder)
+    rc, _, err = _run_cli(H.train_argv(data, run), capsys)
+    assert rc == 0, err
+    assert (run / ".lock").read_text() == ""  # released: an idle run holds an empty lock file
+
+
+def test_failed_start_leaves_no_empty_run_dir(setup, tmp_path, capsys):
+    """A start that fails after the run dir was created and locked (here: --resume must on a
+    fresh dir) removes what it created."""
+    data, _, _ = setup
+    run = tmp_path / "fresh"
+    rc, _, err = _run_cli([*H.train_argv(data, run), "--resume", "must"], capsys)
+    assert rc == 2 and "has no checkpoint" in err
+    assert not run.exists()
+
+
+def test_compare_folder_and_cells_are_locked(setup, tmp_path, capsys):
+    """A comparison folder in use, and a cell's run dir in use (e.g. by a `taperlm train` on
+    it): compare stops naming the holder."""
+    data, _, _ = setup
+    out = tmp_path / "cmp"
+    out.mkdir()
+    argv = [
+        "compare", "--preset", "transformer-tiny", "--data", str(data), "--out", str(out),
+        "--tapers", "uniform", "--seeds", "1", "--tokens", "256", "--val-tokens", "64",
+        "--novelty-tokens", "64", "--threads", "1", "--no-progress",
+        *[x for s in H.TINY_SETS[:6] for x in ("--set", s)],
+        "--set", "train.seq_len=32", "--set", "train.micro_batch_size=2",
+        "--set", "train.batch_tokens=64", "--set", "train.eval_tokens=64",
+    ]  # fmt: skip
+    holder = _hold_lock_in_child(out, "comparison folder")
+    try:
+        rc, _, err = _run_cli(argv, capsys)
+        assert rc == 2 and f"comparison folder {out} is in use by pid {holder}" in err, err
+    finally:
+        _kill(holder)
+    cell = out / "runs" / "uniform-s0"
+    cell.mkdir(parents=True)
+    holder = _hold_lock_in_child(cell)
+    try:
+        rc, _, err = _run_cli(argv, capsys)
+        assert rc == 2 and f"run dir {cell} is in use by pid {holder}" in err, err
+        assert not (cell / "checkpoints").exists()
+    finally:
+        _kill(holder)
+
+
+def test_pruning_never_touches_a_live_process_temp_checkpoint(setup, tmp_path, capsys):
+    """Temp checkpoint dirs named after a live process (a write in progress) survive pruning;
+    those of dead processes (killed mid-write) are removed."""
+    data, _, _ = setup
+    run = tmp_path / "run"
+    _stopped_run(data, run, 2, capsys)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    root = run / "checkpoints"
+    names = [f".tmp-step_00000009-{live.pid}", f".tmp-old-step_00000001-{live.pid}"]
+    stale = [f".tmp-step_00000009-{dead.pid}", f".tmp-old-step_00000001-{dead.pid}"]
+    try:
+        for n in names + stale:
+            (root / n).mkdir()
+            (root / n / "model.safetensors").write_bytes(b"partial")
+        _stopped_run(data, run, 4, capsys)  # two more saves, each pruning
+        left = {p.name for p in root.iterdir() if p.name.startswith(".tmp-")}
+        assert left == set(names)
+        assert (root / names[0] / "model.safetensors").read_bytes() == b"partial"
+    finally:
+        live.kill()
+        live.wait()

@@ -27,10 +27,13 @@ numeric option of every command by introspection and fails on one without a doma
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from taperlm.errors import ConfigError
@@ -221,12 +224,117 @@ def number(kind: type, domain: str | Domain) -> Number:
     return Number(kind, domain)
 
 
+class PathArg:
+    """An argparse `type` for a path the command writes (`output_path`) or reads
+    (`input_path`); `check_arguments` checks every output before the command starts."""
+
+    def __init__(self, role: str, kind: str, text: bool = False) -> None:
+        self.role = role  # output | input
+        self.kind = kind  # dir | file (outputs); any (inputs)
+        self.text = text  # inputs that may also be a name (hf:NAME, bpe:N): keep the string
+        self.__name__ = "path"
+
+    def __call__(self, text: str) -> Path | str:
+        if self.text or not text.strip():
+            return text  # an empty output path is reported by check_arguments
+        return Path(text).expanduser()
+
+    def __repr__(self) -> str:
+        return f"{self.role}_path({self.kind!r})"
+
+
+def output_path(kind: str) -> PathArg:
+    """`type=output_path("dir")` (a folder the command creates or fills) or `"file"`."""
+    if kind not in ("dir", "file"):
+        raise ValueError(f"output_path kind must be dir or file, not {kind!r}")
+    return PathArg("output", kind)
+
+
+def input_path(text: bool = False) -> PathArg:
+    """`type=input_path()` for a path the command reads (an output may not be the same path);
+    `text=True` keeps the string (options that also take names such as hf:NAME)."""
+    return PathArg("input", "any", text)
+
+
+def _name(action: argparse.Action) -> str:
+    return action.option_strings[0] if action.option_strings else action.dest.upper()
+
+
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """ConfigError naming the option and its domain for the first parsed value outside it."""
+    """ConfigError for the first numeric value outside its domain, or output path that cannot
+    be written (see `check_output`), naming the option."""
+    inputs = []
+    for action in parser._actions:
+        if isinstance(action.type, PathArg) and action.type.role == "input":
+            value = getattr(args, action.dest, None)
+            if value not in (None, "") and Path(value).exists():
+                inputs.append((_name(action), Path(value)))
     for action in parser._actions:
         kind = action.type
-        if not isinstance(kind, Number):
-            continue
         value = getattr(args, action.dest, None)
-        name = action.option_strings[0] if action.option_strings else action.dest
-        kind.domain.check(value, name)
+        if isinstance(kind, Number):
+            kind.domain.check(value, _name(action))
+        elif isinstance(kind, PathArg) and kind.role == "output" and value is not None:
+            check_output(value, kind.kind, _name(action), inputs)
+
+
+def check_output(
+    path: str | Path, kind: str, name: str, inputs: Iterable[tuple[str, Path]] = ()
+) -> None:
+    """ConfigError unless `path` can be written as a folder (`kind` dir) or a file (`kind` file)
+    before any work starts: not empty; not a file where a folder is expected or the reverse; not
+    under a file; in a place where this process can create files (tried, not assumed: root and
+    read-only mounts make permission bits misleading); not one of the command's `inputs`."""
+    text = str(path)
+    want = "folder" if kind == "dir" else "file path"
+    if not text.strip():
+        raise ConfigError(f"{name} is an empty path; give a {want}")
+    p = Path(text).expanduser()
+    if kind == "dir" and p.exists() and not p.is_dir():
+        raise ConfigError(
+            f"{name} {p} is a file, not a folder; choose a folder (created if missing)"
+        )
+    if kind == "file" and p.is_dir():
+        raise ConfigError(
+            f"{name} {p} is a folder, not a file; give a file path such as {p / 'out.json'}"
+        )
+    for other, q in inputs:
+        if p.exists() and _same(p, q):
+            raise ConfigError(
+                f"{name} {p} is the same path as {other} {q}, which this command reads; choose "
+                "another path"
+            )
+    where = p if kind == "dir" and p.is_dir() else p.parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if not where.is_dir():
+        raise ConfigError(f"{name} {p} cannot be created: {where} is a file, not a folder")
+    problem = _cannot_write_in(where)
+    if problem:
+        raise ConfigError(
+            f"{name} {p} cannot be written: {where} does not accept new files ({problem}); "
+            "choose another place or fix its permissions"
+        )
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return a.resolve() == b.resolve()
+
+
+def _cannot_write_in(folder: Path) -> str | None:
+    """None if a file can be created in `folder` (a probe file is created and removed), else
+    the OS error."""
+    probe = folder / f".taperlm-probe-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return None
+    except OSError as err:
+        return err.strerror or str(err)
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return None

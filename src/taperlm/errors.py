@@ -27,3 +27,7 @@ class CheckpointError(TaperlmError):
 class TrainingError(TaperlmError):
     """Training cannot continue (e.g. repeated non-finite losses); the last good checkpoint is
     intact."""
+
+
+class RunInUseError(TaperlmError):
+    """Another process is writing this run directory (its lock names the holder)."""

@@ -5,10 +5,9 @@ config assembly of plan and train. No torch import."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from taperlm.config import RunConfig, apply_overrides, clear_resolved_sizes, run_config_from_dict
-from taperlm.domains import number
+from taperlm.domains import input_path, number
 from taperlm.presets import config_data
 from taperlm.taper import TaperSpec
 
@@ -24,7 +23,7 @@ def add_model_arguments(
     src.add_argument(
         "--preset", help=f"named model preset ({default}see `taperlm plan --list-presets`)"
     )
-    src.add_argument("--config", type=Path, help="YAML config file (model:, data:, train:)")
+    src.add_argument("--config", type=input_path(), help="YAML config file (model:, data:, train:)")
     if taper:
         parser.add_argument(
             "--taper",

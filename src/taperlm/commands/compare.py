@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from pathlib import Path
 
 from taperlm.commands.common import add_model_arguments
 from taperlm.compare.job import (
@@ -26,7 +25,7 @@ from taperlm.compare.job import (
     DEFAULT_VAL_TOKENS,
     CompareOptions,
 )
-from taperlm.domains import number
+from taperlm.domains import input_path, number, output_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--data",
-        type=Path,
+        type=input_path(),
         help="data dir from `taperlm prepare` (default: the built-in corpus, prepared once into "
         "the cache)",
     )
@@ -88,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--eval-data",
-        type=Path,
+        type=input_path(),
         help="folder laid out like ../shared/data (default: $TAPERLM_EVAL_DATA or ../shared/data)",
     )
     parser.add_argument(
@@ -99,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--novelty-data",
-        type=Path,
+        type=input_path(),
         help="text file for novelty (default: WikiText-2 test from ../shared/data, else the "
         "val split)",
     )
@@ -117,7 +116,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"torch CPU threads per cell [{DEFAULT_THREADS}]; more only helps when there are "
         "more idle cores than cells",
     )
-    parser.add_argument("--out", type=Path, required=True, help="output folder (resumable)")
+    parser.add_argument(
+        "--out", type=output_path("dir"), required=True, help="output folder (resumable)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from taperlm.domains import number
+from taperlm.domains import input_path, number, output_path
 from taperlm.errors import ConfigError, DataError
 
 TASK_HELP = (
@@ -21,13 +21,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "run",
         nargs="?",
-        type=Path,
+        type=input_path(),
         help="run directory of `taperlm train` (or a checkpoint dir, or a `taperlm export` dir)",
     )
     parser.add_argument("--tasks", default="paper", help=TASK_HELP)
     parser.add_argument(
         "--data-dir",
-        type=Path,
+        type=input_path(),
         help="folder with the eval files laid out like ../shared/data (default: $TAPERLM_EVAL_DATA, "
         "else ../shared/data beside the checkout or the working directory)",
     )
@@ -59,13 +59,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="bf16 autocast on GPU (default fp32, exact)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    parser.add_argument("--out", type=Path, help="also write the JSON results to FILE")
+    parser.add_argument(
+        "--out", type=output_path("file"), help="also write the JSON results to FILE"
+    )
     parser.add_argument(
         "--samples", action="store_true", help="include per-item log-likelihoods in the JSON"
     )
     parser.add_argument(
         "--write-lm-eval-tasks",
-        type=Path,
+        type=output_path("dir"),
         metavar="DIR",
         help="write lm-eval task YAMLs + normalized data for the local files to DIR and exit "
         "(then: lm_eval --include_path DIR --tasks taperlm_piqa,...)",
@@ -88,8 +90,6 @@ def run(args: argparse.Namespace) -> int:
 
     tasks = parse_tasks(args.tasks)
     data_dir = args.data_dir or eval_data_dir()
-    if args.limit is not None and args.limit < 1:
-        raise ConfigError(f"--limit must be >= 1, got {args.limit}")
     if args.write_lm_eval_tasks:
         return _write_lm_eval_tasks(args, tasks, data_dir)
     if args.run is None:

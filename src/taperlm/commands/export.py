@@ -6,15 +6,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from taperlm.domains import number
+from taperlm.domains import input_path, number, output_path
 from taperlm.errors import ConfigError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "run", type=Path, help="run directory of `taperlm train` (or a checkpoint dir)"
+        "run", type=input_path(), help="run directory of `taperlm train` (or a checkpoint dir)"
     )
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--out", type=output_path("dir"), required=True, help="output directory")
     parser.add_argument(
         "--step", type=number(int, "[0, inf)"), help="export checkpoint STEP (default: newest)"
     )

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from taperlm.domains import MAX_SEED, number
+from taperlm.domains import MAX_SEED, input_path, number, output_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "run", type=Path, help="run directory (or checkpoint dir, or `taperlm export` dir)"
+        "run", type=input_path(), help="run directory (or checkpoint dir, or `taperlm export` dir)"
     )
     parser.add_argument("--prompt", default="", help="text to continue (default: start from EOS)")
     parser.add_argument("--max-new-tokens", type=number(int, "[0, inf)"), default=128)
@@ -37,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-cache", action="store_true", help="recompute the prefix every step (no KV cache)"
     )
+    parser.add_argument(
+        "--out", type=output_path("file"), help="also write the text (prompt included) to FILE"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,10 +61,15 @@ def run(args: argparse.Namespace) -> int:
     prompt = tokenizer.encode(args.prompt) if args.prompt else []
     if not prompt:
         prompt = [tokenizer.eos_id]
-    if args.prompt:
-        sys.stdout.write(args.prompt)
+    pieces = [args.prompt] if args.prompt else []
+    sys.stdout.write(args.prompt)
     for piece in stream_text(generate_tokens(model, prompt, cfg, device), tokenizer.decode):
+        pieces.append(piece)
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
+    if args.out is not None:
+        from taperlm.io import atomic_write_text
+
+        atomic_write_text(args.out, "".join(pieces) + "\n")
     return 0

@@ -5,21 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from pathlib import Path
 
-from taperlm.domains import number
+from taperlm.domains import input_path, number, output_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "model",
+        type=input_path(text=True),
         metavar="MODEL",
         help="a run dir (config.yaml + checkpoints/), a Hugging Face model dir (e.g. a "
         "`taperlm export`), or hf:NAME for any Hub causal LM (e.g. hf:gpt2; needs internet)",
     )
     parser.add_argument(
         "--data",
-        type=Path,
+        type=input_path(),
         help="text file to measure on (default: WikiText-2 raw test from $TAPERLM_EVAL_DATA or "
         "../shared/data, the paper's choice)",
     )
@@ -58,7 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--trust-remote-code", action="store_true", help="allow custom model code for hf:NAME"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--plot", type=Path, help="write both curves vs depth as a PNG")
+    parser.add_argument(
+        "--plot", type=output_path("file"), help="write both curves vs depth as a PNG"
+    )
+    parser.add_argument(
+        "--out", type=output_path("file"), help="also write the JSON result to FILE"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,12 +75,6 @@ def run(args: argparse.Namespace) -> int:
     from taperlm.errors import ConfigError
     from taperlm.evaluation.locate import wikitext_test
 
-    if args.tokens < 2:
-        raise ConfigError(f"--tokens must be at least 2, got {args.tokens}")
-    if args.seq_len is not None and args.seq_len < 2:
-        raise ConfigError(f"--seq-len must be at least 2, got {args.seq_len}")
-    if args.batch_size < 1:
-        raise ConfigError(f"--batch-size must be positive, got {args.batch_size}")
     device = resolve_device(args.device)
     loaded = load_model(args.model, device, args.dtype, args.trust_remote_code, args.step)
     seq_len = args.seq_len or min(loaded.context_length or args.tokens, args.tokens)
@@ -99,9 +98,13 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    out = result.to_dict()
+    out.update(model=args.model, data=str(data), input_tokens=len(ids))
+    if args.out is not None:
+        from taperlm.io import atomic_write_json
+
+        atomic_write_json(args.out, out, indent=2)
     if args.json:
-        out = result.to_dict()
-        out.update(model=args.model, data=str(data), input_tokens=len(ids))
         print(json.dumps(out, indent=2))
     else:
         print(format_result(result, str(data), len(ids)))

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from taperlm.commands.common import add_model_arguments, build_run_config
-from taperlm.domains import number
+from taperlm.domains import number, output_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="context for the attention FLOPs (default: the model's)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--plot", type=Path, help="write the width profile as a PNG")
+    parser.add_argument("--plot", type=output_path("file"), help="write the width profile as a PNG")
     parser.add_argument("--dump-config", action="store_true", help="print the resolved YAML")
     parser.add_argument("--list-presets", action="store_true", help="list preset names and exit")
     g = parser.add_argument_group("memory and time plan (with --gpus)")

@@ -9,23 +9,25 @@ from __future__ import annotations
 import argparse
 import os
 
-from taperlm.domains import MAX_SEED, number
+from taperlm.domains import MAX_SEED, input_path, number, output_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--source",
+        type=input_path(text=True),
         default="default",
         help="'default' (Debian documentation corpus), a .txt/.jsonl file or folder, or "
         "hf:NAME[:CONFIG] (streamed; needs internet) [default: default]",
     )
     parser.add_argument(
         "--tokenizer",
+        type=input_path(text=True),
         default="bpe:8192",
         help="bpe:N (byte-level BPE trained on the corpus), a folder with vocab.json+merges.txt "
         "or tokenizer.json, a previous data dir, or hf:NAME [default: bpe:8192]",
     )
-    parser.add_argument("--out", required=True, help="output data dir")
+    parser.add_argument("--out", type=output_path("dir"), required=True, help="output data dir")
     split = parser.add_mutually_exclusive_group()
     split.add_argument(
         "--val-fraction",

@@ -14,13 +14,15 @@ import os
 from pathlib import Path
 
 from taperlm.commands.common import add_model_arguments, build_run_config
-from taperlm.domains import number
+from taperlm.domains import input_path, number, output_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
-    parser.add_argument("--data", type=Path, help="data dir written by `taperlm prepare`")
-    parser.add_argument("--out", type=Path, required=True, help="run directory (created)")
+    parser.add_argument("--data", type=input_path(), help="data dir written by `taperlm prepare`")
+    parser.add_argument(
+        "--out", type=output_path("dir"), required=True, help="run directory (created)"
+    )
     parser.add_argument(
         "--resume",
         choices=("auto", "never", "must"),
@@ -68,10 +70,6 @@ def run(args: argparse.Namespace) -> int:
 
         print(f"taperlm train: warning: {message}", file=sys.stderr)
 
-    if args.stop_after_steps is not None and args.stop_after_steps < 1:
-        from taperlm.errors import ConfigError
-
-        raise ConfigError(f"--stop-after-steps must be >= 1, got {args.stop_after_steps}")
     cfg = _resolve_config(args)
     rank = int(os.environ.get("RANK", "0"))
     # Plain one-line warnings for this command only; catch_warnings restores the global hooks.

@@ -34,6 +34,7 @@ from typing import Any
 
 from taperlm.errors import CheckpointError
 from taperlm.io import atomic_write_text, sha256_file
+from taperlm.runlock import pid_alive
 
 CHECKPOINT_DIR = "checkpoints"
 MODEL_FILE = "model.safetensors"  # format version 1 only
@@ -212,13 +213,24 @@ def save_checkpoint(
     return commit_checkpoint(run_dir, step, tmp, files, train_state, run_config, keep)
 
 
+def _temp_owner(name: str) -> int | None:
+    """The pid a temp entry's name ends with (`.tmp-step_N-<pid>`, `.tmp-old-step_N-<pid>`)."""
+    tail = name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else None
+
+
 def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
-    """Delete all but the newest `keep` checkpoints, and stale temp dirs of killed writes."""
+    """Delete all but the newest `keep` checkpoints, and stale temp dirs of killed writes.
+
+    A temp entry is stale only when the process named in it is gone: the run's lock (one
+    writer per run dir) already keeps other writers out, and this keeps the pruning from ever
+    touching another live process's checkpoint in progress even without it."""
     root = checkpoints_dir(run_dir)
     if not root.is_dir():
         return
     for p in root.iterdir():
-        if p.name.startswith(_TMP_PREFIX) and not p.name.endswith(f"-{os.getpid()}"):
+        owner = _temp_owner(p.name)
+        if p.name.startswith(_TMP_PREFIX) and (owner is None or not pid_alive(owner)):
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
     ckpts = list_checkpoints(run_dir)
     for _, p in ckpts[: max(0, len(ckpts) - max(1, keep))]:

@@ -35,10 +35,13 @@ from taperlm.config import (
     save_yaml,
     to_dict,
 )
-from taperlm.errors import CheckpointError, ConfigError, DataError, TrainingError
+from taperlm.domains import check_output
+from taperlm.errors import CheckpointError, ConfigError, DataError, RunInUseError, TrainingError
+from taperlm.runlock import LOCK_FILE, RunLock
 from taperlm.training import checkpoint as ckpt
 from taperlm.training import distributed as D
 from taperlm.training.checkpointer import ShardedCheckpointer
+from taperlm.training.guard import StepGuard, first_nonfinite
 from taperlm.training.meta_init import build_on_meta, materialize
 from taperlm.training.metrics import MetricsWriter, mfu, peak_flops
 from taperlm.training.optim import (
@@ -321,6 +324,17 @@ class Trainer:
     """Holds the state of one run; `fit()` trains to the end (or to `stop_after`)."""
 
     def __init__(self, run: RunConfig, out_dir: str | Path, resume: str = "auto") -> None:
+        self._lock: RunLock | None = None
+        self._created_out = False
+        self._prev_deterministic: bool | None = None
+        try:
+            self._setup(run, out_dir, resume)
+        except BaseException:
+            self.close()
+            self._discard_unused_run_dir()
+            raise
+
+    def _setup(self, run: RunConfig, out_dir: str | Path, resume: str) -> None:
         from taperlm.data.loader import TokenBatches, check_vocab
 
         self.run = run.resolve()
@@ -346,17 +360,12 @@ class Trainer:
             )
         self.data_dir = data_dir
         check_vocab(data_dir, self.run.model.vocab_size)
+        # The run dir can be written (not a file, not under one, not the data dir) before any
+        # work starts; the CLI checks --out the same way, this covers in-process callers.
+        check_output(self.out, "dir", "the run dir", [("the data dir", data_dir)])
 
+        self._take_run_dir()
         resume_from = _prepare_run_dir(self.run, self.out, resume, self.info)
-        err: str | None = None
-        if self.info.is_main:
-            try:
-                self.out.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                err = _os_error_message(self.out, e, self.out)
-        err = D.broadcast_object(err, self.info)
-        if err is not None:
-            raise CheckpointError(err)
 
         # Determinism: every rank builds the same initial weights from the same seed.
         self._prev_deterministic = torch.are_deterministic_algorithms_enabled()
@@ -368,6 +377,8 @@ class Trainer:
         if self.cfg.compile:
             self.forward = self._compile(self.wrapped)
         self.optimizer = build_optimizer(self.model, self.cfg, self.device, periods)
+        self.guard = StepGuard(self.model, self.optimizer, self.cfg.restore_nonfinite)
+        self._bad_update: str | None = None
         self.periodic = [(n, p) for n, p in self.model.named_parameters() if n in periods]
         self.checkpointer = ShardedCheckpointer(self.out, self.info, self.cfg.async_checkpoint)
 
@@ -435,6 +446,33 @@ class Trainer:
             torch.bfloat16 if self.cfg.fsdp_reduce_dtype == "bf16" else torch.float32,
         )
 
+    def _take_run_dir(self) -> None:
+        """Create the run dir and take its lock (rank 0, for the whole job): one writer per run
+        dir. Every rank gets rank 0's verdict, so no rank hangs on another's error."""
+        err: tuple[str, str] | None = None
+        if self.info.is_main:
+            try:
+                self._created_out = not self.out.exists()
+                self.out.mkdir(parents=True, exist_ok=True)
+                self._lock = RunLock(self.out).acquire()
+            except OSError as e:
+                err = ("os", _os_error_message(self.out, e, self.out))
+            except RunInUseError as e:
+                err = ("busy", str(e))
+        err = D.broadcast_object(err, self.info)
+        if err is not None:
+            raise (RunInUseError if err[0] == "busy" else CheckpointError)(err[1])
+
+    def _discard_unused_run_dir(self) -> None:
+        """After a failed start: remove the run dir this attempt created if nothing but its
+        lock file was written (a bad --resume must not leave an empty run behind)."""
+        if not self._created_out or not self.out.is_dir():
+            return
+        if {p.name for p in self.out.iterdir()} <= {LOCK_FILE}:
+            (self.out / LOCK_FILE).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                self.out.rmdir()
+
     def _compile(self, module: torch.nn.Module):
         """torch.compile the whole model, or (compile_scope blocks) each block's forward in place
         (parameter names, FSDP hooks and activation checkpointing stay outside the graphs)."""
@@ -496,7 +534,13 @@ class Trainer:
 
     def save(self, use_async: bool | None = None) -> None:
         """Checkpoint the current step: every rank writes its shards (sharded.py), rank 0 commits
-        (collective; in the background with train.async_checkpoint)."""
+        (collective; in the background with train.async_checkpoint). Never a state with a
+        NaN/inf in it."""
+        bad = first_nonfinite(self.model.named_parameters(), self.optimizer, self.info)
+        if bad is not None:
+            raise TrainingError(
+                f"refusing to checkpoint step {self.step}: {bad} holds NaN/inf; {self._last_good()}"
+            )
         tensors = training_state(self.model, self.optimizer, self.periodic)
         self.checkpointer.save(
             self.step,
@@ -617,13 +661,44 @@ class Trainer:
                     if p.grad is not None:
                         hidden[p] = p.grad
                         p.grad = None
-        self.optimizer.step()
+        self.guard.before(params)
+        try:
+            self.optimizer.step()
+            bad = self.guard.check(params, self.info)
+        except RuntimeError as err:  # e.g. lr / (1 - beta1^t) beyond float32: half-updated
+            if "overflow" not in str(err):
+                raise
+            bad = f"the optimizer's update ({str(err).splitlines()[0]})"
         for p, grad in hidden.items():
             p.grad = grad
+        if bad is not None:
+            self._undo_nonfinite_update(bad, gnorm)
+            return False, gnorm
         for g in due:
             for p in g["params"]:
                 p.grad = None
         return True, gnorm
+
+    def _undo_nonfinite_update(self, bad: str, gnorm: float) -> None:
+        """A step with a finite loss and gradient left NaN/inf in `bad`: put the weights and
+        optimizer state back (the step then counts as skipped), or stop the run."""
+        self._bad_update = f"step {self.step + 1} left NaN/inf in {bad}"
+        if self.guard.keep_copy:
+            self.guard.undo()
+            return
+        raise TrainingError(
+            f"{self._bad_update} although its loss and gradient norm ({gnorm:.4g}) were finite; "
+            f"stopping before it can be saved, {self._last_good()}. Lower train.lr or "
+            "train.weight_decay, or set train.restore_nonfinite: true to undo and skip such steps"
+        )
+
+    def _last_good(self) -> str:
+        good = ckpt.list_checkpoints(self.out)
+        return (
+            f"the last good checkpoint {good[-1][1]} is intact"
+            if good
+            else "no checkpoint was written yet"
+        )
 
     def fit(
         self,
@@ -711,17 +786,12 @@ class Trainer:
     def _stop_if_diverged(self, loss: float, gnorm: float) -> None:
         if self.bad_streak < self.cfg.max_bad_steps:
             return
-        good = ckpt.list_checkpoints(self.out)
-        where = (
-            f"the last good checkpoint {good[-1][1]} is intact"
-            if good
-            else ("no checkpoint was written yet")
-        )
+        update = f"; the last bad update: {self._bad_update}" if self._bad_update else ""
         raise TrainingError(
             f"{self.bad_streak} consecutive steps (up to step {self.step}) had a "
-            f"non-finite loss or gradient norm (loss {loss}, grad norm {gnorm}); "
-            f"stopping, {where}. Lower train.lr, check the data, or raise "
-            "train.max_bad_steps"
+            f"non-finite loss or gradient norm or left non-finite weights (loss {loss}, grad "
+            f"norm {gnorm}{update}); stopping, {self._last_good()}. Lower train.lr, check the "
+            "data, or raise train.max_bad_steps"
         )
 
     def _log_if_due(
@@ -778,10 +848,19 @@ class Trainer:
             _warn(f"could not write {self.out / 'loss.png'}: {err}")
 
     def close(self) -> None:
+        """Finish a background checkpoint, restore the determinism setting and release the run
+        dir (idempotent; also after a failed start)."""
         try:
-            self.checkpointer.close()
+            checkpointer = getattr(self, "checkpointer", None)
+            if checkpointer is not None:
+                checkpointer.close()
         finally:
-            torch.use_deterministic_algorithms(self._prev_deterministic)
+            if self._prev_deterministic is not None:
+                torch.use_deterministic_algorithms(self._prev_deterministic)
+                self._prev_deterministic = None
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
 
 
 def _os_error_message(path: Path, err: OSError, run_dir: Path) -> str:
