@@ -362,8 +362,9 @@ def test_resume_with_another_data_dir(run_copy, tmp_path, capsys):
     expect_error(
         train_args(other, run_copy),
         capsys,
-        "cannot resume the data loader",
-        "use the same data dir",
+        f"cannot resume {run_copy}: the data dir {other} is not the data this run was trained on",
+        "another tokenizer",
+        "Resume with that data",
         unchanged=(run_copy,),
     )
 

@@ -113,13 +113,26 @@ def load_run(run_dir: str | Path, step: int | None = None, device: str = "cpu"):
         ) from None
     model, run_config = load_run_model(run, step=step, device=device)
     model.eval()
-    data_dir = require_data_dir(run, run_config)
+    from taperlm.data.identity import run_tokenizer_dir
     from taperlm.data.tokenizer import load_tokenizer
 
-    tok = load_tokenizer(data_dir)
+    # The run's own copy of its tokenizer; runs that predate it use their data dir's.
+    root = run_root(run)
+    source = run_tokenizer_dir(root) or require_data_dir(root, run_config)
+    tok = load_tokenizer(source)
     if tok.vocab_size > run_config.model.vocab_size:
         raise DataError(
-            f"tokenizer in {data_dir} has {tok.vocab_size} ids but the model's vocab_size is "
+            f"tokenizer in {source} has {tok.vocab_size} ids but the model's vocab_size is "
             f"{run_config.model.vocab_size}; the run's data.dir points at the wrong data"
         )
     return model, tok, run_config
+
+
+def run_root(path: Path) -> Path:
+    """The run directory of a path given to eval/generate/...: itself, or RUN for a checkpoint
+    directory RUN/checkpoints/step_N."""
+    from taperlm.training.checkpoint import CHECKPOINT_DIR, MANIFEST_FILE
+
+    if (path / MANIFEST_FILE).is_file() and path.parent.name == CHECKPOINT_DIR:
+        return path.parent.parent
+    return path

@@ -174,11 +174,13 @@ def _run_val(args: argparse.Namespace, scorer, run_config, notes: list[str]):
     data dir and val was not asked for explicitly."""
     import torch
 
+    from taperlm.data.identity import check_run_data
     from taperlm.data.loader import open_split
     from taperlm.evaluation.suite import run_val
-    from taperlm.loading import resolve_data_dir
+    from taperlm.loading import resolve_data_dir, run_root
 
-    run_data = resolve_data_dir(Path(args.run), run_config) if run_config else None
+    root = run_root(Path(args.run))
+    run_data = resolve_data_dir(root, run_config) if run_config else None
     if run_data is None:
         if "val" in [t.strip() for t in args.tasks.split(",")]:
             raise DataError(
@@ -187,6 +189,13 @@ def _run_val(args: argparse.Namespace, scorer, run_config, notes: list[str]):
             )
         notes.append("val skipped: the model has no run data dir")
         return None
+    why = check_run_data(root, run_data, ("val",))
+    if why:
+        raise DataError(
+            f"val: the data dir {run_data} of run {root} changed since the run was trained: "
+            f"{why}. Its validation loss would not be comparable; restore that data or drop val "
+            "from --tasks (the other tasks use the run's own tokenizer)"
+        )
     _, tokens = open_split(run_data, "val")
     tokens = torch.from_numpy(tokens.astype("int64"))
     return run_val(scorer, tokens, args.limit, str(run_data.resolve()))

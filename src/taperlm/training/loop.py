@@ -335,6 +335,7 @@ class Trainer:
             raise
 
     def _setup(self, run: RunConfig, out_dir: str | Path, resume: str) -> None:
+        from taperlm.data.identity import check_run_data, read_record, record_run_data
         from taperlm.data.loader import TokenBatches, check_vocab
 
         self.run = run.resolve()
@@ -366,6 +367,14 @@ class Trainer:
 
         self._take_run_dir()
         resume_from = _prepare_run_dir(self.run, self.out, resume, self.info)
+        if resume_from is not None:
+            why = check_run_data(self.out, data_dir, ("train", "val"))
+            if why:
+                raise DataError(
+                    f"cannot resume {self.out}: the data dir {data_dir} is not the data this run "
+                    f"was trained on: {why}. Resume with that data (--data or data.dir), or train "
+                    "into a fresh --out"
+                )
 
         # Determinism: every rank builds the same initial weights from the same seed.
         self._prev_deterministic = torch.are_deterministic_algorithms_enabled()
@@ -405,8 +414,10 @@ class Trainer:
         if self.info.is_main:
             try:
                 save_yaml(self.run, self.out / "config.yaml")
+                if resume_from is None or read_record(self.out) is None:
+                    record_run_data(self.out, data_dir)  # the run's tokenizer and data identity
             except OSError as e:
-                err = _os_error_message(self.out / "config.yaml", e, self.out)
+                err = _os_error_message(Path(e.filename or self.out / "config.yaml"), e, self.out)
         err = D.broadcast_object(err, self.info)
         if err is not None:
             raise CheckpointError(err)
