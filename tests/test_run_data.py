@@ -128,7 +128,7 @@ def test_every_reader_uses_the_runs_tokenizer_after_a_re_prepare(world, tmp_path
 def test_same_tokenizer_other_tokens_is_caught_on_resume(world, tmp_path, capsys):
     """Re-prepared with the same tokenizer (reused) but other text: resuming would train on
     other tokens at the saved position; it stops instead."""
-    root, data, run, _, _ = world
+    _, data, run, _, _ = world
     run_copy = tmp_path / "run"
     shutil.copytree(run, run_copy)
     data_copy = tmp_path / "data"
