@@ -136,6 +136,18 @@ def train_argv(data: Path, out: Path, *extra_sets: str) -> list[str]:
     return [*argv, "--no-progress"]
 
 
+def compare_argv(data: Path, out: Path, *extra: str) -> list[str]:
+    """`taperlm compare` of one uniform cell of the tiny harness model (2 steps of 128 tokens)."""
+    sets = [*TINY_SETS[:6], "train.seq_len=32", "train.micro_batch_size=2",
+            "train.batch_tokens=64", "train.eval_tokens=64"]  # fmt: skip
+    argv = ["compare", "--preset", "transformer-tiny", "--data", str(data), "--out", str(out),
+            "--tapers", "uniform", "--seeds", "1", "--tokens", "128", "--val-tokens", "64",
+            "--novelty-tokens", "64", "--threads", "1", "--no-progress"]  # fmt: skip
+    for s in sets:
+        argv += ["--set", s]
+    return [*argv, *extra]
+
+
 def child_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 

@@ -262,19 +262,59 @@ def test_corrupt_train_shard(data_copy, tmp_path, capsys, defect, needles):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_val_shard_shorter_than_a_window(data_copy, tmp_path, capsys):
-    """A val split with fewer than seq_len + 1 tokens: named, with the fix."""
-    shard = data_copy / "val.bin"
-    _rewrite_shard(shard, shard.read_bytes()[64 : 64 + 2 * 20])
-    meta = json.loads((data_copy / "meta.json").read_text())
-    meta["splits"]["val"]["tokens"] = 20
-    meta["splits"]["val"]["crc32"] = struct.unpack_from("<I", shard.read_bytes(), 32)[0]
-    (data_copy / "meta.json").write_text(json.dumps(meta))
-    expect_error(
-        train_args(data_copy, tmp_path / "run", "train.eval_every=2"),
-        capsys,
-        "val.bin has 20 tokens, fewer than seq_len + 1 = 33",
-    )
+def _shrink_split(data: Path, split: str, n_tokens: int) -> Path:
+    """Cut a split to its first `n_tokens` tokens, consistently (shard checksums and meta.json),
+    so that its size is the only defect."""
+    shard = data / f"{split}.bin"
+    _rewrite_shard(shard, shard.read_bytes()[64 : 64 + 2 * n_tokens])
+    meta = json.loads((data / "meta.json").read_text())
+    meta["splits"][split]["tokens"] = n_tokens
+    meta["splits"][split]["crc32"] = struct.unpack_from("<I", shard.read_bytes(), 32)[0]
+    (data / "meta.json").write_text(json.dumps(meta))
+    return shard
+
+
+# Issue 16, class 6: every input too small for the run is caught before the first step (the
+# harness run: seq_len 32, 4 windows per optimizer step, validation every 4 steps).
+TOO_SMALL = {
+    "train_split_shorter_than_a_window": (
+        "train", 20, (), "train.bin has 20 tokens, fewer than seq_len + 1 = 33"),
+    "train_split_shorter_than_a_batch": (
+        "train", 100, (), "train.bin has 100 tokens = 3 windows of seq_len + 1 = 33, fewer than "
+        "one optimizer step takes (4 windows"),
+    "val_split_shorter_than_a_window": (
+        "val", 20, ("train.eval_every=2",), "val.bin has 20 tokens, fewer than seq_len + 1 = 33"),
+    "compare_val_split_shorter_than_novelty_tokens": (
+        "val", 40, (), "has 40 tokens, fewer than --novelty-tokens 64"),
+    "compare_novelty_text_shorter_than_novelty_tokens": (
+        None, 0, (), "has only"),
+    "novelty_text_shorter_than_tokens": (None, 0, (), "fewer than the 64 asked for"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(TOO_SMALL))
+def test_input_too_small_for_the_run(case, data_copy, trained, tmp_path, capsys, monkeypatch):
+    split, n, sets, needle = TOO_SMALL[case]
+    import taperlm.evaluation.locate as locate
+
+    monkeypatch.setattr(locate, "_default_dirs", list)  # no WikiText-2: novelty uses val split
+    if split is not None:
+        _shrink_split(data_copy, split, n)
+    short = tmp_path / "short.txt"
+    short.write_text("The king.\n")
+    out = tmp_path / "out"
+    if case.startswith("compare"):
+        extra = [x for s in sets for x in ("--set", s)]
+        if "novelty_text" in case:
+            extra += ["--novelty-data", str(short)]
+        argv = H.compare_argv(data_copy, out, *extra)
+    elif case.startswith("novelty"):
+        argv = ["novelty", str(trained), "--data", str(short), "--tokens", "64", "--out",
+                str(out / "n.json"), "--device", "cpu"]  # fmt: skip
+    else:
+        argv = train_args(data_copy, out, *sets)
+    expect_error(argv, capsys, needle, unchanged=(data_copy, trained))
+    assert not out.exists()  # caught at the start: no step ran, nothing was written
 
 
 # ----------------------------------------------------------------------------------------------

@@ -613,14 +613,7 @@ def test_compare_folder_and_cells_are_locked(setup, tmp_path, capsys):
     data, _, _ = setup
     out = tmp_path / "cmp"
     out.mkdir()
-    argv = [
-        "compare", "--preset", "transformer-tiny", "--data", str(data), "--out", str(out),
-        "--tapers", "uniform", "--seeds", "1", "--tokens", "256", "--val-tokens", "64",
-        "--novelty-tokens", "64", "--threads", "1", "--no-progress",
-        *[x for s in H.TINY_SETS[:6] for x in ("--set", s)],
-        "--set", "train.seq_len=32", "--set", "train.micro_batch_size=2",
-        "--set", "train.batch_tokens=64", "--set", "train.eval_tokens=64",
-    ]  # fmt: skip
+    argv = H.compare_argv(data, out)
     holder = _hold_lock_in_child(out, "comparison folder")
     try:
         rc, _, err = _run_cli(argv, capsys)

@@ -108,6 +108,27 @@ def check_vocab(data_dir: str | Path, model_vocab_size: int) -> int:
     return vocab
 
 
+def check_data_fits(data_dir: str | Path, seq_len: int, step_windows: int, validate: bool) -> None:
+    """Before a run starts: the train split holds at least one optimizer step of distinct
+    windows (`step_windows` = batch_tokens / seq_len), and, when the run validates, the val split
+    at least one window. Reads the counts in meta.json (the shards are checked when opened)."""
+    data_dir = Path(data_dir)
+    splits = load_meta(data_dir)["splits"]
+    n = int(splits.get("train", {}).get("tokens", 0))
+    _check_length(str(data_dir / "train.bin"), n, seq_len)
+    windows = (n - 1) // seq_len
+    if windows < step_windows:
+        raise DataError(
+            f"{data_dir / 'train.bin'} has {n} tokens = {windows} windows of seq_len + 1 = "
+            f"{seq_len + 1}, fewer than one optimizer step takes ({step_windows} windows: "
+            "train.batch_tokens / train.seq_len), so every step would repeat sequences; prepare "
+            "more data or lower train.batch_tokens"
+        )
+    if validate:
+        n_val = int(splits.get("val", {}).get("tokens", 0))
+        _check_length(str(data_dir / "val.bin"), n_val, seq_len)
+
+
 def _check_length(path: str, n_tokens: int, seq_len: int) -> None:
     if n_tokens < seq_len + 1:
         raise DataError(

@@ -336,7 +336,7 @@ class Trainer:
 
     def _setup(self, run: RunConfig, out_dir: str | Path, resume: str) -> None:
         from taperlm.data.identity import check_run_data, read_record, record_run_data
-        from taperlm.data.loader import TokenBatches, check_vocab
+        from taperlm.data.loader import TokenBatches, check_data_fits, check_vocab
 
         self.run = run.resolve()
         self.cfg = run.train
@@ -361,6 +361,11 @@ class Trainer:
             )
         self.data_dir = data_dir
         check_vocab(data_dir, self.run.model.vocab_size)
+        # Too little data for one step (or one validation window) fails now, not after steps.
+        check_data_fits(
+            data_dir, self.cfg.seq_len, self.cfg.batch_tokens // self.cfg.seq_len,
+            validate=self.cfg.eval_tokens > 0,
+        )  # fmt: skip
         # The run dir can be written (not a file, not under one, not the data dir) before any
         # work starts; the CLI checks --out the same way, this covers in-process callers.
         check_output(self.out, "dir", "the run dir", [("the data dir", data_dir)])
