@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 
+from taperlm.device import is_out_of_memory, memory_error
 from taperlm.domains import check_arguments
 from taperlm.errors import TaperlmError
 
@@ -76,6 +77,13 @@ def main(argv: list[str] | None = None) -> int:
         return int(_module(args._command).run(args) or 0)
     except TaperlmError as err:
         print(f"taperlm {args._command}: error: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:  # an allocation anywhere: one line, not torch's traceback
+        if not is_out_of_memory(err):
+            raise
+        hint = "ask for less (a smaller --batch-size, model or input) or use another --device"
+        print(f"taperlm {args._command}: error: {memory_error(err, '', hint)}",
+              file=sys.stderr)  # fmt: skip
         return 2
     except BrokenPipeError:  # output piped into `head` and closed early
         sys.stderr.close()

@@ -31,3 +31,8 @@ class TrainingError(TaperlmError):
 
 class RunInUseError(TaperlmError):
     """Another process is writing this run directory (its lock names the holder)."""
+
+
+class ResourceError(TaperlmError):
+    """A device or the memory a run needs is not there (a missing GPU, an allocation that
+    cannot be served)."""

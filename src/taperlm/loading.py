@@ -92,10 +92,16 @@ def load_export(path: str | Path, device: str = "cpu"):
 
 def load_any(path: str | Path, step: int | None = None, device: str = "cpu"):
     """A training run directory (or checkpoint dir), or a directory from `taperlm export`."""
+    from taperlm.device import out_of_memory
+
     p = Path(path)
-    if p.is_dir() and is_hf_export(p):
-        return load_export(p, device)
-    return load_run(p, step=step, device=device)
+    with out_of_memory(
+        f"loading the model of {p} onto {device}",
+        "load it onto another device (--device) or on a machine with more memory",
+    ):
+        if p.is_dir() and is_hf_export(p):
+            return load_export(p, device)
+        return load_run(p, step=step, device=device)
 
 
 def load_run(run_dir: str | Path, step: int | None = None, device: str = "cpu"):

@@ -294,6 +294,7 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
     from taperlm.compare.report import write_report
     from taperlm.compare.scheduler import run_grid
     from taperlm.data.loader import load_meta
+    from taperlm.device import resolve_device
     from taperlm.training.loop import validate_train_config
 
     seeds = list(range(opts.seeds))
@@ -301,6 +302,7 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
     provisional = base_config(opts, None, None)
     build_grid(provisional, allocs, seeds, opts.paper)
     validate_train_config(provisional)
+    resolve_device(provisional.train.device, "train.device")  # there, before any work
 
     data_dir = _data_dir(opts, provisional)
     meta = load_meta(data_dir)

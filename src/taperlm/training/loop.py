@@ -35,6 +35,7 @@ from taperlm.config import (
     save_yaml,
     to_dict,
 )
+from taperlm.device import is_out_of_memory, memory_error, out_of_memory
 from taperlm.domains import check_output
 from taperlm.errors import CheckpointError, ConfigError, DataError, RunInUseError, TrainingError
 from taperlm.runlock import LOCK_FILE, RunLock
@@ -328,7 +329,15 @@ class Trainer:
         self._created_out = False
         self._prev_deterministic: bool | None = None
         try:
-            self._setup(run, out_dir, resume)
+            with out_of_memory(
+                lambda: (
+                    f"starting the run on {getattr(self, 'device', 'its device')} (a "
+                    f"{run.model.family} model of {_params(run):,} parameters with AdamW state)"
+                ),
+                "use a smaller model, another device, or shard it (train.parallel fsdp under "
+                "torchrun)",
+            ):
+                self._setup(run, out_dir, resume)
         except BaseException:
             self.close()
             self._discard_unused_run_dir()
@@ -762,6 +771,15 @@ class Trainer:
                     self._checkpoint_if_due(last or self.step == stop_after or action is not None)
                 if action == "stop":
                     break
+        except Exception as err:
+            if not is_out_of_memory(err):
+                raise
+            raise memory_error(
+                err,
+                f"step {self.step + 1} on {self.device}",
+                "lower train.micro_batch_size (gradient accumulation keeps train.batch_tokens) "
+                f"or train.seq_len; {self._last_good()}",
+            ) from None
         finally:
             bar.close()
         if self.info.is_main and self.step >= self.total_steps:
@@ -877,6 +895,15 @@ class Trainer:
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
+
+
+def _params(run: RunConfig) -> int:
+    from taperlm.budget import total_params
+
+    try:
+        return total_params(run.model)
+    except Exception:  # an unresolved or invalid config: the count is only for the message
+        return 0
 
 
 def _os_error_message(path: Path, err: OSError, run_dir: Path) -> str:
