@@ -11,8 +11,11 @@ instead of being repeated here.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import struct
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -529,13 +532,154 @@ def test_eval_unknown_task(trained, capsys):
     expect_error(["eval", str(trained), "--tasks", "mmlu"], capsys, "unknown task 'mmlu'")
 
 
-def test_catalogue_table_lists_every_test():
-    """docs/reliability.md has one table row per test of this file (ids included)."""
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "reliability.md").read_text()
-    import inspect
-    import sys
+# ----------------------------------------------------------------------------------------------
+# the catalogue in docs/reliability.md and the tests agree
 
-    mod = sys.modules[__name__]
-    names = [n for n, f in inspect.getmembers(mod, inspect.isfunction) if n.startswith("test_")]
-    missing = [n for n in names if n != "test_catalogue_table_lists_every_test" and n not in doc]
-    assert not missing, missing
+DOC = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
+TESTS = Path(__file__).resolve().parent
+REF = re.compile(r"`(?:tests/(test_\w+\.py)::)?(test_\w+)(\[[^\]`]*\])?`")
+
+
+def _collect(files: list[str]) -> list[str]:
+    """Node ids of every test (slow ones included) in `files`, as pytest collects them."""
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         "-m", "slow or not slow", *files],
+        capture_output=True, text=True, cwd=TESTS.parent, timeout=300,
+    )  # fmt: skip
+    ids = [line.strip() for line in out.stdout.splitlines() if "::" in line]
+    assert ids, out.stdout[-2000:] + out.stderr[-2000:]
+    return ids
+
+
+def _table_rows(text: str) -> list[list[str]]:
+    return [
+        [c.strip() for c in line.strip().strip("|").split("|")]
+        for line in text.splitlines()
+        if line.startswith("|") and not line.startswith("|---")
+    ]
+
+
+def _section(doc: str, heading: str) -> str:
+    part = doc.split(heading, 1)[1]
+    return re.split(r"\n#{2,3} ", part, maxsplit=1)[0]
+
+
+def _xfail_cases(module) -> set[str]:
+    """Tests (and parametrized cases `name[id]`) of a module marked xfail."""
+    out = set()
+    for name, fn in vars(module).items():
+        if not name.startswith("test_"):
+            continue
+        marks = getattr(fn, "pytestmark", [])
+        if any(m.name == "xfail" for m in marks):
+            out.add(name)
+        for m in marks:
+            if m.name == "parametrize":
+                ids = m.kwargs.get("ids") or []
+                for i, value in enumerate(m.args[1]):
+                    if any(k.name == "xfail" for k in getattr(value, "marks", ())):
+                        out.add(f"{name}[{ids[i] if i < len(ids) else i}]")
+    return out
+
+
+def test_catalogue_table_lists_every_test():
+    """docs/reliability.md and the tests agree: every test (and case) of this file has a row of
+    the catalogue; every test a table names exists; rows marked *xfail* are exactly the tests
+    marked xfail; the class tables list exactly the cases their tests enumerate; and every test
+    of the files the doc lists is named in it."""
+    doc = DOC.read_text(encoding="utf-8")
+    files = sorted({f"tests/{m}" for m in re.findall(r"tests/(test_\w+\.py)", doc)})
+    ids = set(_collect(files))
+    funcs = {i.split("[")[0] for i in ids}
+    here = "tests/test_bad_input.py"
+
+    # every reference resolves (bad-input rows name this file's tests without a path)
+    refs = []
+    catalogue = _section(doc, "## Bad-input catalogue")
+    too_small_rows = _section(doc, "### 6. Inputs too small")  # also this file's tests
+    for text, default in ((doc, None), (catalogue, here), (too_small_rows, here)):
+        for f, name, case in REF.findall(text):
+            path = f"tests/{f}" if f else default
+            if path is None:
+                continue
+            refs.append(f"{path}::{name}{case}")
+    unknown = [r for r in refs if r not in ids and r not in funcs]
+    assert not unknown, f"the doc names tests that do not exist: {unknown}"
+
+    # every test and case of this file has a catalogue row
+    named = set(refs)
+    missing = sorted(
+        i for i in ids
+        if i.startswith(here) and i not in named and i.split("[")[0] not in named
+        and "test_catalogue_table_lists_every_test" not in i
+        and not i.startswith(f"{here}::test_input_too_small_for_the_run")
+    )  # fmt: skip
+    assert not missing, f"tests of {here} without a catalogue row: {missing}"
+    too_small = {i for i in ids if "test_input_too_small_for_the_run[" in i}
+    assert too_small <= named, f"class 6 cases without a row: {too_small - named}"
+
+    # *xfail* rows <-> xfail markers
+    marked = {f"{here}::{n}" for n in _xfail_cases(sys.modules[__name__])}
+    xfail_rows = set()
+    for row in _table_rows(catalogue):
+        if any("*xfail*" in c for c in row):
+            xfail_rows |= {f"{here}::{n}{c}" for _, n, c in REF.findall(row[-1])}
+    assert xfail_rows == marked, f"*xfail* rows {xfail_rows} vs xfail tests {marked}"
+
+    # class 1: one row per config key / command option, its values exactly the cases run
+    sec1 = _section(doc, "### 1. Every setting has a declared domain")
+    listed = set()
+    for row in _table_rows(sec1)[1:]:
+        key = row[0].strip("`")
+        for value in re.findall(r"`([^`]+)`", row[2]):
+            listed.add(f"{key}={value}")
+    run = set()
+    for i in ids:
+        m = re.match(
+            r"tests/test_domains.py::test_out_of_domain_(?:config_value|option)_is_named\[(.*)\]$",
+            i,
+        )
+        if m:
+            run.add(m.group(1))
+    assert run == listed, (
+        f"class 1 table vs tests: cases without a row {sorted(run - listed)}; rows without a "
+        f"case {sorted(listed - run)}"
+    )
+
+    # classes 3 and 8: the matrices
+    def matrix(heading: str, make) -> set[str]:
+        rows = [r for r in _table_rows(_section(doc, heading)) if r and r[0].startswith("`")]
+        header = next(r for r in _table_rows(_section(doc, heading)) if r[0] == "Command")
+        return {case for r in rows for case in make(header, r)}
+
+    def outputs(header, r):
+        cmd, opt = r[0].strip("`"), r[1].strip("`")
+        for kind, cell in zip(header[2:], r[2:]):
+            if kind == "an_input":
+                yield from (f"{cmd} {opt} an_input {i}" for i in re.findall(r"`([^`]+)`", cell))
+            elif cell == "\u2713":
+                yield f"{cmd} {opt} {kind}"
+
+    def devices(header, r):
+        if len(r) == len(header) and header[1] == "unknown_name":
+            yield from (
+                f"{r[0].strip('`')}-{k}" for k, c in zip(header[1:], r[1:]) if c == "\u2713"
+            )
+
+    for heading, make, test in (
+        ("### 3. Every output path", outputs, "tests/test_outputs.py::test_bad_output_path_stops_before_work"),
+        ("### 8. Device and resource errors", devices, "tests/test_devices.py::test_bad_device_is_one_clear_line"),
+    ):  # fmt: skip
+        run = {i[len(test) + 1 : -1] for i in ids if i.startswith(test + "[")}
+        listed = matrix(heading, make)
+        assert run == listed, (
+            f"{heading}: cases without a mark {run - listed}, marks without a case {listed - run}"
+        )
+
+    # every test of every file in the doc's table of test files is named somewhere in it
+    listed_files = set(re.findall(r"^\| `(tests/test_\w+\.py)`", doc, flags=re.M))
+    unnamed = sorted(
+        f for f in funcs if f.split("::")[0] in listed_files and f.split("::")[1] not in doc
+    )
+    assert not unnamed, f"tests the doc does not name: {unnamed}"

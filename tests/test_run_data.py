@@ -159,3 +159,23 @@ def test_runs_without_a_record_keep_working(world, tmp_path, capsys):
     # resuming such a run records its data from then on
     assert _cli([*H.train_argv(data, run_copy), "--stop-after-steps", "3"], capsys)[0] == 0
     assert read_record(run_copy) is not None
+
+
+def test_compare_stops_when_its_data_was_re_prepared(tmp_path, capsys):
+    """A comparison whose data dir was re-prepared between two invocations: its finished cells
+    were trained on the old data, so mixing them with new ones is refused."""
+    data = H.prepare_data(tmp_path / "d")
+    out = tmp_path / "cmp"
+    argv = H.compare_argv(data, out)
+    rc, _, err = _cli(argv, capsys)
+    assert rc == 0, err
+    result = (out / "runs" / "uniform-s0" / "result.json").read_bytes()
+    other = tmp_path / "other.txt"
+    other.write_text(H.corpus_text(6000, seed=13).upper())
+    prep = ["prepare", "--source", str(other), "--tokenizer", "bpe:300", "--out", str(data)]
+    assert cli_main([*prep, "--val-tokens", "400", "--workers", "1", "--no-progress"]) == 0
+    capsys.readouterr()
+    rc, _, err = _cli(argv, capsys)
+    assert rc == 2 and "uniform-s0 was trained on other data than" in err, err
+    assert "another tokenizer" in err and "fresh --out" in err
+    assert (out / "runs" / "uniform-s0" / "result.json").read_bytes() == result

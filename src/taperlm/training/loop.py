@@ -81,6 +81,7 @@ RUNTIME_KEYS = frozenset(
         "train.device",
         "train.precision",
         "train.peak_flops",
+        "train.restore_nonfinite",
     }
 )
 
