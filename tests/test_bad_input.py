@@ -565,6 +565,23 @@ def _section(doc: str, heading: str) -> str:
     return re.split(r"\n#{2,3} ", part, maxsplit=1)[0]
 
 
+def _domain_rows() -> list[str]:
+    """The class 1 table rows as they should read (to paste into docs/reliability.md)."""
+    import test_domains as T
+
+    rows = []
+    for where, name, tp, depth, dom in T.config_fields():
+        if dom is not None:
+            vals = ", ".join(f"`{v!r}`" for v in dom.outside(integer=tp is int))
+            each = " (each element)" if depth else ""
+            rows.append(f"| `{where}.{name}` | {dom.describe()}{each} | {vals or '(free text, own parser)'} |")
+    for cmd, a in T.numeric_options():
+        d = a.type.domain
+        vals = ", ".join(f"`{v!r}`" for v in d.outside(integer=a.type.kind is int))
+        rows.append(f"| `{cmd} {a.option_strings[0]}` | {d.describe()} | {vals} |")
+    return rows
+
+
 def _xfail_cases(module) -> set[str]:
     """Tests (and parametrized cases `name[id]`) of a module marked xfail."""
     out = set()
@@ -644,7 +661,8 @@ def test_catalogue_table_lists_every_test():
             run.add(m.group(1))
     assert run == listed, (
         f"class 1 table vs tests: cases without a row {sorted(run - listed)}; rows without a "
-        f"case {sorted(listed - run)}"
+        f"case {sorted(listed - run)}. The rows of every field and option now:\n"
+        + "\n".join(_domain_rows())
     )
 
     # classes 3 and 8: the matrices

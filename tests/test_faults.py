@@ -320,19 +320,29 @@ def _optimizer_tensors(trainer) -> dict[tuple[int, str], torch.Tensor]:
 
 
 def _all_checkpoints_finite(run: Path) -> list[int]:
-    from safetensors.torch import load_file
+    """Steps of the run's checkpoints, asserting every tensor in them (weights and optimizer
+    moments, read straight from the DCP shards) is finite."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     steps = []
     for step, path in ckpt.list_checkpoints(run):
-        weights = load_file(str(path / "model.safetensors"))
-        state = torch.load(path / "state.pt", weights_only=True)
-        moments = [
-            v
-            for st in state["optimizer"]["state"].values()
-            for k, v in st.items()
-            if k != "step" and isinstance(v, torch.Tensor)
-        ]
-        assert moments and all(torch.isfinite(t).all() for t in [*weights.values(), *moments])
+        meta = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        tensors = {
+            k: torch.empty(tuple(v.size), dtype=v.properties.dtype)
+            for k, v in meta.items()
+            if isinstance(v, TensorStorageMetadata)
+        }
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.load(tensors, checkpoint_id=str(path), no_dist=True)
+        assert any(k.endswith(".exp_avg_sq") for k in tensors) and any(
+            "model." in k for k in tensors
+        )
+        assert all(torch.isfinite(t).all() for t in tensors.values()), step
         steps.append(step)
     return steps
 

@@ -22,17 +22,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dump-config", action="store_true", help="print the resolved YAML")
     parser.add_argument("--list-presets", action="store_true", help="list preset names and exit")
     g = parser.add_argument_group("memory and time plan (with --gpus)")
-    g.add_argument("--gpus", type=int, help="GPUs of the run: print per-GPU memory and time")
+    g.add_argument(
+        "--gpus",
+        type=number(int, "[1, inf)"),
+        help="GPUs of the run: print per-GPU memory and time",
+    )
     g.add_argument("--gpu-memory", default="80GB", help="memory of one GPU (default 80GB)")
-    g.add_argument("--micro-batch", type=int, help="sequences per GPU per forward pass")
+    g.add_argument(
+        "--micro-batch", type=number(int, "[1, inf)"), help="sequences per GPU per forward pass"
+    )
     g.add_argument("--parallel", choices=("fsdp", "ddp"), help="default: the config's")
     g.add_argument(
         "--activation-checkpointing", action="store_true", help="recompute each block in backward"
     )
-    g.add_argument("--tokens", type=float, help="training tokens (default: train.tokens)")
-    g.add_argument("--mfu", type=float, default=0.4, help="assumed MFU (default 0.4)")
     g.add_argument(
-        "--peak-tflops", type=float, default=989.0, help="dense bf16 peak of one GPU (H100: 989)"
+        "--tokens", type=number(float, "[1, inf)"), help="training tokens (default: train.tokens)"
+    )
+    g.add_argument(
+        "--mfu", type=number(float, "(0, 1]"), default=0.4, help="assumed MFU (default 0.4)"
+    )
+    g.add_argument(
+        "--peak-tflops",
+        type=number(float, "(0, inf)"),
+        default=989.0,
+        help="dense bf16 peak of one GPU (H100: 989)",
     )
 
 
