@@ -574,7 +574,9 @@ def _domain_rows() -> list[str]:
         if dom is not None:
             vals = ", ".join(f"`{v!r}`" for v in dom.outside(integer=tp is int))
             each = " (each element)" if depth else ""
-            rows.append(f"| `{where}.{name}` | {dom.describe()}{each} | {vals or '(free text, own parser)'} |")
+            rows.append(
+                f"| `{where}.{name}` | {dom.describe()}{each} | {vals or '(free text, own parser)'} |"
+            )
     for cmd, a in T.numeric_options():
         d = a.type.domain
         vals = ", ".join(f"`{v!r}`" for v in d.outside(integer=a.type.kind is int))
