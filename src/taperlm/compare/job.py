@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from taperlm.errors import ConfigError, DataError
+from taperlm.runlock import locked
 
 # Defaults chosen so that 3 allocations x 5 seeds finish within about 15 minutes on 2 idle CPU
 # cores, data preparation included (measurements in docs/compare.md). Five seeds rather than
@@ -292,6 +293,7 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
 
     from taperlm.compare.grid import build_grid
     from taperlm.compare.report import write_report
+    from taperlm.compare.runner import SharedInputs
     from taperlm.compare.scheduler import run_grid
     from taperlm.data.loader import load_meta
     from taperlm.device import resolve_device
@@ -309,6 +311,7 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
     base = base_config(opts, data_dir, int(meta["vocab_size"]))
     grid = build_grid(base, allocs, seeds, opts.paper)
     settings = eval_settings(opts)
+    SharedInputs(data_dir, settings).load()  # inputs too small for the job: fail before any work
 
     opts.out.mkdir(parents=True, exist_ok=True)
     command = canonical_command(opts, grid)
@@ -334,17 +337,18 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
         write_report(grid, results, opts.out, meta)
 
     progress = not opts.no_progress
-    results = run_grid(
-        grid,
-        opts.out,
-        data_dir,
-        settings,
-        progress=progress,
-        on_seed_done=partial,
-        jobs=jobs,
-        threads=opts.threads,
-    )
-    md, js = write_report(grid, results, opts.out, report_meta(results))
+    with locked(opts.out, "comparison folder"):  # one comparison writes a folder at a time
+        results = run_grid(
+            grid,
+            opts.out,
+            data_dir,
+            settings,
+            progress=progress,
+            on_seed_done=partial,
+            jobs=jobs,
+            threads=opts.threads,
+        )
+        md, js = write_report(grid, results, opts.out, report_meta(results))
     print(f"wrote {md} and {js} ({(time.perf_counter() - t_start) / 60:.1f} min)")
     return md, js
 

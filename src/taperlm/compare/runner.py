@@ -38,6 +38,7 @@ from taperlm.config import to_dict
 from taperlm.device import resolve_device
 from taperlm.errors import ConfigError, DataError
 from taperlm.io import atomic_write_json, finite_json
+from taperlm.runlock import locked
 
 if TYPE_CHECKING:
     from taperlm.training.loop import StepHook
@@ -105,6 +106,14 @@ class SharedInputs:
                     )
                 self._novelty_ids = [int(t) for t in tokens[:n]]
         return self._novelty_ids
+
+    def load(self) -> SharedInputs:
+        """Read every input now (the novelty tokens, the task files), so that a text too short
+        for --novelty-tokens or a malformed task file stops a job before any training."""
+        self.novelty_ids()
+        for name in self.settings.eval_tasks:
+            self.task(name)
+        return self
 
     def task(self, name: str):
         if name not in self._tasks:
@@ -256,10 +265,19 @@ class CellInterrupted(Exception):
 def cell_state(cell: Cell, run_dir: Path, settings: dict[str, Any]) -> tuple[str, dict | None]:
     """What a cell needs: ("cached", result) when it is done with these evaluation settings,
     ("evaluate", old result) when only the evaluation settings changed, ("train", None)
-    otherwise. ConfigError when its folder holds a run of a different training config."""
+    otherwise. ConfigError when its folder holds a run of a different training config, and
+    DataError when it was trained on other data (a data dir re-prepared since)."""
     from taperlm.config import load_run_config
+    from taperlm.data.identity import check_run_data
     from taperlm.training.checkpoint import list_checkpoints
 
+    data_dir = Path(cell.config.data.dir)
+    why = check_run_data(run_dir, data_dir, ("train", "val")) if data_dir.is_dir() else None
+    if why:
+        raise DataError(
+            f"{run_dir} was trained on other data than {data_dir}: {why}; write this "
+            "comparison to a fresh --out, or point --data at the data it was trained on"
+        )
     cached = read_result(run_dir)
     if cached is not None:
         _check_saved_config(run_dir, cached["config"], cell, "was trained with a different config")
@@ -330,7 +348,14 @@ def run_cell(
     """Bring one cell to done; returns (result, status) with status one of "cached",
     "re-evaluated", "trained" or "resumed". `on_step` goes to the trainer (progress, and
     "stop" to stop at the next step with a checkpoint: CellInterrupted); `on_evaluate` is
-    called when the evaluation begins; `jobs` is recorded with the session."""
+    called when the evaluation begins; `jobs` is recorded with the session. The cell's run dir
+    is locked throughout (one writer per run dir; the trainer takes the same lock again)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with locked(run_dir):
+        return _run_cell(cell, run_dir, shared, progress, on_step, on_evaluate, jobs)
+
+
+def _run_cell(cell, run_dir, shared, progress, on_step, on_evaluate, jobs):
     from taperlm.training.checkpoint import list_checkpoints
     from taperlm.training.loop import train
 
