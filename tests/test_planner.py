@@ -117,4 +117,4 @@ def test_plan_cli(capsys):
     plan = json.loads(capsys.readouterr().out)["memory_plan"]
     assert plan["parallel"] == "ddp" and plan["fits"] is True
     assert cli_main([*argv, "--gpus", "0"]) == 2
-    assert "--gpus must be a positive integer" in capsys.readouterr().err
+    assert "--gpus must be >= 1, got 0" in capsys.readouterr().err

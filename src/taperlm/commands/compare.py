@@ -104,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--jobs",
-        type=int,
+        type=number(int, "[1, inf)"),
         help="cells trained at a time, each in its own worker process (default: as many as "
         "there are idle CPU cores for --threads each; 1 = in this process). Changes the speed, "
         "never the numbers",
