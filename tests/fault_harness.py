@@ -723,6 +723,16 @@ def compare_runs(run: Path, ref: Path) -> list[str]:
 # the opt-in many-trial run
 
 
+def _setup(work: Path, spawn: str) -> tuple[Path, Path, tuple[float, float]]:
+    """(data dir, uninterrupted reference run, its kill window) of a many-trial run."""
+    preload()
+    work.mkdir(parents=True, exist_ok=True)
+    data = prepare_data(work / "data")
+    ref = work / "ref" / "run"
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    return data, ref, reference_run(data, ref, spawn)
+
+
 def many_trials(
     trials: int,
     seed: int,
@@ -731,12 +741,7 @@ def many_trials(
     max_kills: int = 3,
     verbose: bool = True,
 ) -> dict[str, Any]:
-    preload()
-    work.mkdir(parents=True, exist_ok=True)
-    data = prepare_data(work / "data")
-    ref = work / "ref" / "run"
-    ref.parent.mkdir(parents=True, exist_ok=True)
-    window = reference_run(data, ref, spawn)
+    data, ref, window = _setup(work, spawn)
     rng = random.Random(seed)
     results = []
     t0 = time.perf_counter()
@@ -786,12 +791,7 @@ def many_two_writer_trials(
 ) -> dict[str, Any]:
     import shutil
 
-    preload()
-    work.mkdir(parents=True, exist_ok=True)
-    data = prepare_data(work / "data")
-    ref = work / "ref" / "run"
-    ref.parent.mkdir(parents=True, exist_ok=True)
-    reference_run(data, ref, spawn)
+    data, ref, _ = _setup(work, spawn)
     rng = random.Random(seed)
     t0 = time.perf_counter()
     results = []

@@ -40,6 +40,23 @@ def atomic_output(path: str | Path, fsync: bool = False) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
+def replace_dir(new: str | Path, final: str | Path) -> Path:
+    """Move the finished folder `new` to `final` (same file system), replacing a folder already
+    there: the old one is renamed aside first and removed last, so `final` is always either the
+    old folder or the new one, never a mix."""
+    import shutil
+
+    new, final = Path(new), Path(final)
+    if final.exists():
+        old = final.with_name(f".tmp-old-{final.name}-{os.getpid()}")
+        os.replace(final, old)
+        os.replace(new, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(new, final)
+    return final
+
+
 def atomic_write_bytes(path: str | Path, data: bytes, fsync: bool = False) -> Path:
     """Write `data` to `path` atomically; returns the path."""
     with atomic_output(path, fsync) as tmp:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from taperlm.errors import DataError
-from taperlm.io import atomic_write_json, sha256_file
+from taperlm.io import atomic_write_json, replace_dir, sha256_file
 
 RECORD_FILE = "data.json"
 TOKENIZER_COPY = "tokenizer"
@@ -96,13 +96,7 @@ def record_run_data(run_dir: str | Path, data_dir: str | Path) -> dict[str, Any]
         for name in _TOKENIZER_FILES:
             if (src / name).is_file():
                 shutil.copyfile(src / name, tmp / name)
-        if final.exists():
-            old = run_dir / f".tmp-old-{TOKENIZER_COPY}-{os.getpid()}"
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        replace_dir(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     atomic_write_json(run_dir / RECORD_FILE, record, indent=2, fsync=True)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from taperlm.errors import CheckpointError
-from taperlm.io import atomic_write_text, sha256_file
+from taperlm.io import atomic_write_text, replace_dir, sha256_file
 from taperlm.runlock import pid_alive
 
 CHECKPOINT_DIR = "checkpoints"
@@ -175,13 +175,7 @@ def commit_checkpoint(
         }
         atomic_write_text(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2), fsync=True)
         _fsync_dir(tmp)
-        if final.exists():  # re-saving a step (e.g. the end of a resumed run): swap it out
-            old = root / f"{_TMP_PREFIX}old-{final.name}-{os.getpid()}"
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        replace_dir(tmp, final)  # re-saving a step (the end of a resumed run) swaps it out
         _fsync_dir(root)
         atomic_write_text(root / LATEST_FILE, final.name + "\n", fsync=True)
     except OSError as err:
