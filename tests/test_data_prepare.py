@@ -237,3 +237,16 @@ def test_prepare_default_corpus_installed(tmp_path: Path) -> None:
     meta = json.loads((tmp_path / "d" / "meta.json").read_text())
     assert meta["source"]["chars"] == 200000
     assert 30_000 < meta["splits"]["train"]["tokens"] < 120_000
+
+
+def test_progress_bar_shows_whole_token_counts(text_folder: Path, tmp_path: Path, capsys) -> None:
+    """The tokenize bar's postfix prints its token count as a whole number with separators
+    (tqdm's default would print 6.1e+06)."""
+    import re
+
+    prepare(str(text_folder), tmp_path / "data", "bpe:320", val_tokens=200, progress=True)
+    err = capsys.readouterr().err
+    counts = re.findall(r"tokens=([^,\s\]]+(?:,\d{3})*)", err)
+    assert counts, err[-500:]
+    assert all(re.fullmatch(r"\d{1,3}(,\d{3})*", c) for c in counts), counts
+    assert int(counts[-1].replace(",", "")) > 1000  # large enough for tqdm to use e-notation

@@ -229,3 +229,34 @@ def test_eval_cli_errors(tmp_path: Path, capsys) -> None:
     assert "unknown task 'mmlu'" in capsys.readouterr().err
     assert main(["eval", str(tmp_path / "nope"), "--tasks", "piqa"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_eval_auto_runs_what_it_has_and_names_the_rest(tmp_path: Path, capsys, monkeypatch) -> None:
+    """The default `--tasks auto`: every task whose files are present, a note naming the others
+    with the options that get them; with nothing to run, an error that says the same."""
+    pytest.importorskip("transformers")
+    import shutil
+
+    from taperlm.cli import main
+    from taperlm.evaluation import locate
+    from taperlm.hf.export import export_model
+
+    data_dir = write_eval_files(tmp_path / "data")
+    shutil.rmtree(data_dir / "piqa")
+    shutil.rmtree(data_dir / "boolq")
+    export = export_model(tiny_model(), tmp_path / "export", tiny_tokenizer())
+    out = tmp_path / "res.json"
+    argv = ["eval", str(export), "--data-dir", str(data_dir), "--batch-size", "4", "--out", str(out)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    blob = json.loads(out.read_text())
+    assert "piqa" not in blob["tasks"] and "boolq" not in blob["tasks"]
+    assert {"wikitext", "hellaswag", "arc_easy"} <= set(blob["tasks"])
+    (note,) = [n for n in blob["meta"]["notes"] if "skipped" in n and "zero-shot" in n]
+    assert "piqa, boolq" in note and "--tasks paper --source hf" in note
+
+    monkeypatch.delenv("TAPERLM_EVAL_DATA", raising=False)
+    monkeypatch.setattr(locate, "_default_dirs", lambda: [])
+    assert main(["eval", str(export)]) == 2
+    err = capsys.readouterr().err
+    assert "nothing to evaluate" in err and "--source hf" in err and "val skipped" in err

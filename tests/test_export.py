@@ -131,3 +131,18 @@ def test_import_taperlm_stays_cheap() -> None:
     )
     assert "torch" not in stdout and "transformers" not in stdout
     assert time.perf_counter() - t0 < 60  # sanity only; the real number is in the docs
+
+
+def test_exported_files_have_the_default_mode(tmp_path: Path) -> None:
+    """Every exported file gets the mode of a newly created file (0644 under umask 022), the
+    weights included (safetensors alone leaves them at 0600)."""
+    import os
+
+    old = os.umask(0o022)
+    try:
+        out = export_model(tiny_model(), tmp_path / "hf", tiny_tokenizer())
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.rglob("*") if p.is_file()}
+    assert "model.safetensors" in modes
+    assert set(modes.values()) == {0o644}, modes

@@ -180,3 +180,48 @@ def test_first_tokens_is_a_prefix_of_the_whole_file(tmp_path: Path):
         assert first_tokens(p, enc, n) == full[:n]
     with pytest.raises(DataError, match="fewer than"):
         first_tokens(p, enc, len(full) + 1)
+
+
+def test_without_wikitext_a_run_uses_its_validation_split(
+    tmp_path: Path, gpt2_dir: Path, monkeypatch, capsys
+):
+    """No --data and no WikiText-2 anywhere (a fresh clone without ../shared): a training run is
+    measured on the first tokens of its own validation split, as `taperlm compare` does; a
+    model without a run's data still gets the error naming what to pass."""
+    ckpt = pytest.importorskip("taperlm.training.checkpoint")
+    import torch
+
+    from taperlm.config import DataConfig, RunConfig, save_yaml, to_dict
+    from taperlm.data.loader import open_split
+    from taperlm.data.prepare import prepare
+    from taperlm.evaluation import locate
+    from taperlm.models import TaperedLM
+
+    monkeypatch.delenv("TAPERLM_EVAL_DATA", raising=False)
+    monkeypatch.setattr(locate, "_default_dirs", lambda: [])
+    (tmp_path / "corpus.txt").write_text(TEXT * 4, encoding="utf-8")
+    data_dir = tmp_path / "data"
+    prepare(str(tmp_path / "corpus.txt"), data_dir, "bpe:300", val_tokens=200, progress=False)
+    model_cfg = tiny_config(vocab_size=320, n_layers=3, n_heads=2, context_length=32, resolve=False)
+    run_cfg = RunConfig(model=model_cfg, data=DataConfig(dir=str(data_dir))).resolve()
+    run = tmp_path / "run"
+    save_yaml(run_cfg, run / "config.yaml")
+    torch.manual_seed(0)
+    ckpt.save_checkpoint(run, 1, TaperedLM(run_cfg.model).state_dict(), {}, to_dict(run_cfg), 1)
+
+    assert main(["novelty", str(run), "--tokens", "64", "--plot", str(tmp_path / "n.png")]) == 0
+    captured = capsys.readouterr()
+    assert "WikiText-2 test not found" in captured.err and "val.bin" in captured.err
+    assert (tmp_path / "n.png").is_file()
+    assert main(["novelty", str(run), "--tokens", "64", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["data"] == str(data_dir / "val.bin") and out["input_tokens"] == 64
+    # the same tokens a --data file holding them would give: the val split's first 64
+    _, val = open_split(data_dir, "val")
+    from taperlm.analysis.sources import first_val_tokens
+
+    assert first_val_tokens(data_dir, 64) == [int(t) for t in val[:64]]
+
+    assert main(["novelty", str(gpt2_dir), "--tokens", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "WikiText-2 test" in err and "--data FILE" in err

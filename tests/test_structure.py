@@ -303,3 +303,21 @@ def test_v01_export_config_loads():
     cfg = from_dict(ModelConfig, old, "config.json:taperlm").resolve()
     assert cfg.family == "gated" and cfg.gated.gate == "headwise"
     assert TaperedLM(cfg).num_params() == budget.total_params(cfg)
+
+
+def test_progress_bar_postfixes_are_formatted_text():
+    """Every tqdm `set_postfix` in the library passes text it formatted itself: tqdm prints bare
+    numbers with 3 significant digits (a step or token count of 6,100,000 as 6.1e+06)."""
+    bad = []
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "set_postfix"):
+                continue
+            for kw in node.keywords:
+                text = isinstance(kw.value, ast.JoinedStr) or (
+                    isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, (str, bool))
+                )
+                if kw.arg != "refresh" and not text:
+                    bad.append(f"{path.relative_to(SRC)}:{node.lineno} {kw.arg}")
+    assert not bad, f"format these postfix values as text: {bad}"
+

@@ -523,3 +523,27 @@ def test_compile_failure_warns_and_trains_eagerly(data_dir, tmp_path, monkeypatc
 def test_metrics_json_is_strict(reference):
     for line in (reference / "metrics.jsonl").read_text().splitlines():
         json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+
+
+def test_tokens_round_up_to_whole_steps(data_dir, tmp_path, capsys):
+    """train.tokens that is not a whole number of batches trains the next whole step (at least
+    the tokens asked for), and says so; a whole number is left alone, silently."""
+    cfg = tiny_config(data_dir, "train.tokens=640", "train.checkpoint_every=0")  # 2.5 steps
+    assert cfg.train.steps == 3
+    res = train(cfg, tmp_path / "r", progress=False)
+    assert (res.step, res.tokens, res.total_steps) == (3, 768, 3)
+    err = capsys.readouterr().err
+    assert "train.tokens 640 is not a whole number of steps of train.batch_tokens 256" in err
+    assert "training 3 steps = 768 tokens (rounded up)" in err
+    assert tiny_config(data_dir, "train.tokens=768").train.rounding_note() is None
+    # compare rounds once, for every cell, and says so once
+    from taperlm.compare.job import CompareOptions, base_config
+
+    notes: list[str] = []
+    opts = CompareOptions(out=tmp_path / "c", tokens=40960, overrides=["train.batch_tokens=16384"])
+    base = base_config(opts, None, None, notes)
+    assert base.train.tokens == 49152 and base.train.steps == 3
+    assert notes == [
+        "train.tokens 40,960 is not a whole number of steps of train.batch_tokens 16,384: "
+        "training 3 steps = 49,152 tokens (rounded up)"
+    ]

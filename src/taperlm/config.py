@@ -184,7 +184,8 @@ class TrainConfig:
 
     Fields:
         seed: seed of init, data order and dropout-free RNG streams.
-        tokens: total training tokens (steps = tokens / batch_tokens).
+        tokens: total training tokens; the run makes tokens / batch_tokens optimizer steps,
+            rounded up to a whole step (the trainer says so when it rounds).
         batch_tokens: global batch in tokens per optimizer step (across ranks and micro-batches).
         micro_batch_size: sequences per forward pass per rank (accumulation fills the global batch).
         seq_len: training sequence length (<= model.context_length).
@@ -254,6 +255,22 @@ class TrainConfig:
     max_bad_steps: int = setting(5, "[1, inf)")
     peak_flops: float | None = setting(None, "(0, inf)")
     restore_nonfinite: bool = True
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps: `tokens / batch_tokens` rounded up to a whole step, so a run trains
+        at least the tokens asked for (40,960 tokens in batches of 16,384 = 3 steps, 49,152)."""
+        return max(1, -(-int(self.tokens) // int(self.batch_tokens)))
+
+    def rounding_note(self) -> str | None:
+        """What rounding `tokens` up to whole steps changed, or None when nothing was."""
+        trained = self.steps * self.batch_tokens
+        if trained == self.tokens:
+            return None
+        return (
+            f"train.tokens {self.tokens:,} is not a whole number of steps of train.batch_tokens "
+            f"{self.batch_tokens:,}: training {self.steps} steps = {trained:,} tokens (rounded up)"
+        )
 
 
 @dataclass

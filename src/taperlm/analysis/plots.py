@@ -162,14 +162,20 @@ def plot_novelty(
     results: Mapping[str, NoveltyResult],
     path: str | Path,
     title: str = "Layer-wise novelty",
-    band: bool = True,
+    band: bool | str = True,
+    r_labels: Mapping[str, Mapping[str, str]] | None = None,
+    r_title: str = "r = Pearson with depth",
 ) -> Path:
-    """rho_mlp (left) and rho_block (right) per layer, one line per model, each with its ±1 std
-    band over tokens. Models of different depth are drawn against relative depth l/(L-1)."""
+    """rho_mlp (left) and rho_block (right) per layer, one line per model, each with a band of
+    ±1 `std` of its per-layer statistics: a string `band` says what that std is a spread of
+    (default: "±1 std over tokens"; False draws none). The legend gives each model's Pearson r
+    with depth, or `r_labels[name]["pearson_mlp" | "pearson_block"]` (e.g. a mean over seeds),
+    under `r_title`. Models of different depth are drawn against relative depth l/(L-1)."""
     if not results:
         raise ValueError("plot_novelty needs at least one result")
     from matplotlib.ticker import MaxNLocator
 
+    band_text = band if isinstance(band, str) else "±1 std over tokens"
     depths = {r.n_layers for r in results.values()}
     relative = len(depths) > 1
     fig, axes = _figure(ncols=2, width=11.0, height=4.5)
@@ -184,8 +190,8 @@ def plot_novelty(
             x = np.arange(L) / max(L - 1, 1) if relative else np.arange(L)
             mean = np.array([s.mean for s in stats])
             std = np.array([s.std for s in stats])
-            r = getattr(res, r_key)
-            (line,) = ax.plot(x, mean, marker="o", markersize=3, label=f"{name} (r={r:+.2f})")
+            r_text = r_labels[name][r_key] if r_labels else f"r={getattr(res, r_key):+.2f}"
+            (line,) = ax.plot(x, mean, marker="o", markersize=3, label=f"{name} ({r_text})")
             if band:
                 ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.15)
         ax.axhline(0.0, color="0.4", linewidth=0.8)
@@ -193,8 +199,8 @@ def plot_novelty(
         if not relative:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(f"{symbol} = {formula}")
-        ax.set_title(f"{symbol} per layer" + (" (band: ±1 std over tokens)" if band else ""))
+        ax.set_title(f"{symbol} per layer" + (f" (band: {band_text})" if band else ""))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small", title="r = Pearson with depth", title_fontsize="small")
+        ax.legend(fontsize="small", title=r_title, title_fontsize="small")
     fig.suptitle(title)
     return _save(fig, path)

@@ -18,6 +18,7 @@ class LoadedModel:
     name: str
     kind: str  # "run" | "hf"
     context_length: int | None
+    data_dir: Path | None = None  # a run's data dir (its val split is the fallback text)
 
 
 def load_model(
@@ -66,12 +67,20 @@ def _torch_dtype(dtype: str | None):
 
 
 def _load_run(run_dir: Path, device: str, dtype: str | None, step: int | None) -> LoadedModel:
-    from taperlm.loading import load_run
+    from taperlm.loading import load_run, resolve_data_dir
 
     model, tok, run_cfg = load_run(run_dir, step=step, device=device)
     if (td := _torch_dtype(dtype)) is not None:
         model = model.to(td)
-    return LoadedModel(model, tok.encode, str(run_dir), "run", run_cfg.model.context_length)
+    run = run_dir if (run_dir / "config.yaml").is_file() else run_dir.parent.parent
+    return LoadedModel(
+        model,
+        tok.encode,
+        str(run_dir),
+        "run",
+        run_cfg.model.context_length,
+        resolve_data_dir(run, run_cfg),
+    )
 
 
 def _load_hf(
@@ -131,3 +140,17 @@ def first_tokens(path: Path, encode: Callable[[str], list[int]], n_tokens: int) 
             "pass a smaller --tokens or a longer file"
         )
     return ids[:n_tokens]
+
+
+def first_val_tokens(data_dir: Path, n_tokens: int) -> list[int]:
+    """The first `n_tokens` token ids of a prepared data dir's validation split (the text novelty
+    falls back to without WikiText-2); DataError when the split is shorter."""
+    from taperlm.data.loader import open_split
+
+    _, tokens = open_split(data_dir, "val")
+    if len(tokens) < n_tokens:
+        raise DataError(
+            f"the val split of {data_dir} has {len(tokens)} tokens, fewer than the {n_tokens} "
+            "asked for; ask for fewer tokens"
+        )
+    return [int(t) for t in tokens[:n_tokens]]

@@ -12,6 +12,7 @@ from taperlm.domains import input_path, number, output_path
 from taperlm.errors import ConfigError, DataError
 
 TASK_HELP = (
+    "auto (default: val + every task of the suite whose files are found locally), or "
     "comma-separated: paper (= val + all below), val, wikitext, lambada_openai, piqa, hellaswag, "
     "winogrande, arc_easy, arc_challenge, social_iqa, boolq"
 )
@@ -24,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=input_path(),
         help="run directory of `taperlm train` (or a checkpoint dir, or a `taperlm export` dir)",
     )
-    parser.add_argument("--tasks", default="paper", help=TASK_HELP)
+    parser.add_argument("--tasks", default="auto", help=TASK_HELP)
     parser.add_argument(
         "--data-dir",
         type=input_path(),
@@ -83,13 +84,41 @@ def parse_tasks(text: str) -> list[str]:
     return out
 
 
+def auto_tasks(data_dir: Path | None, source: str, notes: list[str]) -> list[str]:
+    """`--tasks auto`: the validation perplexity and every zero-shot task of the paper's suite
+    that can run here (all of them with --source hf; with local files, those whose files are in
+    `data_dir`); a note names the others and how to get them."""
+    from taperlm.evaluation.tasks import LOCAL_FILES, TASKS
+
+    if source == "hf":
+        return ["val", *TASKS]
+    have = [
+        t
+        for t in TASKS
+        if data_dir is not None and all((Path(data_dir) / f).is_file() for f in LOCAL_FILES[t])
+    ]
+    missing = [t for t in TASKS if t not in have]
+    if missing:
+        where = f"in {data_dir}" if data_dir is not None else "(no evaluation data folder)"
+        notes.append(
+            f"zero-shot tasks skipped, their files are not found {where}: {', '.join(missing)}. "
+            "Evaluate them with --tasks paper --source hf (downloads the datasets from the "
+            "Hugging Face Hub) or --data-dir DIR (a folder laid out like ../shared/data)"
+        )
+    return ["val", *have]
+
+
 def run(args: argparse.Namespace) -> int:
     from taperlm.device import resolve_device
     from taperlm.evaluation.locate import eval_data_dir
     from taperlm.loading import load_any
 
-    tasks = parse_tasks(args.tasks)
     data_dir = args.data_dir or eval_data_dir()
+    auto_notes: list[str] = []
+    if args.tasks.strip() == "auto":
+        tasks = auto_tasks(data_dir, args.source, auto_notes)
+    else:
+        tasks = parse_tasks(args.tasks)
     if args.write_lm_eval_tasks:
         return _write_lm_eval_tasks(args, tasks, data_dir)
     if args.run is None:
@@ -103,6 +132,9 @@ def run(args: argparse.Namespace) -> int:
             "TAPERLM_EVAL_DATA, or use --source hf"
         )
     results, notes = _run_tasks(args, tasks, scorer, data_dir, run_config)
+    notes += auto_notes
+    if not results:
+        raise DataError("nothing to evaluate: " + "; ".join(notes))
     _report(args, results, notes, _meta(args, device, data_dir, scorer.max_length, model, notes))
     return 0
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
+from pathlib import Path
 
 from taperlm.domains import input_path, number, output_path
 
@@ -70,10 +72,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from taperlm.analysis.novelty import measure
-    from taperlm.analysis.sources import first_tokens, load_model
+    from taperlm.analysis.sources import load_model
     from taperlm.device import resolve_device
     from taperlm.errors import ConfigError
-    from taperlm.evaluation.locate import wikitext_test
 
     device = resolve_device(args.device)
     loaded = load_model(args.model, device, args.dtype, args.trust_remote_code, args.step)
@@ -82,8 +83,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--seq-len {seq_len} exceeds the model's context of {loaded.context_length}"
         )
-    data = args.data if args.data is not None else wikitext_test()
-    ids = first_tokens(data, loaded.encode, args.tokens)
+    data, ids = _text(args, loaded)
     try:
         result = measure(
             loaded.model,
@@ -112,11 +112,38 @@ def run(args: argparse.Namespace) -> int:
         from taperlm.analysis.plots import plot_novelty
 
         path = plot_novelty(
-            {result.name: result}, args.plot, title=f"Layer-wise novelty: {data.name}"
+            {result.name: result}, args.plot, title=f"Layer-wise novelty: {Path(data).name}"
         )
         if not args.json:
             print(f"plot written to {path}")
     return 0
+
+
+def _text(args: argparse.Namespace, loaded) -> tuple[str, list[int]]:
+    """(what the text is, its first --tokens ids): --data, else WikiText-2 test (the paper's
+    choice), else for our runs the validation split of the run's data, as compare does."""
+    from taperlm.analysis.sources import first_tokens, first_val_tokens
+    from taperlm.errors import DataError
+    from taperlm.evaluation.locate import wikitext_test
+
+    if args.data is not None:
+        return str(args.data), first_tokens(args.data, loaded.encode, args.tokens)
+    try:
+        wikitext = wikitext_test()
+    except DataError as err:
+        if loaded.data_dir is None:
+            raise DataError(
+                f"{err}; or measure a training run, whose validation text is used"
+            ) from None
+        val = loaded.data_dir / "val.bin"
+        if not args.json:
+            print(
+                f"note: WikiText-2 test not found; measuring on the first {args.tokens} tokens "
+                f"of the run's validation split ({val})",
+                file=sys.stderr,
+            )
+        return str(val), first_val_tokens(loaded.data_dir, args.tokens)
+    return str(wikitext), first_tokens(wikitext, loaded.encode, args.tokens)
 
 
 def _fmt(x: float) -> str:

@@ -116,8 +116,14 @@ def _explicit_keys(opts: CompareOptions, file_data: dict[str, Any]) -> set[str]:
     return keys
 
 
-def base_config(opts: CompareOptions, data_dir: Path | None, data_vocab: int | None):
-    """The uniform run config every cell starts from (before taper and seed)."""
+def base_config(
+    opts: CompareOptions,
+    data_dir: Path | None,
+    data_vocab: int | None,
+    notes: list[str] | None = None,
+):
+    """The uniform run config every cell starts from (before taper and seed); what it had to
+    change (train.tokens rounded up to whole steps) is appended to `notes`."""
     from taperlm.config import apply_overrides, clear_resolved_sizes, run_config_from_dict
     from taperlm.presets import config_data
 
@@ -141,7 +147,9 @@ def base_config(opts: CompareOptions, data_dir: Path | None, data_vocab: int | N
         model["vocab_size"] = data_vocab  # a preset follows the data's tokenizer
     cfg_data = {"model": model, "data": data, "train": train}
     apply_overrides(cfg_data, opts.overrides)
-    _derive_schedule(cfg_data["train"], explicit)
+    note = _derive_schedule(cfg_data["train"], explicit)
+    if note and notes is not None:
+        notes.append(note)
     cfg = run_config_from_dict(cfg_data, source)
     if cfg.model.taper.schedule != "uniform":
         raise ConfigError(
@@ -152,17 +160,25 @@ def base_config(opts: CompareOptions, data_dir: Path | None, data_vocab: int | N
     return cfg.resolve()
 
 
-def _derive_schedule(train: dict[str, Any], explicit: set[str]) -> None:
-    """Warmup, evaluation and checkpoint intervals from train.tokens, unless given."""
+def _derive_schedule(train: dict[str, Any], explicit: set[str]) -> str | None:
+    """Whole steps (train.tokens rounded up, said once here rather than by every cell), then
+    warmup, evaluation and checkpoint intervals from them, unless given."""
+    from taperlm.config import TrainConfig
+
     tokens = int(float(train["tokens"]))
-    batch = int(float(train.get("batch_tokens", 16384)))
-    steps = max(1, tokens // batch)
+    batch = int(float(train.get("batch_tokens", TrainConfig.batch_tokens)))
+    rounding = TrainConfig(tokens=tokens, batch_tokens=max(1, batch))
+    steps = rounding.steps
+    note = rounding.rounding_note() if tokens >= batch >= 1 else None
+    if note:
+        train["tokens"] = tokens = steps * batch
     if "train.warmup_tokens" not in explicit:
         train["warmup_tokens"] = int(WARMUP_FRACTION * tokens) // batch * batch
     if "train.eval_every" not in explicit:
         train["eval_every"] = max(1, steps // CURVE_POINTS)
     if "train.checkpoint_every" not in explicit:
         train["checkpoint_every"] = max(1, steps // CHECKPOINTS_PER_RUN)
+    return note
 
 
 def cache_root() -> Path:
@@ -308,7 +324,10 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
 
     data_dir = _data_dir(opts, provisional)
     meta = load_meta(data_dir)
-    base = base_config(opts, data_dir, int(meta["vocab_size"]))
+    notes: list[str] = []
+    base = base_config(opts, data_dir, int(meta["vocab_size"]), notes)
+    for note in notes:
+        print(f"taperlm compare: note: {note}", file=sys.stderr)
     grid = build_grid(base, allocs, seeds, opts.paper)
     settings = eval_settings(opts)
     SharedInputs(data_dir, settings).load()  # inputs too small for the job: fail before any work
@@ -428,7 +447,7 @@ def _report_meta(opts, grid, results, command, data_dir, meta, settings) -> dict
         },
         "settings": {
             "tokens": t.tokens,
-            "steps": t.tokens // t.batch_tokens,
+            "steps": t.steps,
             "batch_tokens": t.batch_tokens,
             "seq_len": t.seq_len,
             "lr": t.lr,

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from taperlm.compare.grid import Grid
 
 PLOTS = {
@@ -17,29 +19,24 @@ PLOTS = {
 
 
 def _averaged_novelty(results: list[dict[str, Any]], label: str):
-    """One NoveltyResult per allocation: per-layer statistics averaged over seeds."""
+    """One NoveltyResult per allocation: per layer, the mean over seeds of each seed's per-layer
+    mean, with the sample std over seeds as its `std` (0 for one seed), so that the plot's band
+    is the seed-to-seed spread the report's statistics are about (not the spread over tokens)."""
     from taperlm.analysis.novelty import NoveltyResult, TokenStats
 
     per_seed = [NoveltyResult.from_dict(r["novelty"]) for r in results]
     first = per_seed[0]
 
-    def avg(key: str) -> list[TokenStats]:
+    def over_seeds(key: str) -> list[TokenStats]:
         out = []
         for i in range(first.n_layers):
-            layer = [getattr(p, key)[i] for p in per_seed]
-            out.append(
-                TokenStats(
-                    mean=float(sum(s.mean for s in layer) / len(layer)),
-                    std=float(sum(s.std for s in layer) / len(layer)),
-                    median=float(sum(s.median for s in layer) / len(layer)),
-                    p10=float(sum(s.p10 for s in layer) / len(layer)),
-                    p90=float(sum(s.p90 for s in layer) / len(layer)),
-                    n=sum(s.n for s in layer),
-                )
-            )
+            means = np.array([getattr(p, key)[i].mean for p in per_seed], dtype=float)
+            sd = float(means.std(ddof=1)) if len(means) > 1 else 0.0
+            m = float(means.mean())
+            out.append(TokenStats(mean=m, std=sd, median=m, p10=m, p90=m, n=len(means)))
         return out
 
-    return first.with_layers(avg("rho_block"), avg("rho_mlp"), name=label)
+    return first.with_layers(over_seeds("rho_block"), over_seeds("rho_mlp"), name=label)
 
 
 def _diff_curves(
@@ -55,8 +52,35 @@ def _diff_curves(
     return out
 
 
-def write_plots(grid: Grid, results: dict[str, dict[str, Any]], out_dir: Path) -> dict[str, str]:
-    """The PNGs (file names relative to out_dir)."""
+# The one novelty statistic of plot and report: each seed's Pearson r of its per-layer means
+# with depth, then mean ± std over seeds.
+R_TITLE = "r with depth: mean ± std over seeds"
+
+
+def _r_labels(summary: dict[str, Any], labels) -> dict[str, dict[str, str]]:
+    """Legend text per allocation label: the report's r statistics (summary["allocations"])."""
+    out = {}
+    for a in summary["allocations"]:
+        if a["label"] not in labels:
+            continue
+        texts = {}
+        for key in ("pearson_mlp", "pearson_block"):
+            st = a["novelty"][key]
+            if st["mean"] is None:
+                texts[key] = "r n/a"
+            elif st["std"] is None:
+                texts[key] = f"r={st['mean']:+.2f}"
+            else:
+                texts[key] = f"r={st['mean']:+.2f}±{st['std']:.2f}"
+        out[a["label"]] = texts
+    return out
+
+
+def write_plots(
+    grid: Grid, results: dict[str, dict[str, Any]], out_dir: Path, summary: dict[str, Any]
+) -> dict[str, str]:
+    """The PNGs (file names relative to out_dir); `summary` (taperlm.compare.summary) supplies
+    the statistics shown in legends, so plots and report.md show the same numbers."""
     from taperlm.analysis.plots import (
         plot_loss_curves,
         plot_novelty,
@@ -86,7 +110,15 @@ def write_plots(grid: Grid, results: dict[str, dict[str, Any]], out_dir: Path) -
     }
     curves = {k: v for k, v in curves.items() if v}
     if curves:
-        plot_loss_curves(curves, out_dir / PLOTS["val_loss"], title="Validation loss")
+        # The curve points are the trainer's evaluations (train.eval_tokens each); the report's
+        # final numbers use more tokens, so the last point need not equal the table's loss.
+        every = f"each point {grid.base.train.eval_tokens:,} val tokens"
+        final = {r["val"]["tokens"] for r in results.values()}
+        if final:
+            every += f"; the table's final losses: {'/'.join(f'{n:,}' for n in sorted(final))}"
+        plot_loss_curves(
+            curves, out_dir / PLOTS["val_loss"], title=f"Validation loss during training ({every})"
+        )
         written["val_loss"] = PLOTS["val_loss"]
         base = {r["seed"]: r["curve"] for r in by_alloc[uniform.name]}
         diffs = {
@@ -95,7 +127,12 @@ def write_plots(grid: Grid, results: dict[str, dict[str, Any]], out_dir: Path) -
             if not a.is_uniform
         }
         if any(diffs.values()):
-            plot_paired_differences(diffs, out_dir / PLOTS["val_loss_diff"])
+            plot_paired_differences(
+                diffs,
+                out_dir / PLOTS["val_loss_diff"],
+                title="Paired validation-loss difference vs uniform during training\n"
+                f"(mean ± 1 std over seeds; {every})",
+            )
             written["val_loss_diff"] = PLOTS["val_loss_diff"]
 
     nov = {
@@ -108,7 +145,10 @@ def write_plots(grid: Grid, results: dict[str, dict[str, Any]], out_dir: Path) -
         plot_novelty(
             nov,
             out_dir / PLOTS["novelty"],
-            title=f"Layer-wise novelty (per-layer means averaged over {n_seeds} seed(s))",
+            title=f"Layer-wise novelty: per-layer means averaged over {n_seeds} seed(s)",
+            band="±1 std over seeds",
+            r_labels=_r_labels(summary, nov),
+            r_title=R_TITLE,
         )
         written["novelty"] = PLOTS["novelty"]
     return written

@@ -63,7 +63,7 @@ def render_markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
         lines += _paper_section(summary["paper_comparison"], allocs)
     lines += _zero_shot_section(allocs, s)
     lines += _novelty_section(allocs, s)
-    lines += _plots_section(meta["plots"])
+    lines += _plots_section(meta["plots"], s)
     lines += _per_seed_section(allocs, s["seeds"])
     lines += [
         "",
@@ -223,21 +223,30 @@ def _novelty_section(allocs: list[dict[str, Any]], s: dict[str, Any]) -> list[st
         "",
         f"rho_mlp(l) = cos(F_l(z_l), h_l) and rho_block(l) = cos(h_(l+1) − h_l, h_l) per token, "
         f"averaged over {allocs[0]['novelty']['tokens']} tokens of {s['novelty_text']}; r = "
-        "Pearson correlation of the per-layer means with depth (mean ± std over seeds). The "
-        "paper measured r(rho_mlp) = 0.49–0.71 on GPT-2.",
+        "each seed's Pearson correlation of its per-layer means with depth, then mean ± std "
+        "over seeds (the same statistic as in novelty.png's legend). rho_mlp per layer: the "
+        "per-layer means averaged over seeds (novelty.png's lines; its bands are ±1 std over "
+        "seeds). The paper measured r(rho_mlp) = 0.49–0.71 on GPT-2.",
         "",
         *_table(
-            ["allocation", "r(rho_mlp, depth)", "r(rho_block, depth)", "rho_mlp per layer"], rows
+            [
+                "allocation",
+                "r(rho_mlp, depth), mean ± std over seeds",
+                "r(rho_block, depth), mean ± std over seeds",
+                "rho_mlp per layer, mean over seeds",
+            ],
+            rows,
         ),
     ]
 
 
-def _plots_section(plots: dict[str, str]) -> list[str]:
+def _plots_section(plots: dict[str, str], s: dict[str, Any]) -> list[str]:
+    evals = f"{s['eval_tokens']:,} val tokens per point, not the table's {s['val_tokens']:,}"
     captions = {
         "widths": "MLP width per layer (uniform baseline dashed)",
-        "val_loss": "validation loss vs tokens (mean ± 1 std over seeds)",
-        "val_loss_diff": "paired validation-loss difference vs uniform during training",
-        "novelty": "rho_mlp and rho_block per layer",
+        "val_loss": f"validation loss during training, mean ± 1 std over seeds ({evals})",
+        "val_loss_diff": f"paired validation-loss difference vs uniform during training ({evals})",
+        "novelty": "rho_mlp and rho_block per layer, means over seeds ± 1 std over seeds",
     }
     lines = ["", "## Plots", ""]
     lines += [f"- [{captions[key]}]({file})" for key, file in plots.items()]
@@ -347,7 +356,7 @@ def write_report(
     """report.json, report.md and the PNGs in out_dir."""
     summary = summarize(grid, results)
     meta = dict(meta)
-    meta["plots"] = write_plots(grid, results, out_dir)
+    meta["plots"] = write_plots(grid, results, out_dir, summary)
     doc = {
         "meta": meta,
         "base_config": to_dict(grid.base),

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from taperlm.compare.grid import Cell
 from taperlm.config import to_dict
 from taperlm.device import resolve_device
-from taperlm.errors import ConfigError, DataError
+from taperlm.errors import ConfigError
 from taperlm.io import atomic_write_json, finite_json
 from taperlm.runlock import locked
 
@@ -96,15 +96,9 @@ class SharedInputs:
                     Path(self.settings.novelty_text), self.tokenizer.encode, n
                 )
             else:
-                from taperlm.data.loader import open_split
+                from taperlm.analysis.sources import first_val_tokens
 
-                _, tokens = open_split(self.data_dir, "val")
-                if len(tokens) < n:
-                    raise DataError(
-                        f"the val split of {self.data_dir} has {len(tokens)} tokens, fewer than "
-                        f"--novelty-tokens {n}; lower it"
-                    )
-                self._novelty_ids = [int(t) for t in tokens[:n]]
+                self._novelty_ids = first_val_tokens(self.data_dir, n)
         return self._novelty_ids
 
     def load(self) -> SharedInputs:
@@ -283,7 +277,7 @@ def cell_state(cell: Cell, run_dir: Path, settings: dict[str, Any]) -> tuple[str
         _check_saved_config(run_dir, cached["config"], cell, "was trained with a different config")
         if cached.get("eval_settings") == settings:
             return "cached", cached
-        total_steps = cell.config.train.tokens // cell.config.train.batch_tokens
+        total_steps = cell.config.train.steps
         if _has_final_checkpoint(run_dir, total_steps):
             return "evaluate", cached
     elif (run_dir / "config.yaml").is_file() and list_checkpoints(run_dir):
@@ -363,7 +357,7 @@ def _run_cell(cell, run_dir, shared, progress, on_step, on_evaluate, jobs):
     state, cached = cell_state(cell, run_dir, settings)
     if state == "cached":
         return cached, "cached"
-    total_steps = cell.config.train.tokens // cell.config.train.batch_tokens
+    total_steps = cell.config.train.steps
     device = resolve_device(cell.config.train.device)
     train_info: dict[str, Any]
     if state == "evaluate":

@@ -246,7 +246,7 @@ def _tokenize(out, spool, stream, tok, n_docs, n_chars, workers, progress, tqdm)
                 n_tokens += ids.size
                 bar.update(chars)
                 elapsed = max(time.perf_counter() - start, 1e-9)
-                bar.set_postfix(tokens=n_tokens, tok_s=f"{n_tokens / elapsed:,.0f}")
+                bar.set_postfix(tokens=f"{n_tokens:,}", tok_s=f"{n_tokens / elapsed:,.0f}")
     finally:
         bar.close()
         if pool is not None:

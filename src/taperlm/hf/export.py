@@ -11,6 +11,7 @@ installed; after `import taperlm` no remote code is needed at all.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -122,4 +123,16 @@ def export_model(
     if data.get("auto_map") != AUTO_MAP:
         data["auto_map"] = dict(AUTO_MAP)
         cfg_path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    _default_modes(out)
     return out
+
+
+def _default_modes(out: Path) -> None:
+    """Give every exported file the mode of a newly created file (0644 under the usual umask):
+    some writers (safetensors through a private temp file) leave theirs at 0600, which breaks
+    sharing an export with other users or a serving process."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in out.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~umask)

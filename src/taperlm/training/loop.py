@@ -18,6 +18,7 @@ import contextlib
 import math
 import os
 import random
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -354,7 +355,9 @@ class Trainer:
         self.info = D.init_distributed(self.cfg.device)
         validate_train_config(self.run, self.info.world_size)
         self.accum = accumulation_steps(self.cfg, self.info.world_size)
-        self.total_steps = self.cfg.tokens // self.cfg.batch_tokens
+        self.total_steps = self.cfg.steps
+        if self.info.is_main and (note := self.cfg.rounding_note()):
+            print(f"taperlm train: note: {note}", file=sys.stderr)
         self.schedule = LRSchedule.from_config(self.cfg, self.total_steps)
         self.device = self.info.device
 
@@ -757,7 +760,7 @@ class Trainer:
                     torch.cuda.synchronize(self.device)
                 clock.step(time.perf_counter() - t0, self.cfg.batch_tokens)
                 bar.update(self.cfg.batch_tokens)
-                bar.set_postfix(loss=f"{loss:.4f}", step=self.step, refresh=False)
+                bar.set_postfix(loss=f"{loss:.4f}", step=f"{self.step:,}", refresh=False)
                 self._stop_if_diverged(loss, gnorm)
                 last = self.step == self.total_steps
                 self._log_if_due(last, loss, lr, gnorm, clock)
