@@ -201,6 +201,58 @@ def test_second_invocation_retrains_nothing(finished):
     assert after == before
 
 
+def test_plots_and_report_show_one_statistic_per_label(finished, monkeypatch):
+    """novelty.png's legend gives the report's r (mean ± std over seeds of each seed's r, not
+    the r of the seed-averaged curve) and its bands are spreads over seeds; the loss plots and
+    the report say how many val tokens each curve point used, beside the table's count."""
+    from taperlm.analysis import plots
+
+    seen: dict[str, dict] = {}
+    for name in ("plot_novelty", "plot_loss_curves", "plot_paired_differences"):
+        original = getattr(plots, name)
+
+        def record(*args, _name=name, _original=original, **kwargs):
+            seen[_name] = {"args": args, **kwargs}
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(plots, name, record)
+    out, args, _ = finished
+    rc, _, stderr = _cli(args)
+    assert rc == 0, stderr
+    rep = _report(out)
+    md = (out / "report.md").read_text()
+
+    nov = seen["plot_novelty"]
+    assert nov["band"] == "±1 std over seeds" and "over seeds" in nov["r_title"]
+    assert set(nov["r_labels"]) == {a["label"] for a in rep["allocations"]}
+    for a in rep["allocations"]:
+        for key in ("pearson_mlp", "pearson_block"):
+            st = a["novelty"][key]
+            per_seed = [
+                r["novelty"][key] for r in rep["runs"].values() if r["allocation"] == a["label"]
+            ]
+            assert len(per_seed) == 3 and st["mean"] == pytest.approx(sum(per_seed) / 3)
+            assert nov["r_labels"][a["label"]][key] == f"r={st['mean']:+.2f}±{st['std']:.2f}"
+        novelty_row = next(
+            ln
+            for ln in md.split("## Novelty")[1].splitlines()
+            if ln.startswith(f"| {a['label']} |")
+        )
+        for key in ("pearson_mlp", "pearson_block"):
+            st = a["novelty"][key]
+            assert f"{st['mean']:+.2f} ± {st['std']:.2f}" in novelty_row
+    assert "r(rho_mlp, depth), mean ± std over seeds" in md
+
+    eval_tokens = rep["meta"]["settings"]["eval_tokens"]
+    val_tokens = rep["meta"]["settings"]["val_tokens"]
+    assert eval_tokens != val_tokens  # else the check below could not tell them apart
+    for name in ("plot_loss_curves", "plot_paired_differences"):
+        title = seen[name]["title"]
+        assert f"each point {eval_tokens:,} val tokens" in title
+        assert f"final losses: {val_tokens:,}" in title
+    assert f"{eval_tokens:,} val tokens per point, not the table's {val_tokens:,}" in md
+
+
 def test_changed_eval_settings_reevaluate_without_training(finished):
     out, args, _ = finished
     ckpts = sorted((out / "runs").glob("*/checkpoints/step_*/manifest.json"))

@@ -246,7 +246,16 @@ def test_eval_auto_runs_what_it_has_and_names_the_rest(tmp_path: Path, capsys, m
     shutil.rmtree(data_dir / "boolq")
     export = export_model(tiny_model(), tmp_path / "export", tiny_tokenizer())
     out = tmp_path / "res.json"
-    argv = ["eval", str(export), "--data-dir", str(data_dir), "--batch-size", "4", "--out", str(out)]
+    argv = [
+        "eval",
+        str(export),
+        "--data-dir",
+        str(data_dir),
+        "--batch-size",
+        "4",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     capsys.readouterr()
     blob = json.loads(out.read_text())

@@ -320,4 +320,3 @@ def test_progress_bar_postfixes_are_formatted_text():
                 if kw.arg != "refresh" and not text:
                     bad.append(f"{path.relative_to(SRC)}:{node.lineno} {kw.arg}")
     assert not bad, f"format these postfix values as text: {bad}"
-
