@@ -192,6 +192,7 @@ def test_without_wikitext_a_run_uses_its_validation_split(
     import torch
 
     from taperlm.config import DataConfig, RunConfig, save_yaml, to_dict
+    from taperlm.data.identity import record_run_data
     from taperlm.data.loader import open_split
     from taperlm.data.prepare import prepare
     from taperlm.evaluation import locate
@@ -208,6 +209,7 @@ def test_without_wikitext_a_run_uses_its_validation_split(
     save_yaml(run_cfg, run / "config.yaml")
     torch.manual_seed(0)
     ckpt.save_checkpoint(run, 1, TaperedLM(run_cfg.model).state_dict(), {}, to_dict(run_cfg), 1)
+    record_run_data(run, data_dir)
 
     assert main(["novelty", str(run), "--tokens", "64", "--plot", str(tmp_path / "n.png")]) == 0
     captured = capsys.readouterr()
@@ -225,3 +227,10 @@ def test_without_wikitext_a_run_uses_its_validation_split(
     assert main(["novelty", str(gpt2_dir), "--tokens", "64"]) == 2
     err = capsys.readouterr().err
     assert "WikiText-2 test" in err and "--data FILE" in err
+
+    # the run's data dir re-prepared from other text: its val tokens are not the run's any more
+    (tmp_path / "corpus.txt").write_text(TEXT[::-1] * 4, encoding="utf-8")
+    prepare(str(tmp_path / "corpus.txt"), data_dir, "bpe:300", val_tokens=200, progress=False)
+    assert main(["novelty", str(run), "--tokens", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "changed since the run was trained" in err and "--data FILE" in err

@@ -19,6 +19,7 @@ class LoadedModel:
     kind: str  # "run" | "hf"
     context_length: int | None
     data_dir: Path | None = None  # a run's data dir (its val split is the fallback text)
+    run_dir: Path | None = None  # a run's directory (its record of the data it trained on)
 
 
 def load_model(
@@ -67,19 +68,20 @@ def _torch_dtype(dtype: str | None):
 
 
 def _load_run(run_dir: Path, device: str, dtype: str | None, step: int | None) -> LoadedModel:
-    from taperlm.loading import load_run, resolve_data_dir
+    from taperlm.loading import load_run, resolve_data_dir, run_root
 
     model, tok, run_cfg = load_run(run_dir, step=step, device=device)
     if (td := _torch_dtype(dtype)) is not None:
         model = model.to(td)
-    run = run_dir if (run_dir / "config.yaml").is_file() else run_dir.parent.parent
+    root = run_root(run_dir)
     return LoadedModel(
         model,
         tok.encode,
         str(run_dir),
         "run",
         run_cfg.model.context_length,
-        resolve_data_dir(run, run_cfg),
+        resolve_data_dir(root, run_cfg),
+        root,
     )
 
 
@@ -142,11 +144,18 @@ def first_tokens(path: Path, encode: Callable[[str], list[int]], n_tokens: int) 
     return ids[:n_tokens]
 
 
-def first_val_tokens(data_dir: Path, n_tokens: int) -> list[int]:
+def first_val_tokens(data_dir: Path, n_tokens: int, run_dir: Path | None = None) -> list[int]:
     """The first `n_tokens` token ids of a prepared data dir's validation split (the text novelty
-    falls back to without WikiText-2); DataError when the split is shorter."""
+    falls back to without WikiText-2); DataError when the split is shorter, or when `run_dir`
+    was trained on other data than `data_dir` now holds (its tokens would mean other text)."""
+    from taperlm.data.identity import check_run_data
     from taperlm.data.loader import open_split
 
+    if run_dir is not None and (why := check_run_data(run_dir, data_dir, ("val",))):
+        raise DataError(
+            f"the data dir {data_dir} of run {run_dir} changed since the run was trained: "
+            f"{why}. Restore that data, or pass the text to measure with --data FILE"
+        )
     _, tokens = open_split(data_dir, "val")
     if len(tokens) < n_tokens:
         raise DataError(

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from taperlm.compare.grid import Cell
 from taperlm.config import to_dict
 from taperlm.device import resolve_device
-from taperlm.errors import ConfigError
+from taperlm.errors import ConfigError, DataError
 from taperlm.io import atomic_write_json, finite_json
 from taperlm.runlock import locked
 
