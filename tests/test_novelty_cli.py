@@ -222,7 +222,7 @@ def test_without_wikitext_a_run_uses_its_validation_split(
     _, val = open_split(data_dir, "val")
     from taperlm.analysis.sources import first_val_tokens
 
-    assert first_val_tokens(data_dir, 64) == [int(t) for t in val[:64]]
+    assert first_val_tokens(data_dir, 64, "--tokens") == [int(t) for t in val[:64]]
 
     assert main(["novelty", str(gpt2_dir), "--tokens", "64"]) == 2
     err = capsys.readouterr().err

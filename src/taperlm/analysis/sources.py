@@ -144,10 +144,13 @@ def first_tokens(path: Path, encode: Callable[[str], list[int]], n_tokens: int) 
     return ids[:n_tokens]
 
 
-def first_val_tokens(data_dir: Path, n_tokens: int, run_dir: Path | None = None) -> list[int]:
+def first_val_tokens(
+    data_dir: Path, n_tokens: int, option: str, run_dir: Path | None = None
+) -> list[int]:
     """The first `n_tokens` token ids of a prepared data dir's validation split (the text novelty
-    falls back to without WikiText-2); DataError when the split is shorter, or when `run_dir`
-    was trained on other data than `data_dir` now holds (its tokens would mean other text)."""
+    falls back to without WikiText-2); DataError when the split is shorter (naming the `option`
+    that asked for `n_tokens`), or when `run_dir` was trained on other data than `data_dir` now
+    holds (its tokens would stand for other text)."""
     from taperlm.data.identity import check_run_data
     from taperlm.data.loader import open_split
 
@@ -159,7 +162,7 @@ def first_val_tokens(data_dir: Path, n_tokens: int, run_dir: Path | None = None)
     _, tokens = open_split(data_dir, "val")
     if len(tokens) < n_tokens:
         raise DataError(
-            f"the val split of {data_dir} has {len(tokens)} tokens, fewer than the {n_tokens} "
-            "asked for; ask for fewer tokens"
+            f"the val split of {data_dir} has {len(tokens)} tokens, fewer than {option} "
+            f"{n_tokens}; lower it"
         )
     return [int(t) for t in tokens[:n_tokens]]

@@ -142,7 +142,7 @@ def _text(args: argparse.Namespace, loaded) -> tuple[str, list[int]]:
                 f"of the run's validation split ({val})",
                 file=sys.stderr,
             )
-        return str(val), first_val_tokens(loaded.data_dir, args.tokens, loaded.run_dir)
+        return str(val), first_val_tokens(loaded.data_dir, args.tokens, "--tokens", loaded.run_dir)
     return str(wikitext), first_tokens(wikitext, loaded.encode, args.tokens)
 
 

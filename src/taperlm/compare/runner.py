@@ -98,7 +98,7 @@ class SharedInputs:
             else:
                 from taperlm.analysis.sources import first_val_tokens
 
-                self._novelty_ids = first_val_tokens(self.data_dir, n)
+                self._novelty_ids = first_val_tokens(self.data_dir, n, "--novelty-tokens")
         return self._novelty_ids
 
     def load(self) -> SharedInputs:
