@@ -4,6 +4,9 @@ Uses the model's incremental-decoding cache (`model.new_cache()`, attention fami
 back to recomputing the whole prefix each step when a family has none (NotImplementedError).
 The context never exceeds `context_length`: past it, the oldest tokens are dropped and the
 window is recomputed (no cache).
+
+`greedy_batch` decodes many prompts greedily at once (the NIAH evaluation): prompts of equal
+length share a batch, prefilled once, then decoded with the same cache (or recomputation).
 """
 
 from __future__ import annotations
@@ -102,6 +105,90 @@ def generate_tokens(
             logits = run([tok], cache)
         else:
             logits = run(tokens, None)
+
+
+def new_cache_or_none(model: Any) -> Any:
+    """The model's decoding cache, or None when its family has none (then: recompute)."""
+    try:
+        return model.new_cache()
+    except NotImplementedError:
+        return None
+
+
+@torch.no_grad()
+def greedy_batch(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    eos_id: int | None = None,
+    batch_size: int = 8,
+    device: str | torch.device = "cpu",
+    use_cache: bool = True,
+    dtype: torch.dtype | None = None,
+    on_batch: Callable[[int], None] | None = None,
+) -> list[list[int]]:
+    """Greedy continuations (token ids, EOS excluded) of every prompt, batched.
+
+    Only prompts of equal token length share a batch (longest first, at most `batch_size`): the
+    models take no attention mask, so a padded row would see its pads (left padding) or put its
+    new tokens at the wrong positions (right padding); equal lengths make every row compute
+    exactly what it would alone. Each batch is prefilled once, then decoded one token per step
+    with the model's cache (`model.new_cache()`); a family without one recomputes the whole
+    sequence every step. A row is done at `eos_id`; the batch stops when every row is done or
+    after `max_new_tokens`. No context limit is applied (the caller checks lengths).
+    `on_batch(rows)` is called after each batch (progress)."""
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("a prompt is empty; give at least one token")
+    order = sorted(range(len(prompts)), key=lambda i: (-len(prompts[i]), i))
+    out: list[list[int]] = [[] for _ in prompts]
+    dev = torch.device(device)
+    start = 0
+    while start < len(order):
+        n = len(prompts[order[start]])
+        rows = [order[start]]
+        while (
+            len(rows) < batch_size
+            and start + len(rows) < len(order)
+            and len(prompts[order[start + len(rows)]]) == n
+        ):
+            rows.append(order[start + len(rows)])
+        start += len(rows)
+        ids = torch.tensor([list(prompts[r]) for r in rows], dtype=torch.long, device=dev)
+        with torch.autocast(dev.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            for r, toks in zip(rows, _greedy_rows(model, ids, max_new_tokens, eos_id, use_cache)):
+                out[r] = toks
+        if on_batch is not None:
+            on_batch(len(rows))
+    return out
+
+
+def _greedy_rows(
+    model: Any, ids: torch.Tensor, max_new_tokens: int, eos_id: int | None, use_cache: bool
+) -> list[list[int]]:
+    """Greedy decoding of one batch of equal-length prompts [B, T]."""
+    cache = new_cache_or_none(model) if use_cache else None
+    B = ids.shape[0]
+    new = [[] for _ in range(B)]  # type: list[list[int]]
+    done = torch.zeros(B, dtype=torch.bool, device=ids.device)
+    seq = ids
+    logits = model(ids, cache=cache, logits_to_keep=1).logits[:, -1]
+    for step in range(max_new_tokens):
+        tok = logits.argmax(-1)
+        if eos_id is not None:
+            done |= tok == eos_id
+        for b, (t, d) in enumerate(zip(tok.tolist(), done.tolist())):
+            if not d:
+                new[b].append(t)
+        if bool(done.all()) or step == max_new_tokens - 1:
+            break
+        if cache is not None:
+            logits = model(tok[:, None], cache=cache, logits_to_keep=1).logits[:, -1]
+        else:
+            seq = torch.cat((seq, tok[:, None]), 1)
+            logits = model(seq, logits_to_keep=1).logits[:, -1]
+    return new
 
 
 def stream_text(token_iter: Iterator[int], decode: Callable[[list[int]], str]) -> Iterator[str]:

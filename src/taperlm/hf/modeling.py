@@ -60,6 +60,14 @@ class TaperLMForCausalLM(TaperLMPreTrainedModel, GenerationMixin):
         tag_update_periods(model.model)
         return model
 
+    def prepare_inputs_for_generation(
+        self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        # No transformers cache yet: always feed the whole sequence. (The default would cut the
+        # input to the new token whenever generate() runs with use_cache=True, as lm-eval's
+        # generation requests do, and the model would continue from that token alone.)
+        return {"input_ids": input_ids, "attention_mask": attention_mask}
+
     def get_input_embeddings(self) -> torch.nn.Module:
         return self.model.embed
 

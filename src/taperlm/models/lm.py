@@ -70,12 +70,20 @@ class TaperedLM(nn.Module):
         idx: torch.Tensor,
         targets: torch.Tensor | None = None,
         cache: list[Any] | None = None,
+        logits_to_keep: int = 0,
     ) -> LMOutput:
+        """Logits (and the mean loss against `targets`) of token ids `idx` [B, T]. `cache`: state
+        from `new_cache()`, advanced in place. `logits_to_keep` = n > 0: logits of the last n
+        positions only (generation needs one; saves the [B, T, V] head output)."""
         if idx.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"token ids must be an integer tensor, got {idx.dtype}")
         x = self.embed(idx)
         for i, block in enumerate(self.blocks):
             x = block(x, None if cache is None else cache[i])
+        if logits_to_keep > 0:
+            if targets is not None:
+                raise ValueError("logits_to_keep is for generation; the loss needs every position")
+            x = x[:, -logits_to_keep:]
         logits = self.lm_head(self.norm(x))
         loss = None
         if targets is not None:
