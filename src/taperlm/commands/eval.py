@@ -1,5 +1,6 @@
-"""`taperlm eval RUN --tasks LIST`: validation perplexity and the paper's zero-shot suite
-(lm-evaluation-harness conventions), printed as the paper's table and/or JSON."""
+"""`taperlm eval RUN --tasks LIST`: validation perplexity, the paper's zero-shot suite and
+RULER's single needle-in-a-haystack tasks (lm-evaluation-harness conventions), printed as the
+paper's table and/or JSON."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ from pathlib import Path
 
 from taperlm.domains import input_path, number, output_path
 from taperlm.errors import ConfigError, DataError
+from taperlm.evaluation.niah import DEFAULT_LENGTHS
+from taperlm.evaluation.niah import TASKS as NIAH_TASKS
 
 TASK_HELP = (
     "auto (default: val + every task of the suite whose files are found locally), or "
-    "comma-separated: paper (= val + all below), val, wikitext, lambada_openai, piqa, hellaswag, "
-    "winogrande, arc_easy, arc_challenge, social_iqa, boolq"
+    "comma-separated: paper (= val + the zero-shot tasks), val, wikitext, lambada_openai, piqa, "
+    "hellaswag, winogrande, arc_easy, arc_challenge, social_iqa, boolq; niah (= niah_single_1, "
+    "niah_single_2, niah_single_3: RULER S-NIAH at --niah-lengths); all (= paper + niah)"
 )
 
 
@@ -39,7 +43,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="local files (default) or the Hugging Face datasets lm-eval downloads",
     )
     parser.add_argument(
-        "--limit", type=number(int, "[1, inf)"), help="first N items per task (val: N windows)"
+        "--limit",
+        type=number(int, "[1, inf)"),
+        help="first N items per task (val: N windows; NIAH: per length)",
+    )
+    parser.add_argument(
+        "--niah-lengths",
+        default=",".join(map(str, DEFAULT_LENGTHS)),
+        help="NIAH sequence lengths in tokens, comma-separated (default: the paper's 4K,8K,16K; "
+        "e.g. 256,512,1024 for small models)",
+    )
+    parser.add_argument(
+        "--niah-haystack",
+        default="wikitext",
+        help="prose of niah_single_2/3: wikitext (the WikiText-2 test text of --data-dir, "
+        "default), a .txt/.jsonl file or folder, default (the built-in corpus), or hf:NAME "
+        "(RULER's essays: hf:baber/paul_graham_essays)",
+    )
+    parser.add_argument(
+        "--niah-extrapolate",
+        action="store_true",
+        help="also evaluate NIAH lengths beyond the model's context_length (the paper's 8K/16K "
+        "columns for 4K models); without it they are skipped with the reason",
     )
     parser.add_argument(
         "--batch-size", type=number(int, "[1, inf)"), default=16, help="sequences per forward pass"
@@ -64,7 +89,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out", type=output_path("file"), help="also write the JSON results to FILE"
     )
     parser.add_argument(
-        "--samples", action="store_true", help="include per-item log-likelihoods in the JSON"
+        "--samples",
+        action="store_true",
+        help="include per-item log-likelihoods (NIAH: generations and scores) in the JSON",
     )
     parser.add_argument(
         "--write-lm-eval-tasks",
@@ -78,7 +105,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def parse_tasks(text: str) -> list[str]:
     from taperlm.evaluation.suite import PAPER_TASKS, parse_task_list
 
-    out = parse_task_list(text, PAPER_TASKS, "--tasks")
+    groups = {
+        "paper": list(PAPER_TASKS),
+        "niah": list(NIAH_TASKS),
+        "all": [*PAPER_TASKS, *NIAH_TASKS],
+    }
+    out = parse_task_list(text, groups["all"], "--tasks", groups=groups)
     if not out:
         raise ConfigError(f"--tasks is empty; choose from {TASK_HELP}")
     return out
@@ -108,6 +140,26 @@ def auto_tasks(data_dir: Path | None, source: str, notes: list[str]) -> list[str
     return ["val", *have]
 
 
+def parse_lengths(text: str) -> list[int]:
+    """--niah-lengths: positive integers, in the order given (the order fixes the items)."""
+    out: list[int] = []
+    for part in (x.strip() for x in text.split(",")):
+        if not part:
+            continue
+        try:
+            n = int(part)
+        except ValueError:
+            raise ConfigError(f"--niah-lengths: {part!r} is not a whole number of tokens") from None
+        if n < 1:
+            raise ConfigError(f"--niah-lengths: {n} must be a positive number of tokens")
+        if n in out:
+            raise ConfigError(f"--niah-lengths: {n} is given twice")
+        out.append(n)
+    if not out:
+        raise ConfigError("--niah-lengths is empty; give e.g. 4096,8192,16384")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from taperlm.device import resolve_device
     from taperlm.evaluation.locate import eval_data_dir
@@ -119,14 +171,18 @@ def run(args: argparse.Namespace) -> int:
         tasks = auto_tasks(data_dir, args.source, auto_notes)
     else:
         tasks = parse_tasks(args.tasks)
+    if any(t in NIAH_TASKS for t in tasks):
+        args.niah_lengths = parse_lengths(args.niah_lengths)
     if args.write_lm_eval_tasks:
         return _write_lm_eval_tasks(args, tasks, data_dir)
     if args.run is None:
         raise ConfigError("give the RUN directory to evaluate (or --write-lm-eval-tasks DIR)")
     device = resolve_device(args.device)
     model, tokenizer, run_config = load_any(args.run, step=args.step, device=device)
+    _check_niah_lengths(args, tasks, model.config.context_length)
     scorer = _scorer(args, model, tokenizer, device)
-    if any(t != "val" for t in tasks) and args.source == "local" and data_dir is None:
+    zero_shot = [t for t in tasks if t != "val" and t not in NIAH_TASKS]
+    if zero_shot and args.source == "local" and data_dir is None:
         raise DataError(
             "no evaluation data found: pass --data-dir DIR (laid out like ../shared/data), set "
             "TAPERLM_EVAL_DATA, or use --source hf"
@@ -139,13 +195,32 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_niah_lengths(args: argparse.Namespace, tasks: list[str], context: int) -> None:
+    """Stop before any work when no NIAH length fits the model (lengths past it are skipped)."""
+    from taperlm.evaluation.suite import niah_lengths
+
+    if not any(t in NIAH_TASKS for t in tasks):
+        return
+    if not niah_lengths(args.niah_lengths, context, args.niah_extrapolate)[0]:
+        raise ConfigError(
+            f"--niah-lengths {','.join(map(str, args.niah_lengths))}: every length is longer "
+            f"than the model's context_length {context}; give lengths <= {context} or pass "
+            "--niah-extrapolate"
+        )
+
+
 def _write_lm_eval_tasks(args: argparse.Namespace, tasks: list[str], data_dir: Path | None) -> int:
     from taperlm.evaluation.harness import write_task_dir
 
+    if any(t in NIAH_TASKS for t in tasks):
+        print(
+            "note: lm-eval builds the NIAH tasks itself (niah_single_1..3 with --metadata "
+            "'{\"max_seq_lengths\": [...]}'); nothing is written for them"
+        )
     out = write_task_dir(
         args.write_lm_eval_tasks,
         data_dir,
-        [t for t in tasks if t != "val"],
+        [t for t in tasks if t != "val" and t not in NIAH_TASKS],
         source=args.source,
         limit=args.limit,
     )
@@ -184,12 +259,17 @@ def _run_tasks(args: argparse.Namespace, tasks: list[str], scorer, data_dir, run
 
     results = {}
     notes: list[str] = []
+    haystack = None
     for task in tasks:
         t0 = time.perf_counter()
         if task == "val":
             res = _run_val(args, scorer, run_config, notes)
             if res is None:
                 continue
+        elif task in NIAH_TASKS:
+            if task != "niah_single_1" and haystack is None:
+                haystack = _haystack(args, data_dir)
+            res = _run_niah(args, task, scorer, haystack, notes)
         else:
             data = load_task(task, data_dir, source=args.source, limit=args.limit)
             res = run_task(scorer, data, keep_items=args.samples)
@@ -233,6 +313,35 @@ def _run_val(args: argparse.Namespace, scorer, run_config, notes: list[str]):
     return run_val(scorer, tokens, args.limit, str(run_data.resolve()))
 
 
+def _haystack(args: argparse.Namespace, data_dir):
+    from taperlm.evaluation.niah import load_haystack
+
+    # RULER reads the first words only; 16 characters per token of the longest length is ample.
+    return load_haystack(args.niah_haystack, data_dir, max(10**6, 16 * max(args.niah_lengths)))
+
+
+def _run_niah(args: argparse.Namespace, task: str, scorer, haystack, notes: list[str]):
+    """One S-NIAH task at --niah-lengths with the scorer's model, tokenizer, device and dtype."""
+    from taperlm.evaluation.suite import run_niah
+
+    res = run_niah(
+        scorer.model,
+        scorer.tok,
+        task,
+        args.niah_lengths,
+        haystack=haystack,
+        limit=args.limit,
+        extrapolate=args.niah_extrapolate,
+        batch_size=args.batch_size,
+        device=str(scorer.device),
+        dtype=scorer.dtype,
+        keep_items=args.samples,
+    )
+    notes += [f"{task} @ {n} skipped: {why}" for n, why in res.settings["skipped_lengths"].items()]
+    notes += res.settings["notes"]
+    return res
+
+
 def _meta(args: argparse.Namespace, device, data_dir, max_length, model, notes) -> dict:
     return {
         "run": str(Path(args.run).resolve()),
@@ -244,6 +353,7 @@ def _meta(args: argparse.Namespace, device, data_dir, max_length, model, notes) 
         "source": args.source,
         "data_dir": None if data_dir is None else str(Path(data_dir).resolve()),
         "limit": args.limit,
+        **({"niah_lengths": args.niah_lengths} if isinstance(args.niah_lengths, list) else {}),
         "notes": notes,
         "model": {
             "family": model.config.family,

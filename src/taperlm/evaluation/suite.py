@@ -9,6 +9,9 @@ Metrics (lm-eval 0.4.x):
 - wikitext: word_perplexity = exp(-sum ll / sum words), byte_perplexity = exp(-sum ll / sum bytes),
   bits_per_byte = -sum ll / sum bytes / ln 2 (words and bytes of the original page).
 - val: exp(mean next-token loss) on non-overlapping windows of the run's validation shard.
+- niah_single_1/2/3 (RULER S-NIAH, `taperlm.evaluation.niah`): per length, the mean of the
+  per-item string-match scores (metric named by the length, as lm-eval names it), stderr =
+  mean_stderr of the item scores (lm-eval reports none for these).
 Perplexity standard errors use the delta method (lm-eval bootstraps perplexity and reports none
 for the weighted ones): se(exp(-m)) = exp(-m) * se(m), with se of a ratio of sums estimated from
 per-item residuals. Documented in docs/evaluation.md.
@@ -22,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from taperlm.errors import ConfigError
+from taperlm.evaluation import niah
 from taperlm.evaluation.scoring import Scorer
 from taperlm.evaluation.tasks import TASKS, TaskData
 
@@ -41,6 +46,12 @@ PAPER_COLUMNS: list[tuple[str, str, str, float]] = [
     ("BoolQ", "boolq", "acc", 100.0),
 ]
 AVG_COLUMNS = ("LMB acc", "PIQA", "Hella", "Wino", "ARC-e", "ARC-c", "SIQA", "BoolQ")
+# After the zero-shot columns: one column per NIAH task and evaluated length ("S-NIAH-1 4K").
+NIAH_COLUMNS = {
+    "niah_single_1": "S-NIAH-1",
+    "niah_single_2": "S-NIAH-2",
+    "niah_single_3": "S-NIAH-3",
+}
 
 
 @dataclass
@@ -52,6 +63,7 @@ class TaskResult:
     seconds: float
     settings: dict[str, Any] = field(default_factory=dict)
     per_item: list[dict[str, Any]] | None = None
+    counts: dict[str, int] = field(default_factory=dict)  # items behind a metric, when not n
 
     def to_dict(self) -> dict[str, Any]:
         d = {
@@ -59,6 +71,7 @@ class TaskResult:
             "metrics": self.metrics,
             "stderr": self.stderr,
             "n": self.n,
+            **({"counts": self.counts} if self.counts else {}),
             "seconds": round(self.seconds, 3),
             "items_per_s": round(self.n / self.seconds, 2) if self.seconds > 0 else None,
             "settings": self.settings,
@@ -73,17 +86,23 @@ class TaskResult:
 
 
 def parse_task_list(
-    text: str, choices: Sequence[str], option: str, skip: Sequence[str] = ()
+    text: str,
+    choices: Sequence[str],
+    option: str,
+    skip: Sequence[str] = (),
+    groups: dict[str, Sequence[str]] | None = None,
 ) -> list[str]:
-    """Comma-separated task names -> the distinct names in order; `paper` or `all` stands for
-    every choice, names in `skip` are ignored; ConfigError (naming `option`) for unknown ones."""
+    """Comma-separated task names -> the distinct names in order; a group name stands for its
+    tasks (default groups: `paper` and `all` = every choice), names in `skip` are ignored;
+    ConfigError (naming `option`) for unknown ones."""
     from taperlm.errors import ConfigError
 
+    groups = {"paper": choices, "all": choices} if groups is None else groups
     out: list[str] = []
     for t in (x.strip() for x in text.split(",")):
         if not t or t in skip:
             continue
-        for name in choices if t in ("paper", "all") else [t]:
+        for name in groups.get(t, [t]):
             if name not in choices:
                 raise ConfigError(
                     f"{option}: unknown task {name!r}; choose from {', '.join(choices)}"
@@ -258,6 +277,162 @@ def run_val(scorer: Scorer, tokens: Any, limit: int | None, source: str) -> Task
 
 
 # ----------------------------------------------------------------------------------------------
+# long context: RULER single needle in a haystack
+
+
+def niah_lengths(
+    lengths: Sequence[int], context_length: int, extrapolate: bool
+) -> tuple[list[int], dict[int, str]]:
+    """(lengths to evaluate, {skipped length: reason}) for a model trained at `context_length`."""
+    keep, skipped = [], {}
+    for length in lengths:
+        if length > context_length and not extrapolate:
+            skipped[length] = (
+                f"longer than the model's context_length {context_length}; pass "
+                "--niah-extrapolate to evaluate beyond the trained context"
+            )
+        else:
+            keep.append(length)
+    return keep, skipped
+
+
+def niah_generate(
+    model: Any,
+    codec: niah.TokenizerCodec,
+    samples: Sequence[niah.Sample],
+    batch_size: int = 8,
+    device: str = "cpu",
+    dtype: Any = None,
+    progress: bool = True,
+    desc: str = "niah",
+) -> list[dict[str, Any]]:
+    """Greedy answers (128 tokens at most, stop at EOS) and string-match scores of `samples`."""
+    from tqdm.auto import tqdm
+
+    from taperlm.generation import greedy_batch
+
+    prompts = [codec.encode(s.prompt) for s in samples]
+    bar = tqdm(total=len(samples), desc=desc, unit="item", disable=not progress, leave=False)
+    out = greedy_batch(
+        model,
+        prompts,
+        niah.MAX_NEW_TOKENS,
+        eos_id=codec.eos_id,
+        batch_size=batch_size,
+        device=device,
+        dtype=dtype,
+        on_batch=bar.update,
+    )
+    bar.close()
+    records = []
+    for s, p, toks in zip(samples, prompts, out):
+        pred = codec.prediction(toks)
+        records.append(
+            {
+                "length": s.length,
+                "index": s.index,
+                "prompt_tokens": len(p),
+                "answers": s.answers,
+                "prediction": pred,
+                "score": niah.string_match_all(pred, s.answers),
+            }
+        )
+    return records
+
+
+def run_niah(
+    model: Any,
+    tokenizer: Any,
+    task: str,
+    lengths: Sequence[int],
+    *,
+    haystack: niah.Haystack | None = None,
+    limit: int | None = None,
+    extrapolate: bool = False,
+    batch_size: int = 8,
+    device: str = "cpu",
+    dtype: Any = None,
+    seed: int = 0,
+    keep_items: bool = False,
+    progress: bool = True,
+) -> TaskResult:
+    """One S-NIAH task at every length the model's context allows (or all, extrapolating)."""
+    t_all = time.perf_counter()
+    evaluate, skipped = niah_lengths(lengths, model.config.context_length, extrapolate)
+    if not evaluate:
+        raise ConfigError(
+            f"{task}: every --niah-lengths value ({', '.join(map(str, lengths))}) is longer than "
+            f"the model's context_length {model.config.context_length}; give shorter lengths or "
+            "pass --niah-extrapolate"
+        )
+    codec = niah.TokenizerCodec(tokenizer)
+    gen = niah.Generator(task, lambda text: len(codec.encode(text)), haystack, seed=seed)
+    # One stream through the lengths in order (lm-eval's items), up to the last one evaluated.
+    wanted = list(lengths)[: max(i for i, n in enumerate(lengths) if n in evaluate) + 1]
+    t0 = time.perf_counter()
+    data = gen.lengths(wanted, limit)
+    data_seconds = time.perf_counter() - t0
+    metrics, stderr, counts, per_length, items, notes = {}, {}, {}, {}, [], []
+    for length in evaluate:
+        d = data[length]
+        t0 = time.perf_counter()
+        records = niah_generate(
+            model, codec, d.samples, batch_size, device, dtype, progress, f"{task}@{length}"
+        )
+        seconds = time.perf_counter() - t0
+        scores = [r["score"] for r in records]
+        key = str(length)
+        metrics[key], stderr[key], counts[key] = mean(scores), mean_stderr(scores), len(scores)
+        tokens = [r["prompt_tokens"] for r in records]
+        per_length[key] = {
+            "n": len(scores),
+            "skipped_items": d.skipped,
+            "haystack_units": d.haystack_units,
+            "prompt_tokens": {"min": min(tokens), "mean": mean(tokens), "max": max(tokens)},
+            "seconds": round(seconds, 3),
+            "items_per_s": round(len(scores) / seconds, 3) if seconds > 0 else None,
+        }
+        if niah.SPECS[task].haystack == "essay" and d.haystack_units < 500:
+            notes.append(
+                f"{task} @ {length}: RULER adds prose in steps of 500 words, and not one step "
+                f"fits {length} tokens with this tokenizer, so the haystack is "
+                f"{d.haystack_units} word(s); use longer lengths for a real haystack"
+            )
+        if keep_items:
+            items.extend(records)
+    spec = niah.SPECS[task]
+    return TaskResult(
+        task=task,
+        metrics=metrics,
+        stderr=stderr,
+        n=sum(counts.values()),
+        seconds=time.perf_counter() - t_all,
+        counts=counts,
+        settings={
+            "lengths": per_length,
+            "skipped_lengths": {str(k): v for k, v in skipped.items()},
+            "notes": notes,
+            "haystack": haystack.source if spec.haystack == "essay" and haystack else "repeat",
+            "seed": seed,
+            "items_per_length": f"first {limit} of {niah.NUM_SAMPLES}" if limit else "all",
+            "max_new_tokens": niah.MAX_NEW_TOKENS,
+            "decoding": "greedy, batched by prompt length, "
+            + ("KV cache" if _has_cache(model) else "prefix recomputed each step (no cache)"),
+            "batch_size": batch_size,
+            "data_seconds": round(data_seconds, 3),
+            "score": "string_match_all: fraction of answers in the generation (case-insensitive)",
+        },
+        per_item=items if keep_items else None,
+    )
+
+
+def _has_cache(model: Any) -> bool:
+    from taperlm.generation import new_cache_or_none
+
+    return new_cache_or_none(model) is not None
+
+
+# ----------------------------------------------------------------------------------------------
 # reporting
 
 
@@ -268,13 +443,17 @@ def paper_row(results: dict[str, TaskResult]) -> dict[str, float | None]:
         row[col] = None if r is None else r.metrics[metric] * scale
     accs = [row[c] for c in AVG_COLUMNS]
     row["Avg"] = None if any(a is None for a in accs) else mean(accs)  # type: ignore[arg-type]
+    for task, name in NIAH_COLUMNS.items():
+        if task in results:
+            for length, value in results[task].metrics.items():
+                row[f"{name} {niah.length_label(int(length))}"] = value * 100.0
     return row
 
 
 def format_table(results: dict[str, TaskResult], label: str = "model") -> str:
     """The paper's table (markdown), plus val ppl and per-task wall time beneath it."""
     row = paper_row(results)
-    cols = [c for c, *_ in PAPER_COLUMNS] + ["Avg"]
+    cols = list(row)
     head = "| " + " | ".join(["model", *cols]) + " |"
     sep = "|" + "---|" * (len(cols) + 1)
     cells = ["-" if row[c] is None else f"{row[c]:.2f}" for c in cols]
@@ -291,10 +470,13 @@ def format_table(results: dict[str, TaskResult], label: str = "model") -> str:
     for name, r in results.items():
         for k, v in r.metrics.items():
             se = r.stderr.get(k)
-            ips = r.n / r.seconds if r.seconds > 0 else float("nan")
+            n, seconds, fmt = r.counts.get(k, r.n), r.seconds, ".1f"
+            if k in r.counts:  # NIAH: one row per length, with its own time (slow: 2 decimals)
+                seconds, fmt = r.settings["lengths"][k]["seconds"], ".2f"
+            ips = n / seconds if seconds > 0 else float("nan")
             lines.append(
-                f"| {name} | {r.n} | {k} | {v:.4f} | {'-' if se is None else f'{se:.4f}'} | "
-                f"{r.seconds:.1f} | {ips:.1f} |"
+                f"| {name} | {n} | {k} | {v:.4f} | {'-' if se is None else f'{se:.4f}'} | "
+                f"{seconds:.1f} | {ips:{fmt}} |"
             )
     return "\n".join(lines)
 
