@@ -1,6 +1,7 @@
 """Our S-NIAH evaluation vs lm-evaluation-harness's `niah_single_1` (`--model hf` on an exported
 tiny model, lengths from `--metadata`): the same items (prompts, answers) at every length, the
-same greedy generations and the same scores, item by item; and our key words are lm-eval's.
+same greedy generations and the same scores, item by item; S-NIAH-2/3 items equal lm-eval's when
+it is given our prose (the one deviation); and our key words are lm-eval's.
 
 Offline: lm-eval sizes the items with the exported tokenizer (passed as `pretrained`), and its
 RULER module, which asks NLTK for the `punkt_tab` sentence model on import (only the prose tasks
@@ -9,6 +10,7 @@ building its 6.2M key words on import."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -102,6 +104,54 @@ def _prefix_tokens(codec: niah.TokenizerCodec, doc: dict) -> int:
     return len(codec.encode(doc["input"] + " " + doc["gen_prefix"])) - len(
         codec.encode(doc["input"])
     )
+
+
+def _prose(n_sentences: int, seed: int = 3) -> str:
+    rng = random.Random(seed)
+    words = "river stone light green old road house window field cloud rain walks sees".split()
+    out = []
+    for _ in range(n_sentences):
+        s = " ".join(rng.choices(words, k=rng.randint(3, 14))).capitalize()
+        out.append(rng.choice(['"{}!"', "{}.", "{}?", "({}.)", "Mr. {}."]).format(s))
+    return "  ".join(out)
+
+
+@pytest.mark.parametrize("task", ["niah_single_2", "niah_single_3"])
+def test_prose_items_equal_lm_eval_given_the_same_prose(tmp_path: Path, monkeypatch, task) -> None:
+    """S-NIAH-2/3 differ from lm-eval only by the prose and the sentence splitter (our haystack
+    deviation): given ours, lm-eval's generator builds exactly our items (depths, sizing, UUIDs)."""
+    pytest.importorskip("lm_eval")
+    _offline_ruler(tmp_path, monkeypatch)
+    from lm_eval.tasks.ruler import niah_utils, prepare_niah
+
+    from taperlm.hf.export import hf_tokenizer
+
+    tok_dir = tmp_path / "tok"
+    hf_tokenizer(niah_tokenizer()).save_pretrained(tok_dir)
+    hay = niah.Haystack.from_texts([_prose(1500)], {"spec": "test prose"})
+    real = niah_utils.get_haystack
+    monkeypatch.setattr(
+        niah_utils, "get_haystack", lambda type_haystack: hay.words if type_haystack == "essay"
+        else real(type_haystack),
+    )  # fmt: skip
+    monkeypatch.setattr(prepare_niah, "cached_sent_tokenize", niah.split_sentences)
+    lengths = [2048, 1024]
+    random.seed(0)  # lm-eval's default random_seed, set before the tasks are built
+    theirs = getattr(niah_utils, task)(max_seq_lengths=lengths, tokenizer=str(tok_dir))["test"]
+    codec = niah.TokenizerCodec(niah_tokenizer())
+    data = niah.Generator(task, lambda t: len(codec.encode(t)), hay).lengths(lengths)
+    assert data[2048].haystack_units == 500  # a real haystack: one 500-word step fits
+    ours = [s for L in lengths for s in data[L].samples]
+    assert len(ours) == len(theirs)
+    for s, ref in zip(ours, theirs):
+        assert (s.input, s.answers, s.gen_prefix) == (
+            ref["input"],
+            ref["outputs"],
+            ref["gen_prefix"],
+        )
+        assert (s.length, s.index, s.input_tokens + 128) == (
+            ref["max_length"], ref["index"], ref["length"],
+        )  # fmt: skip
 
 
 def test_key_words_are_lm_eval_words(tmp_path: Path, monkeypatch) -> None:

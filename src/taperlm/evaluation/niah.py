@@ -186,8 +186,8 @@ def split_sentences(text: str) -> list[str]:
     with single spaces gives the text back."""
     out, start = [], 0
     for m in _SENTENCE_END.finditer(text):
-        word = text[start : m.start()].rsplit(" ", 1)[-1].lstrip("\"'([")
         if text[m.start() - 1] == "." and m.group(0).strip() == "":
+            word = text[start : m.start()].rsplit(" ", 1)[-1].lstrip("\"'([")
             stem = word[:-1].lower()
             if (len(stem) == 1 and stem.isalpha()) or stem in _ABBREVIATIONS:
                 continue
@@ -218,7 +218,7 @@ def load_haystack(spec: str, data_dir: str | Path | None, max_chars: int) -> Hay
     """The prose of S-NIAH-2/3.
 
     spec "wikitext" (default): the WikiText-2 test articles of the evaluation data dir
-    (`wikitext-2/wiki.test.raw`, ~240K words, enough for ~300K tokens); otherwise a `taperlm
+    (`wikitext-2/wiki.test.raw`, ~200K words, enough for ~250K tokens); otherwise a `taperlm
     prepare --source` value: a .txt/.jsonl file or folder, `default` (the built-in corpus) or
     `hf:NAME` (e.g. `hf:baber/paul_graham_essays`, RULER's own essays, as lm-eval loads them).
     Documents are joined with spaces, at most `max_chars` characters are read."""
