@@ -140,7 +140,7 @@ def test_prose_items_equal_lm_eval_given_the_same_prose(tmp_path: Path, monkeypa
     theirs = getattr(niah_utils, task)(max_seq_lengths=lengths, tokenizer=str(tok_dir))["test"]
     codec = niah.TokenizerCodec(niah_tokenizer())
     data = niah.Generator(task, lambda t: len(codec.encode(t)), hay).lengths(lengths)
-    assert data[2048].haystack_units == 500  # a real haystack: one 500-word step fits
+    assert data[2048].haystack_units >= 500  # a real haystack: at least one 500-word step
     ours = [s for L in lengths for s in data[L].samples]
     assert len(ours) == len(theirs)
     for s, ref in zip(ours, theirs):

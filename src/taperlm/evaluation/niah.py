@@ -211,9 +211,6 @@ def wikitext_prose(raw: str) -> list[str]:
     return paras
 
 
-WIKITEXT_FILE = "wikitext-2/wiki.test.raw"
-
-
 def load_haystack(spec: str, data_dir: str | Path | None, max_chars: int) -> Haystack:
     """The prose of S-NIAH-2/3.
 
@@ -229,7 +226,9 @@ def load_haystack(spec: str, data_dir: str | Path | None, max_chars: int) -> Hay
                 "pass --data-dir DIR (laid out like ../shared/data), set TAPERLM_EVAL_DATA, or "
                 "give another prose source with --niah-haystack PATH|default|hf:NAME"
             )
-        path = Path(data_dir) / WIKITEXT_FILE
+        from taperlm.evaluation.locate import WIKITEXT_TEST
+
+        path = Path(data_dir) / WIKITEXT_TEST
         if not path.is_file():
             raise DataError(
                 f"niah: haystack file {path} does not exist; point --data-dir at a folder laid "
