@@ -15,24 +15,25 @@ FILLER_WORDS = (
 ).split()
 
 
-def filler_line(rng: random.Random) -> str:
-    """One random sentence, or RULER's repeated line (the S-NIAH-1 haystack)."""
-    if rng.random() < 0.5:
-        return niah.REPEAT_LINE
-    words = rng.choices(FILLER_WORDS, k=rng.randint(4, 12))
-    return " ".join(words).capitalize() + "."
+def random_sentence(rng: random.Random) -> str:
+    return " ".join(rng.choices(FILLER_WORDS, k=rng.randint(4, 12))).capitalize() + "."
 
 
 def retrieval_document(rng: random.Random, max_lines: int, with_answer: bool = True) -> str:
-    """A key-value needle among `0..max_lines` random filler lines, RULER's question and answer
-    prefix, then the answer: what a model must learn to pass S-NIAH-1."""
+    """A key-value needle among `0..max_lines` filler lines, RULER's question and answer prefix,
+    then the answer: what a model must learn to pass S-NIAH-1. The filler repeats RULER's line
+    or one or two random sentences of this document, so most of it is predictable only by
+    copying from earlier in the context (which teaches the copying the answer needs)."""
     keys = niah.key_words()
     key = keys[rng.randrange(len(keys))]
     value = str(rng.randint(10**6, 10**7 - 1))
-    lines = [filler_line(rng) for _ in range(rng.randint(0, max_lines))]
-    lines.insert(
-        rng.randint(0, len(lines)), niah.NEEDLE.format(kinds="numbers", key=key, value=value)
-    )
+    if rng.random() < 0.4:
+        pool = [niah.REPEAT_LINE]
+    else:
+        pool = [random_sentence(rng) for _ in range(rng.randint(1, 2))]
+    lines = [rng.choice(pool) for _ in range(rng.randint(0, max_lines))]
+    needle = niah.NEEDLE.format(kinds="numbers", key=key, value=value)
+    lines.insert(rng.randint(0, len(lines)), needle)
     text = niah.TEMPLATE.format(kind="number", context="\n".join(lines), query=key)
     text += " " + niah.GEN_PREFIX.format(kind="number", query=key)
     return text + (f" {value}." if with_answer else "")
