@@ -406,6 +406,8 @@ def test_paper_sweep_grid():
         (["--paper", "controlled", "--tapers", "cosine"], "either --paper"),
         (["--tapers", "cosine;cosine"], "twice"),
         (["--eval-tasks", "piqa,nope"], "unknown task 'nope'"),
+        (["--eval-tasks", "niah", "--eval-niah-lengths", "64"], "every length is longer"),
+        (["--eval-tasks", "niah_single_1", "--eval-niah-lengths", "x"], "not a whole number"),
         (["--tokens", "16"], "train.tokens (16) is less than one batch"),
     ],
 )
@@ -467,6 +469,21 @@ def test_zero_shot_tasks(data_dir, tmp_path, shared_data):
     assert row["tasks"]["piqa"]["n"] == 3 and 0 <= row["paper_row"]["PIQA"] <= 100
     md = (tmp_path / "o" / "report.md").read_text()
     assert "## Zero-shot" in md and "PIQA" in md
+
+
+def test_niah_tasks(data_dir, tmp_path):
+    """--eval-tasks accepts the NIAH tasks: a column per task and length after the zero-shot
+    ones, lengths past the context skipped (here 1024 > 512)."""
+    out = tmp_path / "o"
+    args = ["compare", *TINY, "--tapers", "uniform", "--seeds", "1", "--eval-tasks"]
+    args += ["niah_single_1", "--eval-niah-lengths", "512,1024", "--eval-limit", "2"]
+    args += ["--set", "model.context_length=512", "--data", str(data_dir), "--out", str(out)]
+    rc, _, stderr = _cli(args)
+    assert rc == 0, stderr
+    row = _report(out)["runs"]["uniform-s0"]["zero_shot"]
+    assert row["tasks"]["niah_single_1"]["counts"] == {"512": 2}
+    assert 0 <= row["paper_row"]["S-NIAH-1 512"] <= 100
+    assert "S-NIAH-1 512" in (out / "report.md").read_text()
 
 
 # ---------------------------------------------------------------------- parallel cells (--jobs)

@@ -76,14 +76,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--eval-tasks",
         default="none",
-        help="zero-shot tasks after training: none (default), paper (all nine), or a list such "
-        "as wikitext,lambada_openai,piqa",
+        help="tasks after training: none (default), paper (the nine zero-shot tasks), niah "
+        "(S-NIAH-1/2/3 at --eval-niah-lengths), all, or a list such as wikitext,piqa,niah_single_1",
     )
     parser.add_argument(
         "--eval-limit",
         type=number(int, "[0, inf)"),
         default=DEFAULT_EVAL_LIMIT,
         help=f"first N items per zero-shot task (0 = all) [{DEFAULT_EVAL_LIMIT}]",
+    )
+    parser.add_argument(
+        "--eval-niah-lengths",
+        default="",
+        help="NIAH lengths in tokens for --eval-tasks niah (default: each cell's context_length)",
     )
     parser.add_argument(
         "--eval-data",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from taperlm.domains import input_path, number, output_path
 from taperlm.errors import ConfigError, DataError
-from taperlm.evaluation.niah import DEFAULT_LENGTHS
+from taperlm.evaluation.niah import DEFAULT_LENGTHS, parse_lengths
 from taperlm.evaluation.niah import TASKS as NIAH_TASKS
 
 TASK_HELP = (
@@ -140,26 +140,6 @@ def auto_tasks(data_dir: Path | None, source: str, notes: list[str]) -> list[str
     return ["val", *have]
 
 
-def parse_lengths(text: str) -> list[int]:
-    """--niah-lengths: positive integers, in the order given (the order fixes the items)."""
-    out: list[int] = []
-    for part in (x.strip() for x in text.split(",")):
-        if not part:
-            continue
-        try:
-            n = int(part)
-        except ValueError:
-            raise ConfigError(f"--niah-lengths: {part!r} is not a whole number of tokens") from None
-        if n < 1:
-            raise ConfigError(f"--niah-lengths: {n} must be a positive number of tokens")
-        if n in out:
-            raise ConfigError(f"--niah-lengths: {n} is given twice")
-        out.append(n)
-    if not out:
-        raise ConfigError("--niah-lengths is empty; give e.g. 4096,8192,16384")
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
     from taperlm.device import resolve_device
     from taperlm.evaluation.locate import eval_data_dir
@@ -172,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         tasks = parse_tasks(args.tasks)
     if any(t in NIAH_TASKS for t in tasks):
-        args.niah_lengths = parse_lengths(args.niah_lengths)
+        args.niah_lengths = parse_lengths(args.niah_lengths, "--niah-lengths")
     if args.write_lm_eval_tasks:
         return _write_lm_eval_tasks(args, tasks, data_dir)
     if args.run is None:

@@ -67,6 +67,7 @@ class CompareOptions:
     eval_tasks: str = "none"
     eval_limit: int = DEFAULT_EVAL_LIMIT
     eval_data: Path | None = None
+    eval_niah_lengths: str = ""  # empty: each cell's context_length
     novelty_tokens: int = DEFAULT_NOVELTY_TOKENS
     novelty_data: Path | None = None
     threads: int = DEFAULT_THREADS
@@ -221,14 +222,23 @@ def eval_settings(opts: CompareOptions):
     """How every cell is evaluated (zero-shot tasks, their data, novelty text and tokens)."""
     from taperlm.compare.runner import EvalSettings
     from taperlm.evaluation.locate import eval_data_dir, wikitext_test
+    from taperlm.evaluation.niah import TASKS as NIAH_TASKS
+    from taperlm.evaluation.niah import parse_lengths
     from taperlm.evaluation.suite import parse_task_list
     from taperlm.evaluation.tasks import TASKS
 
-    tasks = parse_task_list(opts.eval_tasks, TASKS, "--eval-tasks", skip=("none", "val"))
+    groups = {"paper": TASKS, "niah": NIAH_TASKS, "all": (*TASKS, *NIAH_TASKS)}
+    tasks = parse_task_list(
+        opts.eval_tasks, groups["all"], "--eval-tasks", skip=("none", "val"), groups=groups
+    )
     if opts.eval_limit < 0:
         raise ConfigError(f"--eval-limit must be >= 0, got {opts.eval_limit}")
+    niah_lengths = None
+    if opts.eval_niah_lengths.strip():
+        niah_lengths = parse_lengths(opts.eval_niah_lengths, "--eval-niah-lengths")
     eval_data = None
-    if tasks:
+    # Files: the zero-shot tasks', and the prose haystack of niah_single_2/3.
+    if [t for t in tasks if t != "niah_single_1"]:
         eval_data = opts.eval_data or eval_data_dir()
         if eval_data is None or not Path(eval_data).is_dir():
             raise DataError(
@@ -254,9 +264,23 @@ def eval_settings(opts: CompareOptions):
         eval_tasks=tasks,
         eval_limit=opts.eval_limit or None,
         eval_data=None if eval_data is None else str(Path(eval_data).resolve()),
+        niah_lengths=niah_lengths,
         novelty_tokens=opts.novelty_tokens,
         novelty_text=novelty_text,
     )
+
+
+def _check_niah_lengths(settings, context: int) -> None:
+    """Refuse before training when every NIAH length would be skipped (longer than the cells'
+    context); longer lengths among shorter ones are skipped per cell, with the reason."""
+    from taperlm.evaluation.niah import TASKS as NIAH_TASKS
+
+    lengths = settings.niah_lengths
+    if lengths and any(t in NIAH_TASKS for t in settings.eval_tasks) and min(lengths) > context:
+        raise ConfigError(
+            f"--eval-niah-lengths {','.join(map(str, lengths))}: every length is longer than the "
+            f"models' context_length {context}; give lengths <= {context}"
+        )
 
 
 def canonical_command(opts: CompareOptions, grid) -> str:
@@ -284,6 +308,8 @@ def canonical_command(opts: CompareOptions, grid) -> str:
     parts += ["--val-tokens", str(opts.val_tokens), "--eval-tasks", opts.eval_tasks]
     if opts.eval_tasks not in ("none", ""):
         parts += ["--eval-limit", str(opts.eval_limit)]
+    if opts.eval_niah_lengths.strip():
+        parts += ["--eval-niah-lengths", opts.eval_niah_lengths]
     parts += ["--novelty-tokens", str(opts.novelty_tokens)]
     if opts.novelty_data is not None:
         parts += ["--novelty-data", str(opts.novelty_data)]
@@ -330,6 +356,7 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
         print(f"taperlm compare: note: {note}", file=sys.stderr)
     grid = build_grid(base, allocs, seeds, opts.paper)
     settings = eval_settings(opts)
+    _check_niah_lengths(settings, base.model.context_length)
     SharedInputs(data_dir, settings).load()  # inputs too small for the job: fail before any work
 
     opts.out.mkdir(parents=True, exist_ok=True)

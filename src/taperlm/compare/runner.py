@@ -59,9 +59,13 @@ class EvalSettings:
     eval_batch_size: int = 16
     novelty_tokens: int = 2048
     novelty_text: str | None = None  # a text file; None = the val split
+    niah_lengths: list[int] | None = None  # NIAH tasks; None = the cell's context_length
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if d["niah_lengths"] is None:  # as before NIAH existed: cached cells stay valid
+            del d["niah_lengths"]
+        return d
 
 
 # ----------------------------------------------------------------------------------------------
@@ -77,6 +81,7 @@ class SharedInputs:
         self._tokenizer = None
         self._novelty_ids: list[int] | None = None
         self._tasks: dict[str, Any] = {}
+        self._haystack = None
 
     @property
     def tokenizer(self):
@@ -102,11 +107,16 @@ class SharedInputs:
         return self._novelty_ids
 
     def load(self) -> SharedInputs:
-        """Read every input now (the novelty tokens, the task files), so that a text too short
+        """Read every input now (the novelty tokens, the task files, the NIAH prose), so that a text too short
         for --novelty-tokens or a malformed task file stops a job before any training."""
+        from taperlm.evaluation.niah import SPECS as NIAH_SPECS
+
         self.novelty_ids()
         for name in self.settings.eval_tasks:
-            self.task(name)
+            if name not in NIAH_SPECS:
+                self.task(name)
+            elif NIAH_SPECS[name].haystack == "essay":
+                self.haystack()
         return self
 
     def task(self, name: str):
@@ -117,6 +127,14 @@ class SharedInputs:
                 name, self.settings.eval_data, source="local", limit=self.settings.eval_limit
             )
         return self._tasks[name]
+
+    def haystack(self):
+        """The prose of niah_single_2/3 (WikiText-2 test of the evaluation data)."""
+        if self._haystack is None:
+            from taperlm.evaluation.niah import load_haystack
+
+            self._haystack = load_haystack("wikitext", self.settings.eval_data, 10**7)
+        return self._haystack
 
 
 # ----------------------------------------------------------------------------------------------
@@ -192,8 +210,9 @@ def read_curve(run_dir: Path) -> tuple[list[list[float]], list[float]]:
 
 
 def _zero_shot(model, shared: SharedInputs, cell: Cell) -> dict[str, Any]:
+    from taperlm.evaluation.niah import TASKS as NIAH_TASKS
     from taperlm.evaluation.scoring import Scorer
-    from taperlm.evaluation.suite import paper_row, run_task
+    from taperlm.evaluation.suite import paper_row, run_niah, run_task
 
     if not shared.settings.eval_tasks:
         return {}
@@ -205,11 +224,26 @@ def _zero_shot(model, shared: SharedInputs, cell: Cell) -> dict[str, Any]:
         device=next(model.parameters()).device,
         progress=False,
     )
-    results = {name: run_task(scorer, shared.task(name)) for name in shared.settings.eval_tasks}
-    return {
-        "paper_row": paper_row(results),
-        "tasks": {k: {"metrics": v.metrics, "n": v.n} for k, v in results.items()},
-    }
+    results = {}
+    for name in shared.settings.eval_tasks:
+        if name in NIAH_TASKS:
+            results[name] = run_niah(
+                model,
+                shared.tokenizer,
+                name,
+                shared.settings.niah_lengths or [cell.config.model.context_length],
+                haystack=None if name == "niah_single_1" else shared.haystack(),
+                limit=shared.settings.eval_limit,
+                batch_size=shared.settings.eval_batch_size,
+                device=str(scorer.device),
+                progress=False,
+            )
+        else:
+            results[name] = run_task(scorer, shared.task(name))
+    tasks = {}
+    for k, v in results.items():
+        tasks[k] = {"metrics": v.metrics, "n": v.n} | ({"counts": v.counts} if v.counts else {})
+    return {"paper_row": paper_row(results), "tasks": tasks}
 
 
 def evaluate_cell(cell: Cell, run_dir: Path, shared: SharedInputs) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from taperlm.errors import DataError
+from taperlm.errors import ConfigError, DataError
 
 TASKS = ("niah_single_1", "niah_single_2", "niah_single_3")
 NUM_SAMPLES = 500  # items per length (RULER's num_samples in lm-eval)
@@ -76,6 +76,27 @@ SPECS = {
     "niah_single_2": TaskSpec("essay", "numbers"),
     "niah_single_3": TaskSpec("essay", "uuids"),
 }
+
+
+def parse_lengths(text: str, option: str = "--niah-lengths") -> list[int]:
+    """Comma-separated NIAH lengths: positive integers, in the order given (the order fixes the
+    items); ConfigError naming `option` otherwise."""
+    out: list[int] = []
+    for part in (x.strip() for x in text.split(",")):
+        if not part:
+            continue
+        try:
+            n = int(part)
+        except ValueError:
+            raise ConfigError(f"{option}: {part!r} is not a whole number of tokens") from None
+        if n < 1:
+            raise ConfigError(f"{option}: {n} must be a positive number of tokens")
+        if n in out:
+            raise ConfigError(f"{option}: {n} is given twice")
+        out.append(n)
+    if not out:
+        raise ConfigError(f"{option} is empty; give e.g. 4096,8192,16384")
+    return out
 
 
 def length_label(length: int) -> str:
