@@ -24,10 +24,16 @@ def bench_module():
     sys.path.insert(0, str(BENCH))
     try:
         import gpu
+        import niah_speed
         import taper_overhead
         import train_vs_hf
 
-        yield {"train_vs_hf": train_vs_hf, "taper_overhead": taper_overhead, "gpu": gpu}
+        yield {
+            "train_vs_hf": train_vs_hf,
+            "taper_overhead": taper_overhead,
+            "gpu": gpu,
+            "niah_speed": niah_speed,
+        }
     finally:
         sys.path.remove(str(BENCH))
 
@@ -94,6 +100,16 @@ def test_taper_overhead_smoke(bench_module, tmp_path):
     assert {r["family"] for r in data["rows"]} == {"transformer", "gated"}
     for r in data["rows"]:
         assert r["ratio (cpu)"] > 0 and r["distinct widths"] > 1
+
+
+def test_niah_speed_smoke(bench_module, tmp_path):
+    out = tmp_path / "r.json"
+    argv = ["--smoke", "--presets", "transformer-tiny,titans-mag-tiny", "--json", str(out)]
+    assert bench_module["niah_speed"].main(argv) == 0
+    results = json.loads(out.read_text())["results"]
+    assert "KV cache" in results["transformer-tiny"]["decoding"]
+    for r in results.values():
+        assert r["lengths"]["256"]["n"] == 2 and r["lengths"]["256"]["items_per_s"] > 0
 
 
 def test_gpu_smoke(bench_module, tmp_path):

@@ -55,6 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--niah-haystack",
+        type=input_path(text=True),
         default="wikitext",
         help="prose of niah_single_2/3: wikitext (the WikiText-2 test text of --data-dir, "
         "default), a .txt/.jsonl file or folder, default (the built-in corpus), or hf:NAME "
