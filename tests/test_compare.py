@@ -10,6 +10,7 @@ import json
 import math
 import os
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -32,6 +33,7 @@ from taperlm.compare.grid import (
     split_taper_list,
 )
 from taperlm.config import RunConfig, TrainConfig
+from taperlm.errors import ConfigError
 from taperlm.presets import get_preset
 from taperlm.stats import paired_difference, pairwise_agreement, spearman, t_quantile
 
@@ -728,3 +730,76 @@ def test_train_ctrl_c_message_names_the_command():
     msg = _interrupted("train", ["train", "--preset", "x", "--resume", "never", "--out", "r"])
     assert "taperlm train --preset x --resume auto --out r" in msg
     assert _interrupted("plan", ["plan"]) == "taperlm plan: interrupted"
+
+
+# ---------------------------------------------------------------------------------- beyond the paper
+
+
+def test_allocation_syntax_with_heads_and_novelty():
+    texts = split_taper_list("uniform,cosine+heads:groups:1.5,1.0,0.5,heads:cosine,novelty:pilot")
+    assert texts == ["uniform", "cosine+heads:groups:1.5,1.0,0.5", "heads:cosine", "novelty:pilot"]
+    allocs = parse_allocations([*texts, "both=cosine:1.5:0.5+heads:cosine:1.25:0.75"])
+    by = {a.name: a for a in allocs}
+    assert list(by) == [
+        "uniform",
+        "cosine-1.5-0.5-heads-groups-1.5-1.0-0.5",
+        "heads-cosine-1.5-0.5",
+        "novelty-pilot-0.5",
+        "both",
+    ]
+    heads_only = by["heads-cosine-1.5-0.5"]
+    assert heads_only.spec.is_uniform and not heads_only.is_uniform
+    assert by["both"].head_taper == "cosine:1.25:0.75" and by["both"].spec.start == 1.5
+    assert by["both"].spec_string == "cosine:1.5:0.5+heads:cosine:1.25:0.75"
+    assert by["both"].paper_ppl is None  # the paper tapers no heads
+    assert by["novelty-pilot-0.5"].needs_pilot
+    for bad, message in [
+        ("cosine+heads:", "unknown taper schedule"),
+        ("cosine+heads:cosine+heads:linear", "at most one +heads: part"),
+        ("heads:novelty:pilot", "novelty allocations act on MLP widths"),
+        ("pilot=cosine", "reserved for the pilot runs"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            parse_allocations([bad])
+
+
+def test_novelty_pilot_and_head_taper_grid(data_dir, tmp_path):
+    from taperlm.taper import TaperSpec, rho_mlp_of, solve_sizes
+
+    out = tmp_path / "out"
+    tapers = "uniform;novelty:pilot;both=cosine+heads:cosine"
+    args = ["compare", *TINY, "--tapers", tapers, "--seeds", "2", "--data", str(data_dir)]
+    rc, _, stderr = _cli([*args, "--out", str(out)])
+    assert rc == 0, stderr
+    runs = out / "runs"
+    assert {"pilot-s0", "pilot-s1"} <= {p.name for p in runs.iterdir()}
+    rep = _report(out)
+    for seed in (0, 1):
+        pilot = json.loads((runs / f"pilot-s{seed}" / "result.json").read_text())
+        assert pilot["config"]["train"]["tokens"] == 64 and pilot["config"]["train"]["seed"] == seed
+        assert pilot["config"]["model"]["taper"]["schedule"] == "uniform"
+        rho = rho_mlp_of(pilot["novelty"])
+        cell = json.loads((runs / f"novelty-pilot-0.5-s{seed}" / "result.json").read_text())
+        taper = cell["config"]["model"]["taper"]
+        assert taper["rho_mlp"] == rho and taper["source"] == f"runs/pilot-s{seed}"
+        spec = TaperSpec(schedule="novelty", rho_mlp=rho, strength=0.5)
+        assert cell["config"]["model"]["mlp_widths"] == solve_sizes(spec, 3, 64)
+        both = json.loads((runs / f"both-s{seed}" / "result.json").read_text())
+        assert both["config"]["model"]["layer_heads"] == [3, 2, 1]
+        assert both["config"]["model"]["mlp_widths"] == [96, 64, 32]
+        assert rep["pilot"]["per_seed"][str(seed)]["rho_mlp"] == rho
+    entries = {a["name"]: a for a in rep["allocations"]}
+    assert len({a["params"] for a in entries.values()}) == 1
+    assert len({a["flops_per_token"] for a in entries.values()}) == 1
+    assert entries["both"]["heads"] == [3, 2, 1] and entries["uniform"]["heads"] == [2, 2, 2]
+    assert set(entries["novelty-pilot-0.5"]["widths_by_seed"]) == {"0", "1"}
+    assert all(rep["checks"].values()), rep["checks"]
+    assert rep["pilot"]["tokens"] == 64 and rep["pilot"]["fraction_of_run"] == 0.25
+    md = (out / "report.md").read_text()
+    assert "extra cost" in md and "pilot 64 tok/seed (25% of a run" in md
+    assert "| both | `cosine:1.5:0.5+heads:cosine:1.5:0.5` |" in md
+    assert "--pilot-tokens 64" in md
+    # a second invocation reuses the pilots and every cell
+    rc, _, stderr = _cli([*args, "--out", str(out)])
+    assert rc == 0, stderr
+    assert "trained" not in stderr and stderr.count(": cached;") == 2 + 3 * 2

@@ -94,7 +94,8 @@ def test_toy_family_from_the_docs_works_everywhere(plainmlp, capsys):
 
 
 def test_every_registered_family_is_complete():
-    """Every family has presets that build, with exact budgets and its own YAML section only."""
+    """Every family has presets that build, with exact budgets and its own YAML section only;
+    a family with attention builds every layer with its own (tapered) heads."""
     for name, fam in families.FAMILIES.items():
         assert fam.name == name and fam.presets, name
         for prefix in fam.presets:
@@ -103,6 +104,12 @@ def test_every_registered_family_is_complete():
             d = to_dict(cfg)
             assert not (set(families.FAMILIES) - {name}) & set(d), prefix
             assert (name in d) == (fam.options is not None), prefix
+            if fam.attention:
+                cfg = cfg.with_taper(cfg.taper, head_taper="cosine")
+                model = TaperedLM(cfg)
+                for block, b in zip(model.blocks, budget.layer_budgets(cfg)):
+                    assert sum(p.numel() for p in block.parameters()) == b.params, prefix
+                assert budget.total_params(cfg) == budget.total_params(cfg.baseline()), prefix
 
 
 # ----------------------------------------------------------------------------------------------

@@ -13,7 +13,11 @@ beyond its weights (attention: 2*2*H*d_h*T for QK^T and AV over a context of T t
 halving; memory families add their inner-loop work), tripled for the backward pass.
 
 Because MLP parameters are linear in the width, a taper with the same total width has the same
-N_matmul and the same FLOPs per token as its uniform baseline.
+N_matmul and the same FLOPs per token as its uniform baseline. The same holds for a head taper
+(`model.head_taper`): a layer's attention projections (d x (H_l + 2 H_l/g) x d_h and
+H_l d_h x d) and its score/value work A_l(T) = 4 H_l d_h T are both linear in its query heads
+H_l at *every* context T, so equal total heads give equal parameters and equal FLOPs per token
+at every T (and an equal KV cache in total, though not per layer). `check_matched` asserts it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from taperlm.config import ModelConfig
+from taperlm.errors import TaperlmError
 from taperlm.families import family
 
 
@@ -28,6 +33,8 @@ from taperlm.families import family
 class LayerBudget:
     layer: int
     mlp_width: int
+    heads: int  # query heads (with the KV heads below: the layer's attention)
+    kv_heads: int
     multiplier: float
     params: int
     mixer_params: int
@@ -60,9 +67,12 @@ def layer_budget(cfg: ModelConfig, layer: int, seq_len: int | None = None) -> La
     matmul = params - non_matmul
     T = seq_len or cfg.context_length
     flops = 6 * matmul + 3 * fam.mixer_flops(cfg, layer, T)
+    heads, kv_heads = cfg.attention_heads(layer)
     return LayerBudget(
         layer=layer,
         mlp_width=cfg.mlp_widths[layer],
+        heads=heads,
+        kv_heads=kv_heads,
         multiplier=cfg.mlp_widths[layer] / cfg.mlp_width,
         params=params,
         mixer_params=sum(mixer.values()),
@@ -116,12 +126,38 @@ class Plan:
     flops_per_token: int
     baseline_flops_per_token: int
     seq_len: int
+    checked_contexts: list[int]  # context lengths at which FLOPs/token were checked equal
+
+
+class BudgetMismatch(TaperlmError):
+    """A tapered model does not have its uniform baseline's parameters or FLOPs (a bug in a
+    size formula or a non-linear component, never expected for a valid config)."""
+
+
+def check_matched(cfg: ModelConfig, base: ModelConfig, contexts: list[int]) -> None:
+    """BudgetMismatch unless `cfg` and its baseline have equal total parameters and equal
+    training FLOPs per token at every context in `contexts`."""
+    problems = []
+    if total_params(cfg) != total_params(base):
+        problems.append(f"parameters {total_params(cfg):,} vs {total_params(base):,}")
+    for T in contexts:
+        a, b = flops_per_token(cfg, T), flops_per_token(base, T)
+        if a != b:
+            problems.append(f"FLOPs/token at context {T}: {a:,} vs {b:,}")
+    if problems:
+        raise BudgetMismatch(
+            "the tapered model does not match its uniform baseline: " + "; ".join(problems)
+        )
 
 
 def plan(cfg: ModelConfig, seq_len: int | None = None) -> Plan:
+    """The budget of `cfg` beside its uniform baseline, checked equal (parameters, and FLOPs
+    per token at context 1, `seq_len` and the model's context; BudgetMismatch otherwise)."""
     cfg.resolve()
     base = cfg.baseline()
     T = seq_len or cfg.context_length
+    contexts = sorted({1, T, cfg.context_length})
+    check_matched(cfg, base, contexts)
     return Plan(
         config=cfg,
         baseline=base,
@@ -132,4 +168,5 @@ def plan(cfg: ModelConfig, seq_len: int | None = None) -> Plan:
         flops_per_token=flops_per_token(cfg, T),
         baseline_flops_per_token=flops_per_token(base, T),
         seq_len=T,
+        checked_contexts=contexts,
     )

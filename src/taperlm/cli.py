@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "export": "export a run as a Hugging Face model directory",
     "generate": "sample text from a run",
     "novelty": "layer-wise novelty (rho_block, rho_mlp) of a model",
+    "allocate": "MLP widths from a pilot's measured novelty, at the same budget",
     "compare": "train and compare tapers at one budget over seeds (the main job)",
 }
 

@@ -1,9 +1,9 @@
 """Typed configuration: model, data, training and the run that holds them; YAML load/save,
 `--set key=value` overrides, and validation with specific errors (no torch import).
 
-The resolved per-layer widths (`ModelConfig.mlp_widths`) are the authority: they are written by
-`ModelConfig.resolve()` from the taper and never recomputed once present, so a checkpoint always
-rebuilds the shapes it was trained with (DESIGN.md, principle 2).
+The resolved per-layer sizes (`ModelConfig.mlp_widths`, `ModelConfig.layer_heads`) are the
+authority: they are written by `ModelConfig.resolve()` from the tapers and never recomputed once
+present, so a checkpoint always rebuilds the shapes it was trained with (DESIGN.md, principle 2).
 
 What differs between model families (their options, checks and per-layer sizes) lives in
 `taperlm.families`; a model config carries only its own family's section (`hope:`, `titans:`,
@@ -26,23 +26,28 @@ from taperlm.domains import MAX_SEED, Domain, check_domains, check_field, settin
 from taperlm.errors import ConfigError, TaperError
 from taperlm.families import FAMILIES, get_family
 from taperlm.io import atomic_write_text
-from taperlm.taper import TaperSpec, solve_sizes
+from taperlm.taper import TaperSpec, read_rho_mlp, solve_sizes
 
 
 @dataclass
 class ModelConfig:
-    """A language model of one family with per-layer MLP widths.
+    """A language model of one family with per-layer MLP widths and attention heads.
 
     Fields:
         family: transformer | gated | hope | titans (`taperlm.families.FAMILIES`).
         vocab_size: tokenizer vocabulary size (the embedding and head rows).
         d_model: residual stream width.
         n_layers: number of blocks.
-        n_heads: attention query heads.
+        n_heads: attention query heads of the uniform model (head dim = d_model / n_heads).
         n_kv_heads: key/value heads (GQA); null = n_heads (plain multi-head attention).
         mlp_width: baseline SwiGLU width of the uniform model (the budget is n_layers x mlp_width).
         taper: the schedule that produced `mlp_widths` (provenance).
         mlp_widths: resolved per-layer widths, one per layer; authoritative once written.
+        head_taper: taper spec of the query heads per layer (same language as `taper`, e.g.
+            cosine:1.25:0.75) at the fixed head dim; every layer keeps the group size
+            n_heads / kv_heads, so its KV heads follow its query heads (docs/tapers.md).
+        layer_heads: resolved query heads per layer (sum n_layers x n_heads, multiples of the
+            group size); null = n_heads in every layer. Authoritative once written.
         context_length: maximum sequence length (RoPE tables, evaluation windows).
         rope_theta: RoPE base.
         norm_eps: RMSNorm epsilon.
@@ -63,6 +68,8 @@ class ModelConfig:
     mlp_width: int = setting(2816, "[1, inf)")
     taper: TaperSpec = field(default_factory=TaperSpec)
     mlp_widths: list[int] | None = setting(None, "[1, inf)")
+    head_taper: str = setting("uniform", "text")
+    layer_heads: list[int] | None = setting(None, "[1, inf)")
     context_length: int = setting(4096, "[1, inf)")
     rope_theta: float = setting(10000.0, "(0, inf)")
     norm_eps: float = setting(1e-6, "(0, inf)")
@@ -102,6 +109,23 @@ class ModelConfig:
     def kv_heads(self) -> int:
         return self.n_kv_heads or self.n_heads
 
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head (1 = multi-head attention); the same in every layer."""
+        return self.n_heads // self.kv_heads
+
+    def attention_heads(self, layer: int) -> tuple[int, int]:
+        """(query heads, KV heads) of layer `layer`: `layer_heads` when resolved, else the
+        uniform n_heads / kv_heads. Every block and budget formula reads heads through this."""
+        if self.layer_heads is None:
+            return self.n_heads, self.kv_heads
+        q = self.layer_heads[layer]
+        return q, q // self.group_size
+
+    def head_taper_spec(self) -> TaperSpec:
+        """`head_taper` parsed, with steps of one KV group (TaperError if it is not valid)."""
+        return TaperSpec.parse(self.head_taper, multiple_of=self.group_size)
+
     def validate(self) -> None:
         """Check shapes and options; raise ConfigError naming the key and the fix."""
         fam = get_family(self.family)
@@ -119,6 +143,7 @@ class ModelConfig:
             raise ConfigError(
                 f"model.n_kv_heads ({self.n_kv_heads}) must divide model.n_heads ({self.n_heads})"
             )
+        self._validate_heads(fam)
         if self.mlp_widths is not None:
             if len(self.mlp_widths) != self.n_layers:
                 raise ConfigError(
@@ -143,28 +168,85 @@ class ModelConfig:
             )
         fam.validate(self)
 
+    def _validate_heads(self, fam: Any) -> None:
+        """The head taper parses, and resolved heads are whole KV groups at the same budget
+        (their types and ranges are the fields' domains)."""
+        try:
+            spec = self.head_taper_spec()
+        except TaperError as err:
+            raise ConfigError(f"model.head_taper: {err}") from None
+        if spec.schedule == "novelty":
+            raise ConfigError(
+                "model.head_taper: novelty allocations act on MLP widths (rho_mlp measures the "
+                "MLP); give the heads a schedule such as cosine:1.25:0.75"
+            )
+        tapered = not spec.is_uniform or self.layer_heads is not None
+        if tapered and not fam.attention:
+            raise ConfigError(
+                f"model.head_taper: the {self.family} family has no attention heads to taper; "
+                "use head_taper: uniform"
+            )
+        heads = self.layer_heads
+        if heads is None:
+            return
+        g = self.group_size
+        if len(heads) != self.n_layers or any(
+            not isinstance(h, int) or isinstance(h, bool) or h < g or h % g for h in heads
+        ):
+            raise ConfigError(
+                f"model.layer_heads must be {self.n_layers} positive multiples of the group size "
+                f"n_heads/kv_heads = {g} (one per layer), got {heads}; delete it to re-resolve "
+                "from model.head_taper"
+            )
+        if sum(heads) != self.n_layers * self.n_heads:
+            raise ConfigError(
+                f"model.layer_heads sum to {sum(heads)} but the budget is n_layers x n_heads = "
+                f"{self.n_layers * self.n_heads}; delete it to re-resolve from model.head_taper"
+            )
+
     def resolve(self) -> ModelConfig:
-        """Fill `mlp_widths` from the taper and the family's per-layer sizes (e.g. Hope level
-        widths, Titans memory widths) when absent, validate, and return self."""
+        """Fill `mlp_widths` from the taper, `layer_heads` from the head taper and the family's
+        per-layer sizes (e.g. Hope level widths, Titans memory widths) when absent, validate,
+        and return self."""
         self.validate()
         if self.mlp_widths is None:
             self.mlp_widths = solve_sizes(self.taper, self.n_layers, self.mlp_width)
+        heads = self.head_taper_spec()
+        if self.layer_heads is None and not heads.is_uniform:
+            try:
+                self.layer_heads = solve_sizes(
+                    heads, self.n_layers, self.n_heads, what="query head count"
+                )
+            except TaperError as err:
+                raise ConfigError(f"model.head_taper {self.head_taper!r}: {err}") from None
         get_family(self.family).resolve(self)
         self.validate()
         return self
 
-    def with_taper(self, taper: TaperSpec) -> ModelConfig:
-        """A copy of this config with a different taper, widths re-resolved at the same budget."""
+    def with_taper(self, taper: TaperSpec, head_taper: str | None = None) -> ModelConfig:
+        """A copy of this config with a different taper (and head taper, when given), sizes
+        re-resolved at the same budget."""
         fam = get_family(self.family)
         options = fam.fresh_options(self.options)
-        return dataclasses.replace(self, taper=taper, mlp_widths=None, options=options).resolve()
+        heads = {} if head_taper is None else {"head_taper": head_taper, "layer_heads": None}
+        return dataclasses.replace(
+            self, taper=taper, mlp_widths=None, options=options, **heads
+        ).resolve()
 
     def baseline(self) -> ModelConfig:
-        """The uniform model of the same budget (every taper turned off, a family's own too)."""
+        """The uniform model of the same budget (every taper turned off: MLP widths, heads and
+        a family's own)."""
         fam = get_family(self.family)
         uniform = TaperSpec(schedule="uniform", multiple_of=self.taper.multiple_of)
         options = None if self.options is None else fam.fresh_options(fam.untapered(self.options))
-        return dataclasses.replace(self, taper=uniform, mlp_widths=None, options=options).resolve()
+        return dataclasses.replace(
+            self,
+            taper=uniform,
+            mlp_widths=None,
+            head_taper="uniform",
+            layer_heads=None,
+            options=options,
+        ).resolve()
 
 
 @dataclass
@@ -380,6 +462,12 @@ def _taper_from(data: Any, where: str) -> TaperSpec:
     if isinstance(data, dict):
         spec = from_dict_plain(TaperSpec, data, where)
         _check_taper(spec, where)
+        if spec.schedule == "novelty" and not spec.rho_mlp and not spec.needs_pilot:
+            # a hand-written mapping may name only the measurement: read it once
+            try:
+                spec = spec.with_novelty(read_rho_mlp(spec.source))
+            except TaperError as err:
+                raise ConfigError(f"{where}: {err}") from None
         return spec
     raise ConfigError(
         f"{where} must be a taper spec string (e.g. cosine:1.5:0.5) or a mapping, got {data!r}"
@@ -554,15 +642,18 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
-_SIZE_KEYS = {"taper", "mlp_width", "n_layers", "family"}
+_SIZE_KEYS = {"taper", "mlp_width", "n_layers", "family", "head_taper", "n_heads", "n_kv_heads"}
 
 
 def _affects_sizes(path: list[str]) -> bool:
-    """Whether overriding model.<path> changes the resolved per-layer sizes: the taper, the
-    baseline, the depth, the family or any family option (except a resolved size itself)."""
+    """Whether overriding model.<path> changes the resolved per-layer sizes: a taper, a
+    baseline size (MLP width, heads), the depth, the family or any family option (except a
+    resolved size itself)."""
     if not path or (path[0] not in _SIZE_KEYS and path[0] not in FAMILIES):
         return False
-    resolved = {"mlp_widths"} | {k for fam in FAMILIES.values() for k in fam.resolved}
+    resolved = {"mlp_widths", "layer_heads"} | {
+        k for fam in FAMILIES.values() for k in fam.resolved
+    }
     return path[-1] not in resolved
 
 
@@ -570,6 +661,7 @@ def clear_resolved_sizes(model: dict) -> None:
     """Drop resolved per-layer sizes from a model dict so `resolve()` recomputes them from the
     (changed) taper; used when the taper, baseline or depth is overridden."""
     model.pop("mlp_widths", None)
+    model.pop("layer_heads", None)
     for fam in FAMILIES.values():
         section = model.get(fam.name)
         if isinstance(section, dict):

@@ -14,23 +14,32 @@ exactly L * B, so a tapered model holds exactly the parameters and FLOPs of its 
 
 Specification strings (CLI `--taper`): `uniform`, `cosine[:START:END]`, `linear[:START:END]`,
 `sigmoid[:START:END[:K]]`, `groups:R1,R2,...`, `custom:V1,V2,...` (multipliers if any value has a
-decimal point, widths if all are integers).
+decimal point, widths if all are integers), `novelty:SOURCE[:STRENGTH]` (multipliers from a
+measured per-layer rho_mlp, see `novelty_multipliers`).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from taperlm.domains import setting
 from taperlm.errors import TaperError
 
-SCHEDULES = ("uniform", "cosine", "linear", "sigmoid", "groups", "custom")
+SCHEDULES = ("uniform", "cosine", "linear", "sigmoid", "groups", "custom", "novelty")
 DEFAULT_START = 1.5
 DEFAULT_END = 0.5
 DEFAULT_STEEPNESS = 10.0
+# Largest deviation of a novelty multiplier from 1: 0.5 spans 1.5 .. 0.5, the paper's range.
+DEFAULT_STRENGTH = 0.5
+# `novelty:pilot`: the rho_mlp values come from a pilot run that `taperlm compare` makes.
+PILOT = "pilot"
+# rho_mlp values (cosines) closer than this are taken as equal: the uniform allocation.
+NOVELTY_RESOLUTION = 1e-9
 DEFAULT_MULTIPLE_OF = 16
 # How far the multipliers' mean may stray from 1 before the solver tries to repair it (uneven group
 # sizes in shallow models give e.g. 1.125); beyond this the schedule itself breaks the budget.
@@ -51,7 +60,7 @@ class TaperSpec:
     """How per-layer sizes are derived from a baseline size.
 
     Fields:
-        schedule: uniform | cosine | linear | sigmoid | groups | custom.
+        schedule: uniform | cosine | linear | sigmoid | groups | custom | novelty.
         start: multiplier of the baseline at the first layer (cosine/linear/sigmoid).
         end: multiplier at the last layer; start < end gives the wider-late mirror.
         steepness: k of the sigmoid schedule.
@@ -59,7 +68,11 @@ class TaperSpec:
         values: explicit per-layer multipliers or widths (schedule `custom`).
         values_are_widths: whether `values` are integer widths (True) or multipliers (False).
         multiple_of: every resolved size is a multiple of this (16 in the paper; 64-256 on GPUs).
-        monotone: enforce a monotone result; None = enforce exactly when the multipliers are monotone.
+        monotone: enforce a monotone result; None = enforce exactly when the multipliers are
+            monotone (never for novelty, whose order is measured, not a schedule).
+        strength: novelty: the largest deviation of a multiplier from 1 (0 < strength < 1).
+        source: novelty: where rho_mlp was measured (a JSON file, a run dir, or `pilot`).
+        rho_mlp: novelty: the measured per-layer mean rho_mlp the multipliers are made from.
     """
 
     schedule: str = setting("uniform", "{" + ", ".join(SCHEDULES) + "}")
@@ -71,6 +84,9 @@ class TaperSpec:
     values_are_widths: bool = False
     multiple_of: int = setting(DEFAULT_MULTIPLE_OF, "[1, inf)")
     monotone: bool | None = None
+    strength: float = setting(DEFAULT_STRENGTH, "(0, 1)")
+    source: str = setting("", "text")
+    rho_mlp: list[float] = setting([], "(-inf, inf)")  # finite (a cosine, measured)
 
     @classmethod
     def parse(cls, text: str, multiple_of: int | None = None) -> TaperSpec:
@@ -82,8 +98,10 @@ class TaperSpec:
         if name not in SCHEDULES:
             raise TaperError(
                 f"unknown taper schedule {name!r} in {text!r}; choose one of {', '.join(SCHEDULES)} "
-                "(e.g. cosine:1.5:0.5, groups:1.5,1.0,0.5, custom:4224,3840,...)"
+                "(e.g. cosine:1.5:0.5, groups:1.5,1.0,0.5, custom:4224,3840,..., novelty:pilot)"
             )
+        if name == "novelty":
+            return _parse_novelty(rest.strip(), text, m)
         parts = [p.strip() for p in rest.split(":")] if rest else []
         if name == "uniform":
             if parts:
@@ -131,6 +149,8 @@ class TaperSpec:
             return f"sigmoid:{_exact(self.start)}:{_exact(self.end)}:{_exact(self.steepness)}"
         if self.schedule == "groups":
             return "groups:" + ",".join(_exact(g) for g in self.groups)
+        if self.schedule == "novelty":
+            return f"novelty:{self.source}:{_exact(self.strength)}"
         if self.values_are_widths:
             return "custom:" + ",".join(str(int(v)) for v in self.values)
         # repr of a float always has a '.' or an exponent, so parse reads multipliers back.
@@ -173,6 +193,15 @@ class TaperSpec:
             )
             if self.values_are_widths and any(v != int(v) for v in self.values):
                 raise TaperError("custom widths must be integers")
+        if self.schedule == "novelty":
+            if not (isinstance(self.strength, (int, float)) and 0 < self.strength < 1):
+                raise TaperError(
+                    f"novelty strength must be in (0, 1) (the largest change of a layer's width, "
+                    f"as a fraction of the baseline), got {self.strength!r}"
+                )
+            bad = [v for v in self.rho_mlp if not math.isfinite(v)]
+            if bad:
+                raise TaperError(f"novelty rho_mlp values must be finite, got {self.rho_mlp}")
 
     @property
     def is_uniform(self) -> bool:
@@ -189,12 +218,123 @@ class TaperSpec:
         if self.schedule == "custom":
             d["values"] = [int(v) if self.values_are_widths else v for v in self.values]
             d["values_are_widths"] = self.values_are_widths
+        if self.schedule == "novelty":
+            d.update(strength=self.strength, source=self.source, rho_mlp=list(self.rho_mlp))
         if self.monotone is not None:
             d["monotone"] = self.monotone
         return d
 
     def with_multiple_of(self, multiple_of: int) -> TaperSpec:
         return replace(self, multiple_of=multiple_of)
+
+    @property
+    def needs_pilot(self) -> bool:
+        """A `novelty:pilot` spec whose rho_mlp values are still to be measured."""
+        return self.schedule == "novelty" and self.source == PILOT and not self.rho_mlp
+
+    def with_novelty(self, rho_mlp: list[float], source: str | None = None) -> TaperSpec:
+        """This novelty spec with measured per-layer rho_mlp values (and their source)."""
+        spec = replace(self, rho_mlp=[float(v) for v in rho_mlp], source=source or self.source)
+        spec.validate()
+        return spec
+
+
+def _parse_novelty(rest: str, text: str, multiple_of: int) -> TaperSpec:
+    """`novelty:SOURCE[:STRENGTH]`; SOURCE is read at once unless it is `pilot`."""
+    source, strength = rest, DEFAULT_STRENGTH
+    head, sep, tail = rest.rpartition(":")
+    if sep and _is_number(tail):
+        source, strength = head, _number(tail, text)
+    if not source:
+        raise TaperError(
+            f"taper {text!r}: novelty needs a source, e.g. novelty:novelty.json, novelty:RUN_DIR "
+            "or (in taperlm compare) novelty:pilot, optionally with :STRENGTH"
+        )
+    spec = TaperSpec(schedule="novelty", multiple_of=multiple_of, strength=strength, source=source)
+    spec.validate()
+    return spec if source == PILOT else spec.with_novelty(read_rho_mlp(source))
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def read_rho_mlp(source: str | Path) -> list[float]:
+    """Per-layer mean rho_mlp from a novelty measurement: the JSON of `taperlm novelty --json`,
+    a compare cell's result.json, a JSON object with a `rho_mlp` list, or a run dir holding
+    novelty.json or result.json."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        found = [path / n for n in ("novelty.json", "result.json") if (path / n).is_file()]
+        if not found:
+            raise TaperError(
+                f"novelty source {path} holds no novelty measurement (novelty.json or "
+                f"result.json); measure it with `taperlm novelty {path} --json > "
+                f"{path / 'novelty.json'}`, or use `taperlm allocate --from {path}`"
+            )
+        path = found[0]
+    if not path.is_file():
+        raise TaperError(
+            f"novelty source {str(source)!r} is neither a file nor a run dir (give a novelty "
+            "JSON from `taperlm novelty --json`, a run dir, or `pilot` in taperlm compare)"
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise TaperError(f"novelty source {path} is not JSON: {err}") from None
+    values = rho_mlp_of(data.get("novelty", data) if isinstance(data, dict) else data)
+    if values is None:
+        raise TaperError(
+            f"novelty source {path} has no per-layer rho_mlp (expected the JSON of `taperlm "
+            'novelty --json`, a compare result.json, or {"rho_mlp": [...]})'
+        )
+    return values
+
+
+def rho_mlp_of(data: Any) -> list[float] | None:
+    """Per-layer mean rho_mlp of a novelty result dict (`NoveltyResult.to_dict`, or a dict with
+    a `rho_mlp` list); None when it holds none (an undefined mean becomes nan)."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        if isinstance(data.get("rho_mlp"), list):
+            return [float("nan") if v is None else float(v) for v in data["rho_mlp"]]
+        layers = data.get("layers")
+        if isinstance(layers, list) and layers:
+            means = [layer["rho_mlp"]["mean"] for layer in layers]
+            return [float("nan") if v is None else float(v) for v in means]
+    except (KeyError, TypeError, ValueError):
+        return None
+    return None
+
+
+def novelty_multipliers(rho_mlp: list[float], strength: float = DEFAULT_STRENGTH) -> list[float]:
+    """The novelty rule: more width where a layer writes new directions (low rho_mlp), less
+    where it reinforces the residual stream (high rho_mlp), affine in rho:
+
+        r_l = 1 - strength * (rho_l - mean(rho)) / max_k |rho_k - mean(rho)|
+
+    The mean multiplier is exactly 1 (the budget), the layer with the most extreme rho gets
+    1 -+ strength, and every multiplier lies in [1 - strength, 1 + strength]. Equal rho in every
+    layer (within NOVELTY_RESOLUTION) gives the uniform model.
+    """
+    if not rho_mlp:
+        raise TaperError("novelty multipliers need at least one rho_mlp value")
+    bad = [v for v in rho_mlp if not math.isfinite(v)]
+    if bad:
+        raise TaperError(
+            f"novelty rho_mlp must be finite in every layer, got {rho_mlp} (a layer measured on "
+            "no tokens?)"
+        )
+    mean = math.fsum(rho_mlp) / len(rho_mlp)
+    spread = max(abs(v - mean) for v in rho_mlp)
+    if spread <= NOVELTY_RESOLUTION:  # cosines this close are equal; no contrast to follow
+        return [1.0] * len(rho_mlp)
+    return [1.0 - strength * (v - mean) / spread for v in rho_mlp]
 
 
 def _number(text: str, spec: str) -> float:
@@ -248,7 +388,18 @@ def multipliers(spec: TaperSpec, n_layers: int) -> list[float]:
         for g, size in enumerate(sizes):
             out.extend([spec.groups[g]] * size)
         return out
-    # custom
+    if spec.schedule == "novelty":
+        if spec.needs_pilot:
+            raise TaperError(
+                "taper novelty:pilot takes its rho_mlp from a pilot run, which only `taperlm "
+                "compare` makes; elsewhere give a measurement: novelty:FILE.json or novelty:RUN_DIR"
+            )
+        if len(spec.rho_mlp) != L:
+            raise TaperError(
+                f"novelty taper from {spec.source or 'rho_mlp'} has {len(spec.rho_mlp)} layers "
+                f"but the model has {L}; measure a pilot of the same depth"
+            )
+        return novelty_multipliers(spec.rho_mlp, spec.strength)
     if len(spec.values) != L:
         raise TaperError(
             f"custom taper has {len(spec.values)} values but the model has {L} layers; give exactly one per layer"
@@ -319,7 +470,9 @@ def solve_sizes(
         raise TaperError(
             f"taper {spec.to_string()} is not monotone across depth but monotone=true was asked"
         )
-    enforce = direction in (-1, 1) if spec.monotone is None else bool(spec.monotone)
+    # A measured (novelty) allocation is monotone only by chance: its order is not enforced.
+    auto = direction in (-1, 1) and spec.schedule != "novelty"
+    enforce = auto if spec.monotone is None else bool(spec.monotone)
 
     mean = sum(r) / len(r)
     if abs(mean - 1.0) > MAX_MEAN_DEVIATION:
@@ -387,4 +540,6 @@ def describe(spec: TaperSpec) -> str:
         return f"sigmoid {_fmt(spec.start)} -> {_fmt(spec.end)} (k={_fmt(spec.steepness)})"
     if spec.schedule == "groups":
         return "groups " + "/".join(_fmt(g) for g in spec.groups)
+    if spec.schedule == "novelty":
+        return f"novelty of {spec.source} (strength {_fmt(spec.strength)})"
     return "custom"

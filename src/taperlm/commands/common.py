@@ -1,6 +1,6 @@
 """The argument group shared by the commands that take a model config (plan, train, compare):
-`--preset NAME | --config FILE`, `--taper SPEC`, `--multiple-of N`, `--set key=value`, and the
-config assembly of plan and train. No torch import."""
+`--preset NAME | --config FILE`, `--taper SPEC`, `--head-taper SPEC`, `--multiple-of N`,
+`--set key=value`, and the config assembly of plan and train. No torch import."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from taperlm.taper import TaperSpec
 def add_model_arguments(
     parser: argparse.ArgumentParser, taper: bool = True, default_preset: str | None = None
 ) -> None:
-    """--preset | --config, --taper (unless `taper` is False: compare takes lists of tapers),
-    --multiple-of and --set. `default_preset` is named in the help as what the command uses
-    when neither --preset nor --config is given."""
+    """--preset | --config, --taper and --head-taper (unless `taper` is False: compare takes
+    lists of allocations), --multiple-of and --set. `default_preset` is named in the help as
+    what the command uses when neither --preset nor --config is given."""
     src = parser.add_mutually_exclusive_group()
     default = f"default {default_preset}; " if default_preset else "e.g. transformer-440m; "
     src.add_argument(
@@ -28,7 +28,13 @@ def add_model_arguments(
         parser.add_argument(
             "--taper",
             help="taper spec: uniform | cosine[:START:END] | linear[:START:END] | "
-            "sigmoid[:START:END[:K]] | groups:R1,R2,.. | custom:W1,W2,.. (default: the config's)",
+            "sigmoid[:START:END[:K]] | groups:R1,R2,.. | custom:W1,W2,.. | "
+            "novelty:SOURCE[:STRENGTH] (default: the config's)",
+        )
+        parser.add_argument(
+            "--head-taper",
+            help="taper of the attention query heads per layer, same spec language (e.g. "
+            "cosine:1.25:0.75; KV heads follow at the model's group size) (default: the config's)",
         )
     parser.add_argument(
         "--multiple-of",
@@ -59,6 +65,9 @@ def build_run_config(args: argparse.Namespace) -> RunConfig:
         if args.multiple_of:
             spec.multiple_of = args.multiple_of
         model["taper"] = spec.to_dict()
+        clear_resolved_sizes(model)
+    if getattr(args, "head_taper", None):
+        model["head_taper"] = args.head_taper
         clear_resolved_sizes(model)
     apply_overrides(data, args.overrides)
     return run_config_from_dict(data, source).resolve()

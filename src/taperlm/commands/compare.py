@@ -4,6 +4,8 @@
     taperlm compare --preset transformer-small --tapers 'uniform;cosine:1.5:0.5' --seeds 5 \\
         --tokens 2000000 --data data/default --out cmp-small
     taperlm compare --paper controlled --out cmp-paper          # PAPER.md §3 grid
+    taperlm compare --tapers 'uniform;cosine;novelty:pilot;cosine+heads:cosine:1.25:0.75' \\
+        --out cmp-beyond                                        # beyond the paper
 
 Parses the arguments and calls `taperlm.compare.job.run_comparison` (precedence of settings,
 the default corpus cache and every default are documented there). No torch import here.
@@ -34,7 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tapers",
         help="allocations to compare, e.g. 'uniform;cosine:1.5:0.5;groups:1.5,1.0,0.5' "
         "(separate with ';', or with ',' when no spec holds commas; NAME=SPEC names one; "
-        "uniform is always added) [default: uniform;cosine:1.5:0.5;cosine:0.5:1.5]",
+        "uniform is always added); SPEC+heads:HEAD_SPEC or heads:HEAD_SPEC also tapers the "
+        "attention heads; novelty:pilot[:STRENGTH] takes widths from a short uniform pilot run "
+        "of each seed [default: uniform;cosine:1.5:0.5;cosine:0.5:1.5]",
     )
     parser.add_argument(
         "--taper",
@@ -120,6 +124,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_THREADS,
         help=f"torch CPU threads per cell [{DEFAULT_THREADS}]; more only helps when there are "
         "more idle cores than cells",
+    )
+    parser.add_argument(
+        "--pilot-tokens",
+        type=number(int, "[1, inf)"),
+        help="training tokens of each novelty:pilot pilot run [default: a quarter of --tokens]",
     )
     parser.add_argument(
         "--out", type=output_path("dir"), required=True, help="output folder (resumable)"

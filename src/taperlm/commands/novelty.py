@@ -19,6 +19,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a run dir (config.yaml + checkpoints/), a Hugging Face model dir (e.g. a "
         "`taperlm export`), or hf:NAME for any Hub causal LM (e.g. hf:gpt2; needs internet)",
     )
+    add_measure_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--plot", type=output_path("file"), help="write both curves vs depth as a PNG"
+    )
+    parser.add_argument(
+        "--out", type=output_path("file"), help="also write the JSON result to FILE"
+    )
+
+
+def add_measure_arguments(parser: argparse.ArgumentParser) -> None:
+    """How a model's novelty is measured (shared with `taperlm allocate`)."""
     parser.add_argument(
         "--data",
         type=input_path(),
@@ -59,16 +71,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trust-remote-code", action="store_true", help="allow custom model code for hf:NAME"
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument(
-        "--plot", type=output_path("file"), help="write both curves vs depth as a PNG"
-    )
-    parser.add_argument(
-        "--out", type=output_path("file"), help="also write the JSON result to FILE"
-    )
 
 
 def run(args: argparse.Namespace) -> int:
+    result, data, n_ids = measure_model(args.model, args, progress=not args.json)
+    out = result.to_dict()
+    out.update(model=args.model, data=str(data), input_tokens=n_ids)
+    if args.out is not None:
+        from taperlm.io import atomic_write_json
+
+        atomic_write_json(args.out, out, indent=2)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(format_result(result, str(data), n_ids))
+    if args.plot:
+        from taperlm.analysis.plots import plot_novelty
+
+        path = plot_novelty(
+            {result.name: result}, args.plot, title=f"Layer-wise novelty: {Path(data).name}"
+        )
+        if not args.json:
+            print(f"plot written to {path}")
+    return 0
+
+
+def measure_model(model: str, args: argparse.Namespace, progress: bool = True):
+    """Load MODEL and measure its novelty with the options of `add_measure_arguments`;
+    returns (NoveltyResult, what the text is, input tokens)."""
     import torch
 
     from taperlm.analysis.novelty import measure
@@ -77,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     from taperlm.errors import ConfigError
 
     device = resolve_device(args.device)
-    loaded = load_model(args.model, device, args.dtype, args.trust_remote_code, args.step)
+    loaded = load_model(model, device, args.dtype, args.trust_remote_code, args.step)
     seq_len = args.seq_len or min(loaded.context_length or args.tokens, args.tokens)
     if loaded.context_length and seq_len > loaded.context_length:
         raise ConfigError(
@@ -94,29 +124,11 @@ def run(args: argparse.Namespace) -> int:
             layers_path=args.layers,
             mlp_name=args.mlp,
             name=loaded.name,
-            progress=not args.json,
+            progress=progress,
         )
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    out = result.to_dict()
-    out.update(model=args.model, data=str(data), input_tokens=len(ids))
-    if args.out is not None:
-        from taperlm.io import atomic_write_json
-
-        atomic_write_json(args.out, out, indent=2)
-    if args.json:
-        print(json.dumps(out, indent=2))
-    else:
-        print(format_result(result, str(data), len(ids)))
-    if args.plot:
-        from taperlm.analysis.plots import plot_novelty
-
-        path = plot_novelty(
-            {result.name: result}, args.plot, title=f"Layer-wise novelty: {Path(data).name}"
-        )
-        if not args.json:
-            print(f"plot written to {path}")
-    return 0
+    return result, data, len(ids)
 
 
 def _text(args: argparse.Namespace, loaded) -> tuple[str, list[int]]:

@@ -131,12 +131,20 @@ def plan_to_dict(p) -> dict:
         "d_model": cfg.d_model,
         "baseline_mlp_width": cfg.mlp_width,
         "mlp_widths": list(cfg.mlp_widths or []),
+        "head_taper": cfg.head_taper,
+        "baseline_heads": cfg.n_heads,
+        "baseline_kv_heads": cfg.kv_heads,
+        "heads": [b.heads for b in p.layers],
+        "kv_heads": [b.kv_heads for b in p.layers],
         "seq_len": p.seq_len,
+        "budget_checked_at_contexts": p.checked_contexts,
         "layers": [
             {
                 "layer": b.layer,
                 "mlp_width": b.mlp_width,
                 "multiplier": b.multiplier,
+                "heads": b.heads,
+                "kv_heads": b.kv_heads,
                 "params": b.params,
                 "mixer_params": b.mixer_params,
                 "mlp_params": b.mlp_params,
@@ -168,8 +176,11 @@ def format_plan(p) -> str:
         f"vocab {cfg.vocab_size}, context {cfg.context_length}",
         f"taper: {describe(cfg.taper)} (multiple_of {cfg.taper.multiple_of}); "
         f"baseline mlp_width {cfg.mlp_width}",
+        f"head taper: {describe(cfg.head_taper_spec())} (in steps of one KV group of "
+        f"{cfg.group_size} query head{'s' if cfg.group_size > 1 else ''}, head dim "
+        f"{cfg.head_dim}); baseline {_heads(cfg.n_heads, cfg.kv_heads)} heads per layer",
         "",
-        f"{'layer':>5} {'width':>7} {'x base':>7} {'params':>12} {'baseline':>12} "
+        f"{'layer':>5} {'width':>7} {'x base':>7} {'heads':>7} {'params':>12} {'baseline':>12} "
         f"{'diff':>10} {'FLOPs share':>11}",
     ]
     column = family(cfg).plan_column(cfg)
@@ -178,7 +189,8 @@ def format_plan(p) -> str:
         lines[-1] += f"  {extra_name}"
     for b, bb in zip(p.layers, p.baseline_layers):
         lines.append(
-            f"{b.layer:>5} {b.mlp_width:>7} {b.multiplier:>7.3f} {b.params:>12,} {bb.params:>12,} "
+            f"{b.layer:>5} {b.mlp_width:>7} {b.multiplier:>7.3f} {_heads(b.heads, b.kv_heads):>7} "
+            f"{b.params:>12,} {bb.params:>12,} "
             f"{b.params - bb.params:>+10,} {100 * b.flops_per_token / total_flops:>10.2f}%"
             + (f"  {extra[b.layer]}" if extra_name else "")
         )
@@ -191,5 +203,15 @@ def format_plan(p) -> str:
         f"{p.total_params - p.baseline_total_params:>+12,}",
         f"{'training FLOPs/token @' + str(p.seq_len):<28}{p.flops_per_token:>16,}"
         f"{p.baseline_flops_per_token:>16,}{p.flops_per_token - p.baseline_flops_per_token:>+12,}",
+        "",
+        "budget matched (checked): total parameters, and training FLOPs/token at context "
+        + ", ".join(map(str, p.checked_contexts))
+        + " (MLP parameters are linear in the width; attention parameters and score work in "
+        "each layer's heads, at every context)",
     ]
     return "\n".join(lines)
+
+
+def _heads(heads: int, kv_heads: int) -> str:
+    """`4` for multi-head attention, `8/2` (query/KV) for grouped-query attention."""
+    return str(heads) if heads == kv_heads else f"{heads}/{kv_heads}"

@@ -1,14 +1,21 @@
-"""The comparison grid: width allocations x seeds, each cell one run config at the same budget.
+"""The comparison grid: allocations x seeds, each cell one run config at the same budget.
 
-Allocations are taper spec strings (`uniform`, `cosine:1.5:0.5`, `groups:1.5,1.0,0.5`, ...),
-optionally named (`wider-early=groups:1.5,1.0,0.5`). Because `groups:`/`custom:` specs contain
-commas, a list is split on `;` when it has one, otherwise on commas, where a bare number after a
-`groups:`/`custom:` spec continues that spec (`uniform,groups:1.5,1.0,0.5,cosine` is three).
+An allocation is an MLP taper spec (`uniform`, `cosine:1.5:0.5`, `groups:1.5,1.0,0.5`,
+`novelty:pilot`, ...), optionally with a head taper (`cosine+heads:cosine:1.25:0.75`; alone:
+`heads:cosine:1.25:0.75`, MLP uniform), optionally named (`wider-early=groups:1.5,1.0,0.5`).
+Because `groups:`/`custom:` specs contain commas, a list is split on `;` when it has one,
+otherwise on commas, where a bare number after a `groups:`/`custom:` spec continues that spec
+(`uniform,groups:1.5,1.0,0.5,cosine` is three).
+
+`novelty:pilot[:STRENGTH]` takes its widths from the per-layer rho_mlp of a pilot: a short
+uniform run of the same seed (`pilot_cells`), made before the grid; each seed gets its own
+widths (`build_grid(..., pilots=)`).
 
 Every cell of seed s uses train.seed = s, which the trainer uses both for the model init and
 for the data order, so all allocations of one seed see the same batches in the same order and
-start from the same RNG state; the only difference between them is the per-layer MLP width.
-The uniform allocation is always part of the grid: it is the baseline of the paired differences.
+start from the same RNG state; the only difference between them is the per-layer MLP width
+(and heads). The uniform allocation is always part of the grid: it is the baseline of the
+paired differences.
 
 Paper modes (PAPER.md §3, §4): `controlled` = uniform / wider-early / wider-middle / wider-late
 as three equal groups of layers (multipliers 1.5/1.0/0.5 and mirrors); `sweep` = cosine, linear,
@@ -51,24 +58,47 @@ SWEEP_SCHEDULES = ("cosine", "linear", "sigmoid")
 PAPER_SIGMOID_K = 10.0
 
 DEFAULT_TAPERS = ("uniform", "cosine:1.5:0.5", "cosine:0.5:1.5")
+HEADS = "heads:"  # an allocation's head-taper component: SPEC+heads:HEAD_SPEC or heads:HEAD_SPEC
+PILOT_NAME = "pilot"  # pilot runs live in runs/pilot-s<seed>
+# Placeholder rho for checking a novelty:pilot allocation before its pilot ran: alternating
+# extremes give multipliers 1 +- strength, the narrowest and widest layers it can produce.
+_PROBE_RHO = (0.0, 1.0)
 
 
 @dataclass
 class Allocation:
-    """One width allocation: a taper spec, a directory-safe name and a display label."""
+    """One allocation: an MLP taper spec and a head taper, a directory-safe name and a label."""
 
     name: str  # directory-safe, unique in the grid (runs/<name>-s<seed>)
     label: str  # shown in tables and legends
     spec: TaperSpec
     paper_ppl: float | None = None  # the paper's val ppl for this allocation, if it reports one
+    head_taper: str = "uniform"  # model.head_taper spec string
 
     @property
     def spec_string(self) -> str:
-        return self.spec.to_string()
+        """The allocation as written in --tapers (without its name)."""
+        if self.head_taper == "uniform":
+            return self.spec.to_string()
+        mlp = "" if self.spec.is_uniform else f"{self.spec.to_string()}+"
+        return f"{mlp}{HEADS}{self.head_taper}"
 
     @property
     def is_uniform(self) -> bool:
-        return self.spec.schedule == "uniform"
+        return self.spec.schedule == "uniform" and self.head_taper == "uniform"
+
+    @property
+    def needs_pilot(self) -> bool:
+        return self.spec.needs_pilot
+
+    def spec_for(self, seed: int, pilots: dict[int, list[float]] | None, n_layers: int):
+        """The MLP taper of this allocation's cell of `seed`: a novelty:pilot spec gets the
+        rho_mlp of that seed's pilot (or, before the pilots ran, a probe of its extremes)."""
+        if not self.needs_pilot:
+            return self.spec
+        if pilots is None:
+            return self.spec.with_novelty([_PROBE_RHO[i % 2] for i in range(n_layers)])
+        return self.spec.with_novelty(pilots[seed], source=f"runs/{PILOT_NAME}-s{seed}")
 
 
 @dataclass
@@ -94,6 +124,8 @@ class Grid:
     base: RunConfig  # the uniform config of seed seeds[0]
     budget: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> params, flops, widths
     paper: str | None = None
+    # the pilots of novelty:pilot allocations: tokens per pilot and, per seed, its cost and rho
+    pilot: dict[str, Any] | None = None
 
     def cell(self, alloc_name: str, seed: int) -> Cell:
         for c in self.cells:
@@ -121,7 +153,7 @@ def split_taper_list(text: str) -> list[str]:
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
-        prev = out[-1].split("=", 1)[-1] if out else ""
+        prev = re.split(r"=|\+heads:", out[-1])[-1] if out else ""
         if _NUMBER.match(part) and prev.lower().startswith(("groups:", "custom:")):
             out[-1] = f"{out[-1]},{part}"
         else:
@@ -129,14 +161,16 @@ def split_taper_list(text: str) -> list[str]:
     return out
 
 
-def slug(spec: TaperSpec) -> str:
-    """Directory-safe name of a spec: cosine:1.5:0.5 -> cosine-1.5-0.5."""
-    text = spec.to_string()
+def slug(spec: TaperSpec | str) -> str:
+    """Directory-safe name of a spec: cosine:1.5:0.5 -> cosine-1.5-0.5 (a novelty spec is named
+    by its source and strength, not by the path's characters)."""
+    text = spec if isinstance(spec, str) else spec.to_string()
     return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-")
 
 
 def parse_allocation(text: str, multiple_of: int | None = None) -> Allocation:
-    """`SPEC` or `NAME=SPEC` -> Allocation; TaperError names the bad spec."""
+    """`[NAME=]SPEC[+heads:HEAD_SPEC]` or `[NAME=]heads:HEAD_SPEC` -> Allocation; TaperError
+    names the bad spec."""
     name, sep, spec_text = text.partition("=")
     if not sep:
         name, spec_text = "", text
@@ -145,12 +179,32 @@ def parse_allocation(text: str, multiple_of: int | None = None) -> Allocation:
         raise ConfigError(
             f"allocation name {name!r} in {text!r} must be letters, digits, '.', '_' or '-'"
         )
+    mlp_text, head_text = _split_heads(spec_text.strip(), text)
     try:
-        spec = TaperSpec.parse(spec_text, multiple_of=multiple_of)
+        spec = TaperSpec.parse(mlp_text, multiple_of=multiple_of)
+        if head_text != "uniform":
+            heads = TaperSpec.parse(head_text, multiple_of=1)  # syntax; steps = the KV groups
+            if heads.schedule == "novelty":
+                raise TaperError("novelty allocations act on MLP widths, not on heads")
+            head_text = heads.to_string()  # canonical: cosine -> cosine:1.5:0.5
     except TaperError as err:
-        raise TaperError(f"--tapers: {err}") from None
-    label = name or spec.to_string()
-    return Allocation(name=name or slug(spec), label=label, spec=spec)
+        raise TaperError(f"--tapers {text!r}: {err}") from None
+    alloc = Allocation(name="", label="", spec=spec, head_taper=head_text)
+    alloc.label = name or alloc.spec_string
+    alloc.name = name or slug(alloc.spec_string)
+    return alloc
+
+
+def _split_heads(spec_text: str, text: str) -> tuple[str, str]:
+    """(MLP spec, head spec) of `SPEC+heads:HEAD_SPEC`, `heads:HEAD_SPEC` or `SPEC`."""
+    if spec_text.lower().startswith(HEADS):
+        return "uniform", spec_text[len(HEADS) :].strip() or "?"
+    parts = re.split(r"\+heads:", spec_text, flags=re.IGNORECASE)
+    if len(parts) > 2:
+        raise TaperError(f"--tapers {text!r}: give at most one +heads: part")
+    if len(parts) == 2:
+        return parts[0].strip(), parts[1].strip() or "?"
+    return spec_text, "uniform"
 
 
 def parse_allocations(texts: list[str], multiple_of: int | None = None) -> list[Allocation]:
@@ -160,6 +214,8 @@ def parse_allocations(texts: list[str], multiple_of: int | None = None) -> list[
         raise ConfigError("--tapers is empty; give e.g. --tapers 'uniform;cosine:1.5:0.5'")
     if not any(a.is_uniform for a in allocs):
         allocs.insert(0, Allocation("uniform", "uniform", TaperSpec(multiple_of=_m(multiple_of))))
+    if any(a.name == PILOT_NAME for a in allocs):
+        raise ConfigError(f"allocation name {PILOT_NAME!r} is reserved for the pilot runs")
     seen: dict[str, str] = {}
     for a in allocs:
         if a.name in seen:
@@ -223,7 +279,7 @@ def paper_ppl_of(spec: TaperSpec) -> float | None:
 
 def attach_paper_numbers(allocs: list[Allocation]) -> None:
     for a in allocs:
-        if a.paper_ppl is None:
+        if a.paper_ppl is None and a.head_taper == "uniform":  # the paper tapers no heads
             a.paper_ppl = paper_ppl_of(a.spec)
 
 
@@ -240,20 +296,41 @@ def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
     return [] if a == b else [prefix]
 
 
-# Keys that may differ between allocations of one seed: the taper and what it resolves to.
+# Keys that may differ between allocations of one seed: the tapers and what they resolve to.
 ALLOCATION_KEYS = (
     "model.taper",
     "model.mlp_widths",
+    "model.head_taper",
+    "model.layer_heads",
     *(f"model.{fam.name}.{key}" for fam in FAMILIES.values() for key in fam.resolved),
 )
 
 
+def pilot_cells(pilot_base: RunConfig, seeds: list[int]) -> list[Cell]:
+    """The pilot runs of a grid with novelty:pilot allocations: `pilot_base` (the uniform
+    config with the pilot's shorter training) once per seed, in runs/pilot-s<seed>."""
+    alloc = Allocation(
+        PILOT_NAME, PILOT_NAME, TaperSpec(multiple_of=pilot_base.model.taper.multiple_of)
+    )
+    cells = []
+    for seed in seeds:
+        cfg = copy.deepcopy(pilot_base)
+        cfg.train.seed = int(seed)
+        cells.append(Cell(alloc, int(seed), cfg))
+    return cells
+
+
 def build_grid(
-    base: RunConfig, allocations: list[Allocation], seeds: list[int], paper: str | None = None
+    base: RunConfig,
+    allocations: list[Allocation],
+    seeds: list[int],
+    paper: str | None = None,
+    pilots: dict[int, list[float]] | None = None,
 ) -> Grid:
     """Cells for every allocation x seed from `base` (model + data + train), with the budget
     checks: every allocation has exactly the uniform model's parameters and FLOPs/token, and cells
-    of one seed differ only in the allocation keys."""
+    of one seed differ only in the allocation keys. `pilots` (seed -> per-layer rho_mlp of its
+    pilot) resolves novelty:pilot allocations; without it they are checked with probe values."""
     from taperlm.budget import flops_per_token, total_params
 
     if not seeds:
@@ -264,48 +341,58 @@ def build_grid(
     budget: dict[str, dict[str, Any]] = {}
     seq_len = base.train.seq_len
     for alloc in allocations:
-        try:
-            model = copy.deepcopy(base.model).with_taper(alloc.spec)
-        except (TaperError, ConfigError) as err:
-            raise ConfigError(
-                f"allocation {alloc.label!r} does not fit the model "
-                f"({base.model.n_layers} layers, mlp_width {base.model.mlp_width}): {err}"
-            ) from None
-        budget[alloc.name] = {
-            "params": total_params(model),
-            "flops_per_token": flops_per_token(model, seq_len),
-            "widths": list(model.mlp_widths or []),
-            "baseline_width": model.mlp_width,
-        }
         for seed in seeds:
+            spec = alloc.spec_for(seed, pilots, base.model.n_layers)
+            model = _allocated(base.model, alloc, spec)
+            entry = {
+                "params": total_params(model),
+                "flops_per_token": flops_per_token(model, seq_len),
+                "widths": list(model.mlp_widths or []),
+                "baseline_width": model.mlp_width,
+                "heads": [model.attention_heads(i)[0] for i in range(model.n_layers)],
+                "baseline_heads": model.n_heads,
+            }
+            if alloc.needs_pilot:  # widths differ by seed: the first seed's, and all of them
+                first = budget.setdefault(alloc.name, entry)
+                first.setdefault("widths_by_seed", {})[str(seed)] = entry["widths"]
+                _check_budget(alloc, entry, first)
+            else:
+                budget.setdefault(alloc.name, entry)
             cfg = RunConfig(
-                model=copy.deepcopy(model),
-                data=copy.deepcopy(base.data),
-                train=copy.deepcopy(base.train),
+                model=model, data=copy.deepcopy(base.data), train=copy.deepcopy(base.train)
             )
             cfg.train.seed = int(seed)
             cells.append(Cell(alloc, int(seed), cfg))
     # Seed-major order: every allocation of seed 0, then of seed 1, ... so that an interrupted
     # or still-running grid already holds complete pairs.
     cells.sort(key=lambda c: seeds.index(c.seed))
-    _check_budget(budget, allocations)
+    uniform = budget[next(a for a in allocations if a.is_uniform).name]
+    for a in allocations:
+        _check_budget(a, budget[a.name], uniform)
     _check_only_allocation_differs(cells)
     base_cfg = next(c.config for c in cells if c.allocation.is_uniform and c.seed == seeds[0])
     return Grid(allocations, list(seeds), cells, base_cfg, budget, paper)
 
 
-def _check_budget(budget: dict[str, dict[str, Any]], allocations: list[Allocation]) -> None:
-    ref = next(a for a in allocations if a.is_uniform)
-    want = budget[ref.name]
-    for a in allocations:
-        got = budget[a.name]
-        for key in ("params", "flops_per_token"):
-            if got[key] != want[key]:
-                raise ConfigError(
-                    f"allocation {a.label!r} has {key} {got[key]:,} but uniform has "
-                    f"{want[key]:,}; every allocation must have the same budget (check its taper "
-                    "and multiple_of)"
-                )
+def _allocated(model: Any, alloc: Allocation, spec: TaperSpec) -> Any:
+    """A copy of the base model config with the allocation's tapers, resolved."""
+    try:
+        return copy.deepcopy(model).with_taper(spec, alloc.head_taper)
+    except (TaperError, ConfigError) as err:
+        raise ConfigError(
+            f"allocation {alloc.label!r} does not fit the model ({model.n_layers} layers, "
+            f"mlp_width {model.mlp_width}, {model.n_heads} heads): {err}"
+        ) from None
+
+
+def _check_budget(alloc: Allocation, got: dict[str, Any], want: dict[str, Any]) -> None:
+    for key in ("params", "flops_per_token"):
+        if got[key] != want[key]:
+            raise ConfigError(
+                f"allocation {alloc.label!r} has {key} {got[key]:,} but uniform has "
+                f"{want[key]:,}; every allocation must have the same budget (check its taper "
+                "and multiple_of)"
+            )
 
 
 def _check_only_allocation_differs(cells: list[Cell]) -> None:

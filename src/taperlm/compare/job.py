@@ -10,6 +10,7 @@ Module-level imports stay light (no torch).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import sys
@@ -46,6 +47,8 @@ WARMUP_FRACTION = 0.05
 CURVE_POINTS = 16
 CHECKPOINTS_PER_RUN = 4
 DEFAULT_CORPUS_TOKENIZER = "bpe:8192"
+# novelty:pilot allocations: the pilot trains this fraction of a run's tokens (whole batches).
+PILOT_FRACTION = 0.25
 
 
 @dataclass
@@ -73,6 +76,7 @@ class CompareOptions:
     threads: int = DEFAULT_THREADS
     jobs: int | None = None  # cells at a time; None: as many as idle cores allow
     no_progress: bool = False
+    pilot_tokens: int | None = None  # None: PILOT_FRACTION of a run (novelty:pilot only)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -313,6 +317,8 @@ def canonical_command(opts: CompareOptions, grid) -> str:
     parts += ["--novelty-tokens", str(opts.novelty_tokens)]
     if opts.novelty_data is not None:
         parts += ["--novelty-data", str(opts.novelty_data)]
+    if grid.pilot is not None:
+        parts += ["--pilot-tokens", str(grid.pilot["tokens"])]
     parts += ["--out", str(opts.out)]  # --jobs/--threads change the speed, never the numbers
     return shlex.join(parts)
 
@@ -348,48 +354,53 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
     validate_train_config(provisional)
     resolve_device(provisional.train.device, "train.device")  # there, before any work
 
+    pilot_tokens(opts, provisional)  # a bad --pilot-tokens fails before any work
+
     data_dir = _data_dir(opts, provisional)
     meta = load_meta(data_dir)
     notes: list[str] = []
     base = base_config(opts, data_dir, int(meta["vocab_size"]), notes)
     for note in notes:
         print(f"taperlm compare: note: {note}", file=sys.stderr)
-    grid = build_grid(base, allocs, seeds, opts.paper)
     settings = eval_settings(opts)
     _check_niah_lengths(settings, base.model.context_length)
     SharedInputs(data_dir, settings).load()  # inputs too small for the job: fail before any work
 
     opts.out.mkdir(parents=True, exist_ok=True)
-    command = canonical_command(opts, grid)
-    print(
-        f"taperlm compare: {len(grid.allocations)} allocations x {len(seeds)} seeds = "
-        f"{len(grid.cells)} runs of {base.train.tokens:,} tokens "
-        f"({grid.budget[grid.allocations[0].name]['params']:,} params each) into {opts.out}",
-        file=sys.stderr,
-    )
-
-    jobs = choose_jobs(opts, grid, opts.out / "runs", settings)
-
-    def report_meta(results: dict[str, Any]) -> dict[str, Any]:
-        return _report_meta(opts, grid, results, command, data_dir, meta, settings) | {
-            "wall_s": time.perf_counter() - t_start,
-            "cpu_s": _cpu_seconds() - cpu_start,
-            "jobs": jobs,
-        }
-
-    def partial(results: dict[str, Any]) -> None:
-        meta = report_meta(results)
-        meta["title"] += f" (PARTIAL: {len(results)}/{len(grid.cells)} runs done)"
-        write_report(grid, results, opts.out, meta)
-
-    progress = not opts.no_progress
     with locked(opts.out, "comparison folder"):  # one comparison writes a folder at a time
+        pilot = None
+        if any(a.needs_pilot for a in allocs):
+            pilot = run_pilots(opts, base, seeds, data_dir, int(meta["vocab_size"]), settings)
+        grid = build_grid(base, allocs, seeds, opts.paper, pilot and pilot.pop("rho_mlp"))
+        grid.pilot = pilot
+        command = canonical_command(opts, grid)
+        print(
+            f"taperlm compare: {len(grid.allocations)} allocations x {len(seeds)} seeds = "
+            f"{len(grid.cells)} runs of {base.train.tokens:,} tokens "
+            f"({grid.budget[grid.allocations[0].name]['params']:,} params each) into {opts.out}",
+            file=sys.stderr,
+        )
+
+        jobs = choose_jobs(opts, grid, opts.out / "runs", settings)
+
+        def report_meta(results: dict[str, Any]) -> dict[str, Any]:
+            return _report_meta(opts, grid, results, command, data_dir, meta, settings) | {
+                "wall_s": time.perf_counter() - t_start,
+                "cpu_s": _cpu_seconds() - cpu_start,
+                "jobs": jobs,
+            }
+
+        def partial(results: dict[str, Any]) -> None:
+            meta = report_meta(results)
+            meta["title"] += f" (PARTIAL: {len(results)}/{len(grid.cells)} runs done)"
+            write_report(grid, results, opts.out, meta)
+
         results = run_grid(
             grid,
             opts.out,
             data_dir,
             settings,
-            progress=progress,
+            progress=not opts.no_progress,
             on_seed_done=partial,
             jobs=jobs,
             threads=opts.threads,
@@ -429,6 +440,66 @@ def choose_jobs(opts: CompareOptions, grid, runs: Path, settings) -> int:
         file=sys.stderr,
     )
     return jobs
+
+
+def pilot_tokens(opts: CompareOptions, base) -> int:
+    """Training tokens of a pilot: --pilot-tokens, else PILOT_FRACTION of a run, in whole
+    batches (at least one)."""
+    batch = base.train.batch_tokens
+    if opts.pilot_tokens is not None:
+        if opts.pilot_tokens < batch:
+            raise ConfigError(
+                f"--pilot-tokens must be at least one batch ({batch:,} tokens), got "
+                f"{opts.pilot_tokens:,}"
+            )
+        return opts.pilot_tokens // batch * batch
+    return max(batch, int(PILOT_FRACTION * base.train.tokens) // batch * batch)
+
+
+def run_pilots(opts: CompareOptions, base, seeds: list[int], data_dir: Path, vocab: int, settings):
+    """Train (or reuse) the pilot of every seed, a short uniform run, and measure its novelty
+    like any cell; returns {"tokens", "per_seed": {seed: cost}, "rho_mlp": {seed: [...]}}."""
+    from taperlm.compare.grid import Grid, pilot_cells
+    from taperlm.compare.scheduler import run_grid
+    from taperlm.taper import rho_mlp_of
+
+    tokens = pilot_tokens(opts, base)
+    pilot_base = base_config(dataclasses.replace(opts, tokens=tokens), data_dir, vocab)
+    cells = pilot_cells(pilot_base, seeds)
+    print(
+        f"taperlm compare: novelty:pilot allocations: first {len(cells)} uniform pilot run(s) of "
+        f"{tokens:,} tokens (one per seed)",
+        file=sys.stderr,
+    )
+    pilots = Grid([cells[0].allocation], list(seeds), cells, pilot_base)
+    # a pilot needs its novelty (and gets a val loss); zero-shot tasks would be wasted on it
+    quiet = dataclasses.replace(settings, eval_tasks=[])
+    jobs = choose_jobs(opts, pilots, opts.out / "runs", quiet)
+    results = run_grid(
+        pilots,
+        opts.out,
+        data_dir,
+        quiet,
+        progress=not opts.no_progress,
+        jobs=jobs,
+        threads=opts.threads,
+    )
+    out: dict[str, Any] = {"tokens": tokens, "per_seed": {}, "rho_mlp": {}}
+    for c in cells:
+        r = results[c.name]
+        rho = rho_mlp_of(r["novelty"])
+        if rho is None or len(rho) != base.model.n_layers:
+            raise ConfigError(f"pilot {c.name} has no per-layer rho_mlp in its result.json")
+        out["rho_mlp"][c.seed] = rho
+        out["per_seed"][str(c.seed)] = {
+            "run": f"runs/{c.name}",
+            "tokens": r["train"]["tokens"],
+            "train_s": r["train"].get("wall_s"),
+            "novelty_s": (r.get("times") or {}).get("novelty_s"),
+            "val_loss": r["val"]["loss"],
+            "rho_mlp": rho,
+        }
+    return out
 
 
 def _data_dir(opts: CompareOptions, provisional) -> Path:

@@ -137,6 +137,7 @@ def _execution_lines(ex: dict[str, Any]) -> list[str]:
 def _validation_section(summary: dict[str, Any]) -> list[str]:
     allocs = summary["allocations"]
     show_paper = any(a["paper_ppl"] is not None for a in allocs)
+    pilot = summary.get("pilot")
     head = [
         "allocation",
         "taper",
@@ -151,6 +152,8 @@ def _validation_section(summary: dict[str, Any]) -> list[str]:
     ]
     if show_paper:
         head.append("paper ppl (440M)")
+    if pilot:
+        head.append("extra cost")
     rows = []
     for a in allocs:
         d = a["diff_vs_uniform"]
@@ -168,8 +171,29 @@ def _validation_section(summary: dict[str, Any]) -> list[str]:
         ]
         if show_paper:
             row.append("–" if a["paper_ppl"] is None else f"{a['paper_ppl']:.2f}")
+        if pilot:
+            row.append(_pilot_cost(pilot) if a.get("pilot") else "–")
         rows.append(row)
     ck = summary["checks"]
+    notes = []
+    if pilot:
+        notes.append(
+            "novelty:pilot widths come from each seed's own pilot (a uniform run of "
+            f"{pilot['tokens']:,} tokens with the same seed, `runs/pilot-s<seed>`); the extra "
+            "cost is that pilot's training and novelty time per seed, on top of the run itself. "
+            "Its widths per seed are in report.json (`widths_by_seed`)."
+        )
+    if any(a.get("heads") and len(set(a["heads"])) > 1 for a in allocs):
+        notes.append(
+            "Query heads per layer: "
+            + "; ".join(
+                f"{a['label']} {'/'.join(map(str, a['heads']))}"
+                for a in allocs
+                if a.get("heads") and len(set(a["heads"])) > 1
+            )
+            + f" (uniform: {allocs[0].get('baseline_heads')} in every layer); KV heads follow "
+            "the query heads at the model's group size, the head dim is fixed."
+        )
     return [
         "## Validation",
         "",
@@ -184,7 +208,14 @@ def _validation_section(summary: dict[str, Any]) -> list[str]:
         f"{_yn(ck['distinct_data_order_across_seeds'])}, init seed = seed "
         f"{_yn(ck['init_seed_equals_seed'])}.",
         "",
+        *(line for note in notes for line in (note, "")),
     ]
+
+
+def _pilot_cost(p: dict[str, Any]) -> str:
+    train, nov = p["train_s"]["mean"], p["novelty_s"]["mean"]
+    secs = "" if train is None else f", {train + (nov or 0):.1f} s"
+    return f"pilot {p['tokens']:,} tok/seed ({100 * p['fraction_of_run']:.0f}% of a run{secs})"
 
 
 def _zero_shot_section(allocs: list[dict[str, Any]], s: dict[str, Any]) -> list[str]:

@@ -59,6 +59,7 @@ def summarize(grid: Grid, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
             times[k] += (r.get("times") or {}).get(k) or 0.0
     return {
         "allocations": allocations,
+        "pilot": _pilot_summary(grid),
         "run_times": times,
         "execution": execution(grid, results),
         "checks": _checks(grid, results),
@@ -79,6 +80,10 @@ def _allocation_entry(
         "taper": a.spec_string,
         "widths": b["widths"],
         "baseline_width": b["baseline_width"],
+        "heads": b.get("heads"),
+        "baseline_heads": b.get("baseline_heads"),
+        "widths_by_seed": b.get("widths_by_seed"),
+        "pilot": a.needs_pilot,
         "params": b["params"],
         "flops_per_token": b["flops_per_token"],
         "paper_ppl": a.paper_ppl,
@@ -159,6 +164,23 @@ def execution(grid: Grid, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "jobs": sorted(jobs),
         "consistent": len(combos) <= 1,
         "single_thread": all(e["threads"] == 1 for e in combos.values()),
+    }
+
+
+def _pilot_summary(grid: Grid) -> dict[str, Any] | None:
+    """The pilots' cost (novelty:pilot allocations): tokens per pilot, its share of a run's
+    tokens, and mean training / novelty seconds per seed."""
+    if grid.pilot is None:
+        return None
+    per_seed = grid.pilot["per_seed"]
+    train_s = [v["train_s"] for v in per_seed.values() if v.get("train_s") is not None]
+    novelty_s = [v["novelty_s"] for v in per_seed.values() if v.get("novelty_s") is not None]
+    return {
+        "tokens": grid.pilot["tokens"],
+        "fraction_of_run": grid.pilot["tokens"] / grid.base.train.tokens,
+        "train_s": stats.summary(train_s),
+        "novelty_s": stats.summary(novelty_s),
+        "per_seed": per_seed,
     }
 
 

@@ -36,6 +36,8 @@ class ModelFields(Protocol):
     mlp_width: int
     taper: TaperSpec
     mlp_widths: list[int] | None
+    head_taper: str
+    layer_heads: list[int] | None
     context_length: int
     rope_theta: float
     norm_eps: float
@@ -46,6 +48,8 @@ class ModelFields(Protocol):
 
     @property
     def kv_heads(self) -> int: ...
+
+    def attention_heads(self, layer: int) -> tuple[int, int]: ...
 
 
 # (cfg, layer) -> parameter count by component, e.g. {"attn_qkv": ..., "norms": ...}
@@ -69,28 +73,35 @@ def swiglu_mlp_params(cfg: ModelFields, layer: int) -> dict[str, int]:
     return {"mlp": swiglu_params(cfg.d_model, cfg.mlp_widths[layer]), "norms": cfg.d_model}
 
 
-def attention_params(cfg: ModelFields) -> dict[str, int]:
+def attention_params(cfg: ModelFields, layer: int) -> dict[str, int]:
+    """Q, K, V and output projections of layer l's attention: H_l query heads and H_l / g KV
+    heads of the model's head dim (`cfg.attention_heads(layer)`); linear in H_l, so a head
+    taper with the same total heads keeps the budget."""
     d, hd = cfg.d_model, cfg.head_dim
+    heads, kv_heads = cfg.attention_heads(layer)
     return {
-        "attn_qkv": d * (cfg.n_heads + 2 * cfg.kv_heads) * hd,
-        "attn_out": cfg.n_heads * hd * d,
+        "attn_qkv": d * (heads + 2 * kv_heads) * hd,
+        "attn_out": heads * hd * d,
     }
 
 
-def attention_span_flops(cfg: ModelFields, span: int) -> int:
-    """QK^T and AV for every query against `span` keys (2 FLOPs per multiply-add)."""
-    return 2 * 2 * cfg.n_heads * cfg.head_dim * span
+def attention_span_flops(cfg: ModelFields, layer: int, span: int) -> int:
+    """QK^T and AV of layer l's query heads against `span` keys (2 FLOPs per multiply-add);
+    linear in the layer's heads at every span."""
+    heads, _ = cfg.attention_heads(layer)
+    return 2 * 2 * heads * cfg.head_dim * span
 
 
-def attention_flops(cfg: ModelFields, seq_len: int, window: int | None = None) -> int:
-    """Forward FLOPs per token of softmax attention beyond the projections: QK^T and AV over the
-    full context (the PaLM convention; no causal halving), or over a sliding `window`."""
-    return attention_span_flops(cfg, seq_len if window is None else min(seq_len, window))
+def attention_flops(cfg: ModelFields, layer: int, seq_len: int, window: int | None = None) -> int:
+    """Forward FLOPs per token of layer l's softmax attention beyond the projections: QK^T and
+    AV over the full context (the PaLM convention; no causal halving), or over a sliding
+    `window`."""
+    return attention_span_flops(cfg, layer, seq_len if window is None else min(seq_len, window))
 
 
 def full_attention_flops(cfg: ModelFields, layer: int, seq_len: int) -> int:
     """Mixer FLOPs of global softmax attention over `seq_len` tokens."""
-    return attention_flops(cfg, seq_len)
+    return attention_flops(cfg, layer, seq_len)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -137,6 +148,8 @@ class Family:
         presets: preset name prefix -> options of `<prefix>-<size>` for every shared size.
         plan_column: (header, one value per layer) that `taperlm plan` adds, or None.
         upgrade: rewrites a model dict from an older taperlm layout (before it is read).
+        attention: whether the blocks have softmax attention whose heads follow
+            `cfg.attention_heads(layer)` (the head taper); False rejects a head taper.
     """
 
     name: str
@@ -152,6 +165,7 @@ class Family:
     presets: Mapping[str, PresetOptions] = field(default_factory=dict)
     plan_column: Callable[[ModelFields], tuple[str, list[str]] | None] = _no_column
     upgrade: Callable[[dict[str, Any], str], dict[str, Any]] = _unchanged
+    attention: bool = True
 
     def fresh_options(self, options: Any) -> Any:
         """A copy of `options` with the resolved sizes cleared (to be re-resolved)."""

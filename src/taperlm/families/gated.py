@@ -40,8 +40,13 @@ def _block(cfg: ModelFields, layer: int, rotary: Any) -> Any:
 
 
 def _mixer_params(cfg: ModelFields, layer: int) -> dict[str, int]:
-    heads_out = cfg.n_heads * cfg.head_dim if cfg.options.gate == "elementwise" else cfg.n_heads
-    return {**attention_params(cfg), "attn_gate": cfg.d_model * heads_out, "norms": cfg.d_model}
+    heads, _ = cfg.attention_heads(layer)
+    heads_out = heads * cfg.head_dim if cfg.options.gate == "elementwise" else heads
+    return {
+        **attention_params(cfg, layer),
+        "attn_gate": cfg.d_model * heads_out,
+        "norms": cfg.d_model,
+    }
 
 
 def _preset(size: str, shape: Mapping[str, int]) -> GatedConfig:

@@ -146,7 +146,7 @@ def _mixer_params(cfg: ModelFields, layer: int) -> dict[str, int]:
     d_in = t.memory_heads * t.memory_head_dim
     extra_norms = {"mag": 2 * d, "mac": 2 * d, "mal": d}[t.variant]
     return {
-        **attention_params(cfg),
+        **attention_params(cfg, layer),
         "vector_persistent": t.persistent_tokens * d,
         "memory_qkv": 3 * d * d_in,
         "conv_memory": 3 * t.conv_kernel * d_in,
@@ -187,11 +187,11 @@ def _mixer_flops(cfg: ModelFields, layer: int, seq_len: int) -> int:
         mem = memory_flops(cfg, layer) + 2 * memory_state_size(cfg, layer)
         # second use of: memory query projection, output gate, output projection (memory-token
         # stream), and the attention K/V projection of the memory tokens
-        kv = 2 * cfg.kv_heads * cfg.head_dim
+        kv = 2 * cfg.attention_heads(layer)[1] * cfg.head_dim
         repeat = 2 * (d * d_in + d * d_in + d_in * d + d * kv)
-        return attention_span_flops(cfg, span) + mem + repeat
+        return attention_span_flops(cfg, layer, span) + mem + repeat
     span = t.persistent_tokens + min(seq_len, t.window)
-    return attention_span_flops(cfg, span) + memory_flops(cfg, layer)
+    return attention_span_flops(cfg, layer, span) + memory_flops(cfg, layer)
 
 
 # ----------------------------------------------------------------------------------------------

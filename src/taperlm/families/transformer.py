@@ -14,12 +14,12 @@ def attention_block(cfg: ModelFields, layer: int, rotary: Any, gate: str | None 
     from taperlm.models.layers import Attention, Block, SwiGLU
 
     assert cfg.mlp_widths is not None, "resolve the config first (ModelConfig.resolve())"
-    attn = Attention(cfg.d_model, cfg.n_heads, cfg.kv_heads, rotary, gate=gate)
+    attn = Attention.of_layer(cfg, layer, rotary, gate=gate)
     return Block(attn, SwiGLU(cfg.d_model, cfg.mlp_widths[layer]), cfg.d_model, cfg.norm_eps)
 
 
 def attention_mixer_params(cfg: ModelFields, layer: int) -> dict[str, int]:
-    return {**attention_params(cfg), "norms": cfg.d_model}
+    return {**attention_params(cfg, layer), "norms": cfg.d_model}
 
 
 def _preset(size: str, shape: Mapping[str, int]) -> None:

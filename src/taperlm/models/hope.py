@@ -92,7 +92,7 @@ def is_due(p: nn.Parameter, step: int) -> bool:
 
 def hope_block(cfg: ModelFields, layer: int, rotary: Rotary) -> Block:
     assert cfg.hope.level_widths is not None, "resolve the config first (ModelConfig.resolve())"
-    attn = Attention(cfg.d_model, cfg.n_heads, cfg.kv_heads, rotary)
+    attn = Attention.of_layer(cfg, layer, rotary)
     widths = cfg.hope.level_widths[layer]
     cms = ContinuumMemory(cfg.d_model, widths, cfg.hope.update_periods, cfg.norm_eps)
     block = Block(attn, cms, cfg.d_model, cfg.norm_eps)

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from taperlm.families.base import ModelFields
 from taperlm.models import cpu_kernels
 
 
@@ -124,6 +125,10 @@ class KVCache:
 class Attention(nn.Module):
     """Causal multi-head (or grouped-query) attention with RoPE and an optional G1 output gate.
 
+    `n_heads` query heads and `n_kv_heads` KV heads of `head_dim` each (default d_model /
+    n_heads); with a head taper a layer's heads times head_dim differ from d_model, so Q and the
+    output projection are d x (n_heads * head_dim). `Attention.of_layer` builds layer l's.
+
     gate = None: Transformer++ attention.
     gate = "elementwise" | "headwise": Gated Attention (Qiu et al. 2025, position G1): the SDPA
     output of each head is multiplied by sigmoid(u W_g), with u the same normalized input that
@@ -138,10 +143,11 @@ class Attention(nn.Module):
         n_kv_heads: int,
         rotary: Rotary,
         gate: str | None = None,
+        head_dim: int | None = None,
     ) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
-        self.head_dim = d_model // n_heads
+        self.head_dim = head_dim or d_model // n_heads
         self.gate = gate
         hd = self.head_dim
         self.gate_dim = {None: 0, "elementwise": n_heads * hd, "headwise": n_heads}[gate]
@@ -149,6 +155,15 @@ class Attention(nn.Module):
         self.out = nn.Linear(n_heads * hd, d_model, bias=False)
         self.out.residual_out = True  # type: ignore[attr-defined]
         self.rotary = rotary
+
+    @classmethod
+    def of_layer(
+        cls, cfg: ModelFields, layer: int, rotary: Rotary, gate: str | None = None
+    ) -> Attention:
+        """Layer l's attention: its own query/KV heads (`cfg.attention_heads`), the model's
+        head dim."""
+        heads, kv_heads = cfg.attention_heads(layer)
+        return cls(cfg.d_model, heads, kv_heads, rotary, gate=gate, head_dim=cfg.head_dim)
 
     def new_cache(self) -> KVCache:
         return KVCache()

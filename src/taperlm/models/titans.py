@@ -135,12 +135,14 @@ def segment_attention(
 
 
 class TitansAttention(nn.Module):
-    """Softmax attention with RoPE and N_p persistent tokens (model-space, projected by W_kv)."""
+    """Softmax attention with RoPE and N_p persistent tokens (model-space, projected by W_kv);
+    layer l's own query/KV heads (`cfg.attention_heads`) at the model's head dim."""
 
-    def __init__(self, cfg: ModelFields, rotary: Rotary) -> None:
+    def __init__(self, cfg: ModelFields, layer: int, rotary: Rotary) -> None:
         super().__init__()
         d, hd = cfg.d_model, cfg.head_dim
-        self.H, self.Hkv, self.hd = cfg.n_heads, cfg.kv_heads, hd
+        self.H, self.Hkv = cfg.attention_heads(layer)
+        self.hd = hd
         self.w_q = nn.Linear(d, self.H * hd, bias=False)
         self.w_kv = nn.Linear(d, 2 * self.Hkv * hd, bias=False)
         self.out = nn.Linear(self.H * hd, d, bias=False)
@@ -204,7 +206,7 @@ class _GatedByMemory(nn.Module):
 
     def __init__(self, cfg: ModelFields, layer: int, rotary: Rotary) -> None:
         super().__init__()
-        self.attn = TitansAttention(cfg, rotary)
+        self.attn = TitansAttention(cfg, layer, rotary)
         self.memory = _memory(cfg, layer)
         self.norm_attn = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.norm_mem = RMSNorm(cfg.d_model, cfg.norm_eps)
@@ -232,7 +234,7 @@ class MALMixer(nn.Module):
         self.window = cfg.titans.window
         self.memory = _memory(cfg, layer)
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = TitansAttention(cfg, rotary)
+        self.attn = TitansAttention(cfg, layer, rotary)
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         m = self.memory(u)
