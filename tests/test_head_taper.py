@@ -248,7 +248,7 @@ def test_yaml_round_trip_and_resolved_heads_are_authoritative():
         ),
         ({"layer_heads": [4, 4, 4]}, "must be 6 positive multiples of the group size"),
         ({"layer_heads": [5, 3, 4, 4, 4, 4], "n_kv_heads": 2}, "multiples of the group size"),
-        ({"layer_heads": [0, 8, 4, 4, 4, 4]}, "positive multiples"),
+        ({"layer_heads": [0, 8, 4, 4, 4, 4]}, r"model\.layer_heads\[0\] must be >= 1, got 0"),
         ({"head_taper": "cosinus"}, r"model\.head_taper: unknown taper schedule"),
         ({"head_taper": "cosine:1.99:0.01"}, r"model\.head_taper 'cosine:1.99:0.01'.*positive"),
         ({"head_taper": "novelty:pilot"}, "novelty allocations act on MLP widths"),
@@ -280,11 +280,13 @@ def _shape() -> dict:
     return dict(vocab_size=64, d_model=32, n_layers=6, n_heads=4, mlp_width=64, context_length=64)
 
 
-def test_plan_shows_heads_and_checks_the_budget(capsys, monkeypatch):
+def test_plan_shows_heads_and_checks_the_budget(capsys, monkeypatch, tmp_path):
     args = ["plan", "--preset", "transformer-tiny", "--taper", "cosine", "--head-taper", "cosine"]
-    assert main([*args, "--set", "model.n_kv_heads=2"]) == 0
+    png = tmp_path / "plan.png"
+    assert main([*args, "--set", "model.n_kv_heads=2", "--plot", str(png)]) == 0
     out = capsys.readouterr().out
     assert "heads" in out and "6/3" in out and "2/1" in out
+    assert png.read_bytes()[:4] == b"\x89PNG"
     assert "budget matched (checked)" in out
     assert main([*args, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

@@ -23,12 +23,14 @@ from typing import Any
 
 from taperlm.commands.common import add_model_arguments
 from taperlm.commands.novelty import add_measure_arguments
+from taperlm.domains import input_path, number, output_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--from",
         dest="source",
+        type=input_path(text=True),
         required=True,
         metavar="SOURCE",
         help="a novelty JSON (`taperlm novelty --json`, a compare result.json), a run dir "
@@ -36,13 +38,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--strength",
-        type=float,
+        type=number(float, "(0, 1)"),
         help="largest change of a layer's width as a fraction of the baseline, in (0, 1) "
         "[default 0.5: widths within 0.5x..1.5x, the paper's cosine range]",
     )
     add_model_arguments(parser, taper=False)
-    parser.add_argument("--out", type=Path, help="write the allocated run config (YAML) here")
+    parser.add_argument(
+        "--out", type=output_path("file"), help="write the allocated run config (YAML) here"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--plot",
+        type=output_path("file"),
+        help="write the allocated widths beside the uniform ones as a PNG",
+    )
     group = parser.add_argument_group("measuring a model (as `taperlm novelty`)")
     add_measure_arguments(group)
 
@@ -72,6 +81,19 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(_as_dict(cfg, p, how, args.out), indent=2))
     else:
         print(_format(cfg, p, how, args.out))
+    if args.plot:
+        from taperlm.analysis.plots import plot_width_profiles
+        from taperlm.taper import describe
+
+        m = cfg.model
+        path = plot_width_profiles(
+            {describe(m.taper): list(m.mlp_widths or [])},
+            m.mlp_width,
+            args.plot,
+            title="Novelty-guided MLP widths (equal budget)",
+        )
+        if not args.json:
+            print(f"width profile written to {path}")
     return 0
 
 
