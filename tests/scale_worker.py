@@ -2,7 +2,8 @@
 processes but not a whole training run. Writes one JSON object per rank to argv[1]-<rank>.json.
 
 * meta init: each family's model built on meta, sharded with fully_shard, materialised: every
-  gathered parameter equals the whole CPU build after the same seed (bitwise);
+  gathered parameter equals the whole CPU build after the same seed (bitwise), also with
+  per-layer attention heads (a head taper);
 * mixed precision: under the bf16 policy the blocks compute with bf16 weights (seen by a forward
   hook), the sharded parameters and their gradients stay fp32, and the policy's reduce dtype is
   the configured one; under the default policy everything is fp32;
@@ -43,6 +44,20 @@ def meta_init_checks() -> dict[str, bool]:
                 for n, p in model.named_parameters()
             )
             out[f"{preset} tied={tied}"] = sharded and equal
+    # per-layer heads (head taper, grouped-query): each block sharded at its own shape
+    cfg = get_preset("transformer-tiny")
+    cfg.n_kv_heads, cfg.head_taper, cfg.layer_heads = 2, "cosine", None
+    cfg.resolve()
+    torch.manual_seed(11)
+    ref = TaperedLM(cfg)
+    torch.manual_seed(11)
+    model = build_on_meta(cfg)
+    D.wrap_model(model, "fsdp", info)
+    materialize(model, torch.device("cpu"))
+    out["transformer-tiny head_taper=cosine gqa"] = (
+        all(torch.equal(p.full_tensor(), ref.get_parameter(n)) for n, p in model.named_parameters())
+        and len(set(cfg.layer_heads)) > 1
+    )
     return out
 
 

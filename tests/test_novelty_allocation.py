@@ -172,9 +172,10 @@ def test_allocate_from_a_json_for_a_preset(tmp_path, capsys):
     f = novelty_json(tmp_path / "n.json", RHO)
     out = tmp_path / "widths.yaml"
     argv = ["allocate", "--from", str(f), "--preset", "transformer-tiny", "--out", str(out)]
-    assert main([*argv, "--strength", "0.3"]) == 0
+    assert main([*argv, "--strength", "0.3", "--plot", str(tmp_path / "w.png")]) == 0
     text = capsys.readouterr().out
     assert "rho_mlp read from" in text and "total parameters 3,303,040 (uniform 3,303,040)" in text
+    assert (tmp_path / "w.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     cfg = load_run_config(out).resolve()
     expected = solve_sizes(TaperSpec(schedule="novelty", strength=0.3, rho_mlp=RHO), 6, 352)
     assert cfg.model.mlp_widths == expected and cfg.model.taper.source == str(f)

@@ -42,6 +42,16 @@ def test_width_profiles(tmp_path: Path):
         tmp_path / "sub" / "widths.png",
     )
     assert out == tmp_path / "sub" / "widths.png" and is_png(out)
+    both = plot_width_profiles(
+        {"cosine": [528, 480, 400, 304, 224, 176]},
+        352,
+        tmp_path / "heads.png",
+        heads={"heads cosine": [6, 6, 5, 3, 2, 2]},
+        baseline_heads=4,
+    )
+    assert is_png(both)
+    with pytest.raises(ValueError, match="baseline_heads"):
+        plot_width_profiles({"a": [1]}, 1, tmp_path / "x.png", heads={"h": [1]})
 
 
 def test_loss_curves_single_and_seeds(tmp_path: Path):

@@ -54,6 +54,27 @@ def test_meta_init_is_bitwise_the_cpu_build(preset, tied):
     assert (model.lm_head.weight is model.embed.weight) == tied
 
 
+@pytest.mark.parametrize("preset", FAMILIES)
+def test_meta_init_builds_each_layers_own_heads(preset):
+    """With a head taper (grouped-query, so KV heads taper too) every layer's attention is built
+    on meta at its own shape and materialised bitwise equal to the CPU build."""
+    from dataclasses import replace
+
+    base = get_preset(preset)
+    cfg = replace(base, n_kv_heads=2).with_taper(base.taper, head_taper="cosine")
+    assert len(set(cfg.layer_heads)) > 1
+    torch.manual_seed(3)
+    ref = TaperedLM(cfg)
+    torch.manual_seed(3)
+    model = build_on_meta(cfg)
+    materialize(model, torch.device("cpu"))
+    a, b = ref.state_dict(), model.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].shape == b[k].shape and torch.equal(a[k], b[k]), k
+    assert model.num_params() == ref.num_params() == TaperedLM(cfg.baseline()).num_params()
+
+
 def test_meta_init_detects_a_part_it_cannot_build(monkeypatch):
     cfg = get_preset("transformer-tiny")
     model = build_on_meta(cfg)

@@ -46,28 +46,44 @@ def plot_width_profiles(
     baseline: int,
     path: str | Path,
     title: str = "MLP width per layer",
+    heads: Mapping[str, Sequence[int]] | None = None,
+    baseline_heads: int | None = None,
 ) -> Path:
-    """One line per allocation (label -> per-layer widths), the uniform baseline dashed."""
+    """One line per allocation (label -> per-layer widths), the uniform baseline dashed; with
+    `heads` (label -> query heads per layer, a head taper) a second panel shows those beside
+    `baseline_heads`."""
     if not profiles:
         raise ValueError("plot_width_profiles needs at least one profile")
+    panels = [(profiles, baseline, "MLP intermediate width d_ff")]
+    if heads:
+        if baseline_heads is None:
+            raise ValueError("plot_width_profiles: heads need baseline_heads")
+        panels.append((heads, baseline_heads, "attention query heads"))
+    fig, axes = _figure(ncols=len(panels), width=7.0 * len(panels))
+    for ax, (lines, base, ylabel) in zip(axes, panels):
+        _profile_panel(ax, lines, base, ylabel)
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def _profile_panel(
+    ax: Axes, lines: Mapping[str, Sequence[int]], baseline: int, ylabel: str
+) -> None:
     from matplotlib.ticker import MaxNLocator
 
-    fig, (ax,) = _figure()
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     n_max = 0
-    for label, widths in profiles.items():
-        layers = np.arange(len(widths))
-        n_max = max(n_max, len(widths))
-        ax.plot(layers, list(widths), marker="o", markersize=3.5, linewidth=1.6, label=label)
+    for label, values in lines.items():
+        n_max = max(n_max, len(values))
+        layers = np.arange(len(values))
+        ax.plot(layers, list(values), marker="o", markersize=3.5, linewidth=1.6, label=label)
     ax.axhline(baseline, color="0.3", linestyle="--", linewidth=1.2, label=f"baseline ({baseline})")
     ax.set_xlabel("layer (0 = first)")
-    ax.set_ylabel("MLP intermediate width d_ff")
-    ax.set_title(title)
+    ax.set_ylabel(ylabel)
     ax.set_xlim(-0.5, n_max - 0.5)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    return _save(fig, path)
 
 
 def _is_multi_seed(curve: Any) -> bool:

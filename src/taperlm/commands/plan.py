@@ -18,7 +18,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="context for the attention FLOPs (default: the model's)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--plot", type=output_path("file"), help="write the width profile as a PNG")
+    parser.add_argument(
+        "--plot",
+        type=output_path("file"),
+        help="write the width profile (and the heads, with a head taper) as a PNG",
+    )
     parser.add_argument("--dump-config", action="store_true", help="print the resolved YAML")
     parser.add_argument("--list-presets", action="store_true", help="list preset names and exit")
     g = parser.add_argument_group("memory and time plan (with --gpus)")
@@ -77,9 +81,14 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from taperlm.analysis.plots import plot_width_profiles
 
-        label = cfg.model.taper.to_string()
+        m = cfg.model
+        heads = [m.attention_heads(i)[0] for i in range(m.n_layers)]
         path = plot_width_profiles(
-            {label: list(cfg.model.mlp_widths or [])}, cfg.model.mlp_width, args.plot
+            {m.taper.to_string(): list(m.mlp_widths or [])},
+            m.mlp_width,
+            args.plot,
+            heads={m.head_taper: heads} if m.layer_heads is not None else None,
+            baseline_heads=m.n_heads,
         )
         if not args.json:
             print(f"width profile written to {path}")

@@ -1,4 +1,4 @@
-"""The PNGs of a comparison report: width profiles, validation-loss curves, the paired loss
+"""The PNGs of a comparison report: width (and head) profiles, validation-loss curves, the paired loss
 difference vs uniform during training, and novelty per layer (averaged over seeds)."""
 
 from __future__ import annotations
@@ -93,15 +93,23 @@ def write_plots(
         a.name: [results[c.name] for c in grid.cells if c.allocation is a and c.name in results]
         for a in grid.allocations
     }
-    profiles = {
-        a.label: grid.budget[a.name]["widths"] for a in grid.allocations if not a.is_uniform
-    }
     uniform = next(a for a in grid.allocations if a.is_uniform)
-    if not profiles:
-        profiles = {uniform.label: grid.budget[uniform.name]["widths"]}
-    baseline = grid.budget[uniform.name]["baseline_width"]
+    tapered = [a for a in grid.allocations if not a.is_uniform] or [uniform]
+    # a novelty:pilot allocation's widths differ by seed: the plot shows the first seed's
+    profiles = {
+        a.label + (f" (seed {grid.seeds[0]})" if a.needs_pilot else ""): grid.budget[a.name][
+            "widths"
+        ]
+        for a in tapered
+    }
+    heads = {a.label: grid.budget[a.name]["heads"] for a in tapered if a.head_taper != "uniform"}
     plot_width_profiles(
-        profiles, baseline, out_dir / PLOTS["widths"], title="MLP width per layer (equal budget)"
+        profiles,
+        grid.budget[uniform.name]["baseline_width"],
+        out_dir / PLOTS["widths"],
+        title="MLP width" + (" and query heads" if heads else "") + " per layer (equal budget)",
+        heads=heads or None,
+        baseline_heads=grid.budget[uniform.name]["baseline_heads"],
     )
     written["widths"] = PLOTS["widths"]
 
