@@ -70,8 +70,13 @@ def test_bad_device_is_one_clear_line(cmd, kind, trained, tmp_path, capsys, monk
         base = H.train_argv(data, out) if cmd == "train" else H.compare_argv(data, out)
         argv = [*base, "--set", f"train.device={device}"]
     else:
-        extra = {"novelty": ["--data", str(H.HERE)], "eval": ["--tasks", "val"]}.get(cmd, [])
-        argv = [cmd, str(run), "--device", device, *extra]
+        extra = {
+            "novelty": ["--data", str(H.HERE)],
+            "allocate": ["--data", str(H.HERE)],  # measures the run's novelty first
+            "eval": ["--tasks", "val"],
+        }.get(cmd, [])
+        source = ["--from"] if cmd == "allocate" else []
+        argv = [cmd, *source, str(run), "--device", device, *extra]
     before = H.snapshot(run)
     rc = cli_main(argv)
     err = capsys.readouterr().err
