@@ -27,37 +27,30 @@ def meta_init_checks() -> dict[str, bool]:
     from taperlm.training.meta_init import build_on_meta, materialize
 
     info = D.DistInfo(dist.get_rank(), dist.get_rank(), dist.get_world_size())
-    out = {}
+    configs = {}
     for preset in ("transformer-tiny", "hope-tiny", "titans-mac-tiny"):
         for tied in (False, True):
             cfg = get_preset(preset)
             cfg.tie_embeddings = tied
-            torch.manual_seed(11)
-            ref = TaperedLM(cfg)
-            torch.manual_seed(11)
-            model = build_on_meta(cfg)
-            D.wrap_model(model, "fsdp", info)
-            materialize(model, torch.device("cpu"))
-            sharded = all(hasattr(p, "device_mesh") for p in model.parameters())
-            equal = all(
-                torch.equal(p.full_tensor(), ref.get_parameter(n))
-                for n, p in model.named_parameters()
-            )
-            out[f"{preset} tied={tied}"] = sharded and equal
+            configs[f"{preset} tied={tied}"] = cfg
     # per-layer heads (head taper, grouped-query): each block sharded at its own shape
     cfg = get_preset("transformer-tiny")
     cfg.n_kv_heads, cfg.head_taper, cfg.layer_heads = 2, "cosine", None
-    cfg.resolve()
-    torch.manual_seed(11)
-    ref = TaperedLM(cfg)
-    torch.manual_seed(11)
-    model = build_on_meta(cfg)
-    D.wrap_model(model, "fsdp", info)
-    materialize(model, torch.device("cpu"))
-    out["transformer-tiny head_taper=cosine gqa"] = (
-        all(torch.equal(p.full_tensor(), ref.get_parameter(n)) for n, p in model.named_parameters())
-        and len(set(cfg.layer_heads)) > 1
-    )
+    configs["transformer-tiny head_taper=cosine gqa"] = cfg.resolve()
+    assert len(set(cfg.layer_heads)) > 1
+    out = {}
+    for name, cfg in configs.items():
+        torch.manual_seed(11)
+        ref = TaperedLM(cfg)
+        torch.manual_seed(11)
+        model = build_on_meta(cfg)
+        D.wrap_model(model, "fsdp", info)
+        materialize(model, torch.device("cpu"))
+        sharded = all(hasattr(p, "device_mesh") for p in model.parameters())
+        equal = all(
+            torch.equal(p.full_tensor(), ref.get_parameter(n)) for n, p in model.named_parameters()
+        )
+        out[name] = sharded and equal
     return out
 
 

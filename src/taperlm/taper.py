@@ -273,7 +273,7 @@ def read_rho_mlp(source: str | Path) -> list[float]:
         if not found:
             raise TaperError(
                 f"novelty source {path} holds no novelty measurement (novelty.json or "
-                f"result.json); measure it with `taperlm novelty {path} --json > "
+                f"result.json); measure it with `taperlm novelty {path} --out "
                 f"{path / 'novelty.json'}`, or use `taperlm allocate --from {path}`"
             )
         path = found[0]
