@@ -543,6 +543,28 @@ def test_two_workers_give_bit_identical_numbers(finished, tmp_path):
     assert "--jobs" not in rep_2["meta"]["command"] and "--threads" not in rep_2["meta"]["command"]
 
 
+def test_machine_load_changes_no_number(finished, tmp_path, monkeypatch):
+    """What a loaded (slower) machine changes is when a minute has passed, so which steps get a
+    timed checkpoint: a checkpoint after every step gives the very numbers of the fixture's run
+    (saving a checkpoint reads the training state and never perturbs it)."""
+    out_1, args, _ = finished
+    monkeypatch.setattr(runner, "CHECKPOINT_SECONDS", 0.0)  # "a minute" passes every step
+    timed = []
+    clock = runner.CheckpointClock.__call__
+
+    def counting(self, step, total):
+        action = clock(self, step, total)
+        timed.append(action == "checkpoint")
+        return action
+
+    monkeypatch.setattr(runner.CheckpointClock, "__call__", counting)
+    out_2 = tmp_path / "loaded"
+    rc, _, stderr = _cli(_with(args, {"--out": str(out_2)}))
+    assert rc == 0, stderr
+    assert sum(timed) == 6 * 2  # steps 1 and 3 of every cell (2 and 4 are periodic)
+    assert _numbers(out_2) == _numbers(out_1)
+
+
 def test_mixed_settings_are_reported(finished, tmp_path):
     """A cell whose sessions ran with different thread counts is named in the report."""
     from taperlm.compare.report import _execution_lines
@@ -578,22 +600,45 @@ def test_usable_cpus_follow_affinity_and_quota(monkeypatch):
     assert cpus.usable_cpus() == 1
 
 
-def test_busy_cpus_subtract_our_own_use(monkeypatch):
-    """Other processes' CPU time over the sample counts; our own does not."""
-    clock = iter([0.0, 10.0])  # busy CPU-seconds of everything before/after the sample
-    own = iter([0.0, 4.0])  # of which ours
-    monkeypatch.setattr(cpus, "_busy_seconds", lambda: next(clock))
-    monkeypatch.setattr(cpus, "_own_seconds", lambda: next(own))
-    t = iter([100.0, 104.0])
+def _sampled(monkeypatch, busy: list[float], own: list[float], times: list[float]) -> None:
+    """/proc/stat, our own CPU time and the clock read in sequence, sleeping instantly."""
+    b, o, t = iter(busy), iter(own), iter(times)
+    monkeypatch.setattr(cpus, "_busy_seconds", lambda: next(b))
+    monkeypatch.setattr(cpus, "_own_seconds", lambda: next(o))
     monkeypatch.setattr(cpus.time, "monotonic", lambda: next(t))
     monkeypatch.setattr(cpus.time, "sleep", lambda s: None)
-    assert cpus.busy_cpus(4.0) == pytest.approx(1.5)  # (10 - 4) / 4 s
+
+
+def test_busy_cpus_subtract_our_own_use(monkeypatch):
+    """Other processes' CPU time over the sample counts; our own does not."""
+    _sampled(monkeypatch, [0.0, 10.0], [0.0, 4.0], [100.0, 104.0])
+    assert cpus.busy_cpus(4.0, samples=1) == pytest.approx(1.5)  # (10 - 4) / 4 s
+
+
+def test_a_blip_is_not_a_job(monkeypatch):
+    """A steady job shows in every part of the sample, a blip in one: the least part counts, so
+    a short burst of another process (a shell command) does not halve the cells at a time."""
+    # 3 parts of 0.4 s: a burst of 0.7 CPU-s in the first, then 0.1 CPU-s in each
+    _sampled(monkeypatch, [0.0, 0.7, 0.8, 0.9], [0.0] * 4, [0.0, 0.4, 0.8, 1.2])
+    assert cpus.busy_cpus(1.2, samples=3) == pytest.approx(0.25)
+    _sampled(monkeypatch, [0.0, 0.4, 0.8, 1.2], [0.0] * 4, [0.0, 0.4, 0.8, 1.2])
+    assert cpus.busy_cpus(1.2, samples=3) == pytest.approx(1.0)  # a job on one core
+    assert [cpus.taken_cpus(b) for b in (0.0, 0.5, 0.74, 0.75, 1.0, 1.6, 1.8)] == [
+        0,
+        0,
+        0,
+        1,
+        1,
+        1,
+        2,
+    ]
 
 
 @pytest.mark.parametrize(
     "usable, busy, threads, cells, want",
     [
         (2, 0.0, 1, 15, 2),  # an idle 2-core box: two cells at a time
+        (2, 0.5, 1, 15, 2),  # half a core used by others: still two
         (2, 1.0, 1, 15, 1),  # another job on one core: never oversubscribe
         (2, 2.3, 1, 15, 1),  # fully busy: still one
         (64, 0.4, 1, 15, 15),  # a workstation: every cell at once
@@ -606,13 +651,13 @@ def test_default_jobs_never_oversubscribe(monkeypatch, usable, busy, threads, ce
     from taperlm.compare.job import CompareOptions, choose_jobs
 
     monkeypatch.setattr(cpus, "usable_cpus", lambda: usable)
-    monkeypatch.setattr(cpus, "busy_cpus", lambda sample_s=0.5: busy)
+    monkeypatch.setattr(cpus, "busy_cpus", lambda sample_s=1.2: busy)
     monkeypatch.setattr(runner, "cell_state", lambda cell, run_dir, settings: ("train", None))
     grid = SimpleNamespace(cells=[SimpleNamespace(name=f"c{i}") for i in range(cells)])
     settings = runner.EvalSettings()
     jobs = choose_jobs(CompareOptions(out=Path("x"), threads=threads), grid, Path("x"), settings)
     assert jobs == want
-    assert jobs * threads <= max(usable - round(busy), threads)
+    assert jobs * threads <= max(usable - cpus.taken_cpus(busy), threads)
     assert "--jobs N to override" in capsys.readouterr().err
 
 

@@ -5,7 +5,11 @@ default parallelism of `taperlm compare` (never more workers x threads than idle
   `docker --cpus`, Slurm), rounded down but at least 1;
 - busy: the CPU time other processes used during a short sample (Linux: /proc/stat over the CPUs
   of the affinity mask, or the cgroup's own usage when it has a quota; our own use subtracted),
-  else the 1-minute load average.
+  the least of a few consecutive sub-samples, so that a blip (a shell command, a process
+  exiting) does not count as a job; else the 1-minute load average;
+- idle: usable minus the CPUs other processes keep at least 3/4 busy (`TAKEN_FROM`): a core that
+  another job uses a little still runs a single-threaded cell at nearly full speed, while one it
+  keeps busy would make two cells share it.
 """
 
 from __future__ import annotations
@@ -83,25 +87,40 @@ def _own_seconds() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def busy_cpus(sample_s: float = 0.5) -> float:
-    """How many CPUs other processes keep busy now: measured over `sample_s` seconds (minus our
-    own use), else the 1-minute load average (0.0 when unknown)."""
+SAMPLE_S = 1.2  # how long the default looks at the machine, in SAMPLES consecutive parts
+SAMPLES = 3
+TAKEN_FROM = 0.75  # a CPU other processes keep at least this busy is not idle
+
+
+def busy_cpus(sample_s: float = SAMPLE_S, samples: int = SAMPLES) -> float:
+    """How many CPUs other processes keep busy now: their CPU time (minus our own) over each of
+    `samples` consecutive parts of `sample_s` seconds, the least of them (a steady job shows in
+    every part, a blip in one); else the 1-minute load average (0.0 when unknown)."""
+    rates = []
     start, own_start = _busy_seconds(), _own_seconds()
-    if start is not None and sample_s > 0:
-        t0 = time.monotonic()
-        time.sleep(sample_s)
-        end, own_end = _busy_seconds(), _own_seconds()
-        elapsed = time.monotonic() - t0
-        if end is not None and elapsed > 0:
-            return max(0.0, ((end - start) - (own_end - own_start)) / elapsed)
+    t0 = time.monotonic()
+    for _ in range(samples if start is not None and sample_s > 0 else 0):
+        time.sleep(sample_s / samples)
+        end, own_end, t1 = _busy_seconds(), _own_seconds(), time.monotonic()
+        if end is None or t1 <= t0:
+            break
+        rates.append(max(0.0, ((end - start) - (own_end - own_start)) / (t1 - t0)))
+        start, own_start, t0 = end, own_end, t1
+    if rates:
+        return min(rates)
     try:
         return max(0.0, os.getloadavg()[0])
     except (AttributeError, OSError):
         return 0.0
 
 
-def idle_cpus(sample_s: float = 0.5) -> tuple[int, int, float]:
-    """(idle, usable, busy): usable CPUs minus those other processes keep busy (rounded), >= 1."""
+def taken_cpus(busy: float) -> int:
+    """CPUs that `busy` CPUs of other processes' load take away (each kept >= TAKEN_FROM busy)."""
+    return math.floor(busy + 1.0 - TAKEN_FROM)
+
+
+def idle_cpus(sample_s: float = SAMPLE_S) -> tuple[int, int, float]:
+    """(idle, usable, busy): usable CPUs minus those other processes keep busy, >= 1."""
     usable = usable_cpus()
     busy = busy_cpus(sample_s)
-    return max(1, usable - round(busy)), usable, busy
+    return max(1, usable - taken_cpus(busy)), usable, busy
