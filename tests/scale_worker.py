@@ -96,9 +96,11 @@ def _storage_bytes(tensors) -> int:
 
 
 def memory_checks() -> dict[str, dict[str, list[int]]]:
-    """{preset: {line: [measured, planned]}} for parameters, gradients and optimizer."""
+    """{preset: {line: [measured, planned]}} for parameters, gradients, optimizer and the step
+    guard's copy."""
     from taperlm.presets import get_preset
     from taperlm.training import distributed as D
+    from taperlm.training.guard import StepGuard
     from taperlm.training.meta_init import build_on_meta, materialize
     from taperlm.training.planner import GiB, plan_training
 
@@ -114,12 +116,15 @@ def memory_checks() -> dict[str, dict[str, list[int]]]:
         model(x, targets=x).loss.backward()
         opt.step()
         params = list(model.parameters())
+        guard = StepGuard(model, opt, keep_copy=True)  # train.restore_nonfinite's copy
+        guard.before(params)
         measured = {
             "parameters": _storage_bytes(params),
             "gradients": _storage_bytes(p.grad for p in params),
             "optimizer": _storage_bytes(
                 v for s in opt.state.values() for k, v in s.items() if k != "step"
             ),
+            "step guard": _storage_bytes(b for b in guard._copies.values() if b.dim()),
         }
         plan = plan_training(cfg, info.world_size, 80 * GiB, 2, 32, parallel="fsdp")
         out[preset] = {k: [v, plan.lines[k]] for k, v in measured.items()}

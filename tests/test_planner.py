@@ -40,15 +40,23 @@ def test_one_process_matches_the_tensors_it_allocates():
     x = torch.randint(0, cfg.vocab_size, (2, 16))
     model(x, targets=x).loss.backward()
     opt.step()
+    from taperlm.training.guard import StepGuard
+
+    guard = StepGuard(model, opt, keep_copy=True)  # what train.restore_nonfinite copies
+    guard.before(list(model.parameters()))
     measured = {
         "parameters": sum(p.numel() * 4 for p in model.parameters()),
         "gradients": sum(p.grad.numel() * 4 for p in model.parameters()),
         "optimizer": sum(
             v.numel() * 4 for s in opt.state.values() for k, v in s.items() if k != "step"
         ),
+        "step guard": sum(b.numel() * 4 for b in guard._copies.values() if b.dim()),
     }
     plan = P.plan_training(cfg, 1, 80 * P.GiB, 2, 16, parallel="fsdp")
     assert {k: plan.lines[k] for k in measured} == measured
+    off = P.plan_training(cfg, 1, 80 * P.GiB, 2, 16, parallel="fsdp", restore_nonfinite=False)
+    assert "step guard" not in off.lines
+    assert plan.total - off.total >= measured["step guard"]
 
 
 @pytest.mark.parametrize("preset", ["transformer-tiny", "titans-mac-tiny"])
@@ -80,6 +88,7 @@ def test_plan_lines_and_what_they_respond_to():
     base = P.plan_training(cfg, 8, 80 * P.GiB, 4, 2048, tokens=10**9, batch_tokens=2**19)
     n = base.params_total
     assert base.lines["optimizer"] == 2 * base.lines["parameters"]
+    assert base.lines["step guard"] == 3 * base.lines["parameters"]
     assert abs(base.lines["parameters"] - 4 * n / 8) < 0.01 * 4 * n / 8
     assert base.accumulation == 8 and base.fits
     ddp = P.plan_training(cfg, 8, 80 * P.GiB, 4, 2048, parallel="ddp")

@@ -113,6 +113,7 @@ def _memory_plan(args: argparse.Namespace, cfg):
         mfu=args.mfu,
         peak_flops=args.peak_tflops * 1e12,
         keep_checkpoints=t.keep_checkpoints,
+        restore_nonfinite=t.restore_nonfinite,
     )
 
 

@@ -8,6 +8,7 @@ first dimension is split in `gpus` chunks of ceil(rows / gpus) rows):
 | parameters | fp32 shard, 4 x N/G | fp32, 4N |
 | gradients | fp32 shard, 4 x N/G | fp32 4N + DDP's reduction buckets 4N |
 | optimizer | AdamW exp_avg + exp_avg_sq, 8 x N/G | 8N |
+| step guard | `train.restore_nonfinite` (default): the copy of weights and AdamW moments taken before each step (training/guard.py), 12 x N/G | 12N |
 | working copies | params gathered in the compute dtype: the root (embedding, head, norm) for the whole step, two blocks at a time (one computing, one prefetched), one block's unsharded gradient | bf16 copies of the weights that autocast keeps for backward, 2N |
 | activations | what autograd keeps for backward, per block, measured by running each distinct block once on fake tensors (no memory) in bf16 at the planned micro-batch; with activation checkpointing each block keeps only its input, plus one block recomputed at a time | same |
 | logits | bf16 logits and their gradient [B, T, V] (the chunked loss adds one 64 MiB fp32 chunk), the final norm's fp32 input and the head's input | same |
@@ -18,8 +19,9 @@ Time: `tokens x flops_per_token / (gpus x peak x mfu)` with `taperlm.budget.flop
 is x4/3 at the same hardware utilisation. Disk: token shards (2 bytes per token for vocabularies
 up to 65536, else 4), and a checkpoint = fp32 weights + AdamW moments (12 bytes per parameter).
 
-The parameter, gradient and optimizer lines are checked against the tensors a CPU run allocates
-(tests/test_train_distributed.py, 2 gloo ranks, and the 440M dry run in docs/scaling.md).
+The parameter, gradient, optimizer and step guard lines are checked against the tensors a CPU
+run allocates (tests/test_train_distributed.py, 2 gloo ranks, and the 440M dry run in
+docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -200,6 +202,7 @@ def plan_training(
     mfu: float = 0.4,
     peak_flops: float = 989e12,
     keep_checkpoints: int = 2,
+    restore_nonfinite: bool = True,
 ) -> MemoryPlan:
     """Per-GPU memory and the run's time on `gpus` GPUs (see the module docstring)."""
     from taperlm.budget import flops_per_token
@@ -228,6 +231,7 @@ def plan_training(
         "parameters": 4 * local,
         "gradients": 8 * n if ddp else 4 * local,
         "optimizer": 8 * local,
+        **({"step guard": 12 * local} if restore_nonfinite else {}),
         "working copies": 2 * (root + 3 * max(blocks)) if sharded else 2 * n,
         "activations": act,
         "logits": tokens_per_micro * (4 * cfg.vocab_size + 6 * cfg.d_model) + CHUNK_BYTES,
@@ -267,6 +271,11 @@ def plan_training(
         plan.notes.append("does not fit: add --activation-checkpointing or lower --micro-batch")
     elif not plan.fits:
         plan.notes.append("does not fit: lower --micro-batch or use more GPUs (FSDP)")
+    if not plan.fits and restore_nonfinite:
+        plan.notes.append(
+            "train.restore_nonfinite false drops the step guard's copy (a step that leaves "
+            "NaN/inf in the weights then stops the run instead of being skipped)"
+        )
     return plan
 
 
@@ -288,6 +297,7 @@ def format_memory_plan(p: MemoryPlan) -> str:
             p.parallel == "fsdp" and p.gpus > 1
         ],
         "optimizer": "AdamW moments, fp32",
+        "step guard": "copy of both for train.restore_nonfinite",
         "working copies": "bf16 gathered / cast weights",
         "activations": "kept for backward"
         + (", checkpointed per block" if p.activation_checkpointing else ""),
