@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from conftest import tiny_config
 from taperlm.models import TaperedLM, cpu_kernels
 from taperlm.models.layers import RMSNorm, Rotary, cross_entropy
+from taperlm.presets import get_preset
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -110,6 +111,21 @@ def test_niah_speed_smoke(bench_module, tmp_path):
     assert "KV cache" in results["transformer-tiny"]["decoding"]
     for r in results.values():
         assert r["lengths"]["256"]["n"] == 2 and r["lengths"]["256"]["items_per_s"] > 0
+
+
+def test_step_guard_smoke(tmp_path):
+    sys.path.insert(0, str(BENCH))
+    try:
+        import step_guard
+    finally:
+        sys.path.remove(str(BENCH))
+    out = tmp_path / "r.json"
+    assert step_guard.main(["--smoke", "--families", "transformer", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    # the copy is the weights and both AdamW moments, 12 bytes per parameter (+ step counters)
+    params = sum(p.numel() for p in TaperedLM(get_preset("transformer-tiny")).parameters())
+    assert 12 * params <= row["guard copy (MiB)"] * 2**20 < 12 * params + 4096
+    assert row["ratio (cpu)"] > 0
 
 
 def test_gpu_smoke(bench_module, tmp_path):
