@@ -63,6 +63,8 @@ def test_bad_device_is_one_clear_line(cmd, kind, trained, tmp_path, capsys, monk
     device, needle = BAD_DEVICES[kind]
     if kind == "index_beyond_count":
         _one_gpu(monkeypatch)
+    elif kind == "no_cuda":  # also on a machine with a GPU
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     out = tmp_path / "out"
     if cmd in ("train", "compare"):
         if kind != "no_cuda":  # train.device's declared domain refuses the name itself

@@ -1,0 +1,81 @@
+"""Issue 16's classes on a real GPU (skipped without CUDA; the CPU suite simulates these).
+
+* the step guard undoes a non-finite update on CUDA, where AdamW runs its fused kernel (its
+  state lives on the GPU, its step counter too), bitwise, and nothing non-finite is saved;
+* a model that cannot be allocated on the GPU is one line naming what needed the memory (the
+  allocator's real CUDA out-of-memory error, not a simulated one);
+* a CUDA index beyond the GPUs present names the devices there are.
+
+Run on a machine with a GPU: `python -m pytest -q tests/test_gpu_reliability.py` (about a
+minute).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fault_harness as H
+from taperlm.cli import main as cli_main
+from test_faults import (
+    _all_checkpoints_finite,
+    _corrupt_after_step,
+    _optimizer_tensors,
+    _trainer,
+)
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    H.preload()
+    return H.prepare_data(tmp_path_factory.mktemp("gpu") / "data")
+
+
+@pytest.mark.parametrize(
+    ("where", "value"), [("param", float("nan")), ("exp_avg_sq", float("inf"))]
+)
+def test_guard_undoes_a_non_finite_update_with_fused_adamw(data, tmp_path, where, value):
+    """As tests/test_faults.py::test_non_finite_update_is_undone_and_skipped, on the GPU."""
+    run = tmp_path / "run"
+    trainer = _trainer(data, run, "train.device=cuda")
+    try:
+        assert trainer.device.type == "cuda"
+        assert trainer.optimizer.defaults.get("fused"), "AdamW should use its fused CUDA kernel"
+        trainer.fit(progress=False, stop_after=2)
+        weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        adam = _optimizer_tensors(trainer)
+        _corrupt_after_step(trainer, {3}, where, value)
+        trainer.fit(progress=False, stop_after=3)
+        now = trainer.model.state_dict()
+        assert all(torch.equal(weights[k], now[k]) for k in weights)
+        after = _optimizer_tensors(trainer)
+        assert all(torch.equal(adam[k], after[k]) for k in adam)
+        res = trainer.fit(progress=False)
+    finally:
+        trainer.close()
+    assert res.step == 16 and res.skipped_steps == 1
+    assert _all_checkpoints_finite(run) == [15, 16]
+
+
+def test_a_model_too_large_for_the_gpu_is_one_line(data, tmp_path, capsys):
+    free, _ = torch.cuda.mem_get_info()
+    vocab = int(2 * free / (4 * 32))  # an embedding of twice the free memory (d_model 32)
+    out = tmp_path / "run"
+    argv = H.train_argv(data, out, "train.device=cuda", f"model.vocab_size={vocab}")
+    rc = cli_main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "not enough memory for starting the run on cuda" in err, err
+    assert "CUDA out of memory" in err and "smaller model" in err, err
+    assert not out.exists()
+
+
+def test_a_cuda_index_beyond_the_gpus_present(tmp_path, capsys):
+    n = torch.cuda.device_count()
+    rc = cli_main(["generate", str(tmp_path / "no-run"), "--device", f"cuda:{n}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    there = "cuda" if n == 1 else f"cuda:0..cuda:{n - 1}"
+    assert f"there is no such CUDA device (available: cpu, {there})" in err, err
