@@ -11,6 +11,7 @@ the option, and leave every existing file untouched and nothing new on disk.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,24 @@ def test_every_command_with_outputs_is_covered():
     assert {(c, o) for c, o, _ in OUTPUTS} >= {
         (c, "--out") for c in ("prepare", "train", "eval", "export", "compare", "novelty")
     } | {("generate", "--out"), ("plan", "--plot"), ("eval", "--write-lm-eval-tasks")}
+
+
+PATH_LIKE = re.compile(
+    r"(^|_)(out|output|plot|save|write|dump|dir|path|file|json|report|log)(_|s?$)"
+)
+
+
+def test_options_named_like_paths_are_declared():
+    """An option whose name says it is a path (--out, --report-dir, --save-json, ...) is declared
+    with output_path or input_path, so a new one cannot escape the checks by its type."""
+    parser = build_parser()
+    undeclared = [
+        f"{cmd} {a.option_strings[0] if a.option_strings else a.dest}"
+        for cmd in COMMANDS
+        for a in subcommand_parser(parser, cmd)._actions
+        if a.nargs != 0 and PATH_LIKE.search(a.dest) and not isinstance(a.type, PathArg)
+    ]
+    assert not undeclared, f"declare these with output_path/input_path: {undeclared}"
 
 
 def _unwritable_folder(tmp: Path) -> Path:
