@@ -347,18 +347,11 @@ def _all_checkpoints_finite(run: Path) -> list[int]:
     return steps
 
 
-@pytest.mark.parametrize(
-    ("where", "value"),
-    [("param", float("inf")), ("param", float("nan")), ("exp_avg", float("nan")),
-     ("exp_avg_sq", float("inf"))],
-)  # fmt: skip
-def test_non_finite_update_is_undone_and_skipped(setup, tmp_path, where, value):
-    """Loss and gradient finite, but the update leaves NaN/inf in a weight or in Adam's state:
-    the step is undone -- weights and optimizer state bitwise as before it -- counted as
-    skipped, and training goes on; every checkpoint is finite."""
-    data, _, _ = setup
-    run = tmp_path / "run"
-    trainer = _trainer(data, run)
+def train_with_a_non_finite_update(data: Path, run: Path, where: str, value: float, *sets: str):
+    """Train the harness run with `value` written into `where` by step 3's update; check that
+    the step was undone bitwise (weights and optimizer state), train to the end and return the
+    result (tests/test_gpu_reliability.py runs it on a GPU)."""
+    trainer = _trainer(data, run, *sets)
     try:
         trainer.fit(progress=False, stop_after=2)
         weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
@@ -370,9 +363,23 @@ def test_non_finite_update_is_undone_and_skipped(setup, tmp_path, where, value):
         after = _optimizer_tensors(trainer)
         assert after.keys() == adam.keys()
         assert all(torch.equal(adam[k], after[k]) for k in adam)
-        res = trainer.fit(progress=False)
+        return trainer.fit(progress=False)
     finally:
         trainer.close()
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [("param", float("inf")), ("param", float("nan")), ("exp_avg", float("nan")),
+     ("exp_avg_sq", float("inf"))],
+)  # fmt: skip
+def test_non_finite_update_is_undone_and_skipped(setup, tmp_path, where, value):
+    """Loss and gradient finite, but the update leaves NaN/inf in a weight or in Adam's state:
+    the step is undone -- weights and optimizer state bitwise as before it -- counted as
+    skipped, and training goes on; every checkpoint is finite."""
+    data, _, _ = setup
+    run = tmp_path / "run"
+    res = train_with_a_non_finite_update(data, run, where, value)
     assert res.step == 16 and res.skipped_steps == 1
     recs = [r for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
     assert isinstance(recs[2]["loss"], float) and isinstance(recs[2]["grad_norm"], float)

@@ -17,12 +17,7 @@ import torch
 
 import fault_harness as H
 from taperlm.cli import main as cli_main
-from test_faults import (
-    _all_checkpoints_finite,
-    _corrupt_after_step,
-    _optimizer_tensors,
-    _trainer,
-)
+from test_faults import _all_checkpoints_finite, train_with_a_non_finite_update
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -39,22 +34,7 @@ def data(tmp_path_factory):
 def test_guard_undoes_a_non_finite_update_with_fused_adamw(data, tmp_path, where, value):
     """As tests/test_faults.py::test_non_finite_update_is_undone_and_skipped, on the GPU."""
     run = tmp_path / "run"
-    trainer = _trainer(data, run, "train.device=cuda")
-    try:
-        assert trainer.device.type == "cuda"
-        assert trainer.optimizer.defaults.get("fused"), "AdamW should use its fused CUDA kernel"
-        trainer.fit(progress=False, stop_after=2)
-        weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-        adam = _optimizer_tensors(trainer)
-        _corrupt_after_step(trainer, {3}, where, value)
-        trainer.fit(progress=False, stop_after=3)
-        now = trainer.model.state_dict()
-        assert all(torch.equal(weights[k], now[k]) for k in weights)
-        after = _optimizer_tensors(trainer)
-        assert all(torch.equal(adam[k], after[k]) for k in adam)
-        res = trainer.fit(progress=False)
-    finally:
-        trainer.close()
+    res = train_with_a_non_finite_update(data, run, where, value, "train.device=cuda")
     assert res.step == 16 and res.skipped_steps == 1
     assert _all_checkpoints_finite(run) == [15, 16]
 
