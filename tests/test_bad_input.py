@@ -239,7 +239,7 @@ def _rewrite_shard(path: Path, payload: bytes, **fields) -> None:
     ids=["random_bytes", "truncated", "bitflip", "id_beyond_vocab", "extra_bytes"],
 )
 def test_corrupt_train_shard(data_copy, tmp_path, capsys, defect, needles):
-    shard = data_copy / "train.bin"
+    shard = data_copy / "train-00000.bin"
     raw = shard.read_bytes()
     if defect == "random_bytes":
         shard.write_bytes(bytes(range(256)) * 8)
@@ -266,13 +266,15 @@ def test_corrupt_train_shard(data_copy, tmp_path, capsys, defect, needles):
 
 
 def _shrink_split(data: Path, split: str, n_tokens: int) -> Path:
-    """Cut a split to its first `n_tokens` tokens, consistently (shard checksums and meta.json),
-    so that its size is the only defect."""
-    shard = data / f"{split}.bin"
+    """Cut a one-shard split to its first `n_tokens` tokens, consistently (shard checksums and
+    meta.json), so that its size is the only defect."""
+    shard = data / f"{split}-00000.bin"
     _rewrite_shard(shard, shard.read_bytes()[64 : 64 + 2 * n_tokens])
     meta = json.loads((data / "meta.json").read_text())
-    meta["splits"][split]["tokens"] = n_tokens
-    meta["splits"][split]["crc32"] = struct.unpack_from("<I", shard.read_bytes(), 32)[0]
+    info = meta["splits"][split]
+    assert len(info["shards"]) == 1
+    info["tokens"] = info["shards"][0]["tokens"] = n_tokens
+    info["shards"][0]["crc32"] = struct.unpack_from("<I", shard.read_bytes(), 32)[0]
     (data / "meta.json").write_text(json.dumps(meta))
     return shard
 
@@ -281,12 +283,12 @@ def _shrink_split(data: Path, split: str, n_tokens: int) -> Path:
 # harness run: seq_len 32, 4 windows per optimizer step, validation every 4 steps).
 TOO_SMALL = {
     "train_split_shorter_than_a_window": (
-        "train", 20, (), "train.bin has 20 tokens, fewer than seq_len + 1 = 33"),
+        "train", 20, (), "train split of DATA has 20 tokens, fewer than seq_len + 1 = 33"),
     "train_split_shorter_than_a_batch": (
-        "train", 100, (), "train.bin has 100 tokens = 3 windows of seq_len + 1 = 33, fewer than "
+        "train", 100, (), "train split of DATA has 100 tokens = 3 windows of seq_len + 1 = 33, fewer than "
         "one optimizer step takes (4 windows"),
     "val_split_shorter_than_a_window": (
-        "val", 20, ("train.eval_every=2",), "val.bin has 20 tokens, fewer than seq_len + 1 = 33"),
+        "val", 20, ("train.eval_every=2",), "val split of DATA has 20 tokens, fewer than seq_len + 1 = 33"),
     "compare_val_split_shorter_than_novelty_tokens": (
         "val", 40, (), "has 40 tokens, fewer than --novelty-tokens 64"),
     "compare_novelty_text_shorter_than_novelty_tokens": (
@@ -316,7 +318,9 @@ def test_input_too_small_for_the_run(case, data_copy, trained, tmp_path, capsys,
                 str(out / "n.json"), "--device", "cpu"]  # fmt: skip
     else:
         argv = train_args(data_copy, out, *sets)
-    expect_error(argv, capsys, needle, unchanged=(data_copy, trained))
+    expect_error(
+        argv, capsys, needle.replace("DATA", str(data_copy)), unchanged=(data_copy, trained)
+    )
     assert not out.exists()  # caught at the start: no step ran, nothing was written
 
 

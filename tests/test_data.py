@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from taperlm.data import corpus
+from taperlm.data import corpus, readers
 from taperlm.data.markup import pod_inline, pod_to_text, rst_to_text
 from taperlm.data.shards import HEADER_SIZE, ShardWriter, open_shard, read_header, write_shard
 from taperlm.data.tokenizer import EOS_TOKEN, build_tokenizer, load_tokenizer, train_bpe
@@ -304,8 +304,10 @@ def test_local_sources_and_order(tmp_path: Path) -> None:
         (b"", "file is empty"),
         (b"  \n\n", "file is empty"),
         (b"text\x00\x01binary", "looks like a binary file"),
-        ("caf\u00e9".encode("latin-1"), "not valid UTF-8"),
+        ("caf\u00e9".encode("latin-1"), r"not valid UTF-8 \(byte 3: b'\\xe9'\)"),
+        (b"ok " * 700_000 + b"\xff", r"not valid UTF-8 \(byte 2100000: b'\\xff'\)"),
     ],
+    ids=["empty", "blank", "binary", "latin1", "bad_byte_in_third_block"],
 )
 def test_bad_source_files_name_the_file(tmp_path: Path, content: bytes, message: str) -> None:
     (tmp_path / "good.txt").write_text("fine")
@@ -324,23 +326,29 @@ def test_bad_jsonl_lines(tmp_path: Path) -> None:
     f.write_text('{"body": "no text field"}\n')
     with pytest.raises(DataError, match=r"x.jsonl:1: .*string field 'text'"):
         list(corpus.iter_local(f))
+    f.write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
+    with pytest.raises(DataError, match=r"x.jsonl:2: not valid UTF-8"):
+        list(corpus.iter_local(f))
 
 
 def test_missing_source_and_empty_folder(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="does not exist"):
         corpus.open_source(str(tmp_path / "nope"))
-    with pytest.raises(DataError, match=r"has no \.txt or \.jsonl files"):
+    with pytest.raises(DataError, match=r"has no \.txt, \.jsonl, .*\.parquet files"):
         corpus.open_source(str(tmp_path))
+    (tmp_path / "x.csv").write_text("a,b")
+    with pytest.raises(DataError, match="unknown kind of file"):
+        corpus.open_source(str(tmp_path / "x.csv"))
 
 
 def test_hf_source_spec() -> None:
-    assert corpus.parse_hf_spec("hf:HuggingFaceFW/fineweb-edu:sample-10BT") == (
+    assert readers.parse_hf_spec("hf:HuggingFaceFW/fineweb-edu:sample-10BT") == (
         "HuggingFaceFW/fineweb-edu",
         "sample-10BT",
     )
-    assert corpus.parse_hf_spec("hf:wikitext") == ("wikitext", None)
+    assert readers.parse_hf_spec("hf:wikitext") == ("wikitext", None)
     with pytest.raises(DataError, match="expected hf:NAME"):
-        corpus.parse_hf_spec("hf:")
+        readers.parse_hf_spec("hf:")
 
 
 def test_hf_source_streams_rows_with_fake_datasets(monkeypatch) -> None:
@@ -360,17 +368,18 @@ def test_hf_source_streams_rows_with_fake_datasets(monkeypatch) -> None:
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=no_text))
     with pytest.raises(DataError, match="has no 'text' column \\(columns: content\\)"):
-        list(corpus.iter_hf("hf:org/set"))
+        list(readers.read_hf("hf:org/set", cap=100))
+    assert [d.text for d, _ in readers.read_hf("hf:org/set", cap=100, field="content")] == ["x"]
 
     def offline(*args, **kwargs):
         raise ConnectionError("no network")
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=offline))
     with pytest.raises(DataError, match="need internet access"):
-        list(corpus.iter_hf("hf:org/set"))
+        list(readers.read_hf("hf:org/set", cap=100))
     monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
     with pytest.raises(DataError, match=r"needs the 'datasets' package"):
-        list(corpus.iter_hf("hf:org/set"))
+        list(readers.read_hf("hf:org/set", cap=100))
 
 
 def test_default_corpus_missing_packages_names_install_command(tmp_path: Path) -> None:

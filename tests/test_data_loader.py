@@ -136,7 +136,9 @@ def test_missing_and_empty_data_dir(tmp_path: Path) -> None:
 
 def test_short_shard_and_bad_split(tmp_path: Path) -> None:
     d = make_data_dir(tmp_path / "d", n_train=100, n_val=20)
-    with pytest.raises(DataError, match=r"val\.bin has 20 tokens, fewer than seq_len \+ 1 = 33"):
+    with pytest.raises(
+        DataError, match=r"val split of .* has 20 tokens, fewer than seq_len \+ 1 = 33"
+    ):
         list(val_batches(d, 32, 2))
     with pytest.raises(DataError, match="unknown split 'test'"):
         TokenBatches(d, "test", 8, 2)
@@ -155,3 +157,61 @@ def test_corrupt_shards_detected_on_open(data_dir: Path) -> None:
     path.write_bytes(b"GARBAGE!" + bytes(raw[8:]))
     with pytest.raises(DataError, match="not a taperlm token shard"):
         TokenBatches(data_dir, "train", 8, 2, verify=False)
+
+
+def make_sharded_data_dir(path: Path, sizes: dict[str, list[int]]) -> Path:
+    """The same arange-like stream as make_data_dir, cut into shards of the given sizes."""
+    path.mkdir(parents=True, exist_ok=True)
+    splits = {}
+    for name, parts in sizes.items():
+        shards, start = [], 0
+        for i, n in enumerate(parts):
+            file = f"{name}-{i:05d}.bin"
+            h = write_shard(path / file, np.arange(start, start + n) % VOCAB, VOCAB)
+            shards.append({"file": file, "tokens": n, "crc32": h.crc32})
+            start += n
+        splits[name] = {"tokens": start, "documents": 1, "shards": shards}
+    meta = {"format": META_FORMAT, "format_version": 2, "vocab_size": VOCAB, "eos_id": 0}
+    (path / "meta.json").write_text(json.dumps({**meta, "splits": splits}))
+    return path
+
+
+def test_shards_read_as_one_stream(tmp_path: Path) -> None:
+    """Batches, resume state and validation windows of a sharded split equal those of the same
+    tokens in one file (windows straddle shard boundaries, one shard is empty)."""
+    single = make_data_dir(tmp_path / "single")
+    sharded = make_sharded_data_dir(
+        tmp_path / "sharded", {"train": [333, 0, 100, 567], "val": [7, 293]}
+    )
+    a = TokenBatches(single, "train", 16, 3, seed=2)
+    b = TokenBatches(sharded, "train", 16, 3, seed=2)
+    for (xa, ya), (xb, yb) in zip(take(a, 30), take(b, 30)):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    state = b.state_dict()
+    assert state == a.state_dict()
+    resumed = TokenBatches(sharded, "train", 16, 3, seed=2)
+    resumed.load_state_dict(state)
+    assert all(torch.equal(x, y) for (x, _), (y, _) in zip(take(resumed, 5), take(a, 5)))
+    for (xa, _), (xb, _) in zip(val_batches(single, 10, 4), val_batches(sharded, 10, 4)):
+        assert torch.equal(xa, xb)
+
+
+def test_each_shard_is_checked_against_meta(tmp_path: Path) -> None:
+    d = make_sharded_data_dir(tmp_path / "d", {"train": [300, 300, 400], "val": [300]})
+    raw = bytearray((d / "train-00001.bin").read_bytes())
+    raw[HEADER_SIZE + 3] ^= 0x01
+    (d / "train-00001.bin").write_bytes(bytes(raw))
+    with pytest.raises(DataError, match=r"train-00001\.bin: checksum mismatch"):
+        TokenBatches(d, "train", 8, 2)
+    meta = json.loads((d / "meta.json").read_text())
+    meta["splits"]["train"]["shards"][2]["tokens"] = 399
+    (d / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match=r"train-00002\.bin: shard does not match meta\.json"):
+        TokenBatches(d, "train", 8, 2, verify=False)
+    (d / "train-00000.bin").unlink()
+    with pytest.raises(DataError, match=r"train-00000\.bin: shard not found"):
+        TokenBatches(d, "train", 8, 2)
+    meta["format_version"] = 3
+    (d / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match="data format version 3 is newer"):
+        TokenBatches(d, "train", 8, 2)

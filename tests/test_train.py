@@ -390,11 +390,11 @@ def test_corrupt_shard_header(data_dir, tmp_path, capsys):
 
     bad = tmp_path / "data"
     shutil.copytree(data_dir, bad)
-    raw = bytearray((bad / "train.bin").read_bytes())
+    raw = bytearray((bad / "train-00000.bin").read_bytes())
     raw[20] ^= 0xFF  # inside the token count field
-    (bad / "train.bin").write_bytes(bytes(raw))
+    (bad / "train-00000.bin").write_bytes(bytes(raw))
     rc, err = _cli(_train_args(bad, tmp_path / "run"), capsys)
-    assert rc == 2 and "train.bin" in err and "corrupt shard header" in err
+    assert rc == 2 and "train-00000.bin" in err and "corrupt shard header" in err
     assert "Traceback" not in err
 
 

@@ -1,7 +1,7 @@
 """The values each setting accepts, declared once beside it (pure Python; no torch).
 
 A config field declares its domain with `setting`, and a numeric command-line option with
-`number`:
+`number` (`count` for whole numbers that may be written 30e9):
 
     beta2: float = setting(0.95, "[0, 1)")
     precision: str = setting("auto", "{auto, fp32, bf16}")
@@ -222,6 +222,34 @@ def number(kind: type, domain: str | Domain) -> Number:
     if kind not in (int, float):
         raise TypeError(f"number() takes int or float, not {kind!r}")
     return Number(kind, domain)
+
+
+class Count(Number):
+    """A whole-number option that may also be written `30e9`, `30_000_000_000` or
+    `30,000,000,000` (token and character counts of a large corpus)."""
+
+    def __init__(self, domain: str | Domain) -> None:
+        super().__init__(int, domain)
+
+    def __call__(self, text: str) -> int:
+        clean = text.replace("_", "").replace(",", "")
+        with contextlib.suppress(ValueError):
+            return int(clean)
+        try:
+            value = float(clean)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if not value.is_integer():
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+        return int(value)
+
+    def __repr__(self) -> str:
+        return f"count({self.domain.spec!r})"
+
+
+def count(domain: str | Domain) -> Count:
+    """`type=count("[1, inf)")`: `number(int, ...)` that also reads 30e9 and 30_000_000_000."""
+    return Count(domain)
 
 
 class PathArg:

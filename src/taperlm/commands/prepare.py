@@ -1,4 +1,4 @@
-"""`taperlm prepare`: tokenize a corpus into memory-mapped token shards (see taperlm.data.prepare).
+"""`taperlm prepare`: tokenize a corpus into a data dir of token shards (see taperlm.data.prepare).
 
 Module-level imports stay light: the pipeline (numpy, tokenizers, multiprocessing) is imported in
 `run`.
@@ -7,51 +7,92 @@ Module-level imports stay light: the pipeline (numpy, tokenizers, multiprocessin
 from __future__ import annotations
 
 import argparse
-import os
 
-from taperlm.domains import MAX_SEED, input_path, number, output_path
+from taperlm.domains import MAX_SEED, count, input_path, number, output_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from taperlm.data.prepare import (
+        DEFAULT_MAX_DOC_CHARS,
+        DEFAULT_SAMPLE_CHARS,
+        DEFAULT_SHARD_TOKENS,
+        DEFAULT_VAL_FRACTION,
+    )
+
     parser.add_argument(
         "--source",
         type=input_path(text=True),
         default="default",
-        help="'default' (Debian documentation corpus), a .txt/.jsonl file or folder, or "
-        "hf:NAME[:CONFIG] (streamed; needs internet) [default: default]",
+        help="'default' (Debian documentation corpus); a .txt, .jsonl, .jsonl.gz, .jsonl.zst or "
+        ".parquet file, or a folder of them; or hf:NAME[:CONFIG] (streamed; needs internet) "
+        "[default: default]",
     )
     parser.add_argument(
         "--tokenizer",
         type=input_path(text=True),
         default="bpe:8192",
-        help="bpe:N (byte-level BPE trained on the corpus), a folder with vocab.json+merges.txt "
-        "or tokenizer.json, a previous data dir, or hf:NAME [default: bpe:8192]",
+        help="bpe:N (byte-level BPE trained on a sample of the corpus), a folder with "
+        "vocab.json+merges.txt or tokenizer.json, a previous data dir, or hf:NAME "
+        "[default: bpe:8192]",
     )
     parser.add_argument("--out", type=output_path("dir"), required=True, help="output data dir")
-    split = parser.add_mutually_exclusive_group()
-    split.add_argument(
+    parser.add_argument(
         "--val-fraction",
         type=number(float, "(0, 0.5]"),
         default=None,
-        help="fraction of tokens held out for validation, as whole documents [default: 0.01]",
+        help="probability that a document is held out for validation (by a seeded hash of its "
+        f"text) [default: {DEFAULT_VAL_FRACTION}]",
     )
-    split.add_argument(
+    parser.add_argument(
         "--val-tokens",
-        type=number(int, "[2, inf)"),
+        type=count("[2, inf)"),
         default=None,
-        help="validation tokens (instead)",
+        help="stop picking validation documents once they hold this many tokens; the tail of "
+        "the stream makes up any shortfall",
     )
     parser.add_argument(
         "--workers",
         type=number(int, "[1, inf)"),
-        default=min(2, os.cpu_count() or 1),
-        help="tokenizer processes [default: min(2, CPUs)]",
+        default=None,
+        help="tokenizer processes; the output is the same for any number [default: the CPUs "
+        "available]",
     )
     parser.add_argument(
         "--max-chars",
-        type=number(int, "[1, inf)"),
+        type=count("[1, inf)"),
         default=None,
-        help="cap the corpus (characters)",
+        help="read at most this many characters",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=count("[2, inf)"),
+        default=None,
+        help="stop after this many training tokens (e.g. 30e9 for the first 30B tokens)",
+    )
+    parser.add_argument(
+        "--tokenizer-sample-chars",
+        type=count("[1, inf)"),
+        default=DEFAULT_SAMPLE_CHARS,
+        help=f"bpe:N is trained on the first this many characters of training documents "
+        f"[default: {DEFAULT_SAMPLE_CHARS:_}]",
+    )
+    parser.add_argument(
+        "--shard-tokens",
+        type=count("[1, inf)"),
+        default=DEFAULT_SHARD_TOKENS,
+        help=f"tokens per shard file [default: {DEFAULT_SHARD_TOKENS:_}]",
+    )
+    parser.add_argument(
+        "--max-doc-chars",
+        type=count("[1, inf)"),
+        default=DEFAULT_MAX_DOC_CHARS,
+        help="longer documents (and .txt files) are cut into pieces at paragraph breaks "
+        f"[default: {DEFAULT_MAX_DOC_CHARS:_}]",
+    )
+    parser.add_argument(
+        "--text-field",
+        default="text",
+        help="JSONL field / Parquet or dataset column holding the text [default: text]",
     )
     parser.add_argument(
         "--seed",
@@ -64,7 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="write into a non-empty folder that is not a previous prepare output",
     )
-    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    parser.add_argument("--no-progress", action="store_true", help="hide progress output")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,6 +119,11 @@ def run(args: argparse.Namespace) -> int:
         val_tokens=args.val_tokens,
         workers=args.workers,
         max_chars=args.max_chars,
+        max_tokens=args.max_tokens,
+        tokenizer_sample_chars=args.tokenizer_sample_chars,
+        shard_tokens=args.shard_tokens,
+        max_doc_chars=args.max_doc_chars,
+        text_field=args.text_field,
         seed=args.seed,
         force=args.force,
         progress=not args.no_progress,
@@ -85,13 +131,18 @@ def run(args: argparse.Namespace) -> int:
     t = meta["_timing"]
     train, val = meta["splits"]["train"], meta["splits"]["val"]
     src = meta["source"]
-    seconds = sum(t.values())
+    resumed = meta["_resumed"]
+    stages = ", ".join(f"{k.removesuffix('_s')} {v:.1f}" for k, v in t.items())
     print(
-        f"wrote {args.out}: train {train['tokens']:,} tokens ({train['documents']:,} docs), "
-        f"val {val['tokens']:,} tokens ({val['documents']:,} docs, {meta['val_split']['mode']} "
-        f"split); source {src['documents']:,} docs, {src['chars']:,} chars; tokenizer "
-        f"{meta['tokenizer']['spec']} (vocab {meta['vocab_size']:,}, eos {meta['eos_id']}); "
-        f"{seconds:.1f} s (read {t['read_s']:.1f}, tokenizer {t['tokenizer_s']:.1f}, tokenize "
-        f"{t['tokenize_s']:.1f}, write {t['write_s']:.1f})"
+        f"wrote {args.out}: train {train['tokens']:,} tokens ({train['documents']:,} docs, "
+        f"{len(train['shards'])} shards), val {val['tokens']:,} tokens ({val['documents']:,} "
+        f"docs, {meta['val_split']['mode']} split); source {src['documents']:,} docs, "
+        f"{src['chars']:,} chars; tokenizer {meta['tokenizer']['spec']} (vocab "
+        f"{meta['vocab_size']:,}, eos {meta['eos_id']}); {sum(t.values()):.1f} s ({stages})"
+        + (
+            f"; resumed after {resumed['documents']:,} docs ({resumed['tokens']:,} tokens)"
+            if resumed
+            else ""
+        )
     )
     return 0

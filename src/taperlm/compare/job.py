@@ -558,7 +558,7 @@ def _report_meta(opts, grid, results, command, data_dir, meta, settings) -> dict
             "val_tokens": first["val"]["tokens"],
             "eval_tasks": settings.eval_tasks,
             "eval_limit": settings.eval_limit,
-            "novelty_text": settings.novelty_text or f"{data_dir}/val.bin",
+            "novelty_text": settings.novelty_text or f"the val split of {data_dir}",
             "novelty_tokens": settings.novelty_tokens,
         },
     }

@@ -1,27 +1,31 @@
 """Text sources for `taperlm prepare`: the default corpus, local files, Hugging Face datasets.
 
-Every source yields `Document`s (one per source file, JSONL line or dataset row) in a deterministic
-order. `open_source(spec)` parses the `--source` argument:
+`open_source(spec)` parses the `--source` argument into a `Source`, whose `read(start)` yields
+`(Document, Cursor)` pairs in a deterministic order (see `taperlm.data.readers`):
 
 - ``default``: English prose from three Debian documentation packages (see `DEFAULT_PARTS`),
   with reST/POD markup stripped and duplicates removed; needs `INSTALL_COMMAND`.
-- a path: a ``.txt`` file (one document), a ``.jsonl`` file (one document per line, field
-  ``text``) or a folder searched recursively for both, in sorted path order.
+- a path: a file of a kind in `readers.KINDS` (.txt, .jsonl, .jsonl.gz, .jsonl.zst, .parquet) or
+  a folder searched recursively for them, in sorted path order.
 - ``hf:NAME[:CONFIG]``: the ``train`` split of a Hugging Face dataset, streamed (needs internet
   and the ``datasets`` package).
+
+Documents longer than `max_doc_chars` are cut into pieces by `readers.split_stream`.
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
-import json
 import multiprocessing
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from taperlm.data import readers
 from taperlm.data.markup import pod_to_text, rst_to_text
+from taperlm.data.readers import ByteCounter, Cursor, Document
 from taperlm.errors import DataError
 
 DEFAULT_PACKAGES = ("python3.11-doc", "perl-doc", "linux-doc-6.1")
@@ -32,14 +36,6 @@ INSTALL_COMMAND = "sudo apt-get update && sudo apt-get install -y " + " ".join(D
 # cleaning (index pages, stubs) are dropped.
 DEDUP_MIN_PARAGRAPH_CHARS = 64
 MIN_DOC_CHARS = 200
-
-
-@dataclass(frozen=True)
-class Document:
-    """One unit of text; documents are separated by EOS in the token stream."""
-
-    name: str
-    text: str
 
 
 @dataclass(frozen=True)
@@ -110,7 +106,7 @@ def default_corpus_files(root: str | Path = "/") -> list[tuple[str, Path, str]]:
         raise DataError(
             f"the default corpus needs the Debian package(s) {', '.join(missing)}, which are not "
             f"installed (looked under {root}); install them with:\n  {INSTALL_COMMAND}\n"
-            "or pass --source PATH (.txt/.jsonl file or folder) or --source hf:NAME"
+            "or pass --source PATH (a file or folder of text) or --source hf:NAME"
         )
     return files
 
@@ -168,189 +164,113 @@ def _dedupe(items: Iterable[tuple[str, str]]) -> Iterator[Document]:
         yield Document(name, doc)
 
 
-# --- local files ------------------------------------------------------------------------------
-
-LOCAL_SUFFIXES = (".txt", ".jsonl")
-
-
-def read_text_file(path: Path) -> str:
-    """UTF-8 text of a file; DataError naming the file when it is empty, binary or not UTF-8."""
-    data = path.read_bytes()
-    if not data.strip():
-        raise DataError(f"{path}: file is empty; remove it or add text")
-    if b"\x00" in data[:65536]:
-        raise DataError(
-            f"{path}: looks like a binary file (contains NUL bytes); only UTF-8 text "
-            "(.txt, or .jsonl with a 'text' field) can be used as a source"
-        )
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise DataError(
-            f"{path}: not valid UTF-8 (byte {err.start}: {data[err.start : err.start + 4]!r}); "
-            "convert it, e.g. `iconv -f latin1 -t utf-8`"
-        ) from None
-    return text.removeprefix("\ufeff").replace("\r\n", "\n")
-
-
-def _iter_jsonl(path: Path, name: str) -> Iterator[Document]:
-    text = read_text_file(path)
-    count = 0
-    for lineno, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
-        except RecursionError:
-            raise DataError(f"{path}:{lineno}: JSON nested too deeply to be a document") from None
-        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-            raise DataError(
-                f"{path}:{lineno}: each line must be a JSON object with a string field 'text'"
-            )
-        try:
-            row["text"].encode("utf-8")
-        except UnicodeEncodeError as err:  # a lone surrogate escape such as "\ud800"
-            raise DataError(
-                f"{path}:{lineno}: 'text' is not valid Unicode ({err.reason} at character "
-                f"{err.start}); fix or drop this line"
-            ) from None
-        if row["text"].strip():
-            count += 1
-            yield Document(f"{name}:{lineno}", row["text"])
-    if count == 0:
-        raise DataError(f"{path}: no non-empty 'text' fields")
-
-
-def local_files(path: Path) -> list[Path]:
-    """The source files of a local path: the file itself, or .txt/.jsonl files below a folder."""
-    if not path.exists():
-        raise DataError(
-            f"source {path} does not exist; pass --source default, a .txt/.jsonl "
-            "file or folder, or hf:NAME[:CONFIG]"
-        )
-    if path.is_file():
-        return [path]
-    files = sorted(
-        (
-            p
-            for p in path.rglob("*")
-            if p.is_file()
-            and p.suffix.lower() in LOCAL_SUFFIXES
-            and not any(part.startswith(".") for part in p.relative_to(path).parts)
-        ),
-        key=lambda p: p.relative_to(path).as_posix(),
-    )
-    if not files:
-        raise DataError(f"source folder {path} has no .txt or .jsonl files")
-    return files
-
-
-def iter_local(path: str | Path) -> Iterator[Document]:
-    """Documents of a local file or folder (sorted relative paths; .jsonl: one per line)."""
-    path = Path(path)
-    files = local_files(path)
-    base = path if path.is_dir() else path.parent
-    for f in files:
-        name = f.relative_to(base).as_posix()
-        if f.suffix.lower() == ".jsonl":
-            yield from _iter_jsonl(f, name)
-        else:
-            yield Document(name, read_text_file(f))
-
-
-# --- Hugging Face datasets --------------------------------------------------------------------
-
-
-def parse_hf_spec(spec: str) -> tuple[str, str | None]:
-    """ "hf:NAME[:CONFIG]" -> (NAME, CONFIG or None)."""
-    rest = spec[len("hf:") :]
-    name, _, config = rest.partition(":")
-    if not name:
-        raise DataError(f"source {spec!r}: expected hf:NAME or hf:NAME:CONFIG")
-    return name, (config or None)
-
-
-def iter_hf(spec: str, text_field: str = "text") -> Iterator[Document]:
-    """Rows of a Hugging Face dataset's train split, streamed in the dataset's own order."""
-    name, config = parse_hf_spec(spec)
-    try:
-        import datasets
-    except ImportError:
-        raise DataError(
-            f"source {spec!r} needs the 'datasets' package: pip install 'taperlm[hf]'"
-        ) from None
-    try:
-        ds = datasets.load_dataset(name, config, split="train", streaming=True)
-        rows = iter(ds)
-        first = next(rows, None)
-    except Exception as err:  # network, auth, unknown dataset: all surface as one clear error
-        raise DataError(
-            f"could not open Hugging Face dataset {name!r}"
-            + (f" (config {config!r})" if config else "")
-            + f": {type(err).__name__}: {str(err).rstrip('.')}. hf: sources need internet access; offline, use "
-            "--source default or a local .txt/.jsonl folder"
-        ) from None
-    if first is None:
-        raise DataError(f"Hugging Face dataset {spec!r} has an empty train split")
-    if text_field not in first:
-        raise DataError(
-            f"Hugging Face dataset {spec!r} has no {text_field!r} column "
-            f"(columns: {', '.join(first)})"
-        )
-    for i, row in enumerate(_chain(first, rows)):
-        text = row[text_field]
-        if isinstance(text, str) and text.strip():
-            yield Document(f"{name}:{i}", text)
-
-
-def _chain(first, rest):
-    yield first
-    yield from rest
-
-
 # --- dispatch ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Source:
-    """A parsed --source: `kind` is default | local | hf; iterate with `documents()`."""
+    """A parsed --source: `kind` is default | local | hf; read it with `read()`."""
 
     spec: str
     kind: str
+    files: tuple[Path, ...] = ()
+    base: Path | None = None
     workers: int = 1
     root: str = "/"
+    max_doc_chars: int = readers.DEFAULT_MAX_DOC_CHARS
+    text_field: str = "text"
+
+    def read(
+        self, start: Cursor | None = None, count: ByteCounter | None = None
+    ) -> Iterator[tuple[Document, Cursor]]:
+        """(document, position after it) from `start` on; `count` follows the bytes read."""
+        cap, field = self.max_doc_chars, self.text_field
+        if self.kind == "local":
+            assert self.base is not None
+            return readers.read_local(
+                list(self.files), self.base, cap=cap, field=field, start=start, count=count
+            )
+        if self.kind == "hf":
+            return readers.read_hf(self.spec, cap=cap, field=field, start=start)
+        return _read_default(self.root, self.workers, cap, start or Cursor())
 
     def documents(self, max_chars: int | None = None) -> Iterator[Document]:
-        if self.kind == "default":
-            docs = iter_default_corpus(self.root, workers=self.workers)
-        elif self.kind == "hf":
-            docs = iter_hf(self.spec)
-        else:
-            docs = iter_local(self.spec)
+        docs = (doc for doc, _ in self.read())
         return cap_chars(docs, max_chars) if max_chars else docs
 
-    def describe(self) -> dict:
-        info: dict = {"spec": self.spec, "kind": self.kind}
+    def total_bytes(self) -> int | None:
+        """Size of the input when it is known in advance (local files), for progress and ETA."""
+        return sum(f.stat().st_size for f in self.files) if self.kind == "local" else None
+
+    def describe(self) -> dict[str, Any]:
+        info: dict[str, Any] = {"spec": self.spec, "kind": self.kind}
         if self.kind == "default":
             info["packages"] = list(DEFAULT_PACKAGES)
             info["install"] = INSTALL_COMMAND
         elif self.kind == "local":
             info["path"] = str(Path(self.spec).resolve())
+            info["files"] = len(self.files)
+            info["bytes"] = self.total_bytes()
+        if self.kind != "default":
+            info["text_field"] = self.text_field
+        info["max_doc_chars"] = self.max_doc_chars
+        return info
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What must not change for a resumed prepare to continue this one: the spec, the
+        settings of the readers and, for local files, every file's relative path and size."""
+        info: dict[str, Any] = {
+            "spec": self.spec,
+            "kind": self.kind,
+            "max_doc_chars": self.max_doc_chars,
+            "text_field": self.text_field,
+        }
+        if self.kind == "local":
+            assert self.base is not None
+            info["files"] = [
+                [f.relative_to(self.base).as_posix(), f.stat().st_size] for f in self.files
+            ]
         return info
 
 
-def open_source(spec: str, workers: int = 1, root: str | Path = "/") -> Source:
-    """Parse a --source value (does not read anything yet, except checking paths exist)."""
+def _read_default(root: str, workers: int, cap: int, start: Cursor):
+    for row, doc in enumerate(iter_default_corpus(root, workers=workers)):
+        if row >= start.row:
+            yield from readers.row_pieces(doc.text, doc.name, 0, row, cap, start)
+
+
+def open_source(
+    spec: str,
+    workers: int = 1,
+    root: str | Path = "/",
+    *,
+    max_doc_chars: int = readers.DEFAULT_MAX_DOC_CHARS,
+    text_field: str = "text",
+) -> Source:
+    """Parse a --source value and check what can be checked before reading (paths exist, files
+    are not empty or binary, optional packages are installed)."""
+    if max_doc_chars < 1:
+        raise DataError(f"--max-doc-chars {max_doc_chars} must be positive")
+    if not text_field:
+        raise DataError("--text-field must not be empty")
+    settings = {"max_doc_chars": max_doc_chars, "text_field": text_field}
     if spec == "default":
         default_corpus_files(root)  # fail early with the install command
-        return Source(spec, "default", workers=workers, root=str(root))
+        return Source(spec, "default", workers=workers, root=str(root), **settings)
     if spec.startswith("hf:"):
-        parse_hf_spec(spec)
-        return Source(spec, "hf")
-    local_files(Path(spec))
-    return Source(spec, "local")
+        readers.parse_hf_spec(spec)
+        return Source(spec, "hf", **settings)
+    path = Path(spec)
+    files = readers.local_files(path)
+    for f in files:
+        readers.check_file(f)
+    base = path if path.is_dir() else path.parent
+    return Source(spec, "local", files=tuple(files), base=base, **settings)
+
+
+def iter_local(path: str | Path, max_doc_chars: int = readers.DEFAULT_MAX_DOC_CHARS):
+    """Documents of a local file or folder (checks as `open_source`)."""
+    return open_source(str(path), max_doc_chars=max_doc_chars).documents()
 
 
 def cap_chars(docs: Iterable[Document], max_chars: int) -> Iterator[Document]:

@@ -20,7 +20,6 @@ position for humans); `load_state_dict()` continues exactly there.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,73 +27,50 @@ from typing import Any
 import numpy as np
 import torch
 
-from taperlm.data.prepare import META_FILE, META_FORMAT
-from taperlm.data.shards import open_shard
+from taperlm.data.datadir import SPLITS, load_meta, resolve, split_shards
+from taperlm.data.shards import TokenStream, open_shard
 from taperlm.errors import DataError
 
-SPLITS = ("train", "val")
+__all__ = ["TokenBatches", "check_vocab", "load_meta", "open_split", "val_batches"]
+
 AUTO_VERIFY_BYTES = 64 << 20  # shards up to this size are checksummed on open
 STATE_VERSION = 1
 
 
-def _prepare_hint(data_dir: Path) -> str:
-    return f"create it with `taperlm prepare --source default --out {data_dir}`"
-
-
-def load_meta(data_dir: str | Path) -> dict[str, Any]:
-    """meta.json of a data dir, with errors for a missing/empty dir or missing/invalid meta."""
-    data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        raise DataError(f"data dir {data_dir} does not exist; {_prepare_hint(data_dir)}")
-    if not any(data_dir.iterdir()):
-        raise DataError(f"data dir {data_dir} is empty; {_prepare_hint(data_dir)}")
-    path = data_dir / META_FILE
-    if not path.is_file():
-        raise DataError(
-            f"{data_dir} has no {META_FILE}: it is not a complete `taperlm prepare` output "
-            f"(an interrupted prepare leaves none); {_prepare_hint(data_dir)}"
-        )
-    try:
-        meta = json.loads(path.read_text())
-    except ValueError as err:
-        raise DataError(f"{path}: not valid JSON ({err}); re-run `taperlm prepare`") from None
-    if not isinstance(meta, dict) or meta.get("format") != META_FORMAT:
-        raise DataError(f"{path}: not a taperlm data meta file; re-run `taperlm prepare`")
-    for key in ("vocab_size", "eos_id", "splits"):
-        if key not in meta:
-            raise DataError(f"{path}: missing key {key!r}; re-run `taperlm prepare`")
-    return meta
-
-
 def open_split(
     data_dir: str | Path, split: str, verify: bool | None = None
-) -> tuple[dict[str, Any], np.ndarray]:
-    """(meta, memmapped tokens) of one split, checked against meta.json.
+) -> tuple[dict[str, Any], TokenStream]:
+    """(meta, the split's tokens as one stream over its shards), checked against meta.json.
 
-    verify=None checksums shards up to AUTO_VERIFY_BYTES; True/False force it on/off.
+    verify=None checksums shards up to AUTO_VERIFY_BYTES each; True/False force it on/off.
+    Every shard's header (count, vocab, checksum) is always compared with meta.json.
     """
     data_dir = Path(data_dir)
     meta = load_meta(data_dir)
     if split not in SPLITS or split not in meta["splits"]:
         raise DataError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
-    info = meta["splits"][split]
-    path = data_dir / info.get("file", f"{split}.bin")
-    if verify is None:
-        verify = path.is_file() and path.stat().st_size <= AUTO_VERIFY_BYTES
-    header, tokens = open_shard(path, verify=verify)
-    if header.vocab_size != meta["vocab_size"]:
-        raise DataError(
-            f"{path}: shard vocab_size {header.vocab_size} differs from meta.json "
-            f"({meta['vocab_size']}); re-run `taperlm prepare`"
-        )
-    if header.count != info.get("tokens", header.count) or (
-        "crc32" in info and header.crc32 != info["crc32"]
-    ):
-        raise DataError(
-            f"{path}: shard does not match meta.json (token count or checksum); it "
-            "was replaced or corrupted, re-run `taperlm prepare`"
-        )
-    return meta, tokens
+    parts = []
+    for info in split_shards(meta, split):
+        path = resolve(data_dir, info["file"])
+        check = verify
+        if check is None:
+            check = path.is_file() and path.stat().st_size <= AUTO_VERIFY_BYTES
+        header, tokens = open_shard(path, verify=check)
+        if header.vocab_size != meta["vocab_size"]:
+            raise DataError(
+                f"{path}: shard vocab_size {header.vocab_size} differs from meta.json "
+                f"({meta['vocab_size']}); re-run `taperlm prepare`"
+            )
+        expected = info.get("tokens")
+        if (expected is not None and header.count != expected) or (
+            info.get("crc32") is not None and header.crc32 != info["crc32"]
+        ):
+            raise DataError(
+                f"{path}: shard does not match meta.json (token count or checksum); it "
+                "was replaced or corrupted, re-run `taperlm prepare`"
+            )
+        parts.append(tokens)
+    return meta, TokenStream(parts)
 
 
 def check_vocab(data_dir: str | Path, model_vocab_size: int) -> int:
@@ -115,29 +91,30 @@ def check_data_fits(data_dir: str | Path, seq_len: int, step_windows: int, valid
     data_dir = Path(data_dir)
     splits = load_meta(data_dir)["splits"]
     n = int(splits.get("train", {}).get("tokens", 0))
-    _check_length(str(data_dir / "train.bin"), n, seq_len)
+    _check_length(data_dir, "train", n, seq_len)
     windows = (n - 1) // seq_len
     if windows < step_windows:
         raise DataError(
-            f"{data_dir / 'train.bin'} has {n} tokens = {windows} windows of seq_len + 1 = "
+            f"the train split of {data_dir} has {n} tokens = {windows} windows of seq_len + 1 = "
             f"{seq_len + 1}, fewer than one optimizer step takes ({step_windows} windows: "
             "train.batch_tokens / train.seq_len), so every step would repeat sequences; prepare "
             "more data or lower train.batch_tokens"
         )
     if validate:
         n_val = int(splits.get("val", {}).get("tokens", 0))
-        _check_length(str(data_dir / "val.bin"), n_val, seq_len)
+        _check_length(data_dir, "val", n_val, seq_len)
 
 
-def _check_length(path: str, n_tokens: int, seq_len: int) -> None:
+def _check_length(data_dir: Path, split: str, n_tokens: int, seq_len: int) -> None:
     if n_tokens < seq_len + 1:
         raise DataError(
-            f"{path} has {n_tokens} tokens, fewer than seq_len + 1 = {seq_len + 1}; lower seq_len "
-            "or prepare more data (--val-tokens for the validation split)"
+            f"the {split} split of {data_dir} has {n_tokens} tokens, fewer than seq_len + 1 = "
+            f"{seq_len + 1}; lower seq_len or prepare more data (--val-tokens for the "
+            "validation split)"
         )
 
 
-def _windows(tokens: np.ndarray, window_ids: np.ndarray, seq_len: int) -> tuple[torch.Tensor, ...]:
+def _windows(tokens: TokenStream, window_ids: np.ndarray, seq_len: int) -> tuple[torch.Tensor, ...]:
     rows = np.stack(
         [np.asarray(tokens[w * seq_len : w * seq_len + seq_len + 1]) for w in window_ids]
     )
@@ -171,7 +148,7 @@ class TokenBatches:
         self.data_dir = Path(data_dir)
         self.split = split
         self.meta, self.tokens = open_split(self.data_dir, split, verify=verify)
-        _check_length(str(self.data_dir / f"{split}.bin"), len(self.tokens), seq_len)
+        _check_length(self.data_dir, split, len(self.tokens), seq_len)
         self.seq_len = seq_len
         self.micro_batch_size = micro_batch_size
         self.rank = rank
@@ -264,7 +241,7 @@ def val_batches(
     if seq_len < 1 or batch_size < 1:
         raise DataError(f"seq_len ({seq_len}) and batch_size ({batch_size}) must be positive")
     _, tokens = open_split(data_dir, "val", verify=verify)
-    _check_length(str(Path(data_dir) / "val.bin"), len(tokens), seq_len)
+    _check_length(Path(data_dir), "val", len(tokens), seq_len)
     n = (len(tokens) - 1) // seq_len
     if max_tokens is not None:
         n = min(n, max(1, max_tokens // seq_len))

@@ -1,80 +1,152 @@
-"""`taperlm prepare`: source -> tokenizer -> train.bin / val.bin / meta.json / tokenizer/.
+"""`taperlm prepare`: a source -> a data dir of token shards (layout: taperlm.data.datadir).
 
-Stages (each deterministic, so the same command gives byte-identical outputs):
+After the tokenizer exists the source is read once, and memory does not grow with the corpus or
+with the size of any file:
 
-1. Read the source once into a spool file (`.docs.jsonl.tmp`), capped at --max-chars.
-2. Build the tokenizer (bpe:N is trained on the spooled corpus) and save it to tokenizer/.
-3. Tokenize the documents on `workers` processes (batches of documents, results consumed in
-   order) into a temporary token stream, recording each document's length (+1 for its EOS).
-4. Choose the validation documents (below) and copy each document's tokens into train.bin or
-   val.bin, keeping corpus order. meta.json is written last: a folder without it is incomplete.
+1. Tokenizer. ``bpe:N`` is trained on a sample: the first `tokenizer_sample_chars` characters of
+   the training documents (documents the validation rule picks are never in it, unless every
+   document is picked). Other kinds are loaded (taperlm.data.tokenizer).
+2. Stream. Documents are read in order (taperlm.data.readers), batched, tokenized on `workers`
+   processes and consumed in order (taperlm.data.encode), so the output is the same for any
+   number of workers. Every document is followed by EOS.
+3. Validation split, decided per document while streaming: a document is picked when
+   ``blake2b(text, key=seed)`` read as a number in [0, 1) is below `val_fraction`; with
+   `val_tokens` = N, only until the validation split holds N tokens (later picks go to train).
+   Identical documents therefore always land in the same split. When no document was picked (a
+   corpus of one or a few documents), or fewer than N tokens were, the missing tokens are the
+   last ones of the training stream; meta.json's ``val_split.mode`` says ``documents``,
+   ``documents+tail`` or ``tail``.
+4. Shards. Each split is written as shards of `shard_tokens` tokens. `max_tokens` stops the
+   training split after exactly that many tokens (the last document is cut); with `val_tokens`
+   the stream is then read on for validation documents only, until N tokens.
+5. Commit. Everything is written in OUT/.prepare/ and switched in when complete
+   (datadir.commit): a prepare that fails or is killed never damages the data dir that was there.
 
-Validation split: a seeded permutation of the documents is walked until the chosen documents
-hold at least the target number of tokens (val_fraction * total, or val_tokens). When whole
-documents cannot give a sensible split (fewer than 2 documents, or the chosen ones would hold more
-than twice the target or every document), the last `target` tokens of the stream are used
-instead ("tail" mode, recorded in meta.json).
+Resuming. OUT/.prepare/state.json is saved whenever a shard is published and at least every
+`CHECKPOINT_SECONDS`: the source position after the last complete batch, the shard lists and the
+counts. The same command run again (with any --workers) continues from there and writes the same
+bytes as an uninterrupted run; a different command, or changed input files, starts over. A bad
+input (DataError) discards the work; anything else (a kill, Ctrl-C, a full disk) keeps it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import multiprocessing
 import os
 import shutil
+import sys
 import time
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from taperlm.data.corpus import open_source
-from taperlm.data.shards import VERSION, ShardWriter, dtype_for_vocab
-from taperlm.data.tokenizer import Tokenizer, build_tokenizer, iter_batches, load_tokenizer
+from taperlm.data.corpus import Source, open_source
+from taperlm.data.datadir import (
+    MARKER_FILE,
+    META_FILE,
+    META_FORMAT,
+    META_VERSION,
+    TOKENIZER_DIR,
+    WORK_DIR,
+    check_out_dir,
+    commit,
+    exclusive,
+    fsync_dir,
+    roll_forward,
+)
+from taperlm.data.encode import OrderedEncoder, available_cpus
+from taperlm.data.progress import Progress
+from taperlm.data.readers import DEFAULT_MAX_DOC_CHARS, ByteCounter, Cursor
+from taperlm.data.shards import (
+    HEADER_SIZE,
+    ResumeMismatch,
+    ShardSeries,
+    dtype_for_vocab,
+    payload_crc32,
+    shard_name,
+)
+from taperlm.data.tokenizer import (
+    Tokenizer,
+    build_tokenizer,
+    load_tokenizer,
+    parse_bpe_spec,
+    train_bpe,
+)
 from taperlm.errors import DataError
-from taperlm.io import atomic_write_text
 
-META_FILE = "meta.json"
-MARKER_FILE = ".taperlm-prepare"
-META_FORMAT = "taperlm-tokens"
+__all__ = ["MARKER_FILE", "META_FILE", "META_FORMAT", "doc_hash", "prepare"]
+
 DEFAULT_VAL_FRACTION = 0.01
-_SPOOL = ".docs.jsonl.tmp"
-_STREAM = ".tokens.tmp"
-_BATCH_DOCS = 64  # documents per worker task
-_COPY_CHUNK = 1 << 22  # tokens per copy when writing shards
+DEFAULT_SAMPLE_CHARS = 250_000_000
+DEFAULT_SHARD_TOKENS = 100_000_000
+CHECKPOINT_SECONDS = 30.0
+PIPELINE_VERSION = 2  # part of the resume key: bump when the same arguments give other bytes
+STATE_FILE = "state.json"
+_BATCH_CHARS = 1 << 20  # characters per tokenization job
+_BATCH_DOCS = 4096
+_COPY_CHUNK = 1 << 22  # tokens per copy when moving the tail into the validation split
 
 
-def is_prepare_output(directory: Path) -> bool:
-    """Whether `directory` was written (or is being written) by `taperlm prepare`."""
-    if (directory / MARKER_FILE).exists():
-        return True
-    meta = directory / META_FILE
-    if meta.is_file():
-        try:
-            return json.loads(meta.read_text()).get("format") == META_FORMAT
-        except ValueError:
-            return False
-    return False
+def doc_hash(text: str, seed: int) -> float:
+    """The document's validation draw: blake2b of its UTF-8 text keyed by the seed, in [0, 1)."""
+    digest = hashlib.blake2b(
+        text.encode("utf-8", "surrogatepass"), digest_size=8, key=str(seed).encode()
+    ).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
 
 
-def _check_out_dir(out: Path, force: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise DataError(f"--out {out} is a file; choose a folder")
-    if out.is_dir() and any(out.iterdir()) and not force and not is_prepare_output(out):
-        raise DataError(
-            f"--out {out} is not empty and is not a `taperlm prepare` output; choose "
-            "another folder or pass --force to write into it"
-        )
+@dataclass(frozen=True)
+class Settings:
+    """Everything that decides the output bytes (besides the source and the tokenizer)."""
+
+    tokenizer: str
+    val_fraction: float
+    val_tokens: int | None
+    seed: int
+    max_chars: int | None
+    max_tokens: int | None
+    tokenizer_sample_chars: int
+    shard_tokens: int
 
 
-def _validate_split_args(val_fraction: float | None, val_tokens: int | None) -> None:
-    if val_fraction is not None and val_tokens is not None:
-        raise DataError("give either --val-fraction or --val-tokens, not both")
+def _positive(name: str, value: int | None, minimum: int = 1) -> None:
+    if value is not None and (not isinstance(value, int) or value < minimum):
+        raise DataError(f"{name} {value} must be an integer >= {minimum}")
+
+
+def _settings(
+    tokenizer: str,
+    val_fraction: float | None,
+    val_tokens: int | None,
+    seed: int,
+    max_chars: int | None,
+    max_tokens: int | None,
+    sample_chars: int,
+    shard_tokens: int,
+) -> Settings:
     if val_fraction is not None and not 0.0 < val_fraction <= 0.5:
         raise DataError(f"--val-fraction {val_fraction} must be in (0, 0.5]")
-    if val_tokens is not None and val_tokens < 2:
-        raise DataError(f"--val-tokens {val_tokens} must be at least 2")
+    _positive("--val-tokens", val_tokens, 2)
+    _positive("--max-chars", max_chars)
+    _positive("--max-tokens", max_tokens, 2)
+    _positive("--tokenizer-sample-chars", sample_chars)
+    _positive("--shard-tokens", shard_tokens)
+    if tokenizer.startswith("bpe:"):
+        parse_bpe_spec(tokenizer)  # fail before reading anything
+    return Settings(
+        tokenizer=tokenizer,
+        val_fraction=DEFAULT_VAL_FRACTION if val_fraction is None else float(val_fraction),
+        val_tokens=val_tokens,
+        seed=int(seed),
+        max_chars=max_chars,
+        max_tokens=max_tokens,
+        tokenizer_sample_chars=sample_chars,
+        shard_tokens=shard_tokens,
+    )
 
 
 def prepare(
@@ -84,246 +156,504 @@ def prepare(
     *,
     val_fraction: float | None = None,
     val_tokens: int | None = None,
-    workers: int = 2,
+    workers: int | None = None,
     max_chars: int | None = None,
+    max_tokens: int | None = None,
+    tokenizer_sample_chars: int = DEFAULT_SAMPLE_CHARS,
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    max_doc_chars: int = DEFAULT_MAX_DOC_CHARS,
+    text_field: str = "text",
     seed: int = 0,
     force: bool = False,
     progress: bool = True,
     corpus_root: str | Path = "/",
 ) -> dict[str, Any]:
-    """Run the whole pipeline; return the meta.json contents (plus timings under "_timing")."""
-    from tqdm.auto import tqdm
-
-    from taperlm import __version__
-
-    _validate_split_args(val_fraction, val_tokens)
-    if val_fraction is None and val_tokens is None:
-        val_fraction = DEFAULT_VAL_FRACTION
-    if max_chars is not None and max_chars <= 0:
-        raise DataError(f"--max-chars {max_chars} must be positive")
-    workers = max(1, int(workers))
+    """Run the whole pipeline (module docstring); return the meta.json contents plus timings
+    under "_timing" and, for a resumed run, where it resumed under "_resumed"."""
+    settings = _settings(
+        tokenizer,
+        val_fraction,
+        val_tokens,
+        seed,
+        max_chars,
+        max_tokens,
+        tokenizer_sample_chars,
+        shard_tokens,
+    )
+    workers = available_cpus() if workers is None else int(workers)
+    if workers < 1:
+        raise DataError(f"--workers {workers} must be at least 1")
     out = Path(out)
-    _check_out_dir(out, force)
-    src = open_source(source, workers=workers, root=corpus_root)
+    check_out_dir(out, force)
+    src = open_source(
+        source,
+        workers=workers,
+        root=corpus_root,
+        max_doc_chars=max_doc_chars,
+        text_field=text_field,
+    )
+    fixed_tokenizer = None if tokenizer.startswith("bpe:") else build_tokenizer(tokenizer)
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER_FILE).write_text("written by taperlm prepare\n")
-    timing: dict[str, float] = {}
-    spool, stream = out / _SPOOL, out / _STREAM
-    try:
+    with exclusive(out):
+        roll_forward(out)  # a previous prepare that stopped while moving its result into place
+        job = _Preparation(out, src, settings, workers, progress, fixed_tokenizer)
+        try:
+            meta = job.run()
+        except DataError:
+            job.discard()
+            raise
+        except BaseException:
+            if (out / WORK_DIR).is_dir():
+                print(
+                    f"taperlm prepare stopped; the work done so far is kept in {out / WORK_DIR}: "
+                    "run the same command again to continue from it",
+                    file=sys.stderr,
+                )
+            raise
         t0 = time.perf_counter()
-        n_docs, n_chars = _spool_documents(src, spool, max_chars, progress, tqdm)
-        timing["read_s"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        tok = build_tokenizer(
-            tokenizer, texts=(d["text"] for d in _read_spool(spool)), show_progress=progress
-        )
-        if tok.vocab_size > 2**32:
-            raise DataError(f"tokenizer {tokenizer!r} has {tok.vocab_size} ids, more than uint32")
-        # The first old output is replaced here: from now on the folder is incomplete until
-        # meta.json is rewritten (a failure before this point leaves a previous output usable).
-        (out / META_FILE).unlink(missing_ok=True)
-        if (out / "tokenizer").exists():
-            shutil.rmtree(out / "tokenizer")
-        tok.save(out / "tokenizer")
-        timing["tokenizer_s"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        lengths = _tokenize(out, spool, stream, tok, n_docs, n_chars, workers, progress, tqdm)
-        timing["tokenize_s"] = time.perf_counter() - t0
-
-        total = int(lengths.sum())
-        target = val_tokens if val_tokens is not None else round(val_fraction * total)
-        target = max(2, int(target))
-        if target >= total - 1:
-            raise DataError(
-                f"the corpus has only {total} tokens, too few for a validation split "
-                f"of {target}; add text or lower --val-fraction/--val-tokens"
-            )
-        mask = choose_validation(lengths, target, seed)
-        t0 = time.perf_counter()
-        splits = _write_splits(out, stream, lengths, mask, target, tok)
-        timing["write_s"] = time.perf_counter() - t0
-    finally:
-        spool.unlink(missing_ok=True)
-        stream.unlink(missing_ok=True)
-
-    meta = {
-        "format": META_FORMAT,
-        "format_version": VERSION,
-        "created_by": f"taperlm {__version__}",
-        "source": {**src.describe(), "documents": n_docs, "chars": n_chars, "max_chars": max_chars},
-        "tokenizer": {"kind": tok.kind, "spec": tok.spec, "dir": "tokenizer"},
-        "vocab_size": tok.vocab_size,
-        "eos_id": tok.eos_id,
-        "bos_id": tok.bos_id,
-        "dtype": str(dtype_for_vocab(tok.vocab_size)),
-        "val_split": {
-            "mode": "documents" if mask is not None else "tail",
-            "fraction": val_fraction,
-            "tokens_target": target,
-            "seed": seed,
-        },
-        "splits": splits,
-    }
-    atomic_write_text(out / META_FILE, json.dumps(meta, indent=2) + "\n")
-    return {**meta, "_timing": timing}
+        commit(out, job.work)
+        job.timing["commit_s"] = time.perf_counter() - t0
+    return {**meta, "_timing": job.timing, "_resumed": job.resumed}
 
 
-def _spool_documents(src, spool: Path, max_chars, progress, tqdm) -> tuple[int, int]:
-    n_docs = n_chars = 0
-    bar = tqdm(desc="read", unit=" docs", disable=not progress)
-    with open(spool, "w", encoding="utf-8") as f:
-        for doc in src.documents(max_chars=max_chars):
-            f.write(json.dumps({"name": doc.name, "text": doc.text}, ensure_ascii=False) + "\n")
-            n_docs += 1
-            n_chars += len(doc.text)
-            bar.update(1)
-    bar.close()
-    if n_docs == 0:
-        raise DataError(f"source {src.spec!r} produced no documents")
-    return n_docs, n_chars
+class _Preparation:
+    """One run of the pipeline in OUT/.prepare/ (fresh or resumed)."""
 
+    def __init__(
+        self,
+        out: Path,
+        src: Source,
+        settings: Settings,
+        workers: int,
+        progress: bool,
+        fixed_tokenizer: Tokenizer | None,
+    ) -> None:
+        self.out = out
+        self.work = out / WORK_DIR
+        self.src = src
+        self.s = settings
+        self.workers = workers
+        self.progress = progress
+        self.fixed_tokenizer = fixed_tokenizer
+        self.key = self._key()
+        self.timing: dict[str, float] = {}
+        self.resumed: dict[str, Any] | None = None
+        self.train_full = False
+        self.val_count = 0  # validation tokens so far (read by the job generator)
 
-def _read_spool(spool: Path) -> Iterator[dict]:
-    with open(spool, encoding="utf-8") as f:
-        for line in f:
-            yield json.loads(line)
+    # --- state ------------------------------------------------------------------------------
 
-
-# --- tokenization (worker processes) ----------------------------------------------------------
-
-_WORKER_TOKENIZER: Tokenizer | None = None
-
-
-def _init_worker(tokenizer_dir: str) -> None:
-    os.environ["RAYON_NUM_THREADS"] = "1"  # one core per worker process
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    global _WORKER_TOKENIZER
-    _WORKER_TOKENIZER = load_tokenizer(tokenizer_dir)
-
-
-def _encode_texts(tok: Tokenizer, texts: list[str]) -> tuple[np.ndarray, np.ndarray, int]:
-    """(concatenated ids with an EOS after each document, per-document lengths incl. EOS,
-    characters encoded)."""
-    docs = tok.encode_batch(texts)
-    lengths = np.fromiter((len(d) + 1 for d in docs), dtype=np.int64, count=len(docs))
-    ids = np.empty(int(lengths.sum()), dtype=np.uint32)
-    pos = 0
-    for d in docs:
-        ids[pos : pos + len(d)] = d
-        ids[pos + len(d)] = tok.eos_id
-        pos += len(d) + 1
-    return ids, lengths, sum(len(t) for t in texts)
-
-
-def _encode_job(texts: list[str]) -> tuple[np.ndarray, np.ndarray, int]:
-    assert _WORKER_TOKENIZER is not None
-    return _encode_texts(_WORKER_TOKENIZER, texts)
-
-
-def _tokenize(out, spool, stream, tok, n_docs, n_chars, workers, progress, tqdm) -> np.ndarray:
-    """Tokenize the spool into `stream` (dtype of the vocab); return per-document lengths."""
-    dtype = dtype_for_vocab(tok.vocab_size)
-    batches = ([d["text"] for d in b] for b in iter_batches(_read_spool(spool), _BATCH_DOCS))
-    lengths: list[np.ndarray] = []
-    n_tokens = 0
-    start = time.perf_counter()
-    bar = tqdm(total=n_chars, desc="tokenize", unit="char", unit_scale=True, disable=not progress)
-    pool = None
-    try:
-        if workers > 1:
-            pool = multiprocessing.get_context("spawn").Pool(
-                workers, initializer=_init_worker, initargs=(str(out / "tokenizer"),)
-            )
-            results = pool.imap(_encode_job, batches)  # ordered: output order = corpus order
-        else:
-            results = (_encode_texts(tok, texts) for texts in batches)
-        with open(stream, "wb") as f:
-            for ids, lens, chars in results:
-                f.write(ids.astype(dtype).tobytes())
-                lengths.append(lens)
-                n_tokens += ids.size
-                bar.update(chars)
-                elapsed = max(time.perf_counter() - start, 1e-9)
-                bar.set_postfix(tokens=f"{n_tokens:,}", tok_s=f"{n_tokens / elapsed:,.0f}")
-    finally:
-        bar.close()
-        if pool is not None:
-            pool.terminate()
-    return np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
-
-
-# --- split -------------------------------------------------------------------------------------
-
-
-def choose_validation(lengths: np.ndarray, target: int, seed: int) -> np.ndarray | None:
-    """Boolean mask of validation documents, or None to fall back to the tail split."""
-    n = len(lengths)
-    if n < 2:
-        return None
-    order = np.random.default_rng(seed).permutation(n)
-    cum = np.cumsum(lengths[order])
-    k = int(np.searchsorted(cum, target)) + 1  # fewest documents holding >= target tokens
-    if k >= n or cum[k - 1] > 2 * target:
-        return None
-    mask = np.zeros(n, dtype=bool)
-    mask[order[:k]] = True
-    return mask
-
-
-def _write_splits(
-    out: Path,
-    stream: Path,
-    lengths: np.ndarray,
-    mask: np.ndarray | None,
-    target: int,
-    tok: Tokenizer,
-) -> dict[str, dict[str, Any]]:
-    dtype = dtype_for_vocab(tok.vocab_size)
-    total = int(lengths.sum())
-    tokens = np.memmap(stream, dtype=dtype, mode="r", shape=(total,))
-    writers = {name: ShardWriter(out / f"{name}.bin", tok.vocab_size) for name in ("train", "val")}
-    docs = {"train": 0, "val": 0}
-    try:
-        if mask is None:  # tail mode: the last `target` tokens are validation
-            cut = total - target
-            _copy(writers["train"], tokens, 0, cut)
-            _copy(writers["val"], tokens, cut, total)
-            ends = np.cumsum(lengths)
-            docs["train"] = int(np.searchsorted(ends - lengths, cut, side="left"))
-            docs["val"] = len(lengths) - int(np.searchsorted(ends, cut, side="right"))
-        else:
-            starts = np.concatenate([[0], np.cumsum(lengths)])
-            # Copy runs of consecutive documents that go to the same split.
-            i, n = 0, len(lengths)
-            while i < n:
-                j = i
-                while j + 1 < n and mask[j + 1] == mask[i]:
-                    j += 1
-                name = "val" if mask[i] else "train"
-                _copy(writers[name], tokens, int(starts[i]), int(starts[j + 1]))
-                docs[name] += j - i + 1
-                i = j + 1
-        headers = {name: w.close() for name, w in writers.items()}
-    except BaseException:
-        for w in writers.values():
-            if not w._file.closed:
-                w.abort()
-        raise
-    finally:
-        del tokens
-    return {
-        name: {
-            "file": f"{name}.bin",
-            "tokens": h.count,
-            "documents": docs[name],
-            "crc32": h.crc32,
+    def _key(self) -> str:
+        ident: dict[str, Any] = {
+            "pipeline": PIPELINE_VERSION,
+            "settings": asdict(self.s),
+            "source": self.src.fingerprint(),
         }
-        for name, h in headers.items()
-    }
+        if self.fixed_tokenizer is not None:
+            tok = self.fixed_tokenizer
+            text = tok.backend.to_str() + json.dumps(tok.meta, sort_keys=True)
+            ident["tokenizer"] = hashlib.sha256(text.encode()).hexdigest()
+        return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+
+    def _load_state(self) -> dict[str, Any] | None:
+        path = self.work / STATE_FILE
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(state, dict) or state.get("key") != self.key:
+            self._note(
+                f"{self.work} holds an unfinished prepare with other arguments or other input "
+                "files; starting over"
+            )
+            return None
+        return state
+
+    def _save_state(self, state: dict[str, Any]) -> None:
+        tmp = self.work / (STATE_FILE + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(json.dumps(state) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.work / STATE_FILE)
+        fsync_dir(self.work)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    def _note(self, text: str) -> None:
+        if self.progress:
+            print(f"taperlm prepare: {text}", file=sys.stderr)
+
+    # --- stages -----------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        state = self._load_state() if self.work.is_dir() else None
+        if state is not None:
+            try:
+                return self._run_from(state)
+            except ResumeMismatch as err:
+                self._note(f"cannot continue the unfinished prepare ({err}); starting over")
+        self.discard()
+        self.work.mkdir(parents=True)
+        t0 = time.perf_counter()
+        tok, sampled = self._build_tokenizer()
+        tok.save(self.work / TOKENIZER_DIR)
+        self.timing["tokenizer_s"] = time.perf_counter() - t0
+        empty = {"done": [], "open": {"tokens": 0, "crc32": 0}}
+        state = {
+            "key": self.key,
+            "phase": "stream",
+            "sampled_chars": sampled,
+            "cursor": None,
+            "counts": {"docs": 0, "chars": 0, "train_docs": 0, "val_docs": 0},
+            "train": empty,
+            "val": empty,
+        }
+        self._save_state(state)
+        return self._run_from(state, fresh=True)
+
+    def _run_from(self, state: dict[str, Any], fresh: bool = False) -> dict[str, Any]:
+        tok = load_tokenizer(self.work / TOKENIZER_DIR)
+        if not fresh:
+            tokens = sum(
+                state[k]["open"]["tokens"] + sum(d["tokens"] for d in state[k]["done"])
+                for k in ("train", "val")
+            )
+            self.resumed = {
+                "phase": state["phase"],
+                "documents": state["counts"]["docs"],
+                "tokens": tokens,
+            }
+            self._note(
+                f"continuing the unfinished prepare in {self.work} after "
+                f"{self.resumed['documents']:,} documents ({self.resumed['tokens']:,} tokens)"
+            )
+        if state["phase"] == "stream":
+            t0 = time.perf_counter()
+            state = self._stream(state, tok)
+            self.timing["tokenize_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        meta = self._finish(state, tok)
+        self.timing["finish_s"] = time.perf_counter() - t0
+        return meta
+
+    def _build_tokenizer(self) -> tuple[Tokenizer, int]:
+        if self.fixed_tokenizer is not None:
+            return self.fixed_tokenizer, 0
+        n = parse_bpe_spec(self.s.tokenizer)
+        sampled = [0]
+        texts = self._sample(sampled, exclude_val=True)
+        first = next(texts, None)
+        if first is None:  # every document is a validation pick: sample them all the same
+            texts = self._sample(sampled, exclude_val=False)
+            first = next(texts, None)
+        if first is None:
+            raise DataError(f"source {self.src.spec!r} produced no documents")
+        tok = train_bpe(_chain(first, texts), n, show_progress=self.progress)
+        self._note(f"trained {self.s.tokenizer} on a sample of {sampled[0]:,} characters")
+        return tok, sampled[0]
+
+    def _sample(self, sampled: list[int], exclude_val: bool) -> Iterator[str]:
+        """The tokenizer sample: training documents from the start, up to the sample size."""
+        s = self.s
+        left, chars = s.tokenizer_sample_chars, 0
+        count = ByteCounter()
+        bar = Progress("tokenizer sample", enabled=self.progress)
+        docs = 0
+        try:
+            for doc, _ in self.src.read(count=count):
+                text = doc.text
+                if s.max_chars is not None:
+                    if chars >= s.max_chars:
+                        return
+                    text = text[: s.max_chars - chars]
+                chars += len(text)
+                if exclude_val and doc_hash(text, s.seed) < s.val_fraction:
+                    continue
+                text = text[:left]
+                left -= len(text)
+                sampled[0] += len(text)
+                docs += 1
+                bar.update(count(), docs, 0)
+                yield text
+                if left <= 0:
+                    return
+        finally:
+            bar.close()
+
+    # --- streaming ----------------------------------------------------------------------------
+
+    def _val_full(self) -> bool:
+        return self.s.val_tokens is not None and self.val_count >= self.s.val_tokens
+
+    def _finished(self) -> bool:
+        """Nothing more to take from the stream (max_tokens reached and validation complete)."""
+        return self.train_full and (self.s.val_tokens is None or self._val_full())
+
+    def _jobs(self, docs, chars: int) -> Iterator[tuple[list[str | None], _Batch]]:
+        """Tokenization jobs from the documents: texts plus, per document, its validation draw
+        and length. Documents that can only be discarded are not tokenized (text None)."""
+        s = self.s
+        texts: list[str | None] = []
+        draws: list[tuple[float, int]] = []
+        size = 0
+        cursor = None
+        for doc, cursor in docs:
+            text = doc.text
+            if s.max_chars is not None:
+                if chars >= s.max_chars:
+                    break
+                text = text[: s.max_chars - chars]
+            chars += len(text)
+            draw = doc_hash(text, s.seed)
+            if self.train_full:
+                if self._finished():
+                    break
+                if draw >= s.val_fraction or self._val_full():
+                    texts.append(None)
+                    draws.append((draw, len(text)))
+                    continue
+            texts.append(text)
+            draws.append((draw, len(text)))
+            size += len(text)
+            if size >= _BATCH_CHARS or len(texts) >= _BATCH_DOCS:
+                yield texts, _Batch(draws, cursor)
+                texts, draws, size = [], [], 0
+        if texts:
+            yield texts, _Batch(draws, cursor)
+
+    def _stream(self, state: dict[str, Any], tok: Tokenizer) -> dict[str, Any]:
+        s = self.s
+        dtype = dtype_for_vocab(tok.vocab_size)
+        train = ShardSeries(self.work, "train", tok.vocab_size, s.shard_tokens, state["train"])
+        val = ShardSeries(self.work, "val", tok.vocab_size, s.shard_tokens, state["val"])
+        counts = dict(state["counts"])
+        self.train_full = s.max_tokens is not None and train.tokens >= s.max_tokens
+        self.val_count = val.tokens
+        start = Cursor.from_json(state["cursor"]) if state["cursor"] else None
+        count = ByteCounter()
+        jobs = self._jobs(self.src.read(start=start, count=count), counts["chars"])
+        encoder = OrderedEncoder(tok, self.work / TOKENIZER_DIR, self.workers, dtype)
+        bar = Progress(
+            "tokenize",
+            enabled=self.progress,
+            total_bytes=self.src.total_bytes(),
+            total_tokens=s.max_tokens,
+            resumed_tokens=train.tokens + val.tokens,
+        )
+        published = len(train.done) + len(val.done)
+        saved_at = time.perf_counter()
+        try:
+            for batch, ids, lengths in encoder.map(jobs):
+                ends = np.cumsum(lengths)
+                for i, (draw, n_chars) in enumerate(batch.draws):
+                    counts["docs"] += 1
+                    counts["chars"] += n_chars
+                    doc = ids[ends[i] - lengths[i] : ends[i]]
+                    if draw < s.val_fraction and not self._val_full():
+                        val.write(doc)
+                        self.val_count = val.tokens
+                        counts["val_docs"] += 1
+                    elif not self.train_full:
+                        if s.max_tokens is not None:
+                            doc = doc[: s.max_tokens - train.tokens]
+                            self.train_full = train.tokens + len(doc) >= s.max_tokens
+                        train.write(doc)
+                        counts["train_docs"] += 1
+                    if self._finished():
+                        break
+                bar.update(count(), counts["docs"], train.tokens + val.tokens)
+                if self._finished():
+                    break
+                now = time.perf_counter()
+                shards = len(train.done) + len(val.done)
+                if shards != published or now - saved_at >= CHECKPOINT_SECONDS:
+                    state = {
+                        **state,
+                        "cursor": batch.cursor.to_json(),
+                        "counts": dict(counts),
+                        "train": train.sync(),
+                        "val": val.sync(),
+                    }
+                    self._save_state(state)
+                    published, saved_at = shards, now
+        finally:
+            bar.close()
+        state = {
+            **state,
+            "phase": "final",
+            "cursor": None,
+            "counts": dict(counts),
+            "train": train.sync(),
+            "val": val.sync(),
+        }
+        self._save_state(state)
+        return state
+
+    # --- the end: tail split, last shards, meta.json -----------------------------------------
+
+    def _finish(self, state: dict[str, Any], tok: Tokenizer) -> dict[str, Any]:
+        s, vocab, work = self.s, tok.vocab_size, self.work
+        dtype = dtype_for_vocab(vocab)
+        counts = dict(state["counts"])
+        if counts["docs"] == 0:
+            raise DataError(f"source {self.src.spec!r} produced no documents")
+        train = ShardSeries(work, "train", vocab, s.shard_tokens, state["train"])
+        val = ShardSeries(work, "val", vocab, s.shard_tokens, state["val"])
+        if counts["train_docs"] == 0:  # every document was a validation pick: use them as train
+            moved = _rename_series(work, val.close(), "val", "train")
+            train = ShardSeries(
+                work, "train", vocab, s.shard_tokens, {"done": moved, "open": _EMPTY}
+            )
+            val = ShardSeries(work, "val", vocab, s.shard_tokens)
+            counts["train_docs"], counts["val_docs"] = counts["val_docs"], 0
+        total = train.tokens + val.tokens
+        if s.val_tokens is not None:
+            need = max(0, s.val_tokens - val.tokens)
+            target = s.val_tokens
+        else:
+            target = max(2, round(s.val_fraction * total))
+            need = target if counts["val_docs"] == 0 else 0
+        if train.tokens - need < 2 or val.tokens + need < 2:
+            raise DataError(
+                f"the corpus has only {total:,} tokens, too few for a validation split of "
+                f"{target:,}; add text or lower --val-fraction/--val-tokens"
+            )
+        tail = {"tokens": need, "starts": 0, "overlaps": 0}
+        if need:
+            shards = train.close()
+            cut = train.tokens - need
+            tail = _move_tail(work, shards, cut, val, dtype, tok.eos_id)
+            train = ShardSeries(
+                work, "train", vocab, s.shard_tokens, _cut_state(work, shards, cut, dtype)
+            )
+        train_shards, val_shards = train.close(), val.close()
+        mode = (
+            "documents" if not need else ("tail" if counts["val_docs"] == 0 else "documents+tail")
+        )
+        meta = self._meta(tok, counts, state, train_shards, val_shards, mode, target, tail)
+        tmp = work / (META_FILE + ".tmp")
+        tmp.write_text(json.dumps(meta, indent=2) + "\n")
+        os.replace(tmp, work / META_FILE)
+        (work / STATE_FILE).unlink(missing_ok=True)
+        return meta
+
+    def _meta(self, tok, counts, state, train_shards, val_shards, mode, target, tail):
+        from taperlm import __version__
+
+        s = self.s
+        splits = {}
+        for name, shards, docs in (
+            ("train", train_shards, counts["train_docs"] - tail["starts"]),
+            ("val", val_shards, counts["val_docs"] + tail["overlaps"]),
+        ):
+            splits[name] = {
+                "tokens": sum(d["tokens"] for d in shards),
+                "documents": docs,
+                "shards": shards,
+            }
+        tokenizer_info: dict[str, Any] = {"kind": tok.kind, "spec": tok.spec, "dir": TOKENIZER_DIR}
+        if s.tokenizer.startswith("bpe:"):
+            tokenizer_info["sample_chars"] = state["sampled_chars"]
+        return {
+            "format": META_FORMAT,
+            "format_version": META_VERSION,
+            "created_by": f"taperlm {__version__}",
+            "source": {
+                **self.src.describe(),
+                "documents": counts["docs"],
+                "chars": counts["chars"],
+                "max_chars": s.max_chars,
+            },
+            "tokenizer": tokenizer_info,
+            "vocab_size": tok.vocab_size,
+            "eos_id": tok.eos_id,
+            "bos_id": tok.bos_id,
+            "dtype": str(dtype_for_vocab(tok.vocab_size)),
+            "shard_tokens": s.shard_tokens,
+            "max_tokens": s.max_tokens,
+            "val_split": {
+                "mode": mode,
+                "rule": "blake2b(text, key=seed) < fraction",
+                "fraction": s.val_fraction,
+                "tokens_target": target,
+                "tail_tokens": tail["tokens"],
+                "seed": s.seed,
+            },
+            "splits": splits,
+        }
 
 
-def _copy(writer: ShardWriter, tokens: np.ndarray, start: int, end: int) -> None:
-    for s in range(start, end, _COPY_CHUNK):
-        writer.write(np.asarray(tokens[s : min(end, s + _COPY_CHUNK)]))
+@dataclass(frozen=True)
+class _Batch:
+    draws: list[tuple[float, int]]  # (validation draw, characters) per document
+    cursor: Cursor  # source position after the batch
+
+
+_EMPTY = {"tokens": 0, "crc32": 0}
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest
+
+
+def _rename_series(work: Path, shards: list[dict], old: str, new: str) -> list[dict]:
+    renamed = []
+    for i, d in enumerate(shards):
+        name = shard_name(new, i)
+        os.replace(work / d["file"], work / name)
+        renamed.append({**d, "file": name})
+    return renamed
+
+
+def _shard_tokens(work: Path, d: dict, dtype: np.dtype) -> np.ndarray:
+    if d["tokens"] == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(
+        work / d["file"], dtype=dtype, mode="r", offset=HEADER_SIZE, shape=(d["tokens"],)
+    )
+
+
+def _move_tail(
+    work: Path, shards: list[dict], cut: int, val: ShardSeries, dtype: np.dtype, eos: int
+) -> dict[str, int]:
+    """Append train tokens [cut, end) to `val`; count the documents of the tail (`overlaps`:
+    documents with a token in it, `starts`: documents that begin in it)."""
+    eos_count, before, last, start = 0, None, None, 0
+    for d in shards:
+        end = start + d["tokens"]
+        if end > cut or (end == cut and d["tokens"]):
+            tokens = _shard_tokens(work, d, dtype)
+            if start < cut <= end:
+                before = int(tokens[cut - start - 1])
+            for i in range(max(cut - start, 0), d["tokens"], _COPY_CHUNK):
+                chunk = np.asarray(tokens[i : i + _COPY_CHUNK])
+                val.write(chunk)
+                eos_count += int(np.count_nonzero(chunk == eos))
+                last = int(chunk[-1])
+            del tokens
+        start = end
+    overlaps = eos_count + (1 if last is not None and last != eos else 0)
+    starts_in_tail = overlaps - (0 if before is None or before == eos else 1)
+    return {"tokens": start - cut, "overlaps": overlaps, "starts": starts_in_tail}
+
+
+def _cut_state(work: Path, shards: list[dict], cut: int, dtype: np.dtype) -> dict:
+    """A ShardSeries state holding exactly the first `cut` tokens of `shards`."""
+    done, start = [], 0
+    for d in shards:
+        if start + d["tokens"] <= cut:
+            done.append(d)
+            start += d["tokens"]
+            if start == cut:
+                break
+            continue
+        n = cut - start
+        return {
+            "done": done,
+            "open": {"tokens": n, "crc32": payload_crc32(work / d["file"], dtype, n)},
+        }
+    return {"done": done, "open": dict(_EMPTY)}

@@ -62,7 +62,9 @@ class Tokenizer:
         return self.backend.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
+        """Token ids of each text; the same ids as `encode` (the fast path skips offsets)."""
+        encode = getattr(self.backend, "encode_batch_fast", None) or self.backend.encode_batch
+        return [e.ids for e in encode(texts, add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=False)
@@ -213,10 +215,14 @@ def load_tokenizer(path: str | Path, spec: str | None = None) -> Tokenizer:
     GPT-2-style folder (vocab.json + merges.txt)."""
     from tokenizers import Tokenizer as Backend
 
+    from taperlm.data.datadir import TOKENIZER_DIR, resolve
+
     path = Path(path)
     spec = spec or str(path)
-    if path.is_dir() and (path / "tokenizer").is_dir() and not (path / TOKENIZER_FILE).exists():
-        path = path / "tokenizer"  # a data dir written by `taperlm prepare`
+    if path.is_dir() and not (path / TOKENIZER_FILE).exists():
+        tokenizer_dir = resolve(path, TOKENIZER_DIR)
+        if tokenizer_dir.is_dir():
+            path = tokenizer_dir  # a data dir written by `taperlm prepare`
     if path.is_file():
         file, folder = path, path.parent
     elif (path / TOKENIZER_FILE).is_file():
