@@ -553,3 +553,12 @@ def test_progress_line() -> None:
     bar.update(20, 2, 9)
     bar.close()
     assert stream.getvalue().count("\n") == 2 and "9 tokens" in stream.getvalue()
+
+
+def test_a_worker_that_cannot_start_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    tok = train_bpe([make_text(200, 1)], 300)
+    encoder = encode.OrderedEncoder(tok, tmp_path / "missing", workers=2, dtype=np.uint16)
+    with pytest.raises(
+        DataError, match="a tokenizer worker could not start: DataError: no tokenizer"
+    ):
+        list(encoder.map([(["some text"], 0)]))

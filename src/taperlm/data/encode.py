@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import signal
 from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -19,10 +20,12 @@ from typing import Any
 import numpy as np
 
 from taperlm.data.tokenizer import Tokenizer, load_tokenizer
+from taperlm.errors import DataError
 
 _SUB_BATCH_CHARS = 1 << 18  # characters per encode call (bounds a worker's transient memory)
 
 _WORKER: tuple[Tokenizer, np.dtype] | None = None
+_WORKER_ERROR: str | None = None
 
 
 def available_cpus() -> int:
@@ -67,14 +70,19 @@ def encode_texts(
 
 
 def _init_worker(tokenizer_dir: str, dtype: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is handled once, by the parent
     os.environ["RAYON_NUM_THREADS"] = "1"  # one core per worker process
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    global _WORKER
-    _WORKER = (load_tokenizer(tokenizer_dir), np.dtype(dtype))
+    global _WORKER, _WORKER_ERROR
+    try:
+        _WORKER = (load_tokenizer(tokenizer_dir), np.dtype(dtype))
+    except Exception as err:  # reported by the first job: a pool replaces workers that die here
+        _WORKER_ERROR = f"{type(err).__name__}: {err}"
 
 
 def _encode_job(texts: list[str | None]) -> tuple[np.ndarray, np.ndarray]:
-    assert _WORKER is not None
+    if _WORKER is None:
+        raise DataError(f"a tokenizer worker could not start: {_WORKER_ERROR}")
     return encode_texts(_WORKER[0], texts, _WORKER[1])
 
 

@@ -239,8 +239,8 @@ class _Preparation:
         self.key = self._key()
         self.timing: dict[str, float] = {}
         self.resumed: dict[str, Any] | None = None
-        self.train_full = False
-        self.val_count = 0  # validation tokens so far (read by the job generator)
+        self.train_full = False  # max_tokens reached
+        self.train_count = self.val_count = 0  # tokens written to each split so far
 
     # --- state ------------------------------------------------------------------------------
 
@@ -358,18 +358,12 @@ class _Preparation:
     def _sample(self, sampled: list[int], exclude_val: bool) -> Iterator[str]:
         """The tokenizer sample: training documents from the start, up to the sample size."""
         s = self.s
-        left, chars = s.tokenizer_sample_chars, 0
+        left = s.tokenizer_sample_chars
         count = ByteCounter()
         bar = Progress("tokenizer sample", enabled=self.progress)
         docs = 0
         try:
-            for doc, _ in self.src.read(count=count):
-                text = doc.text
-                if s.max_chars is not None:
-                    if chars >= s.max_chars:
-                        return
-                    text = text[: s.max_chars - chars]
-                chars += len(text)
+            for text, _ in _capped(self.src.read(count=count), s.max_chars, 0):
                 if exclude_val and doc_hash(text, s.seed) < s.val_fraction:
                     continue
                 text = text[:left]
@@ -400,13 +394,7 @@ class _Preparation:
         draws: list[tuple[float, int]] = []
         size = 0
         cursor = None
-        for doc, cursor in docs:
-            text = doc.text
-            if s.max_chars is not None:
-                if chars >= s.max_chars:
-                    break
-                text = text[: s.max_chars - chars]
-            chars += len(text)
+        for text, cursor in _capped(docs, s.max_chars, chars):
             draw = doc_hash(text, s.seed)
             if self.train_full:
                 if self._finished():
@@ -430,8 +418,8 @@ class _Preparation:
         train = ShardSeries(self.work, "train", tok.vocab_size, s.shard_tokens, state["train"])
         val = ShardSeries(self.work, "val", tok.vocab_size, s.shard_tokens, state["val"])
         counts = dict(state["counts"])
-        self.train_full = s.max_tokens is not None and train.tokens >= s.max_tokens
-        self.val_count = val.tokens
+        self.train_count, self.val_count = train.tokens, val.tokens
+        self.train_full = s.max_tokens is not None and self.train_count >= s.max_tokens
         start = Cursor.from_json(state["cursor"]) if state["cursor"] else None
         count = ByteCounter()
         jobs = self._jobs(self.src.read(start=start, count=count), counts["chars"])
@@ -447,23 +435,7 @@ class _Preparation:
         saved_at = time.perf_counter()
         try:
             for batch, ids, lengths in encoder.map(jobs):
-                ends = np.cumsum(lengths)
-                for i, (draw, n_chars) in enumerate(batch.draws):
-                    counts["docs"] += 1
-                    counts["chars"] += n_chars
-                    doc = ids[ends[i] - lengths[i] : ends[i]]
-                    if draw < s.val_fraction and not self._val_full():
-                        val.write(doc)
-                        self.val_count = val.tokens
-                        counts["val_docs"] += 1
-                    elif not self.train_full:
-                        if s.max_tokens is not None:
-                            doc = doc[: s.max_tokens - train.tokens]
-                            self.train_full = train.tokens + len(doc) >= s.max_tokens
-                        train.write(doc)
-                        counts["train_docs"] += 1
-                    if self._finished():
-                        break
+                self._route(batch, ids, lengths, train, val, counts)
                 bar.update(count(), counts["docs"], train.tokens + val.tokens)
                 if self._finished():
                     break
@@ -491,6 +463,41 @@ class _Preparation:
         }
         self._save_state(state)
         return state
+
+    def _route(self, batch: _Batch, ids: np.ndarray, lengths: np.ndarray, train, val, counts):
+        """Send each document of a tokenized batch to its split (module docstring, step 3);
+        consecutive training documents are written with one call."""
+        s = self.s
+        ends = np.cumsum(lengths)
+        run = [0, 0]  # training documents not yet written: ids[run[0]:run[1]]
+
+        def flush() -> None:
+            if run[1] > run[0]:
+                train.write(ids[run[0] : run[1]])
+            run[0] = run[1]
+
+        for i, (draw, n_chars) in enumerate(batch.draws):
+            counts["docs"] += 1
+            counts["chars"] += n_chars
+            a, b = int(ends[i] - lengths[i]), int(ends[i])
+            if draw < s.val_fraction and not self._val_full():
+                flush()
+                val.write(ids[a:b])
+                self.val_count += b - a
+                counts["val_docs"] += 1
+            elif not self.train_full:
+                if s.max_tokens is not None and b - a >= s.max_tokens - self.train_count:
+                    b = a + s.max_tokens - self.train_count
+                    self.train_full = True
+                if a != run[1]:
+                    flush()
+                    run[0] = a
+                run[1] = b
+                self.train_count += b - a
+                counts["train_docs"] += 1
+            if self._finished():
+                break
+        flush()
 
     # --- the end: tail split, last shards, meta.json -----------------------------------------
 
@@ -593,6 +600,19 @@ class _Batch:
 
 
 _EMPTY = {"tokens": 0, "crc32": 0}
+
+
+def _capped(docs, max_chars: int | None, chars: int) -> Iterator[tuple[str, Cursor]]:
+    """(text, cursor) of the documents until `max_chars` characters in all (`chars` were read
+    before); the last text is cut to fit."""
+    for doc, cursor in docs:
+        text = doc.text
+        if max_chars is not None:
+            if chars >= max_chars:
+                return
+            text = text[: max_chars - chars]
+        chars += len(text)
+        yield text, cursor
 
 
 def _chain(first, rest):
