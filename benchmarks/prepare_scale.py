@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     args.workers_list = [int(w) for w in str(args.workers).split(",")]
     args.workers = args.workers_list[0]
     if args.smoke:
-        args.sizes, args.size, args.workers_list = [200_000, 400_000], 300_000, [1, 2]
+        args.sizes, args.size, args.workers_list = [300_000], 300_000, [1]
         args.tokenizer, args.extra = "bpe:300", ["--tokenizer-sample-chars", "100000"]
     paras, source = paragraphs()
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:

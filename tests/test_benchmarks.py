@@ -245,3 +245,15 @@ def test_model_fast_path_equals_reference_path(monkeypatch):
     assert torch.allclose(fast_loss, ref_loss, atol=1e-6)
     for name, g in ref_grads.items():
         assert torch.allclose(fast_grads[name], g, atol=1e-6, rtol=1e-4), name
+
+
+def test_prepare_scale_smoke(tmp_path, capsys):
+    sys.path.insert(0, str(BENCH))
+    try:
+        import prepare_scale
+    finally:
+        sys.path.remove(str(BENCH))
+    assert prepare_scale.main(["--smoke", "--work", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| 0 MB |" in out and "| 1 |" in out  # one row of each table
+    assert prepare_scale.parse_size("2GB") == 2 * 10**9

@@ -517,6 +517,8 @@ def test_resume_after_an_interrupt_is_byte_identical(
     monkeypatch.undo()
     state = json.loads((out / datadir.WORK_DIR / prep.STATE_FILE).read_text())
     assert state["phase"] == "stream" and state["cursor"] is not None
+    with pytest.raises(DataError, match=r"has not finished .* run the same prepare command again"):
+        open_split(out, "train")
     meta = prepare(str(text_folder), out, "bpe:300", workers=2, progress=False, shard_tokens=700)
     assert meta["_resumed"]["documents"] == state["counts"]["docs"] > 0
     assert digest(out) == digest(ref)

@@ -95,6 +95,12 @@ def load_meta(data_dir: str | Path) -> dict[str, Any]:
         raise DataError(f"data dir {data_dir} is empty; {prepare_hint(data_dir)}")
     path = resolve(data_dir, META_FILE)
     if not path.is_file():
+        if (data_dir / WORK_DIR).is_dir():
+            raise DataError(
+                f"{data_dir} has no {META_FILE}: a `taperlm prepare` into it has not finished "
+                f"(its work is in {data_dir / WORK_DIR}); run the same prepare command again "
+                "to continue it"
+            )
         raise DataError(
             f"{data_dir} has no {META_FILE}: it is not a complete `taperlm prepare` output "
             f"(an interrupted prepare leaves none); {prepare_hint(data_dir)}"

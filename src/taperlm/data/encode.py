@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from taperlm.data.heap import fix_mmap_threshold
 from taperlm.data.tokenizer import Tokenizer, load_tokenizer
 from taperlm.errors import DataError
 
@@ -73,6 +74,7 @@ def _init_worker(tokenizer_dir: str, dtype: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is handled once, by the parent
     os.environ["RAYON_NUM_THREADS"] = "1"  # one core per worker process
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    fix_mmap_threshold()
     global _WORKER, _WORKER_ERROR
     try:
         _WORKER = (load_tokenizer(tokenizer_dir), np.dtype(dtype))

@@ -59,6 +59,7 @@ from taperlm.data.datadir import (
     roll_forward,
 )
 from taperlm.data.encode import OrderedEncoder, available_cpus
+from taperlm.data.heap import fix_mmap_threshold, release_free_memory
 from taperlm.data.progress import Progress
 from taperlm.data.readers import DEFAULT_MAX_DOC_CHARS, ByteCounter, Cursor
 from taperlm.data.shards import (
@@ -195,6 +196,7 @@ def prepare(
     fixed_tokenizer = None if tokenizer.startswith("bpe:") else build_tokenizer(tokenizer)
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER_FILE).write_text("written by taperlm prepare\n")
+    fix_mmap_threshold()  # memory stays flat over a long stream (taperlm.data.heap)
     with exclusive(out):
         roll_forward(out)  # a previous prepare that stopped while moving its result into place
         job = _Preparation(out, src, settings, workers, progress, fixed_tokenizer)
@@ -300,6 +302,7 @@ class _Preparation:
         t0 = time.perf_counter()
         tok, sampled = self._build_tokenizer()
         tok.save(self.work / TOKENIZER_DIR)
+        release_free_memory()  # what tokenizer training used
         self.timing["tokenizer_s"] = time.perf_counter() - t0
         empty = {"done": [], "open": {"tokens": 0, "crc32": 0}}
         state = {
