@@ -77,6 +77,20 @@ def atomic_write_json(path: str | Path, obj: Any, indent: int = 1, fsync: bool =
     return atomic_write_text(path, text + "\n", fsync)
 
 
+def fsync_dir(path: str | Path) -> None:
+    """Make renames inside the folder `path` durable (a no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def finite_json(obj: Any) -> Any:
     """`obj` with every NaN/inf float replaced by None (JSON has no NaN); tuples become lists."""
     if isinstance(obj, float):

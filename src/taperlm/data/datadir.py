@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from taperlm.errors import DataError
+from taperlm.io import fsync_dir
 
 META_FILE = "meta.json"
 MARKER_FILE = ".taperlm-prepare"
@@ -142,20 +143,6 @@ def referenced_files(meta: dict[str, Any]) -> list[str]:
 
 
 # --- replacing a data dir -------------------------------------------------------------------------
-
-
-def fsync_dir(path: Path) -> None:
-    """Make renames inside `path` durable (no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def commit(out: Path, work: Path) -> None:

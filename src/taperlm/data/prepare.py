@@ -55,7 +55,6 @@ from taperlm.data.datadir import (
     check_out_dir,
     commit,
     exclusive,
-    fsync_dir,
     roll_forward,
 )
 from taperlm.data.encode import OrderedEncoder, available_cpus
@@ -78,6 +77,7 @@ from taperlm.data.tokenizer import (
     train_bpe,
 )
 from taperlm.errors import DataError
+from taperlm.io import atomic_write_text, fsync_dir
 
 __all__ = ["MARKER_FILE", "META_FILE", "META_FORMAT", "doc_hash", "prepare"]
 
@@ -273,12 +273,7 @@ class _Preparation:
         return state
 
     def _save_state(self, state: dict[str, Any]) -> None:
-        tmp = self.work / (STATE_FILE + ".tmp")
-        with open(tmp, "w") as f:
-            f.write(json.dumps(state) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.work / STATE_FILE)
+        atomic_write_text(self.work / STATE_FILE, json.dumps(state) + "\n", fsync=True)
         fsync_dir(self.work)
 
     def discard(self) -> None:
@@ -544,9 +539,7 @@ class _Preparation:
             "documents" if not need else ("tail" if counts["val_docs"] == 0 else "documents+tail")
         )
         meta = self._meta(tok, counts, state, train_shards, val_shards, mode, target, tail)
-        tmp = work / (META_FILE + ".tmp")
-        tmp.write_text(json.dumps(meta, indent=2) + "\n")
-        os.replace(tmp, work / META_FILE)
+        atomic_write_text(work / META_FILE, json.dumps(meta, indent=2) + "\n")
         (work / STATE_FILE).unlink(missing_ok=True)
         return meta
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from taperlm.errors import CheckpointError
-from taperlm.io import atomic_write_text, replace_dir, sha256_file
+from taperlm.io import atomic_write_text, fsync_dir, replace_dir, sha256_file
 from taperlm.runlock import pid_alive
 
 CHECKPOINT_DIR = "checkpoints"
@@ -77,19 +77,6 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
 def _fsync_file(path: Path) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -174,9 +161,9 @@ def commit_checkpoint(
             "run_config": run_config,
         }
         atomic_write_text(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2), fsync=True)
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         replace_dir(tmp, final)  # re-saving a step (the end of a resumed run) swaps it out
-        _fsync_dir(root)
+        fsync_dir(root)
         atomic_write_text(root / LATEST_FILE, final.name + "\n", fsync=True)
     except OSError as err:
         abort_checkpoint(tmp)
