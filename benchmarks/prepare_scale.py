@@ -5,11 +5,14 @@ packages are installed, else from tiny-shakespeare in ../shared/data, joined int
 1-12 paragraphs. `memory` prepares one generated file per size and samples, every 0.1 s, the RSS
 of the prepare process and of each worker process (psutil) and the bytes under the output
 folder; `throughput` times the tokenization stage for each worker count with a fixed tokenizer
-(so tokenizer training is not in the time) and estimates the time for 120 GB of text.
+(so tokenizer training is not in the time) and estimates the time for 120 GB of text; `reader`
+measures the CPU time of what the single reading process does per byte (read, parse, hash,
+pickle), the ceiling of many workers.
 
     python benchmarks/prepare_scale.py memory --sizes 50MB,500MB,2GB --kind txt --workers 2 \
         --prepare-args "--tokenizer-sample-chars 50e6"
     python benchmarks/prepare_scale.py throughput --size 100MB --workers 1,2
+    python benchmarks/prepare_scale.py reader --size 100MB   # the reading process's own cost
     python benchmarks/prepare_scale.py --smoke          # seconds; what the tests run
 
 Results go to benchmarks/results/prepare_*.json and are printed as Markdown tables.
@@ -46,17 +49,26 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9}[m.group(2) or "B"])
 
 
-def paragraphs() -> tuple[list[str], str]:
-    """Real paragraphs to draw from, and where they come from."""
+def paragraphs(small: bool = False) -> tuple[list[str], str]:
+    """Real paragraphs to draw from, and where they come from. The default corpus is preferred
+    (its Debian packages must be installed); `small` (the smoke run) takes tiny-shakespeare,
+    which loads in milliseconds."""
     from taperlm.data import corpus
 
-    try:
-        docs = corpus.cap_chars(corpus.iter_default_corpus(), 30_000_000)
-        paras = [p for d in docs for p in d.text.split("\n\n") if len(p) > 40]
-        return paras, "default corpus (Debian documentation) paragraphs"
-    except corpus.DataError:
+    if not small:
+        try:
+            docs = corpus.cap_chars(corpus.iter_default_corpus(), 30_000_000)
+            paras = [p for d in docs for p in d.text.split("\n\n") if len(p) > 40]
+            return paras, "default corpus (Debian documentation) paragraphs"
+        except corpus.DataError:
+            pass
+    if SHAKESPEARE.is_file():
         text = SHAKESPEARE.read_text(encoding="utf-8")
         return [p for p in text.split("\n\n") if p.strip()], "tiny-shakespeare paragraphs"
+    words = "the a model layer width taper budget token train data shard loss".split()
+    rng = np.random.default_rng(0)
+    paras = [" ".join(rng.choice(words, size=60)) + "." for _ in range(500)]
+    return paras, "random words (no corpus available)"
 
 
 def make_input(path: Path, size: int, kind: str, paras: list[str], seed: int = 0) -> int:
@@ -191,6 +203,36 @@ def throughput(args, work: Path, paras, source: str) -> dict[str, Any]:
             "source_text": source, "rows": rows}  # fmt: skip
 
 
+def reader(args, work: Path, paras, source: str) -> dict[str, Any]:
+    """What the one reading process does per byte besides writing shards: read and parse the
+    source, draw each document's validation hash, pickle batches for the workers (CPU time)."""
+    import pickle
+
+    from taperlm.data.corpus import open_source
+    from taperlm.data.prepare import doc_hash
+
+    rows = []
+    for kind in ("txt", "jsonl", "jsonl.gz"):
+        path = work / f"reader.{kind}"
+        nbytes = make_input(path, args.size, kind, paras)
+        text_bytes = args.size if kind != "jsonl.gz" else None
+        t0 = time.process_time()
+        batch, size = [], 0
+        for doc, _ in open_source(str(path)).read():
+            doc_hash(doc.text, 0)
+            batch.append(doc.text)
+            size += len(doc.text)
+            if size >= 1 << 20:
+                pickle.dumps(batch)
+                batch, size = [], 0
+        cpu = time.process_time() - t0
+        mb = (text_bytes or args.size) / 1e6
+        rows.append({"kind": kind, "file_bytes": nbytes, "cpu_s": cpu, "mb_per_cpu_s": mb / cpu})
+        print(f"{kind}: {mb / cpu:.1f} MB of text per CPU second", flush=True)
+        path.unlink()
+    return {"source_text": source, "text_bytes": args.size, "rows": rows}
+
+
 def markdown(result: dict[str, Any], mode: str) -> str:
     if mode == "memory":
         lines = ["| input | tokens | wall | peak RSS: all processes | main | one worker | peak disk / output |",
@@ -201,6 +243,10 @@ def markdown(result: dict[str, Any], mode: str) -> str:
                 f"{r['peak_rss_total_mb']:,.0f} MB | {r['peak_rss_main_mb']:,.0f} MB | "
                 f"{r['peak_rss_worker_mb']:,.0f} MB | {r['peak_disk_mb']:,.0f} / {r['output_mb']:,.0f} MB |"
             )
+        return "\n".join(lines)
+    if mode == "reader":
+        lines = ["| kind | MB of text per CPU second |", "|---|---:|"]
+        lines += [f"| {r['kind']} | {r['mb_per_cpu_s']:.1f} |" for r in result["rows"]]
         return "\n".join(lines)
     lines = [
         "| workers | MB/s | tokens/s | speed-up | 120 GB would take |",
@@ -215,7 +261,7 @@ def markdown(result: dict[str, Any], mode: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("mode", nargs="?", choices=["memory", "throughput"], default="memory")
+    p.add_argument("mode", nargs="?", choices=["memory", "throughput", "reader"], default="memory")
     p.add_argument("--sizes", default="50MB,500MB,2GB")
     p.add_argument("--size", type=parse_size, default=parse_size("100MB"))
     p.add_argument("--kind", choices=["txt", "jsonl", "jsonl.gz"], default="txt")
@@ -234,18 +280,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.sizes, args.size, args.workers_list = [300_000], 300_000, [1]
         args.tokenizer, args.extra = "bpe:300", ["--tokenizer-sample-chars", "100000"]
-    paras, source = paragraphs()
+    paras, source = paragraphs(small=args.smoke)
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
-        modes = ["memory", "throughput"] if args.smoke else [args.mode]
+        modes = ["memory", "throughput", "reader"] if args.smoke else [args.mode]
         for mode in modes:
-            if mode == "memory":
-                result = memory(args, Path(tmp), paras, source)
-            else:
-                result = throughput(args, Path(tmp), paras, source)
+            run = {"memory": memory, "throughput": throughput, "reader": reader}[mode]
+            result = run(args, Path(tmp), paras, source)
             print(markdown(result, mode))
             if not args.smoke:
                 RESULTS.mkdir(exist_ok=True)
-                name = f"prepare_{mode}_{args.kind}.json"
+                name = (
+                    f"prepare_{mode}.json"
+                    if mode == "reader"
+                    else f"prepare_{mode}_{args.kind}.json"
+                )
                 (RESULTS / name).write_text(json.dumps(result, indent=2) + "\n")
     return 0
 

@@ -255,5 +255,5 @@ def test_prepare_scale_smoke(tmp_path, capsys):
         sys.path.remove(str(BENCH))
     assert prepare_scale.main(["--smoke", "--work", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "| 0 MB |" in out and "| 1 |" in out  # one row of each table
+    assert "| 0 MB |" in out and "| 1 |" in out and "| jsonl.gz |" in out  # each table
     assert prepare_scale.parse_size("2GB") == 2 * 10**9
