@@ -126,7 +126,11 @@ def run_prepare(argv: list[str], out: Path) -> dict[str, Any]:
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     proc = psutil.Process(child.pid)
     peak = {"total": 0, "main": 0, "worker": 0, "disk": 0}
+    main_cpu = 0.0
     while child.poll() is None:
+        with contextlib.suppress(psutil.Error):
+            times = proc.cpu_times()
+            main_cpu = times.user + times.system
         total, own, worker = _tree_rss(proc)
         peak["total"] = max(peak["total"], total)
         peak["main"] = max(peak["main"], own)
@@ -143,6 +147,7 @@ def run_prepare(argv: list[str], out: Path) -> dict[str, Any]:
     return {
         "wall_s": wall,
         "stages_s": {k: float(v) for k, v in stages.items()},
+        "main_cpu_s": main_cpu,  # the prepare process itself (last sample before it exited)
         "peak_rss_total_mb": peak["total"] / 1e6,
         "peak_rss_main_mb": peak["main"] / 1e6,
         "peak_rss_worker_mb": peak["worker"] / 1e6,
@@ -192,8 +197,9 @@ def throughput(args, work: Path, paras, source: str) -> dict[str, Any]:
                            str(workers), "--no-progress"], out)  # fmt: skip
         t = res["stages_s"]["tokenize"]
         rows.append({"workers": workers, "tokenize_s": t, "mb_per_s": nbytes / 1e6 / t,
+                     "main_mb_per_cpu_s": nbytes / 1e6 / max(res["main_cpu_s"], 1e-9),
                      "tokens_per_s": res["tokens"] / t, **res})  # fmt: skip
-        print(f"workers {workers}: {rows[-1]['mb_per_s']:.2f} MB/s, {rows[-1]['tokens_per_s']:,.0f} tokens/s", flush=True)  # fmt: skip
+        print(f"workers {workers}: {rows[-1]['mb_per_s']:.2f} MB/s, {rows[-1]['tokens_per_s']:,.0f} tokens/s; the prepare process used 1 CPU second per {rows[-1]['main_mb_per_cpu_s']:.1f} MB", flush=True)  # fmt: skip
         subprocess.run(["rm", "-rf", str(out)], check=True)
     one = rows[0]["mb_per_s"] if rows[0]["workers"] == 1 else None
     for r in rows:
