@@ -278,10 +278,12 @@ def test_refuses_foreign_folder_and_bad_arguments(text_folder: Path, tmp_path: P
         (["--tokenizer-sample-chars", "0"], "--tokenizer-sample-chars must be >= 1, got 0"),
         (["--max-doc-chars", "0"], "--max-doc-chars must be >= 1, got 0"),
         (["--workers", "0"], "--workers must be >= 1, got 0"),
-        (["--max-tokens", "2.5"], "expected a whole number, got '2.5'"),
     ]:
         assert main([*_argv(text_folder, tmp_path / "x"), *bad]) == 2
         assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # argparse's own usage error
+        main([*_argv(text_folder, tmp_path / "x"), "--max-tokens", "2.5"])
+    assert exit_.value.code == 2 and "expected a whole number, got '2.5'" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
     # ... and prepare() itself, for callers that skip the command line.
     for bad, message in [
