@@ -72,16 +72,30 @@ def paragraphs(small: bool = False) -> tuple[list[str], str]:
 
 
 def make_input(path: Path, size: int, kind: str, paras: list[str], seed: int = 0) -> int:
-    """Write about `size` bytes of documents (1-12 random paragraphs each) as `kind`."""
+    """Write about `size` bytes of text (documents of 1-12 random paragraphs) as `kind`: a .txt
+    file, JSONL (plain, gzip or zstd), or Parquet (a row group per 4,096 documents, zstd)."""
     rng = np.random.default_rng(seed)
     written = 0
-    opener = gzip.open if kind == "jsonl.gz" else open
-    with opener(path, "wb") as f:
+    if kind == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        schema = pa.schema([("text", pa.string())])
+        with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+            while written < size:
+                texts = list(_documents(rng, paras, 4096))
+                writer.write_table(pa.table({"text": texts}, schema=schema))
+                written += sum(len(t.encode()) for t in texts)
+        return path.stat().st_size
+    if kind == "jsonl.zst":
+        import zstandard
+
+        f = zstandard.ZstdCompressor().stream_writer(open(path, "wb"))  # noqa: SIM115
+    else:
+        f = (gzip.open if kind == "jsonl.gz" else open)(path, "wb")
+    with f:
         while written < size:
-            picks = rng.integers(0, len(paras), size=(4096, 12))
-            counts = rng.integers(1, 13, size=4096)
-            for row, n in zip(picks, counts):
-                text = "\n\n".join(paras[i] for i in row[:n])
+            for text in _documents(rng, paras, 4096):
                 if kind == "txt":
                     data = (text + "\n\n").encode()
                 else:
@@ -91,6 +105,13 @@ def make_input(path: Path, size: int, kind: str, paras: list[str], seed: int = 0
                 if written >= size:
                     break
     return path.stat().st_size
+
+
+def _documents(rng, paras: list[str], n: int):
+    picks = rng.integers(0, len(paras), size=(n, 12))
+    counts = rng.integers(1, 13, size=n)
+    for row, k in zip(picks, counts):
+        yield "\n\n".join(paras[i] for i in row[:k])
 
 
 def _tree_rss(proc) -> tuple[int, int, int]:
@@ -218,23 +239,24 @@ def reader(args, work: Path, paras, source: str) -> dict[str, Any]:
     from taperlm.data.prepare import doc_hash
 
     rows = []
-    for kind in ("txt", "jsonl", "jsonl.gz"):
+    for kind in ("txt", "jsonl", "jsonl.gz", "jsonl.zst", "parquet"):
         path = work / f"reader.{kind}"
         nbytes = make_input(path, args.size, kind, paras)
-        text_bytes = args.size if kind != "jsonl.gz" else None
         t0 = time.process_time()
-        batch, size = [], 0
+        batch, size, chars = [], 0, 0
         for doc, _ in open_source(str(path)).read():
             doc_hash(doc.text, 0)
             batch.append(doc.text)
             size += len(doc.text)
             if size >= 1 << 20:
                 pickle.dumps(batch)
+                chars += size
                 batch, size = [], 0
+        chars += size
         cpu = time.process_time() - t0
-        mb = (text_bytes or args.size) / 1e6
-        rows.append({"kind": kind, "file_bytes": nbytes, "cpu_s": cpu, "mb_per_cpu_s": mb / cpu})
-        print(f"{kind}: {mb / cpu:.1f} MB of text per CPU second", flush=True)
+        rows.append({"kind": kind, "file_bytes": nbytes, "chars": chars, "cpu_s": cpu,
+                     "mb_per_cpu_s": chars / 1e6 / cpu})  # fmt: skip
+        print(f"{kind}: {chars / 1e6 / cpu:.1f} M characters of text per CPU second", flush=True)
         path.unlink()
     return {"source_text": source, "text_bytes": args.size, "rows": rows}
 
@@ -251,7 +273,7 @@ def markdown(result: dict[str, Any], mode: str) -> str:
             )
         return "\n".join(lines)
     if mode == "reader":
-        lines = ["| kind | MB of text per CPU second |", "|---|---:|"]
+        lines = ["| kind | M characters of text per CPU second |", "|---|---:|"]
         lines += [f"| {r['kind']} | {r['mb_per_cpu_s']:.1f} |" for r in result["rows"]]
         return "\n".join(lines)
     lines = [
@@ -270,7 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("mode", nargs="?", choices=["memory", "throughput", "reader"], default="memory")
     p.add_argument("--sizes", default="50MB,500MB,2GB")
     p.add_argument("--size", type=parse_size, default=parse_size("100MB"))
-    p.add_argument("--kind", choices=["txt", "jsonl", "jsonl.gz"], default="txt")
+    p.add_argument(
+        "--kind", choices=["txt", "jsonl", "jsonl.gz", "jsonl.zst", "parquet"], default="txt"
+    )
     p.add_argument("--workers", default="2", help="memory: one count; throughput: a list")
     p.add_argument("--tokenizer", default="bpe:8192")
     p.add_argument("--work", type=Path, default=None, help="folder for inputs and outputs")

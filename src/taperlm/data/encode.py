@@ -29,14 +29,6 @@ _WORKER: tuple[Tokenizer, np.dtype] | None = None
 _WORKER_ERROR: str | None = None
 
 
-def available_cpus() -> int:
-    """CPUs this process may run on (the default number of workers)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
-
-
 def encode_texts(
     tok: Tokenizer, texts: list[str | None], dtype: np.dtype
 ) -> tuple[np.ndarray, np.ndarray]:

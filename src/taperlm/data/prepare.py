@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from taperlm.cpus import usable_cpus
 from taperlm.data.corpus import Source, open_source
 from taperlm.data.datadir import (
     MARKER_FILE,
@@ -57,7 +58,7 @@ from taperlm.data.datadir import (
     exclusive,
     roll_forward,
 )
-from taperlm.data.encode import OrderedEncoder, available_cpus
+from taperlm.data.encode import OrderedEncoder
 from taperlm.data.heap import fix_mmap_threshold, release_free_memory
 from taperlm.data.progress import Progress
 from taperlm.data.readers import DEFAULT_MAX_DOC_CHARS, ByteCounter, Cursor
@@ -181,7 +182,7 @@ def prepare(
         tokenizer_sample_chars,
         shard_tokens,
     )
-    workers = available_cpus() if workers is None else int(workers)
+    workers = usable_cpus() if workers is None else int(workers)
     if workers < 1:
         raise DataError(f"--workers {workers} must be at least 1")
     out = Path(out)
