@@ -284,3 +284,12 @@ def cap_chars(docs: Iterable[Document], max_chars: int) -> Iterator[Document]:
             return
         left -= len(doc.text)
         yield doc
+
+
+def read_text_file(path: str | Path) -> str:
+    """The whole UTF-8 text of a (small) file, e.g. a NIAH haystack: the streaming readers'
+    checks and decoding (empty, binary, not UTF-8 with the byte offset; BOM and CRLF removed)."""
+    path = Path(path)
+    readers.check_file(path)
+    with open(path, "rb") as raw:
+        return "".join(readers._text_blocks(raw, path))
