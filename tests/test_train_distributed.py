@@ -6,8 +6,11 @@ Tolerance: both sides see exactly the same sequences per optimizer step (the loa
 partition invariant), so they differ only in the order of fp32 sums (gradient all-reduce vs
 accumulation). Over 6 steps of a tiny model that moves losses by ~1e-6; we allow 1e-4 absolute
 on every step's loss and 1e-4 on the final weights (max abs). Measured (torch 2.13 CPU):
-single vs DDP 9.5e-7 (loss) / 2.7e-6 (weights); DDP vs FSDP2 exactly equal. A real error is far
-above the tolerance: giving both ranks the same data moves the losses by 7e-2.
+single vs DDP 9.5e-7 (loss) / 2.7e-6 (weights); DDP vs FSDP2 equal losses and weights
+within FSDP_TOL (bitwise equal on an AMD EPYC, 1.2e-7 apart on an Intel Xeon: FSDP2 reduces
+gradients with reduce-scatter and clips shard by shard, so a CPU's kernels may round the last bit
+differently). A real error is far above the tolerance: giving both ranks the same data moves
+the losses by 7e-2.
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ from taperlm.training import checkpoint as ckpt
 from taperlm.training.metrics import read_metrics
 
 pytestmark = pytest.mark.distributed
+
+# FSDP2 vs DDP: their final weights (max abs). A missed update of Hope's slow levels moves them
+# by ~1e-3 (lr 2e-3).
+FSDP_TOL = 1e-6
 
 SETS = [
     "model.n_layers=2",
@@ -194,7 +201,7 @@ def test_sharded_checkpoints_resume_across_fsdp_and_ddp_bitwise(data_dir, ddp_ru
     assert [s for s, _ in ckpt.list_checkpoints(out)] == [3, 4]
     _torchrun(data_dir, out, "train.parallel=fsdp")
     assert _losses(out) == _losses(ddp_run)
-    assert _max_weight_diff(out, ddp_run, 6) < 1e-7
+    assert _max_weight_diff(out, ddp_run, 6) < FSDP_TOL
 
 
 def test_single_process_checkpoint_resumes_on_two_ranks(data_dir, single_run, tmp_path):
@@ -239,7 +246,7 @@ def test_hope_update_periods_survive_fsdp(data_dir, tmp_path):
     slow = [n for period, _, names in groups if period == 3 for n in names]
     assert "blocks.0.mlp.levels.2.w_in.weight" in slow and "blocks.0.mlp.norms.1.weight" in slow
     assert _losses(runs["fsdp"]) == _losses(runs["ddp"])
-    assert _max_weight_diff(runs["fsdp"], runs["ddp"], 6) < 1e-7
+    assert _max_weight_diff(runs["fsdp"], runs["ddp"], 6) < FSDP_TOL
 
 
 def test_fsdp_meta_init_mixed_precision_and_planned_memory(tmp_path):
