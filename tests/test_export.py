@@ -60,24 +60,75 @@ def test_tapered_widths_and_tied_embeddings_survive(tmp_path: Path) -> None:
         torch.testing.assert_close(hf(x).logits, model(x).logits, atol=1e-5, rtol=0)
 
 
-def test_generate_matches_our_greedy_decoding(tmp_path: Path) -> None:
-    from taperlm.generation import SamplingConfig, generate_tokens
+FAMILIES = ["transformer", "gated", "hope", "titans-mac", "titans-mag", "titans-mal"]
 
-    model, tok = tiny_model(), tiny_tokenizer()
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_generate_with_cache_matches_our_greedy_decoding(tmp_path: Path, family: str) -> None:
+    """`generate()` of the export decodes incrementally with a transformers cache (a prompt
+    once, then one token per forward) and gives `taperlm generate`'s greedy tokens."""
+    from taperlm.generation import SamplingConfig, generate_tokens
+    from taperlm.hf.modeling import TaperLMCache
+
+    model, tok = tiny_model(family), tiny_tokenizer()
     out = export_model(model, tmp_path / "hf", tok)
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
     hf_tok = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=True)
     enc = hf_tok("The cat sat on the", return_tensors="pt")
     assert enc["input_ids"][0].tolist() == tok.encode("The cat sat on the")
-    gen = hf.generate(**enc, max_new_tokens=12, do_sample=False, eos_token_id=None)
+    lengths, caches = [], []
+    real_forward = hf.forward
+
+    def spy(input_ids, **kw):
+        lengths.append(input_ids.shape[1])
+        result = real_forward(input_ids, **kw)
+        caches.append(result.cache)
+        return result
+
+    hf.forward = spy  # type: ignore[method-assign]
+    gen = hf.generate(**enc, max_new_tokens=20, do_sample=False, eos_token_id=None)
     ours = list(
         generate_tokens(
-            model,
-            tok.encode("The cat sat on the"),
-            SamplingConfig(max_new_tokens=12, temperature=0),
+            model, tok.encode("The cat sat on the"), SamplingConfig(max_new_tokens=20, temperature=0)
         )
     )
     assert gen[0, enc["input_ids"].shape[1] :].tolist() == ours
+    assert lengths == [enc["input_ids"].shape[1]] + [1] * 19
+    expected = TaperLMCache if family.startswith("titans") else transformers.DynamicCache
+    assert all(type(c) is expected for c in caches) and len({id(c) for c in caches}) == 1
+    assert caches[-1].get_seq_length() == enc["input_ids"].shape[1] + 19
+
+
+@pytest.mark.parametrize("family", ["transformer", "titans-mac"])
+def test_beam_search_with_cache_equals_without(tmp_path: Path, family: str) -> None:
+    """Beam search reorders the cache's batch rows (`reorder_cache`)."""
+    out = export_model(tiny_model(family), tmp_path / "hf", tiny_tokenizer())
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
+    ids = torch.tensor([[5, 9, 2, 7, 7, 3]])
+    kw = dict(max_new_tokens=12, num_beams=3, do_sample=False, eos_token_id=None)
+    torch.testing.assert_close(hf.generate(ids, **kw), hf.generate(ids, use_cache=False, **kw))
+
+
+def test_forward_with_transformers_caches(tmp_path: Path) -> None:
+    """The cache API by hand: a DynamicCache for attention families; Titans refuses a cache
+    that cannot hold its memory and returns its own."""
+    from taperlm.hf.modeling import TaperLMCache
+
+    ids = torch.randint(0, tiny_tokenizer().vocab_size, (2, 13))
+    for family in ("gated", "titans-mag"):
+        out = export_model(tiny_model(family), tmp_path / family, tiny_tokenizer())
+        hf = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
+        with torch.no_grad():
+            full = hf(ids, use_cache=False).logits
+            first = hf(ids[:, :9], cache=transformers.DynamicCache(), use_cache=True)
+            second = hf(ids[:, 9:], cache=first.cache, use_cache=True)
+        torch.testing.assert_close(torch.cat((first.logits, second.logits), 1), full, atol=1e-5, rtol=0)
+        if family.startswith("titans"):
+            assert isinstance(first.cache, TaperLMCache)
+            filled = transformers.DynamicCache()
+            filled.update(torch.zeros(2, 2, 3, 16), torch.zeros(2, 2, 3, 16), 0)
+            with pytest.raises(ValueError, match="TaperLMCache"):
+                hf(ids, cache=filled, use_cache=True)
 
 
 def test_left_padding_is_rejected(tmp_path: Path) -> None:

@@ -13,7 +13,9 @@ from taperlm.generation import SamplingConfig, filter_logits, generate_tokens, s
 from test_eval_helpers import tiny_model, tiny_tokenizer
 
 
-@pytest.mark.parametrize("family", ["transformer", "gated", "hope", "titans-mag"])
+@pytest.mark.parametrize(
+    "family", ["transformer", "gated", "hope", "titans-mac", "titans-mag", "titans-mal"]
+)
 def test_cached_equals_uncached_greedy(family: str) -> None:
     model = tiny_model(family, context_length=32)
     prompt = tiny_tokenizer().encode("The cat sat on the")
@@ -33,13 +35,7 @@ def test_cached_equals_uncached_greedy(family: str) -> None:
     assert cached[:10] == seq[len(prompt) :]
 
 
-def test_families_without_cache_fall_back() -> None:
-    mac = tiny_model("titans-mac", context_length=32)
-    with pytest.raises(NotImplementedError):
-        mac.new_cache()
-    cfg = SamplingConfig(max_new_tokens=4, temperature=0)
-    assert len(list(generate_tokens(mac, [1, 2, 3], cfg))) == 4
-
+def test_models_without_cache_fall_back() -> None:
     model = tiny_model()
 
     def no_cache():

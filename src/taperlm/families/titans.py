@@ -41,6 +41,8 @@ class TitansConfig:
         window: sliding attention window (mag, mal).
         segment_len: segment length of mac.
         max_inner_lr: upper bound of the data-dependent inner learning rate theta_t.
+        max_inner_grad_norm: every token's inner gradient (what it writes into the memory) is
+            clipped to this norm, so the memory cannot blow up within a sequence (0 = no clip).
         memory_taper: second taper (spec string, e.g. cosine:1.5:0.5) on the per-layer memory
             hidden width; baseline memory_expansion x memory_head_dim; depth 2 only (deeper
             memories are not linear in the width, so a taper would change the budget).
@@ -60,6 +62,8 @@ class TitansConfig:
     segment_len: int = setting(128, "[1, inf)")
     # the inner step on ||M(k)-v||^2 diverges for large values
     max_inner_lr: float = setting(0.1, "(0, 1]")
+    # 0 turns the clip off
+    max_inner_grad_norm: float = setting(1.0, "[0, inf)")
     memory_taper: str = setting("uniform", "text")
     memory_multiple_of: int = setting(16, "[1, inf)")
     memory_widths: list[int] | None = setting(None, "[1, inf)")

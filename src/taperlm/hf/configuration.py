@@ -25,8 +25,8 @@ class TaperLMConfig(PretrainedConfig):
         kwargs.setdefault("num_attention_heads", m.get("n_heads"))
         kwargs.setdefault("max_position_embeddings", m.get("context_length"))
         kwargs.setdefault("tie_word_embeddings", bool(m.get("tie_embeddings", False)))
-        # The HF wrapper recomputes the prefix each step (our KV cache is not an HF Cache).
-        kwargs.setdefault("use_cache", False)
+        # generate() decodes incrementally (attention: a transformers cache; Titans: its own).
+        kwargs.setdefault("use_cache", True)
         super().__init__(**kwargs)
 
     def model_config(self):

@@ -104,7 +104,7 @@ def export_model(
         (out / name).write_text(code, encoding="utf-8")
     gen = {
         "do_sample": False,
-        "use_cache": False,
+        "use_cache": True,
         "max_length": model.config.context_length,
     }
     if tok is not None:

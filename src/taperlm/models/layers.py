@@ -103,23 +103,31 @@ class SwiGLU(nn.Module):
 
 
 class KVCache:
-    """Keys and values of past positions of one attention layer (incremental decoding)."""
+    """Keys and values of past positions of one attention layer (incremental decoding).
+
+    The interface attention layers use, `get_seq_length()` and `update(k, v) -> (all keys, all
+    values)`, is the one of a transformers cache layer, so the exported model can also decode
+    with a transformers `DynamicCache`."""
 
     def __init__(self) -> None:
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
 
-    @property
-    def length(self) -> int:
+    def get_seq_length(self) -> int:
         return 0 if self.k is None else self.k.shape[-2]
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.k is None:
             self.k, self.v = k, v
         else:
             self.k = torch.cat((self.k, k), dim=-2)
             self.v = torch.cat((self.v, v), dim=-2)
         return self.k, self.v  # type: ignore[return-value]
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep/reorder the batch rows `index` (beam search, batch selection)."""
+        if self.k is not None:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)  # type: ignore[union-attr]
 
 
 class Attention(nn.Module):
@@ -168,7 +176,8 @@ class Attention(nn.Module):
     def new_cache(self) -> KVCache:
         return KVCache()
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | Any = None) -> torch.Tensor:
+        """`cache`: a KVCache, or any object with its two methods (a transformers cache layer)."""
         B, T, _ = x.shape
         H, Hkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
         proj = self.qkv(x)
@@ -176,10 +185,10 @@ class Attention(nn.Module):
         q = q.view(B, T, H, hd).transpose(1, 2)
         k = k.view(B, T, Hkv, hd).transpose(1, 2)
         v = v.view(B, T, Hkv, hd).transpose(1, 2)
-        start = cache.length if cache is not None else 0
+        start = cache.get_seq_length() if cache is not None else 0
         q, k = self.rotary(q, start), self.rotary(k, start)
         if cache is not None:
-            k, v = cache.append(k, v)
+            k, v = cache.update(k, v)
         if start == 0:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hkv != H)
         else:

@@ -27,7 +27,7 @@ from torch import nn
 
 from taperlm.families.base import ModelFields
 from taperlm.models.layers import Block, RMSNorm, Rotary, SwiGLU
-from taperlm.models.memory import NeuralMemory
+from taperlm.models.memory import MemoryState, MemoryStream, NeuralMemory
 
 
 def window_mask(window: int, n_persistent: int, first: bool, device=None) -> torch.Tensor:
@@ -134,6 +134,77 @@ def segment_attention(
     return y.view(B, n, H, S, hd).transpose(1, 2).reshape(B, H, T, hd)
 
 
+class WindowCache:
+    """Decoding cache of sliding-window attention: the unrotated keys and values of the tokens
+    from `start` (the first token of the block before the newest token's block: all a later
+    query can see) to the last one, and the position of the next token."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.start = 0
+        self.pos = 0
+
+    def select(self, index: torch.Tensor) -> None:
+        if self.k is not None:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)  # type: ignore[union-attr]
+
+
+class SegmentCache:
+    """Decoding cache of MAC attention within the current segment: keys (rotated at their
+    segment-local positions) and values of its memory tokens (kh, vh) and tokens (k, v)."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.kh: torch.Tensor | None = None
+        self.vh: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def append(self, *kv: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        names = ("k", "v", "kh", "vh")
+        for name, x in zip(names, kv):
+            old = getattr(self, name)
+            setattr(self, name, x if old is None else torch.cat((old, x), 2))
+        return tuple(getattr(self, name) for name in names)
+
+    def select(self, index: torch.Tensor) -> None:
+        for name in ("k", "v", "kh", "vh"):
+            x = getattr(self, name)
+            if x is not None:
+                setattr(self, name, x.index_select(0, index))
+
+
+class TitansCache:
+    """Incremental-decoding state of one Titans layer: the position of the next token, the
+    attention cache (WindowCache for MAG/MAL, SegmentCache for MAC), the memory stream; MAC
+    also keeps the conv tail of its memory-token queries and the memory state at the start of
+    the current segment (which its memory tokens read)."""
+
+    def __init__(self, attn: WindowCache | SegmentCache, heads: int) -> None:
+        self.pos = 0
+        self.attn = attn
+        self.memory = MemoryStream()
+        self.heads = heads
+        self.query_tail: torch.Tensor | None = None
+        self.segment_state: MemoryState | None = None
+
+    def get_seq_length(self) -> int:
+        return self.pos
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep/reorder the batch rows `index` (beam search, batch selection)."""
+        self.attn.select(index)
+        self.memory.select(index, self.heads)
+        if self.query_tail is not None:
+            self.query_tail = self.query_tail.index_select(0, index)
+        if self.segment_state is not None:
+            self.segment_state = self.segment_state.select(index, self.heads)
+
+
 class TitansAttention(nn.Module):
     """Softmax attention with RoPE and N_p persistent tokens (model-space, projected by W_kv);
     layer l's own query/KV heads (`cfg.attention_heads`) at the model's head dim."""
@@ -184,6 +255,66 @@ class TitansAttention(nn.Module):
         q, k, kh = (self.rotary(x, Np) for x in (q, k, kh))
         return self.merge(segment_attention(q, k, v, kh, vh, kp, vp, u.shape[1]))
 
+    # -- incremental decoding ----------------------------------------------------------------
+    def sliding_cached(self, u: torch.Tensor, window: int, cache: WindowCache) -> torch.Tensor:
+        """`sliding` for tokens that continue the cached sequence (the same keys, positions and
+        RoPE angles as the full-sequence computation)."""
+        B, Tn, _ = u.shape
+        q = self._split(self.w_q(u), self.H)
+        k, v = self.kv(u)
+        kp, vp = self.persistent_kv(q.dtype)
+        t0, W, Np = cache.pos, window, kp.shape[1]
+        K = k if cache.k is None else torch.cat((cache.k, k), 2)
+        V = v if cache.v is None else torch.cat((cache.v, v), 2)
+        if Tn == 1:  # one query at block position i: previous block j > i, current block j <= i
+            i, cur = t0 % W, t0 - t0 % W - cache.start
+            keys = [kp.unsqueeze(0).expand(B, -1, -1, -1).to(q.dtype)]
+            vals = [vp.unsqueeze(0).expand(B, -1, -1, -1).to(q.dtype)]
+            if t0 >= W and i < W - 1:
+                keys.append(self.rotary(K[:, :, cur - W + i + 1 : cur], Np + i + 1))
+                vals.append(V[:, :, cur - W + i + 1 : cur])
+            keys.append(self.rotary(K[:, :, cur:], Np + W))
+            vals.append(V[:, :, cur:])
+            y = F.scaled_dot_product_attention(
+                self.rotary(q, Np + W + i), torch.cat(keys, 2), torch.cat(vals, 2),
+                enable_gqa=self.Hkv != self.H,
+            )
+        else:  # blockwise from `start` (a block boundary); cached tokens' queries are dropped
+            n_old = t0 - cache.start
+            q_all = torch.cat((q.new_zeros(B, self.H, n_old, self.hd), q), 2) if n_old else q
+            y = sliding_window_attention(q_all, K, V, kp, vp, W, self.rotary)[:, :, n_old:]
+        cache.pos = t0 + Tn
+        keep = max(0, (cache.pos // W - 1) * W)
+        cache.k, cache.v = K[:, :, keep - cache.start :], V[:, :, keep - cache.start :]
+        cache.start = keep
+        return self.merge(y)
+
+    def with_memory_tokens_cached(
+        self, u: torch.Tensor, h: torch.Tensor, cache: SegmentCache
+    ) -> torch.Tensor:
+        """`with_memory_tokens` for tokens (and their memory tokens) that continue the current
+        segment of the cache."""
+        Tn = u.shape[1]
+        q = self._split(self.w_q(u), self.H)
+        k, v = self.kv(u)
+        kh, vh = self.kv(h)
+        kp, vp = self.persistent_kv(q.dtype)
+        Np, i0 = kp.shape[1], cache.length
+        q, k, kh = (self.rotary(x, Np + i0) for x in (q, k, kh))
+        k, v, kh, vh = cache.append(k, v, kh, vh)
+        B, n = q.shape[0], i0 + Tn
+        keys = torch.cat((kp.unsqueeze(0).expand(B, -1, -1, -1).to(q.dtype), kh, k), 2)
+        vals = torch.cat((vp.unsqueeze(0).expand(B, -1, -1, -1).to(q.dtype), vh, v), 2)
+        mask = None
+        if Tn > 1:  # query i0 + i sees the persistent tokens and h_j, u_j for j <= i0 + i
+            causal = torch.ones(Tn, n, dtype=torch.bool, device=q.device).tril(i0)
+            pers = torch.ones(Tn, Np, dtype=torch.bool, device=q.device)
+            mask = torch.cat((pers, causal, causal), 1)
+        y = F.scaled_dot_product_attention(
+            q, keys, vals, attn_mask=mask, enable_gqa=self.Hkv != self.H
+        )
+        return self.merge(y)
+
 
 def _memory(cfg: ModelFields, layer: int) -> NeuralMemory:
     t = cfg.titans
@@ -198,6 +329,7 @@ def _memory(cfg: ModelFields, layer: int) -> NeuralMemory:
         t.conv_kernel,
         t.max_inner_lr,
         cfg.norm_eps,
+        t.max_inner_grad_norm or None,
     )
 
 
@@ -222,8 +354,16 @@ class MAGMixer(_GatedByMemory):
         super().__init__(cfg, layer, rotary)
         self.window = cfg.titans.window
 
-    def forward(self, u: torch.Tensor) -> torch.Tensor:
-        return self.combine(self.attn.sliding(u, self.window), self.memory(u))
+    def new_cache(self) -> TitansCache:
+        return TitansCache(WindowCache(), self.memory.heads)
+
+    def forward(self, u: torch.Tensor, cache: TitansCache | None = None) -> torch.Tensor:
+        if cache is None:
+            return self.combine(self.attn.sliding(u, self.window), self.memory(u))
+        a = self.attn.sliding_cached(u, self.window, cache.attn)  # type: ignore[arg-type]
+        m = self.memory(u, cache.memory)
+        cache.pos += u.shape[1]
+        return self.combine(a, m)
 
 
 class MALMixer(nn.Module):
@@ -236,9 +376,16 @@ class MALMixer(nn.Module):
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attn = TitansAttention(cfg, layer, rotary)
 
-    def forward(self, u: torch.Tensor) -> torch.Tensor:
-        m = self.memory(u)
-        return m + self.attn.sliding(self.norm(u + m), self.window)
+    def new_cache(self) -> TitansCache:
+        return TitansCache(WindowCache(), self.memory.heads)
+
+    def forward(self, u: torch.Tensor, cache: TitansCache | None = None) -> torch.Tensor:
+        if cache is None:
+            m = self.memory(u)
+            return m + self.attn.sliding(self.norm(u + m), self.window)
+        m = self.memory(u, cache.memory)
+        cache.pos += u.shape[1]
+        return m + self.attn.sliding_cached(self.norm(u + m), self.window, cache.attn)  # type: ignore[arg-type]
 
 
 class MACMixer(_GatedByMemory):
@@ -248,27 +395,64 @@ class MACMixer(_GatedByMemory):
         super().__init__(cfg, layer, rotary)
         self.segment = cfg.titans.segment_len
 
-    def forward(self, u: torch.Tensor) -> torch.Tensor:
+    def new_cache(self) -> TitansCache:
+        return TitansCache(SegmentCache(), self.memory.heads)
+
+    def _attend(
+        self,
+        u_s: torch.Tensor,
+        q_s: torch.Tensor,
+        og_s: torch.Tensor,
+        state: MemoryState,
+        cache: SegmentCache | None,
+    ) -> torch.Tensor:
+        """(A piece of) one segment's attention y = Attn([persistent | h | u]), with memory
+        tokens h read from `state` (the memory at the segment start)."""
+        with torch.autocast(device_type=u_s.device.type, enabled=False):
+            h_raw = self.memory.read(state, q_s)
+        h = self.memory.output(h_raw, og_s)
+        if cache is None:
+            return self.attn.with_memory_tokens(u_s, h)
+        return self.attn.with_memory_tokens_cached(u_s, h, cache)
+
+    def forward(self, u: torch.Tensor, cache: TitansCache | None = None) -> torch.Tensor:
+        if cache is not None:
+            return self._forward_cached(u, cache)
         B, T, _ = u.shape
         mem = self.memory
-        q_u, _ = mem.queries(u)  # [B*H, T, d_m]: queries of the segment inputs
+        q_u, og_u, _ = mem.project_queries(u)  # memory queries of the segment inputs
         state = mem.initial_state(B)
         tail = None  # conv context of the y stream across segments
         outs = []
         for s in range(0, T, self.segment):
             e = min(s + self.segment, T)
-            u_s = u[:, s:e]
-            with torch.autocast(device_type=u.device.type, enabled=False):
-                h_raw = mem.read(state, q_u[:, s:e])
-            h = mem.output(h_raw, u_s)
-            y = self.attn.with_memory_tokens(u_s, h)
-            q_y, tail_q = mem.queries(y, None if tail is None else tail[0])
-            k_y, v_y, g_y, tail_kv = mem.keys_values(y, None if tail is None else tail[1])
-            tail = (tail_q, tail_kv)
+            y = self._attend(u[:, s:e], q_u[:, s:e], og_u[:, s:e], state, None)
+            q_y, k_y, v_y, g_y, og_y, tail = mem.project(y, tail)
             with torch.autocast(device_type=u.device.type, enabled=False):
                 r, state = mem.write_read(state, q_y, k_y, v_y, g_y)
-            m = mem.output(r, y)
-            outs.append(self.combine(y, m))
+            outs.append(self.combine(y, mem.output(r, og_y)))
+        return torch.cat(outs, 1)
+
+    def _forward_cached(self, u: torch.Tensor, cache: TitansCache) -> torch.Tensor:
+        """Tokens that continue the cached sequence, piece by piece within segments."""
+        mem, stream = self.memory, cache.memory
+        q_u, og_u, cache.query_tail = mem.project_queries(u, cache.query_tail)
+        outs, s, Tn = [], 0, u.shape[1]
+        while s < Tn:
+            local = cache.pos % self.segment
+            if local == 0:  # a new segment: its memory tokens read the state at its start
+                if stream.state is None:
+                    stream.state = mem.initial_state(u.shape[0])
+                cache.segment_state, cache.attn = stream.state, SegmentCache()
+            e = min(Tn, s + self.segment - local)
+            assert cache.segment_state is not None and isinstance(cache.attn, SegmentCache)
+            y = self._attend(u[:, s:e], q_u[:, s:e], og_u[:, s:e], cache.segment_state, cache.attn)
+            q_y, k_y, v_y, g_y, og_y, stream.tail = mem.project(y, stream.tail)
+            with torch.autocast(device_type=u.device.type, enabled=False):
+                r = mem.continue_stream(stream, q_y, k_y, v_y, g_y)
+            outs.append(self.combine(y, mem.output(r, og_y)))
+            cache.pos += e - s
+            s = e
         return torch.cat(outs, 1)
 
 
