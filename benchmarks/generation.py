@@ -126,9 +126,15 @@ def main(argv: list[str] | None = None) -> int:
             for n in lengths:
                 rounds = args.rounds if n <= 256 else args.long_rounds
                 if args.hf:
-                    fns = {"taperlm": ours(model, prompt, n, True), "hf": hf_generate(hf, prompt, n)}
+                    fns = {
+                        "taperlm": ours(model, prompt, n, True),
+                        "hf": hf_generate(hf, prompt, n),
+                    }
                 else:
-                    fns = {"recompute": ours(model, prompt, n, False), "cache": ours(model, prompt, n, True)}
+                    fns = {
+                        "recompute": ours(model, prompt, n, False),
+                        "cache": ours(model, prompt, n, True),
+                    }
                 t0 = time.perf_counter()
                 rows += compare(preset, n, fns, rounds)
                 print(f"  ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
@@ -138,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows, cols))
     if not args.smoke or args.json:
         name = "generation_hf" if args.hf else "generation"
-        path = write_json(name, {"machine": machine_info(), "args": vars(args), "rows": rows}, args.json)
+        path = write_json(
+            name, {"machine": machine_info(), "args": vars(args), "rows": rows}, args.json
+        )
         print(f"results: {path}")
     return 0
 

@@ -89,7 +89,9 @@ def test_generate_with_cache_matches_our_greedy_decoding(tmp_path: Path, family:
     gen = hf.generate(**enc, max_new_tokens=20, do_sample=False, eos_token_id=None)
     ours = list(
         generate_tokens(
-            model, tok.encode("The cat sat on the"), SamplingConfig(max_new_tokens=20, temperature=0)
+            model,
+            tok.encode("The cat sat on the"),
+            SamplingConfig(max_new_tokens=20, temperature=0),
         )
     )
     assert gen[0, enc["input_ids"].shape[1] :].tolist() == ours
@@ -122,7 +124,9 @@ def test_forward_with_transformers_caches(tmp_path: Path) -> None:
             full = hf(ids, use_cache=False).logits
             first = hf(ids[:, :9], cache=transformers.DynamicCache(), use_cache=True)
             second = hf(ids[:, 9:], cache=first.cache, use_cache=True)
-        torch.testing.assert_close(torch.cat((first.logits, second.logits), 1), full, atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            torch.cat((first.logits, second.logits), 1), full, atol=1e-5, rtol=0
+        )
         if family.startswith("titans"):
             assert isinstance(first.cache, TaperLMCache)
             filled = transformers.DynamicCache()

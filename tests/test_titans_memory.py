@@ -121,7 +121,9 @@ def _inputs(N: int, T: int, dm: int, h: int, depth: int, seed: int):
     g = torch.Generator().manual_seed(seed)
     W = [w.requires_grad_() for w in _weights(N, dm, h, depth)]
     S = [(0.1 * torch.randn(w.shape, generator=g, dtype=w.dtype)).requires_grad_() for w in W]
-    q, k = (F.normalize(torch.randn(N, T, dm, generator=g, dtype=torch.float64), dim=-1) for _ in "qk")
+    q, k = (
+        F.normalize(torch.randn(N, T, dm, generator=g, dtype=torch.float64), dim=-1) for _ in "qk"
+    )
     v = torch.randn(N, T, dm, generator=g, dtype=torch.float64)
     gates = torch.randn(3, N, T, generator=g, dtype=torch.float64)
     return [x.requires_grad_() for x in (*W, *S, q, k, v, gates)]

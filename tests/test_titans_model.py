@@ -112,7 +112,11 @@ def test_cached_greedy_generation_equals_recomputation(variant: str) -> None:
     model = TaperedLM(small_cfg(variant)).eval()
     prompt = torch.randint(0, 61, (5,)).tolist()
     runs = [
-        list(generate_tokens(model, prompt, SamplingConfig(max_new_tokens=50, temperature=0, use_cache=c)))
+        list(
+            generate_tokens(
+                model, prompt, SamplingConfig(max_new_tokens=50, temperature=0, use_cache=c)
+            )
+        )
         for c in (True, False)
     ]
     assert len(runs[0]) == 50 and runs[0] == runs[1]
@@ -264,13 +268,12 @@ def copy_task(variant: str, steps: int, seed: int, seq: int = 256, **titans) -> 
     """The copy task of the stability report: sequences repeating a fresh random 16-token
     pattern, 2 layers, d_model 64, AdamW lr 3e-3 (weight decay 0.1, grad clip 1.0), batch 8.
     Returns the losses; stops at the first step with a non-finite loss, gradient or weight."""
-    cfg = get_preset(f"titans-{variant}-tiny", resolve=False)
-    cfg = dataclasses.replace(
-        cfg, n_layers=2, d_model=64, vocab_size=64, context_length=seq, mlp_width=176
-    )
-    cfg.titans = dataclasses.replace(cfg.titans, memory_head_dim=16, **titans)
+    cfg = tiny_config(
+        preset=f"titans-{variant}-tiny", n_layers=2, d_model=64, mlp_width=176,
+        context_length=seq, memory_head_dim=16, **titans,
+    )  # fmt: skip
     torch.manual_seed(seed)
-    model = TaperedLM(cfg.resolve())
+    model = TaperedLM(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
     losses = []
     for _ in range(steps):
@@ -287,18 +290,27 @@ def copy_task(variant: str, steps: int, seed: int, seq: int = 256, **titans) -> 
     return losses
 
 
-def test_copy_task_stays_finite_with_bounded_writes() -> None:
-    """MAL on the copy task (the seed whose inner loop blows up at step 58 without the clip):
-    the first 70 steps stay finite with the default clip, and go non-finite without it."""
-    losses = copy_task("mal", 70, seed=1)
-    assert len(losses) == 70 and all(math.isfinite(x) for x in losses)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_copy_task_short_run_is_finite(variant: str) -> None:
+    """A short run of the copy task for every variant (the divergence itself is shown by
+    test_memory's unstable inner loop and, over 300 steps, by the slow tests below)."""
+    losses = copy_task(variant, 8, seed=1, seq=128)
+    assert len(losses) == 8 and all(math.isfinite(x) for x in losses)
+
+
+@pytest.mark.slow
+def test_copy_task_diverges_without_the_clip() -> None:
+    """The reported failure, reproduced: MAL (seed 1) goes non-finite at step ~58 with
+    max_inner_grad_norm 0, and stays finite with the default clip (~45 s)."""
     unclipped = copy_task("mal", 70, seed=1, max_inner_grad_norm=0.0)
     assert len(unclipped) < 70 or not math.isfinite(unclipped[-1])
+    losses = copy_task("mal", 70, seed=1)
+    assert len(losses) == 70 and all(math.isfinite(x) for x in losses)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1])
 def test_copy_task_trains_every_variant_without_non_finite_values(variant: str, seed: int) -> None:
     """Every Titans variant trains 300 steps of the copy task at lr 3e-3 with finite values
     and learns it (the loss approaches the 16 unpredictable tokens of each sequence)."""

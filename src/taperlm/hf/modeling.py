@@ -23,10 +23,11 @@ from taperlm.hf.configuration import TaperLMConfig
 from taperlm.models import TaperedLM
 from taperlm.models.layers import Rotary
 
-
 # The output field (and forward argument) is `cache` in current transformers, `past_key_values`
 # in releases before the rename.
-_CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+_CACHE_FIELD = (
+    "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+)
 
 
 class TaperLMCacheLayer(CacheLayerMixin):
@@ -45,7 +46,9 @@ class TaperLMCacheLayer(CacheLayerMixin):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         return None
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ):
         return self.inner.update(key_states, value_states)
 
     def get_seq_length(self) -> int:
@@ -207,7 +210,7 @@ class TaperLMForCausalLM(TaperLMPreTrainedModel, GenerationMixin):
                     "use right padding (tokenizer.padding_side='right') or batch size 1"
                 )
         if use_cache is None:
-            use_cache = bool(self.config.use_cache) and not self.training
+            use_cache = bool(getattr(self.config, "use_cache", True)) and not self.training
         if use_cache or cache is not None:
             cache, layer_caches = self._layer_caches(cache)
             logits = self.model(input_ids, cache=layer_caches).logits

@@ -185,19 +185,31 @@ class NeuralMemory(nn.Module):
     ) -> tuple[torch.Tensor | None, MemoryState]:
         """Chunk-wise read (q; None: write only) and write (k, v, gates g) of a stream from
         `state`; returns (retrieved [B, T, H, d_m] or None, state after the stream)."""
-        B, T, H, dm = k.shape
+        B, T, H, _ = k.shape
         theta = self.max_inner_lr * torch.sigmoid(g[:, :, 0])
         log_keep = F.logsigmoid(-g[:, :, 1])
         log_eta = F.logsigmoid(g[:, :, 2])
         gates = (x.transpose(1, 2).reshape(B * H, T) for x in (theta, log_keep, log_eta))
         r, w, s = run_memory(
-            state.weights, state.momentum, q, k, v, *gates, self.chunk,
-            max_grad_norm=self.max_grad_norm, heads_last=True,
+            state.weights,
+            state.momentum,
+            q,
+            k,
+            v,
+            *gates,
+            self.chunk,
+            max_grad_norm=self.max_grad_norm,
+            heads_last=True,
         )
         return r, MemoryState(w, s)
 
     def continue_stream(
-        self, cache: MemoryStream, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
+        self,
+        cache: MemoryStream,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
     ) -> torch.Tensor:
         """Read and write tokens that continue a cached stream. Tokens of the chunk being filled
         read `cache.state`; each chunk completed here is written; the keys, values and gates of
@@ -215,7 +227,9 @@ class NeuralMemory(nn.Module):
         done = T - T % self.chunk
         parts = []
         if done:
-            r, cache.state = self.write_read(cache.state, q[:, :done], k[:, :done], v[:, :done], g[:, :done])
+            r, cache.state = self.write_read(
+                cache.state, q[:, :done], k[:, :done], v[:, :done], g[:, :done]
+            )
             parts.append(r)
         if done < T:
             parts.append(self.read(cache.state, q[:, done:]))

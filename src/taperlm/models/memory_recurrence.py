@@ -63,7 +63,9 @@ def memory_forward(weights: Tensors, x: torch.Tensor) -> torch.Tensor:
 # -- closed-form pieces, shared by the reference (`weighted_grads`) and the fused recurrence ----
 
 
-def _mlp(weights: Tensors, scales: list[float], x: torch.Tensor) -> tuple[Tensors, Tensors, Tensors]:
+def _mlp(
+    weights: Tensors, scales: list[float], x: torch.Tensor
+) -> tuple[Tensors, Tensors, Tensors]:
     """Memory forward keeping the layer inputs x_j, pre-activations z_j and sigmoid(z_j)."""
     xs, zs, sigs = [], [], []
     a = x
@@ -271,7 +273,9 @@ def _chunk_step(
         for j in range(1, L):
             ak = A[j][:, r:]
             sq = torch.addcmul(
-                sq, torch.linalg.vecdot(ak, ak), torch.linalg.vecdot(D[j], D[j]),
+                sq,
+                torch.linalg.vecdot(ak, ak),
+                torch.linalg.vecdot(D[j], D[j]),
                 value=scales[j] ** 2,
             )
         c = cn * _clip_factor(sq, max_norm).unsqueeze(-1)
@@ -324,8 +328,20 @@ class _ChunkRecurrence(torch.autograd.Function):
                 nxt = spare[c % 2]
             reads.append(
                 _chunk_step(
-                    cur[:L], cur[L:], nxt[:L], nxt[L:], rows[c], v[c], cn[c], carry[c],
-                    s_to_m[c], decay[c], None if k_sq is None else k_sq[c], r, scales, max_norm,
+                    cur[:L],
+                    cur[L:],
+                    nxt[:L],
+                    nxt[L:],
+                    rows[c],
+                    v[c],
+                    cn[c],
+                    carry[c],
+                    s_to_m[c],
+                    decay[c],
+                    None if k_sq is None else k_sq[c],
+                    r,
+                    scales,
+                    max_norm,
                 )
             )
             cur = nxt
@@ -369,9 +385,20 @@ def _recurrence_backward(rows, v, cn, carry, s_to_m, decay, kept, dreads, dstate
             for i in range(start, c):
                 nxt = [torch.empty_like(x) for x in group[-1]]
                 _chunk_step(
-                    group[-1][:L], group[-1][L:], nxt[:L], nxt[L:], rows[i], v[i], cn[i],
-                    carry[i], s_to_m[i], decay[i], None if k_sq is None else k_sq[i], r,
-                    scales, tau,
+                    group[-1][:L],
+                    group[-1][L:],
+                    nxt[:L],
+                    nxt[L:],
+                    rows[i],
+                    v[i],
+                    cn[i],
+                    carry[i],
+                    s_to_m[i],
+                    decay[i],
+                    None if k_sq is None else k_sq[i],
+                    r,
+                    scales,
+                    tau,
                 )
                 group.append(nxt)
         state = group.pop()
@@ -484,8 +511,20 @@ def _recurrence_no_grad(
         W_new, S_new = [torch.empty_like(w) for w in W], [torch.empty_like(s) for s in S]
         reads.append(
             _chunk_step(
-                W, S, W_new, S_new, rows[c], v[c], cn[c], carry[c], s_to_m[c], decay[c],
-                None if k_sq is None else k_sq[c], r, scales, max_norm,
+                W,
+                S,
+                W_new,
+                S_new,
+                rows[c],
+                v[c],
+                cn[c],
+                carry[c],
+                s_to_m[c],
+                decay[c],
+                None if k_sq is None else k_sq[c],
+                r,
+                scales,
+                max_norm,
             )
         )
         W, S = W_new, S_new
@@ -504,10 +543,14 @@ def _chunked_coefficients(
     if full:
         span = slice(0, full * chunk)
         parts.append(
-            chunk_coefficients(*(x[:, span].reshape(N, full, chunk) for x in (theta, log_keep, log_eta)))
+            chunk_coefficients(
+                *(x[:, span].reshape(N, full, chunk) for x in (theta, log_keep, log_eta))
+            )
         )
     if rest:
-        tail = chunk_coefficients(*(x[:, full * chunk :].unsqueeze(1) for x in (theta, log_keep, log_eta)))
+        tail = chunk_coefficients(
+            *(x[:, full * chunk :].unsqueeze(1) for x in (theta, log_keep, log_eta))
+        )
         parts.append((F.pad(tail[0], (0, chunk - rest)), *tail[1:]))
     if len(parts) == 1:
         return parts[0]

@@ -276,7 +276,9 @@ class TitansAttention(nn.Module):
             keys.append(self.rotary(K[:, :, cur:], Np + W))
             vals.append(V[:, :, cur:])
             y = F.scaled_dot_product_attention(
-                self.rotary(q, Np + W + i), torch.cat(keys, 2), torch.cat(vals, 2),
+                self.rotary(q, Np + W + i),
+                torch.cat(keys, 2),
+                torch.cat(vals, 2),
                 enable_gqa=self.Hkv != self.H,
             )
         else:  # blockwise from `start` (a block boundary); cached tokens' queries are dropped
