@@ -1,7 +1,9 @@
 """Sampling from a TaperedLM: temperature, top-k, top-p (nucleus), seed, EOS stop.
 
-Uses the model's incremental-decoding cache (`model.new_cache()`, attention families) and falls
-back to recomputing the whole prefix each step when a family has none (NotImplementedError).
+Uses the model's incremental-decoding cache (`model.new_cache()`: key/value caches for the
+attention families, memory state and attention caches for Titans; any batch size, prompts and
+steps of any length) and falls back to recomputing the whole prefix each step for a model without
+one (NotImplementedError).
 The context never exceeds `context_length`: past it, the oldest tokens are dropped and the
 window is recomputed (no cache).
 
