@@ -13,7 +13,7 @@ chunk at the chunk-start weights M_{t'}), its closed-form gradients and the fuse
 (M_0 for the first chunk), causal at token granularity. The memory math runs in fp32 with autocast
 disabled.
 
-Incremental decoding (`MemoryCache`): a token reads the state at the start of its chunk, and its
+Incremental decoding (`MemoryStream`): a token reads the state at the start of its chunk, and its
 key, value and gates wait in a buffer until the chunk is complete and written — exactly what the
 full-sequence forward computes for every prefix.
 """

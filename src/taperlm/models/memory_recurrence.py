@@ -296,6 +296,29 @@ def _silu_second(z: torch.Tensor) -> torch.Tensor:
     return s * (1 - s) * (2 + z * (1 - 2 * s))
 
 
+class _Chunks:
+    """The chunk-major inputs of the recurrence, one chunk step at a time."""
+
+    def __init__(self, rows, v, cn, carry, s_to_m, decay, r: int, max_norm: float | None, W):
+        self.rows, self.v, self.cn, self.carry, self.s_to_m, self.decay = (
+            rows, v, cn, carry, s_to_m, decay
+        )  # fmt: skip
+        self.r, self.max_norm, self.scales = r, max_norm, layer_scales(list(W))
+        keys = rows[:, :, r:]
+        self.k_sq = None if max_norm is None else torch.linalg.vecdot(keys, keys)
+
+    def __len__(self) -> int:
+        return self.rows.shape[0]
+
+    def step(self, c: int, W: Tensors, S: Tensors, W_out: Tensors, S_out: Tensors) -> torch.Tensor:
+        """Chunk c from state (W, S); the new state goes into (W_out, S_out); returns the reads."""
+        return _chunk_step(
+            W, S, W_out, S_out, self.rows[c], self.v[c], self.cn[c], self.carry[c],
+            self.s_to_m[c], self.decay[c], None if self.k_sq is None else self.k_sq[c], self.r,
+            self.scales, self.max_norm,
+        )  # fmt: skip
+
+
 class _ChunkRecurrence(torch.autograd.Function):
     """The chunk loop as one autograd node.
 
@@ -316,8 +339,7 @@ class _ChunkRecurrence(torch.autograd.Function):
         for buf, x in zip(kept, state):
             buf[0].copy_(x)
         spare = [[torch.empty_like(x) for x in state] for _ in range(2)]  # the others
-        scales = layer_scales(list(state[:L]))
-        k_sq = None if max_norm is None else torch.linalg.vecdot(rows[:, :, r:], rows[:, :, r:])
+        chunks = _Chunks(rows, v, cn, carry, s_to_m, decay, r, max_norm, state[:L])
         cur, reads = [b[0] for b in kept], []
         for c in range(n):
             if c == n - 1:
@@ -326,24 +348,7 @@ class _ChunkRecurrence(torch.autograd.Function):
                 nxt = [b[(c + 1) // K] for b in kept]
             else:
                 nxt = spare[c % 2]
-            reads.append(
-                _chunk_step(
-                    cur[:L],
-                    cur[L:],
-                    nxt[:L],
-                    nxt[L:],
-                    rows[c],
-                    v[c],
-                    cn[c],
-                    carry[c],
-                    s_to_m[c],
-                    decay[c],
-                    None if k_sq is None else k_sq[c],
-                    r,
-                    scales,
-                    max_norm,
-                )
-            )
+            reads.append(chunks.step(c, cur[:L], cur[L:], nxt[:L], nxt[L:]))
             cur = nxt
         ctx.save_for_backward(rows, v, cn, carry, s_to_m, decay, *kept)
         ctx.r, ctx.max_norm, ctx.L, ctx.K = r, max_norm, L, K
@@ -363,8 +368,8 @@ def _recurrence_backward(rows, v, cn, carry, s_to_m, decay, kept, dreads, dstate
     L = len(kept) // 2
     n, N, R, dm = rows.shape
     C = R - r
-    scales = layer_scales([w[0] for w in kept[:L]])
-    k_sq = None if tau is None else torch.linalg.vecdot(rows[:, :, r:], rows[:, :, r:])
+    chunks = _Chunks(rows, v, cn, carry, s_to_m, decay, r, tau, [w[0] for w in kept[:L]])
+    scales, k_sq = chunks.scales, chunks.k_sq
     # (dS, dW) of the state after the chunk being processed, and after the one before it
     G = [[x.new_empty(N, 2, *x.shape[2:]) for x in kept[:L]] for _ in range(2)]
     for j in range(L):
@@ -384,22 +389,7 @@ def _recurrence_backward(rows, v, cn, carry, s_to_m, decay, kept, dreads, dstate
             group = [[b[start // K] for b in kept]]
             for i in range(start, c):
                 nxt = [torch.empty_like(x) for x in group[-1]]
-                _chunk_step(
-                    group[-1][:L],
-                    group[-1][L:],
-                    nxt[:L],
-                    nxt[L:],
-                    rows[i],
-                    v[i],
-                    cn[i],
-                    carry[i],
-                    s_to_m[i],
-                    decay[i],
-                    None if k_sq is None else k_sq[i],
-                    r,
-                    scales,
-                    tau,
-                )
+                chunks.step(i, group[-1][:L], group[-1][L:], nxt[:L], nxt[L:])
                 group.append(nxt)
         state = group.pop()
         W, S = state[:L], state[L:]
@@ -492,41 +482,13 @@ def _recurrence_backward(rows, v, cn, carry, s_to_m, decay, kept, dreads, dstate
 
 
 def _recurrence_no_grad(
-    rows: torch.Tensor,
-    v: torch.Tensor,
-    cn: torch.Tensor,
-    carry: torch.Tensor,
-    s_to_m: torch.Tensor,
-    decay: torch.Tensor,
-    r: int,
-    max_norm: float | None,
-    W: Tensors,
-    S: Tensors,
+    chunks: _Chunks, W: Tensors, S: Tensors
 ) -> tuple[torch.Tensor, Tensors, Tensors]:
     """The forward of `_ChunkRecurrence` without keeping states (inference)."""
-    scales = layer_scales(W)
-    k_sq = None if max_norm is None else torch.linalg.vecdot(rows[:, :, r:], rows[:, :, r:])
     reads = []
-    for c in range(rows.shape[0]):
+    for c in range(len(chunks)):
         W_new, S_new = [torch.empty_like(w) for w in W], [torch.empty_like(s) for s in S]
-        reads.append(
-            _chunk_step(
-                W,
-                S,
-                W_new,
-                S_new,
-                rows[c],
-                v[c],
-                cn[c],
-                carry[c],
-                s_to_m[c],
-                decay[c],
-                None if k_sq is None else k_sq[c],
-                r,
-                scales,
-                max_norm,
-            )
-        )
+        reads.append(chunks.step(c, W, S, W_new, S_new))
         W, S = W_new, S_new
     return torch.stack(reads), W, S
 
@@ -621,9 +583,8 @@ def run_memory(
         W, S = state[:L], state[L:]
     else:
         with torch.no_grad():
-            reads, W, S = _recurrence_no_grad(
-                rows, vs, cneg, carry, s_to_m, decay, r, max_grad_norm, weights, momentum
-            )
+            chunks = _Chunks(rows, vs, cneg, carry, s_to_m, decay, r, max_grad_norm, weights)
+            reads, W, S = _recurrence_no_grad(chunks, list(weights), list(momentum))
     if q is None:
         return None, list(W), list(S)
     if heads_last:  # [n, B, H, chunk, d] -> [B, n*chunk, H, d]
