@@ -228,6 +228,20 @@ def test_chunk_size_is_saved_in_config() -> None:
     assert dataclasses.asdict(back.titans) == dataclasses.asdict(cfg.titans)
 
 
+def test_configs_saved_before_the_inner_clip_load_without_it() -> None:
+    """A titans section written by an earlier taperlm (resolved widths, no max_inner_grad_norm)
+    is the unclipped model it trained; a hand-written section gets the default clip."""
+    import yaml
+
+    from taperlm.config import dump_yaml, run_config_from_dict
+
+    saved = yaml.safe_load(dump_yaml(small_cfg("mag")))
+    del saved["model"]["titans"]["max_inner_grad_norm"]
+    assert run_config_from_dict(saved).model.titans.max_inner_grad_norm == 0.0
+    del saved["model"]["titans"]["memory_widths"]
+    assert run_config_from_dict(saved).model.titans.max_inner_grad_norm == 1.0
+
+
 def _train(variant: str, steps: int) -> list[float]:
     """AdamW on a repeated random pattern with the tiny preset's Titans settings."""
     torch.manual_seed(0)
