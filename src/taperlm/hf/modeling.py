@@ -21,7 +21,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from taperlm.hf.configuration import TaperLMConfig
 from taperlm.models import TaperedLM
-from taperlm.models.layers import Rotary
+from taperlm.models.layers import KVCache, Rotary
 
 # The output field (and forward argument) is `cache` in current transformers, `past_key_values`
 # in releases before the rename.
@@ -165,17 +165,18 @@ class TaperLMForCausalLM(TaperLMPreTrainedModel, GenerationMixin):
         """The cache to decode with (and return) and its per-layer objects for our model."""
         if isinstance(cache, TaperLMCache):
             return cache, cache.layer_caches()
-        attention_only = self.model.config.family != "titans"
+        own = self.model.new_cache()
+        keys_values_only = all(isinstance(c, KVCache) for c in own)  # attention layers only
         if cache is None:
-            cache = DynamicCache() if attention_only else TaperLMCache(self.model.new_cache())
-        elif not attention_only:
+            cache = DynamicCache() if keys_values_only else TaperLMCache(own)
+        elif not keys_values_only:
             if cache.get_seq_length() > 0:
                 raise ValueError(
-                    f"Titans layers keep a memory state that a {type(cache).__name__} cannot "
-                    "hold; decode with the TaperLMCache the model returns (pass cache=None to "
-                    "start one)"
+                    f"this model's layers keep state besides keys and values (a Titans memory) "
+                    f"that a {type(cache).__name__} cannot hold; decode with the TaperLMCache "
+                    "the model returns (pass cache=None to start one)"
                 )
-            cache = TaperLMCache(self.model.new_cache())
+            cache = TaperLMCache(own)
         if isinstance(cache, TaperLMCache):
             return cache, cache.layer_caches()
         if cache.is_compileable:
