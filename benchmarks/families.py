@@ -1,13 +1,16 @@
-"""Training throughput and peak memory of the tiny presets of every family, side by side.
+"""Training throughput and peak memory of every family against Transformer++ at the same shape.
 
-    python benchmarks/families.py [--batch 4] [--seq 256] [--rounds 5] [--threads 1]
+    python benchmarks/families.py --sizes tiny small --rounds 5 --threads 1
+    python benchmarks/families.py --smoke            # seconds
 
-Forward + backward (no optimizer step) on CPU. Models run interleaved (A B C ... A B C ...) after
-one warm-up step so drift of a shared machine hits them alike; the table reports the median step
-time, tokens/s and the ratio to transformer-tiny at the same shape (d_model, layers, heads,
-vocabulary). Peak memory: each model runs one step in a fresh subprocess; "peak" is the growth of
-the process's peak resident set (VmHWM, reset just before the step) over the resident set just
-before it (activations + gradients + allocator overhead; Linux only).
+Forward + backward (no optimizer step) on CPU of the `{family}-{size}` presets. Per size the
+models run interleaved (A B C ... B C A ...) after one warm-up step, so drift of a shared machine
+hits them alike; the table reports the median step time (process CPU seconds, one thread),
+tokens/s and the paired ratio to transformer (median over rounds of t_transformer / t_family,
+steps measured next to each other). Peak memory: each model runs one step in a fresh subprocess;
+"peak" is the growth of the process's peak resident set (VmHWM, reset just before the step) over
+the resident set just before it (activations + gradients + allocator overhead; Linux only), and
+its ratio to transformer's.
 """
 
 from __future__ import annotations
@@ -15,18 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import statistics
 import subprocess
 import sys
-import time
+from pathlib import Path
+from typing import Any
 
-PRESETS = [
-    "transformer-tiny",
-    "hope-tiny",
-    "titans-mag-tiny",
-    "titans-mal-tiny",
-    "titans-mac-tiny",
-]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import interleaved, machine_info, median, paired_ratio, table, write_json
+
+FAMILIES = ["transformer", "hope", "titans-mag", "titans-mal", "titans-mac"]
 
 
 def _rss_bytes() -> int:
@@ -73,6 +73,7 @@ def measure_memory(name: str, batch: int, seq: int, threads: int) -> None:
     torch.set_num_threads(threads)
     cfg, model = _build(name)
     idx = torch.randint(0, cfg.vocab_size, (batch, seq + 1))
+    _step(model, idx)  # first-call allocations (thread pools, kernels) are not the step's
     before = _rss_bytes()
     _reset_peak_rss()
     _step(model, idx)
@@ -80,66 +81,89 @@ def measure_memory(name: str, batch: int, seq: int, threads: int) -> None:
     print(json.dumps({"peak_step_bytes": max(0, peak - before), "rss_model_bytes": before}))
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--presets", nargs="*", default=PRESETS)
-    ap.add_argument("--memory-child", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.memory_child:
-        measure_memory(args.memory_child, args.batch, args.seq, args.threads)
-        return 0
+def _peak_memory(name: str, args: argparse.Namespace) -> int:
+    cmd = [sys.executable, __file__, "--memory-child", name, "--batch", str(args.batch)]
+    cmd += ["--seq", str(args.seq), "--threads", str(args.threads)]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])["peak_step_bytes"]
 
+
+def run_size(size: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One interleaved comparison of every family at preset size `size`."""
     import torch
 
     from taperlm.budget import flops_per_token, total_params
 
-    torch.set_num_threads(args.threads)
-    models = {}
-    for name in args.presets:
+    steps, cfgs = {}, {}
+    for fam in args.families:
+        name = f"{fam}-{size}"
         cfg, model = _build(name)
         idx = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1))
-        models[name] = (cfg, model, idx)
-        _step(model, idx)  # warm-up
-    times: dict[str, list[float]] = {n: [] for n in models}
-    for r in range(args.rounds):
-        for name, (_, model, idx) in models.items():
-            t0 = time.perf_counter()
-            _step(model, idx)
-            times[name].append(time.perf_counter() - t0)
-        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
-
-    memory = {}
-    for name in models:
-        cmd = [sys.executable, __file__, "--memory-child", name, "--batch", str(args.batch)]
-        cmd += ["--seq", str(args.seq), "--threads", str(args.threads)]
-        res = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        memory[name] = json.loads(res.stdout.strip().splitlines()[-1])
-
+        steps[name], cfgs[name] = (lambda m=model, x=idx: _step(m, x)), cfg
+    times = interleaved(
+        steps,
+        args.rounds,
+        on_round=lambda r: print(f"{size}: round {r + 1}/{args.rounds}", file=sys.stderr),
+    )
+    ref = next(iter(steps))
+    short = args.families[0]
+    peaks = {name: _peak_memory(name, args) for name in steps}
     tokens = args.batch * args.seq
-    ref = "transformer-tiny" if "transformer-tiny" in models else next(iter(models))
-    ref_tps = tokens / statistics.median(times[ref])
+    rows = []
+    for name, cfg in cfgs.items():
+        cpu = median(times[name]["cpu"])
+        rows.append(
+            {
+                "preset": name,
+                "params": f"{total_params(cfg) / 1e6:.2f}M",
+                "GFLOP/token": flops_per_token(cfg, args.seq) / 1e9,
+                "cpu s/step": cpu,
+                "tokens/s": tokens / cpu,
+                f"speed vs {short}": paired_ratio(times[ref]["cpu"], times[name]["cpu"]),
+                f"wall speed vs {short}": paired_ratio(times[ref]["wall"], times[name]["wall"]),
+                "peak MiB": peaks[name] / 2**20,
+                f"peak vs {short}": peaks[name] / max(1, peaks[ref]),
+                "cpu_times": times[name]["cpu"],
+                "wall_times": times[name]["wall"],
+            }
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", nargs="*", default=["tiny"], help="preset sizes (tiny, small)")
+    ap.add_argument("--families", nargs="*", default=FAMILIES, help="the first is the reference")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--smoke", action="store_true", help="2 families, batch 1 x 32, one round")
+    ap.add_argument("--json", help="results file (default results/families.json)")
+    ap.add_argument("--memory-child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.memory_child:
+        measure_memory(args.memory_child, args.batch, args.seq, args.threads)
+        return 0
+    if args.smoke:
+        args.families, args.sizes = [args.families[0], args.families[-1]], args.sizes[:1]
+        args.batch, args.seq, args.rounds = 1, 32, 1
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    rows = [row for size in args.sizes for row in run_size(size, args)]
+    ref = args.families[0]
+    cols = ["preset", "params", "cpu s/step", "tokens/s", f"speed vs {ref}"]
+    cols += [f"wall speed vs {ref}", "peak MiB", f"peak vs {ref}"]
     print(
         f"forward+backward, batch {args.batch} x seq {args.seq}, {args.threads} thread(s), "
-        f"median of {args.rounds}; torch {torch.__version__}"
+        f"median of {args.rounds} rounds (CPU time); torch {torch.__version__}"
     )
-    header = (
-        f"{'preset':<18}{'params':>9}{'GFLOP/tok*':>11}{'step s':>9}{'tok/s':>9}"
-        f"{'vs ' + ref:>22}{'peak MiB':>10}"
-    )
-    print(header)
-    for name, (cfg, _, _) in models.items():
-        med = statistics.median(times[name])
-        tps = tokens / med
-        print(
-            f"{name:<18}{total_params(cfg) / 1e6:>8.2f}M{flops_per_token(cfg, args.seq) / 1e9:>11.4f}"
-            f"{med:>9.3f}{tps:>9.0f}{tps / ref_tps:>22.3f}"
-            f"{memory[name]['peak_step_bytes'] / 2**20:>10.1f}"
-        )
-    print("* training FLOPs per token from taperlm.budget at this sequence length")
+    print(table(rows, cols))
+    if not args.smoke or args.json:
+        data = {"machine": machine_info(), "args": vars(args), "rows": rows}
+        print(f"results: {write_json('families', data, args.json)}")
     return 0
 
 

@@ -7,9 +7,9 @@ exported Hugging Face model's `generate()` vs `taperlm generate`.
 
 Models: the `*-tiny` presets with random weights, context 2048 (so no window slides during the
 run), batch 1, a prompt of 16 random tokens, no EOS. tokens/s = new tokens / process CPU seconds
-of the whole call (prefill included). Contestants of one model run interleaved over rounds;
-the tables give medians and the paired ratio. Before timing, the greedy tokens of every
-contestant are checked to be equal (the benchmark refuses to compare different outputs).
+of the whole call (prefill included). Contestants of one model run interleaved over rounds
+(rotating order); the tables give medians and the paired ratio. The greedy tokens of every run
+are checked to be equal (the benchmark refuses to compare different outputs).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import interleaved, machine_info, median, paired_ratio, table, write_json
+from common import machine_info, median, paired_ratio, table, write_json
 from taperlm.generation import SamplingConfig, generate_tokens
 from taperlm.models import TaperedLM
 from taperlm.presets import get_preset
@@ -64,15 +64,25 @@ def hf_generate(hf: Any, prompt: list[int], n: int) -> Callable[[], list[int]]:
 def compare(
     name: str, n: int, fns: dict[str, Callable[[], list[int]]], rounds: int
 ) -> list[dict[str, Any]]:
-    """Check equal tokens on a short run, then time the contestants interleaved."""
-    outputs = {k: f() for k, f in fns.items()}
-    first = next(iter(outputs.values()))
-    if any(o != first for o in outputs.values()):
-        raise SystemExit(f"{name}: the contestants generate different tokens: {outputs}")
-    times = interleaved(fns, rounds, warmup=0)
-    base = next(iter(fns))
+    """Time the contestants in alternating rounds (rotating order) and check that every run of
+    every contestant generated the same tokens (the benchmark refuses to compare different
+    outputs)."""
+    names = list(fns)
+    times: dict[str, dict[str, list[float]]] = {k: {"cpu": [], "wall": []} for k in names}
+    first: list[int] | None = None
+    for r in range(rounds):
+        for k in names[r % len(names) :] + names[: r % len(names)]:
+            t0, c0 = time.perf_counter(), time.process_time()
+            tokens = fns[k]()
+            times[k]["cpu"].append(time.process_time() - c0)
+            times[k]["wall"].append(time.perf_counter() - t0)
+            if first is None:
+                first = tokens
+            elif tokens != first:
+                raise SystemExit(f"{name}: {k} generates other tokens than {names[0]}")
+    base = names[0]
     rows = []
-    for k in fns:
+    for k in names:
         cpu = median(times[k]["cpu"])
         rows.append(
             {

@@ -139,6 +139,42 @@ def test_gpu_smoke(bench_module, tmp_path):
     assert all(r["flops_per_token"] > 0 and r["tokens/s"] > 0 for r in data["rows"])
 
 
+def test_families_smoke(tmp_path):
+    """benchmarks/families.py --smoke: paired speed and peak-memory ratios against the first
+    family, one row per preset."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import families
+    finally:
+        sys.path.remove(str(BENCH))
+    out = tmp_path / "f.json"
+    assert families.main(["--smoke", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["preset"] for r in rows] == ["transformer-tiny", "titans-mac-tiny"]
+    assert rows[0]["speed vs transformer"] == 1.0 and rows[1]["speed vs transformer"] > 0
+    assert all(r["peak MiB"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("hf", [False, True])
+def test_generation_smoke(tmp_path, hf):
+    """benchmarks/generation.py --smoke: cache vs recompute, and HF generate() vs ours, with
+    equal tokens in every run (the script refuses otherwise)."""
+    if hf:
+        pytest.importorskip("transformers")
+    sys.path.insert(0, str(BENCH))
+    try:
+        import generation
+    finally:
+        sys.path.remove(str(BENCH))
+    out = tmp_path / "g.json"
+    assert generation.main(["--smoke", "--json", str(out)] + (["--hf"] if hf else [])) == 0
+    rows = json.loads(out.read_text())["rows"]
+    want = {"taperlm", "hf"} if hf else {"recompute", "cache"}
+    assert {r["contestant"] for r in rows} == want
+    assert {r["model"] for r in rows} == {"transformer-tiny", "titans-mal-tiny"}
+    assert all(r["tokens/s"] > 0 for r in rows)
+
+
 def test_gpu_peak_table(bench_module):
     gpu = bench_module["gpu"]
     assert gpu.peak_flops(torch.device("cpu"), None) is None
