@@ -236,9 +236,9 @@ def test_configs_saved_before_the_inner_clip_load_without_it() -> None:
     from taperlm.config import dump_yaml, run_config_from_dict
 
     saved = yaml.safe_load(dump_yaml(small_cfg("mag")))
-    del saved["model"]["titans"]["max_inner_grad_norm"]
+    del saved["titans"]["max_inner_grad_norm"]
     assert run_config_from_dict(saved).model.titans.max_inner_grad_norm == 0.0
-    del saved["model"]["titans"]["memory_widths"]
+    del saved["titans"]["memory_widths"]
     assert run_config_from_dict(saved).model.titans.max_inner_grad_norm == 1.0
 
 
