@@ -8,7 +8,7 @@ the preset's vocabulary size trained on the WikiText-2 test text (or the built-i
 ../shared is absent), and RULER's items for each length through `suite.run_niah` (batched greedy
 decoding, 128 new tokens: a random model never emits EOS, so every item decodes all 128 tokens,
 the slowest case; a trained model stops at its answer). Prints items/s per preset and length and
-how the family decodes (KV cache or recomputation), and writes benchmarks/results/niah_speed.json.
+how the family decodes (decoding cache or recomputation), and writes benchmarks/results/niah_speed.json.
 """
 
 from __future__ import annotations

@@ -368,8 +368,8 @@ def test_cli_runs_niah_on_every_family(exports, family, capsys) -> None:
     assert 0.0 <= res["metrics"]["256"] <= 1.0 and res["stderr"]["256"] is None
     per_length = res["settings"]["lengths"]["256"]
     assert per_length["n"] == 1 and per_length["items_per_s"] > 0
-    cached = family in ("transformer", "gated", "hope")
-    assert ("KV cache" in res["settings"]["decoding"]) == cached
+    # Every family decodes with its cache (Titans: memory state, conv tails, window/segment KV).
+    assert "decoding cache" in res["settings"]["decoding"]
     assert blob["paper_table"]["S-NIAH-1 256"] == 100 * res["metrics"]["256"]
 
 

@@ -417,7 +417,7 @@ def run_niah(
             "items_per_length": f"first {limit} of {niah.NUM_SAMPLES}" if limit else "all",
             "max_new_tokens": niah.MAX_NEW_TOKENS,
             "decoding": "greedy, batched by prompt length, "
-            + ("KV cache" if _has_cache(model) else "prefix recomputed each step (no cache)"),
+            + ("decoding cache" if _has_cache(model) else "prefix recomputed each step (no cache)"),
             "batch_size": batch_size,
             "data_seconds": round(data_seconds, 3),
             "score": "string_match_all: fraction of answers in the generation (case-insensitive)",

@@ -141,14 +141,6 @@ class TaperLMForCausalLM(TaperLMPreTrainedModel, GenerationMixin):
         tag_update_periods(model.model)
         return model
 
-    def prepare_inputs_for_generation(
-        self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None, **kwargs: Any
-    ) -> dict[str, Any]:
-        # No transformers cache yet: always feed the whole sequence. (The default would cut the
-        # input to the new token whenever generate() runs with use_cache=True, as lm-eval's
-        # generation requests do, and the model would continue from that token alone.)
-        return {"input_ids": input_ids, "attention_mask": attention_mask}
-
     def get_input_embeddings(self) -> torch.nn.Module:
         return self.model.embed
 
@@ -194,6 +186,7 @@ class TaperLMForCausalLM(TaperLMPreTrainedModel, GenerationMixin):
         cache: Cache | None = None,
         use_cache: bool | None = None,
         return_dict: bool | None = None,
+        logits_to_keep: int = 0,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast:
         if input_ids is None:
@@ -212,11 +205,13 @@ class TaperLMForCausalLM(TaperLMPreTrainedModel, GenerationMixin):
                 )
         if use_cache is None:
             use_cache = bool(getattr(self.config, "use_cache", True)) and not self.training
+        # generate() asks for the last position's logits only (logits_to_keep=1).
+        keep = logits_to_keep if labels is None else 0
         if use_cache or cache is not None:
             cache, layer_caches = self._layer_caches(cache)
-            logits = self.model(input_ids, cache=layer_caches).logits
+            logits = self.model(input_ids, cache=layer_caches, logits_to_keep=keep).logits
         else:
-            logits = self.model(input_ids).logits
+            logits = self.model(input_ids, logits_to_keep=keep).logits
         loss = None
         if labels is not None:
             loss = F.cross_entropy(
