@@ -10,7 +10,10 @@ tokens/s and the paired ratio to transformer (median over rounds of t_transforme
 steps measured next to each other). Peak memory: each model runs one step in a fresh subprocess;
 "peak" is the growth of the process's peak resident set (VmHWM, reset just before the step) over
 the resident set just before it (activations + gradients + allocator overhead; Linux only), and
-its ratio to transformer's.
+its ratio to transformer's. That figure depends on the allocator (freed blocks it keeps, when it
+returns memory) and varies between runs; "saved MiB" is exact: the bytes of the distinct tensors
+autograd keeps for the backward pass during the forward (activations, parameters excluded),
+counted with saved-tensor hooks — the part of the peak that grows with batch x sequence.
 """
 
 from __future__ import annotations
@@ -66,6 +69,25 @@ def _step(model, idx) -> None:
     model.zero_grad(set_to_none=True)
 
 
+def saved_for_backward_bytes(model, idx) -> int:
+    """Bytes of the distinct storages autograd saves during one forward (parameters excluded)."""
+    import torch
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(idx[:, :-1], targets=idx[:, 1:])
+    del out
+    return sum(seen.values())
+
+
 def measure_memory(name: str, batch: int, seq: int, threads: int) -> None:
     """Child process: print JSON with the peak-RSS growth of one training step."""
     import torch
@@ -108,6 +130,11 @@ def run_size(size: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     ref = next(iter(steps))
     short = args.families[0]
     peaks = {name: _peak_memory(name, args) for name in steps}
+    saved = {}
+    for name in steps:
+        cfg, model = _build(name)
+        idx = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1))
+        saved[name] = saved_for_backward_bytes(model, idx)
     tokens = args.batch * args.seq
     rows = []
     for name, cfg in cfgs.items():
@@ -123,6 +150,8 @@ def run_size(size: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                 f"wall speed vs {short}": paired_ratio(times[ref]["wall"], times[name]["wall"]),
                 "peak MiB": peaks[name] / 2**20,
                 f"peak vs {short}": peaks[name] / max(1, peaks[ref]),
+                "saved MiB": saved[name] / 2**20,
+                f"saved vs {short}": saved[name] / max(1, saved[ref]),
                 "cpu_times": times[name]["cpu"],
                 "wall_times": times[name]["wall"],
             }
@@ -155,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [row for size in args.sizes for row in run_size(size, args)]
     ref = args.families[0]
     cols = ["preset", "params", "cpu s/step", "tokens/s", f"speed vs {ref}"]
-    cols += [f"wall speed vs {ref}", "peak MiB", f"peak vs {ref}"]
+    cols += [f"wall speed vs {ref}", "peak MiB", f"peak vs {ref}", "saved MiB", f"saved vs {ref}"]
     print(
         f"forward+backward, batch {args.batch} x seq {args.seq}, {args.threads} thread(s), "
         f"median of {args.rounds} rounds (CPU time); torch {torch.__version__}"

@@ -153,7 +153,7 @@ def test_families_smoke(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [r["preset"] for r in rows] == ["transformer-tiny", "titans-mac-tiny"]
     assert rows[0]["speed vs transformer"] == 1.0 and rows[1]["speed vs transformer"] > 0
-    assert all(r["peak MiB"] > 0 for r in rows)
+    assert all(r["peak MiB"] > 0 and r["saved MiB"] > 0 for r in rows)
 
 
 @pytest.mark.parametrize("hf", [False, True])
