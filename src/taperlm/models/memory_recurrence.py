@@ -226,6 +226,32 @@ def _reference_chunk(
     return zs[-1][:, :r], W_new, S_new
 
 
+def _chunk_activations(
+    W: Tensors, scales: list[float], rows: torch.Tensor, v: torch.Tensor, r: int
+) -> tuple[Tensors, Tensors, list, list]:
+    """One chunk's memory-MLP pass (no autograd) over its rows (r read queries, then the keys):
+    layer inputs A_j (unscaled), pre-activations Z_j, and over the keys the back-projections
+    U_j = s_j D_j W_j^T (U_0 is None) and errors D_j, from D_{L-1} = M(k) - v."""
+    L = len(W)
+    A, Z = [rows], []
+    for j in range(L):
+        z = torch.bmm(A[j], W[j])
+        if scales[j] != 1.0:
+            z.mul_(scales[j])
+        Z.append(z)
+        if j < L - 1:
+            A.append(F.silu(z))
+    D: list = [None] * L
+    U: list = [None] * L
+    D[-1] = Z[-1][:, r:] - v
+    for j in range(L - 1, 0, -1):
+        U[j] = torch.bmm(D[j], W[j].transpose(1, 2))
+        if scales[j] != 1.0:
+            U[j].mul_(scales[j])
+        D[j - 1] = torch.ops.aten.silu_backward(U[j], Z[j - 1][:, r:])
+    return A, Z, U, D
+
+
 def _chunk_step(
     W: Tensors,
     S: Tensors,
@@ -252,21 +278,7 @@ def _chunk_step(
     unscaled and s_j goes into the coefficients of layer j's gradient sum.
     """
     L = len(W)
-    A, Z = [rows], []
-    for j in range(L):
-        z = torch.bmm(A[j], W[j])
-        if scales[j] != 1.0:
-            z.mul_(scales[j])
-        Z.append(z)
-        if j < L - 1:
-            A.append(F.silu(z))
-    D: list = [None] * L
-    D[-1] = Z[-1][:, r:] - v
-    for j in range(L - 1, 0, -1):
-        u = torch.bmm(D[j], W[j].transpose(1, 2))
-        if scales[j] != 1.0:
-            u.mul_(scales[j])
-        D[j - 1] = torch.ops.aten.silu_backward(u, Z[j - 1][:, r:])
+    A, Z, _, D = _chunk_activations(W, scales, rows, v, r)
     c = cn
     if max_norm is not None:
         sq = k_sq * torch.linalg.vecdot(D[0], D[0])
@@ -394,24 +406,8 @@ def _recurrence_backward(rows, v, cn, carry, s_to_m, decay, kept, dreads, dstate
         state = group.pop()
         W, S = state[:L], state[L:]
         gg = G[c % 2]  # [N, 2, in, out]: (dS', dW') of this chunk's output state
-        # -- recompute the chunk's activations
-        A, Z = [rows[c]], []
-        for j in range(L):
-            z = torch.bmm(A[j], W[j])
-            if scales[j] != 1.0:
-                z.mul_(scales[j])
-            Z.append(z)
-            if j < L - 1:
-                A.append(F.silu(z))
+        A, Z, U, D = _chunk_activations(W, scales, rows[c], v[c], r)  # recomputed
         Ak = [a[:, r:] for a in A]
-        D: list = [None] * L
-        U: list = [None] * L
-        D[-1] = Z[-1][:, r:] - v[c]
-        for j in range(L - 1, 0, -1):
-            U[j] = torch.bmm(D[j], W[j].transpose(1, 2))
-            if scales[j] != 1.0:
-                U[j].mul_(scales[j])
-            D[j - 1] = torch.ops.aten.silu_backward(U[j], Z[j - 1][:, r:])
         cf = cn[c]
         if tau is not None:
             qa = [k_sq[c]] + [torch.linalg.vecdot(a, a) for a in Ak[1:]]
