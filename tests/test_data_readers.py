@@ -220,3 +220,26 @@ def test_hf_restart_at_every_cursor(monkeypatch, stateful: bool) -> None:
         cursor = Cursor.from_json(json.loads(json.dumps(full[i][1].to_json())))
         assert list(readers.read_hf("hf:org/set", cap=60, start=cursor)) == full[i + 1 :]
     assert calls[0] == ("org/set", None, "train", True)
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (42, "holds int, not a string"),
+        (1.5, "holds float, not a string"),
+        (True, "holds bool, not a string"),
+        (["a", "b"], "holds list, not a string"),
+        ({"t": "x"}, "holds dict, not a string"),
+        (b"bytes", "holds bytes, not a string"),
+        ("ok \ud800 no", "'text' is not valid Unicode"),
+    ],
+)
+def test_hf_row_that_is_not_text_is_an_error(monkeypatch, value, error) -> None:
+    """Like the local readers: a dataset row whose text column holds anything but a string (or
+    a string that is not Unicode) stops the read with the row named; a null is a missing row."""
+    rows = [{"text": "first row"}, {"text": None}, {"text": "third"}, {"text": value}]
+    _fake_load_dataset(monkeypatch, lambda: iter(rows))
+    read = readers.read_hf("hf:org/set", cap=60)
+    assert [d.text for d, _ in itertools.islice(read, 2)] == ["first row", "third"]
+    with pytest.raises(DataError, match=rf"dataset 'hf:org/set', row 3: .*{error}"):
+        next(read)

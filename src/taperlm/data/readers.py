@@ -284,6 +284,19 @@ def _jsonl_text(line: bytes, where: str, field: str) -> str | None:
     return _checked_text(row[field], where, field)
 
 
+def _column_text(value: Any, where: str, field: str) -> str | None:
+    """A Parquet or dataset column's value as a document: a null is a missing row (skipped),
+    anything else must be a string."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise DataError(
+            f"{where}: {field!r} holds {type(value).__name__}, not a string; "
+            "choose the text column with --text-field"
+        )
+    return _checked_text(value, where, field)
+
+
 def _checked_text(text: str, where: str, field: str) -> str | None:
     try:
         text.encode("utf-8")
@@ -365,8 +378,8 @@ def _parquet_documents(
     if groups:
         for batch in pf.iter_batches(batch_size=1024, columns=[field], row_groups=groups):
             for text in batch.column(0).to_pylist():
-                if row >= start.row and text is not None:
-                    text = _checked_text(text, f"{path}: row {row}", field)
+                if row >= start.row:
+                    text = _column_text(text, f"{path}: row {row}", field)
                     if text is not None:
                         found = True
                         yield from row_pieces(text, f"{name}:{row}", index, row, cap, start)
@@ -468,8 +481,8 @@ def read_hf(
     item: dict | None = first
     while item is not None:
         if row >= start.row:
-            text = item[field]
-            if isinstance(text, str) and text.strip():
+            text = _column_text(item[field], f"Hugging Face dataset {spec!r}, row {row}", field)
+            if text is not None:
                 for doc, cur in row_pieces(text, f"{name}:{row}", 0, row, cap, start):
                     yield doc, Cursor(0, cur.row, cur.piece, snapshot)
         row += 1
