@@ -8,6 +8,7 @@ import io
 import json
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ import pytest
 
 from legacy_data import write_v1_data_dir
 from taperlm.cli import main
-from taperlm.data import corpus, datadir, encode, shards
+from taperlm.data import corpus, datadir, encode, identity, shards
 from taperlm.data import prepare as prep
 from taperlm.data.loader import TokenBatches, open_split, val_batches
 from taperlm.data.prepare import doc_hash, prepare
@@ -62,15 +63,25 @@ def digest(data_dir: Path) -> dict[str, str]:
 
 
 def loaded(data_dir: Path) -> tuple:
-    """What a reader of the data dir gets: meta, both splits' tokens, the tokenizer."""
+    """What a reader of the data dir gets: meta, both splits' tokens, the tokenizer, and what a
+    run starting on it records (its data identity and its own copy of the tokenizer)."""
     meta, train = open_split(data_dir, "train", verify=True)
     _, val = open_split(data_dir, "val", verify=True)
     tok = load_tokenizer(data_dir).backend.to_str()
+    with tempfile.TemporaryDirectory() as run:
+        record = identity.record_run_data(run, data_dir)
+        copy = (Path(run) / identity.TOKENIZER_COPY / "tokenizer.json").read_text()
+        assert identity.read_record(run) == record
+    assert record == identity.data_identity(data_dir)
+    assert record["tokenizer"]["sha256"] == hashlib.sha256(copy.encode()).hexdigest()
+    del record["data_dir"]
     return (
         json.dumps(meta, sort_keys=True),
         np.asarray(train).tobytes(),
         np.asarray(val).tobytes(),
         tok,
+        json.dumps(record, sort_keys=True),
+        copy,
     )
 
 

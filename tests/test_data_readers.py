@@ -140,6 +140,21 @@ def test_text_files_are_read_in_bounded_memory(tmp_path: Path, monkeypatch) -> N
     assert peak < size / 10, f"peak {peak} bytes for a {size}-byte file"
 
 
+def test_parquet_is_read_one_row_group_at_a_time(tmp_path: Path) -> None:
+    """Arrow's memory while reading follows one row group, not the file (here 160 row groups;
+    one reader over all of them held half the file's text)."""
+    pa = pytest.importorskip("pyarrow")
+    texts = [make_text(150, 1)[: 300 + i % 700] for i in range(8_000)]
+    write_parquet(tmp_path / "big.parquet", texts, row_group_size=50)
+    group = max(sum(len(t) for t in texts[i : i + 50]) for i in range(0, len(texts), 50))
+    before, peak, read = pa.total_allocated_bytes(), 0, []
+    for doc, _ in readers.read_local([tmp_path / "big.parquet"], tmp_path, cap=10**6):
+        read.append(doc.text)
+        peak = max(peak, pa.total_allocated_bytes() - before)
+    assert read == texts
+    assert peak < 10 * group, f"peak {peak} bytes of Arrow memory for {group}-byte row groups"
+
+
 def test_compressed_and_parquet_errors_name_the_file(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "x.jsonl.gz").write_bytes(b"not gzip at all")
     with pytest.raises(DataError, match=r"x\.jsonl\.gz: not a jsonl\.gz file"):

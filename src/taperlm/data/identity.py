@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from taperlm.data import datadir
 from taperlm.errors import DataError
 from taperlm.io import atomic_write_json, replace_dir, sha256_file
 
@@ -27,28 +28,49 @@ RECORD_FILE = "data.json"
 TOKENIZER_COPY = "tokenizer"
 RECORD_VERSION = 1
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_meta.json")
+# Reads of a data dir that a re-prepare replaced meanwhile are repeated this often.
+_ATTEMPTS = 5
 
 
 def _tokenizer_dir(data_dir: Path, meta: dict[str, Any]) -> Path:
+    """The tokenizer folder of the preparation `meta` describes: inside a commit still being
+    moved into place, else in the data dir (the loader reads shards the same way)."""
     info = meta.get("tokenizer") if isinstance(meta.get("tokenizer"), dict) else {}
-    return data_dir / str(info.get("dir", "tokenizer"))
+    return datadir.resolve(data_dir, str(info.get("dir", datadir.TOKENIZER_DIR)))
+
+
+def _replaced_meanwhile(data_dir: Path, attempt: int) -> DataError:
+    return DataError(
+        f"{data_dir} was replaced by a `taperlm prepare` {attempt} times while being read; "
+        "wait for that prepare to finish and try again"
+    )
 
 
 def data_identity(data_dir: str | Path) -> dict[str, Any]:
-    """What identifies a `taperlm prepare` output: its tokenizer and its splits."""
-    from taperlm.data.loader import load_meta
+    """What identifies a `taperlm prepare` output: its tokenizer and its splits.
 
+    meta.json and the tokenizer are read as one: a re-prepare committing in between (its files
+    moving into place) shows as a changed meta.json, and the reading is repeated."""
     data_dir = Path(data_dir)
-    meta = load_meta(data_dir)
-    tok = _tokenizer_dir(data_dir, meta) / "tokenizer.json"
-    if not tok.is_file():
+    for _ in range(_ATTEMPTS):
+        meta = datadir.load_meta(data_dir)
+        tok = _tokenizer_dir(data_dir, meta) / "tokenizer.json"
+        try:
+            sha = sha256_file(tok)
+        except FileNotFoundError:
+            sha = None  # missing, or moved into place just now
+        if datadir.load_meta(data_dir) == meta:
+            break
+    else:
+        raise _replaced_meanwhile(data_dir, _ATTEMPTS)
+    if sha is None:
         raise DataError(f"{data_dir} has no {tok.relative_to(data_dir)}; re-run `taperlm prepare`")
     info = meta.get("tokenizer") if isinstance(meta.get("tokenizer"), dict) else {}
     return {
         "version": RECORD_VERSION,
         "data_dir": str(data_dir.resolve()),
         "tokenizer": {
-            "sha256": sha256_file(tok),
+            "sha256": sha,
             "spec": info.get("spec"),
             "vocab_size": meta["vocab_size"],
             "eos_id": meta["eos_id"],
@@ -78,24 +100,32 @@ def run_tokenizer_dir(run_dir: str | Path) -> Path | None:
 def record_run_data(run_dir: str | Path, data_dir: str | Path) -> dict[str, Any]:
     """Copy the data dir's tokenizer into the run and write its identity (each atomically: a
     temp folder renamed into place, then the record). Returns the record."""
-    from taperlm.data.loader import load_meta
     from taperlm.runlock import pid_alive
 
     run_dir, data_dir = Path(run_dir), Path(data_dir)
-    record = data_identity(data_dir)
-    src = _tokenizer_dir(data_dir, load_meta(data_dir))
     final = run_dir / TOKENIZER_COPY
     for stale in run_dir.glob(f".tmp-*{TOKENIZER_COPY}-*"):  # of writers killed mid-copy
         pid = stale.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
     tmp = run_dir / f".tmp-{TOKENIZER_COPY}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     try:
-        for name in _TOKENIZER_FILES:
-            if (src / name).is_file():
-                shutil.copyfile(src / name, tmp / name)
+        for _ in range(_ATTEMPTS):  # the copy and the record of one and the same preparation
+            record = data_identity(data_dir)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            src = _tokenizer_dir(data_dir, datadir.load_meta(data_dir))
+            try:
+                for name in _TOKENIZER_FILES:
+                    if (src / name).is_file():
+                        shutil.copyfile(src / name, tmp / name)
+                copied = sha256_file(tmp / "tokenizer.json")
+            except FileNotFoundError:  # moved into place by a re-prepare just now
+                continue
+            if copied == record["tokenizer"]["sha256"] and data_identity(data_dir) == record:
+                break
+        else:
+            raise _replaced_meanwhile(data_dir, _ATTEMPTS)
         replace_dir(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
