@@ -294,3 +294,57 @@ def test_prepare_scale_smoke(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| 0 MB |" in out and "| 1 |" in out and "| jsonl.gz |" in out  # each table
     assert prepare_scale.parse_size("2GB") == 2 * 10**9
+
+
+# ---------------------------------------------------------------------------------------------
+# compare_precision.py: the numbers behind compare's defaults
+
+
+def _precision_report(per_seed: list[float]) -> dict:
+    """A compare report.json holding only what compare_precision reads."""
+    runs = {str(s): {"tokens_per_s": 1000.0} for s in range(len(per_seed))}
+    n = len(per_seed)
+    mean = sum(per_seed) / n
+    sd = (sum((x - mean) ** 2 for x in per_seed) / (n - 1)) ** 0.5
+    from taperlm.stats import t_quantile
+
+    h = t_quantile(0.975, n - 1) * sd / n**0.5
+    diff = {"mean": mean, "std": sd, "n": n, "per_seed": per_seed, "ci": [mean - h, mean + h]}
+    return {
+        "meta": {
+            "model": {},
+            "settings": {"tokens": 4096, "val_tokens": 512, "lr": 2e-3},
+        },
+        "allocations": [
+            {"name": "uniform", "val_loss": {"n": n, "mean": 6.0}, "per_seed": runs},
+            {
+                "name": "cosine-1.5-0.5",
+                "val_loss": {"n": n, "mean": 6.0 + mean},
+                "per_seed": runs,
+                "diff_vs_uniform": {"val_loss": diff},
+            },
+        ],
+    }
+
+
+def test_compare_precision_half_width_and_prediction():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import compare_precision as cp
+    finally:
+        sys.path.remove(str(BENCH))
+    d = [-0.03, -0.01, -0.02, -0.04, -0.025]
+    row = cp.summarize(
+        "c", ["--tokens", "4096"], _precision_report(d), cpu=100.0, wall=60.0, fresh=True
+    )
+    sd = row["sd"]
+    assert row["half_width"] == pytest.approx(2.776445 * sd / 5**0.5, rel=1e-5)
+    assert row["half_width"] == pytest.approx(cp.half_width(sd, 5))
+    assert row["runs"] == 10 and row["cpu_s_per_run"] == pytest.approx(10.0)
+    pred = cp.predict(row, target=0.005, cores=2, allocations=2)
+    need = pred["seeds_for_target"]
+    assert cp.half_width(sd, need) <= 0.005 < cp.half_width(sd, need - 1)
+    assert pred["wall_min_for_target"] == pytest.approx(2 * need * 10.0 / 2 / 60)
+    reused = cp.summarize("c", [], _precision_report(d), cpu=1.0, wall=1.0, fresh=False)
+    assert reused["cpu_s"] is None and cp.predict(reused, 0.005, 2, 2) == {}
+    assert "| c |" in cp.table([{**row, "prediction": pred}], 0.005, 2, 2)

@@ -35,7 +35,13 @@ from taperlm.compare.grid import (
 from taperlm.config import RunConfig, TrainConfig
 from taperlm.errors import ConfigError
 from taperlm.presets import get_preset
-from taperlm.stats import paired_difference, pairwise_agreement, spearman, t_quantile
+from taperlm.stats import (
+    paired_difference,
+    pairwise_agreement,
+    relative_ppl_change,
+    spearman,
+    t_quantile,
+)
 
 TINY = [
     "--preset",
@@ -469,8 +475,11 @@ def test_zero_shot_tasks(data_dir, tmp_path, shared_data):
     rep = _report(tmp_path / "o")
     row = rep["runs"]["uniform-s0"]["zero_shot"]
     assert row["tasks"]["piqa"]["n"] == 3 and 0 <= row["paper_row"]["PIQA"] <= 100
+    assert row["chance"]["piqa"] is not None and row["chance"]["lambada_openai"] is None
+    piqa = rep["allocations"][0]["zero_shot"]["PIQA"]
+    assert piqa["at_chance"]  # 3 items cannot show skill
     md = (tmp_path / "o" / "report.md").read_text()
-    assert "## Zero-shot" in md and "PIQA" in md
+    assert "## Zero-shot" in md and "PIQA" in md and " †" in md
 
 
 def test_niah_tasks(data_dir, tmp_path):
@@ -848,3 +857,130 @@ def test_novelty_pilot_and_head_taper_grid(data_dir, tmp_path):
     rc, _, stderr = _cli([*args, "--out", str(out)])
     assert rc == 0, stderr
     assert "trained" not in stderr and stderr.count(": cached;") == 2 + 3 * 2
+
+
+# ---------------------------------------------------------------------------------- --paper families
+
+# TINY without the preset: --paper families builds every family from its own preset.
+FAMILY_TINY = TINY[2:]
+
+
+def test_paper_families_end_to_end(data_dir, tmp_path):
+    out = tmp_path / "fam"
+    args = ["compare", "--paper", "families", "--families", "transformer,titans-mag"]
+    args += [*FAMILY_TINY, "--tokens", "128", "--seeds", "2", "--data", str(data_dir)]
+    args += ["--set", "model.titans.window=16", "--out", str(out)]  # a Titans-only option
+    rc, _, stderr = _cli(args)
+    assert rc == 0, stderr
+    for name in ("report.md", "report.json", "families.png"):
+        assert (out / name).stat().st_size > 0, name
+    rep = _report(out)
+    fams = rep["families"]
+    assert [f["preset"] for f in fams] == ["transformer-tiny", "titans-mag-tiny"]
+    for f in fams:
+        sub = _report(out / f["preset"])  # each family is a complete comparison of its own
+        assert [a["name"] for a in sub["allocations"]] == ["uniform", "cosine-1.5-0.5"]
+        assert sub["base_config"]["model"]["family"] == f["family"]
+        # the family's exact budget: equal params and FLOPs/token, different widths
+        u, t = sub["allocations"]
+        assert u["params"] == t["params"] == f["params"]
+        assert u["flops_per_token"] == t["flops_per_token"] == f["flops_per_token"]
+        assert t["widths"][0] > u["widths"][0] > t["widths"][-1]
+        assert f["checks"]["budget_equal"] and all(sub["checks"].values())
+        d = f["diff_val_loss"]
+        assert d["n"] == 2 and math.isclose(
+            f["relative_ppl_change"]["mean"], 100 * math.expm1(d["mean"])
+        )
+        assert d["per_seed"] == pytest.approx(
+            [t["per_seed"][s]["val_loss"] - u["per_seed"][s]["val_loss"] for s in ("0", "1")]
+        )
+        assert f["paper_760m"]["uniform"]["Wiki ppl"] in (21.86, 21.58)
+    titans = _report(out / "titans-mag-tiny")["base_config"]["model"]
+    assert titans["titans"]["window"] == 16 and titans["titans"]["variant"] == "mag"
+    assert "titans" not in _report(out / "transformer-tiny")["base_config"]["model"]
+    assert fams[0]["params"] != fams[1]["params"]  # each family keeps its own budget
+    md = (out / "report.md").read_text()
+    assert "taperlm compare --paper families --preset-size tiny" in md
+    assert "| **Transformer++** |" in md and "| **Titans (titans-mag)** |" in md
+    assert "21.42 (-2.01%)" in md and "20.77 (-3.75%)" in md  # the paper's 760M changes
+    assert "![paired perplexity change per family](families.png)" in md
+    # a second invocation trains nothing and rebuilds the same table
+    rc, _, stderr = _cli(args)
+    assert rc == 0 and "trained" not in stderr, stderr
+    assert _report(out)["families"][1]["diff_val_loss"] == fams[1]["diff_val_loss"]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--paper", "families", "--preset", "transformer-tiny"], "--preset-size"),
+        (["--paper", "families", "--families", "transformer,nope"], "unknown family preset 'nope'"),
+        (["--paper", "families", "--preset-size", "huge"], "--preset-size 'huge' is unknown"),
+        (["--preset-size", "small"], "belong to --paper families"),
+        (
+            ["--paper", "families", "--families", "transformer", "--set", "model.hope.levels=2"],
+            "option of the hope family",
+        ),
+        (["--paper", "families", "--tapers", "uniform;cosine"], "either --paper"),
+    ],
+)
+def test_paper_families_bad_input(data_dir, tmp_path, extra, message):
+    args = ["compare", *FAMILY_TINY, "--data", str(data_dir), "--out", str(tmp_path), *extra]
+    rc, _, stderr = _cli(args)
+    assert rc == 2, stderr
+    assert message in stderr and "Traceback" not in stderr
+    assert not any(tmp_path.iterdir())  # nothing trained or written
+
+
+def test_paper_sizes_train_with_the_paper_recipe(tmp_path):
+    from taperlm.compare.job import CompareOptions, base_config
+
+    cfg = base_config(CompareOptions(out=tmp_path, preset="gated-760m"), None, None)
+    t = cfg.train
+    assert (t.seq_len, t.batch_tokens, t.lr, t.weight_decay) == (4096, 524288, 4e-4, 0.1)
+    assert t.tokens == 50_000_000_000 and cfg.model.d_model == 1536
+    opts = CompareOptions(out=tmp_path, preset="transformer-440m", overrides=["train.lr=1e-3"])
+    assert base_config(opts, None, None).train.lr == 1e-3  # --set still wins
+    tiny = base_config(CompareOptions(out=tmp_path, preset="hope-tiny"), None, None)
+    assert (tiny.train.seq_len, tiny.train.lr) == (128, 2e-3)  # compare's CPU defaults
+
+
+def test_no_skill_accuracy_and_chance_marks():
+    from taperlm.compare.family_table import verdict
+    from taperlm.evaluation.suite import at_chance, chance_columns, no_skill_accuracy
+    from taperlm.evaluation.tasks import TaskData
+
+    docs = [{"goal": "g", "sol1": "a", "sol2": "b", "label": y} for y in (0, 0, 0, 1)]
+    assert no_skill_accuracy(TaskData("piqa", "multiple_choice", docs, "local")) == 0.75
+    docs = [{"query": "q", "choices": ["a", "b", "c", "d"], "label": y} for y in (0, 1, 2, 3)]
+    assert no_skill_accuracy(TaskData("hellaswag", "multiple_choice", docs, "local")) == 0.25
+    assert no_skill_accuracy(TaskData("lambada_openai", "loglikelihood", [], "local")) is None
+    assert chance_columns({"piqa": 0.5, "lambada_openai": None, "hellaswag": 0.25}) == {
+        "PIQA": 50.0,
+        "Hella": 25.0,
+    }
+    # 200 items at 50%: the upper 95% bound is 56.93%
+    assert at_chance(56.9, 50.0, 200) and not at_chance(57.0, 50.0, 200)
+    assert at_chance(40.0, 50.0, 200)  # below chance is no skill either
+    assert math.isclose(relative_ppl_change(math.log(0.9)), -10.0)
+    assert verdict({"ci": [-0.03, -0.01]}) == "better"
+    assert verdict({"ci": [0.01, 0.03]}) == "worse"
+    assert verdict({"ci": [-0.01, 0.01]}) == "undecided"
+
+
+def test_paper_mode_plots_ours_beside_the_paper(data_dir, tmp_path):
+    out = tmp_path / "ctl"
+    args = ["compare", *TINY, "--paper", "controlled", "--seeds", "1", "--data", str(data_dir)]
+    rc, _, stderr = _cli([*args, "--tokens", "128", "--out", str(out)])  # 3 layers: 1 per group
+    assert rc == 0, stderr
+    md = (out / "report.md").read_text()
+    assert (out / "paper.png").stat().st_size > 0 and "![against the paper](paper.png)" in md
+    assert "sweep.png" not in md  # the sweep's own plot only in the sweep
+    # the sweep plot: one line per schedule against the start ratio, the paper's dotted
+    from taperlm.compare.plots import _sweep_plot
+
+    rows = [("cosine:1.5:0.5", -1.0, -2.0, 0.0), ("cosine:1.25:0.75", -0.5, None, None)]
+    rows += [("sigmoid:1.5:0.5:10.0", 0.5, 0.0, 1.0)]
+    ref = {"cosine:1.5:0.5": -11.3, "cosine:1.25:0.75": -6.8, "sigmoid:1.5:0.5:10.0": -1.0}
+    _sweep_plot(rows, ref, tmp_path / "sweep.png")
+    assert (tmp_path / "sweep.png").stat().st_size > 0

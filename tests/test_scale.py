@@ -333,3 +333,80 @@ def test_mixed_precision_policy_from_config(data_dir, tmp_path):  # noqa: F811
 def test_scale_options_are_checked(data_dir, tmp_path, key, value):  # noqa: F811
     with pytest.raises(ConfigError, match=f"train.{key} must be one of .*, got '{value}'"):
         train(tiny_config(data_dir, f"train.{key}={value}"), tmp_path / "r", progress=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# paired init (train.paired_init): common random numbers across widths
+
+
+def _paired(preset: str, taper: str, seed: int = 3) -> torch.nn.Module:
+    from taperlm.taper import TaperSpec
+
+    torch.manual_seed(seed)
+    model = build_on_meta(get_preset(preset, TaperSpec.parse(taper)))
+    return materialize(model, torch.device("cpu"), paired_seed=seed)
+
+
+@pytest.mark.parametrize("preset", ["transformer-tiny", "hope-tiny", "titans-mag-tiny"])
+def test_paired_init_shares_every_draw_the_shapes_allow(preset):
+    """Uniform and tapered models of one seed: every same-shaped matrix is equal, and each
+    layer's MLP (every CMS level for Hope) holds the leading hidden units of the wider one."""
+    from taperlm.models.layers import SwiGLU
+
+    u, t = _paired(preset, "uniform"), _paired(preset, "cosine:1.5:0.5")
+    pu, pt = dict(u.named_parameters()), dict(t.named_parameters())
+    mlps_u = {n: m for n, m in u.named_modules() if isinstance(m, SwiGLU)}
+    mlps_t = {n: m for n, m in t.named_modules() if isinstance(m, SwiGLU)}
+    assert mlps_u.keys() == mlps_t.keys() and mlps_u
+    assert any(a.width != mlps_t[n].width for n, a in mlps_u.items())
+    shared = 0
+    for name, p in pu.items():
+        if p.shape == pt[name].shape and p.dim() == 2:
+            assert torch.equal(p, pt[name]), name
+            shared += 1
+    assert shared > 0
+    for name, a in mlps_u.items():
+        b = mlps_t[name]
+        w = min(a.width, b.width)
+        assert torch.equal(a.w_in.weight[:w], b.w_in.weight[:w])  # gate rows
+        assert torch.equal(
+            a.w_in.weight[a.width : a.width + w], b.w_in.weight[b.width : b.width + w]
+        )
+        assert torch.equal(a.w_out.weight[:, :w], b.w_out.weight[:, :w])  # down columns
+    # another seed draws other weights; the default init draws other weights
+    assert not torch.equal(_paired(preset, "uniform", seed=4).lm_head.weight, u.lm_head.weight)
+    torch.manual_seed(3)
+    plain = materialize(build_on_meta(get_preset(preset)), torch.device("cpu"))
+    assert not torch.equal(plain.lm_head.weight, u.lm_head.weight)
+
+
+def test_paired_init_has_the_default_distribution():
+    """Same std per matrix as init_weights (depth-scaled for residual outputs), mean 0."""
+    cfg = get_preset("transformer-small")
+    torch.manual_seed(0)
+    plain = TaperedLM(cfg)
+    paired = _paired("transformer-small", "uniform", seed=0)
+    for (name, a), (_, b) in zip(plain.named_parameters(), paired.named_parameters()):
+        if a.dim() == 2:
+            assert b.std().item() == pytest.approx(a.std().item(), rel=0.05), name
+            assert abs(b.mean().item()) < 0.1 * a.std().item(), name
+        else:
+            assert torch.equal(a, b), name  # norms (and other non-matrix parts) untouched
+
+
+def test_trainer_uses_paired_init(data_dir, tmp_path, monkeypatch):  # noqa: F811
+    """train.paired_init reaches the model build (with the run's seed); off by default."""
+    import taperlm.training.loop as loop
+
+    seen = []
+
+    def spy(model, device, paired_seed=None):
+        seen.append(paired_seed)
+        return materialize(model, device, paired_seed)
+
+    monkeypatch.setattr(loop, "materialize", spy)
+    one_step = ("train.tokens=256", "train.eval_every=0", "train.checkpoint_every=0")
+    train(tiny_config(data_dir, *one_step), tmp_path / "a", progress=False)
+    cfg = tiny_config(data_dir, *one_step, "train.paired_init=true", "train.seed=7")
+    train(cfg, tmp_path / "b", progress=False)
+    assert seen == [None, 7]

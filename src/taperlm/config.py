@@ -266,6 +266,11 @@ class TrainConfig:
 
     Fields:
         seed: seed of init, data order and dropout-free RNG streams.
+        paired_init: draw every weight matrix from its own stream keyed by (seed, parameter
+            name), the SwiGLU MLPs in blocks of 16 hidden units, instead of one sequential
+            stream: the same distribution, but models that differ only in per-layer widths
+            start from the same weights wherever their shapes agree (the common random numbers
+            of a paired comparison: `--set train.paired_init=true` in `taperlm compare`).
         tokens: total training tokens; the run makes tokens / batch_tokens optimizer steps,
             rounded up to a whole step (the trainer says so when it rounds).
         batch_tokens: global batch in tokens per optimizer step (across ranks and micro-batches).
@@ -308,6 +313,7 @@ class TrainConfig:
     """
 
     seed: int = setting(0, f"[0, {MAX_SEED}]")
+    paired_init: bool = False
     tokens: int = setting(1_000_000, "[1, inf)")
     batch_tokens: int = setting(16384, "[1, inf)")
     micro_batch_size: int = setting(8, "[1, inf)")

@@ -211,3 +211,9 @@ def pairwise_agreement(ours: Mapping[str, float], ref: Mapping[str, float]) -> d
         "ties_in_reference": ties,
         "disagreeing_pairs": disagree,
     }
+
+
+def relative_ppl_change(loss_diff: float) -> float:
+    """A difference of mean log-losses (nats) as the relative change of perplexity, in percent:
+    100 (exp(Δ) − 1), i.e. the ratio of geometric-mean perplexities minus one."""
+    return 100.0 * math.expm1(loss_diff)

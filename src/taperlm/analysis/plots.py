@@ -220,3 +220,101 @@ def plot_novelty(
         ax.legend(fontsize="small", title=r_title, title_fontsize="small")
     fig.suptitle(title)
     return _save(fig, path)
+
+
+# One row of a forest plot: (label, estimate, interval low, interval high); None = no interval.
+IntervalRow = tuple[str, float, float | None, float | None]
+
+
+def plot_intervals(
+    rows: Sequence[IntervalRow],
+    path: str | Path,
+    title: str,
+    xlabel: str,
+    reference: Mapping[str, float] | None = None,
+    reference_label: str = "paper",
+) -> Path:
+    """A forest plot: one row per label, top to bottom, with the estimate as a dot and its
+    interval as a bar, zero as a dashed line, and an optional reference value per label (e.g. the
+    paper's) as a hollow diamond."""
+    if not rows:
+        raise ValueError("plot_intervals needs at least one row")
+    fig, (ax,) = _figure(height=max(2.5, 0.8 + 0.42 * len(rows)))
+    y = np.arange(len(rows))[::-1]
+    for yi, (_, est, lo, hi) in zip(y, rows):
+        if lo is not None and hi is not None:
+            ax.plot([lo, hi], [yi, yi], color="C0", linewidth=2.2, solid_capstyle="butt")
+        ax.plot([est], [yi], "o", color="C0", markersize=6)
+    ax.plot([], [], "o-", color="C0", label="ours: mean and 95% CI")
+    if reference:
+        ref = [(yi, reference[label]) for yi, (label, *_) in zip(y, rows) if label in reference]
+        if ref:
+            ax.plot(
+                [v for _, v in ref],
+                [yi for yi, _ in ref],
+                "D",
+                markerfacecolor="none",
+                markeredgecolor="C3",
+                markersize=7,
+                linestyle="none",
+                label=reference_label,
+            )
+    ax.axvline(0.0, color="0.3", linestyle="--", linewidth=1.0)
+    ax.set_yticks(y, [label for label, *_ in rows])
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+# One point of a series with its interval: (x, estimate, interval low, interval high).
+IntervalPoint = tuple[float, float, float | None, float | None]
+
+
+def plot_interval_series(
+    series: Mapping[str, Sequence[IntervalPoint]],
+    path: str | Path,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    reference: Mapping[str, Sequence[tuple[float, float]]] | None = None,
+    reference_label: str = "paper",
+) -> Path:
+    """One line per label through its estimates, with error bars for the intervals, zero
+    dashed, and optional reference lines (dotted, same colour) under the same labels."""
+    if not series:
+        raise ValueError("plot_interval_series needs at least one series")
+    fig, (ax,) = _figure()
+    for i, (label, pts) in enumerate(series.items()):
+        color = f"C{i}"
+        xs = [p[0] for p in pts]
+        ys = [p[1] for p in pts]
+        err = np.array(
+            [
+                [y - lo if lo is not None else 0.0 for _, y, lo, _ in pts],
+                [hi - y if hi is not None else 0.0 for _, y, _, hi in pts],
+            ]
+        )
+        ax.errorbar(
+            xs, ys, yerr=err, color=color, marker="o", capsize=3, linewidth=1.6, label=label
+        )
+        ref = (reference or {}).get(label)
+        if ref:
+            ax.plot(
+                [x for x, _ in ref],
+                [y for _, y in ref],
+                color=color,
+                linestyle=":",
+                marker="D",
+                markerfacecolor="none",
+                linewidth=1.2,
+                label=f"{label} ({reference_label})",
+            )
+    ax.axhline(0.0, color="0.3", linestyle="--", linewidth=1.0)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", ncol=2)
+    return _save(fig, path)

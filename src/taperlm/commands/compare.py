@@ -6,8 +6,10 @@
     taperlm compare --paper controlled --out cmp-paper          # PAPER.md §3 grid
     taperlm compare --tapers 'uniform;cosine;novelty:pilot;cosine+heads:cosine:1.25:0.75' \\
         --out cmp-beyond                                        # beyond the paper
+    taperlm compare --paper families --out cmp-families         # PAPER.md §6 table, tiny presets
 
-Parses the arguments and calls `taperlm.compare.job.run_comparison` (precedence of settings,
+Parses the arguments and calls `taperlm.compare.job.run_comparison` (`--paper families`:
+`taperlm.compare.families.run_families`, one comparison per family; precedence of settings,
 the default corpus cache and every default are documented there). No torch import here.
 """
 
@@ -17,6 +19,7 @@ import argparse
 import dataclasses
 
 from taperlm.commands.common import add_model_arguments
+from taperlm.compare.families import DEFAULT_FAMILIES
 from taperlm.compare.job import (
     DEFAULT_EVAL_LIMIT,
     DEFAULT_NOVELTY_TOKENS,
@@ -50,9 +53,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--paper",
-        choices=("controlled", "sweep"),
+        choices=("controlled", "sweep", "families"),
         help="the paper's grids: controlled = uniform / wider-early / wider-middle / wider-late "
-        "(3 equal groups, §3); sweep = cosine/linear/sigmoid x 5 ratios + uniform (§4)",
+        "(3 equal groups, §3); sweep = cosine/linear/sigmoid x 5 ratios + uniform (§4); "
+        "families = uniform vs cosine 1.5->0.5 for every family's preset, reported like the "
+        "paper's 760M table (§6)",
+    )
+    parser.add_argument(
+        "--preset-size",
+        help="--paper families: size of every family's preset (tiny, small, 440m, 760m, 1.3b; "
+        "the paper's sizes train with its recipe) [tiny]",
+    )
+    parser.add_argument(
+        "--families",
+        help="--paper families: preset families to compare "
+        f"[{','.join(DEFAULT_FAMILIES)}; also titans-mac, titans-mal]",
     )
     parser.add_argument(
         "--seeds",
@@ -137,8 +152,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from taperlm.compare.families import run_families
     from taperlm.compare.job import run_comparison
 
     names = [f.name for f in dataclasses.fields(CompareOptions)]
-    run_comparison(CompareOptions(**{name: getattr(args, name) for name in names}))
+    opts = CompareOptions(**{name: getattr(args, name) for name in names})
+    (run_families if opts.paper == "families" else run_comparison)(opts)
     return 0

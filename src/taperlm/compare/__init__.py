@@ -3,7 +3,8 @@ each run (validation loss, optional zero-shot suite, layer-wise novelty) and wri
 paired statistics and plots.
 
 - `job`: the options of `taperlm compare`, the base config, the default corpus, evaluation
-  settings, and `run_comparison`, which runs the whole job.
+  settings, and `run_comparison`, which runs the whole job; `families`: `--paper families`, one
+  comparison per family and the family table (`family_table`).
 - `grid`: allocations (taper specs, paper modes), seeds, the per-cell run configs and the budget
   checks (equal parameters and FLOPs/token; same data order and init seed per seed).
 - `runner`: brings one cell to done (train or resume, evaluate, measure), resumably, and records

@@ -17,10 +17,11 @@ start from the same RNG state; the only difference between them is the per-layer
 (and heads). The uniform allocation is always part of the grid: it is the baseline of the
 paired differences.
 
-Paper modes (PAPER.md §3, §4): `controlled` = uniform / wider-early / wider-middle / wider-late
-as three equal groups of layers (multipliers 1.5/1.0/0.5 and mirrors); `sweep` = cosine, linear,
-sigmoid x the five start/end ratio pairs, plus uniform. The paper's validation perplexities are
-attached to the allocations they belong to.
+Paper modes (PAPER.md §3, §4, §6): `controlled` = uniform / wider-early / wider-middle /
+wider-late as three equal groups of layers (multipliers 1.5/1.0/0.5 and mirrors); `sweep` =
+cosine, linear, sigmoid x the five start/end ratio pairs, plus uniform; `families` = uniform vs
+cosine 1.5 -> 0.5, in one grid per model family (`taperlm.compare.families`). The paper's
+validation perplexities are attached to the allocations they belong to.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from taperlm.errors import ConfigError, TaperError
 from taperlm.families import FAMILIES
 from taperlm.taper import TaperSpec
 
-PAPER_MODES = ("controlled", "sweep")
+PAPER_MODES = ("controlled", "sweep", "families")
 PAPER_UNIFORM_PPL = 16.28
 
 # PAPER.md §3: (label, groups multipliers, val ppl of the 440M Transformer).
@@ -63,6 +64,8 @@ PILOT_NAME = "pilot"  # pilot runs live in runs/pilot-s<seed>
 # Placeholder rho for checking a novelty:pilot allocation before its pilot ran: alternating
 # extremes give multipliers 1 +- strength, the narrowest and widest layers it can produce.
 _PROBE_RHO = (0.0, 1.0)
+# `--paper families` (PAPER.md §6): every family, uniform vs the paper's taper.
+FAMILIES_TAPERS = ("uniform", "cosine:1.5:0.5")
 
 
 @dataclass
@@ -257,6 +260,8 @@ def paper_allocations(mode: str, multiple_of: int | None = None) -> list[Allocat
                     spec.steepness = PAPER_SIGMOID_K
                 out.append(Allocation(slug(spec), spec.to_string(), spec, row[sched]))
         return out
+    if mode == "families":
+        return parse_allocations(list(FAMILIES_TAPERS), multiple_of)
     raise ConfigError(f"--paper {mode!r} is unknown; choose {' or '.join(PAPER_MODES)}")
 
 

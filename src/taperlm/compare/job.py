@@ -42,6 +42,23 @@ COMPARE_TRAIN_DEFAULTS: dict[str, Any] = {
     "keep_checkpoints": 1,
     "log_every": 4,
 }
+# A preset of one of the paper's sizes trains with the paper's recipe instead (PAPER.md §5:
+# AdamW, peak lr 4e-4, weight decay 0.1, cosine decay, 0.5M-token batches of 4K-token
+# sequences, 30B/50B/100B tokens), so that the same command runs the paper's experiment on GPUs.
+# micro_batch_size 4 (16 accumulation steps) fits a 1.3B model at 4K context on an 80 GB GPU
+# with bf16 autocast; raise it where memory allows (--set train.micro_batch_size=N).
+PAPER_TRAIN_DEFAULTS: dict[str, Any] = {
+    "seq_len": 4096,
+    "micro_batch_size": 4,
+    "batch_tokens": 524_288,
+    "lr": 4e-4,
+    "min_lr_ratio": 0.1,
+    "weight_decay": 0.1,
+    "eval_tokens": 524_288,
+    "keep_checkpoints": 2,
+    "log_every": 10,
+}
+PAPER_TOKENS = {"440m": 30_000_000_000, "760m": 50_000_000_000, "1.3b": 100_000_000_000}
 # Derived from train.tokens unless given explicitly (config file or --set).
 WARMUP_FRACTION = 0.05
 CURVE_POINTS = 16
@@ -60,7 +77,9 @@ class CompareOptions:
     config: Path | None = None
     tapers: str | None = None  # a list, see taperlm.compare.grid.split_taper_list
     taper_list: list[str] = field(default_factory=list)  # one allocation each
-    paper: str | None = None  # controlled | sweep
+    paper: str | None = None  # controlled | sweep | families
+    preset_size: str | None = None  # --paper families: the size of every family's preset
+    families: str | None = None  # --paper families: preset prefixes (None: the default list)
     multiple_of: int | None = None
     seeds: int = DEFAULT_SEEDS
     tokens: int | None = None
@@ -96,6 +115,11 @@ def allocations(opts: CompareOptions):
         raise ConfigError("give either --paper MODE or --tapers/--taper, not both")
     if opts.paper:
         return paper_allocations(opts.paper, opts.multiple_of)
+    if opts.preset_size or opts.families:
+        raise ConfigError(
+            "--preset-size and --families belong to --paper families; for one model give "
+            "--preset FAMILY-SIZE (e.g. --preset gated-small)"
+        )
     texts: list[str] = []
     if opts.tapers is not None:
         texts += split_taper_list(opts.tapers)
@@ -138,7 +162,7 @@ def base_config(
     clear_resolved_sizes(model)
     model.pop("taper", None)
     explicit = _explicit_keys(opts, file_data)
-    train = {**COMPARE_TRAIN_DEFAULTS, **(file_data.get("train") or {})}
+    train = {**_train_defaults(opts), **(file_data.get("train") or {})}
     data = dict(file_data.get("data") or {})
     if opts.tokens is not None:
         if opts.tokens < 1:
@@ -163,6 +187,14 @@ def base_config(
     if cfg.train.eval_tokens < 1:
         raise ConfigError("train.eval_tokens must be >= 1 for the loss curves")
     return cfg.resolve()
+
+
+def _train_defaults(opts: CompareOptions) -> dict[str, Any]:
+    """Compare's CPU defaults, or the paper's recipe for a preset of one of its sizes."""
+    size = None if opts.config else (opts.preset or DEFAULT_PRESET).rpartition("-")[2]
+    if size in PAPER_TOKENS:
+        return {**PAPER_TRAIN_DEFAULTS, "tokens": PAPER_TOKENS[size]}
+    return dict(COMPARE_TRAIN_DEFAULTS)
 
 
 def _derive_schedule(train: dict[str, Any], explicit: set[str]) -> str | None:
@@ -304,7 +336,16 @@ def canonical_command(opts: CompareOptions, grid) -> str:
         parts += ["--tapers", ";".join(specs)]
     if opts.multiple_of:
         parts += ["--multiple-of", str(opts.multiple_of)]
-    parts += ["--seeds", str(len(grid.seeds)), "--tokens", str(grid.base.train.tokens)]
+    pilot = grid.pilot and grid.pilot["tokens"]
+    return shlex.join(parts + run_arguments(opts, len(grid.seeds), grid.base.train.tokens, pilot))
+
+
+def run_arguments(
+    opts: CompareOptions, seeds: int, tokens: int, pilot: int | None = None
+) -> list[str]:
+    """The arguments after the model and allocations in a reproducing command line (`pilot`:
+    the pilot runs' tokens, when the grid has novelty:pilot allocations)."""
+    parts = ["--seeds", str(seeds), "--tokens", str(tokens)]
     if opts.data is not None:
         parts += ["--data", str(opts.data)]
     for o in opts.overrides:
@@ -317,10 +358,10 @@ def canonical_command(opts: CompareOptions, grid) -> str:
     parts += ["--novelty-tokens", str(opts.novelty_tokens)]
     if opts.novelty_data is not None:
         parts += ["--novelty-data", str(opts.novelty_data)]
-    if grid.pilot is not None:
-        parts += ["--pilot-tokens", str(grid.pilot["tokens"])]
+    if pilot is not None:
+        parts += ["--pilot-tokens", str(pilot)]
     parts += ["--out", str(opts.out)]  # --jobs/--threads change the speed, never the numbers
-    return shlex.join(parts)
+    return parts
 
 
 # ----------------------------------------------------------------------------------------------
@@ -329,33 +370,23 @@ def canonical_command(opts: CompareOptions, grid) -> str:
 
 def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
     """Validate, prepare the data if needed, train and evaluate every cell (resumably) and write
-    the report; returns (report.md, report.json)."""
+    the report; returns (report.md, report.json). `--paper families` is one comparison per
+    family: `taperlm.compare.families.run_families` (which calls this for each)."""
+    if opts.paper == "families":
+        raise ConfigError(
+            "--paper families runs one comparison per family: call "
+            "taperlm.compare.families.run_families (what `taperlm compare` does)"
+        )
     t_start, cpu_start = time.perf_counter(), _cpu_seconds()
-    if opts.seeds < 1:
-        raise ConfigError(f"--seeds must be >= 1, got {opts.seeds}")
-    if opts.threads < 1:
-        raise ConfigError(f"--threads must be >= 1, got {opts.threads}")
-    if opts.jobs is not None and opts.jobs < 1:
-        raise ConfigError(f"--jobs must be >= 1, got {opts.jobs}")
-    allocs = allocations(opts)
+    allocs, provisional = check_options(opts)
 
     from taperlm.compare.grid import build_grid
     from taperlm.compare.report import write_report
     from taperlm.compare.runner import SharedInputs
     from taperlm.compare.scheduler import run_grid
     from taperlm.data.loader import load_meta
-    from taperlm.device import resolve_device
-    from taperlm.training.loop import validate_train_config
 
     seeds = list(range(opts.seeds))
-    # Validate everything that does not need the data before preparing it.
-    provisional = base_config(opts, None, None)
-    build_grid(provisional, allocs, seeds, opts.paper)
-    validate_train_config(provisional)
-    resolve_device(provisional.train.device, "train.device")  # there, before any work
-
-    pilot_tokens(opts, provisional)  # a bad --pilot-tokens fails before any work
-
     data_dir = _data_dir(opts, provisional)
     meta = load_meta(data_dir)
     notes: list[str] = []
@@ -500,6 +531,28 @@ def run_pilots(opts: CompareOptions, base, seeds: list[int], data_dir: Path, voc
             "rho_mlp": rho,
         }
     return out
+
+
+def check_options(opts: CompareOptions):
+    """Validate everything that does not need the data (so that nothing is prepared or trained
+    for a comparison that cannot run); returns (allocations, provisional base config)."""
+    from taperlm.compare.grid import build_grid
+    from taperlm.device import resolve_device
+    from taperlm.training.loop import validate_train_config
+
+    if opts.seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {opts.seeds}")
+    if opts.threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {opts.threads}")
+    if opts.jobs is not None and opts.jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {opts.jobs}")
+    allocs = allocations(opts)
+    provisional = base_config(opts, None, None)
+    build_grid(provisional, allocs, list(range(opts.seeds)), opts.paper)
+    validate_train_config(provisional)
+    resolve_device(provisional.train.device, "train.device")  # there, before any work
+    pilot_tokens(opts, provisional)  # a bad --pilot-tokens fails before any work
+    return allocs, provisional
 
 
 def _data_dir(opts: CompareOptions, provisional) -> Path:

@@ -15,6 +15,8 @@ PLOTS = {
     "val_loss": "val_loss.png",
     "val_loss_diff": "val_loss_diff.png",
     "novelty": "novelty.png",
+    "paper": "paper.png",
+    "sweep": "sweep.png",
 }
 
 
@@ -76,12 +78,34 @@ def _r_labels(summary: dict[str, Any], labels) -> dict[str, dict[str, str]]:
     return out
 
 
+def _paper_rows(summary: dict[str, Any]):
+    """Forest-plot rows (label, our ppl change %, CI) and the paper's change % per label, for
+    the allocations the paper reports."""
+    from taperlm.stats import relative_ppl_change as relative_change
+
+    allocs = summary["allocations"]
+    u = next((a for a in allocs if a["diff_vs_uniform"] is None), None)
+    if u is None or u["paper_ppl"] is None:
+        return [], {}
+    rows, ref = [], {}
+    for a in allocs:
+        d = a["diff_vs_uniform"] and a["diff_vs_uniform"]["val_loss"]
+        if not d or d["mean"] is None or a["paper_ppl"] is None:
+            continue
+        lo, hi = (relative_change(x) for x in d["ci"]) if d["ci"] else (None, None)
+        rows.append((a["label"], relative_change(d["mean"]), lo, hi))
+        ref[a["label"]] = 100.0 * (a["paper_ppl"] / u["paper_ppl"] - 1.0)
+    return rows, ref
+
+
 def write_plots(
     grid: Grid, results: dict[str, dict[str, Any]], out_dir: Path, summary: dict[str, Any]
 ) -> dict[str, str]:
     """The PNGs (file names relative to out_dir); `summary` (taperlm.compare.summary) supplies
-    the statistics shown in legends, so plots and report.md show the same numbers."""
+    the statistics shown in legends, so plots and report.md show the same numbers, and our
+    perplexity changes beside the paper's for the allocations it reports (paper.png)."""
     from taperlm.analysis.plots import (
+        plot_intervals,
         plot_loss_curves,
         plot_novelty,
         plot_paired_differences,
@@ -159,4 +183,42 @@ def write_plots(
             r_title=R_TITLE,
         )
         written["novelty"] = PLOTS["novelty"]
+
+    rows, ref = _paper_rows(summary)
+    if len(rows) >= 2:
+        plot_intervals(
+            rows,
+            out_dir / PLOTS["paper"],
+            title="Val ppl change vs uniform: ours and the paper's",
+            xlabel="val ppl change vs uniform, % (paper: 440M Transformer, 30B tokens)",
+            reference=ref,
+            reference_label="paper, 440M / 30B tokens",
+        )
+        written["paper"] = PLOTS["paper"]
+    if grid.paper == "sweep" and rows:
+        _sweep_plot(rows, ref, out_dir / PLOTS["sweep"])
+        written["sweep"] = PLOTS["sweep"]
     return written
+
+
+def _sweep_plot(rows, ref: dict[str, float], path: Path) -> None:
+    """The sweep as the paper draws its claims: ppl change vs uniform against the start ratio,
+    one line per schedule (ours with 95% intervals, the paper's dotted)."""
+    from taperlm.analysis.plots import plot_interval_series
+    from taperlm.taper import TaperSpec
+
+    series: dict[str, list] = {}
+    paper: dict[str, list] = {}
+    for label, mean, lo, hi in rows:
+        spec = TaperSpec.parse(label)
+        series.setdefault(spec.schedule, []).append((spec.start, mean, lo, hi))
+        paper.setdefault(spec.schedule, []).append((spec.start, ref[label]))
+    plot_interval_series(
+        {k: sorted(v) for k, v in series.items()},
+        path,
+        title="Schedule x ratio sweep: val ppl change vs uniform",
+        xlabel="start ratio (end = 2 − start)",
+        ylabel="ppl change vs uniform, % (lower is better)",
+        reference={k: sorted(v) for k, v in paper.items()},
+        reference_label="paper, 440M",
+    )

@@ -24,9 +24,10 @@ from taperlm.compare.plots import PLOTS, write_plots
 from taperlm.compare.summary import summarize
 from taperlm.config import to_dict
 from taperlm.io import atomic_write_json, atomic_write_text
+from taperlm.stats import relative_ppl_change
 
 
-def _pm(s: dict[str, Any], fmt: str) -> str:
+def mean_pm(s: dict[str, Any], fmt: str) -> str:
     if s["mean"] is None:
         return "–"
     if s["std"] is None:
@@ -34,7 +35,7 @@ def _pm(s: dict[str, Any], fmt: str) -> str:
     return f"{format(s['mean'], fmt)} ± {format(s['std'], fmt.lstrip('+'))}"
 
 
-def _diff(d: dict[str, Any] | None, fmt: str) -> str:
+def diff_ci(d: dict[str, Any] | None, fmt: str) -> str:
     if d is None:
         return "(baseline)"
     if d["mean"] is None:
@@ -46,7 +47,7 @@ def _diff(d: dict[str, Any] | None, fmt: str) -> str:
     return f"{m} [{lo}, {hi}]" + (" *" if d["excludes_zero"] else "")
 
 
-def _table(head: Sequence[str], rows: list[Sequence[str]]) -> list[str]:
+def md_table(head: Sequence[str], rows: list[Sequence[str]]) -> list[str]:
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return out
@@ -74,17 +75,17 @@ def render_markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def produced_by(command: str) -> list[str]:
+    """The report lines that name the command reproducing it."""
+    return ["Produced by:", "", "```", command, "```", ""]
+
+
 def _header(summary: dict[str, Any], meta: dict[str, Any]) -> list[str]:
     s, m = meta["settings"], meta["model"]
     return [
         f"# taperlm compare — {meta['title']}",
         "",
-        "Produced by:",
-        "",
-        "```",
-        meta["command"],
-        "```",
-        "",
+        *produced_by(meta["command"]),
         f"- model: {m['family']}, {m['n_layers']} layers, d_model {m['d_model']}, "
         f"{m['n_heads']} heads, baseline MLP width {m['mlp_width']}, vocab {m['vocab_size']}",
         f"- training per run: {s['tokens']:,} tokens ({s['steps']} steps of "
@@ -162,11 +163,11 @@ def _validation_section(summary: dict[str, Any]) -> list[str]:
             f"`{a['taper']}`",
             f"{a['params']:,}",
             f"{a['flops_per_token']:,}",
-            _pm(a["tokens_per_s"], ",.0f"),
-            _pm(a["val_loss"], ".4f"),
-            _pm(a["val_ppl"], ".2f"),
-            _diff(d and d["val_loss"], ".4f"),
-            _diff(d and d["val_ppl"], ".2f"),
+            mean_pm(a["tokens_per_s"], ",.0f"),
+            mean_pm(a["val_loss"], ".4f"),
+            mean_pm(a["val_ppl"], ".2f"),
+            diff_ci(d and d["val_loss"], ".4f"),
+            diff_ci(d and d["val_ppl"], ".2f"),
             str(a["val_loss"]["n"]),
         ]
         if show_paper:
@@ -197,16 +198,16 @@ def _validation_section(summary: dict[str, Any]) -> list[str]:
     return [
         "## Validation",
         "",
-        *_table(head, rows),
+        *md_table(head, rows),
         "",
         "Mean ± sample std over seeds. Δ = allocation − uniform of the same seed (same data "
         "order, same init seed), mean over seeds with the 95% Student-t interval "
         "mean ± t(0.975, n−1)·sd/√n; `*` = the interval excludes 0. Lower is better.",
-        f"Checks: equal params {_yn(ck['equal_params'])}, equal FLOPs/token "
-        f"{_yn(ck['equal_flops_per_token'])}, same data order within each seed "
-        f"{_yn(ck['same_data_order_within_seed'])}, different across seeds "
-        f"{_yn(ck['distinct_data_order_across_seeds'])}, init seed = seed "
-        f"{_yn(ck['init_seed_equals_seed'])}.",
+        f"Checks: equal params {yes_no(ck['equal_params'])}, equal FLOPs/token "
+        f"{yes_no(ck['equal_flops_per_token'])}, same data order within each seed "
+        f"{yes_no(ck['same_data_order_within_seed'])}, different across seeds "
+        f"{yes_no(ck['distinct_data_order_across_seeds'])}, init seed = seed "
+        f"{yes_no(ck['init_seed_equals_seed'])}.",
         "",
         *(line for note in notes for line in (note, "")),
     ]
@@ -227,14 +228,28 @@ def _zero_shot_section(allocs: list[dict[str, Any]], s: dict[str, Any]) -> list[
         "## Zero-shot",
         "",
         f"Tasks {', '.join(s['eval_tasks'])}, first {s['eval_limit'] or 'all'} items each "
-        "(accuracies in %, mean ± std over seeds).",
+        f"(accuracies in %, mean ± std over seeds). {CHANCE_NOTE}",
         "",
-        *_table(
+        *md_table(
             ["allocation", *cols],
-            [[a["label"], *(_pm(a["zero_shot"][c], ".2f") for c in cols)] for a in zs],
+            [[a["label"], *(zero_shot_cell(a["zero_shot"].get(c)) for c in cols)] for a in zs],
         ),
         "",
     ]
+
+
+CHANCE_NOTE = (
+    "† = at chance level: not significantly above the accuracy without skill (random guessing, "
+    "or always the most frequent answer), at most its upper 95% binomial bound for the items "
+    "scored."
+)
+
+
+def zero_shot_cell(entry: dict[str, Any] | None) -> str:
+    """One zero-shot column of one allocation: mean ± std, † when at chance level."""
+    if entry is None:
+        return "–"
+    return mean_pm(entry, ".2f") + (" †" if entry.get("at_chance") else "")
 
 
 def _novelty_section(allocs: list[dict[str, Any]], s: dict[str, Any]) -> list[str]:
@@ -244,8 +259,8 @@ def _novelty_section(allocs: list[dict[str, Any]], s: dict[str, Any]) -> list[st
         rows.append(
             [
                 a["label"],
-                _pm(a["novelty"]["pearson_mlp"], "+.2f"),
-                _pm(a["novelty"]["pearson_block"], "+.2f"),
+                mean_pm(a["novelty"]["pearson_mlp"], "+.2f"),
+                mean_pm(a["novelty"]["pearson_block"], "+.2f"),
                 " ".join("–" if v is None else f"{v:+.2f}" for v in pl),
             ]
         )
@@ -259,7 +274,7 @@ def _novelty_section(allocs: list[dict[str, Any]], s: dict[str, Any]) -> list[st
         "per-layer means averaged over seeds (novelty.png's lines; its bands are ±1 std over "
         "seeds). The paper measured r(rho_mlp) = 0.49–0.71 on GPT-2.",
         "",
-        *_table(
+        *md_table(
             [
                 "allocation",
                 "r(rho_mlp, depth), mean ± std over seeds",
@@ -278,12 +293,18 @@ def _plots_section(plots: dict[str, str], s: dict[str, Any]) -> list[str]:
         "val_loss": f"validation loss during training, mean ± 1 std over seeds ({evals})",
         "val_loss_diff": f"paired validation-loss difference vs uniform during training ({evals})",
         "novelty": "rho_mlp and rho_block per layer, means over seeds ± 1 std over seeds",
+        "paper": "perplexity change vs uniform beside the paper's",
+        "sweep": "the sweep: perplexity change vs start ratio per schedule, beside the paper's",
     }
     lines = ["", "## Plots", ""]
     lines += [f"- [{captions[key]}]({file})" for key, file in plots.items()]
     lines += ["", f"![widths]({PLOTS['widths']})"]
     if "val_loss_diff" in plots:
         lines.append(f"![val loss difference]({PLOTS['val_loss_diff']})")
+    if "paper" in plots:
+        lines.append(f"![against the paper]({PLOTS['paper']})")
+    if "sweep" in plots:
+        lines.append(f"![the sweep]({PLOTS['sweep']})")
     return lines
 
 
@@ -296,14 +317,14 @@ def _per_seed_section(allocs: list[dict[str, Any]], seeds: list[int]) -> list[st
         "",
         "## Per-seed validation loss",
         "",
-        *_table(
+        *md_table(
             ["allocation", *(f"seed {x}" for x in seeds)],
             [[a["label"], *(cell(a, x) for x in seeds)] for a in allocs],
         ),
     ]
 
 
-def _yn(ok: bool) -> str:
+def yes_no(ok: bool) -> str:
     return "yes" if ok else "**NO**"
 
 
@@ -317,7 +338,8 @@ def _paper_section(pc: dict[str, Any], allocs: list[dict[str, Any]]) -> list[str
         "## Against the paper",
         "",
         "The paper's numbers are validation perplexities of a 440M Transformer after 30B tokens "
-        "(PAPER.md §3, §4), so only the *ordering* is comparable.",
+        "(PAPER.md §3, §4), so only the *ordering* is comparable. Our change vs uniform is "
+        "exp(Δ loss) − 1, paired over seeds, with its 95% interval.",
         "",
         f"- ours, best to worst: {' < '.join(label[n] for n in order_ours)}",
         f"- paper, best to worst: {' < '.join(label[n] for n in order_paper)}",
@@ -331,7 +353,6 @@ def _paper_section(pc: dict[str, Any], allocs: list[dict[str, Any]]) -> list[str
         f"- best allocation: ours {label[pc['best_ours']]}, paper {label[pc['best_paper']]}",
     ]
     u = next((a for a in allocs if a["diff_vs_uniform"] is None), None)
-    u_ppl = u["val_ppl"]["mean"] if u else None
     u_paper = u["paper_ppl"] if u else None
     rows = []
     for a in allocs:
@@ -339,10 +360,12 @@ def _paper_section(pc: dict[str, Any], allocs: list[dict[str, Any]]) -> list[str
             continue
         d = a["diff_vs_uniform"]
         ours = "(baseline)"
-        if d and d["val_ppl"]["mean"] is not None and u_ppl:
-            ci = d["val_ppl"]["ci"]
-            ours = f"{100 * d['val_ppl']['mean'] / u_ppl:+.2f}%" + (
-                "" if ci is None else f" [{100 * ci[0] / u_ppl:+.2f}, {100 * ci[1] / u_ppl:+.2f}]"
+        if d and d["val_loss"]["mean"] is not None:
+            ci = d["val_loss"]["ci"]
+            ours = f"{relative_ppl_change(d['val_loss']['mean']):+.2f}%" + (
+                ""
+                if ci is None
+                else f" [{relative_ppl_change(ci[0]):+.2f}, {relative_ppl_change(ci[1]):+.2f}]"
             )
         paper = "(baseline)"
         if d is not None and u_paper:
@@ -351,7 +374,7 @@ def _paper_section(pc: dict[str, Any], allocs: list[dict[str, Any]]) -> list[str
             [a["label"], f"{a['val_ppl']['mean']:.2f}", ours, f"{a['paper_ppl']:.2f}", paper]
         )
     lines += [""]
-    lines += _table(
+    lines += md_table(
         [
             "allocation",
             "our val ppl",

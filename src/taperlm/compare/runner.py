@@ -212,7 +212,7 @@ def read_curve(run_dir: Path) -> tuple[list[list[float]], list[float]]:
 def _zero_shot(model, shared: SharedInputs, cell: Cell) -> dict[str, Any]:
     from taperlm.evaluation.niah import TASKS as NIAH_TASKS
     from taperlm.evaluation.scoring import Scorer
-    from taperlm.evaluation.suite import paper_row, run_niah, run_task
+    from taperlm.evaluation.suite import no_skill_accuracy, paper_row, run_niah, run_task
 
     if not shared.settings.eval_tasks:
         return {}
@@ -243,7 +243,10 @@ def _zero_shot(model, shared: SharedInputs, cell: Cell) -> dict[str, Any]:
     tasks = {}
     for k, v in results.items():
         tasks[k] = {"metrics": v.metrics, "n": v.n} | ({"counts": v.counts} if v.counts else {})
-    return {"paper_row": paper_row(results), "tasks": tasks}
+    # the accuracy without skill (guessing, or the most frequent answer), to mark results that
+    # are at chance level; a needle cannot be guessed (None: no mark)
+    chance = {k: None if k in NIAH_TASKS else no_skill_accuracy(shared.task(k)) for k in results}
+    return {"paper_row": paper_row(results), "tasks": tasks, "chance": chance}
 
 
 def evaluate_cell(cell: Cell, run_dir: Path, shared: SharedInputs) -> dict[str, Any]:

@@ -194,7 +194,25 @@ def _zero_shot_summary(rs: list[dict[str, Any]]) -> dict[str, Any] | None:
         vals = [x[col] for x in rows if x.get(col) is not None]
         if vals:
             out[col] = stats.summary(vals)
+    _mark_chance(out, rs)
     return out
+
+
+def _mark_chance(columns: dict[str, Any], rs: list[dict[str, Any]]) -> None:
+    """Adds `chance` (the no-skill accuracy, %) and `at_chance` (the mean is not significantly
+    above it) to the accuracy columns whose task has a chance level."""
+    from taperlm.evaluation.suite import PAPER_COLUMNS, at_chance, chance_columns
+
+    zs = next((r["zero_shot"] for r in rs if (r.get("zero_shot") or {}).get("chance")), None)
+    if zs is None:
+        return  # results from before chance levels were recorded
+    task_of = {col: task for col, task, _, _ in PAPER_COLUMNS}
+    for col, chance in chance_columns(zs["chance"]).items():
+        entry = columns.get(col)
+        if entry is not None and entry["mean"] is not None:
+            n = zs["tasks"][task_of[col]]["n"]
+            entry["chance"] = chance
+            entry["at_chance"] = at_chance(entry["mean"], chance, n)
 
 
 def _checks(grid: Grid, results: dict[str, dict[str, Any]]) -> dict[str, Any]:

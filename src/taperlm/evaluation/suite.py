@@ -450,6 +450,41 @@ def paper_row(results: dict[str, TaskResult]) -> dict[str, float | None]:
     return row
 
 
+def no_skill_accuracy(data: TaskData) -> float | None:
+    """The accuracy (0-1) a model without any skill reaches on these items: the larger of
+    random guessing (mean of 1/choices) and always giving the most frequent gold position
+    (BoolQ's "yes" is 62%). None for tasks without choices (LAMBADA, WikiText)."""
+    if data.kind != "multiple_choice":
+        return None
+    items = data.items()
+    if not items:
+        return None
+    guess = mean([1.0 / len(it.requests) for it in items])
+    counts: dict[int, int] = {}
+    for it in items:
+        counts[it.gold] = counts.get(it.gold, 0) + 1
+    return max(guess, max(counts.values()) / len(items))
+
+
+def chance_columns(chance: dict[str, float | None]) -> dict[str, float]:
+    """Task -> no-skill accuracy (0-1) as paper-table column -> percent, for the accuracy
+    columns whose task has one (`PAPER_COLUMNS`)."""
+    out = {}
+    for col, task, metric, scale in PAPER_COLUMNS:
+        c = chance.get(task)
+        if c is not None and metric in ("acc", "acc_norm"):
+            out[col] = c * scale
+    return out
+
+
+def at_chance(accuracy: float, chance: float, n: int, z: float = 1.96) -> bool:
+    """Whether an accuracy (percent) on n items is not significantly above the no-skill
+    accuracy `chance` (percent): at most its upper 95% binomial bound, i.e. indistinguishable
+    from guessing (or below it)."""
+    p = chance / 100.0
+    return accuracy <= 100.0 * (p + z * math.sqrt(p * (1.0 - p) / max(n, 1)))
+
+
 def format_table(results: dict[str, TaskResult], label: str = "model") -> str:
     """The paper's table (markdown), plus val ppl and per-task wall time beneath it."""
     row = paper_row(results)

@@ -250,3 +250,59 @@ def init_weights(module: nn.Module, std: float, n_layers: int, normal_=nn.init.n
                 nn.init.zeros_(m.bias)
         elif isinstance(m, nn.Embedding):
             normal_(m.weight, 0.0, std)
+
+
+# Units (SwiGLU hidden units) per keyed draw of `paired_init`: widths are multiples of 16.
+PAIRED_UNITS = 16
+
+
+def keyed_seed(seed: int, key: str) -> int:
+    """A seed derived from (seed, key): streams of different keys are independent."""
+    import hashlib
+
+    digest = hashlib.blake2b(f"{seed}/{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def _stream(seed: int, key: str) -> torch.Generator:
+    """A CPU generator keyed by (seed, key), independent of everything drawn before."""
+    return torch.Generator().manual_seed(keyed_seed(seed, key))
+
+
+def _unit_blocks(seed: int, key: str, units: int, d: int, std: float) -> torch.Tensor:
+    """[units, d] Normal(0, std) rows, drawn in keyed blocks of PAIRED_UNITS rows, so the first
+    rows agree for every `units`."""
+    blocks = []
+    for b in range(0, units, PAIRED_UNITS):
+        n = min(PAIRED_UNITS, units - b)
+        blocks.append(torch.randn(n, d, generator=_stream(seed, f"{key}/{b}")) * std)
+    return torch.cat(blocks)
+
+
+@torch.no_grad()
+def paired_init(module: nn.Module, seed: int, std: float, n_layers: int, write=None) -> None:
+    """`init_weights`' distribution (the same matrices with the same std) drawn from streams
+    keyed by (seed, module name) instead of one sequential stream: models that differ only in
+    their per-layer widths start from the same weights wherever their shapes agree. Every
+    same-shaped matrix (embeddings, attention, head) is identical, and a SwiGLU of width w holds
+    the first w hidden units (gate and up rows, down-projection columns) of any wider one: the
+    common random numbers of a paired comparison. `write(tensor, full)` stores a draw (a sharded
+    model passes its own); the default copies."""
+    write = write or (lambda t, full: t.copy_(full))
+    done: set[int] = set()
+    residual = std / math.sqrt(2 * n_layers)
+    for name, m in module.named_modules():
+        if isinstance(m, SwiGLU):
+            d = m.w_in.weight.shape[1]
+            gate = _unit_blocks(seed, f"{name}.gate", m.width, d, std)
+            up = _unit_blocks(seed, f"{name}.up", m.width, d, std)
+            write(m.w_in.weight, torch.cat([gate, up]).to(m.w_in.weight.dtype))
+            down = _unit_blocks(seed, f"{name}.down", m.width, d, residual).t().contiguous()
+            write(m.w_out.weight, down.to(m.w_out.weight.dtype))
+            done |= {id(m.w_in.weight), id(m.w_out.weight)}
+    for name, m in module.named_modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)) and id(m.weight) not in done:
+            s = residual if getattr(m, "residual_out", False) else std
+            full = torch.randn(tuple(m.weight.shape), generator=_stream(seed, name)) * s
+            write(m.weight, full.to(m.weight.dtype))
+            done.add(id(m.weight))

@@ -460,11 +460,15 @@ class Trainer:
         set_activation_checkpointing(model, self.cfg.activation_checkpointing == "full")
         if self.cfg.parallel == "fsdp" and self.info.enabled:
             wrapped = D.wrap_model(model, "fsdp", self.info, self._mixed_precision())
-            materialize(model, self.device)
+            materialize(model, self.device, self._paired_seed())
         else:
-            materialize(model, self.device)
+            materialize(model, self.device, self._paired_seed())
             wrapped = D.wrap_model(model, self.cfg.parallel, self.info)
         return model, wrapped, periods
+
+    def _paired_seed(self) -> int | None:
+        """The seed of the keyed weight draws when train.paired_init is on."""
+        return self.cfg.seed if self.cfg.paired_init else None
 
     def _mixed_precision(self):
         """FSDP2's policy: bf16 compute copies when the run computes in bf16 (configurable)."""

@@ -47,10 +47,15 @@ def _write(target: torch.Tensor, full: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def materialize(model: nn.Module, device: torch.device) -> nn.Module:
+def materialize(
+    model: nn.Module, device: torch.device, paired_seed: int | None = None
+) -> nn.Module:
     """Allocate `model` (built by `build_on_meta`, possibly sharded since) on `device` and fill it
-    as `TaperedLM(model.config)` would have been filled after the caller's `torch.manual_seed`."""
-    from taperlm.models.layers import Rotary, init_weights
+    as `TaperedLM(model.config)` would have been filled after the caller's `torch.manual_seed`.
+    With `paired_seed` (train.paired_init), every part is built from its own keyed stream and the
+    weight matrices are redrawn by `paired_init`, so models of different widths share every draw
+    their shapes allow (the global RNG then ends in a state of its own)."""
+    from taperlm.models.layers import Rotary, init_weights, keyed_seed, paired_init
 
     cfg = model.config
     model.to_empty(device=device)
@@ -61,6 +66,10 @@ def materialize(model: nn.Module, device: torch.device) -> nn.Module:
     filled: set[str] = set()
     rotary = Rotary(cfg.head_dim, cfg.context_length, cfg.rope_theta)
     for prefix, build in model.parts(cfg, rotary):
+        if paired_seed is not None:
+            # each part's construction draws (Titans' persistent tokens, convolutions, memory
+            # init) from its own stream, so they do not depend on the widths of earlier parts
+            torch.manual_seed(keyed_seed(paired_seed, prefix))
         part = build()
         for name, value in [*part.named_parameters(), *part.named_buffers()]:
             key = f"{prefix}.{name}"
@@ -80,4 +89,6 @@ def materialize(model: nn.Module, device: torch.device) -> nn.Module:
             _write(t, full)
 
     init_weights(model, cfg.init_std, cfg.n_layers, normal_=normal_)
+    if paired_seed is not None:
+        paired_init(model, paired_seed, cfg.init_std, cfg.n_layers, write=_write)
     return model

@@ -1,0 +1,180 @@
+"""`taperlm compare --paper families`: the paper's family table (PAPER.md §6) at any scale.
+
+Every family's preset `{prefix}-{size}` (default: transformer, gated, hope and titans-mag at the
+size `tiny`) is compared uniform vs cosine 1.5 -> 0.5 over the same seeds. Each family is its own
+comparison at exactly its own uniform budget (`build_grid` asserts equal parameters and
+FLOPs/token, and that the cells of a seed differ only in the widths): `OUT/<prefix>-<size>/` is a
+complete `taperlm compare` of that family (report.md, runs/, plots), reproducible on its own
+with the command its report names. `OUT/report.md`, `report.json` and `families.png` then put the
+families side by side like the paper's 760M table, with the paper's numbers and relative changes
+beside ours (`taperlm.compare.family_table`).
+
+`--set` keys of a family's own section (`model.titans.window=32`, `hope.levels=2`) apply to that
+family only; every other key applies to all. At the paper's sizes (`--preset-size 760m`) the
+cells train with the paper's recipe (`taperlm.compare.job.PAPER_TRAIN_DEFAULTS`).
+
+Titans: the paper does not say which variant it tapered; the default is MAG (why: docs/compare.md);
+`--families transformer,titans-mac,titans-mal` runs others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from taperlm.errors import ConfigError
+
+DEFAULT_FAMILIES = ("transformer", "gated", "hope", "titans-mag")
+DEFAULT_PRESET_SIZE = "tiny"
+
+
+def family_presets(opts) -> list[str]:
+    """The preset prefixes of --families (default DEFAULT_FAMILIES), checked and deduplicated."""
+    from taperlm.presets import preset_families
+
+    known = preset_families()
+    text = opts.families if opts.families is not None else ",".join(DEFAULT_FAMILIES)
+    out: list[str] = []
+    for name in (t.strip() for t in text.split(",")):
+        if not name:
+            continue
+        if name not in known:
+            raise ConfigError(
+                f"--families: unknown family preset {name!r}; choose from {', '.join(known)}"
+            )
+        if name not in out:
+            out.append(name)
+    if not out:
+        raise ConfigError(f"--families is empty; give e.g. --families {','.join(DEFAULT_FAMILIES)}")
+    return out
+
+
+def preset_size(opts) -> str:
+    """--preset-size (default tiny), checked against the preset sizes."""
+    from taperlm.presets import PAPER_SHAPES, SMALL_SHAPES
+
+    size = opts.preset_size or DEFAULT_PRESET_SIZE
+    sizes = [*SMALL_SHAPES, *PAPER_SHAPES]
+    if size not in sizes:
+        raise ConfigError(f"--preset-size {size!r} is unknown; choose from {', '.join(sizes)}")
+    return size
+
+
+def override_family(text: str) -> str | None:
+    """The family whose own section a `--set` key addresses (`model.titans.window=32` ->
+    titans), or None for a key every family has."""
+    from taperlm.config import parse_override
+    from taperlm.families import FAMILIES
+
+    key, _ = parse_override(text)
+    parts = key.split(".")
+    if parts[0] == "model":
+        parts = parts[1:]
+    return parts[0] if len(parts) > 1 and parts[0] in FAMILIES else None
+
+
+def family_options(opts) -> list[tuple[str, Any]]:
+    """(preset prefix, the CompareOptions of its comparison) for every family of the run."""
+    from taperlm.compare.grid import FAMILIES_TAPERS
+    from taperlm.presets import preset_families
+
+    if opts.preset or opts.config:
+        raise ConfigError(
+            "--paper families builds every family from its own preset: choose the size with "
+            "--preset-size (tiny, small, 440m, ...) and the families with --families, not "
+            "--preset/--config"
+        )
+    if opts.tapers or opts.taper_list:
+        raise ConfigError("give either --paper MODE or --tapers/--taper, not both")
+    prefixes = family_presets(opts)
+    size = preset_size(opts)
+    known = preset_families()
+    names = {known[p][0].name for p in prefixes}
+    for text in opts.overrides:
+        fam = override_family(text)
+        if fam is not None and fam not in names:
+            raise ConfigError(
+                f"--set {text!r} is an option of the {fam} family, which is not among "
+                f"--families {','.join(prefixes)}"
+            )
+    out = []
+    for prefix in prefixes:
+        fam = known[prefix][0].name
+        sets = [o for o in opts.overrides if override_family(o) in (None, fam)]
+        sub = dataclasses.replace(
+            opts,
+            out=opts.out / f"{prefix}-{size}",
+            preset=f"{prefix}-{size}",
+            paper=None,
+            tapers=";".join(FAMILIES_TAPERS),
+            preset_size=None,
+            families=None,
+            overrides=sets,
+        )
+        out.append((prefix, sub))
+    return out
+
+
+def run_families(opts) -> tuple[Path, Path]:
+    """Check every family's comparison, then run them one after the other (each resumable like
+    any comparison) and write the family table after each; returns (report.md, report.json)."""
+    from taperlm.compare.job import check_options
+    from taperlm.runlock import locked
+
+    t_start, cpu_start = time.perf_counter(), time.process_time()
+    subs = family_options(opts)
+    for _, sub in subs:  # nothing trains before every family's grid is known to be valid
+        check_options(sub)
+    opts.out.mkdir(parents=True, exist_ok=True)
+    with locked(opts.out, "families folder"):  # one families run writes the folder at a time
+        return _run_all(opts, subs, t_start, cpu_start)
+
+
+def _run_all(opts, subs, t_start: float, cpu_start: float) -> tuple[Path, Path]:
+    from taperlm.compare.family_table import write_family_report
+    from taperlm.compare.job import run_comparison
+
+    size = preset_size(opts)
+    docs: dict[str, dict[str, Any]] = {}
+    walls: dict[str, float] = {}
+    for i, (prefix, sub) in enumerate(subs, 1):
+        print(
+            f"taperlm compare --paper families: family {i}/{len(subs)}: {sub.preset} "
+            f"into {sub.out}",
+            file=sys.stderr,
+        )
+        t0 = time.perf_counter()
+        _, js = run_comparison(sub)
+        walls[prefix] = time.perf_counter() - t0
+        docs[prefix] = json.loads(js.read_text(encoding="utf-8"))
+        meta = {
+            "command": _command(opts, subs, docs[prefix]["meta"]["settings"]["tokens"]),
+            "preset_size": size,
+            "families": [p for p, _ in subs],
+            "family_wall_s": dict(walls),
+            "wall_s": time.perf_counter() - t_start,
+            "cpu_s": time.process_time() - cpu_start,
+            "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "done": len(docs),
+            "total": len(subs),
+        }
+        md, js_all = write_family_report(docs, opts.out, meta)
+    print(f"wrote {md} and {js_all} ({(time.perf_counter() - t_start) / 60:.1f} min)")
+    return md, js_all
+
+
+def _command(opts, subs: list[tuple[str, Any]], tokens: int) -> str:
+    """The command line that reproduces the families run (every choice explicit)."""
+    import shlex
+
+    from taperlm.compare.job import run_arguments
+
+    parts = ["taperlm", "compare", "--paper", "families", "--preset-size", preset_size(opts)]
+    parts += ["--families", ",".join(p for p, _ in subs)]
+    if opts.multiple_of:
+        parts += ["--multiple-of", str(opts.multiple_of)]
+    return shlex.join(parts + run_arguments(opts, subs[0][1].seeds, tokens))

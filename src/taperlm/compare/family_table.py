@@ -1,0 +1,400 @@
+"""The family table of `taperlm compare --paper families` (`taperlm.compare.families`), laid out
+like the paper's 760M table (PAPER.md §6): per family, the uniform and the tapered model's
+validation loss and ppl, the paired difference with its 95% interval, the relative change in ppl
+beside the paper's, the zero-shot columns (chance-level results marked) when tasks were run, the
+budget checks and the time each family took. Writes report.md, report.json and families.png.
+
+Our relative change is the ratio of the geometric-mean perplexities, exp(mean Δloss) − 1, with
+the interval exp(CI of Δloss) − 1 (paired over seeds). The paper reports single runs at 760M
+parameters and 50B tokens; its in-distribution validation perplexities per family are not given,
+so WikiText perplexity (its first column) stands beside our validation perplexity.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from taperlm import stats
+from taperlm.compare.report import (
+    CHANCE_NOTE,
+    diff_ci,
+    md_table,
+    mean_pm,
+    produced_by,
+    yes_no,
+    zero_shot_cell,
+)
+from taperlm.io import atomic_write_json, atomic_write_text
+
+# PAPER.md §6, 760M parameters / 50B tokens: family -> (the paper's name, uniform, + tapered).
+PAPER_760M_COLUMNS = (
+    "Wiki ppl",
+    "LMB ppl",
+    "LMB acc",
+    "PIQA",
+    "Hella",
+    "Wino",
+    "ARC-e",
+    "ARC-c",
+    "SIQA",
+    "BoolQ",
+    "Avg",
+)
+PAPER_760M: dict[str, tuple[str, tuple[float, ...], tuple[float, ...]]] = {
+    "transformer": (
+        "Transformer++",
+        (21.86, 22.29, 39.0, 68.7, 46.3, 57.1, 66.8, 35.3, 42.5, 62.3, 52.25),
+        (21.42, 21.25, 40.1, 69.3, 47.0, 57.3, 66.7, 35.9, 43.0, 63.4, 52.84),
+    ),
+    "gated": (
+        "Gated Attention",
+        (20.74, 21.85, 39.7, 69.2, 46.3, 57.9, 68.4, 35.5, 41.8, 62.1, 52.61),
+        (19.98, 21.44, 40.0, 69.3, 46.8, 57.8, 69.1, 35.8, 41.6, 62.6, 52.88),
+    ),
+    "hope": (
+        "Hope-attention",
+        (20.62, 21.29, 40.2, 70.1, 50.6, 56.8, 69.9, 37.1, 41.3, 63.5, 53.69),
+        (20.50, 21.07, 40.3, 70.7, 51.0, 57.4, 69.2, 38.1, 41.8, 63.9, 54.05),
+    ),
+    "titans": (
+        "Titans",
+        (21.58, 23.09, 39.2, 67.7, 50.0, 52.8, 68.0, 35.6, 41.4, 63.7, 52.30),
+        (20.77, 22.92, 39.9, 69.0, 51.6, 54.5, 67.9, 36.1, 42.5, 64.8, 53.29),
+    ),
+}
+PLOT = "families.png"
+
+
+def _paper(family: str) -> dict[str, Any] | None:
+    row = PAPER_760M.get(family)
+    if row is None:
+        return None
+    name, uniform, tapered = row
+    u, t = dict(zip(PAPER_760M_COLUMNS, uniform)), dict(zip(PAPER_760M_COLUMNS, tapered))
+    change = {c: 100.0 * (t[c] - u[c]) / u[c] for c in ("Wiki ppl", "LMB ppl")}
+    change["Avg"] = t["Avg"] - u["Avg"]  # accuracy points
+    return {"name": name, "uniform": u, "tapered": t, "change": change}
+
+
+def _column_by_seed(entry: dict[str, Any], col: str) -> dict[int, float]:
+    """Seed -> the value of zero-shot column `col` of one allocation's runs."""
+    out = {}
+    for seed, run in entry["per_seed"].items():
+        value = (run.get("zero_shot") or {}).get(col)
+        if value is not None:
+            out[int(seed)] = float(value)
+    return out
+
+
+def _zero_shot_differences(u: dict[str, Any], t: dict[str, Any]) -> dict[str, Any]:
+    """Paired differences (tapered − uniform, same seed) of every zero-shot column."""
+    cols: list[str] = []
+    for run in [*u["per_seed"].values(), *t["per_seed"].values()]:
+        cols += [c for c in run.get("zero_shot") or {} if c not in cols]
+    out = {}
+    for col in cols:
+        pd = stats.paired_difference(_column_by_seed(t, col), _column_by_seed(u, col))
+        if pd["n"]:
+            out[col] = pd
+    return out
+
+
+def family_entry(prefix: str, size: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """One family's row pair from its comparison's report.json (preset `{prefix}-{size}`)."""
+    allocs = doc["allocations"]
+    u = next(a for a in allocs if a["diff_vs_uniform"] is None)
+    t = next(a for a in allocs if a["diff_vs_uniform"] is not None)
+    model = doc["base_config"]["model"]
+    fam = model["family"]
+    paper = _paper(fam)
+    label = paper["name"] if paper else fam
+    if prefix != fam:
+        label += f" ({prefix})"
+    d = t["diff_vs_uniform"]["val_loss"]
+    rel = None
+    if d["mean"] is not None:
+        rel = {
+            "mean": stats.relative_ppl_change(d["mean"]),
+            "ci": None if d["ci"] is None else [stats.relative_ppl_change(x) for x in d["ci"]],
+        }
+    budget_equal = u["params"] == t["params"] and u["flops_per_token"] == t["flops_per_token"]
+    meta = doc["meta"]
+    return {
+        "preset": f"{prefix}-{size}",
+        "prefix": prefix,
+        "family": fam,
+        "label": label,
+        "model": meta["model"],
+        "params": u["params"],
+        "flops_per_token": u["flops_per_token"],
+        "widths": {"uniform": u["widths"], "tapered": t["widths"]},
+        "taper": t["taper"],
+        "uniform": u,
+        "tapered": t,
+        "diff_val_loss": d,
+        "diff_val_ppl": t["diff_vs_uniform"]["val_ppl"],
+        "relative_ppl_change": rel,
+        "zero_shot_diff": _zero_shot_differences(u, t),
+        "paper_760m": paper,
+        "checks": {**doc["checks"], "budget_equal": budget_equal},
+        "run_times": doc["run_times"],
+        "wall_s": meta["wall_s"],
+        "settings": meta["settings"],
+    }
+
+
+def verdict(d: dict[str, Any]) -> str:
+    """better / worse (the 95% interval excludes 0) or undecided."""
+    if d["ci"] is None:
+        return "undecided (one seed)"
+    lo, hi = d["ci"]
+    return "better" if hi < 0 else "worse" if lo > 0 else "undecided"
+
+
+def summarize_families(docs: dict[str, dict[str, Any]], size: str) -> dict[str, Any]:
+    """Every number of the family table (JSON-ready); docs: preset prefix -> report.json."""
+    entries = [family_entry(prefix, size, doc) for prefix, doc in docs.items()]
+    verdicts = {e["prefix"]: verdict(e["diff_val_loss"]) for e in entries}
+    return {
+        "families": entries,
+        "verdicts": verdicts,
+        "better": sum(e["diff_val_loss"]["mean"] < 0 for e in entries),
+        "significantly_better": sum(v == "better" for v in verdicts.values()),
+        "significantly_worse": sum(v == "worse" for v in verdicts.values()),
+        "all_budgets_equal": all(e["checks"]["budget_equal"] for e in entries),
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# markdown
+
+
+def _pct(x: dict[str, Any] | None) -> str:
+    if x is None:
+        return "–"
+    if x["ci"] is None:
+        return f"{x['mean']:+.2f}%"
+    return f"{x['mean']:+.2f}% [{x['ci'][0]:+.2f}, {x['ci'][1]:+.2f}]"
+
+
+def _paper_cells(paper: dict[str, Any] | None, tapered: bool) -> list[str]:
+    if paper is None:
+        return ["–", "–", "–"]
+    row = paper["tapered" if tapered else "uniform"]
+    ch = paper["change"]
+    if not tapered:
+        return [f"{row['Wiki ppl']:.2f}", f"{row['LMB ppl']:.2f}", f"{row['Avg']:.2f}"]
+    return [
+        f"{row['Wiki ppl']:.2f} ({ch['Wiki ppl']:+.2f}%)",
+        f"{row['LMB ppl']:.2f} ({ch['LMB ppl']:+.2f}%)",
+        f"{row['Avg']:.2f} ({ch['Avg']:+.2f})",
+    ]
+
+
+def _validation_table(entries: list[dict[str, Any]]) -> list[str]:
+    head = [
+        "model",
+        "params",
+        "FLOPs/token",
+        "val loss",
+        "val ppl",
+        "Δ loss vs uniform [95% CI]",
+        "Δ ppl [95% CI]",
+        "n",
+        "paper Wiki ppl (Δ)",
+        "paper LMB ppl (Δ)",
+        "paper Avg acc (Δ)",
+    ]
+    rows = []
+    for e in entries:
+        for tapered in (False, True):
+            a = e["tapered" if tapered else "uniform"]
+            rows.append(
+                [
+                    f"+ tapered (`{e['taper']}`)" if tapered else f"**{e['label']}**",
+                    f"{a['params']:,}",
+                    f"{a['flops_per_token']:,}",
+                    mean_pm(a["val_loss"], ".4f"),
+                    mean_pm(a["val_ppl"], ".2f"),
+                    diff_ci(e["diff_val_loss"] if tapered else None, ".4f"),
+                    _pct(e["relative_ppl_change"]) if tapered else "(baseline)",
+                    str(a["val_loss"]["n"]),
+                    *_paper_cells(e["paper_760m"], tapered),
+                ]
+            )
+    return md_table(head, rows)
+
+
+def _zero_shot_table(entries: list[dict[str, Any]], settings: dict[str, Any]) -> list[str]:
+    have = [e for e in entries if e["uniform"]["zero_shot"] or e["tapered"]["zero_shot"]]
+    if not have:
+        return []
+    cols = [c for c in PAPER_760M_COLUMNS if c in (have[0]["uniform"]["zero_shot"] or {})]
+    rows = []
+    for e in have:
+        for tapered in (False, True):
+            zs = e["tapered" if tapered else "uniform"]["zero_shot"] or {}
+            avg = e["zero_shot_diff"].get("Avg") if tapered else None
+            rows.append(
+                [
+                    "+ tapered" if tapered else f"**{e['label']}**",
+                    *(zero_shot_cell(zs.get(c)) for c in cols),
+                    diff_ci(avg, ".2f") if tapered else "",
+                ]
+            )
+        paper = e["paper_760m"]
+        if paper is not None:
+            for key, name in (("uniform", paper["name"]), ("tapered", "+ tapered")):
+                rows.append(
+                    [f"*paper 760M: {name}*", *(f"*{paper[key][c]:.2f}*" for c in cols), ""]
+                )
+    return [
+        "## Zero-shot",
+        "",
+        f"Tasks {', '.join(settings['eval_tasks'])}, first {settings['eval_limit'] or 'all'} items "
+        "each; accuracies in %, mean ± std over seeds; Δ Avg = paired difference of the average "
+        f"accuracy (tapered − uniform, 95% CI). {CHANCE_NOTE} The paper's 760M rows (italic) "
+        "for scale.",
+        "",
+        *md_table(["model", *cols, "Δ Avg [95% CI]"], rows),
+        "",
+    ]
+
+
+def _reading(summary: dict[str, Any]) -> list[str]:
+    entries = summary["families"]
+    n = len(entries)
+    lines = ["## What the intervals allow", ""]
+    for e in entries:
+        d = e["diff_val_loss"]
+        v = summary["verdicts"][e["prefix"]]
+        seeds = ", ".join(f"{x:+.4f}" for x in d["per_seed"])
+        wins = sum(x < 0 for x in d["per_seed"])
+        paper = e["paper_760m"]
+        ref = "" if paper is None else f"; the paper: {paper['change']['Wiki ppl']:+.2f}% Wiki ppl"
+        lines.append(
+            f"- {e['label']}: tapered {v} (Δ loss {d['mean']:+.4f}, tapered ahead in {wins} of "
+            f"{d['n']} seeds: {seeds}){ref}"
+        )
+    lines += [
+        "",
+        f"Tapered lower in {summary['better']} of {n} families; the 95% interval excludes 0 in "
+        f"favour of tapering in {summary['significantly_better']}, against it in "
+        f"{summary['significantly_worse']} (the paper: tapered better in every family, single "
+        "runs at 760M / 50B tokens).",
+        "",
+    ]
+    return lines
+
+
+def _time_table(entries: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
+    rows = []
+    for e in entries:
+        rt = e["run_times"]
+        wall = meta["family_wall_s"].get(e["prefix"])
+        rows.append(
+            [
+                e["preset"],
+                str(e["uniform"]["val_loss"]["n"] + e["tapered"]["val_loss"]["n"]),
+                mean_pm(e["uniform"]["tokens_per_s"], ",.0f"),
+                mean_pm(e["tapered"]["tokens_per_s"], ",.0f"),
+                f"{rt['train_s'] / 60:.1f}",
+                f"{sum(v for k, v in rt.items() if k != 'train_s') / 60:.1f}",
+                "–" if wall is None else f"{wall / 60:.1f}",
+            ]
+        )
+    return md_table(
+        [
+            "preset",
+            "runs",
+            "tokens/s uniform",
+            "tokens/s tapered",
+            "training min (sum)",
+            "evaluation min (sum)",
+            "wall min (this invocation)",
+        ],
+        rows,
+    )
+
+
+def render_family_markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
+    entries = summary["families"]
+    first = entries[0]
+    s, size = first["settings"], meta["preset_size"]
+    done = "" if meta["done"] == meta["total"] else f" (PARTIAL: {meta['done']}/{meta['total']})"
+    links = ", ".join(f"[{e['preset']}]({e['preset']}/report.md)" for e in entries)
+    lines = [
+        f"# taperlm compare — paper families: {size} presets, {len(s['seeds'])} seeds, "
+        f"{s['tokens']:,} tokens/run{done}",
+        "",
+        *produced_by(meta["command"]),
+        f"- every family's preset at size {size}, uniform vs tapered `{first['taper']}`, seeds "
+        f"{s['seeds']}, {s['tokens']:,} tokens per run ({s['steps']} steps of "
+        f"{s['batch_tokens']:,} tokens, seq_len {s['seq_len']}, peak lr {s['lr']:g}); "
+        f"validation on the first {s['val_tokens']:,} tokens of the val split of `{s['data_dir']}`",
+        f"- budgets: within every family both allocations have exactly the same parameters and "
+        f"FLOPs/token (asserted before training; here: {yes_no(summary['all_budgets_equal'])}); "
+        "all runs of one seed saw the same batches: "
+        f"{yes_no(all(e['checks']['same_data_order_within_seed'] for e in entries))}",
+        f"- wall time {meta['wall_s'] / 60:.1f} min this invocation ({meta['cpu_s'] / 60:.1f} "
+        f"CPU-min in the main process); {meta['created']}",
+        f"- each family's full report (per-seed values, curves, novelty, plots): {links}",
+        "",
+        "## Validation, with the paper's 760M table beside it",
+        "",
+        *_validation_table(entries),
+        "",
+        "Mean ± sample std over seeds; Δ = tapered − uniform of the same seed, mean with the 95% "
+        "Student-t interval (`*` = excludes 0); Δ ppl = exp(Δ loss) − 1. The paper's columns are "
+        "single runs of 760M-parameter models after 50B tokens (PAPER.md §6), with the tapered "
+        "model's relative change (ppl) or change in accuracy points (Avg) in brackets; compare "
+        "the direction and rough size, not the values.",
+        "",
+        f"![paired perplexity change per family]({PLOT})",
+        "",
+        *_reading(summary),
+        *_zero_shot_table(entries, s),
+        "## Time",
+        "",
+        *_time_table(entries, meta),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# writing
+
+
+def write_family_report(
+    docs: dict[str, dict[str, Any]], out_dir: Path, meta: dict[str, Any]
+) -> tuple[Path, Path]:
+    """report.json, report.md and families.png of a families run in out_dir."""
+    from taperlm.analysis.plots import plot_intervals
+
+    summary = summarize_families(docs, meta["preset_size"])
+    rows, refs = [], {}
+    for e in summary["families"]:
+        rel = e["relative_ppl_change"]
+        if rel is None:
+            continue
+        lo, hi = rel["ci"] if rel["ci"] else (None, None)
+        rows.append((e["label"], rel["mean"], lo, hi))
+        if e["paper_760m"]:
+            refs[e["label"]] = e["paper_760m"]["change"]["Wiki ppl"]
+    if rows:
+        plot_intervals(
+            rows,
+            out_dir / PLOT,
+            title="Tapered vs uniform, per family (paired over seeds)",
+            xlabel="perplexity change, % (ours: val ppl; paper: Wiki ppl at 760M)",
+            reference=refs,
+            reference_label="paper, 760M / 50B tokens",
+        )
+    doc = {"meta": meta, **summary}
+    md = render_family_markdown(summary, meta)
+    json_path, md_path = out_dir / "report.json", out_dir / "report.md"
+    atomic_write_json(json_path, doc)
+    atomic_write_text(md_path, md)
+    return md_path, json_path
