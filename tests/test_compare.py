@@ -938,11 +938,21 @@ def test_paper_sizes_train_with_the_paper_recipe(tmp_path):
     cfg = base_config(CompareOptions(out=tmp_path, preset="gated-760m"), None, None)
     t = cfg.train
     assert (t.seq_len, t.batch_tokens, t.lr, t.weight_decay) == (4096, 524288, 4e-4, 0.1)
-    assert t.tokens == 50_000_000_000 and cfg.model.d_model == 1536
+    # 50B tokens, rounded up to whole 524,288-token steps (95,368 of them)
+    assert t.tokens == 95_368 * 524_288 and cfg.model.d_model == 1536
     opts = CompareOptions(out=tmp_path, preset="transformer-440m", overrides=["train.lr=1e-3"])
     assert base_config(opts, None, None).train.lr == 1e-3  # --set still wins
     tiny = base_config(CompareOptions(out=tmp_path, preset="hope-tiny"), None, None)
     assert (tiny.train.seq_len, tiny.train.lr) == (128, 2e-3)  # compare's CPU defaults
+    # ... with a family's own stable learning rate (Titans), unless --set gives one
+    titans = base_config(CompareOptions(out=tmp_path, preset="titans-mac-tiny"), None, None)
+    assert (titans.train.seq_len, titans.train.lr) == (128, 1e-3)
+    opts = CompareOptions(out=tmp_path, preset="titans-mag-tiny", overrides=["train.lr=3e-3"])
+    assert base_config(opts, None, None).train.lr == 3e-3
+    assert (
+        base_config(CompareOptions(out=tmp_path, preset="titans-mag-440m"), None, None).train.lr
+        == 4e-4
+    )
 
 
 def test_no_skill_accuracy_and_chance_marks():

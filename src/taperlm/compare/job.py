@@ -162,7 +162,7 @@ def base_config(
     clear_resolved_sizes(model)
     model.pop("taper", None)
     explicit = _explicit_keys(opts, file_data)
-    train = {**_train_defaults(opts), **(file_data.get("train") or {})}
+    train = {**_train_defaults(opts, model.get("family")), **(file_data.get("train") or {})}
     data = dict(file_data.get("data") or {})
     if opts.tokens is not None:
         if opts.tokens < 1:
@@ -189,12 +189,16 @@ def base_config(
     return cfg.resolve()
 
 
-def _train_defaults(opts: CompareOptions) -> dict[str, Any]:
-    """Compare's CPU defaults, or the paper's recipe for a preset of one of its sizes."""
+def _train_defaults(opts: CompareOptions, family_name: str | None) -> dict[str, Any]:
+    """Compare's CPU defaults (with the family's own learning rate where it has one), or the
+    paper's recipe for a preset of one of its sizes."""
+    from taperlm.families import get_family
+
     size = None if opts.config else (opts.preset or DEFAULT_PRESET).rpartition("-")[2]
     if size in PAPER_TOKENS:
         return {**PAPER_TRAIN_DEFAULTS, "tokens": PAPER_TOKENS[size]}
-    return dict(COMPARE_TRAIN_DEFAULTS)
+    lr = get_family(family_name or "transformer").compare_lr
+    return {**COMPARE_TRAIN_DEFAULTS, **({"lr": lr} if lr is not None else {})}
 
 
 def _derive_schedule(train: dict[str, Any], explicit: set[str]) -> str | None:

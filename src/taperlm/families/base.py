@@ -150,6 +150,8 @@ class Family:
         upgrade: rewrites a model dict from an older taperlm layout (before it is read).
         attention: whether the blocks have softmax attention whose heads follow
             `cfg.attention_heads(layer)` (the head taper); False rejects a head taper.
+        compare_lr: peak learning rate of `taperlm compare`'s small-scale (CPU) recipe for this
+            family, where the recipe's own (2e-3) does not train it stably; None: the recipe's.
     """
 
     name: str
@@ -166,6 +168,7 @@ class Family:
     plan_column: Callable[[ModelFields], tuple[str, list[str]] | None] = _no_column
     upgrade: Callable[[dict[str, Any], str], dict[str, Any]] = _unchanged
     attention: bool = True
+    compare_lr: float | None = None
 
     def fresh_options(self, options: Any) -> Any:
         """A copy of `options` with the resolved sizes cleared (to be re-resolved)."""
