@@ -1,6 +1,7 @@
 """Helpers for the NIAH tests (no tests here): a synthetic retrieval corpus in RULER's S-NIAH
-format, a byte-level BPE tokenizer trained on it (short prompts, so tiny lengths fit), and tiny
-models sized for that tokenizer."""
+format, byte-level BPE tokenizers trained on it (short prompts, so tiny lengths fit), tiny models
+sized for them, and the training examples of the trained-model test (niah_single_1 items with
+their answers, digit copy drills)."""
 
 from __future__ import annotations
 
@@ -62,3 +63,58 @@ def niah_model(family: str = "transformer", context_length: int = 512, seed: int
         seed=seed,
         vocab_size=niah_tokenizer().vocab_size,
     )
+
+
+@lru_cache(maxsize=1)
+def digit_pair_tokenizer():
+    """BPE-1024 on the retrieval corpus that cuts every digit run into pairs before merging
+    ("9152513" -> 91 52 51 3), in the needle and in the answer alike. Copying a number is then
+    copying tokens that rarely repeat within it, which one induction head does; with single
+    digits (10 symbols) the next digit is ambiguous and the copy needs a longer match."""
+    from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer as Backend
+
+    from taperlm.data.tokenizer import EOS_TOKEN, Tokenizer
+
+    backend = Backend(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"\d{1,2}"), "isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=1024,
+        min_frequency=2,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(retrieval_corpus(400, 8, seed=7), trainer=trainer)
+    return Tokenizer(backend, kind="bpe", spec="bpe:1024+digit-pairs", eos_token=EOS_TOKEN)
+
+
+def needle_example(rng: random.Random, max_lines: int) -> tuple[str, str]:
+    """(prompt, answer) of a niah_single_1 item as RULER writes it: the needle among 1..max_lines
+    copies of the repeated line, the question, the answer prefix; answer " VALUE."."""
+    keys = niah.key_words()
+    key = keys[rng.randrange(len(keys))]
+    value = str(rng.randint(10**6, 10**7 - 1))
+    lines = [niah.REPEAT_LINE] * rng.randint(1, max_lines)
+    lines.insert(
+        rng.randint(0, len(lines)), niah.NEEDLE.format(kinds="numbers", key=key, value=value)
+    )
+    text = niah.TEMPLATE.format(kind="number", context="\n".join(lines), query=key)
+    return text + " " + niah.GEN_PREFIX.format(kind="number", query=key), f" {value}."
+
+
+def copy_drill(rng: random.Random, max_digits: int = 48) -> tuple[str, str]:
+    """(prompt, answer) = (" N.", " N.") for a random number N of max_digits/2..max_digits
+    digits: every answer token is a copy from a varying distance, a dense signal that makes the
+    induction head form in a few hundred steps (the needle items alone give ~5 such tokens per
+    ~200, and a tiny model trained on them alone stays at chance)."""
+    digits = "".join(
+        rng.choice("0123456789") for _ in range(rng.randint(max_digits // 2, max_digits))
+    )
+    return f" {digits}.", f" {digits}."
