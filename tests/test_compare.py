@@ -955,6 +955,46 @@ def test_paper_sizes_train_with_the_paper_recipe(tmp_path):
     )
 
 
+def test_default_seeds_depend_on_the_mode(tmp_path):
+    """The main job's many seeds would make a paper grid (16 allocations) or the family table
+    take hours on a CPU: --paper modes default to fewer; an explicit --seeds always wins."""
+    from taperlm.compare.job import DEFAULT_SEEDS, PAPER_MODE_SEEDS, CompareOptions
+
+    assert DEFAULT_SEEDS > PAPER_MODE_SEEDS
+    assert CompareOptions(out=tmp_path).seeds == DEFAULT_SEEDS
+    for mode in ("controlled", "sweep", "families"):
+        assert CompareOptions(out=tmp_path, paper=mode).seeds == PAPER_MODE_SEEDS
+        assert CompareOptions(out=tmp_path, paper=mode, seeds=2).seeds == 2
+    assert CompareOptions(out=tmp_path, seeds=3).seeds == 3
+
+
+def test_cpu_recipe_model_settings_apply_to_small_presets_only(tmp_path):
+    """compare's init_std is part of its CPU recipe: every small preset of every family gets
+    it; a config file's model section, --set and the paper's sizes keep their own."""
+    from taperlm.compare.job import COMPARE_MODEL_DEFAULTS, CompareOptions, base_config
+    from taperlm.presets import preset_families
+
+    init = COMPARE_MODEL_DEFAULTS["init_std"]
+    assert init != 0.02  # else this test could not tell the two apart
+    for prefix in preset_families():
+        for size in ("micro", "tiny", "small"):
+            cfg = base_config(CompareOptions(out=tmp_path, preset=f"{prefix}-{size}"), None, None)
+            assert cfg.model.init_std == init, (prefix, size)
+            assert (cfg.train.batch_tokens, cfg.train.micro_batch_size) == (1024, 8)
+        cfg = base_config(CompareOptions(out=tmp_path, preset=f"{prefix}-440m"), None, None)
+        assert cfg.model.init_std == 0.02, prefix
+    opts = CompareOptions(out=tmp_path, overrides=["model.init_std=0.03"])
+    assert base_config(opts, None, None).model.init_std == 0.03
+    config = tmp_path / "model.yaml"
+    config.write_text(
+        "model:\n  family: transformer\n  d_model: 64\n  n_layers: 2\n"
+        "  n_heads: 2\n  mlp_width: 128\n  vocab_size: 256\n"
+    )
+    assert (
+        base_config(CompareOptions(out=tmp_path, config=config), None, None).model.init_std == 0.02
+    )
+
+
 def test_no_skill_accuracy_and_chance_marks():
     from taperlm.compare.family_table import verdict
     from taperlm.evaluation.suite import at_chance, chance_columns, no_skill_accuracy

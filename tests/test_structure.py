@@ -58,7 +58,7 @@ def plainmlp(tmp_path, monkeypatch):
 
 def test_toy_family_from_the_docs_works_everywhere(plainmlp, capsys):
     names = preset_names()
-    assert [f"plainmlp-{s}" for s in ("tiny", "small", "440m", "760m", "1.3b")] == [
+    assert [f"plainmlp-{s}" for s in ("micro", "tiny", "small", "440m", "760m", "1.3b")] == [
         n for n in names if n.startswith("plainmlp-")
     ]
     cfg = get_preset("plainmlp-tiny", TaperSpec.parse("cosine"))

@@ -28,6 +28,7 @@ from taperlm.compare.job import (
     DEFAULT_THREADS,
     DEFAULT_TOKENS,
     DEFAULT_VAL_TOKENS,
+    PAPER_MODE_SEEDS,
     CompareOptions,
 )
 from taperlm.domains import input_path, number, output_path
@@ -41,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(separate with ';', or with ',' when no spec holds commas; NAME=SPEC names one; "
         "uniform is always added); SPEC+heads:HEAD_SPEC or heads:HEAD_SPEC also tapers the "
         "attention heads; novelty:pilot[:STRENGTH] takes widths from a short uniform pilot run "
-        "of each seed [default: uniform;cosine:1.5:0.5;cosine:0.5:1.5]",
+        "of each seed [default: uniform;cosine:1.5:0.5]",
     )
     parser.add_argument(
         "--taper",
@@ -61,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--preset-size",
-        help="--paper families: size of every family's preset (tiny, small, 440m, 760m, 1.3b; "
+        help="--paper families: size of every family's preset (micro, tiny, small, 440m, 760m, 1.3b; "
         "the paper's sizes train with its recipe) [tiny]",
     )
     parser.add_argument(
@@ -72,8 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seeds",
         type=number(int, "[1, inf)"),
-        default=DEFAULT_SEEDS,
-        help=f"seeds 0..N-1 [{DEFAULT_SEEDS}]",
+        help=f"seeds 0..N-1 [{DEFAULT_SEEDS}; {PAPER_MODE_SEEDS} with --paper]",
     )
     parser.add_argument(
         "--tokens",

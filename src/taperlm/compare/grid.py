@@ -58,7 +58,7 @@ PAPER_SWEEP: dict[tuple[float, float], dict[str, float]] = {
 SWEEP_SCHEDULES = ("cosine", "linear", "sigmoid")
 PAPER_SIGMOID_K = 10.0
 
-DEFAULT_TAPERS = ("uniform", "cosine:1.5:0.5", "cosine:0.5:1.5")
+DEFAULT_TAPERS = ("uniform", "cosine:1.5:0.5")
 HEADS = "heads:"  # an allocation's head-taper component: SPEC+heads:HEAD_SPEC or heads:HEAD_SPEC
 PILOT_NAME = "pilot"  # pilot runs live in runs/pilot-s<seed>
 # Placeholder rho for checking a novelty:pilot allocation before its pilot ran: alternating

@@ -22,26 +22,36 @@ from typing import Any
 from taperlm.errors import ConfigError, DataError
 from taperlm.runlock import locked
 
-# Defaults chosen so that 3 allocations x 5 seeds finish within about 15 minutes on 2 idle CPU
-# cores, data preparation included (measurements in docs/compare.md). Five seeds rather than
-# three: the paired 95% interval uses t(0.975, 4) = 2.78 instead of t(0.975, 2) = 4.30.
-DEFAULT_PRESET = "transformer-tiny"
-DEFAULT_SEEDS = 5
-DEFAULT_TOKENS = 327_680  # 160 steps of 2,048 tokens
-DEFAULT_VAL_TOKENS = 32768
+# Defaults chosen by measurement (docs/compare.md, "Precision of the main job") so that uniform vs
+# cosine 1.5 -> 0.5 over DEFAULT_SEEDS seeds finishes within 15 minutes on 2 idle CPU cores, data
+# preparation included, with a paired 95% interval of about +-0.012 nats. What made it precise:
+# runs past the unigram plateau (320 steps of 1,024 tokens instead of 160 of 2,048; the gap
+# between two allocations opens while they leave it, and its size varies from seed to seed), an
+# init of about 1/sqrt(d_model) for these small widths (GPT-2's 0.02 suits d_model ~768+; at
+# 128 it kept the models on the plateau longer and less predictably), validation on ~all of the
+# built-in corpus's val split, and the cheaper 2,048-token vocabulary (more seeds per minute).
+DEFAULT_PRESET = "transformer-micro"
+DEFAULT_SEEDS = 15
+# --paper grids (4 to 16 allocations, or a table of families) default to fewer seeds per allocation
+PAPER_MODE_SEEDS = 5
+DEFAULT_TOKENS = 327_680  # 320 steps of 1,024 tokens
+DEFAULT_VAL_TOKENS = 131_072  # the built-in corpus's val split has 134,528 at bpe:2048
 DEFAULT_NOVELTY_TOKENS = 2048
 DEFAULT_EVAL_LIMIT = 200
 DEFAULT_THREADS = 1  # torch threads per cell (worker); cells run in parallel instead
 COMPARE_TRAIN_DEFAULTS: dict[str, Any] = {
     "seq_len": 128,
-    "micro_batch_size": 16,
-    "batch_tokens": 2048,
+    "micro_batch_size": 8,
+    "batch_tokens": 1024,
     "lr": 2e-3,
     "min_lr_ratio": 0.1,
     "eval_tokens": 4096,
     "keep_checkpoints": 1,
     "log_every": 4,
 }
+# Model settings of compare's CPU recipe for a preset of a small size (micro, tiny, small); a config
+# file's model section and --set win. Not applied at the paper's sizes (their init is the paper's).
+COMPARE_MODEL_DEFAULTS: dict[str, Any] = {"init_std": 0.1}
 # A preset of one of the paper's sizes trains with the paper's recipe instead (PAPER.md §5:
 # AdamW, peak lr 4e-4, weight decay 0.1, cosine decay, 0.5M-token batches of 4K-token
 # sequences, 30B/50B/100B tokens), so that the same command runs the paper's experiment on GPUs.
@@ -63,7 +73,7 @@ PAPER_TOKENS = {"440m": 30_000_000_000, "760m": 50_000_000_000, "1.3b": 100_000_
 WARMUP_FRACTION = 0.05
 CURVE_POINTS = 16
 CHECKPOINTS_PER_RUN = 4
-DEFAULT_CORPUS_TOKENIZER = "bpe:8192"
+DEFAULT_CORPUS_TOKENIZER = "bpe:2048"
 # novelty:pilot allocations: the pilot trains this fraction of a run's tokens (whole batches).
 PILOT_FRACTION = 0.25
 
@@ -81,7 +91,7 @@ class CompareOptions:
     preset_size: str | None = None  # --paper families: the size of every family's preset
     families: str | None = None  # --paper families: preset prefixes (None: the default list)
     multiple_of: int | None = None
-    seeds: int = DEFAULT_SEEDS
+    seeds: int | None = None  # None: DEFAULT_SEEDS, or PAPER_MODE_SEEDS with --paper
     tokens: int | None = None
     data: Path | None = None
     overrides: list[str] = field(default_factory=list)
@@ -96,6 +106,10 @@ class CompareOptions:
     jobs: int | None = None  # cells at a time; None: as many as idle cores allow
     no_progress: bool = False
     pilot_tokens: int | None = None  # None: PILOT_FRACTION of a run (novelty:pilot only)
+
+    def __post_init__(self) -> None:
+        if self.seeds is None:
+            self.seeds = PAPER_MODE_SEEDS if self.paper else DEFAULT_SEEDS
 
 
 # ----------------------------------------------------------------------------------------------
@@ -158,7 +172,7 @@ def base_config(
 
     loaded, source = config_data(opts.config, opts.preset or DEFAULT_PRESET)
     file_data = loaded if opts.config else {}  # a preset's values are no choice of the user's
-    model = dict(loaded.get("model") or {})
+    model = {**(loaded.get("model") or {}), **_model_defaults(opts)}
     clear_resolved_sizes(model)
     model.pop("taper", None)
     explicit = _explicit_keys(opts, file_data)
@@ -199,6 +213,13 @@ def _train_defaults(opts: CompareOptions, family_name: str | None) -> dict[str, 
         return {**PAPER_TRAIN_DEFAULTS, "tokens": PAPER_TOKENS[size]}
     lr = get_family(family_name or "transformer").compare_lr
     return {**COMPARE_TRAIN_DEFAULTS, **({"lr": lr} if lr is not None else {})}
+
+
+def _model_defaults(opts: CompareOptions) -> dict[str, Any]:
+    """Compare's model settings for a preset of a small size; none for a config file (its model
+    section is the user's) or a preset of the paper's sizes."""
+    size = None if opts.config else (opts.preset or DEFAULT_PRESET).rpartition("-")[2]
+    return {} if size is None or size in PAPER_TOKENS else dict(COMPARE_MODEL_DEFAULTS)
 
 
 def _derive_schedule(train: dict[str, Any], explicit: set[str]) -> str | None:
