@@ -876,7 +876,7 @@ def test_paper_families_end_to_end(data_dir, tmp_path):
         assert (out / name).stat().st_size > 0, name
     rep = _report(out)
     fams = rep["families"]
-    assert [f["preset"] for f in fams] == ["transformer-tiny", "titans-mag-tiny"]
+    assert [f["preset"] for f in fams] == ["transformer-micro", "titans-mag-micro"]
     for f in fams:
         sub = _report(out / f["preset"])  # each family is a complete comparison of its own
         assert [a["name"] for a in sub["allocations"]] == ["uniform", "cosine-1.5-0.5"]
@@ -895,12 +895,12 @@ def test_paper_families_end_to_end(data_dir, tmp_path):
             [t["per_seed"][s]["val_loss"] - u["per_seed"][s]["val_loss"] for s in ("0", "1")]
         )
         assert f["paper_760m"]["uniform"]["Wiki ppl"] in (21.86, 21.58)
-    titans = _report(out / "titans-mag-tiny")["base_config"]["model"]
+    titans = _report(out / "titans-mag-micro")["base_config"]["model"]
     assert titans["titans"]["window"] == 16 and titans["titans"]["variant"] == "mag"
-    assert "titans" not in _report(out / "transformer-tiny")["base_config"]["model"]
+    assert "titans" not in _report(out / "transformer-micro")["base_config"]["model"]
     assert fams[0]["params"] != fams[1]["params"]  # each family keeps its own budget
     md = (out / "report.md").read_text()
-    assert "taperlm compare --paper families --preset-size tiny" in md
+    assert "taperlm compare --paper families --preset-size micro" in md
     assert "| **Transformer++** |" in md and "| **Titans (titans-mag)** |" in md
     assert "21.42 (-2.01%)" in md and "20.77 (-3.75%)" in md  # the paper's 760M changes
     assert "![paired perplexity change per family](families.png)" in md

@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preset-size",
         help="--paper families: size of every family's preset (micro, tiny, small, 440m, 760m, 1.3b; "
-        "the paper's sizes train with its recipe) [tiny]",
+        "the paper's sizes train with its recipe) [micro]",
     )
     parser.add_argument(
         "--families",

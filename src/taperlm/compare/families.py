@@ -1,7 +1,7 @@
 """`taperlm compare --paper families`: the paper's family table (PAPER.md §6) at any scale.
 
 Every family's preset `{prefix}-{size}` (default: transformer, gated, hope and titans-mag at the
-size `tiny`) is compared uniform vs cosine 1.5 -> 0.5 over the same seeds. Each family is its own
+size `micro`) is compared uniform vs cosine 1.5 -> 0.5 over the same seeds. Each family is its own
 comparison at exactly its own uniform budget (`build_grid` asserts equal parameters and
 FLOPs/token, and that the cells of a seed differ only in the widths): `OUT/<prefix>-<size>/` is a
 complete `taperlm compare` of that family (report.md, runs/, plots), reproducible on its own
@@ -29,7 +29,8 @@ from typing import Any
 from taperlm.errors import ConfigError
 
 DEFAULT_FAMILIES = ("transformer", "gated", "hope", "titans-mag")
-DEFAULT_PRESET_SIZE = "tiny"
+# The main job's size: the default table (4 families x 5 seeds) fits about half an hour on 2 cores.
+DEFAULT_PRESET_SIZE = "micro"
 
 
 def family_presets(opts) -> list[str]:
@@ -54,7 +55,7 @@ def family_presets(opts) -> list[str]:
 
 
 def preset_size(opts) -> str:
-    """--preset-size (default tiny), checked against the preset sizes."""
+    """--preset-size (default micro), checked against the preset sizes."""
     from taperlm.presets import PAPER_SHAPES, SMALL_SHAPES
 
     size = opts.preset_size or DEFAULT_PRESET_SIZE

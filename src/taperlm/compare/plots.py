@@ -144,12 +144,13 @@ def write_plots(
     if curves:
         # The curve points are the trainer's evaluations (train.eval_tokens each); the report's
         # final numbers use more tokens, so the last point need not equal the table's loss.
+        # One clause per title line, so that no title runs past the figure's edge.
         every = f"each point {grid.base.train.eval_tokens:,} val tokens"
         final = {r["val"]["tokens"] for r in results.values()}
         if final:
-            every += f"; the table's final losses: {'/'.join(f'{n:,}' for n in sorted(final))}"
+            every += f";\nthe table's final losses: {'/'.join(f'{n:,}' for n in sorted(final))}"
         plot_loss_curves(
-            curves, out_dir / PLOTS["val_loss"], title=f"Validation loss during training ({every})"
+            curves, out_dir / PLOTS["val_loss"], title=f"Validation loss during training\n({every})"
         )
         written["val_loss"] = PLOTS["val_loss"]
         base = {r["seed"]: r["curve"] for r in by_alloc[uniform.name]}
