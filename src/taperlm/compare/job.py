@@ -203,12 +203,17 @@ def base_config(
     return cfg.resolve()
 
 
+def _preset_size(opts: CompareOptions) -> str | None:
+    """The size of the model's preset (`tiny`, `440m`, ...); None for a config file."""
+    return None if opts.config else (opts.preset or DEFAULT_PRESET).rpartition("-")[2]
+
+
 def _train_defaults(opts: CompareOptions, family_name: str | None) -> dict[str, Any]:
     """Compare's CPU defaults (with the family's own learning rate where it has one), or the
     paper's recipe for a preset of one of its sizes."""
     from taperlm.families import get_family
 
-    size = None if opts.config else (opts.preset or DEFAULT_PRESET).rpartition("-")[2]
+    size = _preset_size(opts)
     if size in PAPER_TOKENS:
         return {**PAPER_TRAIN_DEFAULTS, "tokens": PAPER_TOKENS[size]}
     lr = get_family(family_name or "transformer").compare_lr
@@ -218,7 +223,7 @@ def _train_defaults(opts: CompareOptions, family_name: str | None) -> dict[str, 
 def _model_defaults(opts: CompareOptions) -> dict[str, Any]:
     """Compare's model settings for a preset of a small size; none for a config file (its model
     section is the user's) or a preset of the paper's sizes."""
-    size = None if opts.config else (opts.preset or DEFAULT_PRESET).rpartition("-")[2]
+    size = _preset_size(opts)
     return {} if size is None or size in PAPER_TOKENS else dict(COMPARE_MODEL_DEFAULTS)
 
 
