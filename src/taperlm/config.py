@@ -308,6 +308,14 @@ class TrainConfig:
             step, so that a step that leaves a NaN/inf in them (with a finite loss) is undone
             and skipped like a non-finite loss (one more copy of both in device memory); false:
             such a step stops the run instead. Either way no non-finite state is checkpointed.
+        loggers: live loggers beside RUN/metrics.jsonl: any of tensorboard (RUN/tensorboard),
+            wandb (Weights & Biases; offline without credentials or with WANDB_MODE=offline);
+            rank 0 only; a failing logger is a warning, never a stop (docs/training.md).
+        log_grads_every: steps between per-layer gradient norms in metrics.jsonl and the
+            loggers (0 = never).
+        log_project: the W&B project.
+        log_group: the W&B group of the run (empty = none; `taperlm compare` groups its cells).
+        log_name: the logged run's name (empty = the run dir's name).
 
     Every field declares its allowed values beside it (`taperlm.domains.setting`).
     """
@@ -343,6 +351,11 @@ class TrainConfig:
     max_bad_steps: int = setting(5, "[1, inf)")
     peak_flops: float | None = setting(None, "(0, inf)")
     restore_nonfinite: bool = True
+    loggers: list[str] = setting([], "{tensorboard, wandb}")
+    log_grads_every: int = setting(100, "[0, inf)")
+    log_project: str = setting("taperlm", "text")
+    log_group: str = setting("", "text")
+    log_name: str = setting("", "text")
 
     @property
     def steps(self) -> int:

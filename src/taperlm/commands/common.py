@@ -5,9 +5,17 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
-from taperlm.config import RunConfig, apply_overrides, clear_resolved_sizes, run_config_from_dict
-from taperlm.domains import input_path, number
+from taperlm.config import (
+    RunConfig,
+    TrainConfig,
+    apply_overrides,
+    clear_resolved_sizes,
+    run_config_from_dict,
+)
+from taperlm.domains import field_domain, input_path, number
+from taperlm.errors import ConfigError
 from taperlm.presets import config_data
 from taperlm.taper import TaperSpec
 
@@ -71,3 +79,39 @@ def build_run_config(args: argparse.Namespace) -> RunConfig:
         clear_resolved_sizes(model)
     apply_overrides(data, args.overrides)
     return run_config_from_dict(data, source).resolve()
+
+
+def _logger_list(text: str) -> list[str]:
+    known = next(f for f in dataclasses.fields(TrainConfig) if f.name == "loggers")
+    choices = field_domain(known).allowed()  # train.loggers' domain
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    for name in names:
+        if name not in (*choices, "none"):
+            raise argparse.ArgumentTypeError(
+                f"unknown logger {name!r}; choose {', '.join(choices)} or none"
+            )
+    return names
+
+
+def add_logger_argument(parser: argparse.ArgumentParser) -> None:
+    """--logger NAME[,NAME] (repeatable): train.loggers, beside metrics.jsonl."""
+    parser.add_argument(
+        "--logger",
+        dest="loggers",
+        type=_logger_list,
+        action="append",
+        metavar="NAME",
+        help="log live to tensorboard (RUN/tensorboard) and/or wandb (Weights & Biases), beside "
+        "metrics.jsonl; repeatable or comma-separated; none = no logger (default: the config's "
+        "train.loggers)",
+    )
+
+
+def logger_names(values: list[list[str]] | None) -> list[str] | None:
+    """The loggers --logger asks for (each once, in order), [] for `none`, None when not given."""
+    if values is None:
+        return None
+    names = [n for group in values for n in group]
+    if "none" in names and len(set(names)) > 1:
+        raise ConfigError("--logger none turns the loggers off; give it alone")
+    return list(dict.fromkeys(n for n in names if n != "none"))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from taperlm.commands.common import add_model_arguments
+from taperlm.commands.common import add_logger_argument, add_model_arguments, logger_names
 from taperlm.compare.families import DEFAULT_FAMILIES
 from taperlm.compare.job import (
     DEFAULT_EVAL_LIMIT,
@@ -149,12 +149,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out", type=output_path("dir"), required=True, help="output folder (resumable)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_logger_argument(parser)  # every run its own logged run, all in one group
 
 
 def run(args: argparse.Namespace) -> int:
     from taperlm.compare.families import run_families
     from taperlm.compare.job import run_comparison
 
+    args.loggers = logger_names(args.loggers)
     names = [f.name for f in dataclasses.fields(CompareOptions)]
     opts = CompareOptions(**{name: getattr(args, name) for name in names})
     (run_families if opts.paper == "families" else run_comparison)(opts)

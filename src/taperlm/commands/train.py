@@ -2,6 +2,7 @@
 
     taperlm train --preset transformer-tiny --taper cosine:1.5:0.5 --data DATA --out RUN
     torchrun --nproc_per_node 8 -m taperlm.cli train --config run.yaml --data DATA --out RUN
+    taperlm train --preset transformer-tiny --data DATA --out RUN --logger tensorboard
 
 Config precedence: preset / config file < --taper / --multiple-of < --set. Without --preset or
 --config, an existing RUN/config.yaml is used (so `taperlm train --out RUN` continues a run).
@@ -13,7 +14,12 @@ import argparse
 import os
 from pathlib import Path
 
-from taperlm.commands.common import add_model_arguments, build_run_config
+from taperlm.commands.common import (
+    add_logger_argument,
+    add_model_arguments,
+    build_run_config,
+    logger_names,
+)
 from taperlm.domains import input_path, number, output_path
 
 
@@ -37,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="stop (with a checkpoint) once N steps are done; rerun to continue",
     )
+    add_logger_argument(parser)
 
 
 def _resolve_config(args: argparse.Namespace):
@@ -50,6 +57,9 @@ def _resolve_config(args: argparse.Namespace):
                 "there is no run to continue)"
             )
         args.config = saved
+    names = logger_names(args.loggers)
+    if names is not None:  # after --set: the option named on the command line wins
+        args.overrides = [*args.overrides, f"train.loggers=[{','.join(names)}]"]
     cfg = build_run_config(args)
     if args.data is not None:
         cfg.data.dir = str(args.data.resolve())

@@ -11,6 +11,7 @@ Module-level imports stay light (no torch).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import shlex
 import sys
@@ -106,6 +107,7 @@ class CompareOptions:
     jobs: int | None = None  # cells at a time; None: as many as idle cores allow
     no_progress: bool = False
     pilot_tokens: int | None = None  # None: PILOT_FRACTION of a run (novelty:pilot only)
+    loggers: list[str] | None = None  # train.loggers of every cell (None: the config's)
 
     def __post_init__(self) -> None:
         if self.seeds is None:
@@ -190,6 +192,7 @@ def base_config(
         model["vocab_size"] = data_vocab  # a preset follows the data's tokenizer
     cfg_data = {"model": model, "data": data, "train": train}
     apply_overrides(cfg_data, opts.overrides)
+    _set_loggers(cfg_data["train"], opts, explicit)
     note = _derive_schedule(cfg_data["train"], explicit)
     if note and notes is not None:
         notes.append(note)
@@ -201,6 +204,17 @@ def base_config(
     if cfg.train.eval_tokens < 1:
         raise ConfigError("train.eval_tokens must be >= 1 for the loss curves")
     return cfg.resolve()
+
+
+def _set_loggers(train: dict[str, Any], opts: CompareOptions, explicit: set[str]) -> None:
+    """--logger, and one logged group for the comparison's runs (each run is named after its
+    folder: allocation-sSEED), unless the user named the group."""
+    if opts.loggers is not None:
+        train["loggers"] = opts.loggers
+    if train.get("loggers") and "train.log_group" not in explicit:
+        where = opts.out.resolve()
+        digest = hashlib.sha1(str(where).encode()).hexdigest()[:6]
+        train["log_group"] = f"{where.name}-{digest}"  # unique per comparison folder
 
 
 def _preset_size(opts: CompareOptions) -> str | None:

@@ -44,6 +44,7 @@ from taperlm.training import checkpoint as ckpt
 from taperlm.training import distributed as D
 from taperlm.training.checkpointer import ShardedCheckpointer
 from taperlm.training.guard import StepGuard, first_nonfinite
+from taperlm.training.loggers import Loggers, layer_grad_norms
 from taperlm.training.meta_init import build_on_meta, materialize
 from taperlm.training.metrics import MetricsWriter, mfu, peak_flops
 from taperlm.training.optim import (
@@ -83,6 +84,11 @@ RUNTIME_KEYS = frozenset(
         "train.precision",
         "train.peak_flops",
         "train.restore_nonfinite",
+        "train.loggers",
+        "train.log_grads_every",
+        "train.log_project",
+        "train.log_group",
+        "train.log_name",
     }
 )
 
@@ -441,6 +447,7 @@ class Trainer:
             raise CheckpointError(err)
         if self.info.is_main:
             self._guard_metrics(self.metrics.truncate_after, self.step)
+        self.loggers = Loggers.open(self.run, self.out, self.info.is_main, self.step)
         self._iter = iter(self.batches)
         self.fpt = _flops_per_token(self.run)
         name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
@@ -540,6 +547,20 @@ class Trainer:
 
     def _log(self, record: dict[str, Any]) -> None:
         self._guard_metrics(self.metrics.write, record)
+        self.loggers.log(record)
+
+    def _log_layer_grads_if_due(self, params: list[torch.Tensor]) -> None:
+        """Per-layer gradient norms of the step being taken, every train.log_grads_every steps
+        (collective under FSDP2: every rank computes them)."""
+        every, step = self.cfg.log_grads_every, self.step + 1
+        if not every or step % every:
+            return
+        due = {id(p) for p in params}
+        named = [(n, p) for n, p in self.model.named_parameters() if id(p) in due]
+        sharded = self.cfg.parallel == "fsdp" and self.info.enabled
+        norms = layer_grad_norms(named, self.run.model.n_layers, sharded)
+        if self.info.is_main:
+            self._log({"step": step, "tokens": self.tokens + self.cfg.batch_tokens, **norms})
 
     def _guard_metrics(self, fn, arg) -> None:
         """A failed metrics write (disk full, read-only dir) stops the run with a clear error."""
@@ -682,6 +703,7 @@ class Trainer:
         due_ids = {id(g) for g in due}
         params = [p for g in due for p in g["params"] if p.grad is not None]
         clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+        self._log_layer_grads_if_due(params)
         norm = torch.nn.utils.clip_grad_norm_(params, clip, foreach=True) if params else None
         gnorm = float(D.full_tensor(norm)) if norm is not None else 0.0
         if not math.isfinite(gnorm):
@@ -897,6 +919,9 @@ class Trainer:
             if checkpointer is not None:
                 checkpointer.close()
         finally:
+            loggers = getattr(self, "loggers", None)
+            if loggers is not None:
+                loggers.close()
             if self._prev_deterministic is not None:
                 torch.use_deterministic_algorithms(self._prev_deterministic)
                 self._prev_deterministic = None
