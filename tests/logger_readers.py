@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,28 +87,43 @@ class WandbRun:
     rows: list[dict[str, Any]] = field(default_factory=list)  # each with its "_step"
 
 
-def wandb_runs(wandb_dir: Path) -> list[WandbRun]:
-    """Every offline run under `wandb_dir` (a WANDB_DIR's wandb/ folder), oldest first."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
+def wandb_runs(wandb_dir: Path, wait: float = 30.0) -> list[WandbRun]:
+    """Every offline run under `wandb_dir` (a WANDB_DIR's wandb/ folder), oldest first. wandb's
+    service process finishes writing a run file a moment after `finish()` returns: each file is
+    read again until it holds the run's exit record (or `wait` seconds passed)."""
     runs = []
     for path in sorted(wandb_dir.glob("offline-run-*/run-*.wandb")):
-        run = WandbRun(path)
-        for payload in _wandb_payloads(path):
-            rec = pb.Record()
-            rec.ParseFromString(payload)
-            kind = rec.WhichOneof("record_type")
-            if kind == "run":
-                r = rec.run
-                run.run_id, run.name, run.group = r.run_id, r.display_name, r.run_group
-                run.project = r.project
-                run.config = {u.key: json.loads(u.value_json) for u in r.config.update}
-            elif kind == "history":
-                run.rows.append(
-                    {
-                        i.key or "/".join(i.nested_key): json.loads(i.value_json)
-                        for i in rec.history.item
-                    }
-                )
+        deadline = time.monotonic() + wait
+        run = _read_run(path)
+        while run is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            run = _read_run(path)
+        assert run is not None, f"{path} has no exit record after {wait} s"
         runs.append(run)
     return runs
+
+
+def _read_run(path: Path) -> WandbRun | None:
+    """The run in one file, None while its exit record is not written yet."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    run, finished = WandbRun(path), False
+    for payload in _wandb_payloads(path):
+        rec = pb.Record()
+        rec.ParseFromString(payload)
+        kind = rec.WhichOneof("record_type")
+        if kind == "run":
+            r = rec.run
+            run.run_id, run.name, run.group = r.run_id, r.display_name, r.run_group
+            run.project = r.project
+            run.config = {u.key: json.loads(u.value_json) for u in r.config.update}
+        elif kind == "history":
+            run.rows.append(
+                {
+                    i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                    for i in rec.history.item
+                }
+            )
+        elif kind == "exit":
+            finished = True
+    return run if finished else None
