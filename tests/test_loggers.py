@@ -341,6 +341,27 @@ def test_logger_option_and_field(data_dir):
         _config(data_dir, "train.loggers=[mlflow]")
 
 
+def test_compare_puts_its_runs_in_one_group(tmp_path):
+    from taperlm.compare.job import CompareOptions, base_config
+
+    def group(out: Path, *sets: str, loggers=("wandb",)) -> tuple[list[str], str]:
+        opts = CompareOptions(out=out, preset="transformer-tiny", overrides=list(sets))
+        opts.loggers = list(loggers) if loggers is not None else None
+        t = base_config(opts, None, None).train
+        return t.loggers, t.log_group
+
+    loggers, name = group(tmp_path / "cmp")
+    assert loggers == ["wandb"] and name.startswith("cmp-") and len(name) == len("cmp-") + 6
+    assert group(tmp_path / "cmp")[1] == name  # the same folder, the same group
+    assert group(tmp_path / "x" / "cmp")[1] != name  # another comparison, another group
+    assert group(tmp_path / "cmp", "train.log_group=mine") == (["wandb"], "mine")
+    assert group(tmp_path / "cmp", loggers=None) == ([], "")  # no logger: no group
+    assert group(tmp_path / "cmp", "train.loggers=[tensorboard]", loggers=None)[0] == [
+        "tensorboard"
+    ]
+
+
+@pytest.mark.slow
 @needs_wandb
 def test_compare_logs_each_cell_as_its_own_run_in_one_group(tmp_path):
     from taperlm.data.prepare import prepare

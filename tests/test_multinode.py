@@ -13,6 +13,7 @@ are slow (8 launches, ~1.5 min).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import subprocess
@@ -29,6 +30,7 @@ from test_train_distributed import TOL, _args, _env, _losses, data_dir  # noqa: 
 pytestmark = pytest.mark.distributed
 
 REPO = Path(__file__).resolve().parents[1]
+HAVE_TB = importlib.util.find_spec("tensorboard") is not None
 SBATCH = REPO / "scripts" / "train.sbatch"
 GRADS = "train.log_grads_every=2"  # per-layer gradient norms: a collective under FSDP2
 
@@ -108,7 +110,24 @@ def _close(a: list[float], b: list[float]) -> None:
     assert max(abs(x - y) for x, y in zip(a, b)) < TOL, (a, b)
 
 
-def test_slurm_script_trains_on_two_nodes(data_dir, tmp_path):  # noqa: F811
+@pytest.fixture(scope="module")
+def single(data_dir, tmp_path_factory) -> Path:  # noqa: F811
+    """One process, in this one: the losses and per-layer gradient norms every run here has."""
+    out = tmp_path_factory.mktemp("single") / "run"
+    assert cli_main(_args(data_dir, out, GRADS)) == 0
+    return out
+
+
+def _same_as(ref: Path, run: Path) -> None:
+    """Losses and per-layer gradient norms of `run` are `ref`'s (within TOL)."""
+    _close(_losses(ref), _losses(run))
+    norms_ref, norms_run = _layer_norms(ref), _layer_norms(run)
+    assert len(norms_ref) == len(norms_run) == 3
+    for a, b in zip(norms_ref, norms_run):
+        assert max(abs(x - y) for x, y in zip(a, b)) < TOL, (a, b)
+
+
+def test_slurm_script_trains_on_two_nodes(data_dir, single, tmp_path):  # noqa: F811
     """scripts/train.sbatch under stand-ins for srun/scontrol: 2 nodes x 1 process, DDP; the
     losses and per-layer gradient norms are those of one process (within TOL)."""
     bin_dir = tmp_path / "bin"
@@ -129,31 +148,28 @@ def test_slurm_script_trains_on_two_nodes(data_dir, tmp_path):  # noqa: F811
     }
     out = tmp_path / "slurm"
     args = _args(data_dir, out, GRADS)[1:]  # after `train`: what the user gives the script
+    if HAVE_TB:
+        args += ["--logger", "tensorboard"]  # logged by rank 0 alone
     r = subprocess.run(["bash", str(SBATCH), *args], env=env, capture_output=True, timeout=240)
     logs = [(tmp_path / f"node.{i}").read_text() for i in range(2)]
     assert r.returncode == 0, logs
     assert sum(log.count("done: step 6/6") for log in logs) == 1  # rank 0 reports, on one node
 
-    single = tmp_path / "single"
-    assert cli_main(_args(data_dir, single, GRADS)) == 0
-    _close(_losses(single), _losses(out))
-    for a, b in zip(_layer_norms(single), _layer_norms(out), strict=True):
-        assert max(abs(x - y) for x, y in zip(a, b)) < TOL
+    if HAVE_TB:
+        assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    _same_as(single, out)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_two_nodes_match_one_node(data_dir, tmp_path, parallel):  # noqa: F811
-    """2 nodes x 1 process vs 1 node x 2 processes, same world size: the same losses and
-    per-layer gradient norms (under FSDP2 those are summed across the ranks' shards)."""
+def test_two_nodes_match_one_node(data_dir, single, tmp_path, parallel):  # noqa: F811
+    """2 nodes x 1 process vs 1 node x 2 processes (same world size) and one process: the same
+    losses and per-layer gradient norms (under FSDP2 summed across the ranks' shards)."""
     one, two = tmp_path / "one", tmp_path / "two"
     _one_node(data_dir, one, f"train.parallel={parallel}", GRADS)
     _nodes(data_dir, two, 2, f"train.parallel={parallel}", GRADS)
-    _close(_losses(one), _losses(two))
-    norms_one, norms_two = _layer_norms(one), _layer_norms(two)
-    assert len(norms_one) == len(norms_two) == 3
-    for a, b in zip(norms_one, norms_two):
-        assert max(abs(x - y) for x, y in zip(a, b)) < TOL
+    _same_as(one, two)
+    _same_as(single, two)
 
 
 @pytest.mark.slow
