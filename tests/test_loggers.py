@@ -57,6 +57,8 @@ def _offline(mp: pytest.MonkeyPatch, wandb_dir: Path) -> None:
     mp.setenv("WANDB_MODE", "offline")
     mp.setenv("WANDB_DIR", str(wandb_dir))
     mp.setenv("WANDB_SILENT", "true")
+    for key in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):  # nothing under ~
+        mp.setenv(key, str(wandb_dir / "wandb-home"))
     for key in ("WANDB_API_KEY", "WANDB_PROJECT", "WANDB_RUN_ID", "WANDB_RESUME"):
         mp.delenv(key, raising=False)
 
