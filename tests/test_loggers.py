@@ -254,6 +254,7 @@ def test_a_failing_logger_warns_and_training_goes_on(
         )
     else:
         monkeypatch.setitem(L.BACKENDS, "tensorboard", backend)
+        monkeypatch.setitem(L.PACKAGES, "tensorboard", "json")  # a stand-in: nothing to import
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         res = train(
@@ -273,6 +274,7 @@ def test_a_hanging_logger_never_holds_training(data_dir, tmp_path, plain_run, mo
             release.wait(60)  # e.g. wandb stuck on the network
 
     monkeypatch.setitem(L.BACKENDS, "tensorboard", Hanging)
+    monkeypatch.setitem(L.PACKAGES, "tensorboard", "json")
     monkeypatch.setattr(L, "QUEUE_RECORDS", 2)
     monkeypatch.setattr(L, "CLOSE_SECONDS", 0.5)
     try:
