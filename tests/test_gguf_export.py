@@ -208,17 +208,42 @@ def test_the_check_fails_without_the_permutation(tmp_path: Path, monkeypatch) ->
 # what cannot be exported
 
 
-@pytest.mark.parametrize(
-    "preset", ["gated-tiny", "hope-tiny", "titans-mac-tiny", "titans-mag-tiny", "titans-mal-tiny"]
-)
-def test_other_families_are_refused_clearly(tmp_path: Path, preset: str) -> None:
+OTHER_PRESETS = ["gated-tiny", "hope-tiny", "titans-mac-tiny", "titans-mag-tiny", "titans-mal-tiny"]
+
+
+def test_only_transformer_is_marked_for_llama_cpp() -> None:
+    """Every registered family is either written for llama.cpp or refused (one test each)."""
+    from taperlm.families import FAMILIES
+    from taperlm.presets import get_preset
+
+    assert [n for n, f in FAMILIES.items() if f.llama_cpp] == ["transformer"]
+    assert {get_preset(p, resolve=False).family for p in OTHER_PRESETS} == set(FAMILIES) - {
+        "transformer"
+    }
+
+
+@pytest.mark.parametrize("preset", OTHER_PRESETS)
+def test_other_families_are_refused_clearly(
+    tmp_path: Path, preset: str, monkeypatch, capsys
+) -> None:
+    import taperlm.loading
+
     cfg = tiny_config(preset=preset)
     with pytest.raises(ConfigError, match=r"not supported by llama\.cpp"):
         check_supported(cfg)
     torch.manual_seed(0)
+    model, tok = TaperedLM(cfg).eval(), tiny_tokenizer()
     with pytest.raises(ConfigError, match=r"not supported by llama\.cpp"):
-        write_gguf(TaperedLM(cfg), tiny_tokenizer(), tmp_path / "m.gguf")
-    assert not list(tmp_path.iterdir())
+        write_gguf(model, tok, tmp_path / "m.gguf")
+    # the command: one line naming the family, nothing written
+    monkeypatch.setattr(taperlm.loading, "load_run", lambda run, step=None: (model, tok, None))
+    (tmp_path / "run").mkdir()
+    argv = ["export", str(tmp_path / "run"), "--format", "gguf", "--out", str(tmp_path / "m.gguf")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"model family {cfg.family!r} is not supported by llama.cpp" in err
+    assert err.count("\n") == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]
 
 
 def test_tokenizer_llama_cpp_would_split_differently_is_refused(tmp_path: Path) -> None:

@@ -35,11 +35,14 @@ _NORMAL, _CONTROL, _USER_DEFINED, _UNUSED = 1, 3, 4, 5
 
 def check_supported(cfg: Any) -> None:
     """ConfigError unless llama.cpp can run a model of this config (Transformer++ only)."""
-    if cfg.family != "transformer":
+    from taperlm.families import FAMILIES, family
+
+    if not family(cfg).llama_cpp:
+        runs = ", ".join(name for name, f in FAMILIES.items() if f.llama_cpp)
         raise ConfigError(
             f"GGUF export: model family {cfg.family!r} is not supported by llama.cpp (it has no "
-            "architecture for its blocks); only Transformer++ (model.family: transformer) runs "
-            "there. Export a Hugging Face directory instead: taperlm export RUN --out DIR"
+            f"architecture for its blocks); only these families run there: {runs}. Export a "
+            "Hugging Face directory instead: taperlm export RUN --out DIR"
         )
 
 
