@@ -318,6 +318,7 @@ TEXTS = [
     "Numbers 12345 and 3.14159, symbols #@$%^&*() and don't we'll they're",
     "Ünïcödé: café, naïve, 東京, Ελληνικά, emoji 🙂",
     "   leading spaces and trailing   ",
+    "Hello , world . Is it ? Yes ! It 's a ' quoted ' word",  # no clean-up of spaces
 ]
 
 
@@ -327,18 +328,22 @@ TEXTS = [
 )
 def test_llama_cpp_runs_the_file(tmp_path: Path, kind: str, dtype: str) -> None:
     """llama.cpp (llama-cpp-python, built from source) loads the file with its per-layer widths
-    and heads; its logits of a prompt match ours within f32 (f16) rounding and 32 greedy tokens
-    decoded incrementally with its KV cache are ours."""
+    and heads; its logits of a prompt match ours within f32 (f16) rounding, and 32 greedy tokens
+    decoded incrementally with its KV cache are ours (f32; in f16, each is our argmax or a
+    near tie within f16 rounding)."""
     llama_cpp = pytest.importorskip("llama_cpp")
     model, tok = make_model(kind, context_length=128)
     path = write_gguf(model, tok, tmp_path / "m.gguf", dtype=dtype)
+    # f32 KV cache and no flash attention: llama.cpp's defaults keep K and V in f16
+    f32 = llama_cpp.GGML_TYPE_F32
     llm = llama_cpp.Llama(
-        model_path=str(path), n_ctx=128, n_batch=128, logits_all=True, n_threads=1, verbose=False
-    )
+        model_path=str(path), n_ctx=128, n_batch=128, logits_all=True, n_threads=1,
+        type_k=f32, type_v=f32, flash_attn=False, verbose=False,
+    )  # fmt: skip
     ids = tok.encode(TEXTS[0] + " " + TEXTS[2])[:40]
     llm.eval(ids)
     theirs = np.asarray(llm.scores[: len(ids)], dtype=np.float64)
-    tol = 1e-3 if dtype == "f32" else 3e-2
+    tol = 1e-3 if dtype == "f32" else 0.15  # logits up to ~10; f16 also rounds activations
     np.testing.assert_allclose(theirs, ours(model, ids), atol=tol)
     # greedy decoding, one token per llama.cpp eval (its KV cache) against ours
     from taperlm.generation import greedy_batch
@@ -351,8 +356,13 @@ def test_llama_cpp_runs_the_file(tmp_path: Path, kind: str, dtype: str) -> None:
         nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
         got.append(nxt)
         llm.eval([nxt])
-    want = greedy_batch(model, [prompt], max_new_tokens=32)[0]
-    assert got == want
+    if dtype == "f32":
+        assert got == greedy_batch(model, [prompt], max_new_tokens=32)[0]
+    else:  # f16 rounding may flip a near tie and the sequences part: check every step of
+        # llama.cpp's sequence is our argmax there, or within the f16 tolerance of it
+        logits = ours(model, prompt + got)[len(prompt) - 1 : -1]
+        picked = logits[np.arange(len(got)), got]
+        assert (picked >= logits.max(-1) - 2 * tol).all()
 
 
 @pytest.mark.slow
