@@ -122,6 +122,25 @@ def test_tokenizer_is_gpt2_bpe_with_our_ids(tmp_path: Path) -> None:
     assert meta["tokenizer.ggml.add_bos_token"] is False
 
 
+def test_gpt2_style_files_give_the_same_tokenizer(tmp_path: Path) -> None:
+    """A tokenizer read from GPT-2 files (vocab.json + merges.txt, EOS a plain vocabulary
+    entry) exports like the BPE it was written from, EOS marked as a control token."""
+    from taperlm.data.tokenizer import load_tokenizer
+    from taperlm.gguf_export import gguf_vocab
+
+    tok = tiny_tokenizer()
+    data = json.loads(tok.backend.to_str())["model"]
+    folder = tmp_path / "gpt2"
+    folder.mkdir()
+    (folder / "vocab.json").write_text(json.dumps(tok.backend.get_vocab()), encoding="utf-8")
+    merges = "\n".join(" ".join(m) for m in data["merges"])
+    (folder / "merges.txt").write_text("#version: 0.2\n" + merges + "\n", encoding="utf-8")
+    files = load_tokenizer(folder)
+    assert files.eos_id == tok.eos_id
+    ours_, theirs = gguf_vocab(tok, tok.vocab_size), gguf_vocab(files, tok.vocab_size)
+    assert theirs == ours_ and theirs["types"][tok.eos_id] == gguf.TokenType.CONTROL
+
+
 # ----------------------------------------------------------------------------------------------
 # llama.cpp's computation, from the file alone
 
@@ -305,7 +324,14 @@ def test_export_command_writes_a_file_llama_cpp_reads(tapered_run: Path, tmp_pat
     assert read(out)[1]["blk.0.attn_q.weight"].dtype == np.float32
     assert main(["export", str(tapered_run), "--format", "gguf", "--out", str(tmp_path)]) == 2
     assert "is a folder, not a file" in capsys.readouterr().err
+    assert main(["export", str(tapered_run), "--out", str(tmp_path / "hf"), "--dtype", "f16"]) == 2
+    assert "--dtype is for --format gguf" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf"]
+    # a checkpoint directory: the file is named after its run
+    ckpt = max((tapered_run / "checkpoints").iterdir())
+    argv = ["export", str(ckpt), "--format", "gguf", "--out", str(tmp_path / "c.gguf")]
+    assert main(argv) == 0
+    assert read(tmp_path / "c.gguf")[0]["general.name"] == "run"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -135,6 +135,9 @@ def gguf_vocab(tokenizer: Any, vocab_size: int) -> dict[str, Any]:
         tokens[i], types[i] = token, _NORMAL
     for added in data.get("added_tokens") or []:
         types[added["id"]] = _CONTROL if added.get("special") else _USER_DEFINED
+    for special in (getattr(tokenizer, "eos_id", None), getattr(tokenizer, "bos_id", None)):
+        if special is not None:  # also where EOS is a plain vocabulary entry (GPT-2 files)
+            types[special] = _CONTROL
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
     return {"tokens": tokens, "types": types, "merges": merges}
 

@@ -32,8 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype",
         choices=DTYPES,
-        default="f16",
-        help="--format gguf: precision of the weight matrices (norms stay f32)",
+        help="--format gguf: precision of the weight matrices (default f16; norms stay f32)",
     )
     parser.add_argument(
         "--step", type=number(int, "[0, inf)"), help="export checkpoint STEP (default: newest)"
@@ -46,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.format == "gguf":
         return _run_gguf(args)
+    if args.dtype is not None:
+        raise ConfigError("--dtype is for --format gguf; a Hugging Face export keeps fp32 weights")
     out: Path = args.out
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.force:
         raise ConfigError(
@@ -70,14 +71,16 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_gguf(args: argparse.Namespace) -> int:
     from taperlm.gguf_export import check_supported, write_gguf
-    from taperlm.loading import load_run
+    from taperlm.loading import load_run, run_root
 
     out: Path = args.out
     if out.exists() and not args.force:
         raise ConfigError(f"--out {out} exists; choose another path or add --force to replace it")
     model, tokenizer, _ = load_run(args.run, step=args.step)
     check_supported(model.config)
-    path = write_gguf(model, tokenizer, out, dtype=args.dtype, name=Path(args.run).name)
-    print(f"exported {args.run} to {path} ({args.dtype})")
+    dtype = args.dtype or "f16"
+    name = run_root(Path(args.run)).name  # the run's name, also for a checkpoint dir
+    path = write_gguf(model, tokenizer, out, dtype=dtype, name=name)
+    print(f"exported {args.run} to {path} ({dtype})")
     print(f"run it with llama.cpp: llama-completion -m {path} -no-cnv -p 'The' -n 64")
     return 0
