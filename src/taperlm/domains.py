@@ -256,10 +256,18 @@ class PathArg:
     """An argparse `type` for a path the command writes (`output_path`) or reads
     (`input_path`); `check_arguments` checks every output before the command starts."""
 
-    def __init__(self, role: str, kind: str, text: bool = False) -> None:
+    def __init__(
+        self,
+        role: str,
+        kind: str,
+        text: bool = False,
+        kind_of: Callable[[argparse.Namespace], str] | None = None,
+    ) -> None:
         self.role = role  # output | input
         self.kind = kind  # dir | file (outputs); any (inputs)
         self.text = text  # inputs that may also be a name (hf:NAME, bpe:N): keep the string
+        # an output that is a folder or a file depending on other options: args -> dir | file
+        self.kind_of = kind_of
         self.__name__ = "path"
 
     def __call__(self, text: str) -> Path | str:
@@ -271,11 +279,12 @@ class PathArg:
         return f"{self.role}_path({self.kind!r})"
 
 
-def output_path(kind: str) -> PathArg:
-    """`type=output_path("dir")` (a folder the command creates or fills) or `"file"`."""
+def output_path(kind: str, kind_of: Callable[[argparse.Namespace], str] | None = None) -> PathArg:
+    """`type=output_path("dir")` (a folder the command creates or fills) or `"file"`;
+    `kind_of(args)` overrides `kind` when other options decide (`export --format gguf`)."""
     if kind not in ("dir", "file"):
         raise ValueError(f"output_path kind must be dir or file, not {kind!r}")
-    return PathArg("output", kind)
+    return PathArg("output", kind, kind_of=kind_of)
 
 
 def input_path(text: bool = False) -> PathArg:
@@ -303,7 +312,9 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         if isinstance(kind, Number):
             kind.domain.check(value, _name(action))
         elif isinstance(kind, PathArg) and kind.role == "output" and value is not None:
-            check_output(value, kind.kind, _name(action), inputs)
+            check_output(
+                value, kind.kind_of(args) if kind.kind_of else kind.kind, _name(action), inputs
+            )
 
 
 def check_output(

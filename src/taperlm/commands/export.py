@@ -1,5 +1,6 @@
 """`taperlm export RUN --out DIR`: a Hugging Face model directory (config.json with auto_map,
-model.safetensors, tokenizer, generation_config.json, thin code files importing taperlm)."""
+model.safetensors, tokenizer, generation_config.json, thin code files importing taperlm, a model
+card README.md); `--format gguf --out FILE.gguf`: one GGUF file for llama.cpp (Transformer++)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,31 @@ from pathlib import Path
 
 from taperlm.domains import input_path, number, output_path
 from taperlm.errors import ConfigError
+from taperlm.gguf_export import DTYPES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "run", type=input_path(), help="run directory of `taperlm train` (or a checkpoint dir)"
     )
-    parser.add_argument("--out", type=output_path("dir"), required=True, help="output directory")
+    parser.add_argument(
+        "--out",
+        type=output_path("dir", kind_of=lambda a: "file" if a.format == "gguf" else "dir"),
+        required=True,
+        help="output directory (--format hf) or .gguf file (--format gguf)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("hf", "gguf"),
+        default="hf",
+        help="hf: a Hugging Face model directory; gguf: one file for llama.cpp (Transformer++ "
+        "models only)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="--format gguf: precision of the weight matrices (default f16; norms stay f32)",
+    )
     parser.add_argument(
         "--step", type=number(int, "[0, inf)"), help="export checkpoint STEP (default: newest)"
     )
@@ -24,6 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.format == "gguf":
+        return _run_gguf(args)
+    if args.dtype is not None:
+        raise ConfigError("--dtype is for --format gguf; a Hugging Face export keeps fp32 weights")
     out: Path = args.out
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.force:
         raise ConfigError(
@@ -36,11 +59,28 @@ def run(args: argparse.Namespace) -> int:
     from taperlm.hf.export import export_model
     from taperlm.loading import load_run
 
-    model, tokenizer, _ = load_run(args.run, step=args.step)
-    path = export_model(model, out, tokenizer)
+    model, tokenizer, run_config = load_run(args.run, step=args.step)
+    path = export_model(model, out, tokenizer, run_config=run_config)
     print(f"exported {args.run} to {path}")
     print(
         "load it with: AutoModelForCausalLM.from_pretrained("
         f"{str(path)!r}, trust_remote_code=True)  (needs `pip install taperlm`)"
     )
+    return 0
+
+
+def _run_gguf(args: argparse.Namespace) -> int:
+    from taperlm.gguf_export import check_supported, write_gguf
+    from taperlm.loading import load_run, run_root
+
+    out: Path = args.out
+    if out.exists() and not args.force:
+        raise ConfigError(f"--out {out} exists; choose another path or add --force to replace it")
+    model, tokenizer, _ = load_run(args.run, step=args.step)
+    check_supported(model.config)
+    dtype = args.dtype or "f16"
+    name = run_root(Path(args.run)).name  # the run's name, also for a checkpoint dir
+    path = write_gguf(model, tokenizer, out, dtype=dtype, name=name)
+    print(f"exported {args.run} to {path} ({dtype})")
+    print(f"run it with llama.cpp: llama-completion -m {path} -no-cnv -p 'The' -n 64")
     return 0

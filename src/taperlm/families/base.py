@@ -152,6 +152,8 @@ class Family:
             `cfg.attention_heads(layer)` (the head taper); False rejects a head taper.
         compare_lr: peak learning rate of `taperlm compare`'s small-scale (CPU) recipe for this
             family, where the recipe's own (2e-3) does not train it stably; None: the recipe's.
+        llama_cpp: whether every block is a Llama block (RMSNorm, RoPE attention, SwiGLU, no
+            biases), which `taperlm export --format gguf` can write for llama.cpp.
     """
 
     name: str
@@ -169,6 +171,7 @@ class Family:
     upgrade: Callable[[dict[str, Any], str], dict[str, Any]] = _unchanged
     attention: bool = True
     compare_lr: float | None = None
+    llama_cpp: bool = False
 
     def fresh_options(self, options: Any) -> Any:
         """A copy of `options` with the resolved sizes cleared (to be re-resolved)."""

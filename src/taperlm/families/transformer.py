@@ -31,4 +31,5 @@ FAMILY = Family(
     build_block=attention_block,
     mixer_params=attention_mixer_params,
     presets={"transformer": _preset},
+    llama_cpp=True,
 )

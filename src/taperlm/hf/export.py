@@ -2,7 +2,8 @@
 
     config.json (model_type "taperlm", auto_map -> the two code files), model.safetensors,
     configuration_taperlm.py / modeling_taperlm.py (thin files importing the installed
-    `taperlm` package), tokenizer files, generation_config.json.
+    `taperlm` package), tokenizer files, generation_config.json, and the model card README.md
+    (widths, heads, budget, training settings: `taperlm.hf.model_card`).
 
 `AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)` loads it anywhere taperlm is
 installed; after `import taperlm` no remote code is needed at all.
@@ -85,9 +86,13 @@ def export_model(
     out_dir: str | Path,
     tokenizer: Any | None = None,
     generation: dict[str, Any] | None = None,
+    run_config: Any | None = None,
 ) -> Path:
-    """Write a Hugging Face directory for `model` (a TaperedLM) to `out_dir`."""
+    """Write a Hugging Face directory for `model` (a TaperedLM) to `out_dir`; `run_config`
+    (the RunConfig it was trained with) adds the training settings to the model card."""
     from transformers import GenerationConfig
+
+    from taperlm.hf.model_card import model_card
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -123,6 +128,8 @@ def export_model(
     if data.get("auto_map") != AUTO_MAP:
         data["auto_map"] = dict(AUTO_MAP)
         cfg_path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    card = model_card(model.config, run_config, name=out.resolve().name)
+    (out / "README.md").write_text(card, encoding="utf-8")
     _default_modes(out)
     return out
 

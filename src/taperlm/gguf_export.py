@@ -1,0 +1,213 @@
+"""Export a Transformer++ model with its tokenizer to one GGUF file that llama.cpp runs.
+
+Which llama.cpp architecture:
+    - `llama` when every layer has the same MLP width and heads (a uniform model): the most
+      widely supported architecture; its loader takes one width and one head count for all
+      layers.
+    - `deci` otherwise: the same Llama block (RMSNorm, RoPE attention, SwiGLU), and llama.cpp
+      builds both its tensors and its compute graph from the per-layer arrays
+      `deci.feed_forward_length`, `deci.attention.head_count` and `.head_count_kv`.
+
+Layout: tensors keep our (out, in) row-major shapes (GGUF stores them reversed, as ggml
+expects). Our RoPE rotates the two halves of each head (rotate-half); llama.cpp's `llama`/`deci`
+RoPE rotates adjacent pairs, so the rows of Q and K are permuted within each head, as llama.cpp's
+own Hugging Face converter does for Llama. The fused QKV and gate/up matrices are split into
+llama.cpp's separate tensors. A tied head is left out (llama.cpp reuses token_embd).
+
+Tokenizer: a byte-level BPE with GPT-2 pre-tokenization (taperlm's `bpe:N`, GPT-2 style
+vocab.json + merges.txt) becomes llama.cpp's `gpt2` tokenizer (tokens, merges, `gpt-2`
+pre-tokenizer); EOS is also BOS and nothing is added to a prompt, as in `taperlm generate`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from taperlm.errors import ConfigError, DataError
+from taperlm.io import atomic_output
+
+DTYPES = ("f16", "f32")
+# llama.cpp token types (gguf.TokenType): normal, user-defined, control, unused
+_NORMAL, _CONTROL, _USER_DEFINED, _UNUSED = 1, 3, 4, 5
+
+
+def check_supported(cfg: Any) -> None:
+    """ConfigError unless llama.cpp can run a model of this config (Transformer++ only)."""
+    from taperlm.families import FAMILIES, family
+
+    if not family(cfg).llama_cpp:
+        runs = ", ".join(name for name, f in FAMILIES.items() if f.llama_cpp)
+        raise ConfigError(
+            f"GGUF export: model family {cfg.family!r} is not supported by llama.cpp (it has no "
+            f"architecture for its blocks); only these families run there: {runs}. Export a "
+            "Hugging Face directory instead: taperlm export RUN --out DIR"
+        )
+
+
+def architecture(cfg: Any) -> str:
+    """`llama` for a uniform model, `deci` (per-layer widths and heads) otherwise."""
+    shapes = {(w, cfg.attention_heads(i)) for i, w in enumerate(cfg.mlp_widths)}
+    return "llama" if len(shapes) == 1 else "deci"
+
+
+def _permute_rope(w: Any, heads: int) -> Any:
+    """Rows of one of Q/K ([heads * head_dim, d]) from rotate-half to adjacent-pair order."""
+    rows, d = w.shape
+    half = rows // heads // 2
+    return w.reshape(heads, 2, half, d).swapaxes(1, 2).reshape(rows, d)
+
+
+def gguf_tensors(model: Any, dtype: str = "f16") -> dict[str, Any]:
+    """llama.cpp tensor name -> numpy array of every weight of `model` (a Transformer++
+    TaperedLM); matrices in `dtype`, norms in f32 (llama.cpp requires it)."""
+    import numpy as np
+
+    cfg = model.config
+    wide = np.float16 if dtype == "f16" else np.float32
+
+    def arr(t: Any, matrix: bool = True) -> Any:
+        return t.detach().float().cpu().numpy().astype(wide if matrix else np.float32)
+
+    hd = cfg.head_dim
+    out = {"token_embd.weight": arr(model.embed.weight)}
+    for i, block in enumerate(model.blocks):
+        heads, kv_heads = cfg.attention_heads(i)
+        q, k, v = block.mixer.qkv.weight.detach().split(
+            [heads * hd, kv_heads * hd, kv_heads * hd], dim=0
+        )
+        gate, up = block.mlp.w_in.weight.detach().chunk(2, dim=0)
+        p = f"blk.{i}."
+        out |= {
+            p + "attn_norm.weight": arr(block.mixer_norm.weight, matrix=False),
+            p + "attn_q.weight": _permute_rope(arr(q), heads),
+            p + "attn_k.weight": _permute_rope(arr(k), kv_heads),
+            p + "attn_v.weight": arr(v),
+            p + "attn_output.weight": arr(block.mixer.out.weight),
+            p + "ffn_norm.weight": arr(block.mlp_norm.weight, matrix=False),
+            p + "ffn_gate.weight": arr(gate),
+            p + "ffn_up.weight": arr(up),
+            p + "ffn_down.weight": arr(block.mlp.w_out.weight),
+        }
+    out["output_norm.weight"] = arr(model.norm.weight, matrix=False)
+    if not cfg.tie_embeddings:
+        out["output.weight"] = arr(model.lm_head.weight)
+    return out
+
+
+def gguf_vocab(tokenizer: Any, vocab_size: int) -> dict[str, Any]:
+    """tokens, token types and merges of llama.cpp's `gpt2` tokenizer from ours; ids the
+    tokenizer lacks up to the model's `vocab_size` become unused padding tokens. DataError
+    for a tokenizer llama.cpp would split differently."""
+    backend = getattr(tokenizer, "backend", tokenizer)
+    spec = getattr(tokenizer, "spec", type(tokenizer).__name__)
+    data = json.loads(backend.to_str())
+    model, pre = data.get("model") or {}, data.get("pre_tokenizer") or {}
+    problems = []
+    if model.get("type") != "BPE" or model.get("byte_fallback"):
+        problems.append(
+            f"its model is {model.get('type')} (byte_fallback={model.get('byte_fallback')})"
+        )
+    if not (
+        pre.get("type") == "ByteLevel"
+        and pre.get("use_regex", True)
+        and not pre.get("add_prefix_space")
+    ):
+        problems.append(f"its pre-tokenizer is {json.dumps(pre, sort_keys=True)}")
+    if data.get("normalizer"):
+        problems.append(f"it has a normalizer ({data['normalizer'].get('type')})")
+    if problems:
+        raise DataError(
+            f"GGUF export: tokenizer {spec!r} is not a byte-level BPE with GPT-2 pre-tokenization "
+            f"({'; '.join(problems)}), the kind llama.cpp's gpt2 tokenizer reproduces; train the "
+            "run on a bpe:N or GPT-2 style tokenizer, or use the Hugging Face export"
+        )
+    ids = backend.get_vocab(with_added_tokens=True)
+    if max(ids.values()) >= vocab_size:
+        raise DataError(
+            f"GGUF export: tokenizer {spec!r} has ids up to {max(ids.values())} but the model's "
+            f"vocab_size is {vocab_size}"
+        )
+    tokens = [f"[PAD{i}]" for i in range(vocab_size)]
+    types = [_UNUSED] * vocab_size
+    for token, i in ids.items():
+        tokens[i], types[i] = token, _NORMAL
+    for added in data.get("added_tokens") or []:
+        types[added["id"]] = _CONTROL if added.get("special") else _USER_DEFINED
+    for special in (getattr(tokenizer, "eos_id", None), getattr(tokenizer, "bos_id", None)):
+        if special is not None:  # also where EOS is a plain vocabulary entry (GPT-2 files)
+            types[special] = _CONTROL
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
+    return {"tokens": tokens, "types": types, "merges": merges}
+
+
+def write_gguf(
+    model: Any,
+    tokenizer: Any,
+    path: str | Path,
+    dtype: str = "f16",
+    name: str = "taperlm",
+    description: str = "",
+) -> Path:
+    """Write `model` (a Transformer++ TaperedLM) and its tokenizer to the GGUF file `path`
+    (atomically: a temporary file beside it, renamed when complete)."""
+    try:
+        import gguf
+    except ImportError:
+        raise ConfigError(
+            "GGUF export needs the gguf package: pip install 'taperlm[gguf]'"
+        ) from None
+    if dtype not in DTYPES:
+        raise ConfigError(f"GGUF export: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    cfg = model.config
+    check_supported(cfg)
+    vocab = gguf_vocab(tokenizer, cfg.vocab_size)
+    tensors = gguf_tensors(model, dtype)
+    arch = architecture(cfg)
+    heads = [cfg.attention_heads(i) for i in range(cfg.n_layers)]
+    path = Path(path)
+    with atomic_output(path) as tmp:
+        w = gguf.GGUFWriter(str(tmp), arch)
+        w.add_name(name)
+        if description:
+            w.add_description(description)
+        w.add_file_type(
+            gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32
+        )
+        w.add_context_length(cfg.context_length)
+        w.add_embedding_length(cfg.d_model)
+        w.add_block_count(cfg.n_layers)
+        if arch == "llama":
+            w.add_feed_forward_length(cfg.mlp_widths[0])
+            w.add_head_count(heads[0][0])
+            w.add_head_count_kv(heads[0][1])
+        else:
+            w.add_feed_forward_length(list(cfg.mlp_widths))
+            w.add_head_count([h for h, _ in heads])
+            w.add_head_count_kv([kv for _, kv in heads])
+        # The head dim is the model's, not d_model / (layer 0's heads) as llama.cpp would assume.
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
+        w.add_rope_dimension_count(cfg.head_dim)
+        w.add_rope_freq_base(float(cfg.rope_theta))
+        w.add_layer_norm_rms_eps(float(cfg.norm_eps))
+        w.add_vocab_size(cfg.vocab_size)
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("gpt-2")
+        w.add_token_list(vocab["tokens"])
+        w.add_token_types(vocab["types"])
+        w.add_token_merges(vocab["merges"])
+        eos = tokenizer.eos_id
+        w.add_eos_token_id(eos)
+        w.add_bos_token_id(eos if tokenizer.bos_id is None else tokenizer.bos_id)
+        w.add_pad_token_id(eos)
+        w.add_add_bos_token(False)
+        w.add_add_eos_token(False)
+        for tensor_name, array in tensors.items():
+            w.add_tensor(tensor_name, array)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+    return path
