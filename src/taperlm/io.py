@@ -102,6 +102,21 @@ def finite_json(obj: Any) -> Any:
     return obj
 
 
+def strict_json_loads(text: str) -> Any:
+    """`json.loads` that rejects an object giving one key twice (plain json keeps the last one
+    silently), as a JSONDecodeError whose `msg` names the key."""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise json.JSONDecodeError(f"key {key!r} is given twice; keep one", text, 0)
+            out[key] = value
+        return out
+
+    return json.loads(text, object_pairs_hook=unique)
+
+
 def sha256_file(path: str | Path) -> str:
     """Hex sha256 of a file, read in 1 MiB blocks."""
     h = hashlib.sha256()

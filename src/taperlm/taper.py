@@ -29,6 +29,7 @@ from typing import Any
 
 from taperlm.domains import setting
 from taperlm.errors import TaperError
+from taperlm.io import strict_json_loads
 
 SCHEDULES = ("uniform", "cosine", "linear", "sigmoid", "groups", "custom", "novelty")
 DEFAULT_START = 1.5
@@ -283,7 +284,9 @@ def read_rho_mlp(source: str | Path) -> list[float]:
             "JSON from `taperlm novelty --json`, a run dir, or `pilot` in taperlm compare)"
         )
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = strict_json_loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise TaperError(f"novelty source {path} is not valid JSON: {err.msg}") from None
     except (ValueError, UnicodeDecodeError) as err:
         raise TaperError(f"novelty source {path} is not JSON: {err}") from None
     values = rho_mlp_of(data.get("novelty", data) if isinstance(data, dict) else data)

@@ -5,8 +5,15 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-from taperlm.config import RunConfig, apply_overrides, clear_resolved_sizes, run_config_from_dict
+from taperlm.config import (
+    RunConfig,
+    apply_overrides,
+    clear_resolved_sizes,
+    file_notes,
+    run_config_from_dict,
+)
 from taperlm.domains import input_path, number
 from taperlm.presets import config_data
 from taperlm.taper import TaperSpec
@@ -48,7 +55,8 @@ def add_model_arguments(
         default=[],
         metavar="KEY=VALUE",
         help="override a config value, e.g. --set model.n_layers=12 or --set train.lr=1e-3 "
-        "(repeatable)",
+        "(repeatable; a later --set of the same key wins; with --config, each value it replaces "
+        "is printed as a note)",
     )
 
 
@@ -69,5 +77,11 @@ def build_run_config(args: argparse.Namespace) -> RunConfig:
     if getattr(args, "head_taper", None):
         model["head_taper"] = args.head_taper
         clear_resolved_sizes(model)
-    apply_overrides(data, args.overrides)
-    return run_config_from_dict(data, source).resolve()
+    notes: list[str] = []
+    apply_overrides(data, args.overrides, notes if getattr(args, "config", None) else None)
+    cfg = run_config_from_dict(data, source).resolve()
+    if getattr(args, "config", None):
+        notes += file_notes(data, cfg)
+    for note in notes:
+        print(f"taperlm {getattr(args, '_command', '')}: note: {note}", file=sys.stderr)
+    return cfg
