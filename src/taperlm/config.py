@@ -22,7 +22,22 @@ from typing import Any
 
 import yaml
 
-from taperlm.domains import MAX_SEED, Domain, check_domains, check_field, setting
+from taperlm.domains import (
+    MAX_BATCH,
+    MAX_CONTEXT,
+    MAX_COUNT,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_SEED,
+    MAX_TOKENS,
+    MAX_VOCAB,
+    MAX_WIDTH,
+    Domain,
+    check_domains,
+    check_field,
+    setting,
+    up_to,
+)
 from taperlm.errors import ConfigError, TaperError
 from taperlm.families import FAMILIES, get_family
 from taperlm.io import atomic_write_text
@@ -60,17 +75,17 @@ class ModelConfig:
     """
 
     family: str = setting("transformer", Domain.choice_of(lambda: FAMILIES, "{families}"))
-    vocab_size: int = setting(32000, "[1, inf)")
-    d_model: int = setting(1024, "[1, inf)")
-    n_layers: int = setting(24, "[1, inf)")
-    n_heads: int = setting(16, "[1, inf)")
-    n_kv_heads: int | None = setting(None, "[1, inf)")
-    mlp_width: int = setting(2816, "[1, inf)")
+    vocab_size: int = setting(32000, up_to(MAX_VOCAB))
+    d_model: int = setting(1024, up_to(MAX_WIDTH))
+    n_layers: int = setting(24, up_to(MAX_LAYERS))
+    n_heads: int = setting(16, up_to(MAX_HEADS))
+    n_kv_heads: int | None = setting(None, up_to(MAX_HEADS))
+    mlp_width: int = setting(2816, up_to(MAX_WIDTH))
     taper: TaperSpec = field(default_factory=TaperSpec)
-    mlp_widths: list[int] | None = setting(None, "[1, inf)")
+    mlp_widths: list[int] | None = setting(None, up_to(MAX_WIDTH))
     head_taper: str = setting("uniform", "text")
-    layer_heads: list[int] | None = setting(None, "[1, inf)")
-    context_length: int = setting(4096, "[1, inf)")
+    layer_heads: list[int] | None = setting(None, up_to(MAX_HEADS))
+    context_length: int = setting(4096, up_to(MAX_CONTEXT))
     rope_theta: float = setting(10000.0, "(0, inf)")
     norm_eps: float = setting(1e-6, "(0, inf)")
     tie_embeddings: bool = False
@@ -314,13 +329,13 @@ class TrainConfig:
 
     seed: int = setting(0, f"[0, {MAX_SEED}]")
     paired_init: bool = False
-    tokens: int = setting(1_000_000, "[1, inf)")
-    batch_tokens: int = setting(16384, "[1, inf)")
-    micro_batch_size: int = setting(8, "[1, inf)")
-    seq_len: int = setting(256, "[1, inf)")
+    tokens: int = setting(1_000_000, up_to(MAX_TOKENS))
+    batch_tokens: int = setting(16384, up_to(MAX_TOKENS))
+    micro_batch_size: int = setting(8, up_to(MAX_BATCH))
+    seq_len: int = setting(256, up_to(MAX_CONTEXT))
     lr: float = setting(4e-4, "(0, inf)")
     min_lr_ratio: float = setting(0.1, "[0, 1]")
-    warmup_tokens: int = setting(100_000, "[0, inf)")
+    warmup_tokens: int = setting(100_000, up_to(MAX_TOKENS, 0))
     weight_decay: float = setting(0.1, "[0, inf)")
     beta1: float = setting(0.9, "[0, 1)")
     beta2: float = setting(0.95, "[0, 1)")
@@ -335,12 +350,12 @@ class TrainConfig:
     fsdp_reduce_dtype: str = setting("fp32", "{fp32, bf16}")
     async_checkpoint: bool = False
     device: str = setting("auto", "{auto, cpu, cuda}")
-    eval_every: int = setting(50, "[0, inf)")
-    eval_tokens: int = setting(65536, "[0, inf)")
-    checkpoint_every: int = setting(100, "[0, inf)")
-    keep_checkpoints: int = setting(2, "[1, inf)")
-    log_every: int = setting(10, "[0, inf)")
-    max_bad_steps: int = setting(5, "[1, inf)")
+    eval_every: int = setting(50, up_to(MAX_COUNT, 0))
+    eval_tokens: int = setting(65536, up_to(MAX_TOKENS, 0))
+    checkpoint_every: int = setting(100, up_to(MAX_COUNT, 0))
+    keep_checkpoints: int = setting(2, up_to(MAX_COUNT))
+    log_every: int = setting(10, up_to(MAX_COUNT, 0))
+    max_bad_steps: int = setting(5, up_to(MAX_COUNT))
     peak_flops: float | None = setting(None, "(0, inf)")
     restore_nonfinite: bool = True
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from taperlm.domains import setting
+from taperlm.domains import MAX_WIDTH, setting, up_to
 from taperlm.errors import TaperError
 from taperlm.io import strict_json_loads
 
@@ -83,7 +83,7 @@ class TaperSpec:
     groups: list[float] = setting([], "(0, inf)")
     values: list[float] = setting([], "(0, inf)")
     values_are_widths: bool = False
-    multiple_of: int = setting(DEFAULT_MULTIPLE_OF, "[1, inf)")
+    multiple_of: int = setting(DEFAULT_MULTIPLE_OF, up_to(MAX_WIDTH))
     monotone: bool | None = None
     strength: float = setting(DEFAULT_STRENGTH, "(0, 1)")
     source: str = setting("", "text")

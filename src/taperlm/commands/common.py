@@ -14,7 +14,7 @@ from taperlm.config import (
     file_notes,
     run_config_from_dict,
 )
-from taperlm.domains import input_path, number
+from taperlm.domains import MAX_WIDTH, input_path, number, up_to
 from taperlm.presets import config_data
 from taperlm.taper import TaperSpec
 
@@ -45,7 +45,7 @@ def add_model_arguments(
         )
     parser.add_argument(
         "--multiple-of",
-        type=number(int, "[1, inf)"),
+        type=number(int, up_to(MAX_WIDTH)),
         help="round every width to a multiple of N (default 16, as in the paper)",
     )
     parser.add_argument(

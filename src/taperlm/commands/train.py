@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from taperlm.commands.common import add_model_arguments, build_run_config
-from taperlm.domains import input_path, number, output_path
+from taperlm.domains import MAX_COUNT, input_path, number, output_path, up_to
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
         "--stop-after-steps",
-        type=number(int, "[1, inf)"),
+        type=number(int, up_to(MAX_COUNT)),
         metavar="N",
         help="stop (with a checkpoint) once N steps are done; rerun to continue",
     )

@@ -360,6 +360,7 @@ class Trainer:
             print(f"taperlm train: note: {note}", file=sys.stderr)
         self.schedule = LRSchedule.from_config(self.cfg, self.total_steps)
         self.device = self.info.device
+        self._check_memory()
 
         data_dir = Path(self.run.data.dir) if self.run.data.dir else None
         if data_dir is None:
@@ -447,6 +448,26 @@ class Trainer:
         self.peak = peak_flops(self.device.type, name, getattr(self.cfg, "peak_flops", None))
 
     # -- setup ---------------------------------------------------------------------------------
+
+    def _check_memory(self) -> None:
+        """The weights, gradients and AdamW state this rank will hold fit on its device, checked
+        before anything is built or read (a model of 554B parameters used to allocate GBs
+        before failing)."""
+        from taperlm.budget import memory_floor
+        from taperlm.device import check_memory
+
+        fsdp = self.cfg.parallel == "fsdp" and self.info.enabled
+        need, detail = memory_floor(
+            self.run.model, training=True, shards=self.info.world_size if fsdp else 1
+        )
+        check_memory(
+            need,
+            f"training this {self.run.model.family} model",
+            str(self.device),
+            detail,
+            "use a smaller model, another device, or shard it (train.parallel fsdp under "
+            "torchrun); `taperlm plan --gpus N` estimates a run's memory",
+        )
 
     def _build_model(self) -> tuple[torch.nn.Module, torch.nn.Module, dict[str, int]]:
         """(model, the module to call, update periods by name). Built on the meta device and
