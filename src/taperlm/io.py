@@ -117,6 +117,38 @@ def strict_json_loads(text: str) -> Any:
     return json.loads(text, object_pairs_hook=unique)
 
 
+FULL_HASH_BYTES = 16 << 20  # files up to this size are hashed whole
+SAMPLE_BLOCK = 64 << 10
+SAMPLE_BLOCKS = 64  # evenly spaced blocks (first and last included) of a larger file
+
+
+def file_identity(path: str | Path, content: bool = True) -> list[Any]:
+    """What tells a file apart from an edited copy, cheaply: [size, mtime_ns, ctime_ns, digest].
+
+    The kernel sets ctime on every write and no tool can set it back (touch -r, cp -p and
+    rsync -t restore mtime only), so on a local file system any edit changes it even when the
+    size and mtime stay. The digest (sha256 of the whole file up to 16 MiB, else of 64 evenly
+    spaced 64 KiB blocks and the size) also catches same-size edits where timestamps are coarse
+    or not kept (some network and FAT file systems). A file copied or re-extracted
+    unchanged gets a new ctime: it counts as changed (the safe side). `content=False` leaves
+    the digest out (many files that change only as a whole, e.g. installed packages)."""
+    st = os.stat(path)
+    ident: list[Any] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    if not content:
+        return ident
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        if st.st_size <= FULL_HASH_BYTES:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        else:
+            last = st.st_size - SAMPLE_BLOCK
+            for i in range(SAMPLE_BLOCKS):
+                f.seek(last * i // (SAMPLE_BLOCKS - 1))
+                h.update(f.read(SAMPLE_BLOCK))
+    return [*ident, h.hexdigest()]
+
+
 def sha256_file(path: str | Path) -> str:
     """Hex sha256 of a file, read in 1 MiB blocks."""
     h = hashlib.sha256()

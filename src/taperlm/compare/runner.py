@@ -24,6 +24,7 @@ Measurements per cell:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -65,6 +66,11 @@ class EvalSettings:
         d = asdict(self)
         if d["niah_lengths"] is None:  # as before NIAH existed: cached cells stay valid
             del d["niah_lengths"]
+        if self.novelty_text:  # the file by content too: an edit re-evaluates the cells
+            from taperlm.io import file_identity
+
+            with contextlib.suppress(OSError):
+                d["novelty_text_identity"] = file_identity(self.novelty_text)
         return d
 
 
