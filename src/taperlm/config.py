@@ -40,7 +40,7 @@ from taperlm.domains import (
 )
 from taperlm.errors import ConfigError, TaperError
 from taperlm.families import FAMILIES, get_family
-from taperlm.io import atomic_write_text
+from taperlm.io import atomic_write_text, not_a_file
 from taperlm.taper import TaperSpec, read_rho_mlp, solve_sizes
 
 
@@ -636,6 +636,9 @@ def strict_yaml_load(text: str) -> Any:
 
 def load_yaml(path: str | Path) -> dict:
     p = Path(path)
+    kind = not_a_file(p)
+    if kind:
+        raise ConfigError(f"config file {p} is {kind}, not a file; give a YAML file")
     if not p.is_file():
         raise ConfigError(f"config file {p} does not exist")
     try:

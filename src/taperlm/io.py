@@ -9,10 +9,12 @@ resumed run depends on).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import math
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -100,6 +102,55 @@ def finite_json(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [finite_json(v) for v in obj]
     return obj
+
+
+def not_a_file(path: str | Path) -> str | None:
+    """What `path` is when it exists but is not a regular file (following symlinks): `a folder`,
+    `a FIFO (named pipe)`, `a socket`, `a device`, `a symlink loop`, `a broken symlink`; None for
+    a regular file or nothing there. Messages name the kind instead of guessing (a FIFO is not
+    a "folder", a folder where a lock file belongs is not a full disk)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "a broken symlink" if os.path.islink(path) else None
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "a symlink loop"
+        return None  # unreadable metadata: the caller's open reports it
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device"
+
+
+def os_error_cause(err: OSError, path: str | Path) -> str:
+    """What to do about an OSError met while writing `path`, by its errno (not a guess), as a
+    sentence:
+    a full disk, a permission, a read-only file system, a folder or other non-file where a file
+    belongs, ..."""
+    p = Path(path)
+    code = err.errno
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return f"The file system of {p.parent} is full (or over quota): free space there"
+    if code in (errno.EACCES, errno.EPERM):
+        return f"Permission denied: fix the permissions of {p if p.is_dir() else p.parent}"
+    if code == errno.EROFS:
+        return f"The folder {p.parent} is on a read-only file system: write to another place"
+    kind = not_a_file(p)
+    if code in (errno.EISDIR, errno.ENXIO, errno.ELOOP, errno.EINVAL) and kind:
+        return f"The path {p} is {kind} where taperlm writes a file: remove or rename it"
+    if code == errno.ENOTDIR:
+        return f"A part of {p.parent} is a file, not a folder: remove or rename it"
+    if code == errno.ENAMETOOLONG:
+        return "The path is too long for the file system: use a shorter one"
+    if code == errno.EIO:
+        return "The disk or network file system reported an I/O error: check it"
+    return f"Fix the cause above at {p}"
 
 
 def strict_json_loads(text: str) -> Any:

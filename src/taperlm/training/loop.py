@@ -510,7 +510,8 @@ class Trainer:
                 self.out.mkdir(parents=True, exist_ok=True)
                 self._lock = RunLock(self.out).acquire()
             except OSError as e:
-                err = ("os", _os_error_message(self.out, e, self.out))
+                path = Path(e.filename) if e.filename else self.out
+                err = ("os", _os_error_message(path, e, self.out))
             except RunInUseError as e:
                 err = ("busy", str(e))
         err = D.broadcast_object(err, self.info)
@@ -853,9 +854,26 @@ class Trainer:
         raise TrainingError(
             f"{self.bad_streak} consecutive steps (up to step {self.step}) had a "
             f"non-finite loss or gradient norm or left non-finite weights (loss {loss}, grad "
-            f"norm {gnorm}{update}); stopping, {self._last_good()}. Lower train.lr, check the "
-            "data, or raise train.max_bad_steps"
+            f"norm {gnorm}{update}); stopping, {self._last_good()}. {self._divergence_cause()}"
         )
+
+    def _divergence_cause(self) -> str:
+        """What to change, from what the run shows rather than a guess: a non-finite buffer
+        names itself; a loss that was never finite on the untouched initial weights is not the
+        learning rate's doing; otherwise the updates diverged."""
+        for name, buf in self.model.named_buffers():
+            if buf.is_floating_point() and not bool(torch.isfinite(buf).all()):
+                return (
+                    f"The model's buffer {name} holds NaN/inf (it is computed from the config, "
+                    "e.g. the RoPE tables from model.rope_theta): fix the model config"
+                )
+        if self.skipped >= self.step:  # every step skipped: the weights are the initial ones
+            return (
+                "Every step so far was non-finite on the initial weights (no update was applied, "
+                "so train.lr is not the cause): check model.init_std and model.norm_eps, try "
+                "train.precision fp32, and check the data"
+            )
+        return "Lower train.lr, check the data, or raise train.max_bad_steps"
 
     def _log_if_due(
         self, last: bool, loss: float, lr: float, gnorm: float, clock: _Throughput
@@ -942,10 +960,12 @@ def _os_error_message(path: Path, err: OSError, run_dir: Path) -> str:
         if good
         else "no checkpoint has been written yet"
     )
+    from taperlm.io import os_error_cause
+
     return (
         f"could not write {path}: {err.strerror or err} ({type(err).__name__}, errno "
-        f"{err.errno}); {where}. Free disk space or fix the permissions of {path.parent}, then "
-        "rerun the same command to resume"
+        f"{err.errno}); {where}. {os_error_cause(err, path)}, then rerun the same "
+        "command to resume"
     )
 
 
