@@ -238,3 +238,17 @@ def test_written_widths_that_disagree_with_the_taper_print_a_note(tmp_path, caps
     assert _plan(tmp_path, text, capsys=capsys) == ""  # widths resolved from the taper
     err = _plan(tmp_path, text.replace("train:", "  mlp_widths: [64, 64]\ntrain:"), capsys=capsys)
     assert "note: model.mlp_widths are used as written, not the widths its taper (linear)" in err
+
+
+def test_taper_options_replacing_the_files_print_notes(tmp_path, capsys):
+    text = TINY.replace(
+        "  context_length: 64\n",
+        "  context_length: 64\n  taper: linear:1.5:0.5\n  mlp_widths: [80, 48]\n",
+    )
+    err = _plan(tmp_path, text, "--taper", "cosine", capsys=capsys)
+    assert err == (
+        "taperlm plan: note: --taper cosine replaces the config file's model.taper\n"
+        "taperlm plan: note: the config file's resolved per-layer sizes are re-resolved from "
+        "the new taper\n"
+    )
+    assert _plan(tmp_path, TINY, "--taper", "cosine", capsys=capsys) == ""  # nothing replaced

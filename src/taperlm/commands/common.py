@@ -64,6 +64,18 @@ def build_run_config(args: argparse.Namespace) -> RunConfig:
     """preset/config file < --taper/--multiple-of < --set, resolved (widths computed)."""
     data, source = config_data(getattr(args, "config", None), getattr(args, "preset", None))
     model = data.setdefault("model", {})
+    notes: list[str] = []
+    from_file = bool(getattr(args, "config", None))
+    for option, key, value in (
+        ("--taper", "taper", args.taper),
+        ("--head-taper", "head_taper", getattr(args, "head_taper", None)),
+    ):
+        if from_file and value and key in model:
+            notes.append(f"{option} {value} replaces the config file's model.{key}")
+    if from_file and (args.taper or getattr(args, "head_taper", None)) and "mlp_widths" in model:
+        notes.append(
+            "the config file's resolved per-layer sizes are re-resolved from the new taper"
+        )
     if args.taper or args.multiple_of:
         current = model.get("taper", {"schedule": "uniform"})
         if args.taper:
@@ -77,10 +89,9 @@ def build_run_config(args: argparse.Namespace) -> RunConfig:
     if getattr(args, "head_taper", None):
         model["head_taper"] = args.head_taper
         clear_resolved_sizes(model)
-    notes: list[str] = []
-    apply_overrides(data, args.overrides, notes if getattr(args, "config", None) else None)
+    apply_overrides(data, args.overrides, notes if from_file else None)
     cfg = run_config_from_dict(data, source).resolve()
-    if getattr(args, "config", None):
+    if from_file:
         notes += file_notes(data, cfg)
     for note in notes:
         print(f"taperlm {getattr(args, '_command', '')}: note: {note}", file=sys.stderr)
