@@ -252,3 +252,18 @@ def test_taper_options_replacing_the_files_print_notes(tmp_path, capsys):
         "the new taper\n"
     )
     assert _plan(tmp_path, TINY, "--taper", "cosine", capsys=capsys) == ""  # nothing replaced
+
+
+def test_data_option_replacing_the_files_data_dir_prints_a_note(tmp_path, capsys):
+    """`train --config F --data D` where F names another data.dir (the run then fails on the
+    missing data; the note comes first)."""
+    path = tmp_path / "c.yaml"
+    path.write_text(TINY + f"data:\n  dir: {tmp_path / 'old'}\n")
+    argv = ["train", "--config", str(path), "--data", str(tmp_path / "new"), "--out",
+            str(tmp_path / "run")]  # fmt: skip
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (
+        f"taperlm train: note: --data {tmp_path / 'new'} replaces {path}'s data.dir "
+        f"{tmp_path / 'old'}"
+    )

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from taperlm.config import (
@@ -65,7 +66,9 @@ def build_run_config(args: argparse.Namespace) -> RunConfig:
     data, source = config_data(getattr(args, "config", None), getattr(args, "preset", None))
     model = data.setdefault("model", {})
     notes: list[str] = []
-    from_file = bool(getattr(args, "config", None))
+    # Notes for what replaces a config file the user gave (not a continued run's own config,
+    # whose changes the resume checks report).
+    from_file = bool(getattr(args, "config", None)) and not getattr(args, "implicit_config", False)
     for option, key, value in (
         ("--taper", "taper", args.taper),
         ("--head-taper", "head_taper", getattr(args, "head_taper", None)),
@@ -93,6 +96,13 @@ def build_run_config(args: argparse.Namespace) -> RunConfig:
     cfg = run_config_from_dict(data, source).resolve()
     if from_file:
         notes += file_notes(data, cfg)
+    print_notes(args, notes)
+    return cfg
+
+
+def print_notes(args: argparse.Namespace, notes: list[str]) -> None:
+    """`taperlm CMD: note: ...` on stderr, once (rank 0 under torchrun)."""
+    if os.environ.get("RANK", "0") != "0":
+        return
     for note in notes:
         print(f"taperlm {getattr(args, '_command', '')}: note: {note}", file=sys.stderr)
-    return cfg

@@ -13,7 +13,7 @@ import argparse
 import os
 from pathlib import Path
 
-from taperlm.commands.common import add_model_arguments, build_run_config
+from taperlm.commands.common import add_model_arguments, build_run_config, print_notes
 from taperlm.domains import MAX_COUNT, input_path, number, output_path, up_to
 
 
@@ -50,9 +50,16 @@ def _resolve_config(args: argparse.Namespace):
                 "there is no run to continue)"
             )
         args.config = saved
+        args.implicit_config = True  # the run's own config: the resume checks report changes
     cfg = build_run_config(args)
     if args.data is not None:
-        cfg.data.dir = str(args.data.resolve())
+        given = str(args.data.resolve())
+        differs = cfg.data.dir and Path(cfg.data.dir).expanduser().resolve() != Path(given)
+        if differs and not getattr(args, "implicit_config", False):
+            print_notes(
+                args, [f"--data {args.data} replaces {args.config}'s data.dir {cfg.data.dir}"]
+            )
+        cfg.data.dir = given
     elif cfg.data.dir:
         cfg.data.dir = str(Path(cfg.data.dir).expanduser())
     return cfg
