@@ -182,3 +182,13 @@ def test_default_corpus_cache_is_keyed_by_its_inputs(tmp_path, monkeypatch):
     assert job.default_corpus_dir(progress=False) not in (first, second)
     digest12 = hashlib.sha256(json.dumps([prep.PIPELINE_VERSION, ident]).encode()).hexdigest()
     assert job.default_corpus_dir(progress=False).name.endswith(digest12[:12])
+
+
+def test_eval_settings_round_trip_through_workers(tmp_path):
+    """Workers rebuild the settings from to_dict(): the identity it adds is not a setting."""
+    from taperlm.compare.runner import EvalSettings
+
+    text = tmp_path / "wiki.txt"
+    text.write_text("text\n" * 10)
+    settings = EvalSettings(novelty_text=str(text), eval_tasks=["val"])
+    assert EvalSettings.from_dict(settings.to_dict()) == settings

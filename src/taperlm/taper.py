@@ -286,7 +286,7 @@ def read_rho_mlp(source: str | Path) -> list[float]:
     try:
         data = strict_json_loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
-        raise TaperError(f"novelty source {path} is not valid JSON: {err.msg}") from None
+        raise TaperError(f"novelty source {path} is not JSON: {err.msg}") from None
     except (ValueError, UnicodeDecodeError) as err:
         raise TaperError(f"novelty source {path} is not JSON: {err}") from None
     values = rho_mlp_of(data.get("novelty", data) if isinstance(data, dict) else data)

@@ -70,8 +70,16 @@ class EvalSettings:
             from taperlm.io import file_identity
 
             with contextlib.suppress(OSError):
-                d["novelty_text_identity"] = file_identity(self.novelty_text)
+                d[_NOVELTY_IDENTITY] = file_identity(self.novelty_text)
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EvalSettings:
+        """The settings `to_dict` wrote (the input identities it adds are not settings)."""
+        return cls(**{k: v for k, v in d.items() if k != _NOVELTY_IDENTITY})
+
+
+_NOVELTY_IDENTITY = "novelty_text_identity"
 
 
 # ----------------------------------------------------------------------------------------------
