@@ -109,3 +109,44 @@ def test_dry_run_rows_the_code_determines(column):
         held = (16 + (0 if "before the step guard" in label else 12)) * n / per_rank
         for value in numbers(cells[column]):
             assert value * GiB >= held, f"{label}: {value} GiB < the {held / GiB:.2f} GiB held"
+
+
+# ----------------------------------------------------------------------------------------------
+# measured tables of benchmarks/README.md against the JSON their script wrote
+
+
+def shown_matches(cell: str, value: float) -> bool:
+    """A doc cell (`0.984`, `1.01`, `635`) shows `value` rounded to the digits it prints."""
+    text = cell.strip("* ").replace(",", "")
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    return abs(float(text) - value) <= 0.5 * 10**-decimals + 1e-9
+
+
+def readme_table(heading_row: str) -> list[list[str]]:
+    text = (ROOT / "benchmarks/README.md").read_text()
+    lines = text[text.index(heading_row) :].splitlines()[2:]
+    rows = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip("|").split("|")])
+    return rows
+
+
+def test_taper_overhead_table_matches_its_json():
+    import json
+
+    results = {}
+    for size in ("small", "tiny"):
+        data = json.loads((ROOT / f"benchmarks/results/taper_overhead_{size}.json").read_text())
+        for r in data["rows"]:
+            results[(f"{r['family']}-{size}", str(r["multiple_of"]))] = r
+    rows = readme_table("| preset | multiple_of | distinct widths | uniform ms | tapered ms |")
+    assert len(rows) == len(results)
+    columns = ["distinct widths", "uniform cpu ms", "tapered cpu ms", "ratio (cpu)", "ratio (wall)"]
+    for preset, multiple_of, *cells in rows:
+        r = results[(preset, multiple_of)]
+        for name, cell in zip(columns, cells):
+            assert shown_matches(cell, r[name]), (
+                f"{preset} x{multiple_of} {name}: {cell} vs {r[name]}"
+            )
