@@ -10,6 +10,7 @@ a command's own work.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -88,16 +89,40 @@ def test_bad_device_is_one_clear_line(cmd, kind, trained, tmp_path, capsys, monk
     assert not out.exists() and H.snapshot(run) == before
 
 
-def test_a_run_that_needs_more_memory_than_there_is(trained, tmp_path, capsys):
-    """A size that cannot be allocated (an embedding of 10^11 rows): one line naming the
-    allocation and what to change, and no run dir left behind."""
+HUGE = ("model.vocab_size=16777216", "model.d_model=131072")  # 4.5e12 parameters
+
+
+def test_a_run_that_needs_more_memory_than_there_is(trained, tmp_path, capsys, monkeypatch):
+    """A size that cannot be allocated, where the free memory is unknown (so the up-front
+    check cannot refuse it): one line naming the allocation and what to change, and no run
+    dir left behind."""
+    import taperlm.device
+
+    monkeypatch.setattr(taperlm.device, "available_memory", lambda device="cpu": None)
     data, _ = trained
     out = tmp_path / "run"
-    rc = cli_main(H.train_argv(data, out, "model.vocab_size=100000000000"))
+    rc = cli_main(H.train_argv(data, out, *HUGE))
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1, err
     assert "not enough memory for starting the run on cpu (a transformer model of" in err
     assert "can't allocate memory: you tried to allocate" in err and "smaller model" in err
+    assert not out.exists()
+
+
+def test_a_run_that_cannot_fit_is_refused_before_allocating(trained, tmp_path, capsys):
+    """The same run where the free memory is known: refused with the numbers before anything
+    is allocated (tests/test_resources.py proves the order)."""
+    data, _ = trained
+    out = tmp_path / "run"
+    rc = cli_main(H.train_argv(data, out, *HUGE))
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert re.search(
+        r"error: training this transformer model needs at least [\d,.]+ GiB \([\d,.]+B "
+        r"parameters x 16 bytes \(weight, gradient, AdamW moments\) \+ \d+ MiB RoPE tables\) "
+        r"but cpu has [\d,.]+ GiB available; use a smaller model",
+        err,
+    ), err
     assert not out.exists()
 
 

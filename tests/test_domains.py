@@ -244,7 +244,7 @@ def test_out_of_domain_config_value_is_named(where, name, bad, depth, tmp_path, 
     dom = next(d for w, n, _, _, d in config_fields() if (w, n) == (where, name))
     assert rc == 2, err
     assert err.startswith("taperlm train: error: ") and err.count("\n") == 1, err
-    assert f"{key}{suffix}" in err and dom.describe() in err, err
+    assert f"{key}{suffix}" in err and dom.describe(bad) in err, err
     assert not out.exists() and not (tmp_path / "data").exists()
 
 
@@ -281,7 +281,7 @@ def test_out_of_domain_option_is_named(cmd, option, bad, tmp_path, capsys):
         if c == cmd and a.option_strings[0] == option and isinstance(a.type, Number)
     )
     assert rc == 2, err
-    assert err == f"taperlm {cmd}: error: {option} must be {domain.describe()}, got {bad!r}\n"
+    assert err == f"taperlm {cmd}: error: {option} must be {domain.describe(bad)}, got {bad!r}\n"
     assert not (tmp_path / "w").exists()
 
 
@@ -320,5 +320,5 @@ def test_programmatic_configs_are_checked_too():
     with pytest.raises(ConfigError, match=r"train\.beta2 must be in \[0, 1\), got 1\.5"):
         run.validate()
     bad = ModelConfig(family="transformer", n_layers=2, mlp_width=64, mlp_widths=[64, 0])
-    with pytest.raises(ConfigError, match=r"model\.mlp_widths\[1\] must be >= 1"):
+    with pytest.raises(ConfigError, match=r"model\.mlp_widths\[1\] must be >= 1, got 0"):
         bad.validate()

@@ -39,12 +39,31 @@ def test_guard_undoes_a_non_finite_update_with_fused_adamw(data, tmp_path, where
     assert _all_checkpoints_finite(run) == [15, 16]
 
 
-def test_a_model_too_large_for_the_gpu_is_one_line(data, tmp_path, capsys):
+def _too_large_for_the_gpu() -> list[str]:
+    """Sets of a model whose training state is about twice the free GPU memory, inside every
+    domain (vocabulary 2^24, d_model a multiple of 64)."""
     free, _ = torch.cuda.mem_get_info()
-    vocab = int(2 * free / (4 * 32))  # an embedding of twice the free memory (d_model 32)
+    d = 64 * max(1, round(2 * free / (16 * 2 * 2**24) / 64))
+    return ["train.device=cuda", "model.vocab_size=16777216", f"model.d_model={d}"]
+
+
+def test_a_model_too_large_for_the_gpu_is_refused_up_front(data, tmp_path, capsys):
     out = tmp_path / "run"
-    argv = H.train_argv(data, out, "train.device=cuda", f"model.vocab_size={vocab}")
-    rc = cli_main(argv)
+    rc = cli_main(H.train_argv(data, out, *_too_large_for_the_gpu()))
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "training this transformer model needs at least" in err, err
+    assert "but cuda" in err and "GiB available; use a smaller model" in err, err
+    assert not out.exists()
+
+
+def test_a_model_too_large_for_the_gpu_is_one_line(data, tmp_path, capsys, monkeypatch):
+    """The allocator's own failure (the free memory made unknown to the up-front check)."""
+    import taperlm.device
+
+    monkeypatch.setattr(taperlm.device, "available_memory", lambda device="cpu": None)
+    out = tmp_path / "run"
+    rc = cli_main(H.train_argv(data, out, *_too_large_for_the_gpu()))
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1, err
     assert "not enough memory for starting the run on cuda" in err, err

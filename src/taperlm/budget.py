@@ -98,6 +98,28 @@ def total_params(cfg: ModelConfig) -> int:
     return embedding_params(cfg) + head_params(cfg) + body + cfg.d_model
 
 
+FP32 = 4
+TRAIN_BYTES_PER_PARAM = 16  # fp32 weight + gradient + AdamW's two moments
+
+
+def memory_floor(cfg: ModelConfig, training: bool = False, shards: int = 1) -> tuple[int, str]:
+    """(bytes, what they are) a model built from `cfg` needs at least on one device: its fp32
+    weights and RoPE tables, and with `training` its gradients and AdamW state, each divided
+    over `shards` (FSDP). A floor (activations and workspace come on top), so a device with
+    less memory cannot hold the model at all; computed from the config, nothing allocated."""
+    params = total_params(cfg)
+    per_param = TRAIN_BYTES_PER_PARAM if training else FP32
+    rope = 2 * cfg.context_length * cfg.head_dim * FP32
+    need = params * per_param // shards + rope
+    what = (
+        f"{params / 1e9:,.2f}B parameters x {per_param} bytes"
+        + (" (weight, gradient, AdamW moments)" if training else " (fp32 weights)")
+        + (f" / {shards} shards" if shards > 1 else "")
+        + f" + {rope / 2**20:,.0f} MiB RoPE tables"
+    )
+    return need, what
+
+
 def non_embedding_params(cfg: ModelConfig) -> int:
     return total_params(cfg) - embedding_params(cfg) - head_params(cfg)
 

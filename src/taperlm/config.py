@@ -22,10 +22,25 @@ from typing import Any
 
 import yaml
 
-from taperlm.domains import MAX_SEED, Domain, check_domains, check_field, setting
+from taperlm.domains import (
+    MAX_BATCH,
+    MAX_CONTEXT,
+    MAX_COUNT,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_SEED,
+    MAX_TOKENS,
+    MAX_VOCAB,
+    MAX_WIDTH,
+    Domain,
+    check_domains,
+    check_field,
+    setting,
+    up_to,
+)
 from taperlm.errors import ConfigError, TaperError
 from taperlm.families import FAMILIES, get_family
-from taperlm.io import atomic_write_text
+from taperlm.io import atomic_write_text, not_a_file
 from taperlm.taper import TaperSpec, read_rho_mlp, solve_sizes
 
 
@@ -60,17 +75,17 @@ class ModelConfig:
     """
 
     family: str = setting("transformer", Domain.choice_of(lambda: FAMILIES, "{families}"))
-    vocab_size: int = setting(32000, "[1, inf)")
-    d_model: int = setting(1024, "[1, inf)")
-    n_layers: int = setting(24, "[1, inf)")
-    n_heads: int = setting(16, "[1, inf)")
-    n_kv_heads: int | None = setting(None, "[1, inf)")
-    mlp_width: int = setting(2816, "[1, inf)")
+    vocab_size: int = setting(32000, up_to(MAX_VOCAB))
+    d_model: int = setting(1024, up_to(MAX_WIDTH))
+    n_layers: int = setting(24, up_to(MAX_LAYERS))
+    n_heads: int = setting(16, up_to(MAX_HEADS))
+    n_kv_heads: int | None = setting(None, up_to(MAX_HEADS))
+    mlp_width: int = setting(2816, up_to(MAX_WIDTH))
     taper: TaperSpec = field(default_factory=TaperSpec)
-    mlp_widths: list[int] | None = setting(None, "[1, inf)")
+    mlp_widths: list[int] | None = setting(None, up_to(MAX_WIDTH))
     head_taper: str = setting("uniform", "text")
-    layer_heads: list[int] | None = setting(None, "[1, inf)")
-    context_length: int = setting(4096, "[1, inf)")
+    layer_heads: list[int] | None = setting(None, up_to(MAX_HEADS))
+    context_length: int = setting(4096, up_to(MAX_CONTEXT))
     rope_theta: float = setting(10000.0, "(0, inf)")
     norm_eps: float = setting(1e-6, "(0, inf)")
     tie_embeddings: bool = False
@@ -322,13 +337,13 @@ class TrainConfig:
 
     seed: int = setting(0, f"[0, {MAX_SEED}]")
     paired_init: bool = False
-    tokens: int = setting(1_000_000, "[1, inf)")
-    batch_tokens: int = setting(16384, "[1, inf)")
-    micro_batch_size: int = setting(8, "[1, inf)")
-    seq_len: int = setting(256, "[1, inf)")
+    tokens: int = setting(1_000_000, up_to(MAX_TOKENS))
+    batch_tokens: int = setting(16384, up_to(MAX_TOKENS))
+    micro_batch_size: int = setting(8, up_to(MAX_BATCH))
+    seq_len: int = setting(256, up_to(MAX_CONTEXT))
     lr: float = setting(4e-4, "(0, inf)")
     min_lr_ratio: float = setting(0.1, "[0, 1]")
-    warmup_tokens: int = setting(100_000, "[0, inf)")
+    warmup_tokens: int = setting(100_000, up_to(MAX_TOKENS, 0))
     weight_decay: float = setting(0.1, "[0, inf)")
     beta1: float = setting(0.9, "[0, 1)")
     beta2: float = setting(0.95, "[0, 1)")
@@ -343,16 +358,16 @@ class TrainConfig:
     fsdp_reduce_dtype: str = setting("fp32", "{fp32, bf16}")
     async_checkpoint: bool = False
     device: str = setting("auto", "{auto, cpu, cuda}")
-    eval_every: int = setting(50, "[0, inf)")
-    eval_tokens: int = setting(65536, "[0, inf)")
-    checkpoint_every: int = setting(100, "[0, inf)")
-    keep_checkpoints: int = setting(2, "[1, inf)")
-    log_every: int = setting(10, "[0, inf)")
-    max_bad_steps: int = setting(5, "[1, inf)")
+    eval_every: int = setting(50, up_to(MAX_COUNT, 0))
+    eval_tokens: int = setting(65536, up_to(MAX_TOKENS, 0))
+    checkpoint_every: int = setting(100, up_to(MAX_COUNT, 0))
+    keep_checkpoints: int = setting(2, up_to(MAX_COUNT))
+    log_every: int = setting(10, up_to(MAX_COUNT, 0))
+    max_bad_steps: int = setting(5, up_to(MAX_COUNT))
     peak_flops: float | None = setting(None, "(0, inf)")
     restore_nonfinite: bool = True
     loggers: list[str] = setting([], "{tensorboard, wandb}")
-    log_grads_every: int = setting(100, "[0, inf)")
+    log_grads_every: int = setting(100, up_to(MAX_COUNT, 0))
     log_project: str = setting("taperlm", "text")
     log_group: str = setting("", "text")
     log_name: str = setting("", "text")
@@ -441,9 +456,7 @@ def _dataclass_from(cls: type, data: dict, where: str, sections: tuple[str, ...]
     if unknown:
         valid = names | set(sections)
         close = {u: _closest(str(u), valid) for u in unknown}
-        hint = "; ".join(
-            f"{u!r}" + (f" (did you mean {c!r}?)" if c else "") for u, c in close.items()
-        )
+        hint = "; ".join(f"{u!r}" + _did_you_mean(u, c, where) for u, c in close.items())
         raise ConfigError(
             f"unknown key(s) in {where or 'config'}: {hint}. Valid keys: {', '.join(sorted(valid))}"
         )
@@ -453,6 +466,20 @@ def _dataclass_from(cls: type, data: dict, where: str, sections: tuple[str, ...]
         kwargs[key] = _coerce(hints[key], value, path)
         check_field(cls, key, kwargs[key], path)
     return cls(**kwargs)
+
+
+def _did_you_mean(key: Any, close: str | None, where: str) -> str:
+    """` (did you mean 'lr'?)`, or for a key of another section ` (it belongs in train:)`."""
+    home = (
+        section_of(key)
+        if isinstance(key, str) and where in ("", "model", "data", "train")
+        else None
+    )
+    if home and not where:
+        return f" (it belongs in {home}:)"
+    if home and home != where:
+        return f" (it belongs in {home}:, not {where}:)"
+    return f" (did you mean {close!r}?)" if close else ""
 
 
 def _model_from(data: dict, where: str) -> ModelConfig:
@@ -555,12 +582,21 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         raise ConfigError(f"{path} must be an integer, got {type(value).__name__}: {value!r}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:
+                raise ConfigError(
+                    f"{path} must be a number a float can hold, got {value}"
+                ) from None
         raise ConfigError(f"{path} must be a number, got {type(value).__name__}: {value!r}")
     if tp is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(f"{path} must be a string, got {type(value).__name__}: {value!r}")
+        hint = " (YAML reads unquoted yes/no/on/off/true/false as booleans: quote it)"
+        raise ConfigError(
+            f"{path} must be a string, got {type(value).__name__}: {value!r}"
+            + (hint if isinstance(value, bool) else "")
+        )
     return value
 
 
@@ -575,12 +611,54 @@ def _closest(name: str, options: set[str]) -> str | None:
 # YAML and overrides
 
 
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping that gives one key twice (YAML forbids it; PyYAML keeps the last silently)."""
+
+
+class StrictLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that rejects a key given twice in one mapping, at every depth: with
+    the plain loader a second `train:` replaces the whole first section without a word.
+    A key written explicitly may still override one brought in by a `<<:` merge."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Node] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node)
+                except TypeError:
+                    continue  # an unhashable key: the base class reports it
+                if first is not key_node:
+                    raise DuplicateKeyError(
+                        None,
+                        None,
+                        f"key {key!r} is given twice (first at line {first.start_mark.line + 1}); "
+                        "the later one would silently replace the earlier -- keep one",
+                        key_node.start_mark,
+                    )
+        return super().construct_mapping(node, deep=deep)
+
+
+def strict_yaml_load(text: str) -> Any:
+    """`yaml.safe_load` that raises DuplicateKeyError on a key given twice."""
+    return yaml.load(text, Loader=StrictLoader)  # a SafeLoader subclass: builds no objects
+
+
 def load_yaml(path: str | Path) -> dict:
     p = Path(path)
+    kind = not_a_file(p)
+    if kind:
+        raise ConfigError(f"config file {p} is {kind}, not a file; give a YAML file")
     if not p.is_file():
         raise ConfigError(f"config file {p} does not exist")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = strict_yaml_load(p.read_text(encoding="utf-8"))
+    except DuplicateKeyError as err:
+        mark = err.problem_mark
+        raise ConfigError(f"config file {p}, line {mark.line + 1}: {err.problem}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -629,16 +707,21 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not sep or not key.strip():
         raise ConfigError(f"--set {text!r}: expected key=value, e.g. --set model.n_layers=12")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = strict_yaml_load(raw) if raw.strip() else ""
+    except DuplicateKeyError as err:
+        raise ConfigError(f"--set {text!r}: {err.problem}") from None
     except yaml.YAMLError:
         value = raw
     return key.strip(), value
 
 
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
+def apply_overrides(data: dict, overrides: list[str], notes: list[str] | None = None) -> dict:
     """Apply dotted `key=value` overrides to a nested config dict (in place, returned).
 
     A key without a section prefix (`d_model=512`) is looked up in model, then train, then data.
+    A later override of a key wins (scripts append to a base list); a value that replaces a
+    different one already in `data` (a config file's, an earlier --set's) is appended to
+    `notes` when it is given.
     """
     for text in overrides:
         key, value = parse_override(text)
@@ -650,11 +733,15 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
                     f"--set {text!r}: unknown key {parts[0]!r}; use model.KEY, train.KEY or data.KEY"
                 )
             parts = [section, *parts]
+        dotted = ".".join(parts)
         node = data
         for p in parts[:-1]:
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {text!r}: {p!r} is not a section")
+        old = node.get(parts[-1], value)
+        if notes is not None and old != value:
+            notes.append(f"--set {dotted}={value!r} replaces {old!r}")
         node[parts[-1]] = value
         if parts[0] == "model" and _affects_sizes(parts[1:]):
             clear_resolved_sizes(data["model"])
@@ -686,6 +773,28 @@ def clear_resolved_sizes(model: dict) -> None:
         if isinstance(section, dict):
             for key in fam.resolved:
                 section.pop(key, None)
+
+
+def file_notes(data: dict, cfg: RunConfig) -> list[str]:
+    """What a config file holds that the resolved `cfg` does not use, as notes: sections of
+    other families (kept loadable for 0.1 configs, which carried all of them) and written
+    per-layer widths that its taper would not give (written sizes are the authority)."""
+    model = data.get("model") if isinstance(data.get("model"), dict) else {}
+    notes = [
+        f"model.{name}: ignored -- model.family is {cfg.model.family!r} (set model.family: "
+        f"{name} to use it)"
+        for name in FAMILIES
+        if name in model and name != cfg.model.family
+    ]
+    m = cfg.model
+    if model.get("mlp_widths") is not None and not m.taper.needs_pilot:
+        with contextlib.suppress(TaperError, ConfigError):
+            if solve_sizes(m.taper, m.n_layers, m.mlp_width) != m.mlp_widths:
+                notes.append(
+                    f"model.mlp_widths are used as written, not the widths its taper "
+                    f"({m.taper.schedule}) gives; delete mlp_widths to resolve them from it"
+                )
+    return notes
 
 
 def section_of(key: str) -> str | None:

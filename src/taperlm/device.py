@@ -5,7 +5,9 @@ clear error (torch is imported only when needed)."""
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from taperlm.errors import ConfigError, ResourceError
 
@@ -58,6 +60,47 @@ def available() -> str:
     if torch.backends.mps.is_available():
         out.append("mps")
     return "available: " + ", ".join(out)
+
+
+def available_memory(device: str = "cpu") -> int | None:
+    """Bytes that can still be allocated on `device`: CUDA's free memory as the driver reports
+    it; for the CPU the smaller of MemAvailable (/proc/meminfo) and what the cgroup's
+    memory.max leaves (a container sees the host's meminfo). None when unknown."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        try:
+            return int(torch.cuda.mem_get_info(torch.device(device))[0])
+        except (RuntimeError, AssertionError, ValueError):
+            return None
+    if str(device) != "cpu":
+        return None
+    found = []
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    with contextlib.suppress(OSError, ValueError):
+        cg = Path("/sys/fs/cgroup")
+        limit = (cg / "memory.max").read_text().strip()
+        if limit != "max":
+            found.append(int(limit) - int((cg / "memory.current").read_text()))
+    if not found:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    return max(0, min(found)) if found else None
+
+
+def check_memory(need: int, what: str, device: str, detail: str, hint: str) -> None:
+    """ResourceError before anything is allocated when `need` bytes (`detail`: what they are)
+    exceed what `device` has available: `WHAT needs at least N GiB (DETAIL) but DEVICE has M GiB
+    available; HINT`. Nothing is checked when the free memory is unknown."""
+    have = available_memory(device)
+    if have is not None and need > have:
+        raise ResourceError(
+            f"{what} needs at least {need / 2**30:,.1f} GiB ({detail}) but {device} has "
+            f"{have / 2**30:,.1f} GiB available; {hint}"
+        )
 
 
 def is_out_of_memory(err: BaseException) -> bool:

@@ -41,6 +41,26 @@ from taperlm.errors import ConfigError
 DOMAIN_KEY = "domain"  # the dataclasses.field metadata key
 MAX_SEED = 2**32 - 1  # seeds of every RNG taperlm seeds (numpy's legacy seed is 32-bit)
 
+# The upper ends of every size, depth and count: far beyond what a real model or run reaches
+# (published dense models: ~130 layers, d_model ~25k, vocabularies ~256k, 10M-token contexts,
+# 36T training tokens), so a slip (an extra zero, 1e8 for 1e3) fails at once with its domain
+# instead of allocating for minutes, and no count overflows an int64 or a float's exact range.
+MAX_LAYERS = 1024
+MAX_WIDTH = 2**20  # d_model, MLP widths (per layer too), head dims, rounding multiples
+MAX_HEADS = 2**14  # attention and memory heads
+MAX_VOCAB = 2**24
+MAX_CONTEXT = 2**24  # context length, sequence length, windows, segments, generated tokens
+MAX_BATCH = 2**20  # sequences in one forward pass
+MAX_TOKENS = 10**15  # token budgets and token counts
+MAX_COUNT = 2**53  # steps, examples, characters, ...: exact as a float, inside int64
+MAX_DEPTH = 64  # small structural counts: memory MLP depth and expansion, Hope levels
+MAX_WORKERS = 4096  # processes or threads of one command
+
+
+def up_to(cap: int, lo: int = 1) -> str:
+    """The domain `[lo, cap]` of a size or count (`setting(24, up_to(MAX_LAYERS))`)."""
+    return f"[{lo}, {cap}]"
+
 
 @dataclass(frozen=True)
 class Domain:
@@ -101,9 +121,15 @@ class Domain:
         below = value < self.hi or (self.hi_closed and value == self.hi)
         return above and below
 
-    def describe(self) -> str:
+    def describe(self, value: Any = None) -> str:
         """The allowed range as the error messages name it: `>= 1`, `> 0`, `in [0, 1)`,
-        `one of auto, fp32, bf16`."""
+        `one of auto, fp32, bf16`; for a whole number outside a size's range, the end it
+        passed (`<= 1024`), which reads plainer than the interval."""
+        if isinstance(value, int) and not isinstance(value, bool) and self.numeric:
+            if value > self.hi or (value == self.hi and not self.hi_closed):
+                return f"{'<=' if self.hi_closed else '<'} {_num(self.hi)}"
+            if value < self.lo or (value == self.lo and not self.lo_closed):
+                return f"{'>=' if self.lo_closed else '>'} {_num(self.lo)}"
         if self.text:
             return "a string"
         if self.choices is not None:
@@ -124,7 +150,7 @@ class Domain:
                 self.check(v, f"{key}[{i}]")
             return
         if not self.contains(value):
-            raise ConfigError(f"{key} must be {self.describe()}, got {value!r}")
+            raise ConfigError(f"{key} must be {self.describe(value)}, got {value!r}")
 
     def outside(self, integer: bool) -> list[Any]:
         """Values just outside the domain, one beyond each finite end (and NaN, +-inf for

@@ -9,10 +9,12 @@ resumed run depends on).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import math
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -100,6 +102,102 @@ def finite_json(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [finite_json(v) for v in obj]
     return obj
+
+
+def not_a_file(path: str | Path) -> str | None:
+    """What `path` is when it exists but is not a regular file (following symlinks): `a folder`,
+    `a FIFO (named pipe)`, `a socket`, `a device`, `a symlink loop`, `a broken symlink`; None for
+    a regular file or nothing there. Messages name the kind instead of guessing (a FIFO is not
+    a "folder", a folder where a lock file belongs is not a full disk)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "a broken symlink" if os.path.islink(path) else None
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "a symlink loop"
+        return None  # unreadable metadata: the caller's open reports it
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device"
+
+
+def os_error_cause(err: OSError, path: str | Path) -> str:
+    """What to do about an OSError met while writing `path`, by its errno (not a guess), as a
+    sentence:
+    a full disk, a permission, a read-only file system, a folder or other non-file where a file
+    belongs, ..."""
+    p = Path(path)
+    code = err.errno
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return f"The file system of {p.parent} is full (or over quota): free space there"
+    if code in (errno.EACCES, errno.EPERM):
+        return f"Permission denied: fix the permissions of {p if p.is_dir() else p.parent}"
+    if code == errno.EROFS:
+        return f"The folder {p.parent} is on a read-only file system: write to another place"
+    kind = not_a_file(p)
+    if code in (errno.EISDIR, errno.ENXIO, errno.ELOOP, errno.EINVAL) and kind:
+        return f"The path {p} is {kind} where taperlm writes a file: remove or rename it"
+    if code == errno.ENOTDIR:
+        return f"A part of {p.parent} is a file, not a folder: remove or rename it"
+    if code == errno.ENAMETOOLONG:
+        return "The path is too long for the file system: use a shorter one"
+    if code == errno.EIO:
+        return "The disk or network file system reported an I/O error: check it"
+    return f"Fix the cause above at {p}"
+
+
+def strict_json_loads(text: str) -> Any:
+    """`json.loads` that rejects an object giving one key twice (plain json keeps the last one
+    silently), as a JSONDecodeError whose `msg` names the key."""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise json.JSONDecodeError(f"key {key!r} is given twice; keep one", text, 0)
+            out[key] = value
+        return out
+
+    return json.loads(text, object_pairs_hook=unique)
+
+
+FULL_HASH_BYTES = 16 << 20  # files up to this size are hashed whole
+SAMPLE_BLOCK = 64 << 10
+SAMPLE_BLOCKS = 64  # evenly spaced blocks (first and last included) of a larger file
+
+
+def file_identity(path: str | Path, content: bool = True) -> list[Any]:
+    """What tells a file apart from an edited copy, cheaply: [size, mtime_ns, ctime_ns, digest].
+
+    The kernel sets ctime on every write and no tool can set it back (touch -r, cp -p and
+    rsync -t restore mtime only), so on a local file system any edit changes it even when the
+    size and mtime stay. The digest (sha256 of the whole file up to 16 MiB, else of 64 evenly
+    spaced 64 KiB blocks and the size) also catches same-size edits where timestamps are coarse
+    or not kept (some network and FAT file systems). A file copied or re-extracted
+    unchanged gets a new ctime: it counts as changed (the safe side). `content=False` leaves
+    the digest out (many files that change only as a whole, e.g. installed packages)."""
+    st = os.stat(path)
+    ident: list[Any] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    if not content:
+        return ident
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        if st.st_size <= FULL_HASH_BYTES:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        else:
+            last = st.st_size - SAMPLE_BLOCK
+            for i in range(SAMPLE_BLOCKS):
+                f.seek(last * i // (SAMPLE_BLOCKS - 1))
+                h.update(f.read(SAMPLE_BLOCK))
+    return [*ident, h.hexdigest()]
 
 
 def sha256_file(path: str | Path) -> str:

@@ -14,6 +14,7 @@ into place atomically, so reading a run that is still training is safe.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import socket
@@ -23,7 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from taperlm.errors import RunInUseError
+from taperlm.errors import ConfigError, RunInUseError
+from taperlm.io import not_a_file, os_error_cause
 
 LOCK_FILE = ".lock"
 
@@ -64,7 +66,7 @@ class RunLock:
         self.directory = Path(directory)
         self.what = what
         self.path = self.directory / LOCK_FILE
-        self._key = str(self.path.resolve())
+        self._key = os.path.realpath(self.path)  # no error on a symlink loop (reported below)
         self.held = False
 
     def acquire(self) -> RunLock:
@@ -75,6 +77,11 @@ class RunLock:
             entry[1] += 1
             self.held = True
             return self
+        kind = not_a_file(self.path)
+        if kind:  # opening a FIFO could block; a folder is no full disk
+            raise OSError(
+                errno.EISDIR if kind == "a folder" else errno.EINVAL, kind, str(self.path)
+            )
         f = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 (held until release)
         if fcntl is not None:
             try:
@@ -128,8 +135,17 @@ class RunLock:
 
 @contextlib.contextmanager
 def locked(directory: str | Path, what: str = "run dir") -> Iterator[RunLock]:
-    """Hold `directory`'s lock for the block (the directory must exist)."""
-    with RunLock(directory, what) as lock:
+    """Hold `directory`'s lock for the block (the directory must exist); a lock file that
+    cannot be opened is a ConfigError naming the cause (a folder or FIFO in its place, ...)."""
+    lock = RunLock(directory, what)
+    try:
+        lock.acquire()
+    except OSError as err:
+        raise ConfigError(
+            f"cannot lock the {what} {directory}: {err.strerror or err}. "
+            f"{os_error_cause(err, lock.path)}"
+        ) from None
+    with lock:
         yield lock
 
 

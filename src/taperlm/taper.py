@@ -27,8 +27,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from taperlm.domains import setting
+from taperlm.domains import MAX_WIDTH, setting, up_to
 from taperlm.errors import TaperError
+from taperlm.io import strict_json_loads
 
 SCHEDULES = ("uniform", "cosine", "linear", "sigmoid", "groups", "custom", "novelty")
 DEFAULT_START = 1.5
@@ -82,7 +83,7 @@ class TaperSpec:
     groups: list[float] = setting([], "(0, inf)")
     values: list[float] = setting([], "(0, inf)")
     values_are_widths: bool = False
-    multiple_of: int = setting(DEFAULT_MULTIPLE_OF, "[1, inf)")
+    multiple_of: int = setting(DEFAULT_MULTIPLE_OF, up_to(MAX_WIDTH))
     monotone: bool | None = None
     strength: float = setting(DEFAULT_STRENGTH, "(0, 1)")
     source: str = setting("", "text")
@@ -283,7 +284,9 @@ def read_rho_mlp(source: str | Path) -> list[float]:
             "JSON from `taperlm novelty --json`, a run dir, or `pilot` in taperlm compare)"
         )
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = strict_json_loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise TaperError(f"novelty source {path} is not JSON: {err.msg}") from None
     except (ValueError, UnicodeDecodeError) as err:
         raise TaperError(f"novelty source {path} is not JSON: {err}") from None
     values = rho_mlp_of(data.get("novelty", data) if isinstance(data, dict) else data)

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import sys
 
 from taperlm.config import (
     RunConfig,
     TrainConfig,
     apply_overrides,
     clear_resolved_sizes,
+    file_notes,
     run_config_from_dict,
 )
-from taperlm.domains import field_domain, input_path, number
+from taperlm.domains import MAX_WIDTH, field_domain, input_path, number, up_to
 from taperlm.errors import ConfigError
 from taperlm.presets import config_data
 from taperlm.taper import TaperSpec
@@ -46,7 +49,7 @@ def add_model_arguments(
         )
     parser.add_argument(
         "--multiple-of",
-        type=number(int, "[1, inf)"),
+        type=number(int, up_to(MAX_WIDTH)),
         help="round every width to a multiple of N (default 16, as in the paper)",
     )
     parser.add_argument(
@@ -56,7 +59,8 @@ def add_model_arguments(
         default=[],
         metavar="KEY=VALUE",
         help="override a config value, e.g. --set model.n_layers=12 or --set train.lr=1e-3 "
-        "(repeatable)",
+        "(repeatable; a later --set of the same key wins; with --config, each value it replaces "
+        "is printed as a note)",
     )
 
 
@@ -64,6 +68,20 @@ def build_run_config(args: argparse.Namespace) -> RunConfig:
     """preset/config file < --taper/--multiple-of < --set, resolved (widths computed)."""
     data, source = config_data(getattr(args, "config", None), getattr(args, "preset", None))
     model = data.setdefault("model", {})
+    notes: list[str] = []
+    # Notes for what replaces a config file the user gave (not a continued run's own config,
+    # whose changes the resume checks report).
+    from_file = bool(getattr(args, "config", None)) and not getattr(args, "implicit_config", False)
+    for option, key, value in (
+        ("--taper", "taper", args.taper),
+        ("--head-taper", "head_taper", getattr(args, "head_taper", None)),
+    ):
+        if from_file and value and key in model:
+            notes.append(f"{option} {value} replaces the config file's model.{key}")
+    if from_file and (args.taper or getattr(args, "head_taper", None)) and "mlp_widths" in model:
+        notes.append(
+            "the config file's resolved per-layer sizes are re-resolved from the new taper"
+        )
     if args.taper or args.multiple_of:
         current = model.get("taper", {"schedule": "uniform"})
         if args.taper:
@@ -77,8 +95,20 @@ def build_run_config(args: argparse.Namespace) -> RunConfig:
     if getattr(args, "head_taper", None):
         model["head_taper"] = args.head_taper
         clear_resolved_sizes(model)
-    apply_overrides(data, args.overrides)
-    return run_config_from_dict(data, source).resolve()
+    apply_overrides(data, args.overrides, notes if from_file else None)
+    cfg = run_config_from_dict(data, source).resolve()
+    if from_file:
+        notes += file_notes(data, cfg)
+    print_notes(args, notes)
+    return cfg
+
+
+def print_notes(args: argparse.Namespace, notes: list[str]) -> None:
+    """`taperlm CMD: note: ...` on stderr, once (rank 0 under torchrun)."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    for note in notes:
+        print(f"taperlm {getattr(args, '_command', '')}: note: {note}", file=sys.stderr)
 
 
 def _logger_list(text: str) -> list[str]:

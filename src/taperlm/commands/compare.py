@@ -31,7 +31,15 @@ from taperlm.compare.job import (
     PAPER_MODE_SEEDS,
     CompareOptions,
 )
-from taperlm.domains import input_path, number, output_path
+from taperlm.domains import (
+    MAX_COUNT,
+    MAX_TOKENS,
+    MAX_WORKERS,
+    input_path,
+    number,
+    output_path,
+    up_to,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,12 +80,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--seeds",
-        type=number(int, "[1, inf)"),
+        type=number(int, up_to(MAX_COUNT)),
         help=f"seeds 0..N-1 [{DEFAULT_SEEDS}; {PAPER_MODE_SEEDS} with --paper]",
     )
     parser.add_argument(
         "--tokens",
-        type=number(int, "[1, inf)"),
+        type=number(int, up_to(MAX_TOKENS)),
         help=f"training tokens per run [default {DEFAULT_TOKENS:,}]",
     )
     parser.add_argument(
@@ -88,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--val-tokens",
-        type=number(int, "[0, inf)"),
+        type=number(int, up_to(MAX_TOKENS, 0)),
         default=DEFAULT_VAL_TOKENS,
         help=f"validation tokens for the final loss/ppl (0 = whole val split) [{DEFAULT_VAL_TOKENS}]",
     )
@@ -100,7 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--eval-limit",
-        type=number(int, "[0, inf)"),
+        type=number(int, up_to(MAX_COUNT, 0)),
         default=DEFAULT_EVAL_LIMIT,
         help=f"first N items per zero-shot task (0 = all) [{DEFAULT_EVAL_LIMIT}]",
     )
@@ -116,7 +124,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--novelty-tokens",
-        type=number(int, "[2, inf)"),
+        type=number(int, up_to(MAX_TOKENS, 2)),
         default=DEFAULT_NOVELTY_TOKENS,
         help=f"tokens for the novelty measurement [{DEFAULT_NOVELTY_TOKENS}]",
     )
@@ -128,21 +136,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--jobs",
-        type=number(int, "[1, inf)"),
+        type=number(int, up_to(MAX_WORKERS)),
         help="cells trained at a time, each in its own worker process (default: as many as "
         "there are idle CPU cores for --threads each; 1 = in this process). Changes the speed, "
         "never the numbers",
     )
     parser.add_argument(
         "--threads",
-        type=number(int, "[1, inf)"),
+        type=number(int, up_to(MAX_WORKERS)),
         default=DEFAULT_THREADS,
         help=f"torch CPU threads per cell [{DEFAULT_THREADS}]; more only helps when there are "
         "more idle cores than cells",
     )
     parser.add_argument(
         "--pilot-tokens",
-        type=number(int, "[1, inf)"),
+        type=number(int, up_to(MAX_TOKENS)),
         help="training tokens of each novelty:pilot pilot run [default: a quarter of --tokens]",
     )
     parser.add_argument(

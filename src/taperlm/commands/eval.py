@@ -9,7 +9,15 @@ import json
 import sys
 from pathlib import Path
 
-from taperlm.domains import input_path, number, output_path
+from taperlm.domains import (
+    MAX_BATCH,
+    MAX_CONTEXT,
+    MAX_COUNT,
+    input_path,
+    number,
+    output_path,
+    up_to,
+)
 from taperlm.errors import ConfigError, DataError
 from taperlm.evaluation.niah import DEFAULT_LENGTHS, parse_lengths
 from taperlm.evaluation.niah import TASKS as NIAH_TASKS
@@ -44,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--limit",
-        type=number(int, "[1, inf)"),
+        type=number(int, up_to(MAX_COUNT)),
         help="first N items per task (val: N windows; NIAH: per length)",
     )
     parser.add_argument(
@@ -68,15 +76,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "columns for 4K models); without it they are skipped with the reason",
     )
     parser.add_argument(
-        "--batch-size", type=number(int, "[1, inf)"), default=16, help="sequences per forward pass"
+        "--batch-size",
+        type=number(int, up_to(MAX_BATCH)),
+        default=16,
+        help="sequences per forward pass",
     )
     parser.add_argument(
         "--max-length",
-        type=number(int, "[2, inf)"),
+        type=number(int, up_to(MAX_CONTEXT, 2)),
         help="context window for scoring (default: the model's context_length)",
     )
     parser.add_argument(
-        "--step", type=number(int, "[0, inf)"), help="evaluate checkpoint STEP (default: newest)"
+        "--step",
+        type=number(int, up_to(MAX_COUNT, 0)),
+        help="evaluate checkpoint STEP (default: newest)",
     )
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument(

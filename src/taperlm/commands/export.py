@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from taperlm.domains import input_path, number, output_path
+from taperlm.domains import MAX_COUNT, input_path, number, output_path, up_to
 from taperlm.errors import ConfigError
 from taperlm.gguf_export import DTYPES
 
@@ -35,7 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="--format gguf: precision of the weight matrices (default f16; norms stay f32)",
     )
     parser.add_argument(
-        "--step", type=number(int, "[0, inf)"), help="export checkpoint STEP (default: newest)"
+        "--step",
+        type=number(int, up_to(MAX_COUNT, 0)),
+        help="export checkpoint STEP (default: newest)",
     )
     parser.add_argument(
         "--force", action="store_true", help="write into --out even if it is not empty"

@@ -5,7 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from taperlm.domains import MAX_SEED, input_path, number, output_path
+from taperlm.domains import (
+    MAX_CONTEXT,
+    MAX_COUNT,
+    MAX_SEED,
+    MAX_VOCAB,
+    input_path,
+    number,
+    output_path,
+    up_to,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -13,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "run", type=input_path(), help="run directory (or checkpoint dir, or `taperlm export` dir)"
     )
     parser.add_argument("--prompt", default="", help="text to continue (default: start from EOS)")
-    parser.add_argument("--max-new-tokens", type=number(int, "[0, inf)"), default=128)
+    parser.add_argument("--max-new-tokens", type=number(int, up_to(MAX_CONTEXT, 0)), default=128)
     parser.add_argument(
         "--temperature",
         type=number(float, "[0, inf)"),
@@ -21,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="softmax temperature; 0 = greedy",
     )
     parser.add_argument(
-        "--top-k", type=number(int, "[1, inf)"), help="sample from the K most likely tokens"
+        "--top-k", type=number(int, up_to(MAX_VOCAB)), help="sample from the K most likely tokens"
     )
     parser.add_argument(
         "--top-p", type=number(float, "(0, 1]"), help="nucleus sampling: smallest set with mass P"
@@ -30,7 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--seed", type=number(int, f"[0, {MAX_SEED}]"), help="random seed (same seed, same text)"
     )
     parser.add_argument(
-        "--step", type=number(int, "[0, inf)"), help="use checkpoint STEP (default: newest)"
+        "--step",
+        type=number(int, up_to(MAX_COUNT, 0)),
+        help="use checkpoint STEP (default: newest)",
     )
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument(

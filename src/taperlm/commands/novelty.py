@@ -8,7 +8,16 @@ import math
 import sys
 from pathlib import Path
 
-from taperlm.domains import input_path, number, output_path
+from taperlm.domains import (
+    MAX_BATCH,
+    MAX_CONTEXT,
+    MAX_COUNT,
+    MAX_TOKENS,
+    input_path,
+    number,
+    output_path,
+    up_to,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,17 +48,20 @@ def add_measure_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--tokens",
-        type=number(int, "[2, inf)"),
+        type=number(int, up_to(MAX_TOKENS, 2)),
         default=2048,
         help="input tokens taken from the text (default 2048)",
     )
     parser.add_argument(
         "--seq-len",
-        type=number(int, "[2, inf)"),
+        type=number(int, up_to(MAX_CONTEXT, 2)),
         help="window length (default: the model's context, at most --tokens)",
     )
     parser.add_argument(
-        "--batch-size", type=number(int, "[1, inf)"), default=4, help="windows per forward pass"
+        "--batch-size",
+        type=number(int, up_to(MAX_BATCH)),
+        default=4,
+        help="windows per forward pass",
     )
     parser.add_argument(
         "--include-first",
@@ -59,7 +71,7 @@ def add_measure_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--step",
-        type=number(int, "[0, inf)"),
+        type=number(int, up_to(MAX_COUNT, 0)),
         help="run dirs: use checkpoint STEP (default: newest)",
     )
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")

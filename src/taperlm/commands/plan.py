@@ -7,14 +7,14 @@ import argparse
 import json
 
 from taperlm.commands.common import add_model_arguments, build_run_config
-from taperlm.domains import number, output_path
+from taperlm.domains import MAX_BATCH, MAX_CONTEXT, MAX_TOKENS, number, output_path, up_to
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument(
         "--seq-len",
-        type=number(int, "[1, inf)"),
+        type=number(int, up_to(MAX_CONTEXT)),
         help="context for the attention FLOPs (default: the model's)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -28,19 +28,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("memory and time plan (with --gpus)")
     g.add_argument(
         "--gpus",
-        type=number(int, "[1, inf)"),
+        type=number(int, up_to(MAX_BATCH)),
         help="GPUs of the run: print per-GPU memory and time",
     )
     g.add_argument("--gpu-memory", default="80GB", help="memory of one GPU (default 80GB)")
     g.add_argument(
-        "--micro-batch", type=number(int, "[1, inf)"), help="sequences per GPU per forward pass"
+        "--micro-batch",
+        type=number(int, up_to(MAX_BATCH)),
+        help="sequences per GPU per forward pass",
     )
     g.add_argument("--parallel", choices=("fsdp", "ddp"), help="default: the config's")
     g.add_argument(
         "--activation-checkpointing", action="store_true", help="recompute each block in backward"
     )
     g.add_argument(
-        "--tokens", type=number(float, "[1, inf)"), help="training tokens (default: train.tokens)"
+        "--tokens",
+        type=number(float, up_to(MAX_TOKENS)),
+        help="training tokens (default: train.tokens)",
     )
     g.add_argument(
         "--mfu", type=number(float, "(0, 1]"), default=0.4, help="assumed MFU (default 0.4)"

@@ -8,7 +8,17 @@ from __future__ import annotations
 
 import argparse
 
-from taperlm.domains import MAX_SEED, count, input_path, number, output_path
+from taperlm.domains import (
+    MAX_COUNT,
+    MAX_SEED,
+    MAX_TOKENS,
+    MAX_WORKERS,
+    count,
+    input_path,
+    number,
+    output_path,
+    up_to,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,46 +55,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--val-tokens",
-        type=count("[2, inf)"),
+        type=count(up_to(MAX_TOKENS, 2)),
         default=None,
         help="stop picking validation documents once they hold this many tokens; the tail of "
         "the stream makes up any shortfall",
     )
     parser.add_argument(
         "--workers",
-        type=number(int, "[1, inf)"),
+        type=number(int, up_to(MAX_WORKERS)),
         default=None,
         help="tokenizer processes; the output is the same for any number [default: the CPUs "
         "available]",
     )
     parser.add_argument(
         "--max-chars",
-        type=count("[1, inf)"),
+        type=count(up_to(MAX_COUNT)),
         default=None,
         help="read at most this many characters",
     )
     parser.add_argument(
         "--max-tokens",
-        type=count("[2, inf)"),
+        type=count(up_to(MAX_TOKENS, 2)),
         default=None,
         help="stop after this many training tokens (e.g. 30e9 for the first 30B tokens)",
     )
     parser.add_argument(
         "--tokenizer-sample-chars",
-        type=count("[1, inf)"),
+        type=count(up_to(MAX_COUNT)),
         default=DEFAULT_SAMPLE_CHARS,
         help=f"bpe:N is trained on the first this many characters of training documents "
         f"[default: {DEFAULT_SAMPLE_CHARS:_}]",
     )
     parser.add_argument(
         "--shard-tokens",
-        type=count("[1, inf)"),
+        type=count(up_to(MAX_TOKENS)),
         default=DEFAULT_SHARD_TOKENS,
         help=f"tokens per shard file [default: {DEFAULT_SHARD_TOKENS:_}]",
     )
     parser.add_argument(
         "--max-doc-chars",
-        type=count("[1, inf)"),
+        type=count(up_to(MAX_COUNT)),
         default=DEFAULT_MAX_DOC_CHARS,
         help="longer documents (and .txt files) are cut into pieces at paragraph breaks "
         f"[default: {DEFAULT_MAX_DOC_CHARS:_}]",

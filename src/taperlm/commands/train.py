@@ -19,8 +19,9 @@ from taperlm.commands.common import (
     add_model_arguments,
     build_run_config,
     logger_names,
+    print_notes,
 )
-from taperlm.domains import input_path, number, output_path
+from taperlm.domains import MAX_COUNT, input_path, number, output_path, up_to
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
         "--stop-after-steps",
-        type=number(int, "[1, inf)"),
+        type=number(int, up_to(MAX_COUNT)),
         metavar="N",
         help="stop (with a checkpoint) once N steps are done; rerun to continue",
     )
@@ -57,12 +58,19 @@ def _resolve_config(args: argparse.Namespace):
                 "there is no run to continue)"
             )
         args.config = saved
+        args.implicit_config = True  # the run's own config: the resume checks report changes
     names = logger_names(args.loggers)
     if names is not None:  # after --set: the option named on the command line wins
         args.overrides = [*args.overrides, f"train.loggers=[{','.join(names)}]"]
     cfg = build_run_config(args)
     if args.data is not None:
-        cfg.data.dir = str(args.data.resolve())
+        given = str(args.data.resolve())
+        differs = cfg.data.dir and Path(cfg.data.dir).expanduser().resolve() != Path(given)
+        if differs and not getattr(args, "implicit_config", False):
+            print_notes(
+                args, [f"--data {args.data} replaces {args.config}'s data.dir {cfg.data.dir}"]
+            )
+        cfg.data.dir = given
     elif cfg.data.dir:
         cfg.data.dir = str(Path(cfg.data.dir).expanduser())
     return cfg

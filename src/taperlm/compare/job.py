@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import shlex
 import sys
@@ -275,9 +276,14 @@ def default_corpus_dir(progress: bool) -> Path:
     so concurrent or interrupted runs never see a half-written data dir)."""
     import shutil
 
-    from taperlm.data.prepare import META_FILE, prepare
+    from taperlm.data.corpus import default_corpus_identity
+    from taperlm.data.prepare import META_FILE, PIPELINE_VERSION, prepare
 
-    target = cache_root() / f"default-{DEFAULT_CORPUS_TOKENIZER.replace(':', '')}"
+    # Keyed by what it is built from (the installed files, the pipeline): an upgraded package
+    # or taperlm gets a fresh corpus rather than a stale one under the same name.
+    inputs = json.dumps([PIPELINE_VERSION, default_corpus_identity()]).encode()
+    digest = hashlib.sha256(inputs).hexdigest()[:12]
+    target = cache_root() / f"default-{DEFAULT_CORPUS_TOKENIZER.replace(':', '')}-{digest}"
     if (target / META_FILE).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ Measurements per cell:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -65,7 +66,20 @@ class EvalSettings:
         d = asdict(self)
         if d["niah_lengths"] is None:  # as before NIAH existed: cached cells stay valid
             del d["niah_lengths"]
+        if self.novelty_text:  # the file by content too: an edit re-evaluates the cells
+            from taperlm.io import file_identity
+
+            with contextlib.suppress(OSError):
+                d[_NOVELTY_IDENTITY] = file_identity(self.novelty_text)
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EvalSettings:
+        """The settings `to_dict` wrote (the input identities it adds are not settings)."""
+        return cls(**{k: v for k, v in d.items() if k != _NOVELTY_IDENTITY})
+
+
+_NOVELTY_IDENTITY = "novelty_text_identity"
 
 
 # ----------------------------------------------------------------------------------------------

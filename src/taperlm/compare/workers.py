@@ -56,7 +56,7 @@ def _worker_main(slot: int, threads: int, jobs: int, data_dir: str, settings: di
     )
 
     torch.set_num_threads(threads)
-    shared = SharedInputs(Path(data_dir), EvalSettings(**settings))
+    shared = SharedInputs(Path(data_dir), EvalSettings.from_dict(settings))
     events.put(("ready", slot, None))
     while True:
         task = tasks.get()

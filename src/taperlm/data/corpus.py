@@ -27,6 +27,7 @@ from taperlm.data import readers
 from taperlm.data.markup import pod_to_text, rst_to_text
 from taperlm.data.readers import ByteCounter, Cursor, Document
 from taperlm.errors import DataError
+from taperlm.io import file_identity
 
 DEFAULT_PACKAGES = ("python3.11-doc", "perl-doc", "linux-doc-6.1")
 INSTALL_COMMAND = "sudo apt-get update && sudo apt-get install -y " + " ".join(DEFAULT_PACKAGES)
@@ -127,6 +128,17 @@ def _extract_job(job: tuple[str, str, str]) -> tuple[str, str]:
     return name, extract_file(Path(path), markup)
 
 
+def default_corpus_identity(root: str | Path = "/") -> list[list[Any]]:
+    """[name, size, mtime_ns] of every default-corpus file: an upgraded package replaces its
+    files with the new release's sizes and times, seen without reading them (ctime is left
+    out: re-extracting the same image would look like a change)."""
+    out = []
+    for name, path, _ in default_corpus_files(root):
+        st = path.stat()
+        out.append([name, st.st_size, st.st_mtime_ns])
+    return out
+
+
 def iter_default_corpus(root: str | Path = "/", workers: int = 1) -> Iterator[Document]:
     """The default corpus: cleaned, deduplicated documents in a fixed order.
 
@@ -218,7 +230,8 @@ class Source:
 
     def fingerprint(self) -> dict[str, Any]:
         """What must not change for a resumed prepare to continue this one: the spec, the
-        settings of the readers and, for local files, every file's relative path and size."""
+        settings of the readers and every file read, by relative path and `file_identity`
+        (size, mtime, ctime and a content digest: a same-size edit after a kill is seen)."""
         info: dict[str, Any] = {
             "spec": self.spec,
             "kind": self.kind,
@@ -228,8 +241,10 @@ class Source:
         if self.kind == "local":
             assert self.base is not None
             info["files"] = [
-                [f.relative_to(self.base).as_posix(), f.stat().st_size] for f in self.files
+                [f.relative_to(self.base).as_posix(), *file_identity(f)] for f in self.files
             ]
+        elif self.kind == "default":
+            info["files"] = default_corpus_identity(self.root)
         return info
 
 

@@ -220,6 +220,16 @@ def prepare(
     return {**meta, "_timing": job.timing, "_resumed": job.resumed}
 
 
+def _changed_files(old: Any, new: dict[str, Any]) -> list[str]:
+    """Names of the files whose identity differs between two source fingerprints (added and
+    removed ones too); [] when the fingerprints are not comparable."""
+    if not isinstance(old, dict) or old.get("spec") != new.get("spec"):
+        return []
+    before = {f[0]: f[1:] for f in old.get("files") or [] if isinstance(f, list) and f}
+    after = {f[0]: f[1:] for f in new.get("files") or []}
+    return sorted(n for n in before.keys() | after.keys() if before.get(n) != after.get(n))
+
+
 class _Preparation:
     """One run of the pipeline in OUT/.prepare/ (fresh or resumed)."""
 
@@ -248,10 +258,11 @@ class _Preparation:
     # --- state ------------------------------------------------------------------------------
 
     def _key(self) -> str:
+        self.source_id = self.src.fingerprint()
         ident: dict[str, Any] = {
             "pipeline": PIPELINE_VERSION,
             "settings": asdict(self.s),
-            "source": self.src.fingerprint(),
+            "source": self.source_id,
         }
         if self.fixed_tokenizer is not None:
             tok = self.fixed_tokenizer
@@ -266,10 +277,16 @@ class _Preparation:
         except (OSError, ValueError):
             return None
         if not isinstance(state, dict) or state.get("key") != self.key:
-            self._note(
-                f"{self.work} holds an unfinished prepare with other arguments or other input "
-                "files; starting over"
+            changed = _changed_files(
+                state.get("source") if isinstance(state, dict) else None, self.source_id
             )
+            what = (
+                f"input file(s) changed since it was interrupted: {', '.join(changed[:3])}"
+                + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+                if changed
+                else "other arguments or other input files"
+            )
+            self._note(f"{self.work} holds an unfinished prepare with {what}; starting over")
             return None
         return state
 
@@ -303,6 +320,7 @@ class _Preparation:
         empty = {"done": [], "open": {"tokens": 0, "crc32": 0}}
         state = {
             "key": self.key,
+            "source": self.source_id,  # to name what changed when a resume is refused
             "phase": "stream",
             "sampled_chars": sampled,
             "cursor": None,

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from taperlm.errors import DataError
+from taperlm.io import not_a_file
 
 DEFAULT_MAX_DOC_CHARS = 1_000_000
 DATA_EXTRA = "pip install 'taperlm[data]'"
@@ -135,6 +136,12 @@ def kind_of(path: Path) -> str | None:
 
 def local_files(path: Path) -> list[Path]:
     """The source files of a local path: the file itself, or the known kinds below a folder."""
+    kind = not_a_file(path)
+    if kind and kind != "a folder":
+        raise DataError(
+            f"source {path} is {kind}, not a file or folder; taperlm reads regular files "
+            f"({', '.join(KINDS)}) or folders of them"
+        )
     if not path.exists():
         raise DataError(
             f"source {path} does not exist; pass --source default, a file "
@@ -146,16 +153,23 @@ def local_files(path: Path) -> list[Path]:
                 f"source {path}: unknown kind of file; expected one of {', '.join(KINDS)}"
             )
         return [path]
-    files = sorted(
-        (
-            p
-            for p in path.rglob("*")
-            if p.is_file()
-            and kind_of(p) is not None
-            and not any(part.startswith(".") for part in p.relative_to(path).parts)
-        ),
-        key=lambda p: p.relative_to(path).as_posix(),
-    )
+    found = [
+        p
+        for p in path.rglob("*")
+        if kind_of(p) is not None
+        and not any(part.startswith(".") for part in p.relative_to(path).parts)
+    ]
+    # A source-named entry that is no regular file would be skipped without a word (a FIFO
+    # would hang the reader): name it. Subfolders named like files are folders to walk.
+    odd = [(p, k) for p in found if (k := not_a_file(p)) and k != "a folder"]
+    if odd:
+        p, k = odd[0]
+        more = f" (and {len(odd) - 1} more)" if len(odd) > 1 else ""
+        raise DataError(
+            f"source folder {path}: {p.relative_to(path)} is {k}, not a regular file{more}; "
+            "remove it or move it out of the folder"
+        )
+    files = sorted((p for p in found if p.is_file()), key=lambda p: p.relative_to(path).as_posix())
     if not files:
         raise DataError(f"source folder {path} has no {', '.join(KINDS)} files")
     return files

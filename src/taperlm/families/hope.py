@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from taperlm.domains import setting
+from taperlm.domains import MAX_COUNT, MAX_DEPTH, MAX_WIDTH, setting, up_to
 from taperlm.errors import ConfigError
 from taperlm.families.base import Family, ModelFields, swiglu_params
 from taperlm.families.transformer import attention_mixer_params
@@ -33,10 +33,10 @@ class HopeConfig:
         level_widths: resolved [layer][level] widths; written by the library, authoritative.
     """
 
-    levels: int = setting(3, "[1, inf)")
+    levels: int = setting(3, up_to(MAX_DEPTH))
     level_fractions: list[float] = setting([0.5, 0.25, 0.25], "(0, 1]")
-    update_periods: list[int] = setting([1, 4, 16], "[1, inf)")
-    level_widths: list[list[int]] | None = setting(None, "[1, inf)")
+    update_periods: list[int] = setting([1, 4, 16], up_to(MAX_COUNT))
+    level_widths: list[list[int]] | None = setting(None, up_to(MAX_WIDTH))
 
 
 def split_width(width: int, fractions: list[float], multiple_of: int) -> list[int]:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from taperlm.domains import setting
+from taperlm.domains import MAX_CONTEXT, MAX_DEPTH, MAX_HEADS, MAX_WIDTH, setting, up_to
 from taperlm.errors import ConfigError, TaperError
 from taperlm.families.base import (
     Family,
@@ -51,22 +51,22 @@ class TitansConfig:
     """
 
     variant: str = setting("mag", "{" + ", ".join(VARIANTS) + "}")
-    memory_heads: int = setting(4, "[1, inf)")
-    memory_head_dim: int = setting(64, "[1, inf)")
-    memory_depth: int = setting(2, "[2, inf)")
-    memory_expansion: int = setting(2, "[1, inf)")
-    chunk_size: int = setting(16, "[1, inf)")
-    conv_kernel: int = setting(4, "[1, inf)")
-    persistent_tokens: int = setting(4, "[0, inf)")
-    window: int = setting(512, "[1, inf)")
-    segment_len: int = setting(128, "[1, inf)")
+    memory_heads: int = setting(4, up_to(MAX_HEADS))
+    memory_head_dim: int = setting(64, up_to(MAX_WIDTH))
+    memory_depth: int = setting(2, up_to(MAX_DEPTH, 2))
+    memory_expansion: int = setting(2, up_to(MAX_DEPTH))
+    chunk_size: int = setting(16, up_to(MAX_CONTEXT))
+    conv_kernel: int = setting(4, up_to(MAX_CONTEXT))
+    persistent_tokens: int = setting(4, up_to(MAX_CONTEXT, 0))
+    window: int = setting(512, up_to(MAX_CONTEXT))
+    segment_len: int = setting(128, up_to(MAX_CONTEXT))
     # the inner step on ||M(k)-v||^2 diverges for large values
     max_inner_lr: float = setting(0.1, "(0, 1]")
     # 0 turns the clip off
     max_inner_grad_norm: float = setting(1.0, "[0, inf)")
     memory_taper: str = setting("uniform", "text")
-    memory_multiple_of: int = setting(16, "[1, inf)")
-    memory_widths: list[int] | None = setting(None, "[1, inf)")
+    memory_multiple_of: int = setting(16, up_to(MAX_WIDTH))
+    memory_widths: list[int] | None = setting(None, up_to(MAX_WIDTH))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from taperlm.errors import ConfigError
 from taperlm.families.base import ModelFields
 from taperlm.models import cpu_kernels
 
@@ -45,6 +46,7 @@ class Rotary(nn.Module):
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.theta = theta
         self._build(max_len)
 
     def _build(self, length: int) -> None:
@@ -53,6 +55,13 @@ class Rotary(nn.Module):
         freqs = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
+        if freqs.device.type != "meta" and not bool(torch.isfinite(self.cos).all()):
+            # Every loss would be NaN, and the divergence stop would blame the learning rate.
+            raise ConfigError(
+                f"model.rope_theta = {self.theta!r} gives non-finite RoPE tables (head dim "
+                f"{2 * self.inv_freq.numel()}, {length} positions in fp32); use a base such as "
+                "10000 (Llama 2) or 500000 (Llama 3)"
+            )
 
     def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
         """x: [B, H, T, D] -> rotated x, positions start..start+T-1."""

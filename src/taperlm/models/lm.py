@@ -20,6 +20,25 @@ from taperlm.families import family
 from taperlm.models.layers import RMSNorm, Rotary, cross_entropy, init_weights
 
 
+def _check_fits(cfg: ModelConfig) -> None:
+    """Refuse, with the numbers, a model whose weights cannot fit where it is about to be built
+    (nothing to check on the meta device)."""
+    from taperlm.budget import memory_floor
+    from taperlm.device import check_memory
+
+    device = torch.empty(0).device
+    if device.type == "meta":
+        return
+    need, detail = memory_floor(cfg)
+    check_memory(
+        need,
+        f"a {cfg.family} model",
+        str(device),
+        detail,
+        "use a smaller model or a machine with more memory",
+    )
+
+
 @dataclass
 class LMOutput:
     logits: torch.Tensor
@@ -32,6 +51,7 @@ class TaperedLM(nn.Module):
         if cfg.mlp_widths is None:
             raise ConfigError("ModelConfig has no resolved mlp_widths; call cfg.resolve() first")
         cfg.validate()
+        _check_fits(cfg)
         self.config = cfg
         parts = dict(self.parts(cfg, Rotary(cfg.head_dim, cfg.context_length, cfg.rope_theta)))
         self.embed = parts.pop("embed")()

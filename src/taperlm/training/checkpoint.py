@@ -99,10 +99,13 @@ def _write_error(run_dir: str | Path, step: int, err: OSError) -> CheckpointErro
     final = checkpoints_dir(run_dir) / checkpoint_name(step)
     good = [p.name for _, p in list_checkpoints(run_dir) if p != final]
     prev = f"the previous checkpoint {good[-1]} is intact" if good else "no earlier checkpoint"
+    from taperlm.io import os_error_cause
+
+    where = Path(err.filename) if err.filename else checkpoints_dir(run_dir) / "x"
     return CheckpointError(
         f"could not write checkpoint {final}: {err.strerror or err} "
-        f"({type(err).__name__}, errno {err.errno}); {prev}. Free disk space or fix the "
-        f"permissions of {checkpoints_dir(run_dir)}, then rerun the same command to resume"
+        f"({type(err).__name__}, errno {err.errno}); {prev}. "
+        f"{os_error_cause(err, where)}, then rerun the same command to resume"
     )
 
 

@@ -366,6 +366,7 @@ class Trainer:
             print(f"taperlm train: note: {note}", file=sys.stderr)
         self.schedule = LRSchedule.from_config(self.cfg, self.total_steps)
         self.device = self.info.device
+        self._check_memory()
 
         data_dir = Path(self.run.data.dir) if self.run.data.dir else None
         if data_dir is None:
@@ -455,6 +456,26 @@ class Trainer:
 
     # -- setup ---------------------------------------------------------------------------------
 
+    def _check_memory(self) -> None:
+        """The weights, gradients and AdamW state this rank will hold fit on its device, checked
+        before anything is built or read (a model of 554B parameters used to allocate GBs
+        before failing)."""
+        from taperlm.budget import memory_floor
+        from taperlm.device import check_memory
+
+        fsdp = self.cfg.parallel == "fsdp" and self.info.enabled
+        need, detail = memory_floor(
+            self.run.model, training=True, shards=self.info.world_size if fsdp else 1
+        )
+        check_memory(
+            need,
+            f"training this {self.run.model.family} model",
+            str(self.device),
+            detail,
+            "use a smaller model, another device, or shard it (train.parallel fsdp under "
+            "torchrun); `taperlm plan --gpus N` estimates a run's memory",
+        )
+
     def _build_model(self) -> tuple[torch.nn.Module, torch.nn.Module, dict[str, int]]:
         """(model, the module to call, update periods by name). Built on the meta device and
         materialised after sharding (FSDP2) or before wrapping (DDP, one process), with the
@@ -496,7 +517,8 @@ class Trainer:
                 self.out.mkdir(parents=True, exist_ok=True)
                 self._lock = RunLock(self.out).acquire()
             except OSError as e:
-                err = ("os", _os_error_message(self.out, e, self.out))
+                path = Path(e.filename) if e.filename else self.out
+                err = ("os", _os_error_message(path, e, self.out))
             except RunInUseError as e:
                 err = ("busy", str(e))
         err = D.broadcast_object(err, self.info)
@@ -854,9 +876,26 @@ class Trainer:
         raise TrainingError(
             f"{self.bad_streak} consecutive steps (up to step {self.step}) had a "
             f"non-finite loss or gradient norm or left non-finite weights (loss {loss}, grad "
-            f"norm {gnorm}{update}); stopping, {self._last_good()}. Lower train.lr, check the "
-            "data, or raise train.max_bad_steps"
+            f"norm {gnorm}{update}); stopping, {self._last_good()}. {self._divergence_cause()}"
         )
+
+    def _divergence_cause(self) -> str:
+        """What to change, from what the run shows rather than a guess: a non-finite buffer
+        names itself; a loss that was never finite on the untouched initial weights is not the
+        learning rate's doing; otherwise the updates diverged."""
+        for name, buf in self.model.named_buffers():
+            if buf.is_floating_point() and not bool(torch.isfinite(buf).all()):
+                return (
+                    f"The model's buffer {name} holds NaN/inf (it is computed from the config, "
+                    "e.g. the RoPE tables from model.rope_theta): fix the model config"
+                )
+        if self.skipped >= self.step:  # every step skipped: the weights are the initial ones
+            return (
+                "Every step so far was non-finite on the initial weights (no update was applied, "
+                "so train.lr is not the cause): check model.init_std and model.norm_eps, try "
+                "train.precision fp32, and check the data"
+            )
+        return "Lower train.lr, check the data, or raise train.max_bad_steps"
 
     def _log_if_due(
         self, last: bool, loss: float, lr: float, gnorm: float, clock: _Throughput
@@ -946,10 +985,12 @@ def _os_error_message(path: Path, err: OSError, run_dir: Path) -> str:
         if good
         else "no checkpoint has been written yet"
     )
+    from taperlm.io import os_error_cause
+
     return (
         f"could not write {path}: {err.strerror or err} ({type(err).__name__}, errno "
-        f"{err.errno}); {where}. Free disk space or fix the permissions of {path.parent}, then "
-        "rerun the same command to resume"
+        f"{err.errno}); {where}. {os_error_cause(err, path)}, then rerun the same "
+        "command to resume"
     )
 
 
