@@ -175,7 +175,8 @@ def _from_hf(spec: str) -> Tokenizer:
             f"tokenizer {spec!r} needs transformers: pip install 'taperlm[hf]'"
         ) from None
     try:
-        hf = AutoTokenizer.from_pretrained(name)
+        # Never the tokenizer's own code (auto_map), and never an interactive prompt about it.
+        hf = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
     except Exception as err:  # offline, unknown name, gated repo
         raise DataError(
             f"could not load Hugging Face tokenizer {name!r}: {type(err).__name__}: "

@@ -33,6 +33,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from taperlm.training import safe_dcp
+
 MODEL_KEY = "model"
 OPTIMIZER_KEY = "optimizer"
 PENDING_KEY = "pending_grads"
@@ -80,9 +82,7 @@ def training_state(
 
 def saved_keys(path: Path) -> set[str]:
     """The flattened keys a DCP checkpoint holds (reads only its small `.metadata`)."""
-    from torch.distributed.checkpoint import FileSystemReader
-
-    return set(FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+    return set(safe_dcp.read_metadata(path).state_dict_metadata)
 
 
 def _saved_optimizer_params(keys: set[str]) -> set[str]:
@@ -99,7 +99,6 @@ def load_training_state(
     """Load weights, optimizer state and pending gradients of checkpoint `path` into this rank's
     (possibly sharded) model and optimizer. Every rank reads only the pieces it holds."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_optimizer_state_dict,
@@ -108,7 +107,7 @@ def load_training_state(
 
     from taperlm.training.distributed import load_optimizer_state
 
-    meta = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    meta = safe_dcp.read_metadata(path).state_dict_metadata
     keys = set(meta)
     model_state = get_model_state_dict(model)
     bad = [
@@ -128,7 +127,12 @@ def load_training_state(
     pending = {name: torch.zeros_like(p) for name, p in periodic if f"{PENDING_KEY}.{name}" in keys}
     state = {MODEL_KEY: model_state, OPTIMIZER_KEY: optim, PENDING_KEY: pending}
     with _quiet():
-        dcp.load(state, checkpoint_id=str(path), no_dist=_no_dist())
+        dcp.load(
+            state,
+            storage_reader=safe_dcp.reader(path),
+            planner=safe_dcp.planner(),
+            no_dist=_no_dist(),
+        )
     set_model_state_dict(model, state[MODEL_KEY])
     load_optimizer_state(model, optimizer, state[OPTIMIZER_KEY], full=False)
     params = dict(periodic)
@@ -140,10 +144,9 @@ def load_model_state(path: Path) -> dict[str, torch.Tensor]:
     """Full (unsharded) model weights of checkpoint `path` in one process, on CPU; reads only the
     model's byte ranges of the shards (not the optimizer state)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    meta = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    meta = safe_dcp.read_metadata(path).state_dict_metadata
     prefix = f"{MODEL_KEY}."
     template = {
         k[len(prefix) :]: torch.empty(tuple(v.size), dtype=v.properties.dtype)
@@ -152,7 +155,9 @@ def load_model_state(path: Path) -> dict[str, torch.Tensor]:
     }
     state = {MODEL_KEY: template}
     with _quiet():
-        dcp.load(state, checkpoint_id=str(path), no_dist=True)
+        dcp.load(
+            state, storage_reader=safe_dcp.reader(path), planner=safe_dcp.planner(), no_dist=True
+        )
     return state[MODEL_KEY]
 
 
