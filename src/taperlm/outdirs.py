@@ -36,6 +36,8 @@ def _json_field(path: Path, key: str) -> object:
 
 
 def _legacy_run(p: Path) -> bool:
+    if (p / "sessions.jsonl").is_file():  # a compare cell stopped before its first step
+        return True
     return (p / "config.yaml").is_file() and any(
         (p / n).exists() for n in ("checkpoints", "metrics.jsonl", "data.json")
     )
@@ -81,6 +83,13 @@ OUTPUT_FOLDERS: dict[tuple[str, str], str] = {
     ("compare", "--out"): "compare",
     ("export", "--out"): "export",
     ("eval", "--write-lm-eval-tasks"): "lm-eval-tasks",
+}
+
+
+# What --force allows, said where a folder is refused (kinds whose command has --force).
+FORCE_NOTES = {
+    "data": "; or pass --force to add the data beside its files (only when none of the names "
+    "prepare writes is taken there)",
 }
 
 
@@ -132,7 +141,7 @@ def check_folder(path: Path, kind: str, option: str, force_clashes: tuple[str, .
     raise ConfigError(
         f"{option} {p} is not empty ({shown}) and is not {own.what}; choose a new or empty "
         f"folder (taperlm writes only into folders it created, never over files it did not "
-        "write)"
+        f"write){FORCE_NOTES.get(kind, '')}"
     )
 
 

@@ -381,7 +381,9 @@ def run_cell(
     "stop" to stop at the next step with a checkpoint: CellInterrupted); `on_evaluate` is
     called when the evaluation begins; `jobs` is recorded with the session. The cell's run dir
     is locked throughout (one writer per run dir; the trainer takes the same lock again)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    from taperlm.outdirs import claim
+
+    claim(run_dir, "run")  # a cell is a run dir (the trainer checks and keeps the marker)
     with locked(run_dir):
         return _run_cell(cell, run_dir, shared, progress, on_step, on_evaluate, jobs)
 
