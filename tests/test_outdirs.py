@@ -39,7 +39,7 @@ def test_every_folder_output_has_a_kind():
 
 
 def make_folder(root: Path, kind: str) -> Path:
-    """A folder of `kind`: new, empty, user (non-empty, no marker), file, one of KINDS (its
+    """A folder of `kind`: new, empty, lock-only, user (non-empty, no marker), file, one of KINDS (its
     marker and a file), legacy-KIND (the layout of folders written before markers)."""
     p = root / f"f-{kind}"
     if kind == "new":
@@ -49,6 +49,9 @@ def make_folder(root: Path, kind: str) -> Path:
         return p
     p.mkdir()
     if kind == "empty":
+        return p
+    if kind == "lock-only":  # a writer's lock and nothing else: the lock decides
+        (p / ".lock").write_text("")
         return p
     (p / "precious.txt").write_text("mine")
     if kind == "user":
@@ -70,7 +73,15 @@ def make_folder(root: Path, kind: str) -> Path:
     return p
 
 
-FOLDER_KINDS = ["new", "empty", "user", "file", *KINDS, *(f"legacy-{k}" for k in KINDS)]
+FOLDER_KINDS = [
+    "new",
+    "empty",
+    "lock-only",
+    "user",
+    "file",
+    *KINDS,
+    *(f"legacy-{k}" for k in KINDS),
+]
 LINKS = ["link-to-own", "link-to-user", "dangling-link"]
 
 
@@ -107,7 +118,7 @@ def _argv(cmd: str, option: str, value: Path, tmp: Path) -> list[str]:
 def _expected(kind: str, own: str) -> bool:
     """Whether a command writing `own` folders may write into a folder of `kind`."""
     base = kind.removeprefix("legacy-")
-    return kind in ("new", "empty") or base == own
+    return kind in ("new", "empty", "lock-only") or base == own
 
 
 CASES = [(c, o, k) for c, o in FOLDERS for k in FOLDER_KINDS + LINKS]

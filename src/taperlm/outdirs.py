@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from taperlm.errors import ConfigError
+from taperlm.runlock import LOCK_FILE
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ def check_folder(path: Path, kind: str, option: str, force_clashes: tuple[str, .
         names = sorted(x.name for x in p.iterdir())
     except OSError as err:
         raise ConfigError(f"{option} {p} cannot be listed: {err.strerror or err}") from None
-    if not names:
+    if set(names) <= {LOCK_FILE}:  # empty but for a writer's lock: the lock decides who writes
         return
     found = kind_of(p)
     if found == kind:
