@@ -258,3 +258,27 @@ def test_reader_of_a_training_run_always_loads(data, tmp_path):
         child.wait()
     assert child.returncode == 0, child.stderr.read().decode()[-2000:]
     assert loads > 0 and len(list_checkpoints(run)) == 1
+
+
+# ----------------------------------------------------------------------------------------------
+# a compare cell's own files (a cell is a run dir plus these two)
+
+
+@pytest.mark.parametrize("kind", DAMAGES)
+@pytest.mark.parametrize("name", ["result.json", "sessions.jsonl"])
+def test_damaged_compare_cell_file_is_recomputed_or_skipped(name, kind, tmp_path):
+    """A damaged result.json reads as missing (the cell is evaluated again from its final
+    checkpoint); damaged sessions.jsonl lines are left out of the report's session record."""
+    from taperlm.compare.runner import RESULT_VERSION, read_result, read_sessions
+
+    cell = tmp_path / "cell"
+    cell.mkdir()
+    result = {"version": RESULT_VERSION, "config": {"model": {}}, "val_loss": 1.0}
+    sessions = [{"phase": "train", "from_step": 0}, {"phase": "train", "from_step": 3}]
+    (cell / "result.json").write_text(json.dumps(result))
+    (cell / "sessions.jsonl").write_text("".join(json.dumps(s) + "\n" for s in sessions))
+    damage(cell / name, kind)
+    got = read_result(cell)
+    assert got is None or got == result or isinstance(got.get("config"), dict)
+    for s in read_sessions(cell, total_steps=8):
+        assert isinstance(s, dict)
