@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from taperlm.errors import ConfigError
+from taperlm.outdirs import OUTPUT_FOLDERS, check_folder
 
 DOMAIN_KEY = "domain"  # the dataclasses.field metadata key
 MAX_SEED = 2**32 - 1  # seeds of every RNG taperlm seeds (numpy's legacy seed is 32-bit)
@@ -338,9 +339,12 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         if isinstance(kind, Number):
             kind.domain.check(value, _name(action))
         elif isinstance(kind, PathArg) and kind.role == "output" and value is not None:
-            check_output(
-                value, kind.kind_of(args) if kind.kind_of else kind.kind, _name(action), inputs
-            )
+            out_kind = kind.kind_of(args) if kind.kind_of else kind.kind
+            check_output(value, out_kind, _name(action), inputs)
+            folder = OUTPUT_FOLDERS.get((parser.prog.split()[-1], _name(action)))
+            # under --force the command itself decides what it may replace
+            if folder is not None and out_kind == "dir" and not getattr(args, "force", False):
+                check_folder(Path(str(value)).expanduser(), folder, _name(action))
 
 
 def check_output(

@@ -33,10 +33,11 @@ def load_model(
 
     - a run dir (has config.yaml): newest complete checkpoint (or `step`), tokenizer of its
       data dir; a checkpoint dir (has manifest.json) loads that checkpoint;
-    - a Hugging Face model dir (has config.json), e.g. a `taperlm export`: loaded with
-      trust_remote_code (it is a local folder the user chose; our exports need their code);
-    - `hf:NAME`: any Hub causal LM (needs internet or the HF cache); remote code only when
-      `trust_remote_code` is set.
+    - a Hugging Face model dir (has config.json), e.g. a `taperlm export` (loaded by the model
+      classes taperlm registers with transformers, never by the folder's own code files);
+    - `hf:NAME`: any Hub causal LM (needs internet or the HF cache).
+    Code shipped with a model (config `auto_map`, a folder's .py files) runs only when
+    `trust_remote_code` is set, for folders and hf:NAME alike.
     """
     if spec.startswith("hf:"):
         return _load_hf(spec[3:], spec, device, dtype, trust_remote_code)
@@ -44,7 +45,7 @@ def load_model(
     if path.is_dir() and any((path / f).is_file() for f in ("config.yaml", "manifest.json")):
         return _load_run(path, device, dtype, step)
     if path.is_dir() and (path / "config.json").is_file():
-        return _load_hf(str(path), spec, device, dtype, True)
+        return _load_hf(str(path), spec, device, dtype, trust_remote_code)
     if not path.exists():
         raise ConfigError(
             f"MODEL {spec!r} does not exist; give a run dir (with config.yaml), a Hugging Face "
@@ -100,6 +101,13 @@ def _load_hf(
     try:
         tok = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(name, **kw)
+    except ValueError as err:  # transformers: the model needs its own code, which was not allowed
+        if trust_remote_code or "trust_remote_code" not in str(err):
+            raise
+        raise ConfigError(
+            f"{spec} ships its own model code (auto_map in its config); it was not run. If you "
+            "trust its source, pass --trust-remote-code"
+        ) from None
     except OSError as err:
         raise ConfigError(
             f"cannot load Hugging Face model {spec!r}: {err}. Check the name, the connection "

@@ -40,7 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="export checkpoint STEP (default: newest)",
     )
     parser.add_argument(
-        "--force", action="store_true", help="write into --out even if it is not empty"
+        "--force",
+        action="store_true",
+        help="replace the files of an earlier `taperlm export` in --out (never a folder or "
+        "file taperlm did not write)",
     )
 
 
@@ -49,10 +52,15 @@ def run(args: argparse.Namespace) -> int:
         return _run_gguf(args)
     if args.dtype is not None:
         raise ConfigError("--dtype is for --format gguf; a Hugging Face export keeps fp32 weights")
+
+    from taperlm.outdirs import check_folder, claim, kind_of
+
     out: Path = args.out
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.force:
+    check_folder(out, "export", "--out")  # also under --force: only our own exports
+    if out.is_dir() and any(out.iterdir()) and kind_of(out) == "export" and not args.force:
         raise ConfigError(
-            f"--out {out} exists and is not empty; choose another path or add --force"
+            f"--out {out} holds an earlier export; add --force to replace it, or choose "
+            "another path"
         )
     try:
         import transformers  # noqa: F401
@@ -62,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from taperlm.loading import load_run
 
     model, tokenizer, run_config = load_run(args.run, step=args.step)
+    claim(out, "export")
     path = export_model(model, out, tokenizer, run_config=run_config)
     print(f"exported {args.run} to {path}")
     print(

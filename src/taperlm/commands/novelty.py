@@ -81,7 +81,10 @@ def add_measure_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--mlp", help="name of each layer's MLP submodule (default: auto-detect)")
     parser.add_argument(
-        "--trust-remote-code", action="store_true", help="allow custom model code for hf:NAME"
+        "--trust-remote-code",
+        action="store_true",
+        help="run the model's own code (config auto_map) of hf:NAME or a model folder; off by "
+        "default (taperlm exports never need it)",
     )
 
 

@@ -113,7 +113,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--force",
         action="store_true",
-        help="write into a non-empty folder that is not a previous prepare output",
+        help="also write into a non-empty folder of yours, beside its files: only when none of "
+        "the names prepare writes (meta.json, tokenizer/, train-*.bin, val-*.bin, .prepare*) "
+        "is taken there; nothing of yours is ever replaced or deleted",
     )
     parser.add_argument("--no-progress", action="store_true", help="hide progress output")
 

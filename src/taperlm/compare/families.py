@@ -130,7 +130,10 @@ def run_families(opts) -> tuple[Path, Path]:
     subs = family_options(opts)
     for _, sub in subs:  # nothing trains before every family's grid is known to be valid
         check_options(sub)
-    opts.out.mkdir(parents=True, exist_ok=True)
+    from taperlm.outdirs import check_folder, claim
+
+    check_folder(opts.out, "compare", "--out")
+    claim(opts.out, "compare")
     with locked(opts.out, "families folder"):  # one families run writes the folder at a time
         return _run_all(opts, subs, t_start, cpu_start)
 

@@ -435,6 +435,7 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
     from taperlm.compare.runner import SharedInputs
     from taperlm.compare.scheduler import run_grid
     from taperlm.data.loader import load_meta
+    from taperlm.outdirs import check_folder, claim
 
     seeds = list(range(opts.seeds))
     data_dir = _data_dir(opts, provisional)
@@ -447,7 +448,8 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
     _check_niah_lengths(settings, base.model.context_length)
     SharedInputs(data_dir, settings).load()  # inputs too small for the job: fail before any work
 
-    opts.out.mkdir(parents=True, exist_ok=True)
+    check_folder(opts.out, "compare", "--out")
+    claim(opts.out, "compare")
     with locked(opts.out, "comparison folder"):  # one comparison writes a folder at a time
         pilot = None
         if any(a.needs_pilot for a in allocs):

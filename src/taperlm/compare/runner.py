@@ -163,7 +163,9 @@ def read_result(run_dir: Path) -> dict[str, Any] | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except ValueError:
         return None  # a damaged result is recomputed (write is atomic, so this is rare)
-    return data if isinstance(data, dict) and data.get("version") == RESULT_VERSION else None
+    if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+        return None  # damaged: recomputed like a missing one
+    return data if data.get("version") == RESULT_VERSION else None
 
 
 def _check_saved_config(run_dir: Path, saved: Any, cell: Cell, what: str) -> None:
@@ -370,14 +372,18 @@ def read_sessions(run_dir: Path, total_steps: int) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    # A record of how the cell ran: damaged lines (cut by a crash, not UTF-8, not an object)
+    # are left out rather than stopping the comparison.
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue  # a line cut by a crash
+            session = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(session, dict):
+            out.append(session)
     train = [s for s in out if s.get("phase") == "train"]
     for a, b in zip(train, [*train[1:], None]):
-        a["to_step"] = total_steps if b is None else b["from_step"]
+        a["to_step"] = total_steps if b is None else b.get("from_step")
     return out
 
 
@@ -395,7 +401,9 @@ def run_cell(
     "stop" to stop at the next step with a checkpoint: CellInterrupted); `on_evaluate` is
     called when the evaluation begins; `jobs` is recorded with the session. The cell's run dir
     is locked throughout (one writer per run dir; the trainer takes the same lock again)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    from taperlm.outdirs import claim
+
+    claim(run_dir, "run")  # a cell is a run dir (the trainer checks and keeps the marker)
     with locked(run_dir):
         return _run_cell(cell, run_dir, shared, progress, on_step, on_evaluate, jobs)
 

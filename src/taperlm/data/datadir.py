@@ -78,13 +78,20 @@ def is_prepare_output(directory: Path) -> bool:
 
 
 def check_out_dir(out: Path, force: bool) -> None:
+    """A data dir may be written into `out`: new, empty or a data dir; with `force`, also a
+    folder of the user's where none of the names prepare writes is taken (`taperlm.outdirs`)."""
+    from taperlm.errors import ConfigError
+    from taperlm.outdirs import check_folder
+
     if out.exists() and not out.is_dir():
         raise DataError(f"--out {out} is a file; choose a folder")
-    if out.is_dir() and any(out.iterdir()) and not force and not is_prepare_output(out):
-        raise DataError(
-            f"--out {out} is not empty and is not a `taperlm prepare` output; choose "
-            "another folder or pass --force to write into it"
-        )
+    ours = (META_FILE, TOKENIZER_DIR, WORK_DIR, COMMIT_DIR, LOCK_FILE)
+    listed = list(out.iterdir()) if force and out.is_dir() else []
+    taken = tuple(p.name for p in listed if _SHARD_NAME.match(p.name))
+    try:
+        check_folder(out, "data", "--out", (*ours, *taken) if force else ())
+    except ConfigError as err:
+        raise DataError(str(err)) from None
 
 
 def load_meta(data_dir: str | Path) -> dict[str, Any]:

@@ -80,15 +80,36 @@ def data_identity(data_dir: str | Path) -> dict[str, Any]:
 
 
 def read_record(run_dir: str | Path) -> dict[str, Any] | None:
-    """The run's data record (None for runs that predate it, or an unreadable one)."""
+    """The run's data record (None for runs that predate it); DataError for a damaged one (a
+    damaged record must not silently switch the data check off)."""
     import json
 
     path = Path(run_dir) / RECORD_FILE
+    if not path.exists():
+        return None
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) and "tokenizer" in record else None
+        why = _record_problem(record)
+    except (OSError, ValueError) as err:  # UnicodeDecodeError and JSONDecodeError included
+        why = f"{type(err).__name__}: {err}"
+    if why:
+        raise DataError(
+            f"{path} is damaged ({why}), so the data this run was trained on cannot be checked; "
+            f"restore it, or delete it to accept the data dir in the run's config as is (it is "
+            "written again on the next train)"
+        )
+    return record
+
+
+def _record_problem(record: Any) -> str | None:
+    if not isinstance(record, dict):
+        return f"it holds a {type(record).__name__}, not an object"
+    tok, splits = record.get("tokenizer"), record.get("splits", {})
+    if not isinstance(tok, dict) or not isinstance(tok.get("sha256"), str):
+        return "its 'tokenizer' is not an object with a sha256"
+    if not isinstance(splits, dict) or not all(isinstance(v, dict) for v in splits.values()):
+        return "its 'splits' is not an object of objects"
+    return None
 
 
 def run_tokenizer_dir(run_dir: str | Path) -> Path | None:

@@ -175,7 +175,8 @@ def _from_hf(spec: str) -> Tokenizer:
             f"tokenizer {spec!r} needs transformers: pip install 'taperlm[hf]'"
         ) from None
     try:
-        hf = AutoTokenizer.from_pretrained(name)
+        # Never the tokenizer's own code (auto_map), and never an interactive prompt about it.
+        hf = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
     except Exception as err:  # offline, unknown name, gated repo
         raise DataError(
             f"could not load Hugging Face tokenizer {name!r}: {type(err).__name__}: "
@@ -239,6 +240,7 @@ def load_tokenizer(path: str | Path, spec: str | None = None) -> Tokenizer:
     except Exception as err:
         raise DataError(f"{file}: not a valid Hugging Face tokenizers file ({err})") from None
     meta = _read_json(folder / META_FILE) if file.name == TOKENIZER_FILE else {}
+    _check_meta_types(folder / META_FILE, meta)
     if meta.get("eos_token"):
         tok = Tokenizer(
             backend,
@@ -256,6 +258,26 @@ def load_tokenizer(path: str | Path, spec: str | None = None) -> Tokenizer:
     config = _read_json(folder / "tokenizer_config.json")
     eos = _token_str(config.get("eos_token")) or _find_eos(backend)
     return _with_eos(backend, "local", spec, eos, _token_str(config.get("bos_token")))
+
+
+_META_TYPES: dict[str, tuple[type, ...]] = {
+    "kind": (str,),
+    "spec": (str,),
+    "eos_token": (str,),
+    "bos_token": (str, type(None)),
+    "vocab_size": (int, type(None)),
+}
+
+
+def _check_meta_types(path: Path, meta: dict[str, Any]) -> None:
+    """DataError naming the first field of tokenizer_meta.json with a wrong type."""
+    for key, types in _META_TYPES.items():
+        if (key in meta and not isinstance(meta[key], types)) or isinstance(meta.get(key), bool):
+            raise DataError(
+                f"{path}: {key!r} must be {' or '.join(t.__name__ for t in types)}, got "
+                f"{type(meta[key]).__name__}; the file is damaged: restore it or re-run "
+                "`taperlm prepare`"
+            )
 
 
 def _from_gpt2_files(folder: Path, spec: str) -> Tokenizer:

@@ -58,7 +58,11 @@ def write_task_dir(
     limit: int | None = None,
 ) -> Path:
     """Write `<out>/data/<task>.jsonl` (normalized docs) and `<out>/taperlm_<task>.yaml`."""
+    from taperlm.outdirs import check_folder, claim
+
     out = Path(out_dir).resolve()
+    check_folder(out, "lm-eval-tasks", "--write-lm-eval-tasks")
+    claim(out, "lm-eval-tasks")
     (out / "data").mkdir(parents=True, exist_ok=True)
     for task in tasks:
         data = load_task(task, data_dir, source=source, limit=limit)

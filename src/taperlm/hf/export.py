@@ -96,6 +96,7 @@ def export_model(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    before = _stamps(out)
     hf = to_hf_model(model)
     hf.config.auto_map = dict(AUTO_MAP)
     hf.config.architectures = ["TaperLMForCausalLM"]
@@ -130,16 +131,25 @@ def export_model(
         cfg_path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     card = model_card(model.config, run_config, name=out.resolve().name)
     (out / "README.md").write_text(card, encoding="utf-8")
-    _default_modes(out)
+    _default_modes(out, before)
     return out
 
 
-def _default_modes(out: Path) -> None:
-    """Give every exported file the mode of a newly created file (0644 under the usual umask):
-    some writers (safetensors through a private temp file) leave theirs at 0600, which breaks
-    sharing an export with other users or a serving process."""
+def _stamps(out: Path) -> dict[Path, tuple[int, int]]:
+    return {
+        p: (st.st_ino, st.st_mtime_ns)
+        for p in out.rglob("*")
+        if p.is_file() and not p.is_symlink() and (st := p.stat())
+    }
+
+
+def _default_modes(out: Path, before: dict[Path, tuple[int, int]]) -> None:
+    """Give every file this export wrote (new or rewritten since `before`) the mode of a newly
+    created file (0644 under the usual umask): some writers (safetensors through a private temp
+    file) leave theirs at 0600, which breaks sharing an export with other users or a serving
+    process. Files it did not write keep their modes."""
     umask = os.umask(0)
     os.umask(umask)
-    for path in out.rglob("*"):
-        if path.is_file() and not path.is_symlink():
+    for path, stamp in _stamps(out).items():
+        if before.get(path) != stamp:
             path.chmod(0o666 & ~umask)

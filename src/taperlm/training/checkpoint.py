@@ -247,7 +247,22 @@ def read_manifest(path: Path) -> dict[str, Any]:
         ) from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
         raise CheckpointError(f"checkpoint {path}: {MANIFEST_FILE} has no file list; it is corrupt")
+    files = manifest["files"]
+    bad = [n for n, i in files.items() if not isinstance(i, dict) or not _is_file_entry(i)]
+    required = (".metadata", STATE_FILE) if is_sharded(manifest) else (MODEL_FILE,)
+    missing = [n for n in required if n not in files]
+    if bad or missing:
+        what = f"entries without sha256 and size: {bad[:4]}" if bad else f"no entry for {missing}"
+        raise CheckpointError(
+            f"checkpoint {path}: {MANIFEST_FILE} is corrupt ({what}); delete this checkpoint "
+            "or resume from an earlier one"
+        )
     return manifest
+
+
+def _is_file_entry(info: dict[str, Any]) -> bool:
+    size = info.get("bytes")
+    return isinstance(info.get("sha256"), str) and isinstance(size, int) and size >= 0
 
 
 Agree = Callable[[Any], list[Any]]  # every rank's value, in rank order (an all-gather)
@@ -323,6 +338,8 @@ def find_checkpoint(
             verify_checkpoint(p, part, agree)
             return p
         except CheckpointError as err:
+            if agree is None and _pruned_meanwhile(run_dir, p, ckpts):  # a newer one: look again
+                return find_checkpoint(run_dir, None, part, agree)
             if part[0] == 0:
                 warnings.warn(
                     f"skipping bad checkpoint: {err}; falling back to an earlier one",
@@ -330,6 +347,12 @@ def find_checkpoint(
                     stacklevel=2,
                 )
     return None
+
+
+def _pruned_meanwhile(run_dir: str | Path, path: Path, listed: list[tuple[int, Path]]) -> bool:
+    """Whether checkpoint `path` is gone because the training run pruned it after `listed` was
+    taken (pruning renames a checkpoint away only once a newer one is complete)."""
+    return not path.exists() and list_checkpoints(run_dir)[-1:] != listed[-1:]
 
 
 def is_sharded(manifest: dict[str, Any]) -> bool:
@@ -401,6 +424,39 @@ def format_differences(diffs: list[tuple[str, Any, Any]], a_name: str, b_name: s
     return "; ".join(f"{k}: {va!r} ({a_name}) vs {vb!r} ({b_name})" for k, va, vb in diffs)
 
 
+# A reader of a run that is training retries this often when pruning removes its checkpoint.
+_READ_ATTEMPTS = 5
+
+
+def _load_newest(run: Path, step: int | None) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """(checkpoint, model state, manifest) of run `run`'s newest complete checkpoint (or `step`),
+    read consistently while the run trains: a checkpoint pruned between its lookup and its read
+    (a newer one exists by then) is replaced by the newer one."""
+    for _ in range(_READ_ATTEMPTS):
+        listed = list_checkpoints(run)
+        found = find_checkpoint(run, step)
+        if found is None:
+            why = "none of its checkpoints verifies" if listed else "it has no checkpoint yet"
+            raise CheckpointError(
+                f"run {run} has no usable checkpoint: {why}; train it (`taperlm train --out {run}`)"
+            )
+        try:
+            model_state, _, manifest = load_checkpoint(found, verify=False)
+            return found, model_state, manifest
+        except CheckpointError:
+            if found.exists():
+                raise
+            if step is not None:
+                raise CheckpointError(
+                    f"checkpoint {found} was deleted while it was read (the run that is training "
+                    "prunes old checkpoints, train.keep_checkpoints); choose a newer --step"
+                ) from None
+    raise CheckpointError(
+        f"run {run} pruned {_READ_ATTEMPTS} checkpoints in a row while they were read; try again, "
+        "or raise train.keep_checkpoints"
+    )
+
+
 def load_run_model(run_dir: str | Path, step: int | None = None, device: str = "cpu"):
     """(model, run_config) of a run's newest complete checkpoint (or checkpoint `step`).
 
@@ -437,15 +493,9 @@ def load_run_model(run_dir: str | Path, step: int | None = None, device: str = "
                 f"{run} is not a run directory: {cfg_path.name} is missing (expected the --out "
                 "directory of `taperlm train`)"
             )
-        found = find_checkpoint(run, step)
-        if found is None:
-            n = len(list_checkpoints(run))
-            why = "none of its checkpoints verifies" if n else "it has no checkpoint yet"
-            raise CheckpointError(
-                f"run {run} has no usable checkpoint: {why}; train it (`taperlm train --out {run}`)"
-            )
-        ckpt = found
-    model_state, _, manifest = load_checkpoint(ckpt, verify=False)
+        ckpt, model_state, manifest = _load_newest(run, step)
+    if cfg_path is None:
+        model_state, _, manifest = load_checkpoint(ckpt, verify=False)
     try:
         if cfg_path is not None:
             run_config = load_run_config(cfg_path)

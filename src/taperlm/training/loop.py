@@ -39,6 +39,7 @@ from taperlm.config import (
 from taperlm.device import is_out_of_memory, memory_error, out_of_memory
 from taperlm.domains import check_output
 from taperlm.errors import CheckpointError, ConfigError, DataError, RunInUseError, TrainingError
+from taperlm.outdirs import KINDS, check_folder, claim
 from taperlm.runlock import LOCK_FILE, RunLock
 from taperlm.training import checkpoint as ckpt
 from taperlm.training import distributed as D
@@ -514,8 +515,11 @@ class Trainer:
         if self.info.is_main:
             try:
                 self._created_out = not self.out.exists()
-                self.out.mkdir(parents=True, exist_ok=True)
+                check_folder(self.out, "run", "--out")  # library callers too: never a foreign one
+                claim(self.out, "run")
                 self._lock = RunLock(self.out).acquire()
+            except ConfigError as e:
+                err = ("config", str(e))
             except OSError as e:
                 path = Path(e.filename) if e.filename else self.out
                 err = ("os", _os_error_message(path, e, self.out))
@@ -523,15 +527,17 @@ class Trainer:
                 err = ("busy", str(e))
         err = D.broadcast_object(err, self.info)
         if err is not None:
-            raise (RunInUseError if err[0] == "busy" else CheckpointError)(err[1])
+            kinds = {"busy": RunInUseError, "config": ConfigError}
+            raise kinds.get(err[0], CheckpointError)(err[1])
 
     def _discard_unused_run_dir(self) -> None:
         """After a failed start: remove the run dir this attempt created if nothing but its
         lock file was written (a bad --resume must not leave an empty run behind)."""
         if not self._created_out or not self.out.is_dir():
             return
-        if {p.name for p in self.out.iterdir()} <= {LOCK_FILE}:
+        if {p.name for p in self.out.iterdir()} <= {LOCK_FILE, KINDS["run"].marker}:
             (self.out / LOCK_FILE).unlink(missing_ok=True)
+            (self.out / KINDS["run"].marker).unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 self.out.rmdir()
 

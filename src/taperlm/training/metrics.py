@@ -67,25 +67,51 @@ class MetricsWriter:
 
     def truncate_after(self, step: int) -> None:
         """Drop lines logged after `step` (work lost by a crash that is being redone on resume),
-        rewriting the file atomically."""
+        rewriting the file atomically. A damaged line other than a torn last one stops with a
+        TrainingError naming it: the rewrite would otherwise drop what it cannot read."""
         if not self.path.exists():
             return
-        kept = [r for r in read_metrics(self.path) if int(r.get("step", 0)) <= step]
+        kept = [r for r in read_metrics(self.path, strict=True) if r["step"] <= step]
         atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept), fsync=True)
 
 
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All records of a metrics.jsonl; a torn last line (killed mid-write) is ignored."""
+def read_metrics(path: str | Path, strict: bool = False) -> list[dict[str, Any]]:
+    """All records of a metrics.jsonl; a torn last line (killed mid-write) is ignored. Other
+    lines that are not a JSON object with integer `step` and `tokens` are skipped, or with `strict` raise
+    TrainingError naming the line."""
+    from taperlm.errors import TrainingError
+
     records = []
     p = Path(path)
     if not p.exists():
         return records
-    for line in p.read_text(encoding="utf-8").splitlines():
-        line = line.strip()
-        if not line:
+    lines = p.read_bytes().split(b"\n")
+    last = max((i for i, x in enumerate(lines) if x.strip()), default=-1)
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
             continue
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+            record = json.loads(raw.decode("utf-8"))
+            bad = None if _is_record(record) else "not an object with integer 'step' and 'tokens'"
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+            if number - 1 == last and not raw.endswith(b"}"):
+                continue  # torn by a kill in the middle of the write
+            bad = f"{type(err).__name__}: {err}"
+        if bad is None:
+            records.append(record)
+        elif strict:
+            raise TrainingError(
+                f"{p}, line {number}, is damaged ({bad}); resuming rewrites this log and would "
+                f"lose it. Fix or delete that line, or move {p.name} aside (the run then starts "
+                "a new log), and resume again"
+            )
     return records
+
+
+def _is_record(record: Any) -> bool:
+    if not isinstance(record, dict):
+        return False
+    return all(
+        isinstance(record.get(k), int) and not isinstance(record.get(k), bool)
+        for k in ("step", "tokens")
+    )

@@ -33,6 +33,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from taperlm.training import safe_dcp
+
 MODEL_KEY = "model"
 OPTIMIZER_KEY = "optimizer"
 PENDING_KEY = "pending_grads"
@@ -78,11 +80,39 @@ def training_state(
     }
 
 
+def _dcp_load(state: dict[str, Any], path: Path, no_dist: bool) -> None:
+    """`dcp.load` of checkpoint `path` into `state` in place, through the safe reader and
+    planner. DCP reports a failure as a `CheckpointException`, a BaseException that escapes
+    `except Exception`: it becomes a CheckpointError naming its first cause."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from taperlm.errors import CheckpointError
+
+    try:
+        with _quiet():
+            dcp.load(
+                state,
+                storage_reader=safe_dcp.reader(path),
+                planner=safe_dcp.planner(),
+                no_dist=no_dist,
+            )
+    except CheckpointException as err:
+        causes = [f[0] if isinstance(f, tuple) else f for f in err.failures.values()]
+        ours = next((c for c in causes if isinstance(c, CheckpointError)), None)
+        if ours is not None:
+            raise ours from None
+        cause = causes[0] if causes else err
+        first = str(cause).splitlines()[0] if str(cause) else ""
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read ({type(cause).__name__}: {first}); delete this "
+            "checkpoint or resume from an earlier one"
+        ) from None
+
+
 def saved_keys(path: Path) -> set[str]:
     """The flattened keys a DCP checkpoint holds (reads only its small `.metadata`)."""
-    from torch.distributed.checkpoint import FileSystemReader
-
-    return set(FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+    return set(safe_dcp.read_metadata(path).state_dict_metadata)
 
 
 def _saved_optimizer_params(keys: set[str]) -> set[str]:
@@ -98,8 +128,6 @@ def load_training_state(
 ) -> None:
     """Load weights, optimizer state and pending gradients of checkpoint `path` into this rank's
     (possibly sharded) model and optimizer. Every rank reads only the pieces it holds."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_optimizer_state_dict,
@@ -108,7 +136,7 @@ def load_training_state(
 
     from taperlm.training.distributed import load_optimizer_state
 
-    meta = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    meta = safe_dcp.read_metadata(path).state_dict_metadata
     keys = set(meta)
     model_state = get_model_state_dict(model)
     bad = [
@@ -127,8 +155,7 @@ def load_training_state(
     optim["state"] = {k: v for k, v in optim["state"].items() if k in with_state}
     pending = {name: torch.zeros_like(p) for name, p in periodic if f"{PENDING_KEY}.{name}" in keys}
     state = {MODEL_KEY: model_state, OPTIMIZER_KEY: optim, PENDING_KEY: pending}
-    with _quiet():
-        dcp.load(state, checkpoint_id=str(path), no_dist=_no_dist())
+    _dcp_load(state, path, no_dist=_no_dist())
     set_model_state_dict(model, state[MODEL_KEY])
     load_optimizer_state(model, optimizer, state[OPTIMIZER_KEY], full=False)
     params = dict(periodic)
@@ -139,11 +166,9 @@ def load_training_state(
 def load_model_state(path: Path) -> dict[str, torch.Tensor]:
     """Full (unsharded) model weights of checkpoint `path` in one process, on CPU; reads only the
     model's byte ranges of the shards (not the optimizer state)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    meta = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    meta = safe_dcp.read_metadata(path).state_dict_metadata
     prefix = f"{MODEL_KEY}."
     template = {
         k[len(prefix) :]: torch.empty(tuple(v.size), dtype=v.properties.dtype)
@@ -151,8 +176,7 @@ def load_model_state(path: Path) -> dict[str, torch.Tensor]:
         if k.startswith(prefix) and isinstance(v, TensorStorageMetadata)
     }
     state = {MODEL_KEY: template}
-    with _quiet():
-        dcp.load(state, checkpoint_id=str(path), no_dist=True)
+    _dcp_load(state, path, no_dist=True)
     return state[MODEL_KEY]
 
 

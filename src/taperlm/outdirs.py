@@ -1,0 +1,155 @@
+"""Which folders a command may write into: its own, a new one or an empty one -- never a
+folder of the user's or of another command, so no command overwrites, deletes or chmods a file
+it did not write.
+
+Every folder a command fills carries its kind's marker file (`claim`), written before anything
+else; folders written before the markers existed are recognised by their layout (`legacy`).
+`check_folder` runs for every folder output before the command starts (`taperlm.domains`) and
+again where a library caller reaches the writer directly (the trainer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from taperlm.errors import ConfigError
+from taperlm.runlock import LOCK_FILE
+
+
+@dataclass(frozen=True)
+class FolderKind:
+    name: str
+    what: str  # "a `taperlm train` run dir"
+    marker: str
+    legacy: Callable[[Path], bool]  # recognises folders written before the marker existed
+
+
+def _json_field(path: Path, key: str) -> object:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data.get(key) if isinstance(data, dict) else None
+
+
+def _legacy_run(p: Path) -> bool:
+    if (p / "sessions.jsonl").is_file():  # a compare cell stopped before its first step
+        return True
+    return (p / "config.yaml").is_file() and any(
+        (p / n).exists() for n in ("checkpoints", "metrics.jsonl", "data.json")
+    )
+
+
+def _legacy_data(p: Path) -> bool:
+    return _json_field(p / "meta.json", "format") == "taperlm-tokens"
+
+
+def _legacy_compare(p: Path) -> bool:
+    return (p / "runs").is_dir() or (p / "report.json").is_file()
+
+
+def _legacy_export(p: Path) -> bool:
+    return _json_field(p / "config.json", "model_type") == "taperlm"
+
+
+def _legacy_tasks(p: Path) -> bool:
+    return (p / "taperlm_utils.py").is_file() and any(p.glob("taperlm_*.yaml"))
+
+
+KINDS: dict[str, FolderKind] = {
+    k.name: k
+    for k in (
+        FolderKind("run", "a `taperlm train` run dir", ".taperlm-run", _legacy_run),
+        FolderKind("data", "a `taperlm prepare` data dir", ".taperlm-prepare", _legacy_data),
+        FolderKind("compare", "a `taperlm compare` folder", ".taperlm-compare", _legacy_compare),
+        FolderKind("export", "a `taperlm export` folder", ".taperlm-export", _legacy_export),
+        FolderKind(
+            "lm-eval-tasks",
+            "a `taperlm eval --write-lm-eval-tasks` folder",
+            ".taperlm-lm-eval-tasks",
+            _legacy_tasks,
+        ),
+    )
+}
+
+# (command, option) -> the kind of folder it writes. Every folder output of every command is
+# here (tests/test_outdirs.py checks the parsers against this table).
+OUTPUT_FOLDERS: dict[tuple[str, str], str] = {
+    ("train", "--out"): "run",
+    ("prepare", "--out"): "data",
+    ("compare", "--out"): "compare",
+    ("export", "--out"): "export",
+    ("eval", "--write-lm-eval-tasks"): "lm-eval-tasks",
+}
+
+
+# What --force allows, said where a folder is refused (kinds whose command has --force).
+FORCE_NOTES = {
+    "data": "; or pass --force to add the data beside its files (only when none of the names "
+    "prepare writes is taken there)",
+}
+
+
+def kind_of(folder: Path) -> str | None:
+    """The kind of taperlm folder `folder` is (by its marker, else its layout), or None."""
+    for kind in KINDS.values():
+        if (folder / kind.marker).is_file():
+            return kind.name
+    return next((k.name for k in KINDS.values() if k.legacy(folder)), None)
+
+
+def check_folder(path: Path, kind: str, option: str, force_clashes: tuple[str, ...] = ()) -> None:
+    """ConfigError unless `path` is a folder that `kind`'s command may write into: missing,
+    empty, or of its own kind. `force_clashes`: with --force, a non-empty folder of no taperlm
+    kind is accepted when none of these names exists in it (the command adds its files beside
+    the user's, never replacing one)."""
+    p = Path(path)
+    own = KINDS[kind]
+    if p.is_symlink() and not p.exists():
+        raise ConfigError(
+            f"{option} {p} is a symbolic link to {os.readlink(p)}, which does not exist; create "
+            "that folder or choose another path"
+        )
+    if not p.is_dir():
+        return  # created new (a file there is reported by domains.check_output)
+    try:
+        names = sorted(x.name for x in p.iterdir())
+    except OSError as err:
+        raise ConfigError(f"{option} {p} cannot be listed: {err.strerror or err}") from None
+    if set(names) <= {LOCK_FILE}:  # empty but for a writer's lock: the lock decides who writes
+        return
+    found = kind_of(p)
+    if found == kind:
+        return
+    shown = ", ".join(names[:5]) + (f", ... ({len(names)} in all)" if len(names) > 5 else "")
+    if found is not None:
+        raise ConfigError(
+            f"{option} {p} is {KINDS[found].what}, not {own.what}; choose a new or empty folder "
+            f"(taperlm never writes over another command's output)"
+        )
+    if force_clashes:
+        clash = [n for n in force_clashes if (p / n).exists() or (p / n).is_symlink()]
+        if not clash:
+            return
+        raise ConfigError(
+            f"{option} {p} already holds {', '.join(clash)}, which this command would replace; "
+            "--force only adds files beside the ones there. Choose a new or empty folder"
+        )
+    raise ConfigError(
+        f"{option} {p} is not empty ({shown}) and is not {own.what}; choose a new or empty "
+        f"folder (taperlm writes only into folders it created, never over files it did not "
+        f"write){FORCE_NOTES.get(kind, '')}"
+    )
+
+
+def claim(path: Path, kind: str) -> None:
+    """Create `path` if needed and mark it as `kind`'s (before anything else is written)."""
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True)
+    marker = p / KINDS[kind].marker
+    if not marker.is_file():
+        marker.write_text(f"written by taperlm ({KINDS[kind].what})\n", encoding="utf-8")
