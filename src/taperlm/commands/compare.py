@@ -27,6 +27,7 @@ from taperlm.compare.job import (
     DEFAULT_SEEDS,
     DEFAULT_THREADS,
     DEFAULT_TOKENS,
+    DEFAULT_TUNE_SEEDS,
     DEFAULT_VAL_TOKENS,
     PAPER_MODE_SEEDS,
     CompareOptions,
@@ -144,6 +145,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pilot-tokens",
         type=number(int, "[1, inf)"),
         help="training tokens of each novelty:pilot pilot run [default: a quarter of --tokens]",
+    )
+    parser.add_argument(
+        "--tune-lr",
+        action="store_true",
+        help="each allocation at its own best peak lr: every allocation trained at every "
+        "--lr-grid lr on --tune-seeds tuning seeds (disjoint from the reported ones), the lowest "
+        "mean val loss chosen, then the reported seeds run at the chosen lrs; reported beside "
+        "the shared-lr difference (docs/compare.md)",
+    )
+    parser.add_argument(
+        "--lr-grid",
+        help="--tune-lr: the peak lrs to try, e.g. 1e-3,2e-3,4e-3,8e-3 [the recipe's lr x "
+        "0.5, 1, 2, 4]",
+    )
+    parser.add_argument(
+        "--tune-seeds",
+        type=number(int, "[1, inf)"),
+        help=f"--tune-lr: tuning seeds per allocation and lr [{DEFAULT_TUNE_SEEDS}]",
+    )
+    parser.add_argument(
+        "--tune-lr-scope",
+        dest="tune_scope",
+        choices=("each", "uniform"),
+        help="--tune-lr: each = every allocation tuned, reported at its own lr beside the "
+        "shared lr (default); uniform = only uniform tuned, every allocation trained at its lr",
     )
     parser.add_argument(
         "--out", type=output_path("dir"), required=True, help="output folder (resumable)"

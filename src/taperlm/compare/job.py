@@ -76,6 +76,8 @@ CHECKPOINTS_PER_RUN = 4
 DEFAULT_CORPUS_TOKENIZER = "bpe:2048"
 # novelty:pilot allocations: the pilot trains this fraction of a run's tokens (whole batches).
 PILOT_FRACTION = 0.25
+# --tune-lr: tuning seeds per (allocation, lr) (taperlm.compare.tuning)
+DEFAULT_TUNE_SEEDS = 2
 
 
 @dataclass
@@ -106,6 +108,10 @@ class CompareOptions:
     jobs: int | None = None  # cells at a time; None: as many as idle cores allow
     no_progress: bool = False
     pilot_tokens: int | None = None  # None: PILOT_FRACTION of a run (novelty:pilot only)
+    tune_lr: bool = False  # each allocation at its own best lr (taperlm.compare.tuning)
+    lr_grid: str | None = None  # None: the recipe's lr x tuning.DEFAULT_LR_FACTORS
+    tune_seeds: int | None = None  # None: DEFAULT_TUNE_SEEDS
+    tune_scope: str | None = None  # each (None) | uniform
 
     def __post_init__(self) -> None:
         if self.seeds is None:
@@ -390,12 +396,24 @@ def run_arguments(
         parts += ["--novelty-data", str(opts.novelty_data)]
     if pilot is not None:
         parts += ["--pilot-tokens", str(pilot)]
+    if opts.tune_lr:
+        from taperlm.compare.tuning import lr_grid
+
+        lrs = ",".join(f"{x:g}" for x in lr_grid(opts.lr_grid, tuned_recipe_lr(opts)))
+        parts += ["--tune-lr", "--lr-grid", lrs]
+        parts += ["--tune-seeds", str(opts.tune_seeds or DEFAULT_TUNE_SEEDS)]
+        parts += ["--tune-lr-scope", opts.tune_scope or "each"]
     parts += ["--out", str(opts.out)]  # --jobs/--threads change the speed, never the numbers
     return parts
 
 
 # ----------------------------------------------------------------------------------------------
 # the comparison
+
+
+def tuned_recipe_lr(opts: CompareOptions) -> float:
+    """The recipe's lr (what the default --lr-grid centres on)."""
+    return base_config(opts, None, None).train.lr
 
 
 def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
@@ -429,6 +447,14 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
 
     opts.out.mkdir(parents=True, exist_ok=True)
     with locked(opts.out, "comparison folder"):  # one comparison writes a folder at a time
+        tuning = None
+        if opts.tune_lr:
+            from taperlm.compare import tuning as tune
+
+            tuning = tune.run_tuning(opts, base, allocs, seeds, data_dir, settings)
+            if tuning["scope"] == "uniform":  # every allocation at uniform's tuned lr
+                uniform = next(a for a in allocs if a.is_uniform)
+                base = tune.with_chosen_lr(base, tuning, uniform.name)
         pilot = None
         if any(a.needs_pilot for a in allocs):
             pilot = run_pilots(opts, base, seeds, data_dir, int(meta["vocab_size"]), settings)
@@ -449,6 +475,7 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
                 "wall_s": time.perf_counter() - t_start,
                 "cpu_s": _cpu_seconds() - cpu_start,
                 "jobs": jobs,
+                **({"lr_tuning": tuning} if tuning else {}),
             }
 
         def partial(results: dict[str, Any]) -> None:
@@ -466,6 +493,10 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
             jobs=jobs,
             threads=opts.threads,
         )
+        if tuning:
+            if tuning["scope"] == "each":
+                tune.run_tuned(opts, grid, results, tuning, data_dir, settings)
+            tune.finish_cost(tuning, list(results.values()))
         md, js = write_report(grid, results, opts.out, report_meta(results))
     print(f"wrote {md} and {js} ({(time.perf_counter() - t_start) / 60:.1f} min)")
     return md, js
@@ -576,6 +607,9 @@ def check_options(opts: CompareOptions):
         raise ConfigError(f"--threads must be >= 1, got {opts.threads}")
     if opts.jobs is not None and opts.jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {opts.jobs}")
+    from taperlm.compare.tuning import check_tuning_options
+
+    check_tuning_options(opts, list(range(opts.seeds)))
     allocs = allocations(opts)
     provisional = base_config(opts, None, None)
     build_grid(provisional, allocs, list(range(opts.seeds)), opts.paper)

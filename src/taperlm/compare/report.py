@@ -60,6 +60,10 @@ def render_markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
     s = meta["settings"]
     lines = _header(summary, meta)
     lines += _validation_section(summary)
+    if summary.get("lr_tuning"):
+        from taperlm.compare.tuning import tuning_section
+
+        lines += tuning_section(summary["lr_tuning"])
     if summary["paper_comparison"]:
         lines += _paper_section(summary["paper_comparison"], allocs)
     lines += _zero_shot_section(allocs, s)
@@ -411,6 +415,14 @@ def write_report(
     summary = summarize(grid, results)
     meta = dict(meta)
     meta["plots"] = write_plots(grid, results, out_dir, summary)
+    lr_tuning = meta.pop("lr_tuning", None)
+    if lr_tuning:  # --tune-lr: report.json's `lr_tuning`, its section and plot
+        from taperlm.compare.tuning import LR_PLOT, plot_curves
+
+        if lr_tuning["curves"]:
+            plot_curves(lr_tuning["curves"], lr_tuning["recipe_lr"], out_dir / LR_PLOT)
+            lr_tuning = {**lr_tuning, "plot": LR_PLOT}
+        summary["lr_tuning"] = lr_tuning
     doc = {
         "meta": meta,
         "base_config": to_dict(grid.base),
