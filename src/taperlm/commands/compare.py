@@ -7,6 +7,7 @@
     taperlm compare --tapers 'uniform;cosine;novelty:pilot;cosine+heads:cosine:1.25:0.75' \\
         --out cmp-beyond                                        # beyond the paper
     taperlm compare --paper families --out cmp-families         # PAPER.md §6 table, tiny presets
+    taperlm compare --paper scaling --out cmp-scaling           # best ratio vs size (~3 h)
 
 Parses the arguments and calls `taperlm.compare.job.run_comparison` (`--paper families`:
 `taperlm.compare.families.run_families`, one comparison per family; precedence of settings,
@@ -55,11 +56,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--paper",
-        choices=("controlled", "sweep", "families"),
+        choices=("controlled", "sweep", "families", "scaling"),
         help="the paper's grids: controlled = uniform / wider-early / wider-middle / wider-late "
         "(3 equal groups, §3); sweep = cosine/linear/sigmoid x 5 ratios + uniform (§4); "
         "families = uniform vs cosine 1.5->0.5 for every family's preset, reported like the "
-        "paper's 760M table (§6)",
+        "paper's 760M table (§6); scaling = the cosine ratio sweep at 3 sizes x 2 token budgets, "
+        "each at its uniform model's tuned lr, with the fitted best ratio per point "
+        "(docs/compare.md)",
     )
     parser.add_argument(
         "--preset-size",
@@ -180,8 +183,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from taperlm.compare.families import run_families
     from taperlm.compare.job import run_comparison
+    from taperlm.compare.scaling import run_scaling
 
     names = [f.name for f in dataclasses.fields(CompareOptions)]
     opts = CompareOptions(**{name: getattr(args, name) for name in names})
-    (run_families if opts.paper == "families" else run_comparison)(opts)
+    modes = {"families": run_families, "scaling": run_scaling}
+    modes.get(opts.paper or "", run_comparison)(opts)
     return 0

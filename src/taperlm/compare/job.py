@@ -425,6 +425,11 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
             "--paper families runs one comparison per family: call "
             "taperlm.compare.families.run_families (what `taperlm compare` does)"
         )
+    if opts.paper == "scaling":
+        raise ConfigError(
+            "--paper scaling runs one comparison per (size, tokens): call "
+            "taperlm.compare.scaling.run_scaling (what `taperlm compare` does)"
+        )
     t_start, cpu_start = time.perf_counter(), _cpu_seconds()
     allocs, provisional = check_options(opts)
 
