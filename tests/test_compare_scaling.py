@@ -154,3 +154,24 @@ def test_default_plan_meets_the_brief():
         base.model.vocab_size = 2048  # the default corpus's tokenizer (bpe:2048) sets it
         params.append(total_params(base.model))
     assert max(params) / min(params) >= 4, params
+
+
+def test_paper_sizes_plan():
+    """--preset-size 440m,760m,1.3b: the paper's sizes, each at half and all of its tokens, with
+    the paper's recipe (checked without training)."""
+    from taperlm.compare.job import check_options
+
+    opts = CompareOptions(out=Path("x"), paper="scaling", preset_size="440m,760m,1.3b")
+    points = scaling.point_options(opts, scaling.plan_for(opts))
+    assert [(p[1].name, p[2]) for p in points] == [
+        ("440m", 15_000_000_000),
+        ("440m", 30_000_000_000),
+        ("760m", 25_000_000_000),
+        ("760m", 50_000_000_000),
+        ("1.3b", 50_000_000_000),
+        ("1.3b", 100_000_000_000),
+    ]
+    _, base = check_options(points[0][3])
+    assert base.train.seq_len == 4096 and 0 <= base.train.tokens - 15_000_000_000 < 524_288
+    with pytest.raises(ConfigError, match="unknown size"):
+        scaling.plan_for(CompareOptions(out=Path("x"), paper="scaling", preset_size="huge"))

@@ -31,6 +31,7 @@ from taperlm.compare.job import (
     DEFAULT_TUNE_SEEDS,
     DEFAULT_VAL_TOKENS,
     PAPER_MODE_SEEDS,
+    SCALING_SEEDS,
     CompareOptions,
 )
 from taperlm.domains import input_path, number, output_path
@@ -67,7 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preset-size",
         help="--paper families: size of every family's preset (micro, tiny, small, 440m, 760m, 1.3b; "
-        "the paper's sizes train with its recipe) [micro]",
+        "the paper's sizes train with its recipe) [micro]; --paper scaling: a list of sizes "
+        "[micro,tiny,small] (440m,760m,1.3b: the GPU experiment, at half and all of the "
+        "paper's tokens)",
     )
     parser.add_argument(
         "--families",
@@ -77,7 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seeds",
         type=number(int, "[1, inf)"),
-        help=f"seeds 0..N-1 [{DEFAULT_SEEDS}; {PAPER_MODE_SEEDS} with --paper]",
+        help=f"seeds 0..N-1 [{DEFAULT_SEEDS}; {PAPER_MODE_SEEDS} with --paper, "
+        f"{SCALING_SEEDS} with --paper scaling]",
     )
     parser.add_argument(
         "--tokens",

@@ -34,6 +34,8 @@ DEFAULT_PRESET = "transformer-micro"
 DEFAULT_SEEDS = 15
 # --paper grids (4 to 16 allocations, or a table of families) default to fewer seeds per allocation
 PAPER_MODE_SEEDS = 5
+# --paper scaling fits a curve per point, from 5 allocations: more seeds (~2.7 h on 2 cores)
+SCALING_SEEDS = 8
 DEFAULT_TOKENS = 327_680  # 320 steps of 1,024 tokens
 DEFAULT_VAL_TOKENS = 131_072  # the built-in corpus's val split has 134,528 at bpe:2048
 DEFAULT_NOVELTY_TOKENS = 2048
@@ -116,6 +118,7 @@ class CompareOptions:
     def __post_init__(self) -> None:
         if self.seeds is None:
             self.seeds = PAPER_MODE_SEEDS if self.paper else DEFAULT_SEEDS
+            self.seeds = SCALING_SEEDS if self.paper == "scaling" else self.seeds
 
 
 # ----------------------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ class ScalingSize:
     name: str
     preset: str
     overrides: tuple[str, ...] = ()
+    tokens: tuple[int, ...] = ()  # empty: the plan's token budgets
 
 
 @dataclass
@@ -62,7 +63,7 @@ class ScalingPlan:
 
 # Sized for ~3 hours on 2 idle cores (docs/compare.md, "--paper scaling"): 3 sizes spanning ~6x
 # in parameters (micro 1.1M, tiny 1.7M, small 6.0M at the 2,048-token vocabulary), two token
-# budgets each, 5 allocations x 5 seeds + 4 tuning runs x 2 seeds per point.
+# budgets each, 5 allocations x 8 seeds (job.SCALING_SEEDS) + 4 tuning lrs x 2 seeds per point.
 DEFAULT_PLAN = ScalingPlan(
     sizes=[
         ScalingSize("micro", "transformer-micro"),
@@ -71,6 +72,27 @@ DEFAULT_PLAN = ScalingPlan(
     ],
     tokens=[163_840, 327_680],
 )
+
+
+def plan_for(opts, default: ScalingPlan = DEFAULT_PLAN) -> ScalingPlan:
+    """--preset-size LIST (e.g. 440m,760m,1.3b: the paper's sizes, each at half and all of the
+    paper's tokens for it, trained with the paper's recipe), else `default`."""
+    from taperlm.compare.job import PAPER_TOKENS
+    from taperlm.presets import PAPER_SHAPES, SMALL_SHAPES
+
+    if not opts.preset_size:
+        return default
+    sizes = []
+    for name in (t.strip() for t in opts.preset_size.split(",")):
+        if name in PAPER_SHAPES:
+            budget = PAPER_TOKENS[name]
+            sizes.append(ScalingSize(name, f"transformer-{name}", tokens=(budget // 2, budget)))
+        elif name in SMALL_SHAPES:
+            sizes.append(ScalingSize(name, f"transformer-{name}"))
+        elif name:
+            known = ", ".join([*SMALL_SHAPES, *PAPER_SHAPES])
+            raise ConfigError(f"--preset-size: unknown size {name!r}; choose from {known}")
+    return dataclasses.replace(default, sizes=sizes)
 
 
 def tapers(starts: tuple[float, ...]) -> str:
@@ -97,8 +119,8 @@ def point_options(opts, plan: ScalingPlan) -> list[tuple[str, ScalingSize, int, 
         raise ConfigError("give either --paper MODE or --tapers/--taper, not both")
     if opts.tokens is not None:
         raise ConfigError("--paper scaling sets the token budgets itself; give no --tokens")
-    if opts.preset_size or opts.families:
-        raise ConfigError("--preset-size and --families belong to --paper families")
+    if opts.families:
+        raise ConfigError("--families belongs to --paper families")
     if opts.tune_scope == "each":
         raise ConfigError(
             "--paper scaling tunes each point's uniform lr (--tune-lr-scope uniform); "
@@ -110,7 +132,7 @@ def point_options(opts, plan: ScalingPlan) -> list[tuple[str, ScalingSize, int, 
         raise ConfigError("a scaling sweep needs >= 1 size and token budgets >= 1")
     out = []
     for size in plan.sizes:
-        for tokens in plan.tokens:
+        for tokens in size.tokens or plan.tokens:
             key = f"{size.name}-{tokens}"
             sub = dataclasses.replace(
                 opts,
@@ -123,6 +145,7 @@ def point_options(opts, plan: ScalingPlan) -> list[tuple[str, ScalingSize, int, 
                 overrides=[*opts.overrides, *plan.extra_overrides, *size.overrides],
                 tune_lr=True,
                 tune_scope="uniform",
+                preset_size=None,
             )
             out.append((key, size, tokens, sub))
     return out
@@ -135,7 +158,7 @@ def run_scaling(opts, plan: ScalingPlan = DEFAULT_PLAN) -> tuple[Path, Path]:
     from taperlm.runlock import locked
 
     t_start = time.perf_counter()
-    points = point_options(opts, plan)
+    points = point_options(opts, plan_for(opts, plan))
     for *_, sub in points:  # nothing trains before every point is known to be valid
         check_options(sub)
     opts.out.mkdir(parents=True, exist_ok=True)
@@ -165,6 +188,8 @@ def _command(opts, sub) -> str:
     from taperlm.compare.job import run_arguments
 
     parts = ["taperlm", "compare", "--paper", "scaling"]
+    if opts.preset_size:
+        parts += ["--preset-size", opts.preset_size]
     args = run_arguments(dataclasses.replace(opts, tune_lr=True, tune_scope="uniform"), 0, 0)
     args = args[4:]  # --seeds/--tokens belong to the points; the seeds follow:
     return shlex.join([*parts, "--seeds", str(sub.seeds), *args])
@@ -238,11 +263,12 @@ def write_scaling_report(points, docs, out: Path, meta: dict[str, Any]) -> tuple
     from taperlm.io import atomic_write_json, atomic_write_text
 
     rows = []
-    for key, size, tokens, _ in points:
+    for key, size, _, _ in points:
         doc = docs.get(key)
         if doc is None:
             continue
         params = doc["allocations"][0]["params"]
+        tokens = doc["meta"]["settings"]["tokens"]  # rounded up to whole steps
         fit = fit_best_ratio(point_losses(doc))
         rows.append(
             {
