@@ -28,12 +28,12 @@ from taperlm.compare.job import (
     DEFAULT_SEEDS,
     DEFAULT_THREADS,
     DEFAULT_TOKENS,
-    DEFAULT_TUNE_SEEDS,
     DEFAULT_VAL_TOKENS,
     PAPER_MODE_SEEDS,
     SCALING_SEEDS,
     CompareOptions,
 )
+from taperlm.compare.tuning import DEFAULT_TUNE_SEEDS
 from taperlm.domains import input_path, number, output_path
 
 

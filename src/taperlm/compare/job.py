@@ -78,8 +78,6 @@ CHECKPOINTS_PER_RUN = 4
 DEFAULT_CORPUS_TOKENIZER = "bpe:2048"
 # novelty:pilot allocations: the pilot trains this fraction of a run's tokens (whole batches).
 PILOT_FRACTION = 0.25
-# --tune-lr: tuning seeds per (allocation, lr) (taperlm.compare.tuning)
-DEFAULT_TUNE_SEEDS = 2
 
 
 @dataclass
@@ -112,7 +110,7 @@ class CompareOptions:
     pilot_tokens: int | None = None  # None: PILOT_FRACTION of a run (novelty:pilot only)
     tune_lr: bool = False  # each allocation at its own best lr (taperlm.compare.tuning)
     lr_grid: str | None = None  # None: the recipe's lr x tuning.DEFAULT_LR_FACTORS
-    tune_seeds: int | None = None  # None: DEFAULT_TUNE_SEEDS
+    tune_seeds: int | None = None  # None: tuning.DEFAULT_TUNE_SEEDS
     tune_scope: str | None = None  # each (None) | uniform
 
     def __post_init__(self) -> None:
@@ -400,7 +398,7 @@ def run_arguments(
     if pilot is not None:
         parts += ["--pilot-tokens", str(pilot)]
     if opts.tune_lr:
-        from taperlm.compare.tuning import lr_grid
+        from taperlm.compare.tuning import DEFAULT_TUNE_SEEDS, lr_grid
 
         lrs = ",".join(f"{x:g}" for x in lr_grid(opts.lr_grid, tuned_recipe_lr(opts)))
         parts += ["--tune-lr", "--lr-grid", lrs]
@@ -459,7 +457,10 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
         if opts.tune_lr:
             from taperlm.compare import tuning as tune
 
-            tuning = tune.run_tuning(opts, base, allocs, seeds, data_dir, settings)
+            def jobs_for(g) -> int:
+                return choose_jobs(opts, g, opts.out / "runs", settings)
+
+            tuning = tune.run_tuning(opts, base, allocs, seeds, data_dir, settings, jobs_for)
             if tuning["scope"] == "uniform":  # every allocation at uniform's tuned lr
                 uniform = next(a for a in allocs if a.is_uniform)
                 base = tune.with_chosen_lr(base, tuning, uniform.name)
@@ -483,13 +484,20 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
                 "wall_s": time.perf_counter() - t_start,
                 "cpu_s": _cpu_seconds() - cpu_start,
                 "jobs": jobs,
-                **({"lr_tuning": tuning} if tuning else {}),
             }
+
+        def report(results: dict[str, Any], meta: dict[str, Any]) -> tuple[Path, Path]:
+            extra = None
+            if tuning:  # report.json's `lr_tuning`, its section and lr_tuning.png
+                from taperlm.compare import tuning_report as tr
+
+                extra = ("lr_tuning", tr.with_plot(tuning, opts.out), tr.tuning_section)
+            return write_report(grid, results, opts.out, meta, extra)
 
         def partial(results: dict[str, Any]) -> None:
             meta = report_meta(results)
             meta["title"] += f" (PARTIAL: {len(results)}/{len(grid.cells)} runs done)"
-            write_report(grid, results, opts.out, meta)
+            report(results, meta)
 
         results = run_grid(
             grid,
@@ -503,9 +511,9 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
         )
         if tuning:
             if tuning["scope"] == "each":
-                tune.run_tuned(opts, grid, results, tuning, data_dir, settings)
+                tune.run_tuned(opts, grid, results, tuning, data_dir, settings, jobs_for)
             tune.finish_cost(tuning, list(results.values()))
-        md, js = write_report(grid, results, opts.out, report_meta(results))
+        md, js = report(results, report_meta(results))
     print(f"wrote {md} and {js} ({(time.perf_counter() - t_start) / 60:.1f} min)")
     return md, js
 

@@ -28,12 +28,12 @@ import copy
 import dataclasses
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from taperlm import stats
 from taperlm.compare.grid import Allocation, Cell, Grid, build_grid
-from taperlm.compare.job import DEFAULT_TUNE_SEEDS
 from taperlm.errors import ConfigError
 
 # Tuning seeds start here: far above any reported seed count, so the two sets never meet.
@@ -44,7 +44,7 @@ TUNE_SEED_BASE = 10_000
 # than the recipe's compromise, one down to see the other flank of the curve.
 DEFAULT_LR_FACTORS = (0.5, 1.0, 2.0, 4.0)
 TUNE_SCOPES = ("each", "uniform")
-LR_PLOT = "lr_tuning.png"
+DEFAULT_TUNE_SEEDS = 2  # tuning seeds per (allocation, lr)
 
 
 def lr_grid(text: str | None, recipe_lr: float) -> list[float]:
@@ -220,133 +220,6 @@ def cost_seconds(results: list[dict[str, Any]]) -> float:
 
 
 # ----------------------------------------------------------------------------------------------
-# report
-
-
-def tuning_section(t: dict[str, Any]) -> list[str]:
-    """report.md's "Learning rate tuning" section from report.json's `lr_tuning`."""
-    lrs = t["lrs"]
-    lines = [
-        "## Learning rate tuning",
-        "",
-        f"`--tune-lr`: every {'allocation' if t['scope'] == 'each' else 'uniform run'} trained "
-        f"at lr {', '.join(f'{x:g}' for x in lrs)} on tuning seeds {t['tuning_seeds']} "
-        f"(disjoint from the reported seeds {t['reported_seeds']}); chosen lr = the lowest mean "
-        "validation loss over the tuning seeds. "
-        + (
-            "Every allocation was then trained at uniform's chosen lr: the table above is at "
-            "that lr."
-            if t["scope"] == "uniform"
-            else "The reported seeds then ran each allocation at its own chosen lr."
-        ),
-        "",
-    ]
-    head = ["allocation", *(f"lr {x:g}" for x in lrs), "chosen lr"]
-    rows = []
-    for c in t["curves"].values():
-        cells = []
-        for p in c["curve"]:
-            if p["mean"] is None:
-                cells.append("–")
-            elif p["ci"] is None:
-                cells.append(f"{p['mean']:.4f}")
-            else:
-                cells.append(f"{p['mean']:.4f} ± {(p['ci'][1] - p['ci'][0]) / 2:.4f}")
-        edge = " (grid edge)" if c["at_edge"] else ""
-        rows.append([c["label"], *cells, f"**{c['chosen_lr']:g}**{edge}"])
-    from taperlm.compare.report import diff_ci, md_table
-
-    lines += md_table(head, rows)
-    lines += [
-        "",
-        "Mean validation loss over the tuning seeds ± the half-width of its 95% t interval. "
-        "`(grid edge)`: the best lr is the grid's smallest or largest, so the optimum may lie "
-        "beyond it; widen --lr-grid.",
-        "",
-    ]
-    if t.get("tuned"):
-        rows = []
-        for a in t["tuned"]:
-            rows.append(
-                [
-                    a["label"],
-                    f"{t['recipe_lr']:g}",
-                    diff_ci(a["shared_diff"], ".4f"),
-                    f"{a['lr']:g}",
-                    diff_ci(a["tuned_diff"], ".4f"),
-                    _fmt(a["shared_loss"]),
-                    _fmt(a["tuned_loss"]),
-                ]
-            )
-        lines += md_table(
-            [
-                "allocation",
-                "shared lr",
-                "Δ loss vs uniform, shared lr [95% CI]",
-                "own lr",
-                "Δ loss vs uniform, own lrs [95% CI]",
-                "val loss, shared lr",
-                "val loss, own lr",
-            ],
-            rows,
-        )
-        lines += [
-            "",
-            "Both differences are paired over the reported seeds (each allocation minus uniform "
-            "of the same seed); at own lrs each side runs at its own chosen lr.",
-            "",
-        ]
-    c = t["cost"]
-    lines += (
-        []
-        if "factor" not in c
-        else [
-            f"Extra cost of tuning: {c['tuning_cells']} tuning runs ({c['tuning_s'] / 60:.1f} min of "
-            f"run time) + {c['tuned_cells']} reported runs at lrs other than the recipe's "
-            f"({c['tuned_s'] / 60:.1f} min), against {c['reported_s'] / 60:.1f} min for the "
-            f"reported grid itself ({c['factor']:.2f}x in all).",
-            "",
-        ]
-    )
-    lines += [
-        f"![loss vs lr]({t['plot']})" if t.get("plot") else "",
-        "",
-    ]
-    return lines
-
-
-def _fmt(s: dict[str, Any] | None) -> str:
-    from taperlm.compare.report import mean_pm
-
-    return "–" if s is None else mean_pm(s, ".4f")
-
-
-def plot_curves(curves: dict[str, Any], recipe_lr: float, path: Path) -> None:
-    """Validation loss against lr per allocation (mean over tuning seeds, 95% intervals), the
-    chosen lrs marked."""
-    from taperlm.analysis.plots import plot_interval_series
-
-    series = {}
-    for c in curves.values():
-        pts = []
-        for p in c["curve"]:
-            if p["mean"] is None:
-                continue
-            lo, hi = p["ci"] if p["ci"] else (None, None)
-            pts.append((p["lr"], p["mean"], lo, hi))
-        series[f"{c['label']} (best {c['chosen_lr']:g})"] = pts
-    plot_interval_series(
-        series,
-        path,
-        title=f"Validation loss vs peak lr (tuning seeds; recipe lr {recipe_lr:g})",
-        xlabel="peak learning rate",
-        ylabel="validation loss (mean, 95% CI)",
-        logx=True,
-        zero_line=False,
-    )
-
-
-# ----------------------------------------------------------------------------------------------
 # running
 
 
@@ -373,12 +246,14 @@ def check_tuning_options(opts, reported: list[int]) -> None:
     tuning_seeds(opts.tune_seeds or DEFAULT_TUNE_SEEDS, reported)
 
 
-def run_tuning(opts, base, allocs, seeds, data_dir: Path, settings) -> dict[str, Any]:
-    """Train the tuning grid (resumably, in parallel like any grid) and choose each
-    allocation's lr; returns report.json's `lr_tuning` (curves, choices, cost so far)."""
+def run_tuning(
+    opts, base, allocs, seeds, data_dir: Path, settings, jobs_for: Callable[[Grid], int]
+) -> dict[str, Any]:
+    """Train the tuning grid (resumably, in parallel like any grid: `jobs_for(grid)` cells at a
+    time) and choose each allocation's lr; returns report.json's `lr_tuning` (curves, choices,
+    cost so far)."""
     import sys
 
-    from taperlm.compare.job import choose_jobs
     from taperlm.compare.scheduler import run_grid
 
     scope = opts.tune_scope or "each"
@@ -392,7 +267,7 @@ def run_tuning(opts, base, allocs, seeds, data_dir: Path, settings) -> dict[str,
         f"{', '.join(f'{x:g}' for x in lrs)} x tuning seeds {tseeds})",
         file=sys.stderr,
     )
-    jobs = choose_jobs(opts, grid, opts.out / "runs", settings)
+    jobs = jobs_for(grid)
     results = run_grid(
         grid,
         opts.out,
@@ -431,16 +306,17 @@ def with_chosen_lr(base, tuning: dict[str, Any], alloc_name: str):
     return cfg
 
 
-def run_tuned(opts, grid: Grid, results, tuning, data_dir: Path, settings) -> None:
+def run_tuned(
+    opts, grid: Grid, results, tuning, data_dir: Path, settings, jobs_for: Callable[[Grid], int]
+) -> None:
     """Scope `each`: the reported seeds with every allocation at its own chosen lr (cells at the
     recipe's lr are the shared-lr cells, already done); fills tuning["tuned"] and the cost."""
-    from taperlm.compare.job import choose_jobs
     from taperlm.compare.scheduler import run_grid
     from taperlm.compare.summary import summarize
 
     recipe = tuning["recipe_lr"]
     tgrid = tuned_cells(grid, tuning["chosen_lr"], recipe)
-    jobs = choose_jobs(opts, tgrid, opts.out / "runs", settings)
+    jobs = jobs_for(tgrid)
     tres = run_grid(
         tgrid,
         opts.out,
