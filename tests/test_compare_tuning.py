@@ -127,6 +127,7 @@ def test_tuning_seeds_never_overlap():
         (["--lr-grid", "1e-3,2e-3"], "--tune-lr"),
         (["--tune-seeds", "2"], "--tune-lr"),
         (["--tune-lr", "--lr-grid", "1e-3"], "at least two"),
+        (["--tune-lr", "--tapers", "uniform;novelty:pilot"], "--tune-lr-scope uniform"),
     ],
 )
 def test_bad_tuning_options_fail_before_any_work(extra, msg, tmp_path):

@@ -625,8 +625,8 @@ def check_options(opts: CompareOptions):
         raise ConfigError(f"--jobs must be >= 1, got {opts.jobs}")
     from taperlm.compare.tuning import check_tuning_options
 
-    check_tuning_options(opts, list(range(opts.seeds)))
     allocs = allocations(opts)
+    check_tuning_options(opts, list(range(opts.seeds)), allocs)
     provisional = base_config(opts, None, None)
     build_grid(provisional, allocs, list(range(opts.seeds)), opts.paper)
     validate_train_config(provisional)

@@ -223,7 +223,7 @@ def cost_seconds(results: list[dict[str, Any]]) -> float:
 # running
 
 
-def check_tuning_options(opts, reported: list[int]) -> None:
+def check_tuning_options(opts, reported: list[int], allocs: list[Allocation]) -> None:
     """Tuning options without --tune-lr, or bad ones, fail before any work."""
     given = [
         flag
@@ -244,6 +244,13 @@ def check_tuning_options(opts, reported: list[int]) -> None:
         )
     lr_grid(opts.lr_grid, 1.0)
     tuning_seeds(opts.tune_seeds or DEFAULT_TUNE_SEEDS, reported)
+    pilots = [a.label for a in allocs if a.needs_pilot]
+    if pilots and (opts.tune_scope or "each") == "each":
+        raise ConfigError(
+            f"--tune-lr cannot tune {', '.join(pilots)}: its widths come from each reported "
+            "seed's pilot, and the tuning seeds have none; use --tune-lr-scope uniform (every "
+            "allocation at uniform's tuned lr)"
+        )
 
 
 def run_tuning(
