@@ -400,8 +400,9 @@ def run_arguments(
     if opts.tune_lr:
         from taperlm.compare.tuning import DEFAULT_TUNE_SEEDS, lr_grid
 
-        lrs = ",".join(f"{x:g}" for x in lr_grid(opts.lr_grid, tuned_recipe_lr(opts)))
-        parts += ["--tune-lr", "--lr-grid", lrs]
+        parts.append("--tune-lr")
+        if opts.lr_grid is not None:  # else each model's default grid, around its recipe's lr
+            parts += ["--lr-grid", ",".join(f"{x:g}" for x in lr_grid(opts.lr_grid, 1.0))]
         parts += ["--tune-seeds", str(opts.tune_seeds or DEFAULT_TUNE_SEEDS)]
         parts += ["--tune-lr-scope", opts.tune_scope or "each"]
     parts += ["--out", str(opts.out)]  # --jobs/--threads change the speed, never the numbers
@@ -410,11 +411,6 @@ def run_arguments(
 
 # ----------------------------------------------------------------------------------------------
 # the comparison
-
-
-def tuned_recipe_lr(opts: CompareOptions) -> float:
-    """The recipe's lr (what the default --lr-grid centres on)."""
-    return base_config(opts, None, None).train.lr
 
 
 def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:

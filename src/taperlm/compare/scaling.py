@@ -192,9 +192,6 @@ def _command(opts, sub) -> str:
         parts += ["--preset-size", opts.preset_size]
     args = run_arguments(dataclasses.replace(opts, tune_lr=True, tune_scope="uniform"), 0, 0)
     args = args[4:]  # --seeds/--tokens belong to the points; the seeds follow:
-    if opts.lr_grid is None:  # each point's default grid centres on its own recipe's lr
-        i = args.index("--lr-grid")
-        del args[i : i + 2]
     return shlex.join([*parts, "--seeds", str(sub.seeds), *args])
 
 
