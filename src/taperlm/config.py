@@ -68,6 +68,11 @@ class ModelConfig:
         norm_eps: RMSNorm epsilon.
         tie_embeddings: share the token embedding with the output head.
         init_std: std of the normal init; residual output projections use init_std / sqrt(2 n_layers).
+        init: how init_std applies to each matrix: `fixed` = init_std for every matrix (the
+            residual output projections / sqrt(2 n_layers)); `fan_in` = each matrix's std
+            follows its own fan-in, init_std * sqrt(d_model / fan_in) (the same / sqrt(2
+            n_layers) for residual outputs), so a layer's MLP output variance at init does not
+            depend on that layer's width (docs/compare.md, "Initialisation schemes").
         options: the family's own options (e.g. `taperlm.families.hope.HopeConfig`), written as
             the section named after the family (`hope:`) and read as `cfg.hope`; None for a
             family without options. Built without them (or with another family's, e.g. when the
@@ -90,6 +95,7 @@ class ModelConfig:
     norm_eps: float = setting(1e-6, "(0, inf)")
     tie_embeddings: bool = False
     init_std: float = setting(0.02, "(0, inf)")
+    init: str = setting("fixed", "{fixed, fan_in}")
     options: Any = field(default=None, metadata={"section": True})
 
     def __post_init__(self) -> None:

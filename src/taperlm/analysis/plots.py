@@ -280,9 +280,12 @@ def plot_interval_series(
     ylabel: str,
     reference: Mapping[str, Sequence[tuple[float, float]]] | None = None,
     reference_label: str = "paper",
+    logx: bool = False,
+    zero_line: bool = True,
 ) -> Path:
     """One line per label through its estimates, with error bars for the intervals, zero
-    dashed, and optional reference lines (dotted, same colour) under the same labels."""
+    dashed (unless `zero_line` is False), and optional reference lines (dotted, same colour)
+    under the same labels; `logx`: a logarithmic x axis."""
     if not series:
         raise ValueError("plot_interval_series needs at least one series")
     fig, (ax,) = _figure()
@@ -311,7 +314,10 @@ def plot_interval_series(
                 linewidth=1.2,
                 label=f"{label} ({reference_label})",
             )
-    ax.axhline(0.0, color="0.3", linestyle="--", linewidth=1.0)
+    if zero_line:
+        ax.axhline(0.0, color="0.3", linestyle="--", linewidth=1.0)
+    if logx:
+        ax.set_xscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)

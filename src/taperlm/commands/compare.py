@@ -7,6 +7,7 @@
     taperlm compare --tapers 'uniform;cosine;novelty:pilot;cosine+heads:cosine:1.25:0.75' \\
         --out cmp-beyond                                        # beyond the paper
     taperlm compare --paper families --out cmp-families         # PAPER.md §6 table, tiny presets
+    taperlm compare --paper scaling --out cmp-scaling           # best ratio vs size (~3 h)
 
 Parses the arguments and calls `taperlm.compare.job.run_comparison` (`--paper families`:
 `taperlm.compare.families.run_families`, one comparison per family; precedence of settings,
@@ -29,8 +30,10 @@ from taperlm.compare.job import (
     DEFAULT_TOKENS,
     DEFAULT_VAL_TOKENS,
     PAPER_MODE_SEEDS,
+    SCALING_SEEDS,
     CompareOptions,
 )
+from taperlm.compare.tuning import DEFAULT_TUNE_SEEDS
 from taperlm.domains import (
     MAX_COUNT,
     MAX_TOKENS,
@@ -62,16 +65,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--paper",
-        choices=("controlled", "sweep", "families"),
+        choices=("controlled", "sweep", "families", "scaling"),
         help="the paper's grids: controlled = uniform / wider-early / wider-middle / wider-late "
         "(3 equal groups, §3); sweep = cosine/linear/sigmoid x 5 ratios + uniform (§4); "
         "families = uniform vs cosine 1.5->0.5 for every family's preset, reported like the "
-        "paper's 760M table (§6)",
+        "paper's 760M table (§6); scaling = the cosine ratio sweep at 3 sizes x 2 token budgets, "
+        "each at its uniform model's tuned lr, with the fitted best ratio per point "
+        "(docs/compare.md)",
     )
     parser.add_argument(
         "--preset-size",
         help="--paper families: size of every family's preset (micro, tiny, small, 440m, 760m, 1.3b; "
-        "the paper's sizes train with its recipe) [micro]",
+        "the paper's sizes train with its recipe) [micro]; --paper scaling: a list of sizes "
+        "[micro,tiny,small] (440m,760m,1.3b: the GPU experiment, at half and all of the "
+        "paper's tokens)",
     )
     parser.add_argument(
         "--families",
@@ -81,7 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seeds",
         type=number(int, up_to(MAX_COUNT)),
-        help=f"seeds 0..N-1 [{DEFAULT_SEEDS}; {PAPER_MODE_SEEDS} with --paper]",
+        help=f"seeds 0..N-1 [{DEFAULT_SEEDS}; {PAPER_MODE_SEEDS} with --paper, "
+        f"{SCALING_SEEDS} with --paper scaling]",
     )
     parser.add_argument(
         "--tokens",
@@ -154,6 +162,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="training tokens of each novelty:pilot pilot run [default: a quarter of --tokens]",
     )
     parser.add_argument(
+        "--tune-lr",
+        action="store_true",
+        help="each allocation at its own best peak lr: every allocation trained at every "
+        "--lr-grid lr on --tune-seeds tuning seeds (disjoint from the reported ones), the lowest "
+        "mean val loss chosen, then the reported seeds run at the chosen lrs; reported beside "
+        "the shared-lr difference (docs/compare.md)",
+    )
+    parser.add_argument(
+        "--lr-grid",
+        help="--tune-lr: the peak lrs to try, e.g. 1e-3,2e-3,4e-3,8e-3 [the recipe's lr x "
+        "0.5, 1, 2, 4]",
+    )
+    parser.add_argument(
+        "--tune-seeds",
+        type=number(int, up_to(MAX_COUNT)),
+        help=f"--tune-lr: tuning seeds per allocation and lr [{DEFAULT_TUNE_SEEDS}]",
+    )
+    parser.add_argument(
+        "--tune-lr-scope",
+        dest="tune_scope",
+        choices=("each", "uniform"),
+        help="--tune-lr: each = every allocation tuned, reported at its own lr beside the "
+        "shared lr (default); uniform = only uniform tuned, every allocation trained at its lr",
+    )
+    parser.add_argument(
         "--out", type=output_path("dir"), required=True, help="output folder (resumable)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -163,9 +196,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from taperlm.compare.families import run_families
     from taperlm.compare.job import run_comparison
+    from taperlm.compare.scaling import run_scaling
 
     args.loggers = logger_names(args.loggers)
     names = [f.name for f in dataclasses.fields(CompareOptions)]
     opts = CompareOptions(**{name: getattr(args, name) for name in names})
-    (run_families if opts.paper == "families" else run_comparison)(opts)
+    modes = {"families": run_families, "scaling": run_scaling}
+    modes.get(opts.paper or "", run_comparison)(opts)
     return 0

@@ -36,6 +36,8 @@ DEFAULT_PRESET = "transformer-micro"
 DEFAULT_SEEDS = 15
 # --paper grids (4 to 16 allocations, or a table of families) default to fewer seeds per allocation
 PAPER_MODE_SEEDS = 5
+# --paper scaling fits a curve per point, from 5 allocations: more seeds (~2.7 h on 2 cores)
+SCALING_SEEDS = 8
 DEFAULT_TOKENS = 327_680  # 320 steps of 1,024 tokens
 DEFAULT_VAL_TOKENS = 131_072  # the built-in corpus's val split has 134,528 at bpe:2048
 DEFAULT_NOVELTY_TOKENS = 2048
@@ -109,10 +111,15 @@ class CompareOptions:
     no_progress: bool = False
     pilot_tokens: int | None = None  # None: PILOT_FRACTION of a run (novelty:pilot only)
     loggers: list[str] | None = None  # train.loggers of every cell (None: the config's)
+    tune_lr: bool = False  # each allocation at its own best lr (taperlm.compare.tuning)
+    lr_grid: str | None = None  # None: the recipe's lr x tuning.DEFAULT_LR_FACTORS
+    tune_seeds: int | None = None  # None: tuning.DEFAULT_TUNE_SEEDS
+    tune_scope: str | None = None  # each (None) | uniform
 
     def __post_init__(self) -> None:
         if self.seeds is None:
             self.seeds = PAPER_MODE_SEEDS if self.paper else DEFAULT_SEEDS
+            self.seeds = SCALING_SEEDS if self.paper == "scaling" else self.seeds
 
 
 # ----------------------------------------------------------------------------------------------
@@ -410,6 +417,14 @@ def run_arguments(
         parts += ["--novelty-data", str(opts.novelty_data)]
     if pilot is not None:
         parts += ["--pilot-tokens", str(pilot)]
+    if opts.tune_lr:
+        from taperlm.compare.tuning import DEFAULT_TUNE_SEEDS, lr_grid
+
+        parts.append("--tune-lr")
+        if opts.lr_grid is not None:  # else each model's default grid, around its recipe's lr
+            parts += ["--lr-grid", ",".join(f"{x:g}" for x in lr_grid(opts.lr_grid, 1.0))]
+        parts += ["--tune-seeds", str(opts.tune_seeds or DEFAULT_TUNE_SEEDS)]
+        parts += ["--tune-lr-scope", opts.tune_scope or "each"]
     parts += ["--out", str(opts.out)]  # --jobs/--threads change the speed, never the numbers
     return parts
 
@@ -426,6 +441,11 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
         raise ConfigError(
             "--paper families runs one comparison per family: call "
             "taperlm.compare.families.run_families (what `taperlm compare` does)"
+        )
+    if opts.paper == "scaling":
+        raise ConfigError(
+            "--paper scaling runs one comparison per (size, tokens): call "
+            "taperlm.compare.scaling.run_scaling (what `taperlm compare` does)"
         )
     t_start, cpu_start = time.perf_counter(), _cpu_seconds()
     allocs, provisional = check_options(opts)
@@ -451,6 +471,17 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
     check_folder(opts.out, "compare", "--out")
     claim(opts.out, "compare")
     with locked(opts.out, "comparison folder"):  # one comparison writes a folder at a time
+        tuning = None
+        if opts.tune_lr:
+            from taperlm.compare import tuning as tune
+
+            def jobs_for(g) -> int:
+                return choose_jobs(opts, g, opts.out / "runs", settings)
+
+            tuning = tune.run_tuning(opts, base, allocs, seeds, data_dir, settings, jobs_for)
+            if tuning["scope"] == "uniform":  # every allocation at uniform's tuned lr
+                uniform = next(a for a in allocs if a.is_uniform)
+                base = tune.with_chosen_lr(base, tuning, uniform.name)
         pilot = None
         if any(a.needs_pilot for a in allocs):
             pilot = run_pilots(opts, base, seeds, data_dir, int(meta["vocab_size"]), settings)
@@ -473,10 +504,18 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
                 "jobs": jobs,
             }
 
+        def report(results: dict[str, Any], meta: dict[str, Any]) -> tuple[Path, Path]:
+            extra = None
+            if tuning:  # report.json's `lr_tuning`, its section and lr_tuning.png
+                from taperlm.compare import tuning_report as tr
+
+                extra = ("lr_tuning", tr.with_plot(tuning, opts.out), tr.tuning_section)
+            return write_report(grid, results, opts.out, meta, extra)
+
         def partial(results: dict[str, Any]) -> None:
             meta = report_meta(results)
             meta["title"] += f" (PARTIAL: {len(results)}/{len(grid.cells)} runs done)"
-            write_report(grid, results, opts.out, meta)
+            report(results, meta)
 
         results = run_grid(
             grid,
@@ -488,7 +527,11 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
             jobs=jobs,
             threads=opts.threads,
         )
-        md, js = write_report(grid, results, opts.out, report_meta(results))
+        if tuning:
+            if tuning["scope"] == "each":
+                tune.run_tuned(opts, grid, results, tuning, data_dir, settings, jobs_for)
+            tune.finish_cost(tuning, list(results.values()))
+        md, js = report(results, report_meta(results))
     print(f"wrote {md} and {js} ({(time.perf_counter() - t_start) / 60:.1f} min)")
     return md, js
 
@@ -598,7 +641,10 @@ def check_options(opts: CompareOptions):
         raise ConfigError(f"--threads must be >= 1, got {opts.threads}")
     if opts.jobs is not None and opts.jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {opts.jobs}")
+    from taperlm.compare.tuning import check_tuning_options
+
     allocs = allocations(opts)
+    check_tuning_options(opts, list(range(opts.seeds)), allocs)
     provisional = base_config(opts, None, None)
     build_grid(provisional, allocs, list(range(opts.seeds)), opts.paper)
     validate_train_config(provisional)

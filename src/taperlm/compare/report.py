@@ -15,7 +15,7 @@ Statistics (see `taperlm.stats`):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +53,16 @@ def md_table(head: Sequence[str], rows: list[Sequence[str]]) -> list[str]:
     return out
 
 
-def render_markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
+def render_markdown(
+    summary: dict[str, Any], meta: dict[str, Any], extra: Sequence[str] = ()
+) -> str:
     """report.md: how it was produced, validation with paired differences, the paper, zero-shot,
     novelty, plots and per-seed losses."""
     allocs = summary["allocations"]
     s = meta["settings"]
     lines = _header(summary, meta)
     lines += _validation_section(summary)
+    lines += list(extra)  # e.g. --tune-lr's section
     if summary["paper_comparison"]:
         lines += _paper_section(summary["paper_comparison"], allocs)
     lines += _zero_shot_section(allocs, s)
@@ -405,12 +408,23 @@ def _paper_section(pc: dict[str, Any], allocs: list[dict[str, Any]]) -> list[str
 
 
 def write_report(
-    grid: Grid, results: dict[str, dict[str, Any]], out_dir: Path, meta: dict[str, Any]
+    grid: Grid,
+    results: dict[str, dict[str, Any]],
+    out_dir: Path,
+    meta: dict[str, Any],
+    extra: tuple[str, Any, Callable[[Any], list[str]]] | None = None,
 ) -> tuple[Path, Path]:
-    """report.json, report.md and the PNGs in out_dir."""
+    """report.json, report.md and the PNGs in out_dir; `extra` = (key, data, render): data goes
+    into report.json under `key`, and render(data)'s lines into report.md after the validation
+    table."""
     summary = summarize(grid, results)
     meta = dict(meta)
     meta["plots"] = write_plots(grid, results, out_dir, summary)
+    lines: list[str] = []
+    if extra is not None:  # another part's numbers and section, e.g. --tune-lr's
+        key, data, render = extra
+        summary[key] = data
+        lines = render(data)
     doc = {
         "meta": meta,
         "base_config": to_dict(grid.base),
@@ -419,7 +433,7 @@ def write_report(
             name: {k: v for k, v in r.items() if k != "config"} for name, r in results.items()
         },
     }
-    md = render_markdown(summary, meta)
+    md = render_markdown(summary, meta, lines)
     json_path, md_path = out_dir / "report.json", out_dir / "report.md"
     atomic_write_json(json_path, doc)
     atomic_write_text(md_path, md)

@@ -246,14 +246,41 @@ def set_activation_checkpointing(model: nn.Module, enabled: bool) -> None:
             m.checkpoint_activations = enabled
 
 
-def init_weights(module: nn.Module, std: float, n_layers: int, normal_=nn.init.normal_) -> None:
+INIT_SCHEMES = ("fixed", "fan_in")
+
+
+def matrix_std(
+    std: float, n_layers: int, residual: bool, fan_in: int, scheme: str = "fixed", d_model: int = 0
+) -> float:
+    """The init std of one matrix (model.init): `fixed` = std (residual output projections
+    std / sqrt(2 * n_layers)); `fan_in` = that times sqrt(d_model / fan_in), so a matrix reading
+    a narrower (wider) input starts larger (smaller) and its output variance does not depend on
+    its input width. Matrices reading the residual stream (fan_in = d_model) agree in both."""
+    s = std / math.sqrt(2 * n_layers) if residual else std
+    if scheme == "fan_in":
+        s *= math.sqrt(d_model / fan_in)
+    elif scheme != "fixed":
+        raise ValueError(f"model.init {scheme!r} is unknown; choose {' or '.join(INIT_SCHEMES)}")
+    return s
+
+
+def init_weights(
+    module: nn.Module,
+    std: float,
+    n_layers: int,
+    normal_=nn.init.normal_,
+    scheme: str = "fixed",
+    d_model: int = 0,
+) -> None:
     """Normal(0, std) for matrices and embeddings; residual output projections get
-    std / sqrt(2 * n_layers) so the residual stream's variance does not grow with depth.
+    std / sqrt(2 * n_layers) so the residual stream's variance does not grow with depth;
+    `scheme` (model.init) scales each matrix by its fan-in (`matrix_std`).
     `normal_(tensor, mean, std)` draws the values (a sharded model passes its own, which draws
     the full tensor and keeps its shard)."""
     for m in module.modules():
         if isinstance(m, nn.Linear):
-            s = std / math.sqrt(2 * n_layers) if getattr(m, "residual_out", False) else std
+            residual = getattr(m, "residual_out", False)
+            s = matrix_std(std, n_layers, residual, m.in_features, scheme, d_model)
             normal_(m.weight, 0.0, s)
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
@@ -289,7 +316,15 @@ def _unit_blocks(seed: int, key: str, units: int, d: int, std: float) -> torch.T
 
 
 @torch.no_grad()
-def paired_init(module: nn.Module, seed: int, std: float, n_layers: int, write=None) -> None:
+def paired_init(
+    module: nn.Module,
+    seed: int,
+    std: float,
+    n_layers: int,
+    write=None,
+    scheme: str = "fixed",
+    d_model: int = 0,
+) -> None:
     """`init_weights`' distribution (the same matrices with the same std) drawn from streams
     keyed by (seed, module name) instead of one sequential stream: models that differ only in
     their per-layer widths start from the same weights wherever their shapes agree. Every
@@ -299,19 +334,24 @@ def paired_init(module: nn.Module, seed: int, std: float, n_layers: int, write=N
     model passes its own); the default copies."""
     write = write or (lambda t, full: t.copy_(full))
     done: set[int] = set()
-    residual = std / math.sqrt(2 * n_layers)
     for name, m in module.named_modules():
         if isinstance(m, SwiGLU):
             d = m.w_in.weight.shape[1]
-            gate = _unit_blocks(seed, f"{name}.gate", m.width, d, std)
-            up = _unit_blocks(seed, f"{name}.up", m.width, d, std)
+            s_in = matrix_std(std, n_layers, False, d, scheme, d_model)
+            gate = _unit_blocks(seed, f"{name}.gate", m.width, d, s_in)
+            up = _unit_blocks(seed, f"{name}.up", m.width, d, s_in)
             write(m.w_in.weight, torch.cat([gate, up]).to(m.w_in.weight.dtype))
-            down = _unit_blocks(seed, f"{name}.down", m.width, d, residual).t().contiguous()
+            s_out = matrix_std(std, n_layers, True, m.width, scheme, d_model)
+            down = _unit_blocks(seed, f"{name}.down", m.width, d, s_out).t().contiguous()
             write(m.w_out.weight, down.to(m.w_out.weight.dtype))
             done |= {id(m.w_in.weight), id(m.w_out.weight)}
     for name, m in module.named_modules():
         if isinstance(m, (nn.Linear, nn.Embedding)) and id(m.weight) not in done:
-            s = residual if getattr(m, "residual_out", False) else std
+            if isinstance(m, nn.Linear):
+                res = getattr(m, "residual_out", False)
+                s = matrix_std(std, n_layers, res, m.in_features, scheme, d_model)
+            else:
+                s = std
             full = torch.randn(tuple(m.weight.shape), generator=_stream(seed, name)) * s
             write(m.weight, full.to(m.weight.dtype))
             done.add(id(m.weight))

@@ -58,7 +58,7 @@ class TaperedLM(nn.Module):
         self.blocks = nn.ModuleList(parts.pop(f"blocks.{i}")() for i in range(cfg.n_layers))
         self.norm = parts.pop("norm")()
         self.lm_head = parts.pop("lm_head")()
-        init_weights(self, cfg.init_std, cfg.n_layers)
+        init_weights(self, cfg.init_std, cfg.n_layers, scheme=cfg.init, d_model=cfg.d_model)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
 

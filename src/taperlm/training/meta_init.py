@@ -88,7 +88,8 @@ def materialize(
             drawn.add(id(t))
             _write(t, full)
 
-    init_weights(model, cfg.init_std, cfg.n_layers, normal_=normal_)
+    scheme = {"scheme": cfg.init, "d_model": cfg.d_model}
+    init_weights(model, cfg.init_std, cfg.n_layers, normal_=normal_, **scheme)
     if paired_seed is not None:
-        paired_init(model, paired_seed, cfg.init_std, cfg.n_layers, write=_write)
+        paired_init(model, paired_seed, cfg.init_std, cfg.n_layers, write=_write, **scheme)
     return model

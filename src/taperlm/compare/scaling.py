@@ -1,0 +1,398 @@
+"""`taperlm compare --paper scaling`: how the best taper ratio moves with model size and tokens.
+
+The cosine ratio sweep (uniform and cosine START:2-START for SCALING_STARTS) is run at every
+(size, token budget) of the plan: each point is a complete `taperlm compare` in
+OUT/<size>-<tokens>/ (resumable, reproducible on its own with the command its report names), with
+`--tune-lr --tune-lr-scope uniform`: the point's uniform model is tuned over the lr grid on tuning
+seeds and every ratio trains at that lr (each size at its tuned lr, without tuning every ratio).
+
+Per point, the best ratio is fitted with a bootstrap interval (`fit_best_ratio`): the seeds are
+resampled with replacement (a seed keeps all its allocations, so the pairing survives), a
+quadratic in the start ratio is fitted to the per-ratio mean losses of the resample, and its
+argmin over the swept range is that resample's best ratio; the point estimate uses all seeds, the
+interval is the 2.5-97.5 percentile range. A quadratic is the lowest-order curve with an interior
+optimum; a curve without one (still falling at the steepest ratio) puts the argmin at the edge,
+and the fraction of resamples at the edge is reported, because then the optimum lies beyond the
+sweep and the interval is a lower bound.
+
+OUT/report.md, report.json and scaling.png put the points together: best ratio against
+parameters (one line per token budget) and against tokens per parameter, beside the paper's 440M
+point (1.5 -> 0.5 at 30B tokens).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from taperlm.errors import ConfigError
+
+# Start ratios of the cosine sweep (end = 2 - start); 1.0 is uniform.
+SCALING_STARTS = (1.25, 1.5, 1.75, 1.9)
+PAPER_POINT = {"params": 440e6, "tokens": 30e9, "best_start": 1.5}  # PAPER.md §4
+BOOTSTRAP = 2000
+BOOTSTRAP_SEED = 0
+SCALING_PLOT = "scaling.png"
+
+
+@dataclass(frozen=True)
+class ScalingSize:
+    """One model size: a name, the preset it starts from and --set overrides on top."""
+
+    name: str
+    preset: str
+    overrides: tuple[str, ...] = ()
+    tokens: tuple[int, ...] = ()  # empty: the plan's token budgets
+
+
+@dataclass
+class ScalingPlan:
+    """The sizes x token budgets of a scaling sweep and its ratios."""
+
+    sizes: list[ScalingSize]
+    tokens: list[int]
+    starts: tuple[float, ...] = SCALING_STARTS
+    extra_overrides: list[str] = field(default_factory=list)
+
+
+# Sized for ~3 hours on 2 idle cores (docs/compare.md, "--paper scaling"): 3 sizes spanning ~6x
+# in parameters (micro 1.1M, tiny 1.7M, small 6.0M at the 2,048-token vocabulary), two token
+# budgets each, 5 allocations x 8 seeds (job.SCALING_SEEDS) + 4 tuning lrs x 2 seeds per point.
+DEFAULT_PLAN = ScalingPlan(
+    sizes=[
+        ScalingSize("micro", "transformer-micro"),
+        ScalingSize("tiny", "transformer-tiny"),
+        ScalingSize("small", "transformer-small"),
+    ],
+    tokens=[163_840, 327_680],
+)
+
+
+def plan_for(opts, default: ScalingPlan = DEFAULT_PLAN) -> ScalingPlan:
+    """--preset-size LIST (e.g. 440m,760m,1.3b: the paper's sizes, each at half and all of the
+    paper's tokens for it, trained with the paper's recipe), else `default`."""
+    from taperlm.compare.job import PAPER_TOKENS
+    from taperlm.presets import PAPER_SHAPES, SMALL_SHAPES
+
+    if not opts.preset_size:
+        return default
+    sizes = []
+    for name in (t.strip() for t in opts.preset_size.split(",")):
+        if name in PAPER_SHAPES:
+            budget = PAPER_TOKENS[name]
+            sizes.append(ScalingSize(name, f"transformer-{name}", tokens=(budget // 2, budget)))
+        elif name in SMALL_SHAPES:
+            sizes.append(ScalingSize(name, f"transformer-{name}"))
+        elif name:
+            known = ", ".join([*SMALL_SHAPES, *PAPER_SHAPES])
+            raise ConfigError(f"--preset-size: unknown size {name!r}; choose from {known}")
+    return dataclasses.replace(default, sizes=sizes)
+
+
+def tapers(starts: tuple[float, ...]) -> str:
+    return ";".join(["uniform", *(f"cosine:{s:g}:{2 - s:g}" for s in starts)])
+
+
+def start_of(taper: str) -> float:
+    """The start ratio of a sweep allocation (uniform: 1.0)."""
+    if taper == "uniform":
+        return 1.0
+    from taperlm.taper import TaperSpec
+
+    return float(TaperSpec.parse(taper).start)
+
+
+def point_options(opts, plan: ScalingPlan) -> list[tuple[str, ScalingSize, int, Any]]:
+    """(key, size, tokens, CompareOptions) of every point of the sweep."""
+    if opts.preset or opts.config:
+        raise ConfigError(
+            "--paper scaling builds its sizes from presets (micro, tiny, small); give no "
+            "--preset/--config"
+        )
+    if opts.tapers or opts.taper_list:
+        raise ConfigError("give either --paper MODE or --tapers/--taper, not both")
+    if opts.tokens is not None:
+        raise ConfigError("--paper scaling sets the token budgets itself; give no --tokens")
+    if opts.families:
+        raise ConfigError("--families belongs to --paper families")
+    if opts.tune_scope == "each":
+        raise ConfigError(
+            "--paper scaling tunes each point's uniform lr (--tune-lr-scope uniform); "
+            "--tune-lr-scope each would train every ratio at every lr"
+        )
+    if any(not 1.0 < s < 2.0 for s in plan.starts) or len(plan.starts) < 2:
+        raise ConfigError("a scaling sweep needs >= 2 start ratios in (1, 2)")
+    if not plan.sizes or not plan.tokens or min(plan.tokens) < 1:
+        raise ConfigError("a scaling sweep needs >= 1 size and token budgets >= 1")
+    out = []
+    for size in plan.sizes:
+        for tokens in size.tokens or plan.tokens:
+            key = f"{size.name}-{tokens}"
+            sub = dataclasses.replace(
+                opts,
+                out=opts.out / key,
+                preset=size.preset,
+                paper=None,
+                tapers=tapers(plan.starts),
+                tokens=tokens,
+                # the size's own settings win: a --set cannot collapse two sizes into one
+                overrides=[*opts.overrides, *plan.extra_overrides, *size.overrides],
+                tune_lr=True,
+                tune_scope="uniform",
+                preset_size=None,
+            )
+            out.append((key, size, tokens, sub))
+    return out
+
+
+def run_scaling(opts, plan: ScalingPlan = DEFAULT_PLAN) -> tuple[Path, Path]:
+    """Check every point, run them one after the other (each resumable), writing the scaling
+    report after each; returns (report.md, report.json)."""
+    from taperlm.compare.job import check_options, run_comparison
+    from taperlm.runlock import locked
+
+    t_start = time.perf_counter()
+    points = point_options(opts, plan_for(opts, plan))
+    for *_, sub in points:  # nothing trains before every point is known to be valid
+        check_options(sub)
+    opts.out.mkdir(parents=True, exist_ok=True)
+    with locked(opts.out, "scaling folder"):
+        docs: dict[str, dict[str, Any]] = {}
+        for i, (key, size, tokens, sub) in enumerate(points, 1):
+            print(
+                f"taperlm compare --paper scaling: point {i}/{len(points)}: {size.name} "
+                f"({size.preset}), {tokens:,} tokens, into {sub.out}",
+                file=sys.stderr,
+            )
+            _, js = run_comparison(sub)
+            docs[key] = json.loads(js.read_text(encoding="utf-8"))
+            meta = {
+                "command": _command(opts, points[0][3]),
+                "wall_s": time.perf_counter() - t_start,
+                "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                "done": len(docs),
+                "total": len(points),
+            }
+            md, js_all = write_scaling_report(points, docs, opts.out, meta)
+    print(f"wrote {md} and {js_all} ({(time.perf_counter() - t_start) / 60:.1f} min)")
+    return md, js_all
+
+
+def _command(opts, sub) -> str:
+    from taperlm.compare.job import run_arguments
+
+    parts = ["taperlm", "compare", "--paper", "scaling"]
+    if opts.preset_size:
+        parts += ["--preset-size", opts.preset_size]
+    args = run_arguments(dataclasses.replace(opts, tune_lr=True, tune_scope="uniform"), 0, 0)
+    args = args[4:]  # --seeds/--tokens belong to the points; the seeds follow:
+    return shlex.join([*parts, "--seeds", str(sub.seeds), *args])
+
+
+# ----------------------------------------------------------------------------------------------
+# the fit
+
+
+def fit_best_ratio(
+    losses: dict[int, dict[float, float]],
+    n_boot: int = BOOTSTRAP,
+    seed: int = BOOTSTRAP_SEED,
+) -> dict[str, Any]:
+    """Best start ratio of one point from per-seed losses {seed: {start: loss}} (start 1.0 =
+    uniform): the argmin over the swept range of a quadratic fitted to the per-start mean loss,
+    on all seeds (`best`) and per bootstrap resample of seeds (`ci`: 2.5-97.5 percentiles;
+    `at_upper_edge`: the fraction of resamples whose argmin is the steepest start)."""
+    import numpy as np
+
+    seeds = sorted(s for s, row in losses.items() if row)
+    starts = sorted({r for s in seeds for r in losses[s]})
+    if len(starts) < 3:
+        raise ValueError("fitting a best ratio needs >= 3 ratios")
+    seeds = [s for s in seeds if all(r in losses[s] for r in starts)]  # complete seeds only
+    if not seeds:
+        return {"best": None, "ci": None, "at_upper_edge": None, "n_seeds": 0, "starts": starts}
+    table = np.array([[losses[s][r] for r in starts] for s in seeds])  # seeds x starts
+    x = np.array(starts)
+    dense = np.linspace(x[0], x[-1], 1001)
+
+    def argmin(means: np.ndarray) -> float:
+        coef = np.polyfit(x, means, 2)
+        return float(dense[int(np.argmin(np.polyval(coef, dense)))])
+
+    best = argmin(table.mean(axis=0))
+    coef = np.polyfit(x, table.mean(axis=0), 2)
+    out: dict[str, Any] = {
+        "best": best,
+        "ci": None,
+        "at_upper_edge": None,
+        "n_seeds": len(seeds),
+        "starts": starts,
+        "mean_loss": [float(v) for v in table.mean(axis=0)],
+        "quadratic": [float(c) for c in coef],
+    }
+    if len(seeds) >= 2:
+        rng = np.random.default_rng(seed)
+        picks = rng.integers(0, len(seeds), size=(n_boot, len(seeds)))
+        boots = np.array([argmin(table[p].mean(axis=0)) for p in picks])
+        out["ci"] = [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))]
+        out["at_upper_edge"] = float(np.mean(boots >= x[-1] - 1e-9))
+    return out
+
+
+def point_losses(doc: dict[str, Any]) -> dict[int, dict[float, float]]:
+    """{seed: {start: val loss}} from one point's report.json."""
+    out: dict[int, dict[float, float]] = {}
+    for a in doc["allocations"]:
+        start = start_of(a["taper"])
+        for seed, run in a["per_seed"].items():
+            out.setdefault(int(seed), {})[start] = run["val_loss"]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# the report
+
+
+def write_scaling_report(points, docs, out: Path, meta: dict[str, Any]) -> tuple[Path, Path]:
+    from taperlm.io import atomic_write_json, atomic_write_text
+
+    rows = []
+    for key, size, _, _ in points:
+        doc = docs.get(key)
+        if doc is None:
+            continue
+        params = doc["allocations"][0]["params"]
+        tokens = doc["meta"]["settings"]["tokens"]  # rounded up to whole steps
+        fit = fit_best_ratio(point_losses(doc))
+        rows.append(
+            {
+                "point": key,
+                "size": size.name,
+                "preset": size.preset,
+                "params": params,
+                "tokens": tokens,
+                "tokens_per_param": tokens / params,
+                "lr": doc["lr_tuning"]["chosen_lr"]["uniform"] if doc.get("lr_tuning") else None,
+                "lr_at_edge": (doc.get("lr_tuning") or {})
+                .get("curves", {})
+                .get("uniform", {})
+                .get("at_edge"),
+                "diffs": {
+                    a["taper"]: a["diff_vs_uniform"] and a["diff_vs_uniform"]["val_loss"]
+                    for a in doc["allocations"]
+                },
+                "fit": fit,
+                "wall_s": doc["meta"]["wall_s"],
+                "report": f"{key}/report.md",
+            }
+        )
+    plot = None
+    if any(r["fit"]["best"] is not None for r in rows):
+        plot_scaling(rows, out / SCALING_PLOT)
+        plot = SCALING_PLOT
+    doc = {"meta": {**meta, "paper_point": PAPER_POINT, "plot": plot}, "points": rows}
+    md = _markdown(rows, meta, plot)
+    atomic_write_json(out / "report.json", doc)
+    atomic_write_text(out / "report.md", md)
+    return out / "report.md", out / "report.json"
+
+
+def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any], plot: str | None) -> str:
+    from taperlm.compare.report import diff_ci, md_table, produced_by
+
+    title = "# taperlm compare — paper scaling: the best cosine ratio against size and tokens"
+    if meta["done"] < meta["total"]:
+        title += f" (PARTIAL: {meta['done']}/{meta['total']} points done)"
+    tapers_seen = list(rows[0]["diffs"]) if rows else []
+    head = ["point", "params", "tokens", "tokens/param", "uniform's tuned lr"]
+    head += [f"Δ {t} [95% CI]" for t in tapers_seen if t != "uniform"]
+    head += ["best start ratio [95% bootstrap]", "resamples at the steepest"]
+    table = []
+    for r in rows:
+        f = r["fit"]
+        best = "–" if f["best"] is None else f"{f['best']:.2f}"
+        if f["ci"]:
+            best += f" [{f['ci'][0]:.2f}, {f['ci'][1]:.2f}]"
+        edge = "–" if f["at_upper_edge"] is None else f"{100 * f['at_upper_edge']:.0f}%"
+        lr = "–" if r["lr"] is None else f"{r['lr']:g}" + (" (edge)" if r["lr_at_edge"] else "")
+        table.append(
+            [
+                f"[{r['point']}]({r['report']})",
+                f"{r['params']:,}",
+                f"{r['tokens']:,}",
+                f"{r['tokens_per_param']:.3f}",
+                lr,
+                *(diff_ci(r["diffs"][t], ".4f") for t in tapers_seen if t != "uniform"),
+                best,
+                edge,
+            ]
+        )
+    lines = [
+        title,
+        "",
+        *produced_by(meta["command"]),
+        f"{meta['done']}/{meta['total']} points, {meta['wall_s'] / 60:.1f} min this invocation; "
+        f"{meta['created']}",
+        "",
+        *md_table(head, table),
+        "",
+        "Δ = cosine START:2−START minus uniform, paired over seeds (95% t interval). Best start "
+        "ratio: argmin over the swept range of a quadratic in the start ratio fitted to the mean "
+        f"losses (uniform = 1.0); interval: 2.5–97.5 percentiles over {BOOTSTRAP} bootstrap "
+        "resamples of the seeds. When many resamples put the best at the steepest ratio, the "
+        "optimum lies at or beyond it. The paper's point: 440M parameters, 30B tokens "
+        "(68 tokens/param), best 1.5→0.5.",
+        "",
+    ]
+    if plot:
+        lines += [f"![best ratio against scale]({plot})", ""]
+    return "\n".join(lines)
+
+
+def plot_scaling(rows: list[dict[str, Any]], path: Path) -> None:
+    """Best start ratio (bootstrap interval) against parameters, one line per token budget, and
+    against tokens per parameter; the paper's 440M point on both."""
+    from taperlm.analysis.plots import _figure, _save
+
+    fig, axes = _figure(2, width=12.0)
+    budgets = sorted({r["tokens"] for r in rows})
+    for ax, xkey, xlabel in (
+        (axes[0], "params", "parameters"),
+        (axes[1], "tokens_per_param", "training tokens per parameter"),
+    ):
+        for i, tokens in enumerate(budgets):
+            pts = sorted(
+                (r[xkey], r["fit"]) for r in rows if r["tokens"] == tokens and r["fit"]["best"]
+            )
+            if not pts:
+                continue
+            xs = [p[0] for p in pts]
+            ys = [p[1]["best"] for p in pts]
+            err = [
+                [y - (f["ci"] or [y, y])[0] for (_, f), y in zip(pts, ys)],
+                [(f["ci"] or [y, y])[1] - y for (_, f), y in zip(pts, ys)],
+            ]
+            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color=f"C{i}",
+                        label=f"{tokens:,} tokens/run")  # fmt: skip
+        px = (
+            PAPER_POINT["params"]
+            if xkey == "params"
+            else PAPER_POINT["tokens"] / PAPER_POINT["params"]
+        )
+        ax.plot([px], [PAPER_POINT["best_start"]], marker="*", markersize=14, color="k",
+                linestyle="none", label="paper, 440M / 30B tokens")  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("best cosine start ratio (end = 2 − start)")
+        ax.set_ylim(0.95, 2.0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    axes[0].set_title("Best taper ratio against model size")
+    axes[1].set_title("... against tokens per parameter")
+    _save(fig, path)

@@ -1,0 +1,138 @@
+"""The report of `taperlm compare --tune-lr` (`taperlm.compare.tuning`): report.md's "Learning
+rate tuning" section and lr_tuning.png, from report.json's `lr_tuning`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from taperlm.compare.report import diff_ci, md_table, mean_pm
+
+LR_PLOT = "lr_tuning.png"
+
+
+def tuning_section(t: dict[str, Any]) -> list[str]:
+    """report.md's "Learning rate tuning" section from report.json's `lr_tuning`."""
+    lrs = t["lrs"]
+    lines = [
+        "## Learning rate tuning",
+        "",
+        f"`--tune-lr`: every {'allocation' if t['scope'] == 'each' else 'uniform run'} trained "
+        f"at lr {', '.join(f'{x:g}' for x in lrs)} on tuning seeds {t['tuning_seeds']} "
+        f"(disjoint from the reported seeds {t['reported_seeds']}); chosen lr = the lowest mean "
+        "validation loss over the tuning seeds. "
+        + (
+            "Every allocation was then trained at uniform's chosen lr: the table above is at "
+            "that lr."
+            if t["scope"] == "uniform"
+            else "The reported seeds then ran each allocation at its own chosen lr."
+        ),
+        "",
+    ]
+    head = ["allocation", *(f"lr {x:g}" for x in lrs), "chosen lr"]
+    rows = []
+    for c in t["curves"].values():
+        cells = []
+        for p in c["curve"]:
+            if p["mean"] is None:
+                cells.append("–")
+            elif p["ci"] is None:
+                cells.append(f"{p['mean']:.4f}")
+            else:
+                cells.append(f"{p['mean']:.4f} ± {(p['ci'][1] - p['ci'][0]) / 2:.4f}")
+        edge = " (grid edge)" if c["at_edge"] else ""
+        rows.append([c["label"], *cells, f"**{c['chosen_lr']:g}**{edge}"])
+    lines += md_table(head, rows)
+    lines += [
+        "",
+        "Mean validation loss over the tuning seeds ± the half-width of its 95% t interval. "
+        "`(grid edge)`: the best lr is the grid's smallest or largest, so the optimum may lie "
+        "beyond it; widen --lr-grid.",
+        "",
+    ]
+    if t.get("tuned"):
+        rows = []
+        for a in t["tuned"]:
+            rows.append(
+                [
+                    a["label"],
+                    f"{t['recipe_lr']:g}",
+                    diff_ci(a["shared_diff"], ".4f"),
+                    f"{a['lr']:g}",
+                    diff_ci(a["tuned_diff"], ".4f"),
+                    _fmt(a["shared_loss"]),
+                    _fmt(a["tuned_loss"]),
+                ]
+            )
+        lines += md_table(
+            [
+                "allocation",
+                "shared lr",
+                "Δ loss vs uniform, shared lr [95% CI]",
+                "own lr",
+                "Δ loss vs uniform, own lrs [95% CI]",
+                "val loss, shared lr",
+                "val loss, own lr",
+            ],
+            rows,
+        )
+        lines += [
+            "",
+            "Both differences are paired over the reported seeds (each allocation minus uniform "
+            "of the same seed); at own lrs each side runs at its own chosen lr.",
+            "",
+        ]
+    c = t["cost"]
+    lines += (
+        []
+        if "factor" not in c
+        else [
+            f"Extra cost of tuning: {c['tuning_cells']} tuning runs ({c['tuning_s'] / 60:.1f} min of "
+            f"run time) + {c['tuned_cells']} reported runs at lrs other than the recipe's "
+            f"({c['tuned_s'] / 60:.1f} min), against {c['reported_s'] / 60:.1f} min for the "
+            f"reported grid itself ({c['factor']:.2f}x in all).",
+            "",
+        ]
+    )
+    lines += [
+        f"![loss vs lr]({t['plot']})" if t.get("plot") else "",
+        "",
+    ]
+    return lines
+
+
+def _fmt(s: dict[str, Any] | None) -> str:
+    return "–" if s is None else mean_pm(s, ".4f")
+
+
+def plot_curves(curves: dict[str, Any], recipe_lr: float, path: Path) -> None:
+    """Validation loss against lr per allocation (mean over tuning seeds, 95% intervals), the
+    chosen lrs marked."""
+    from taperlm.analysis.plots import plot_interval_series
+
+    series = {}
+    for c in curves.values():
+        pts = []
+        for p in c["curve"]:
+            if p["mean"] is None:
+                continue
+            lo, hi = p["ci"] if p["ci"] else (None, None)
+            pts.append((p["lr"], p["mean"], lo, hi))
+        series[f"{c['label']} (best {c['chosen_lr']:g})"] = pts
+    plot_interval_series(
+        series,
+        path,
+        title=f"Validation loss vs peak lr (tuning seeds; recipe lr {recipe_lr:g})",
+        xlabel="peak learning rate",
+        ylabel="validation loss (mean, 95% CI)",
+        logx=True,
+        zero_line=False,
+    )
+
+
+def with_plot(tuning: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """`tuning` with its plot drawn into out_dir (when it has curves)."""
+    if not tuning["curves"]:
+        return tuning
+    plot_curves(tuning["curves"], tuning["recipe_lr"], out_dir / LR_PLOT)
+    return {**tuning, "plot": LR_PLOT}
