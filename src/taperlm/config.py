@@ -3,7 +3,7 @@
 
 The resolved per-layer sizes (`ModelConfig.mlp_widths`, `ModelConfig.layer_heads`) are the
 authority: they are written by `ModelConfig.resolve()` from the tapers and never recomputed once
-present, so a checkpoint always rebuilds the shapes it was trained with (DESIGN.md, principle 2).
+present, so a checkpoint always rebuilds the shapes it was trained with (docs/training.md, run directories).
 
 What differs between model families (their options, checks and per-layer sizes) lives in
 `taperlm.families`; a model config carries only its own family's section (`hope:`, `titans:`,

@@ -3,10 +3,10 @@
     taperlm compare --out cmp                                   # defaults: see docs/compare.md
     taperlm compare --preset transformer-small --tapers 'uniform;cosine:1.5:0.5' --seeds 5 \\
         --tokens 2000000 --data data/default --out cmp-small
-    taperlm compare --paper controlled --out cmp-paper          # PAPER.md §3 grid
+    taperlm compare --paper controlled --out cmp-paper          # the paper's controlled grid
     taperlm compare --tapers 'uniform;cosine;novelty:pilot;cosine+heads:cosine:1.25:0.75' \\
         --out cmp-beyond                                        # beyond the paper
-    taperlm compare --paper families --out cmp-families         # PAPER.md §6 table, tiny presets
+    taperlm compare --paper families --out cmp-families         # the paper's family table, tiny presets
 
 Parses the arguments and calls `taperlm.compare.job.run_comparison` (`--paper families`:
 `taperlm.compare.families.run_families`, one comparison per family; precedence of settings,

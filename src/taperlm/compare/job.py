@@ -52,7 +52,7 @@ COMPARE_TRAIN_DEFAULTS: dict[str, Any] = {
 # Model settings of compare's CPU recipe for a preset of a small size (micro, tiny, small); a config
 # file's model section and --set win. Not applied at the paper's sizes (their init is the paper's).
 COMPARE_MODEL_DEFAULTS: dict[str, Any] = {"init_std": 0.1}
-# A preset of one of the paper's sizes trains with the paper's recipe instead (PAPER.md §5:
+# A preset of one of the paper's sizes trains with the paper's recipe instead (its training recipe:
 # AdamW, peak lr 4e-4, weight decay 0.1, cosine decay, 0.5M-token batches of 4K-token
 # sequences, 30B/50B/100B tokens), so that the same command runs the paper's experiment on GPUs.
 # micro_batch_size 4 (16 accumulation steps) fits a 1.3B model at 4K context on an 80 GB GPU
@@ -303,8 +303,8 @@ def eval_settings(opts: CompareOptions):
     if opts.eval_niah_lengths.strip():
         niah_lengths = parse_lengths(opts.eval_niah_lengths, "--eval-niah-lengths")
     eval_data = None
-    # Files: the zero-shot tasks', and the prose haystack of niah_single_2/3.
-    if [t for t in tasks if t != "niah_single_1"]:
+    # Files of the zero-shot tasks (the NIAH tasks need none: their prose ships with Python).
+    if [t for t in tasks if t not in NIAH_TASKS]:
         eval_data = opts.eval_data or eval_data_dir()
         if eval_data is None or not Path(eval_data).is_dir():
             raise DataError(

@@ -338,7 +338,7 @@ def _paper_section(pc: dict[str, Any], allocs: list[dict[str, Any]]) -> list[str
         "## Against the paper",
         "",
         "The paper's numbers are validation perplexities of a 440M Transformer after 30B tokens "
-        "(PAPER.md §3, §4), so only the *ordering* is comparable. Our change vs uniform is "
+        "(its controlled experiment and schedule x ratio sweep), so only the *ordering* is comparable. Our change vs uniform is "
         "exp(Δ loss) − 1, paired over seeds, with its 95% interval.",
         "",
         f"- ours, best to worst: {' < '.join(label[n] for n in order_ours)}",

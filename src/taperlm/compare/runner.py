@@ -116,8 +116,20 @@ class SharedInputs:
             if name not in NIAH_SPECS:
                 self.task(name)
             elif NIAH_SPECS[name].haystack == "essay":
-                self.haystack()
+                self._check_haystack()
         return self
+
+    def _check_haystack(self) -> None:
+        """The prose must fill the longest --eval-niah-lengths value (without it, each cell's
+        context length: too short for a haystack to run out)."""
+        from taperlm.evaluation import niah
+
+        hay = self.haystack()
+        if self.settings.niah_lengths:
+            codec = niah.TokenizerCodec(self.tokenizer)
+            niah.check_haystack(
+                hay, lambda text: len(codec.encode(text)), max(self.settings.niah_lengths)
+            )
 
     def task(self, name: str):
         if name not in self._tasks:
@@ -129,11 +141,11 @@ class SharedInputs:
         return self._tasks[name]
 
     def haystack(self):
-        """The prose of niah_single_2/3 (WikiText-2 test of the evaluation data)."""
+        """The prose of niah_single_2/3 (`taperlm eval`'s default haystack)."""
         if self._haystack is None:
-            from taperlm.evaluation.niah import load_haystack
+            from taperlm.evaluation.niah import DEFAULT_HAYSTACK, load_haystack
 
-            self._haystack = load_haystack("wikitext", self.settings.eval_data, 10**7)
+            self._haystack = load_haystack(DEFAULT_HAYSTACK, self.settings.eval_data, 10**7)
         return self._haystack
 
 
