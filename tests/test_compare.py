@@ -779,11 +779,17 @@ def _group_gone(pgid: int, wait_s: float = 10.0) -> bool:
 
 
 def test_train_ctrl_c_message_names_the_command():
-    from taperlm.cli import _interrupted
+    import argparse
 
-    msg = _interrupted("train", ["train", "--preset", "x", "--resume", "never", "--out", "r"])
-    assert "taperlm train --preset x --resume auto --out r" in msg
-    assert _interrupted("plan", ["plan"]) == "taperlm plan: interrupted"
+    from taperlm.cli import _interrupted, resume_command
+
+    argv = ["train", "--preset", "x", "--resume", "never", "--out", "r"]
+    assert resume_command("train", argv) == "taperlm train --preset x --resume auto --out r"
+    msg = _interrupted(argparse.Namespace(_command="compare"), ["compare", "--out", "c"])
+    assert "saved" in msg and "taperlm compare --out c" in msg
+    assert (
+        _interrupted(argparse.Namespace(_command="plan"), ["plan"]) == "taperlm plan: interrupted"
+    )
 
 
 # ---------------------------------------------------------------------------------- beyond the paper

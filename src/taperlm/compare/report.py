@@ -338,8 +338,9 @@ def _paper_section(pc: dict[str, Any], allocs: list[dict[str, Any]]) -> list[str
         "## Against the paper",
         "",
         "The paper's numbers are validation perplexities of a 440M Transformer after 30B tokens "
-        "(its controlled experiment and schedule x ratio sweep), so only the *ordering* is comparable. Our change vs uniform is "
-        "exp(Δ loss) − 1, paired over seeds, with its 95% interval.",
+        "(its controlled experiment and schedule x ratio sweep), so only the *ordering* is "
+        "comparable. Our change vs uniform is exp(Δ loss) − 1, paired over seeds, with its 95% "
+        "interval.",
         "",
         f"- ours, best to worst: {' < '.join(label[n] for n in order_ours)}",
         f"- paper, best to worst: {' < '.join(label[n] for n in order_paper)}",

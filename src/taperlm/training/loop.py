@@ -744,6 +744,12 @@ class Trainer:
         process only) is told of every step and may ask for a checkpoint or a stop."""
         from tqdm.auto import tqdm
 
+        if progress and self.info.is_main and self.step > 0:
+            print(
+                f"taperlm train: resuming {self.out} from its checkpoint at step {self.step}; "
+                f"continuing at step {self.step + 1} of {self.total_steps}",
+                file=sys.stderr,
+            )
         bar = tqdm(
             total=self.total_steps * self.cfg.batch_tokens,
             initial=self.tokens,
