@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from taperlm.config import ModelConfig
+from taperlm.config import OVERRIDES_ENV, ModelConfig
 from taperlm.evaluation.locate import EVAL_DATA_ENV, NO_EVAL_DATA, eval_data_dir
 from taperlm.taper import TaperSpec
 
@@ -81,6 +81,7 @@ def _no_shared_data_unless_asked(request: pytest.FixtureRequest, monkeypatch) ->
     checkout: a default that silently reads ../shared fails here, not on a user's fresh clone."""
     if request.node.get_closest_marker("shared") is None:
         monkeypatch.setenv(EVAL_DATA_ENV, NO_EVAL_DATA)
+    monkeypatch.delenv(OVERRIDES_ENV, raising=False)  # a developer's own overrides stay out
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import argparse
 
-from taperlm.config import RunConfig, apply_overrides, clear_resolved_sizes, run_config_from_dict
+from taperlm.config import (
+    OVERRIDES_ENV,
+    RunConfig,
+    apply_overrides,
+    clear_resolved_sizes,
+    env_overrides,
+    run_config_from_dict,
+)
 from taperlm.domains import input_path, number
 from taperlm.presets import config_data
 from taperlm.taper import TaperSpec
@@ -48,7 +55,7 @@ def add_model_arguments(
         default=[],
         metavar="KEY=VALUE",
         help="override a config value, e.g. --set model.n_layers=12 or --set train.lr=1e-3 "
-        "(repeatable)",
+        "(repeatable; $TAPERLM_SET, e.g. 'train.tokens=8192 model.n_layers=2', applies after)",
     )
 
 
@@ -70,4 +77,5 @@ def build_run_config(args: argparse.Namespace) -> RunConfig:
         model["head_taper"] = args.head_taper
         clear_resolved_sizes(model)
     apply_overrides(data, args.overrides)
+    apply_overrides(data, env_overrides(), OVERRIDES_ENV)
     return run_config_from_dict(data, source).resolve()

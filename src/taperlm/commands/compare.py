@@ -154,8 +154,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from taperlm.compare.families import run_families
     from taperlm.compare.job import run_comparison
+    from taperlm.config import env_overrides
 
     names = [f.name for f in dataclasses.fields(CompareOptions)]
     opts = CompareOptions(**{name: getattr(args, name) for name in names})
+    # $TAPERLM_SET joins --set: the report's reproducing command then shows it as --set.
+    opts.overrides = [*opts.overrides, *env_overrides()]
     (run_families if opts.paper == "families" else run_comparison)(opts)
     return 0
