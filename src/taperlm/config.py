@@ -314,7 +314,7 @@ class TrainConfig:
 
     seed: int = setting(0, f"[0, {MAX_SEED}]")
     paired_init: bool = False
-    tokens: int = setting(1_000_000, "[1, inf)")
+    tokens: int = setting(62 * 16384, "[1, inf)")  # ~1M: whole steps of the default batch
     batch_tokens: int = setting(16384, "[1, inf)")
     micro_batch_size: int = setting(8, "[1, inf)")
     seq_len: int = setting(256, "[1, inf)")

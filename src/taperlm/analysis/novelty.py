@@ -582,6 +582,8 @@ def _batches(
 def _progress(total: int, enabled: bool, name: str):
     if not enabled:
         return None
-    from tqdm.auto import tqdm
+    from taperlm.progress import progress_bar
 
-    return tqdm(total=total, unit="tok", unit_scale=True, desc=f"novelty {name}", leave=False)
+    return progress_bar(
+        total=total, unit="tok", unit_scale=True, desc=f"novelty {name}", leave=False
+    )

@@ -307,12 +307,13 @@ def niah_generate(
     desc: str = "niah",
 ) -> list[dict[str, Any]]:
     """Greedy answers (128 tokens at most, stop at EOS) and string-match scores of `samples`."""
-    from tqdm.auto import tqdm
-
     from taperlm.generation import greedy_batch
+    from taperlm.progress import progress_bar
 
     prompts = [codec.encode(s.prompt) for s in samples]
-    bar = tqdm(total=len(samples), desc=desc, unit="item", disable=not progress, leave=False)
+    bar = progress_bar(
+        total=len(samples), desc=desc, unit="item", disable=not progress, leave=False
+    )
     out = greedy_batch(
         model,
         prompts,

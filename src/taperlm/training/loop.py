@@ -742,7 +742,7 @@ class Trainer:
         """Train to the end (or until `stop_after` completed steps): one optimizer step at a
         time, then logging, evaluation and checkpoints when they are due. `on_step` (one
         process only) is told of every step and may ask for a checkpoint or a stop."""
-        from tqdm.auto import tqdm
+        from taperlm.progress import progress_bar
 
         if progress and self.info.is_main and self.step > 0:
             print(
@@ -750,7 +750,7 @@ class Trainer:
                 f"continuing at step {self.step + 1} of {self.total_steps}",
                 file=sys.stderr,
             )
-        bar = tqdm(
+        bar = progress_bar(
             total=self.total_steps * self.cfg.batch_tokens,
             initial=self.tokens,
             unit="tok",
