@@ -83,6 +83,17 @@ TINY = [
 ALLOCS = ["--tapers", "uniform;late=cosine:0.5:1.5"]
 
 
+def assert_delta_units(md: str) -> None:
+    """Every Δ column of a report's tables names its unit (nats, %, or points): a difference in
+    perplexity points once stood unlabelled next to percentages."""
+    headers = [ln for i, ln in enumerate(md.splitlines()[:-1]) if ln.startswith("|")
+               and md.splitlines()[i + 1].startswith("|---")]  # fmt: skip
+    cells = [c.strip() for h in headers for c in h.strip("|").split("|") if "Δ" in c]
+    assert cells, "no Δ column found"
+    unitless = [c for c in cells if not any(u in c for u in ("nats", "%", "points"))]
+    assert not unitless, f"Δ columns without a unit: {unitless}"
+
+
 def _cli(args: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -153,7 +164,8 @@ def test_grid_runs_end_to_end(finished):
     assert rep["base_config"]["model"]["vocab_size"] == 300
     md = (out / "report.md").read_text()
     assert "| uniform | `uniform` |" in md and "| late | `cosine:0.5:1.5` |" in md
-    assert "Δ loss vs uniform [95% CI]" in md and "(baseline)" in md
+    assert "Δ loss vs uniform, nats [95% CI]" in md and "(baseline)" in md
+    assert_delta_units(md)
     assert "taperlm compare --preset transformer-tiny" in md
     assert "![widths](widths.png)" in md and "## Novelty" in md
 
@@ -907,6 +919,7 @@ def test_paper_families_end_to_end(data_dir, tmp_path):
     assert fams[0]["params"] != fams[1]["params"]  # each family keeps its own budget
     md = (out / "report.md").read_text()
     assert "taperlm compare --paper families --preset-size micro" in md
+    assert_delta_units(md)
     assert "| **Transformer++** |" in md and "| **Titans (titans-mag)** |" in md
     assert "21.42 (-2.01%)" in md and "20.77 (-3.75%)" in md  # the paper's 760M changes
     assert "![paired perplexity change per family](families.png)" in md

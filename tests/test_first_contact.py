@@ -82,7 +82,7 @@ def test_every_help_starts_fast_and_says_what_the_command_does():
             [sys.executable, "-c", probe, *argv], capture_output=True, text=True, check=True
         )
         assert done.stdout.rstrip().endswith("NO-TORCH 0"), (argv, done.stdout[-300:])
-        purpose = COMMANDS[argv[0]] if argv[0] in COMMANDS else "Tapered Language Models"
+        purpose = COMMANDS.get(argv[0], "Tapered Language Models")
         assert purpose in " ".join(done.stdout.split()), argv
 
 
@@ -91,3 +91,19 @@ def test_set_help_names_the_environment_overrides(command, capsys):
     with pytest.raises(SystemExit):
         main([command, "--help"])
     assert "$TAPERLM_SET" in capsys.readouterr().out
+
+
+def test_compare_without_data_says_which_corpus_it_trains_on(tmp_path, monkeypatch):
+    """No --data: compare keeps its own corpus (the main job's numbers depend on its tokenizer)
+    and says so, naming a folder `taperlm prepare` wrote here that it does not use."""
+    from taperlm.compare.job import DEFAULT_CORPUS_TOKENIZER, _default_corpus_note
+
+    monkeypatch.chdir(tmp_path)
+    note = _default_corpus_note(tmp_path / "cache")
+    assert "built-in corpus" in note and DEFAULT_CORPUS_TOKENIZER in note and "--data" in note
+    assert "prepared here" not in note
+    (tmp_path / "data" / "default").mkdir(parents=True)
+    (tmp_path / "data" / "default" / "meta.json").write_text("{}")
+    assert "data/default (prepared here) is used only with --data" in _default_corpus_note(
+        tmp_path / "cache"
+    )

@@ -199,12 +199,12 @@ def _validation_table(entries: list[dict[str, Any]]) -> list[str]:
         "FLOPs/token",
         "val loss",
         "val ppl",
-        "Δ loss vs uniform [95% CI]",
-        "Δ ppl [95% CI]",
+        "Δ loss vs uniform, nats [95% CI]",
+        "Δ ppl vs uniform, % [95% CI]",
         "n",
-        "paper Wiki ppl (Δ)",
-        "paper LMB ppl (Δ)",
-        "paper Avg acc (Δ)",
+        "paper Wiki ppl (Δ %)",
+        "paper LMB ppl (Δ %)",
+        "paper Avg acc, % (Δ points)",
     ]
     rows = []
     for e in entries:
@@ -257,7 +257,7 @@ def _zero_shot_table(entries: list[dict[str, Any]], settings: dict[str, Any]) ->
         f"accuracy (tapered − uniform, 95% CI). {CHANCE_NOTE} The paper's 760M rows (italic) "
         "for scale.",
         "",
-        *md_table(["model", *cols, "Δ Avg [95% CI]"], rows),
+        *md_table(["model", *cols, "Δ Avg, acc points [95% CI]"], rows),
         "",
     ]
 

@@ -594,9 +594,26 @@ def _data_dir(opts: CompareOptions, provisional) -> Path:
     elif provisional.data.dir:
         data_dir = Path(provisional.data.dir).expanduser().resolve()
     else:
-        return default_corpus_dir(not opts.no_progress)
+        target = default_corpus_dir(not opts.no_progress)
+        print(_default_corpus_note(target), file=sys.stderr)
+        return target
     load_meta(data_dir)  # DataError naming `taperlm prepare` when missing or incomplete
     return data_dir
+
+
+def _default_corpus_note(target: Path) -> str:
+    """Which data a compare without --data trains on, and the prepared folders it leaves alone
+    (its own corpus keeps the main job's numbers reproducible: another tokenizer would change
+    the models' size)."""
+    from taperlm.data.prepare import META_FILE
+
+    here = sorted(str(p.parent) for p in Path("data").glob(f"*/{META_FILE}"))[:3]
+    other = f"; {', '.join(here)} (prepared here) is used only with --data" if here else ""
+    return (
+        f"taperlm compare: data: the built-in corpus (Debian's Python, Perl and Linux "
+        f"documentation) with its {DEFAULT_CORPUS_TOKENIZER} tokenizer, cached in {target}; "
+        f"--data DIR trains on other data{other}"
+    )
 
 
 def _report_meta(opts, grid, results, command, data_dir, meta, settings) -> dict[str, Any]:

@@ -147,8 +147,8 @@ def _validation_section(summary: dict[str, Any]) -> list[str]:
         "tokens/s",
         "val loss",
         "val ppl",
-        "Δ loss vs uniform [95% CI]",
-        "Δ ppl vs uniform [95% CI]",
+        "Δ loss vs uniform, nats [95% CI]",
+        "Δ ppl vs uniform, ppl points [95% CI]",
         "n",
     ]
     if show_paper:
