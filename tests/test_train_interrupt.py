@@ -178,3 +178,30 @@ def test_signal_stop_asks_once_then_stops_at_once(monkeypatch):
     clock[0] += 2.0
     with pytest.raises(KeyboardInterrupt):
         stop._handle(signal.SIGINT, None)
+
+
+def test_an_interrupt_during_an_import_waits_for_it(tmp_path, monkeypatch):
+    """Cutting an import short leaves a half-initialized module behind (the trainer's cleanup
+    then failed on sympy with an unrelated traceback): the interrupt is repeated after it."""
+    from taperlm.training import interrupt
+
+    got: list[int] = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(signum))
+    try:
+        (tmp_path / "slow_module_i31.py").write_text(
+            "import signal, sys\n"
+            "from taperlm.training.interrupt import _interrupt_when_safe\n"
+            "_interrupt_when_safe(signal.SIGUSR1, sys._getframe())\n"
+            "LOADED = True\n"
+        )
+        monkeypatch.syspath_prepend(str(tmp_path))
+        import slow_module_i31  # noqa: F401  (no KeyboardInterrupt inside the import)
+
+        deadline = time.time() + 10
+        while not got and time.time() < deadline:
+            time.sleep(0.01)
+        assert got == [signal.SIGUSR1]  # the signal came again once the import was done
+        with pytest.raises(KeyboardInterrupt):
+            interrupt._interrupt_when_safe(signal.SIGINT, sys._getframe())
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

@@ -22,6 +22,7 @@ from types import FrameType
 from typing import Any
 
 SAME_REQUEST_S = 1.0
+RETRY_S = 0.1  # an interrupt that arrives during an import is repeated after this long
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -48,7 +49,8 @@ class SignalStop:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         now = time.monotonic()
         if not self.armed:
-            raise KeyboardInterrupt
+            _interrupt_when_safe(signum, frame)
+            return
         if self.requested_at is None:
             self.requested_at = now
             sys.stderr.write(
@@ -56,7 +58,7 @@ class SignalStop:
                 "Ctrl-C again to stop at once)\n"
             )
         elif now - self.requested_at > SAME_REQUEST_S:
-            raise KeyboardInterrupt
+            _interrupt_when_safe(signum, frame)
 
     def __call__(self, step: int, total_steps: int, loss: float) -> str | None:
         self.armed = True
@@ -65,6 +67,21 @@ class SignalStop:
             return None
         self.stopped_at = step
         return "stop"
+
+
+def _interrupt_when_safe(signum: int, frame: FrameType | None) -> None:
+    """KeyboardInterrupt now, unless the main thread is importing a module: an import cut short
+    leaves the module half-initialized, and the cleanup that follows (the trainer restoring
+    torch's settings imports torch._inductor, sympy, ...) then fails with an unrelated error.
+    The signal is sent again shortly, until the import is done."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            import os
+
+            threading.Timer(RETRY_S, os.kill, (os.getpid(), signum)).start()
+            return
+        frame = frame.f_back
+    raise KeyboardInterrupt
 
 
 def _any_rank(flag: bool) -> bool:
@@ -106,6 +123,6 @@ def interrupted_message(
             f"{step + 1}:\n  {command}"
         )
     return (
-        f"taperlm train: interrupted; the newest checkpoint is {path} (step {step}), the steps "
-        f"after it were not saved. The same command resumes at step {step + 1}:\n  {command}"
+        f"taperlm train: interrupted; the newest checkpoint is {path} (step {step}), so the "
+        f"same command resumes at step {step + 1}:\n  {command}"
     )
