@@ -740,8 +740,9 @@ class Trainer:
         on_step: StepHook | None = None,
     ) -> TrainResult:
         """Train to the end (or until `stop_after` completed steps): one optimizer step at a
-        time, then logging, evaluation and checkpoints when they are due. `on_step` (one
-        process only) is told of every step and may ask for a checkpoint or a stop."""
+        time, then logging, evaluation and checkpoints when they are due. `on_step` is told
+        of every step (on every rank: under torchrun its answer must be the same on all, as
+        `training.interrupt.SignalStop` ensures) and may ask for a checkpoint or a stop."""
         from taperlm.progress import progress_bar
 
         if progress and self.info.is_main and self.step > 0:
