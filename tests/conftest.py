@@ -12,6 +12,7 @@ copy.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -62,11 +63,19 @@ def torchrun_command(*args: str, nproc: int = 2) -> list[str]:
     ]  # fmt: skip
 
 
+# The evaluation-data lookup as the developer's environment has it (the `shared` tests use it).
+_REAL_EVAL_DATA = os.environ.get(EVAL_DATA_ENV)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "shared: reads ../shared/data (given to every test that uses the `shared_data` fixture)",
     )
+    # For the whole session, fixtures of every scope included: no evaluation data (as on a
+    # fresh clone), and none of a developer's own config overrides.
+    os.environ[EVAL_DATA_ENV] = NO_EVAL_DATA
+    os.environ.pop(OVERRIDES_ENV, None)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -75,19 +84,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.shared)
 
 
+def _real_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    if _REAL_EVAL_DATA is None:
+        monkeypatch.delenv(EVAL_DATA_ENV, raising=False)
+    else:
+        monkeypatch.setenv(EVAL_DATA_ENV, _REAL_EVAL_DATA)
+
+
 @pytest.fixture(autouse=True)
-def _no_shared_data_unless_asked(request: pytest.FixtureRequest, monkeypatch) -> None:
-    """Tests without the `shared` marker see no evaluation data, whatever lies beside the
-    checkout: a default that silently reads ../shared fails here, not on a user's fresh clone."""
-    if request.node.get_closest_marker("shared") is None:
-        monkeypatch.setenv(EVAL_DATA_ENV, NO_EVAL_DATA)
-    monkeypatch.delenv(OVERRIDES_ENV, raising=False)  # a developer's own overrides stay out
+def _shared_data_only_when_asked(request: pytest.FixtureRequest, monkeypatch) -> None:
+    """Tests with the `shared` marker see the evaluation data the way the library finds it;
+    every other test sees none, whatever lies beside the checkout: a default that silently
+    reads ../shared fails here, not on a user's fresh clone."""
+    if request.node.get_closest_marker("shared") is not None:
+        _real_lookup(monkeypatch)
 
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """Path to ../shared/data (real eval sets, GPT-2 tokenizer, tiny-shakespeare); skip if absent."""
-    path = eval_data_dir()
+    with pytest.MonkeyPatch.context() as mp:
+        _real_lookup(mp)
+        path = eval_data_dir()
     if path is None or not path.is_dir():
         pytest.skip("../shared/data is not present beside the checkout")
     return path

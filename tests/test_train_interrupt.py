@@ -26,7 +26,7 @@ from taperlm.training.metrics import read_metrics
 SMALL = [
     "model.n_layers=2", "model.d_model=32", "model.n_heads=2", "model.mlp_width=96",
     "model.vocab_size=512", "model.context_length=64", "train.seq_len=32",
-    "train.micro_batch_size=2", "train.batch_tokens=64", "train.tokens=1920",  # 30 steps
+    "train.micro_batch_size=2", "train.batch_tokens=64", "train.tokens=768",  # 12 steps
     "train.warmup_tokens=512", "train.log_every=1", "train.eval_every=0",
     "train.checkpoint_every=1000", "train.keep_checkpoints=3",
 ]  # fmt: skip
@@ -86,7 +86,7 @@ def _message_step(err: str) -> int:
     return int(found[0][0] or found[0][1])
 
 
-def _resume_and_check(cmd: list[str], out: Path, step: int, total: int = 30) -> None:
+def _resume_and_check(cmd: list[str], out: Path, step: int, total: int = 12) -> None:
     """The same command again: it starts at `step` (announced when it resumes) and finishes."""
     done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -105,7 +105,7 @@ def test_ctrl_c_before_the_first_checkpoint_saves_and_resumes_there(data_dir, tm
     rc, err = _interrupt(cmd, out, lambda o: _logged_steps(o) >= 3)
     assert rc == 130, err
     step = _message_step(err)
-    assert f"interrupted at step {step - 1} of 30; saved the checkpoint" in err
+    assert f"interrupted at step {step - 1} of 12; saved the checkpoint" in err
     assert [s for s, _ in ckpt.list_checkpoints(out)] == [step - 1]
     assert "taperlm train --preset transformer-tiny" in err and "Traceback" not in err
     _resume_and_check(cmd, out, step)
@@ -118,7 +118,8 @@ def test_ctrl_c_before_the_first_checkpoint_saves_and_resumes_there(data_dir, tm
 )
 def test_ctrl_c_at_any_moment_resumes_where_the_message_says(data_dir, tmp_path, moment):
     out = tmp_path / "run"
-    extra = ("train.checkpoint_every=1",) if moment == "mid-save" else ()
+    extra = ("train.tokens=1920",)  # 30 steps: time to hit a save
+    extra += ("train.checkpoint_every=1",) if moment == "mid-save" else ()
     cmd = [sys.executable, *_command(data_dir, out, *extra)]
     if moment == "setting-up":  # the run dir is locked, no step has run yet
 
@@ -141,21 +142,23 @@ def test_ctrl_c_at_any_moment_resumes_where_the_message_says(data_dir, tmp_path,
     have = [s for s, _ in ckpt.list_checkpoints(out)]
     assert (max(have) + 1 if have else 1) == step, (have, err)
     assert "Traceback" not in err
-    _resume_and_check(cmd, out, step)
+    _resume_and_check(cmd, out, step, total=30)
 
 
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_ctrl_c_under_torchrun_stops_every_rank_at_one_step(data_dir, tmp_path):
     out = tmp_path / "run"
-    cmd = torchrun_command(*_command(data_dir, out, "train.micro_batch_size=1"))
+    cmd = torchrun_command(
+        *_command(data_dir, out, "train.micro_batch_size=1", "train.tokens=1920")
+    )
     rc, err = _interrupt(cmd, out, lambda o: _logged_steps(o) >= 3)
     assert rc != 0
     step = _message_step(err)  # one message (rank 0's)
     assert f"interrupted at step {step - 1} of 30; saved the checkpoint" in err
     assert "torchrun <the same options> -m taperlm.cli train" in err
     assert [s for s, _ in ckpt.list_checkpoints(out)] == [step - 1]
-    _resume_and_check(cmd, out, step)
+    _resume_and_check(cmd, out, step, total=30)
 
 
 def test_signal_stop_asks_once_then_stops_at_once(monkeypatch):
