@@ -120,8 +120,9 @@ class SharedInputs:
         return self
 
     def _check_haystack(self) -> None:
-        """The prose must fill the longest --eval-niah-lengths value (without it, each cell's
-        context length: too short for a haystack to run out)."""
+        """The prose must fill the longest --eval-niah-lengths value, before any training.
+        (Without the option every cell evaluates at its own context length, checked when the
+        cell's items are drawn.)"""
         from taperlm.evaluation import niah
 
         hay = self.haystack()

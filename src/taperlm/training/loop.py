@@ -745,7 +745,7 @@ class Trainer:
         `training.interrupt.SignalStop` ensures) and may ask for a checkpoint or a stop."""
         from taperlm.progress import progress_bar
 
-        if progress and self.info.is_main and self.step > 0:
+        if progress and self.info.is_main and 0 < self.step < self.total_steps:
             print(
                 f"taperlm train: resuming {self.out} from its checkpoint at step {self.step}; "
                 f"continuing at step {self.step + 1} of {self.total_steps}",
