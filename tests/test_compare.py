@@ -1053,3 +1053,16 @@ def test_paper_mode_plots_ours_beside_the_paper(data_dir, tmp_path):
     ref = {"cosine:1.5:0.5": -11.3, "cosine:1.25:0.75": -6.8, "sigmoid:1.5:0.5:10.0": -1.0}
     _sweep_plot(rows, ref, tmp_path / "sweep.png")
     assert (tmp_path / "sweep.png").stat().st_size > 0
+
+
+def test_niah_prose_is_part_of_the_evaluation_settings(tmp_path):
+    """S-NIAH-2/3 cells record their prose in the settings that decide re-evaluation (cells of
+    an older prose are evaluated again); grids without them keep their old settings."""
+    from taperlm.compare.job import CompareOptions, eval_settings
+    from taperlm.compare.runner import EvalSettings
+
+    niah = eval_settings(CompareOptions(out=tmp_path, eval_tasks="niah")).to_dict()
+    assert niah["niah_haystack"] == "python-docs" and niah["eval_data"] is None
+    assert EvalSettings(**niah).niah_haystack == "python-docs"
+    plain = eval_settings(CompareOptions(out=tmp_path, eval_tasks="niah_single_1")).to_dict()
+    assert "niah_haystack" not in plain

@@ -288,8 +288,8 @@ def eval_settings(opts: CompareOptions):
     """How every cell is evaluated (zero-shot tasks, their data, novelty text and tokens)."""
     from taperlm.compare.runner import EvalSettings
     from taperlm.evaluation.locate import eval_data_dir, wikitext_test
+    from taperlm.evaluation.niah import DEFAULT_HAYSTACK, parse_lengths
     from taperlm.evaluation.niah import TASKS as NIAH_TASKS
-    from taperlm.evaluation.niah import parse_lengths
     from taperlm.evaluation.suite import parse_task_list
     from taperlm.evaluation.tasks import TASKS
 
@@ -331,6 +331,8 @@ def eval_settings(opts: CompareOptions):
         eval_limit=opts.eval_limit or None,
         eval_data=None if eval_data is None else str(Path(eval_data).resolve()),
         niah_lengths=niah_lengths,
+        # in the cache key: cells evaluated on another prose (WikiText before) are re-evaluated
+        niah_haystack=DEFAULT_HAYSTACK if {"niah_single_2", "niah_single_3"} & set(tasks) else None,
         novelty_tokens=opts.novelty_tokens,
         novelty_text=novelty_text,
     )

@@ -60,11 +60,13 @@ class EvalSettings:
     novelty_tokens: int = 2048
     novelty_text: str | None = None  # a text file; None = the val split
     niah_lengths: list[int] | None = None  # NIAH tasks; None = the cell's context_length
+    niah_haystack: str | None = None  # the prose of niah_single_2/3 (None: no such task)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        if d["niah_lengths"] is None:  # as before NIAH existed: cached cells stay valid
-            del d["niah_lengths"]
+        for key in ("niah_lengths", "niah_haystack"):  # as before they existed: caches stay valid
+            if d[key] is None:
+                del d[key]
         return d
 
 
@@ -146,7 +148,8 @@ class SharedInputs:
         if self._haystack is None:
             from taperlm.evaluation.niah import DEFAULT_HAYSTACK, load_haystack
 
-            self._haystack = load_haystack(DEFAULT_HAYSTACK, self.settings.eval_data, 10**7)
+            spec = self.settings.niah_haystack or DEFAULT_HAYSTACK
+            self._haystack = load_haystack(spec, self.settings.eval_data, 10**7)
         return self._haystack
 
 
