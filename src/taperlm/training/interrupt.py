@@ -2,8 +2,8 @@
 what was saved and where the same command resumes.
 
 `SignalStop` is the trainer's `on_step` hook. Until the first step ends a signal interrupts at
-once (there is nothing to save yet: setting up can be left immediately). After that, SIGINT or
-SIGTERM only asks for a stop; the hook returns "stop" at the end of the step in progress, and the
+once (there is nothing to save yet: setting up can be left immediately). After that, SIGINT only
+asks for a stop; the hook returns "stop" at the end of the step in progress, and the
 trainer checkpoints that step synchronously before returning. Under torchrun every rank must stop
 at the same step (the checkpoint is collective), so the ranks agree on the request with one
 all-reduce per step. A terminal's Ctrl-C reaches the workers directly and again through torchrun's
@@ -23,7 +23,10 @@ from typing import Any
 
 SAME_REQUEST_S = 1.0
 RETRY_S = 0.1  # an interrupt that arrives during an import is repeated after this long
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# SIGINT only: torchrun's agent ends the surviving ranks with SIGTERM when one fails, and a
+# checkpoint then would wait on the dead rank's collective (SIGTERM keeps its default: exit now,
+# the checkpoints on disk stay intact).
+SIGNALS = (signal.SIGINT,)
 
 
 class SignalStop:
