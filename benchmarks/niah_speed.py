@@ -4,8 +4,8 @@
         --lengths 256,512,1024 --limit 8 --batch-size 8 --threads 1
 
 Each preset's shape (context_length raised to the longest length) with a random init, a BPE of
-the preset's vocabulary size trained on the WikiText-2 test text (or the built-in corpus when
-../shared is absent), and RULER's items for each length through `suite.run_niah` (batched greedy
+the preset's vocabulary size trained on `taperlm eval`'s default S-NIAH haystack (the Python
+language reference that ships with Python), and RULER's items for each length through `suite.run_niah` (batched greedy
 decoding, 128 new tokens: a random model never emits EOS, so every item decodes all 128 tokens,
 the slowest case; a trained model stops at its answer). Prints items/s per preset and length and
 how the family decodes (decoding cache or recomputation), and writes benchmarks/results/niah_speed.json.
@@ -22,12 +22,9 @@ from common import machine_info, table, write_json
 
 def _tokenizer(vocab_size: int, smoke: bool):
     from taperlm.data.tokenizer import train_bpe
-    from taperlm.evaluation.locate import eval_data_dir
-    from taperlm.evaluation.niah import REPEAT_LINE, load_haystack
+    from taperlm.evaluation.niah import DEFAULT_HAYSTACK, REPEAT_LINE, load_haystack
 
-    data_dir = eval_data_dir()
-    spec = "wikitext" if data_dir is not None else "default"
-    hay = load_haystack(spec, data_dir, 200_000 if smoke else 2_000_000)
+    hay = load_haystack(DEFAULT_HAYSTACK, None, 200_000 if smoke else 2_000_000)
     words = hay.words
     texts = [" ".join(words[i : i + 200]) for i in range(0, len(words), 200)] + [REPEAT_LINE]
     return train_bpe(texts, vocab_size), hay.source

@@ -155,7 +155,16 @@ def test_unknown_preset(data, tmp_path, capsys):
         ("model.n_layers", ("--set 'model.n_layers': expected key=value",)),
         ("foo=1", ("unknown key 'foo'", "model.KEY, train.KEY or data.KEY")),
         ("model.d_model.x=1", ("'d_model' is not a section",)),
-        ("train.lrr=0.1", ("'lrr' (did you mean 'lr'?)",)),
+        # blamed on --set (it used to name the preset as if its file had the typo)
+        (
+            "train.lrr=0.1",
+            ("error: --set 'train.lrr=0.1': unknown key(s) in train: 'lrr' (did you mean 'lr'?)",),
+        ),
+        ("train.lr=abc", ("error: --set 'train.lr=abc': train.lr must be a number, got str",)),
+        (
+            "model.transformer.x=1",
+            ("error: --set 'model.transformer.x=1': the transformer family has no options",),
+        ),
         ("train.tokens=-128", ("train.tokens must be >= 1, got -128",)),
         ("train.lr=0", ("train.lr must be > 0, got 0.0",)),
         ("train.seq_len=128", ("train.seq_len (128) exceeds model.context_length (64)",)),
@@ -167,6 +176,8 @@ def test_unknown_preset(data, tmp_path, capsys):
         "unknown_key",
         "not_a_section",
         "misspelt_key",
+        "wrong_type",
+        "no_family_options",
         "negative_tokens",
         "zero_lr",
         "seq_len_over_context",

@@ -83,6 +83,17 @@ TINY = [
 ALLOCS = ["--tapers", "uniform;late=cosine:0.5:1.5"]
 
 
+def assert_delta_units(md: str) -> None:
+    """Every Δ column of a report's tables names its unit (nats, %, or points): a difference in
+    perplexity points once stood unlabelled next to percentages."""
+    headers = [ln for i, ln in enumerate(md.splitlines()[:-1]) if ln.startswith("|")
+               and md.splitlines()[i + 1].startswith("|---")]  # fmt: skip
+    cells = [c.strip() for h in headers for c in h.strip("|").split("|") if "Δ" in c]
+    assert cells, "no Δ column found"
+    unitless = [c for c in cells if not any(u in c for u in ("nats", "%", "points"))]
+    assert not unitless, f"Δ columns without a unit: {unitless}"
+
+
 def _cli(args: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -153,7 +164,8 @@ def test_grid_runs_end_to_end(finished):
     assert rep["base_config"]["model"]["vocab_size"] == 300
     md = (out / "report.md").read_text()
     assert "| uniform | `uniform` |" in md and "| late | `cosine:0.5:1.5` |" in md
-    assert "Δ loss vs uniform [95% CI]" in md and "(baseline)" in md
+    assert "Δ loss vs uniform, nats [95% CI]" in md and "(baseline)" in md
+    assert_delta_units(md)
     assert "taperlm compare --preset transformer-tiny" in md
     assert "![widths](widths.png)" in md and "## Novelty" in md
 
@@ -779,11 +791,17 @@ def _group_gone(pgid: int, wait_s: float = 10.0) -> bool:
 
 
 def test_train_ctrl_c_message_names_the_command():
-    from taperlm.cli import _interrupted
+    import argparse
 
-    msg = _interrupted("train", ["train", "--preset", "x", "--resume", "never", "--out", "r"])
-    assert "taperlm train --preset x --resume auto --out r" in msg
-    assert _interrupted("plan", ["plan"]) == "taperlm plan: interrupted"
+    from taperlm.cli import _interrupted, resume_command
+
+    argv = ["train", "--preset", "x", "--resume", "never", "--out", "r"]
+    assert resume_command("train", argv) == "taperlm train --preset x --resume auto --out r"
+    msg = _interrupted(argparse.Namespace(_command="compare"), ["compare", "--out", "c"])
+    assert "saved" in msg and "taperlm compare --out c" in msg
+    assert (
+        _interrupted(argparse.Namespace(_command="plan"), ["plan"]) == "taperlm plan: interrupted"
+    )
 
 
 # ---------------------------------------------------------------------------------- beyond the paper
@@ -901,6 +919,7 @@ def test_paper_families_end_to_end(data_dir, tmp_path):
     assert fams[0]["params"] != fams[1]["params"]  # each family keeps its own budget
     md = (out / "report.md").read_text()
     assert "taperlm compare --paper families --preset-size micro" in md
+    assert_delta_units(md)
     assert "| **Transformer++** |" in md and "| **Titans (titans-mag)** |" in md
     assert "21.42 (-2.01%)" in md and "20.77 (-3.75%)" in md  # the paper's 760M changes
     assert "![paired perplexity change per family](families.png)" in md
@@ -1034,3 +1053,16 @@ def test_paper_mode_plots_ours_beside_the_paper(data_dir, tmp_path):
     ref = {"cosine:1.5:0.5": -11.3, "cosine:1.25:0.75": -6.8, "sigmoid:1.5:0.5:10.0": -1.0}
     _sweep_plot(rows, ref, tmp_path / "sweep.png")
     assert (tmp_path / "sweep.png").stat().st_size > 0
+
+
+def test_niah_prose_is_part_of_the_evaluation_settings(tmp_path):
+    """S-NIAH-2/3 cells record their prose in the settings that decide re-evaluation (cells of
+    an older prose are evaluated again); grids without them keep their old settings."""
+    from taperlm.compare.job import CompareOptions, eval_settings
+    from taperlm.compare.runner import EvalSettings
+
+    niah = eval_settings(CompareOptions(out=tmp_path, eval_tasks="niah")).to_dict()
+    assert niah["niah_haystack"] == "python-docs" and niah["eval_data"] is None
+    assert EvalSettings(**niah).niah_haystack == "python-docs"
+    plain = eval_settings(CompareOptions(out=tmp_path, eval_tasks="niah_single_1")).to_dict()
+    assert "niah_haystack" not in plain

@@ -160,3 +160,22 @@ def test_example_configs_load_and_match_their_presets(path):
     assert to_dict(cfg.model) == to_dict(expected)
     text = path.read_text()
     assert text.count("\n  # ") >= 10  # fields carry their documentation
+
+
+def test_env_overrides_apply_after_set_and_are_blamed_by_name(monkeypatch, capsys):
+    """$TAPERLM_SET (documented: a way to run any command smaller without editing it) applies
+    after --set, and a mistake in it names TAPERLM_SET, not --set or the preset."""
+    import yaml
+
+    from taperlm.cli import main
+
+    monkeypatch.setenv("TAPERLM_SET", "model.n_layers=3 'train.lr=2e-3'")
+    argv = ["plan", "--preset", "transformer-tiny", "--set", "model.n_layers=5", "--dump-config"]
+    assert main(argv) == 0
+    dumped = yaml.safe_load(capsys.readouterr().out)
+    assert dumped["model"]["n_layers"] == 3 and dumped["train"]["lr"] == 2e-3
+    monkeypatch.setenv("TAPERLM_SET", "train.tokenz=5")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error: TAPERLM_SET 'train.tokenz=5': unknown key(s) in train: 'tokenz'" in err
+    assert "did you mean 'tokens'?" in err

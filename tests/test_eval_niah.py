@@ -191,6 +191,31 @@ def test_load_haystack_sources(tmp_path: Path) -> None:
         niah.load_haystack("wikitext", tmp_path / "nope", 10**6)
 
 
+def test_default_haystack_ships_with_python() -> None:
+    """The default S-NIAH-2/3 prose needs no download and no ../shared: the language reference's
+    prose paragraphs (no grammar rules, code, or heading underlines), the same every time."""
+    hay = niah.load_haystack(niah.DEFAULT_HAYSTACK, None, 10**6)
+    text = " ".join(hay.words)
+    assert len(hay.words) > 20_000 and hay.source["module"] == "pydoc_data.topics"
+    assert "::=" not in text and ">>>" not in text and "*****" not in text
+    assert len(niah.split_sentences(text)) > 1000
+    again = niah.load_haystack(niah.DEFAULT_HAYSTACK, None, 10**6)
+    assert again.words == hay.words and again.source["sha256"] == hay.source["sha256"]
+    first = niah.load_haystack(niah.DEFAULT_HAYSTACK, None, 1000).words  # max_chars honoured
+    assert 100 < len(first) < 200 and first[:-1] == hay.words[: len(first) - 1]
+
+
+def test_haystack_too_short_for_the_length_is_refused_up_front() -> None:
+    codec = _codec()
+    count = lambda t: len(codec.encode(t))  # noqa: E731
+    short = niah.Haystack.from_texts(["Only a few words here. " * 60], {"spec": "short"})
+    niah.check_haystack(short, count, 256)
+    with pytest.raises(
+        DataError, match=r"haystack \(\d+ words, short\) fills only \d+ of the 4096"
+    ):
+        niah.check_haystack(short, count, 4096)
+
+
 # ----------------------------------------------------------------------------------------------
 # scoring
 
@@ -398,6 +423,28 @@ def test_cli_all_tasks_skips_and_errors(exports, tmp_path, capsys) -> None:
     assert rc == 0 and blob["tasks"]["niah_single_1"]["counts"] == {"512": 1}, err
     rc, _, err = _eval([export, "--tasks", "niah_single_1", "--niah-lengths", "1024"], capsys)
     assert rc == 2 and "context_length 256" in err and "--niah-extrapolate" in err
+
+
+def test_cli_checks_every_niah_input_before_any_item(exports, tmp_path, capsys) -> None:
+    """Without evaluation data the default prose is used; a haystack too short for a length
+    stops the command before S-NIAH-1 runs a single item (it used to fail after them)."""
+    export = str(exports["transformer"])
+    rc, blob, err = _eval(
+        [export, "--tasks", "niah_single_2", "--niah-lengths", "256", "--limit", "1", "--json"],
+        capsys,
+    )  # fmt: skip
+    assert rc == 0, err
+    assert blob["tasks"]["niah_single_2"]["settings"]["haystack"]["spec"] == "python-docs"
+    hay = tmp_path / "short.txt"
+    hay.write_text("A few words. " * 10, "utf-8")
+    rc, _, err = _eval(
+        [export, "--tasks", "niah", "--niah-lengths", "256", "--niah-haystack", str(hay),
+         "--limit", "1"],
+        capsys,
+    )  # fmt: skip
+    assert rc == 2 and "fills only" in err and "of the 256 tokens" in err
+    assert "niah_single_1:" not in err and "n=" not in err  # no task ran
+
     for bad, msg in [("256,x", "not a whole number"), ("0", "positive"), ("256,256", "twice")]:
         rc, _, err = _eval([export, "--tasks", "niah", "--niah-lengths", bad], capsys)
         assert rc == 2 and msg in err, err

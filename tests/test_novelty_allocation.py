@@ -224,3 +224,38 @@ def test_allocate_errors(tmp_path, capsys):
     assert "has no config.yaml to allocate; name the model" in capsys.readouterr().err
     assert main(["allocate", "--from", str(f), "--preset", "transformer-small"]) == 2
     assert "has 6 layers but the model has 12" in capsys.readouterr().err
+
+
+def test_allocate_hint_is_a_command_that_runs(tmp_path, capsys, monkeypatch):
+    """The `taperlm train` line allocate prints runs as printed (it used to lack --out); for a
+    preset without data it names the missing --data."""
+    import shlex
+
+    from taperlm.config import DataConfig, save_yaml
+    from taperlm.training import checkpoint as ckpt
+
+    text = tmp_path / "text.txt"
+    text.write_text("the cat sat on the mat and the dog ran over the hill . " * 200)
+    data_dir = tmp_path / "data"
+    argv = ["prepare", "--source", str(text), "--tokenizer", "bpe:300", "--val-tokens", "256"]
+    assert main([*argv, "--out", str(data_dir)]) == 0
+    model = tiny_config(vocab_size=320, n_layers=4, context_length=32, resolve=False)
+    run_cfg = RunConfig(model=model, data=DataConfig(dir=str(data_dir))).resolve()
+    run = tmp_path / "pilot"
+    save_yaml(run_cfg, run / "config.yaml")
+    ckpt.save_checkpoint(run, 1, TaperedLM(run_cfg.model).state_dict(), {}, to_dict(run_cfg), 1)
+    out = tmp_path / "widths.yaml"
+    argv = ["allocate", "--from", str(run), "--data", str(text), "--tokens", "64"]
+    assert main([*argv, "--out", str(out)]) == 0
+    hint = capsys.readouterr().out.strip().splitlines()[-1].strip()
+    assert hint == f"taperlm train --config {out} --out {tmp_path / 'widths'}"
+    small = "train.tokens=256 train.batch_tokens=128 train.seq_len=32 train.micro_batch_size=4"
+    monkeypatch.setenv("TAPERLM_SET", small + " train.eval_tokens=64 train.warmup_tokens=0")
+    assert main([*shlex.split(hint)[1:], "--no-progress"]) == 0
+    assert "done: step 2/2" in capsys.readouterr().out
+    f = novelty_json(tmp_path / "n.json", RHO)
+    assert (
+        main(["allocate", "--from", str(f), "--preset", "transformer-tiny", "--out", str(out)]) == 0
+    )
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert f"taperlm train --config {out} --data DATA --out {tmp_path / 'widths'}" in last

@@ -1,16 +1,22 @@
 """The README's commands work on a fresh copy of the repository, offline, without ../shared.
 
 The commands are read from README.md itself: the `taperlm` commands of the set-up block (the
-main job) and every line of the Usage block (continuations joined, comments dropped).
+main job) and every line of the Usage block (continuations joined, comments dropped), and they
+run exactly as printed, in a fresh copy (its files, `git init`, no ../shared, no network, an
+empty cache); afterwards `git status` is clean, so every output the README makes is git-ignored.
+A line may only be made smaller through what the README documents and the line does not show:
+the `TAPERLM_SET` overrides of `QUICK` for the lines that train. The line the README marks
+*(needs internet)* must fail offline with a clear error (no traceback).
 
-- every command is accepted by the command line's parser, and every file or folder the commands
-  write is git-ignored (fast, default);
-- slow: the whole usage sequence runs in a fresh copy (its files, `git init`, no ../shared, no
-  network, an empty cache), each line as printed plus the small settings of `SMALL` where the
-  printed one takes minutes (1.5 min of CPU, 2-4 min wall on 2 shared cores); afterwards
-  `git status` is clean, so every output the README makes is git-ignored;
-- slow: the same with the printed settings (compare lines with 2 seeds of 65,536 tokens; the
-  full main job's time is measured in the README), torchrun included (~15 min on 2 cores).
+- default: every command parses, every output path is git-ignored, the lines that need no
+  model (`taperlm plan`) run as printed in a fresh copy;
+- slow: the whole usage sequence as printed with `QUICK` (the default corpus prepared as printed,
+  then tiny models). Measured on 2 cores shared with other jobs: every line before the compare
+  lines 15-45 s each, the corpus 146 s, the 15-cell compare line 614 s; the three compare lines
+  after it (the paper grid, the four-allocation grid with pilots, the 30-cell main job) have
+  about 7 times as many cells, so the whole test takes 1-2 hours there;
+- slow: the same with no override at all (the README's own sizes: the main job alone takes
+  13 min on 2 idle cores, the three compare lines about an hour more).
 """
 
 from __future__ import annotations
@@ -30,27 +36,17 @@ from taperlm.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Appended to a README line (matched by its first words) to make it take seconds, not minutes.
-SMALL_TRAIN = (
-    "--set train.tokens=8192 --set train.batch_tokens=2048 --set train.micro_batch_size=8 "
-    "--set train.seq_len=64 --set train.eval_every=2 --set train.eval_tokens=1024 "
-    "--set model.n_layers=3 --set model.d_model=64 --set model.n_heads=2 --set model.mlp_width=128"
+# $TAPERLM_SET for the lines that train (matched by their first words): tiny models, few tokens,
+# and compare on the corpus `taperlm prepare` made (instead of preparing its own once more).
+QUICK_SET = (
+    "model.n_layers=3 model.d_model=64 model.n_heads=2 model.mlp_width=128 train.tokens=8192 "
+    "train.batch_tokens=2048 train.micro_batch_size=8 train.seq_len=64 train.eval_every=2 "
+    "train.eval_tokens=1024 data.dir=data/default"
 )
-SMALL_COMPARE = (
-    "--data data/default --seeds 2 --tokens 4096 --val-tokens 2048 --novelty-tokens 256 "
-    "--set train.batch_tokens=2048 --set train.micro_batch_size=8 --set train.seq_len=64 "
-    "--set train.eval_tokens=512 --set model.n_layers=3 --set model.d_model=64 "
-    "--set model.n_heads=2 --set model.mlp_width=96 --jobs 1"
-)
-SMALL: dict[str, str] = {
-    "taperlm prepare": "--max-chars 1500000",
-    "taperlm train": SMALL_TRAIN,
-    "torchrun": SMALL_TRAIN,
-    "taperlm eval": "--limit 8",
-    "taperlm compare": SMALL_COMPARE,
+QUICK: dict[str, dict[str, str]] = {
+    first: {"TAPERLM_SET": QUICK_SET} for first in ("taperlm train", "torchrun", "taperlm compare")
 }
-# The printed settings, except compare's seeds and tokens (each grid would take 10-20 minutes).
-SLOW: dict[str, str] = {"taperlm compare": "--seeds 2 --tokens 65536"}
+NEEDS_INTERNET = "(needs internet)"
 
 
 def readme_commands() -> list[str]:
@@ -64,6 +60,22 @@ def readme_commands() -> list[str]:
     return commands
 
 
+def internet_commands() -> list[str]:
+    """The Usage commands whose comment says they need the internet."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    usage = text.split("## Usage", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    lines = re.sub(r"\\\n\s*", "", usage).splitlines()
+    out, comment = [], ""
+    for ln in (x.strip() for x in lines):
+        if ln.startswith("#"):
+            comment += ln
+        elif ln:
+            if NEEDS_INTERNET in comment:
+                out.append(ln)
+            comment = ""
+    return out
+
+
 def _cli_args(command: str) -> list[str]:
     """The taperlm arguments of a README command (`taperlm ...` or `torchrun ... -m taperlm.cli`)."""
     words = shlex.split(command)
@@ -73,8 +85,8 @@ def _cli_args(command: str) -> list[str]:
     return words[words.index("taperlm.cli") + 1 :]
 
 
-def _extra(command: str, table: dict[str, str]) -> str:
-    return next((v for k, v in table.items() if command.startswith(k)), "")
+def _extra_env(command: str, table: dict[str, dict[str, str]]) -> dict[str, str]:
+    return next((v for k, v in table.items() if command.startswith(k)), {})
 
 
 def test_readme_has_the_commands_it_promises():
@@ -159,7 +171,23 @@ def _environment(root: Path, copy: Path) -> dict[str, str]:
     return env
 
 
-def _run_readme(tmp_path: Path, table: dict[str, str], timeout: float) -> dict[str, str]:
+def _copy_and_environment(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    copy = tmp_path / "clone" / "taperlm"
+    copy.mkdir(parents=True)
+    _fresh_copy(copy)
+    assert not (copy.parent / "shared").exists()
+    return copy, _environment(tmp_path, copy)
+
+
+def _run_line(command: str, copy: Path, env: dict[str, str], timeout: float):
+    """One README command exactly as printed (bash runs the text itself)."""
+    return subprocess.run(
+        ["bash", "-c", command], cwd=copy, env=env, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+
+
+def _run_readme(tmp_path: Path, table: dict[str, dict[str, str]], timeout: float) -> dict[str, str]:
     from taperlm.data import corpus
 
     try:
@@ -167,25 +195,24 @@ def _run_readme(tmp_path: Path, table: dict[str, str], timeout: float) -> dict[s
     except corpus.DataError:
         pytest.skip("Debian documentation packages not installed: " + corpus.INSTALL_COMMAND)
     pytest.importorskip("transformers")  # export/novelty of an export (the [eval] extra)
-    copy = tmp_path / "clone" / "taperlm"
-    copy.mkdir(parents=True)
-    _fresh_copy(copy)
-    assert not (copy.parent / "shared").exists()
-    env = _environment(tmp_path, copy)
-    # the main job last: its corpus comes from data/default in SMALL, the cache otherwise
+    copy, env = _copy_and_environment(tmp_path)
+    offline = set(internet_commands())
+    # the main job last (with QUICK it trains on data/default, which the usage block prepares)
     commands = readme_commands()
     commands = commands[1:] + commands[:1]
     outputs = {}
     for command in commands:
-        line = f"{command} {_extra(command, table)}".strip()
+        extra = _extra_env(command, table)
         t0 = time.perf_counter()
-        done = subprocess.run(
-            ["bash", "-c", line], cwd=copy, env=env, capture_output=True, text=True,
-            timeout=timeout,
-        )  # fmt: skip
-        assert done.returncode == 0, f"README command failed: {line}\n{done.stderr[-3000:]}"
+        done = _run_line(command, copy, {**env, **extra}, timeout)
+        shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in extra.items()) + " " + command
+        if command in offline:
+            assert done.returncode == 2, f"expected a clear offline error: {command}"
+            assert "error:" in done.stderr and "Traceback" not in done.stderr, done.stderr
+        else:
+            assert done.returncode == 0, f"README command failed: {shown}\n{done.stderr[-3000:]}"
         outputs[command] = done.stdout
-        print(f"TIMING {time.perf_counter() - t0:6.1f}s {line[:70]}")
+        print(f"TIMING {time.perf_counter() - t0:6.1f}s {shown.strip()[:90]}")
     status = subprocess.run(
         ["git", "status", "--porcelain", "--untracked-files=all"],
         cwd=copy, capture_output=True, text=True, check=True,
@@ -204,11 +231,27 @@ def _check_outputs(outputs: dict[str, str], copy_hint: str) -> None:
     assert nov["input_tokens"] == 2048 and nov["data"] == "LICENSE"
 
 
+def test_readme_marks_the_lines_that_need_the_internet():
+    (line,) = internet_commands()
+    assert line.startswith("taperlm prepare --source hf:HuggingFaceFW/fineweb-edu")
+
+
+def test_readme_lines_without_a_model_run_as_printed_on_a_fresh_copy(tmp_path):
+    """The `taperlm plan` lines (no torch, seconds) as printed, in a fresh copy."""
+    lines = [c for c in readme_commands() if c.startswith("taperlm plan ")]
+    assert len(lines) >= 4
+    copy, env = _copy_and_environment(tmp_path)
+    for command in lines:
+        done = _run_line(command, copy, env, timeout=120)
+        assert done.returncode == 0, f"README command failed: {command}\n{done.stderr[-2000:]}"
+        assert done.stdout.strip() and not done.stderr.strip(), command
+
+
 @pytest.mark.slow
 def test_readme_usage_runs_on_a_fresh_copy(tmp_path):
-    _check_outputs(_run_readme(tmp_path, SMALL, timeout=600), "small settings")
+    _check_outputs(_run_readme(tmp_path, QUICK, timeout=3600), "QUICK settings")
 
 
 @pytest.mark.slow
 def test_readme_usage_runs_as_printed(tmp_path):
-    _check_outputs(_run_readme(tmp_path, SLOW, timeout=3600), "printed settings")
+    _check_outputs(_run_readme(tmp_path, {}, timeout=3 * 3600), "printed settings")

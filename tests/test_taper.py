@@ -15,7 +15,7 @@ PAIRS = [(1.25, 0.75), (1.375, 0.625), (1.5, 0.5), (1.625, 0.375), (1.75, 0.25)]
 
 
 def test_cosine_multipliers_match_paper_example():
-    # PAPER.md §2: cosine 1.5 -> 0.5 at L = 12, before rounding.
+    # The paper's schedule: cosine 1.5 -> 0.5 at L = 12, before rounding.
     expected = [1.500, 1.480, 1.421, 1.327, 1.208, 1.071, 0.929, 0.792, 0.673, 0.579, 0.520, 0.500]
     got = multipliers(TaperSpec.parse("cosine"), 12)
     assert [round(x, 3) for x in got] == expected

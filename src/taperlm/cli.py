@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from taperlm.device import is_out_of_memory, memory_error
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_command", None):
         parser.print_help()
         return 2
+    args._argv = argv  # for messages that repeat the command (resume_command)
     try:
         # Every numeric option's declared domain (taperlm.domains), before the command runs.
         check_arguments(subcommand_parser(parser, args._command), args)
@@ -90,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except KeyboardInterrupt:
-        print(_interrupted(args._command, argv), file=sys.stderr)
+        if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, one message
+            print(_interrupted(args, argv), file=sys.stderr)
         return 130
 
 
@@ -99,20 +102,34 @@ def main(argv: list[str] | None = None) -> int:
 RESUMABLE = ("train", "compare")
 
 
-def _interrupted(command: str, argv: list[str]) -> str:
-    """The Ctrl-C message; for resumable commands it names the exact command that continues."""
-    if command not in RESUMABLE:
-        return f"taperlm {command}: interrupted"
+def resume_command(command: str, argv: list[str]) -> str:
+    """The command line that continues an interrupted `command` (`--resume never` would refuse
+    the saved checkpoints, so it becomes `auto`); under torchrun, the same torchrun line."""
     import shlex
 
     argv = list(argv)
-    for i, arg in enumerate(argv[:-1]):  # `--resume never` would refuse the saved checkpoints
+    for i, arg in enumerate(argv[:-1]):
         if arg == "--resume" and argv[i + 1] == "never":
             argv[i + 1] = "auto"
     argv = [a if a != "--resume=never" else "--resume=auto" for a in argv]
+    if "LOCAL_RANK" in os.environ:  # under torchrun: its own options are not ours to know
+        return "torchrun <the same options> -m taperlm.cli " + shlex.join(argv)
+    return shlex.join(["taperlm", *argv])
+
+
+def _interrupted(args: argparse.Namespace, argv: list[str]) -> str:
+    """The Ctrl-C message; for resumable commands it says what is saved and names the exact
+    command that continues."""
+    command = args._command
+    if command not in RESUMABLE:
+        return f"taperlm {command}: interrupted"
+    if command == "train":
+        from taperlm.training.interrupt import interrupted_message
+
+        return interrupted_message(getattr(args, "out", None), resume_command(command, argv))
     return (
         f"taperlm {command}: interrupted; the work done so far is saved. To continue, run the "
-        f"same command again:\n  {shlex.join(['taperlm', *argv])}"
+        f"same command again:\n  {resume_command(command, argv)}"
     )
 
 

@@ -3,7 +3,7 @@
 
 The resolved per-layer sizes (`ModelConfig.mlp_widths`, `ModelConfig.layer_heads`) are the
 authority: they are written by `ModelConfig.resolve()` from the tapers and never recomputed once
-present, so a checkpoint always rebuilds the shapes it was trained with (DESIGN.md, principle 2).
+present, so a checkpoint always rebuilds the shapes it was trained with (docs/training.md, run directories).
 
 What differs between model families (their options, checks and per-layer sizes) lives in
 `taperlm.families`; a model config carries only its own family's section (`hope:`, `titans:`,
@@ -343,7 +343,7 @@ class TrainConfig:
 
     seed: int = setting(0, f"[0, {MAX_SEED}]")
     paired_init: bool = False
-    tokens: int = setting(1_000_000, up_to(MAX_TOKENS))
+    tokens: int = setting(62 * 16384, up_to(MAX_TOKENS))  # ~1M: whole steps of the default batch
     batch_tokens: int = setting(16384, up_to(MAX_TOKENS))
     micro_batch_size: int = setting(8, up_to(MAX_BATCH))
     seq_len: int = setting(256, up_to(MAX_CONTEXT))
@@ -707,11 +707,11 @@ def load_run_config(path: str | Path) -> RunConfig:
     return run_config_from_dict(load_yaml(path), str(path))
 
 
-def parse_override(text: str) -> tuple[str, Any]:
+def parse_override(text: str, origin: str = "--set") -> tuple[str, Any]:
     """`model.d_model=512` -> ("model.d_model", 512); the value is parsed as YAML."""
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
-        raise ConfigError(f"--set {text!r}: expected key=value, e.g. --set model.n_layers=12")
+        raise ConfigError(f"{origin} {text!r}: expected key=value, e.g. model.n_layers=12")
     try:
         value = strict_yaml_load(raw) if raw.strip() else ""
     except DuplicateKeyError as err:
@@ -721,37 +721,91 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def apply_overrides(data: dict, overrides: list[str], notes: list[str] | None = None) -> dict:
+OVERRIDES_ENV = "TAPERLM_SET"
+
+
+def env_overrides() -> list[str]:
+    """The `key=value` overrides in $TAPERLM_SET (separated by spaces, shell-quoted where a
+    value has one), which every command that builds run configs (train, plan, compare) applies
+    after its own --set: a way to run any documented command smaller or on other settings
+    without editing it (e.g. a quick smoke run of a script)."""
+    import os
+    import shlex
+
+    try:
+        return shlex.split(os.environ.get(OVERRIDES_ENV, ""))
+    except ValueError as err:
+        raise ConfigError(f"{OVERRIDES_ENV}: {err}") from None
+
+
+def apply_overrides(
+    data: dict, overrides: list[str], origin: str = "--set", notes: list[str] | None = None
+) -> dict:
     """Apply dotted `key=value` overrides to a nested config dict (in place, returned).
 
     A key without a section prefix (`d_model=512`) is looked up in model, then train, then data.
+    Each key and value is checked as it is applied (`_check_override`), so that a typo is blamed
+    on `origin` (the option or variable that gave it), not on the config file or preset.
     A later override of a key wins (scripts append to a base list); a value that replaces a
     different one already in `data` (a config file's, an earlier --set's) is appended to
     `notes` when it is given.
     """
     for text in overrides:
-        key, value = parse_override(text)
+        key, value = parse_override(text, origin)
         parts = key.split(".")
         if parts[0] not in ("model", "data", "train"):
             section = section_of(parts[0])
             if section is None:
                 raise ConfigError(
-                    f"--set {text!r}: unknown key {parts[0]!r}; use model.KEY, train.KEY or data.KEY"
+                    f"{origin} {text!r}: unknown key {parts[0]!r}; use model.KEY, train.KEY or "
+                    "data.KEY"
                 )
             parts = [section, *parts]
         dotted = ".".join(parts)
+        _check_override(data, parts, value, f"{origin} {text!r}")
         node = data
         for p in parts[:-1]:
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"--set {text!r}: {p!r} is not a section")
+                raise ConfigError(f"{origin} {text!r}: {p!r} is not a section")
         old = node.get(parts[-1], value)
         if notes is not None and old != value:
-            notes.append(f"--set {dotted}={value!r} replaces {old!r}")
+            notes.append(f"{origin} {dotted}={value!r} replaces {old!r}")
         node[parts[-1]] = value
         if parts[0] == "model" and _affects_sizes(parts[1:]):
             clear_resolved_sizes(data["model"])
     return data
+
+
+def _check_override(data: dict, parts: list[str], value: Any, where: str) -> None:
+    """ConfigError naming `where` for an unknown key (with the closest valid one) or a value of
+    the wrong type or outside its domain. Keys inside a nested value (a taper mapping) are left
+    to the full config check."""
+    if parts[0] == "model" and len(parts) > 2 and parts[1] in FAMILIES:
+        cls, rest, at = FAMILIES[parts[1]].options, parts[2:], f"model.{parts[1]}"
+        if cls is None:
+            raise ConfigError(f"{where}: the {parts[1]} family has no options")
+    else:
+        cls = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}[parts[0]]
+        rest, at = parts[1:], parts[0]
+    if len(rest) != 1:
+        return
+    name = rest[0]
+    valid = set(config_keys(cls)) | (set(FAMILIES) if cls is ModelConfig else set())
+    if name not in valid:
+        close = _closest(name, valid)
+        raise ConfigError(
+            f"{where}: unknown key(s) in {at}: {name!r}"
+            + (f" (did you mean {close!r}?)" if close else "")
+            + f". Valid keys: {', '.join(sorted(valid))}"
+        )
+    if name in FAMILIES or name in ("taper", "head_taper"):  # specs: the full check
+        return
+    hint = typing.get_type_hints(cls)[name]
+    try:
+        check_field(cls, name, _coerce(hint, value, f"{at}.{name}"), f"{at}.{name}")
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
 
 
 _SIZE_KEYS = {"taper", "mlp_width", "n_layers", "family", "head_taper", "n_heads", "n_kv_heads"}

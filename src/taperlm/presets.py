@@ -1,6 +1,6 @@
 """Named model presets `{family}-{size}` and their training defaults (pure Python; no torch).
 
-Shapes follow the model family the paper builds on (PAPER.md §5; fla/flame and Atlas Table 7):
+Shapes follow the model family the paper builds on (its training recipe; fla/flame and Atlas Table 7):
 SwiGLU width = 256 * ceil((8d/3) / 256), Llama-2 32K vocabulary, 4K context, untied embeddings.
 Sizes name the total parameter count *with* embeddings (input embedding + untied head), as the
 paper's 440M/760M/1.3B naming does:

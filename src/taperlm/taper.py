@@ -4,7 +4,7 @@ A taper assigns layer l of L a multiplier r_l of a baseline size B (the MLP widt
 model, or any other per-layer integer quantity: heads, memory widths, CMS level widths). The
 solver turns the multipliers into integers that are multiples of `multiple_of` and whose sum is
 exactly L * B, so a tapered model holds exactly the parameters and FLOPs of its baseline
-(PAPER.md §1-2):
+(the paper's principle and schedules):
 
 1. w_l = round(r_l * B / m) * m for every layer (m = multiple_of);
 2. the first and last layers stay pinned at their rounded values;
@@ -361,7 +361,7 @@ def _exact(x: float) -> str:
 
 
 def multipliers(spec: TaperSpec, n_layers: int) -> list[float]:
-    """The real-valued multiplier of every layer before rounding (PAPER.md §2 formulas)."""
+    """The real-valued multiplier of every layer before rounding (the paper's schedule formulas)."""
     spec.validate()
     if n_layers < 1:
         raise TaperError(f"n_layers must be >= 1, got {n_layers}")

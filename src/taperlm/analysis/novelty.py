@@ -1,4 +1,4 @@
-"""Layer-wise novelty (PAPER.md §7), measured through forward hooks only (no model edits).
+"""Layer-wise novelty (the paper's mechanism analysis), measured through forward hooks only (no model edits).
 
 For block l with input h_l, mixer output z_l = h_l + M_l(h_l) and output
 h_{l+1} = z_l + F_l(z_l):
@@ -582,6 +582,8 @@ def _batches(
 def _progress(total: int, enabled: bool, name: str):
     if not enabled:
         return None
-    from tqdm.auto import tqdm
+    from taperlm.progress import progress_bar
 
-    return tqdm(total=total, unit="tok", unit_scale=True, desc=f"novelty {name}", leave=False)
+    return progress_bar(
+        total=total, unit="tok", unit_scale=True, desc=f"novelty {name}", leave=False
+    )

@@ -117,7 +117,14 @@ def _has_measurement(path: Path) -> bool:
 def _target(args: argparse.Namespace):
     """The run config to allocate: --preset/--config (with --set), else SOURCE's own."""
     from taperlm.commands.common import build_run_config
-    from taperlm.config import apply_overrides, load_run_config, run_config_from_dict, to_dict
+    from taperlm.config import (
+        OVERRIDES_ENV,
+        apply_overrides,
+        env_overrides,
+        load_run_config,
+        run_config_from_dict,
+        to_dict,
+    )
     from taperlm.errors import ConfigError
 
     args.taper, args.head_taper = None, None
@@ -131,6 +138,7 @@ def _target(args: argparse.Namespace):
         )
     data = to_dict(load_run_config(own))
     apply_overrides(data, args.overrides)
+    apply_overrides(data, env_overrides(), OVERRIDES_ENV)
     return run_config_from_dict(data, str(own)).resolve()
 
 
@@ -176,5 +184,18 @@ def _format(cfg, p, how: str, out: Path | None) -> str:
         f"FLOPs/token @{p.seq_len} {p.flops_per_token:,} (uniform {p.baseline_flops_per_token:,})",
     ]
     if out is not None:
-        lines.append(f"run config written to {out} (train it with `taperlm train --config {out}`)")
+        lines.append(f"run config written to {out}; train it with:\n  {train_command(cfg, out)}")
     return "\n".join(lines)
+
+
+def train_command(cfg, out: Path) -> str:
+    """The complete `taperlm train` line for the written config: its run dir beside it (the
+    config's name without .yaml), and --data when the config names no data dir."""
+    import shlex
+
+    words = ["taperlm", "train", "--config", str(out)]
+    if not cfg.data.dir:
+        words += ["--data", "DATA"]  # no data known: the user's prepared folder
+    words += ["--out", str(out.with_suffix("")) if out.suffix else f"{out}-run"]
+    line = shlex.join(words)
+    return line + ("   # DATA: a folder written by `taperlm prepare`" if not cfg.data.dir else "")

@@ -10,10 +10,12 @@ import os
 import sys
 
 from taperlm.config import (
+    OVERRIDES_ENV,
     RunConfig,
     TrainConfig,
     apply_overrides,
     clear_resolved_sizes,
+    env_overrides,
     file_notes,
     run_config_from_dict,
 )
@@ -60,7 +62,8 @@ def add_model_arguments(
         metavar="KEY=VALUE",
         help="override a config value, e.g. --set model.n_layers=12 or --set train.lr=1e-3 "
         "(repeatable; a later --set of the same key wins; with --config, each value it replaces "
-        "is printed as a note)",
+        "is printed as a note; $TAPERLM_SET, e.g. 'train.tokens=8192 model.n_layers=2', "
+        "applies after)",
     )
 
 
@@ -95,7 +98,8 @@ def build_run_config(args: argparse.Namespace) -> RunConfig:
     if getattr(args, "head_taper", None):
         model["head_taper"] = args.head_taper
         clear_resolved_sizes(model)
-    apply_overrides(data, args.overrides, notes if from_file else None)
+    apply_overrides(data, args.overrides, notes=notes if from_file else None)
+    apply_overrides(data, env_overrides(), OVERRIDES_ENV, notes if from_file else None)
     cfg = run_config_from_dict(data, source).resolve()
     if from_file:
         notes += file_notes(data, cfg)

@@ -3,10 +3,10 @@
     taperlm compare --out cmp                                   # defaults: see docs/compare.md
     taperlm compare --preset transformer-small --tapers 'uniform;cosine:1.5:0.5' --seeds 5 \\
         --tokens 2000000 --data data/default --out cmp-small
-    taperlm compare --paper controlled --out cmp-paper          # PAPER.md §3 grid
+    taperlm compare --paper controlled --out cmp-paper          # the paper's controlled grid
     taperlm compare --tapers 'uniform;cosine;novelty:pilot;cosine+heads:cosine:1.25:0.75' \\
         --out cmp-beyond                                        # beyond the paper
-    taperlm compare --paper families --out cmp-families         # PAPER.md §6 table, tiny presets
+    taperlm compare --paper families --out cmp-families         # the paper's family table, tiny presets
     taperlm compare --paper scaling --out cmp-scaling           # best ratio vs size (~3 h)
 
 Parses the arguments and calls `taperlm.compare.job.run_comparison` (`--paper families`:
@@ -197,10 +197,13 @@ def run(args: argparse.Namespace) -> int:
     from taperlm.compare.families import run_families
     from taperlm.compare.job import run_comparison
     from taperlm.compare.scaling import run_scaling
+    from taperlm.config import env_overrides
 
     args.loggers = logger_names(args.loggers)
     names = [f.name for f in dataclasses.fields(CompareOptions)]
     opts = CompareOptions(**{name: getattr(args, name) for name in names})
+    # $TAPERLM_SET joins --set: the report's reproducing command then shows it as --set.
+    opts.overrides = [*opts.overrides, *env_overrides()]
     modes = {"families": run_families, "scaling": run_scaling}
     modes.get(opts.paper or "", run_comparison)(opts)
     return 0

@@ -19,7 +19,7 @@ from taperlm.domains import (
     up_to,
 )
 from taperlm.errors import ConfigError, DataError
-from taperlm.evaluation.niah import DEFAULT_LENGTHS, parse_lengths
+from taperlm.evaluation.niah import DEFAULT_HAYSTACK, DEFAULT_LENGTHS, parse_lengths
 from taperlm.evaluation.niah import TASKS as NIAH_TASKS
 
 TASK_HELP = (
@@ -64,9 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--niah-haystack",
         type=input_path(text=True),
-        default="wikitext",
-        help="prose of niah_single_2/3: wikitext (the WikiText-2 test text of --data-dir, "
-        "default), a .txt/.jsonl file or folder, default (the built-in corpus), or hf:NAME "
+        default=DEFAULT_HAYSTACK,
+        help="prose of niah_single_2/3: python-docs (default: the Python language reference "
+        "that ships with Python, pydoc_data.topics), wikitext (the WikiText-2 test text of "
+        "--data-dir), a .txt/.jsonl file or folder, default (the built-in corpus), or hf:NAME "
         "(RULER's essays: hf:baber/paul_graham_essays)",
     )
     parser.add_argument(
@@ -181,7 +182,8 @@ def run(args: argparse.Namespace) -> int:
             "no evaluation data found: pass --data-dir DIR (laid out like ../shared/data), set "
             "TAPERLM_EVAL_DATA, or use --source hf"
         )
-    results, notes = _run_tasks(args, tasks, scorer, data_dir, run_config)
+    haystack = _check_niah_inputs(args, tasks, model, tokenizer, data_dir)
+    results, notes = _run_tasks(args, tasks, scorer, data_dir, run_config, haystack)
     notes += auto_notes
     if not results:
         raise DataError("nothing to evaluate: " + "; ".join(notes))
@@ -201,6 +203,24 @@ def _check_niah_lengths(args: argparse.Namespace, tasks: list[str], context: int
             f"than the model's context_length {context}; give lengths <= {context} or pass "
             "--niah-extrapolate"
         )
+
+
+def _check_niah_inputs(args: argparse.Namespace, tasks: list[str], model, tokenizer, data_dir):
+    """The S-NIAH haystack (None when no task hides its needle in prose), loaded and checked
+    with everything else the S-NIAH tasks need before any task runs."""
+    from taperlm.evaluation.niah import SPECS
+    from taperlm.evaluation.suite import check_niah_inputs
+
+    niah_tasks = [t for t in tasks if t in NIAH_TASKS]
+    if not niah_tasks:
+        return None
+    haystack = None
+    if any(SPECS[t].haystack == "essay" for t in niah_tasks):
+        haystack = _haystack(args, data_dir)
+    check_niah_inputs(
+        model, tokenizer, niah_tasks, args.niah_lengths, haystack, args.niah_extrapolate
+    )
+    return haystack
 
 
 def _write_lm_eval_tasks(args: argparse.Namespace, tasks: list[str], data_dir: Path | None) -> int:
@@ -244,7 +264,9 @@ def _scorer(args: argparse.Namespace, model, tokenizer, device: str):
     )
 
 
-def _run_tasks(args: argparse.Namespace, tasks: list[str], scorer, data_dir, run_config):
+def _run_tasks(
+    args: argparse.Namespace, tasks: list[str], scorer, data_dir, run_config, haystack=None
+):
     """({task: TaskResult}, notes), printing one line per task unless --json."""
     import time
 
@@ -253,7 +275,6 @@ def _run_tasks(args: argparse.Namespace, tasks: list[str], scorer, data_dir, run
 
     results = {}
     notes: list[str] = []
-    haystack = None
     for task in tasks:
         t0 = time.perf_counter()
         if task == "val":
@@ -261,8 +282,6 @@ def _run_tasks(args: argparse.Namespace, tasks: list[str], scorer, data_dir, run
             if res is None:
                 continue
         elif task in NIAH_TASKS:
-            if task != "niah_single_1" and haystack is None:
-                haystack = _haystack(args, data_dir)
             res = _run_niah(args, task, scorer, haystack, notes)
         else:
             data = load_task(task, data_dir, source=args.source, limit=args.limit)

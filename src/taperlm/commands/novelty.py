@@ -1,4 +1,4 @@
-"""`taperlm novelty MODEL`: layer-wise novelty rho_block / rho_mlp per layer (PAPER.md §7)."""
+"""`taperlm novelty MODEL`: layer-wise novelty rho_block / rho_mlp per layer (docs/novelty.md)."""
 
 from __future__ import annotations
 

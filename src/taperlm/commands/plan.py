@@ -122,16 +122,34 @@ def _memory_plan(args: argparse.Namespace, cfg):
 
 
 def _list_presets() -> None:
+    import dataclasses
+    import textwrap
+
     from taperlm.budget import total_params
     from taperlm.presets import get_preset, preset_names
 
-    print(f"{'preset':<22}{'layers':>7}{'d_model':>9}{'mlp_width':>11}{'params':>12}")
+    print(
+        f"{'preset':<22}{'layers':>7}{'d_model':>9}{'mlp_width':>11}{'vocab':>8}{'params':>10}"
+        f"{'non-emb':>10}"
+    )
     for name in preset_names():
         c = get_preset(name)
+        params = total_params(c)
+        # Parameters per vocabulary entry (the embedding row, and the output row when untied).
+        per_token = total_params(dataclasses.replace(c, vocab_size=c.vocab_size + 1)) - params
         print(
-            f"{name:<22}{c.n_layers:>7}{c.d_model:>9}{c.mlp_width:>11}"
-            f"{total_params(c) / 1e6:>11.1f}M"
+            f"{name:<22}{c.n_layers:>7}{c.d_model:>9}{c.mlp_width:>11}{c.vocab_size:>8,}"
+            f"{params / 1e6:>9.2f}M{(params - per_token * c.vocab_size) / 1e6:>9.2f}M"
         )
+    print()
+    note = (
+        "params count the embeddings of the preset's vocab; with other data the same preset "
+        "has another total: `taperlm compare` sizes the vocabulary to its data's tokenizer "
+        "(its built-in corpus: 2,048 tokens), `train` takes --set model.vocab_size=N. non-emb "
+        "(everything but the embedding and output rows) is the same for every vocabulary; "
+        "`taperlm plan --preset NAME --set model.vocab_size=N` gives the exact count."
+    )
+    print(textwrap.fill(note, width=100))
 
 
 def plan_to_dict(p) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from taperlm.commands.common import (
@@ -79,19 +80,19 @@ def _resolve_config(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import warnings
 
+    from taperlm.cli import resume_command
     from taperlm.training import distributed as D
     from taperlm.training.checkpoint import TrainingWarning
+    from taperlm.training.interrupt import SignalStop, interrupted_message
     from taperlm.training.loop import train
 
     def show(message, category, filename, lineno, file=None, line=None):  # no source lines
-        import sys
-
         print(f"taperlm train: warning: {message}", file=sys.stderr)
 
     cfg = _resolve_config(args)
     rank = int(os.environ.get("RANK", "0"))
     # Plain one-line warnings for this command only; catch_warnings restores the global hooks.
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), SignalStop() as stop:
         warnings.simplefilter("always", TrainingWarning)
         warnings.showwarning = show  # type: ignore[assignment]
         try:
@@ -101,9 +102,18 @@ def run(args: argparse.Namespace) -> int:
                 resume=args.resume,
                 progress=not args.no_progress,
                 stop_after=args.stop_after_steps,
+                on_step=stop,
             )
         finally:
             D.shutdown(D.DistInfo(world_size=int(os.environ.get("WORLD_SIZE", "1"))))
+    if stop.stopped_at is not None:
+        if rank == 0:
+            command = resume_command("train", getattr(args, "_argv", sys.argv[1:]))
+            print(
+                interrupted_message(args.out, command, result.step, result.total_steps),
+                file=sys.stderr,
+            )
+        return 130
     if rank == 0:
         val = f"val loss {result.val_loss:.4f}" if result.val_loss is not None else "no val loss"
         train_loss = f"{result.train_loss:.4f}" if result.train_loss is not None else "n/a"

@@ -1,4 +1,4 @@
-"""`taperlm compare --paper families`: the paper's family table (PAPER.md §6) at any scale.
+"""`taperlm compare --paper families`: the paper's family table at any scale.
 
 Every family's preset `{prefix}-{size}` (default: transformer, gated, hope and titans-mag at the
 size `micro`) is compared uniform vs cosine 1.5 -> 0.5 over the same seeds. Each family is its own

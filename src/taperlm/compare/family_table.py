@@ -1,5 +1,5 @@
 """The family table of `taperlm compare --paper families` (`taperlm.compare.families`), laid out
-like the paper's 760M table (PAPER.md §6): per family, the uniform and the tapered model's
+like the paper's 760M table: per family, the uniform and the tapered model's
 validation loss and ppl, the paired difference with its 95% interval, the relative change in ppl
 beside the paper's, the zero-shot columns (chance-level results marked) when tasks were run, the
 budget checks and the time each family took. Writes report.md, report.json and families.png.
@@ -27,7 +27,7 @@ from taperlm.compare.report import (
 )
 from taperlm.io import atomic_write_json, atomic_write_text
 
-# PAPER.md §6, 760M parameters / 50B tokens: family -> (the paper's name, uniform, + tapered).
+# The paper's family table, 760M parameters / 50B tokens: family -> (the paper's name, uniform, + tapered).
 PAPER_760M_COLUMNS = (
     "Wiki ppl",
     "LMB ppl",
@@ -199,12 +199,12 @@ def _validation_table(entries: list[dict[str, Any]]) -> list[str]:
         "FLOPs/token",
         "val loss",
         "val ppl",
-        "Δ loss vs uniform [95% CI]",
-        "Δ ppl [95% CI]",
+        "Δ loss vs uniform, nats [95% CI]",
+        "Δ ppl vs uniform, % [95% CI]",
         "n",
-        "paper Wiki ppl (Δ)",
-        "paper LMB ppl (Δ)",
-        "paper Avg acc (Δ)",
+        "paper Wiki ppl (Δ %)",
+        "paper LMB ppl (Δ %)",
+        "paper Avg acc, % (Δ points)",
     ]
     rows = []
     for e in entries:
@@ -257,7 +257,7 @@ def _zero_shot_table(entries: list[dict[str, Any]], settings: dict[str, Any]) ->
         f"accuracy (tapered − uniform, 95% CI). {CHANCE_NOTE} The paper's 760M rows (italic) "
         "for scale.",
         "",
-        *md_table(["model", *cols, "Δ Avg [95% CI]"], rows),
+        *md_table(["model", *cols, "Δ Avg, acc points [95% CI]"], rows),
         "",
     ]
 
@@ -347,7 +347,7 @@ def render_family_markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str
         "",
         "Mean ± sample std over seeds; Δ = tapered − uniform of the same seed, mean with the 95% "
         "Student-t interval (`*` = excludes 0); Δ ppl = exp(Δ loss) − 1. The paper's columns are "
-        "single runs of 760M-parameter models after 50B tokens (PAPER.md §6), with the tapered "
+        "single runs of 760M-parameter models after 50B tokens (its family table), with the tapered "
         "model's relative change (ppl) or change in accuracy points (Avg) in brackets; compare "
         "the direction and rough size, not the values.",
         "",

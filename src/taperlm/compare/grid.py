@@ -17,7 +17,7 @@ start from the same RNG state; the only difference between them is the per-layer
 (and heads). The uniform allocation is always part of the grid: it is the baseline of the
 paired differences.
 
-Paper modes (PAPER.md §3, §4, §6): `controlled` = uniform / wider-early / wider-middle /
+Paper modes (its controlled experiment, schedule x ratio sweep, family table): `controlled` = uniform / wider-early / wider-middle /
 wider-late as three equal groups of layers (multipliers 1.5/1.0/0.5 and mirrors); `sweep` =
 cosine, linear, sigmoid x the five start/end ratio pairs, plus uniform; `families` = uniform vs
 cosine 1.5 -> 0.5, in one grid per model family (`taperlm.compare.families`). The paper's
@@ -39,7 +39,7 @@ from taperlm.taper import TaperSpec
 PAPER_MODES = ("controlled", "sweep", "families")
 PAPER_UNIFORM_PPL = 16.28
 
-# PAPER.md §3: (label, groups multipliers, val ppl of the 440M Transformer).
+# The paper's controlled experiment: (label, groups multipliers, val ppl of the 440M Transformer).
 PAPER_CONTROLLED: list[tuple[str, list[float] | None, float]] = [
     ("uniform", None, 16.28),
     ("wider-early", [1.5, 1.0, 0.5], 15.96),
@@ -47,7 +47,7 @@ PAPER_CONTROLLED: list[tuple[str, list[float] | None, float]] = [
     ("wider-late", [0.5, 1.0, 1.5], 17.29),
 ]
 
-# PAPER.md §4: (start, end) -> {schedule: val ppl}; 440M Transformer, 30B tokens.
+# The paper's schedule x ratio sweep: (start, end) -> {schedule: val ppl}; 440M Transformer, 30B tokens.
 PAPER_SWEEP: dict[tuple[float, float], dict[str, float]] = {
     (1.25, 0.75): {"cosine": 15.18, "linear": 15.96, "sigmoid": 16.44},
     (1.375, 0.625): {"cosine": 14.59, "linear": 15.80, "sigmoid": 16.44},
@@ -64,7 +64,7 @@ PILOT_NAME = "pilot"  # pilot runs live in runs/pilot-s<seed>
 # Placeholder rho for checking a novelty:pilot allocation before its pilot ran: alternating
 # extremes give multipliers 1 +- strength, the narrowest and widest layers it can produce.
 _PROBE_RHO = (0.0, 1.0)
-# `--paper families` (PAPER.md §6): every family, uniform vs the paper's taper.
+# `--paper families` (the paper's family table): every family, uniform vs the paper's taper.
 FAMILIES_TAPERS = ("uniform", "cosine:1.5:0.5")
 
 

@@ -56,7 +56,7 @@ COMPARE_TRAIN_DEFAULTS: dict[str, Any] = {
 # Model settings of compare's CPU recipe for a preset of a small size (micro, tiny, small); a config
 # file's model section and --set win. Not applied at the paper's sizes (their init is the paper's).
 COMPARE_MODEL_DEFAULTS: dict[str, Any] = {"init_std": 0.1}
-# A preset of one of the paper's sizes trains with the paper's recipe instead (PAPER.md §5:
+# A preset of one of the paper's sizes trains with the paper's recipe instead (its training recipe:
 # AdamW, peak lr 4e-4, weight decay 0.1, cosine decay, 0.5M-token batches of 4K-token
 # sequences, 30B/50B/100B tokens), so that the same command runs the paper's experiment on GPUs.
 # micro_batch_size 4 (16 accumulation steps) fits a 1.3B model at 4K context on an 80 GB GPU
@@ -315,8 +315,8 @@ def eval_settings(opts: CompareOptions):
     """How every cell is evaluated (zero-shot tasks, their data, novelty text and tokens)."""
     from taperlm.compare.runner import EvalSettings
     from taperlm.evaluation.locate import eval_data_dir, wikitext_test
+    from taperlm.evaluation.niah import DEFAULT_HAYSTACK, parse_lengths
     from taperlm.evaluation.niah import TASKS as NIAH_TASKS
-    from taperlm.evaluation.niah import parse_lengths
     from taperlm.evaluation.suite import parse_task_list
     from taperlm.evaluation.tasks import TASKS
 
@@ -330,8 +330,8 @@ def eval_settings(opts: CompareOptions):
     if opts.eval_niah_lengths.strip():
         niah_lengths = parse_lengths(opts.eval_niah_lengths, "--eval-niah-lengths")
     eval_data = None
-    # Files: the zero-shot tasks', and the prose haystack of niah_single_2/3.
-    if [t for t in tasks if t != "niah_single_1"]:
+    # Files of the zero-shot tasks (the NIAH tasks need none: their prose ships with Python).
+    if [t for t in tasks if t not in NIAH_TASKS]:
         eval_data = opts.eval_data or eval_data_dir()
         if eval_data is None or not Path(eval_data).is_dir():
             raise DataError(
@@ -358,6 +358,8 @@ def eval_settings(opts: CompareOptions):
         eval_limit=opts.eval_limit or None,
         eval_data=None if eval_data is None else str(Path(eval_data).resolve()),
         niah_lengths=niah_lengths,
+        # in the cache key: cells evaluated on another prose (WikiText before) are re-evaluated
+        niah_haystack=DEFAULT_HAYSTACK if {"niah_single_2", "niah_single_3"} & set(tasks) else None,
         novelty_tokens=opts.novelty_tokens,
         novelty_text=novelty_text,
     )
@@ -662,9 +664,26 @@ def _data_dir(opts: CompareOptions, provisional) -> Path:
     elif provisional.data.dir:
         data_dir = Path(provisional.data.dir).expanduser().resolve()
     else:
-        return default_corpus_dir(not opts.no_progress)
+        target = default_corpus_dir(not opts.no_progress)
+        print(_default_corpus_note(target), file=sys.stderr)
+        return target
     load_meta(data_dir)  # DataError naming `taperlm prepare` when missing or incomplete
     return data_dir
+
+
+def _default_corpus_note(target: Path) -> str:
+    """Which data a compare without --data trains on, and the prepared folders it leaves alone
+    (its own corpus keeps the main job's numbers reproducible: another tokenizer would change
+    the models' size)."""
+    from taperlm.data.prepare import META_FILE
+
+    here = sorted(str(p.parent) for p in Path("data").glob(f"*/{META_FILE}"))[:3]
+    other = f"; {', '.join(here)} (prepared here) is used only with --data" if here else ""
+    return (
+        f"taperlm compare: data: the built-in corpus (Debian's Python, Perl and Linux "
+        f"documentation) with its {DEFAULT_CORPUS_TOKENIZER} tokenizer, cached in {target}; "
+        f"--data DIR trains on other data{other}"
+    )
 
 
 def _report_meta(opts, grid, results, command, data_dir, meta, settings) -> dict[str, Any]:

@@ -150,8 +150,8 @@ def _validation_section(summary: dict[str, Any]) -> list[str]:
         "tokens/s",
         "val loss",
         "val ppl",
-        "Δ loss vs uniform [95% CI]",
-        "Δ ppl vs uniform [95% CI]",
+        "Δ loss vs uniform, nats [95% CI]",
+        "Δ ppl vs uniform, ppl points [95% CI]",
         "n",
     ]
     if show_paper:
@@ -341,8 +341,9 @@ def _paper_section(pc: dict[str, Any], allocs: list[dict[str, Any]]) -> list[str
         "## Against the paper",
         "",
         "The paper's numbers are validation perplexities of a 440M Transformer after 30B tokens "
-        "(PAPER.md §3, §4), so only the *ordering* is comparable. Our change vs uniform is "
-        "exp(Δ loss) − 1, paired over seeds, with its 95% interval.",
+        "(its controlled experiment and schedule x ratio sweep), so only the *ordering* is "
+        "comparable. Our change vs uniform is exp(Δ loss) − 1, paired over seeds, with its 95% "
+        "interval.",
         "",
         f"- ours, best to worst: {' < '.join(label[n] for n in order_ours)}",
         f"- paper, best to worst: {' < '.join(label[n] for n in order_paper)}",

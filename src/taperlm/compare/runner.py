@@ -61,11 +61,13 @@ class EvalSettings:
     novelty_tokens: int = 2048
     novelty_text: str | None = None  # a text file; None = the val split
     niah_lengths: list[int] | None = None  # NIAH tasks; None = the cell's context_length
+    niah_haystack: str | None = None  # the prose of niah_single_2/3 (None: no such task)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        if d["niah_lengths"] is None:  # as before NIAH existed: cached cells stay valid
-            del d["niah_lengths"]
+        for key in ("niah_lengths", "niah_haystack"):  # as before they existed: caches stay valid
+            if d[key] is None:
+                del d[key]
         if self.novelty_text:  # the file by content too: an edit re-evaluates the cells
             from taperlm.io import file_identity
 
@@ -130,8 +132,21 @@ class SharedInputs:
             if name not in NIAH_SPECS:
                 self.task(name)
             elif NIAH_SPECS[name].haystack == "essay":
-                self.haystack()
+                self._check_haystack()
         return self
+
+    def _check_haystack(self) -> None:
+        """The prose must fill the longest --eval-niah-lengths value, before any training.
+        (Without the option every cell evaluates at its own context length, checked when the
+        cell's items are drawn.)"""
+        from taperlm.evaluation import niah
+
+        hay = self.haystack()
+        if self.settings.niah_lengths:
+            codec = niah.TokenizerCodec(self.tokenizer)
+            niah.check_haystack(
+                hay, lambda text: len(codec.encode(text)), max(self.settings.niah_lengths)
+            )
 
     def task(self, name: str):
         if name not in self._tasks:
@@ -143,11 +158,12 @@ class SharedInputs:
         return self._tasks[name]
 
     def haystack(self):
-        """The prose of niah_single_2/3 (WikiText-2 test of the evaluation data)."""
+        """The prose of niah_single_2/3 (`taperlm eval`'s default haystack)."""
         if self._haystack is None:
-            from taperlm.evaluation.niah import load_haystack
+            from taperlm.evaluation.niah import DEFAULT_HAYSTACK, load_haystack
 
-            self._haystack = load_haystack("wikitext", self.settings.eval_data, 10**7)
+            spec = self.settings.niah_haystack or DEFAULT_HAYSTACK
+            self._haystack = load_haystack(spec, self.settings.eval_data, 10**7)
         return self._haystack
 
 

@@ -35,7 +35,11 @@ from taperlm.errors import ConfigError
 
 # Start ratios of the cosine sweep (end = 2 - start); 1.0 is uniform.
 SCALING_STARTS = (1.25, 1.5, 1.75, 1.9)
-PAPER_POINT = {"params": 440e6, "tokens": 30e9, "best_start": 1.5}  # PAPER.md §4
+PAPER_POINT = {
+    "params": 440e6,
+    "tokens": 30e9,
+    "best_start": 1.5,
+}  # the paper's ratio sweep at 440M (docs/compare.md)
 BOOTSTRAP = 2000
 BOOTSTRAP_SEED = 0
 SCALING_PLOT = "scaling.png"

@@ -65,6 +65,8 @@ class GridDisplay:
     def __init__(self, grid: Grid, runs: Path, workers: int, progress: bool, log) -> None:
         from tqdm.auto import tqdm
 
+        from taperlm.progress import progress_bar
+
         self.grid, self.n = grid, len(grid.cells)
         self.counted = {c.name for c in grid.cells if read_result(runs / c.name) is not None}
         self.done_tokens = sum(c.config.train.tokens for c in grid.cells if c.name in self.counted)
@@ -74,7 +76,7 @@ class GridDisplay:
         self.t_start = time.perf_counter()
         self.write = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
         kw: dict[str, Any] = {"dynamic_ncols": True, "disable": not progress}
-        self.bar = tqdm(
+        self.bar = progress_bar(
             total=grid.total_tokens,
             initial=self.done_tokens,
             unit="tok",
@@ -84,7 +86,9 @@ class GridDisplay:
             **kw,
         )
         self.workers = [
-            tqdm(total=1, desc=f"worker {i + 1}", position=i + 1, leave=False, unit="step", **kw)
+            progress_bar(
+                total=1, desc=f"worker {i + 1}", position=i + 1, leave=False, unit="step", **kw
+            )
             for i in range(workers if workers > 1 else 0)
         ]
         self.on_slot: dict[int, str] = {}

@@ -21,9 +21,11 @@ the score = the fraction of answers found, case-insensitively, in the stripped g
 (`string_match_all`).
 
 The deviation: RULER's prose is Paul Graham's essays, downloaded at run time. We are offline,
-so the default prose is local (the WikiText-2 test articles, see `load_haystack`; any text, or the
-essays themselves with `hf:baber/paul_graham_essays`), and sentences are split by a small rule
-(`split_sentences`) instead of NLTK's Punkt model, which needs a download.
+so the default prose ships with Python itself: the prose paragraphs of the Python language
+reference in CPython's standard library (`pydoc_data.topics`, see `python_docs_prose`; any text,
+WikiText-2, or the essays themselves with `hf:baber/paul_graham_essays` on request), and sentences
+are split by a small rule (`split_sentences`) instead of NLTK's Punkt model, which needs a
+download.
 """
 
 from __future__ import annotations
@@ -232,14 +234,57 @@ def wikitext_prose(raw: str) -> list[str]:
     return paras
 
 
+DEFAULT_HAYSTACK = "python-docs"
+_UNDERLINE = re.compile(r"[*=\-~^\"]+")
+
+
+def python_docs_prose() -> list[str]:
+    """The prose paragraphs of the Python language reference as CPython's standard library ships
+    it for `help()` (`pydoc_data.topics`, ~33K words in 3.11), topics in sorted order: blocks
+    separated by blank lines that start unindented and end like a sentence, headings and
+    indented code or grammar dropped, lines joined with spaces."""
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # some distributions split it off (Debian keeps it in libpython3.x-stdlib)
+        raise DataError(
+            "niah: the default haystack is the Python language reference of the standard "
+            "library (pydoc_data.topics), which this Python lacks; pass --niah-haystack "
+            "PATH|wikitext|hf:NAME"
+        ) from None
+    paragraphs = []
+    for name in sorted(topics):
+        for block in re.split(r"\n[ \t]*\n", topics[name]):
+            lines = block.split("\n")
+            if not lines[0] or lines[0][0].isspace() or _UNDERLINE.fullmatch(lines[-1].strip()):
+                continue
+            text = " ".join(line.strip() for line in lines)
+            if text[-1] in ".!?:":
+                paragraphs.append(text)
+    return paragraphs
+
+
 def load_haystack(spec: str, data_dir: str | Path | None, max_chars: int) -> Haystack:
     """The prose of S-NIAH-2/3.
 
-    spec "wikitext" (default): the WikiText-2 test articles of the evaluation data dir
-    (`wikitext-2/wiki.test.raw`, ~200K words, enough for ~250K tokens); otherwise a `taperlm
-    prepare --source` value: a .txt/.jsonl file or folder, `default` (the built-in corpus) or
-    `hf:NAME` (e.g. `hf:baber/paul_graham_essays`, RULER's own essays, as lm-eval loads them).
-    Documents are joined with spaces, at most `max_chars` characters are read."""
+    spec "python-docs" (default, always present): `python_docs_prose`, the Python language
+    reference of the standard library (enough for ~40K tokens); "wikitext": the WikiText-2 test
+    articles of the evaluation data dir (`wikitext-2/wiki.test.raw`, ~200K words, enough for
+    ~250K tokens); otherwise a `taperlm prepare --source` value: a .txt/.jsonl file or folder,
+    `default` (the built-in corpus) or `hf:NAME` (e.g. `hf:baber/paul_graham_essays`, RULER's own
+    essays, as lm-eval loads them). Documents are joined with spaces, at most `max_chars`
+    characters are read."""
+    if spec == DEFAULT_HAYSTACK:
+        import hashlib
+        import platform
+
+        text = " ".join(python_docs_prose())[:max_chars]
+        source = {
+            "spec": spec,
+            "module": "pydoc_data.topics",
+            "python": platform.python_version(),
+            "sha256": hashlib.sha256(text.encode()).hexdigest(),
+        }
+        return Haystack.from_texts([text], source)
     if spec == "wikitext":
         if data_dir is None:
             raise DataError(
@@ -266,6 +311,20 @@ def load_haystack(spec: str, data_dir: str | Path | None, max_chars: int) -> Hay
     source = open_source(spec)
     texts = [d.text for d in source.documents(max_chars=max_chars)]
     return Haystack.from_texts(texts, source.describe())
+
+
+def check_haystack(haystack: Haystack, count_tokens: Callable[[str], int], length: int) -> None:
+    """Before any item runs: DataError unless the whole haystack, in the template, reaches
+    `length` tokens with the 128 generated (what `Generator.fit_haystack` needs)."""
+    text = TEMPLATE.format(kind="number", context=" ".join(haystack.words), query="key")
+    have = count_tokens(text) + MAX_NEW_TOKENS
+    if have < length:
+        raise DataError(
+            f"niah: the haystack ({len(haystack.words)} words, "
+            f"{haystack.source.get('spec', '?')}) fills only {have} of the {length} tokens of "
+            "niah_single_2/3; give longer prose with --niah-haystack PATH|wikitext|hf:NAME or "
+            "shorter --niah-lengths"
+        )
 
 
 # ----------------------------------------------------------------------------------------------

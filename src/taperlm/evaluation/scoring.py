@@ -18,9 +18,9 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from taperlm.errors import DataError
+from taperlm.progress import progress_bar
 
 
 class Tokenizer(Protocol):
@@ -152,7 +152,7 @@ class Scorer:
         L = self.max_length
         order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
         results: list[tuple[float, bool] | None] = [None] * len(pairs)
-        bar = tqdm(
+        bar = progress_bar(
             total=len(pairs),
             desc=desc,
             unit="req",
@@ -210,7 +210,9 @@ class Scorer:
         if max_windows is not None:
             n_win = min(n_win, max_windows)
         total, count, per = 0.0, 0, []
-        bar = tqdm(total=n_win, desc=desc, unit="win", disable=not self.progress, leave=False)
+        bar = progress_bar(
+            total=n_win, desc=desc, unit="win", disable=not self.progress, leave=False
+        )
         for s in range(0, n_win, self.batch_size):
             rows = range(s, min(s + self.batch_size, n_win))
             chunk = torch.stack([tokens[r * L : r * L + L + 1] for r in rows]).long()

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from taperlm.errors import ConfigError
+from taperlm.errors import ConfigError, DataError
 from taperlm.evaluation import niah
 from taperlm.evaluation.scoring import Scorer
 from taperlm.evaluation.tasks import TASKS, TaskData
@@ -307,12 +307,13 @@ def niah_generate(
     desc: str = "niah",
 ) -> list[dict[str, Any]]:
     """Greedy answers (128 tokens at most, stop at EOS) and string-match scores of `samples`."""
-    from tqdm.auto import tqdm
-
     from taperlm.generation import greedy_batch
+    from taperlm.progress import progress_bar
 
     prompts = [codec.encode(s.prompt) for s in samples]
-    bar = tqdm(total=len(samples), desc=desc, unit="item", disable=not progress, leave=False)
+    bar = progress_bar(
+        total=len(samples), desc=desc, unit="item", disable=not progress, leave=False
+    )
     out = greedy_batch(
         model,
         prompts,
@@ -338,6 +339,38 @@ def niah_generate(
             }
         )
     return records
+
+
+def _generated_lengths(lengths: Sequence[int], evaluate: Sequence[int]) -> list[int]:
+    """The lengths whose items are drawn: every one in order up to the last evaluated (one
+    stream through them all, as lm-eval draws)."""
+    return list(lengths)[: max(i for i, n in enumerate(lengths) if n in evaluate) + 1]
+
+
+def check_niah_inputs(
+    model: Any,
+    tokenizer: Any,
+    tasks: Sequence[str],
+    lengths: Sequence[int],
+    haystack: niah.Haystack | None,
+    extrapolate: bool = False,
+) -> None:
+    """Everything the S-NIAH `tasks` need, checked before any item runs: a length the model
+    takes, RULER's key words, a tokenizer, and prose that fills the longest length."""
+    evaluate, _ = niah_lengths(lengths, model.config.context_length, extrapolate)
+    if not evaluate:
+        raise ConfigError(
+            f"every --niah-lengths value ({', '.join(map(str, lengths))}) is longer than the "
+            f"model's context_length {model.config.context_length}; give shorter lengths or "
+            "pass --niah-extrapolate"
+        )
+    niah.key_words()
+    codec = niah.TokenizerCodec(tokenizer)
+    if any(niah.SPECS[t].haystack == "essay" for t in tasks):
+        if haystack is None:
+            raise DataError("niah_single_2/3 hide their needle in prose: give a haystack")
+        longest = max(_generated_lengths(lengths, evaluate))
+        niah.check_haystack(haystack, lambda text: len(codec.encode(text)), longest)
 
 
 def run_niah(
@@ -368,7 +401,7 @@ def run_niah(
     codec = niah.TokenizerCodec(tokenizer)
     gen = niah.Generator(task, lambda text: len(codec.encode(text)), haystack, seed=seed)
     # One stream through the lengths in order (lm-eval's items), up to the last one evaluated.
-    wanted = list(lengths)[: max(i for i, n in enumerate(lengths) if n in evaluate) + 1]
+    wanted = _generated_lengths(lengths, evaluate)
     t0 = time.perf_counter()
     data = gen.lengths(wanted, limit)
     data_seconds = time.perf_counter() - t0

@@ -44,7 +44,7 @@ MULTIPLE_CHOICE = (
     "boolq",
 )
 
-# Local file(s) of each task, relative to the data dir (see ../shared/data/README.md).
+# Local file(s) of each task, relative to the data dir (docs/evaluation.md, the task table).
 LOCAL_FILES: dict[str, tuple[str, ...]] = {
     "wikitext": ("wikitext-2/wiki.test.raw",),
     "lambada_openai": ("lambada/lambada_openai.jsonl",),

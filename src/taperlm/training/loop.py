@@ -790,11 +790,18 @@ class Trainer:
         on_step: StepHook | None = None,
     ) -> TrainResult:
         """Train to the end (or until `stop_after` completed steps): one optimizer step at a
-        time, then logging, evaluation and checkpoints when they are due. `on_step` (one
-        process only) is told of every step and may ask for a checkpoint or a stop."""
-        from tqdm.auto import tqdm
+        time, then logging, evaluation and checkpoints when they are due. `on_step` is told
+        of every step (on every rank: under torchrun its answer must be the same on all, as
+        `training.interrupt.SignalStop` ensures) and may ask for a checkpoint or a stop."""
+        from taperlm.progress import progress_bar
 
-        bar = tqdm(
+        if progress and self.info.is_main and 0 < self.step < self.total_steps:
+            print(
+                f"taperlm train: resuming {self.out} from its checkpoint at step {self.step}; "
+                f"continuing at step {self.step + 1} of {self.total_steps}",
+                file=sys.stderr,
+            )
+        bar = progress_bar(
             total=self.total_steps * self.cfg.batch_tokens,
             initial=self.tokens,
             unit="tok",
