@@ -216,9 +216,20 @@ def test_export_force_replaces_only_an_export(trained, tmp_path, capsys):
     (out / "README.md").chmod(0o600)
     assert cli_main(["export", str(trained), "--out", str(out)]) == 2
     assert "add --force" in capsys.readouterr().err
-    assert cli_main(["export", str(trained), "--out", str(out), "--force"]) == 0
+    (out / "notes.txt").write_text("beside")  # a file of the user's the export never writes
+    before = _snapshot(out)
+    # README.md is the model card the export writes: the user's edit is refused, nothing written
+    assert cli_main(["export", str(trained), "--out", str(out), "--force"]) == 2
+    assert "README.md" in capsys.readouterr().err
+    assert _snapshot(out) == before
     assert (out / "README.md").read_text() == "my notes"
     assert stat.S_IMODE((out / "README.md").stat().st_mode) == 0o600  # not chmodded
+    (out / "README.md").rename(tmp_path / "my-notes.md")  # the user moves it out: replaced
+    (out / "config.json").write_text((out / "config.json").read_text())  # same bytes: ours
+    assert cli_main(["export", str(trained), "--out", str(out), "--force"]) == 0
+    assert "taperlm" in (out / "README.md").read_text()
+    assert (out / "notes.txt").read_text() == "beside"
+    assert not [p for p in out.iterdir() if p.name.startswith(".taperlm-export-tmp")]
     user = make_folder(tmp_path, "user")
     before = _snapshot(user)
     assert cli_main(["export", str(trained), "--out", str(user), "--force"]) == 2
