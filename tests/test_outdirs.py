@@ -257,3 +257,38 @@ def test_trainer_refuses_a_foreign_folder_for_library_callers(trained, tmp_path)
     with pytest.raises(ConfigError, match="is not empty"):
         train(load_run_config(trained / "config.yaml"), user)
     assert _snapshot(user) == before
+
+
+def test_export_records_its_files_and_force_replaces_only_those(trained, tmp_path, capsys):
+    """The marker records every file the export wrote with its sha256; --force removes files
+    of the earlier export that it no longer writes only while unchanged, and an export without
+    a record (written before it existed) gets nothing replaced."""
+    pytest.importorskip("transformers")
+    import json
+
+    from taperlm.io import sha256_file
+
+    out = tmp_path / "exp"
+    assert cli_main(["export", str(trained), "--out", str(out)]) == 0
+    marker = out / KINDS["export"].marker
+    files = json.loads(marker.read_text())["files"]
+    on_disk = {p.name for p in out.iterdir()} - {marker.name}
+    assert set(files) == on_disk and "README.md" in files
+    assert all(files[n] == [sha256_file(out / n)] for n in files)
+    # two files of an earlier export that this one no longer writes: one unchanged, one edited
+    for name in ("old-a.bin", "old-b.bin"):
+        (out / name).write_text(name)
+        files[name] = [sha256_file(out / name)]
+    marker.write_text(json.dumps({"files": files}))
+    (out / "old-b.bin").write_text("edited by the user")
+    assert cli_main(["export", str(trained), "--out", str(out), "--force"]) == 0
+    assert (
+        not (out / "old-a.bin").exists() and (out / "old-b.bin").read_text() == "edited by the user"
+    )
+    # an export from before the record: no file is known to be ours, nothing is replaced
+    marker.write_text("written by taperlm (a `taperlm export` folder)\n")
+    before = _snapshot(out)
+    capsys.readouterr()
+    assert cli_main(["export", str(trained), "--out", str(out), "--force"]) == 2
+    assert "config.json" in capsys.readouterr().err
+    assert _snapshot(out) == before
