@@ -23,6 +23,7 @@ from taperlm.cli import main  # noqa: E402
 from taperlm.errors import ConfigError, DataError  # noqa: E402
 from taperlm.gguf_export import check_supported, write_gguf  # noqa: E402
 from taperlm.models import TaperedLM  # noqa: E402
+from taperlm.outfiles import written_by_taperlm  # noqa: E402
 
 # (id, model fields): uniform; MLP taper; head taper; both with grouped-query attention and tied
 # embeddings (the head taper moves whole KV groups)
@@ -318,7 +319,8 @@ def test_export_command_writes_a_file_llama_cpp_reads(tapered_run: Path, tmp_pat
     # an existing file is replaced only with --force; a folder is refused before any work
     before = out.read_bytes()
     assert main(["export", str(tapered_run), "--format", "gguf", "--out", str(out)]) == 2
-    assert "exists" in capsys.readouterr().err and out.read_bytes() == before
+    assert "add --force" in capsys.readouterr().err and out.read_bytes() == before
+    assert written_by_taperlm(out, "gguf")  # what --force may replace (tests/test_outfiles.py)
     argv = ["export", str(tapered_run), "--format", "gguf", "--out", str(out), "--dtype", "f32"]
     assert main([*argv, "--force"]) == 0
     assert read(out)[1]["blk.0.attn_q.weight"].dtype == np.float32

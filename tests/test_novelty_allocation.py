@@ -16,6 +16,7 @@ from taperlm.cli import main
 from taperlm.config import RunConfig, load_run_config, run_config_from_dict, to_dict
 from taperlm.errors import ConfigError, TaperError
 from taperlm.models import TaperedLM
+from taperlm.outfiles import written_by_taperlm
 from taperlm.taper import TaperSpec, multipliers, novelty_multipliers, read_rho_mlp, solve_sizes
 
 RHO = [0.15, 0.14, 0.50, 0.50, 0.45, 0.24]  # uniform transformer-tiny, docs/compare.md
@@ -176,6 +177,8 @@ def test_allocate_from_a_json_for_a_preset(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "rho_mlp read from" in text and "total parameters 3,303,040 (uniform 3,303,040)" in text
     assert (tmp_path / "w.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # both carry taperlm's mark, so a second run replaces them (a user's file it refuses)
+    assert written_by_taperlm(out, "yaml") and written_by_taperlm(tmp_path / "w.png", "png")
     cfg = load_run_config(out).resolve()
     expected = solve_sizes(TaperSpec(schedule="novelty", strength=0.3, rho_mlp=RHO), 6, 352)
     assert cfg.model.mlp_widths == expected and cfg.model.taper.source == str(f)

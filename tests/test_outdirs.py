@@ -216,9 +216,20 @@ def test_export_force_replaces_only_an_export(trained, tmp_path, capsys):
     (out / "README.md").chmod(0o600)
     assert cli_main(["export", str(trained), "--out", str(out)]) == 2
     assert "add --force" in capsys.readouterr().err
-    assert cli_main(["export", str(trained), "--out", str(out), "--force"]) == 0
+    (out / "notes.txt").write_text("beside")  # a file of the user's the export never writes
+    before = _snapshot(out)
+    # README.md is the model card the export writes: the user's edit is refused, nothing written
+    assert cli_main(["export", str(trained), "--out", str(out), "--force"]) == 2
+    assert "README.md" in capsys.readouterr().err
+    assert _snapshot(out) == before
     assert (out / "README.md").read_text() == "my notes"
     assert stat.S_IMODE((out / "README.md").stat().st_mode) == 0o600  # not chmodded
+    (out / "README.md").rename(tmp_path / "my-notes.md")  # the user moves it out: replaced
+    (out / "config.json").write_text((out / "config.json").read_text())  # same bytes: ours
+    assert cli_main(["export", str(trained), "--out", str(out), "--force"]) == 0
+    assert "taperlm" in (out / "README.md").read_text()
+    assert (out / "notes.txt").read_text() == "beside"
+    assert not [p for p in out.iterdir() if p.name.startswith(".taperlm-export-tmp")]
     user = make_folder(tmp_path, "user")
     before = _snapshot(user)
     assert cli_main(["export", str(trained), "--out", str(user), "--force"]) == 2
@@ -246,3 +257,38 @@ def test_trainer_refuses_a_foreign_folder_for_library_callers(trained, tmp_path)
     with pytest.raises(ConfigError, match="is not empty"):
         train(load_run_config(trained / "config.yaml"), user)
     assert _snapshot(user) == before
+
+
+def test_export_records_its_files_and_force_replaces_only_those(trained, tmp_path, capsys):
+    """The marker records every file the export wrote with its sha256; --force removes files
+    of the earlier export that it no longer writes only while unchanged, and an export without
+    a record (written before it existed) gets nothing replaced."""
+    pytest.importorskip("transformers")
+    import json
+
+    from taperlm.io import sha256_file
+
+    out = tmp_path / "exp"
+    assert cli_main(["export", str(trained), "--out", str(out)]) == 0
+    marker = out / KINDS["export"].marker
+    files = json.loads(marker.read_text())["files"]
+    on_disk = {p.name for p in out.iterdir()} - {marker.name}
+    assert set(files) == on_disk and "README.md" in files
+    assert all(files[n] == [sha256_file(out / n)] for n in files)
+    # two files of an earlier export that this one no longer writes: one unchanged, one edited
+    for name in ("old-a.bin", "old-b.bin"):
+        (out / name).write_text(name)
+        files[name] = [sha256_file(out / name)]
+    marker.write_text(json.dumps({"files": files}))
+    (out / "old-b.bin").write_text("edited by the user")
+    assert cli_main(["export", str(trained), "--out", str(out), "--force"]) == 0
+    assert (
+        not (out / "old-a.bin").exists() and (out / "old-b.bin").read_text() == "edited by the user"
+    )
+    # an export from before the record: no file is known to be ours, nothing is replaced
+    marker.write_text("written by taperlm (a `taperlm export` folder)\n")
+    before = _snapshot(out)
+    capsys.readouterr()
+    assert cli_main(["export", str(trained), "--out", str(out), "--force"]) == 2
+    assert "config.json" in capsys.readouterr().err
+    assert _snapshot(out) == before

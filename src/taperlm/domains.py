@@ -38,6 +38,7 @@ from typing import Any
 
 from taperlm.errors import ConfigError
 from taperlm.outdirs import OUTPUT_FOLDERS, check_folder
+from taperlm.outfiles import FORCE_TO_REPLACE, OUTPUT_FILES, check_output_file
 
 DOMAIN_KEY = "domain"  # the dataclasses.field metadata key
 MAX_SEED = 2**32 - 1  # seeds of every RNG taperlm seeds (numpy's legacy seed is 32-bit)
@@ -345,6 +346,10 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
             # under --force the command itself decides what it may replace
             if folder is not None and out_kind == "dir" and not getattr(args, "force", False):
                 check_folder(Path(str(value)).expanduser(), folder, _name(action))
+            key = (parser.prog.split()[-1], _name(action))
+            if out_kind == "file" and key in OUTPUT_FILES:
+                force = bool(getattr(args, "force", False)) if key in FORCE_TO_REPLACE else None
+                check_output_file(Path(str(value)).expanduser(), OUTPUT_FILES[key], key[1], force)
 
 
 def check_output(

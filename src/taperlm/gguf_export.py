@@ -27,6 +27,7 @@ from typing import Any
 
 from taperlm.errors import ConfigError, DataError
 from taperlm.io import atomic_output
+from taperlm.outfiles import GGUF_KEY, WRITTEN_BY
 
 DTYPES = ("f16", "f32")
 # llama.cpp token types (gguf.TokenType): normal, user-defined, control, unused
@@ -170,6 +171,7 @@ def write_gguf(
     with atomic_output(path) as tmp:
         w = gguf.GGUFWriter(str(tmp), arch)
         w.add_name(name)
+        w.add_string(GGUF_KEY, f"{WRITTEN_BY} export")  # what export --force may replace
         if description:
             w.add_description(description)
         w.add_file_type(

@@ -153,3 +153,43 @@ def claim(path: Path, kind: str) -> None:
     marker = p / KINDS[kind].marker
     if not marker.is_file():
         marker.write_text(f"written by taperlm ({KINDS[kind].what})\n", encoding="utf-8")
+
+
+# A folder whose files are replaced by a later run of its command (`export --force`) records in
+# its marker the sha256 of every file it wrote; only those files, unchanged since, are replaced.
+def written_files(path: Path, kind: str) -> dict[str, list[str]]:
+    """{relative path: [sha256, ...]} that `kind`'s command recorded in `path`'s marker (a
+    file whose content is one of these is its own); {} for a marker without a record."""
+    try:
+        data = json.loads((Path(path) / KINDS[kind].marker).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, dict):
+        return {}
+    return {str(k): [str(h) for h in v] for k, v in files.items() if isinstance(v, list) and v}
+
+
+def record_written_files(path: Path, kind: str, files: dict[str, list[str]]) -> None:
+    """Write `kind`'s marker in `path` with the record of the files written (atomically)."""
+    from taperlm.io import atomic_write_json
+
+    atomic_write_json(
+        Path(path) / KINDS[kind].marker,
+        {"written_by": f"taperlm ({KINDS[kind].what})", "files": files},
+        indent=1,
+    )
+
+
+def unchanged_own_file(path: Path, record: dict[str, list[str]], rel: str) -> bool:
+    """Whether `path / rel` is a regular file (not a link) whose content is still one that
+    was recorded for it."""
+    from taperlm.io import sha256_file
+
+    p = Path(path) / rel
+    if p.is_symlink() or not p.is_file() or rel not in record:
+        return False
+    try:
+        return sha256_file(p) in record[rel]
+    except OSError:
+        return False

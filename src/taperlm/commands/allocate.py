@@ -24,6 +24,7 @@ from typing import Any
 from taperlm.commands.common import add_model_arguments
 from taperlm.commands.novelty import add_measure_arguments
 from taperlm.domains import input_path, number, output_path
+from taperlm.outfiles import R_FILE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,13 +45,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_model_arguments(parser, taper=False)
     parser.add_argument(
-        "--out", type=output_path("file"), help="write the allocated run config (YAML) here"
+        "--out",
+        type=output_path("file"),
+        help="write the allocated run config (YAML) here" + R_FILE,
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--plot",
         type=output_path("file"),
-        help="write the allocated widths beside the uniform ones as a PNG",
+        help="write the allocated widths beside the uniform ones as a PNG" + R_FILE,
     )
     group = parser.add_argument_group("measuring a model (as `taperlm novelty`)")
     add_measure_arguments(group)
@@ -58,7 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from taperlm.budget import plan
-    from taperlm.config import save_yaml
+    from taperlm.config import dump_yaml
+    from taperlm.io import atomic_write_text
+    from taperlm.outfiles import yaml_mark
     from taperlm.taper import DEFAULT_STRENGTH, TaperSpec
 
     rho, how = _rho_mlp(args)
@@ -76,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     cfg.model = cfg.model.with_taper(spec)
     p = plan(cfg.model, cfg.train.seq_len)  # asserts the budget (parameters and FLOPs/token)
     if args.out:
-        save_yaml(cfg, args.out)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(args.out, yaml_mark(dump_yaml(cfg), "allocate"))
     if args.json:
         print(json.dumps(_as_dict(cfg, p, how, args.out), indent=2))
     else:

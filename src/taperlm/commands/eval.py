@@ -21,6 +21,7 @@ from taperlm.domains import (
 from taperlm.errors import ConfigError, DataError
 from taperlm.evaluation.niah import DEFAULT_HAYSTACK, DEFAULT_LENGTHS, parse_lengths
 from taperlm.evaluation.niah import TASKS as NIAH_TASKS
+from taperlm.outfiles import R_FILE
 
 TASK_HELP = (
     "auto (default: val + every task of the suite whose files are found locally), or "
@@ -101,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.add_argument(
-        "--out", type=output_path("file"), help="also write the JSON results to FILE"
+        "--out", type=output_path("file"), help="also write the JSON results to FILE" + R_FILE
     )
     parser.add_argument(
         "--samples",
@@ -379,11 +380,12 @@ def _meta(args: argparse.Namespace, device, data_dir, max_length, model, notes) 
 def _report(args: argparse.Namespace, results, notes: list[str], meta: dict) -> None:
     from taperlm.evaluation.suite import format_table, results_json
     from taperlm.io import atomic_write_text
+    from taperlm.outfiles import json_mark
 
     blob = results_json(results, meta)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(args.out, json.dumps(blob, indent=2) + "\n")
+        atomic_write_text(args.out, json.dumps(json_mark(blob, "eval"), indent=2) + "\n")
     if args.json:
         print(json.dumps(blob, indent=2))
     else:

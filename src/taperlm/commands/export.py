@@ -42,8 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--force",
         action="store_true",
-        help="replace the files of an earlier `taperlm export` in --out (never a folder or "
-        "file taperlm did not write)",
+        help="replace an earlier `taperlm export` at --out: the files it wrote, unchanged since "
+        "(--format hf), or a .gguf file it wrote (--format gguf); never a folder or file of "
+        "yours, nor one you edited",
     )
 
 
@@ -84,9 +85,7 @@ def _run_gguf(args: argparse.Namespace) -> int:
     from taperlm.gguf_export import check_supported, write_gguf
     from taperlm.loading import load_run, run_root
 
-    out: Path = args.out
-    if out.exists() and not args.force:
-        raise ConfigError(f"--out {out} exists; choose another path or add --force to replace it")
+    out: Path = args.out  # checked before: new, or an earlier GGUF export under --force
     model, tokenizer, _ = load_run(args.run, step=args.step)
     check_supported(model.config)
     dtype = args.dtype or "f16"

@@ -48,7 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-cache", action="store_true", help="recompute the prefix every step (no KV cache)"
     )
     parser.add_argument(
-        "--out", type=output_path("file"), help="also write the text (prompt included) to FILE"
+        "--out",
+        type=output_path("file"),
+        help="also write the text (prompt included) to a new FILE (never replaces a file)",
     )
 
 

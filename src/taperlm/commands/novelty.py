@@ -18,6 +18,7 @@ from taperlm.domains import (
     output_path,
     up_to,
 )
+from taperlm.outfiles import R_FILE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,10 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_measure_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
-        "--plot", type=output_path("file"), help="write both curves vs depth as a PNG"
+        "--plot",
+        type=output_path("file"),
+        help="write both curves vs depth as a PNG" + R_FILE,
     )
     parser.add_argument(
-        "--out", type=output_path("file"), help="also write the JSON result to FILE"
+        "--out", type=output_path("file"), help="also write the JSON result to FILE" + R_FILE
     )
 
 
@@ -94,8 +97,9 @@ def run(args: argparse.Namespace) -> int:
     out.update(model=args.model, data=str(data), input_tokens=n_ids)
     if args.out is not None:
         from taperlm.io import atomic_write_json
+        from taperlm.outfiles import json_mark
 
-        atomic_write_json(args.out, out, indent=2)
+        atomic_write_json(args.out, json_mark(out, "novelty"), indent=2)
     if args.json:
         print(json.dumps(out, indent=2))
     else:

@@ -8,6 +8,7 @@ import json
 
 from taperlm.commands.common import add_model_arguments, build_run_config
 from taperlm.domains import MAX_BATCH, MAX_CONTEXT, MAX_TOKENS, number, output_path, up_to
+from taperlm.outfiles import R_FILE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plot",
         type=output_path("file"),
-        help="write the width profile (and the heads, with a head taper) as a PNG",
+        help="write the width profile (and the heads, with a head taper) as a PNG" + R_FILE,
     )
     parser.add_argument("--dump-config", action="store_true", help="print the resolved YAML")
     parser.add_argument("--list-presets", action="store_true", help="list preset names and exit")

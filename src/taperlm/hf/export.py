@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from taperlm.config import to_dict
-from taperlm.errors import DataError
+from taperlm.errors import ConfigError, DataError
 
 CONFIG_FILE = "configuration_taperlm.py"
 MODELING_FILE = "modeling_taperlm.py"
@@ -89,14 +91,35 @@ def export_model(
     run_config: Any | None = None,
 ) -> Path:
     """Write a Hugging Face directory for `model` (a TaperedLM) to `out_dir`; `run_config`
-    (the RunConfig it was trained with) adds the training settings to the model card."""
+    (the RunConfig it was trained with) adds the training settings to the model card.
+
+    The files are written into a staging folder first; they replace nothing in `out_dir` but
+    files an earlier export wrote and nobody changed since (recorded with their sha256 in the
+    folder's marker), else ConfigError naming the files and nothing is written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".taperlm-export-tmp-", dir=out))
+    try:
+        _write(model, staging, out.resolve().name, tokenizer, generation, run_config)
+        _default_modes(staging)
+        _install(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def _write(
+    model: Any,
+    out: Path,
+    card_name: str,
+    tokenizer: Any | None,
+    generation: dict[str, Any] | None,
+    run_config: Any | None,
+) -> None:
     from transformers import GenerationConfig
 
     from taperlm.hf.model_card import model_card
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    before = _stamps(out)
     hf = to_hf_model(model)
     hf.config.auto_map = dict(AUTO_MAP)
     hf.config.architectures = ["TaperLMForCausalLM"]
@@ -129,27 +152,50 @@ def export_model(
     if data.get("auto_map") != AUTO_MAP:
         data["auto_map"] = dict(AUTO_MAP)
         cfg_path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    card = model_card(model.config, run_config, name=out.resolve().name)
-    (out / "README.md").write_text(card, encoding="utf-8")
-    _default_modes(out, before)
-    return out
+    (out / "README.md").write_text(model_card(model.config, run_config, name=card_name), "utf-8")
 
 
-def _stamps(out: Path) -> dict[Path, tuple[int, int]]:
-    return {
-        p: (st.st_ino, st.st_mtime_ns)
-        for p in out.rglob("*")
-        if p.is_file() and not p.is_symlink() and (st := p.stat())
-    }
+def _install(staging: Path, out: Path) -> None:
+    """Move the files of `staging` into `out`, replacing only unchanged files of an earlier
+    export (checked for all before any is moved) and removing that export's files that this
+    one no longer writes; the marker's record is updated around the moves so that a crash
+    between them leaves every file recognisable."""
+    from taperlm.io import sha256_file
+    from taperlm.outdirs import record_written_files, unchanged_own_file, written_files
+
+    new = {p.relative_to(staging).as_posix(): p for p in sorted(staging.rglob("*")) if p.is_file()}
+    record = written_files(out, "export")
+    taken = [
+        rel
+        for rel in new
+        if ((out / rel).exists() or (out / rel).is_symlink())
+        and not unchanged_own_file(out, record, rel)
+    ]
+    if taken:
+        raise ConfigError(
+            f"--out {out} already holds {', '.join(taken)}, which the export would replace but "
+            "which taperlm did not write there (or which was changed since); nothing was "
+            "written. Move it out of the folder, or export to another folder"
+        )
+    stale = [r for r in record if r not in new and unchanged_own_file(out, record, r)]
+    hashes = {rel: sha256_file(p) for rel, p in new.items()}
+    both = {rel: sorted({*record.get(rel, []), h}) for rel, h in hashes.items()}
+    record_written_files(out, "export", {**{r: record[r] for r in stale}, **both})
+    for rel, p in new.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(p, out / rel)
+    for rel in stale:
+        (out / rel).unlink(missing_ok=True)
+    record_written_files(out, "export", {rel: [h] for rel, h in hashes.items()})
 
 
-def _default_modes(out: Path, before: dict[Path, tuple[int, int]]) -> None:
-    """Give every file this export wrote (new or rewritten since `before`) the mode of a newly
-    created file (0644 under the usual umask): some writers (safetensors through a private temp
-    file) leave theirs at 0600, which breaks sharing an export with other users or a serving
-    process. Files it did not write keep their modes."""
+def _default_modes(folder: Path) -> None:
+    """Give every file of `folder` (the staging folder: only files this export wrote) the mode
+    of a newly created file (0644 under the usual umask): some writers (safetensors through a
+    private temp file) leave theirs at 0600, which breaks sharing an export with other users or
+    a serving process."""
     umask = os.umask(0)
     os.umask(umask)
-    for path, stamp in _stamps(out).items():
-        if before.get(path) != stamp:
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
             path.chmod(0o666 & ~umask)
