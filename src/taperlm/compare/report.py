@@ -195,6 +195,17 @@ def _validation_section(summary: dict[str, Any]) -> list[str]:
             + f" (uniform: {allocs[0].get('baseline_heads')} in every layer); KV heads follow "
             "the query heads at the model's group size, the head dim is fixed."
         )
+    kv_uniform = allocs[0].get("kv_cache_bytes_per_token_bf16")
+    if any(a.get("kv_cache_bytes_per_token_bf16") != kv_uniform for a in allocs):
+        notes.append(
+            "KV heads per layer (KV-cache bytes per token, bf16): "
+            + "; ".join(
+                f"{a['label']} {'/'.join(map(str, a.get('kv_heads') or []))} "
+                f"({a.get('kv_cache_bytes_per_token_bf16'):,} B)"
+                for a in allocs
+            )
+            + "; a KV taper's saved K/V parameters went to the MLP widths (equal parameters)."
+        )
     return [
         "## Validation",
         "",
