@@ -341,7 +341,7 @@ def test_compare_allocations_with_kv_tapers():
     for bad, message in (
         ("cosine+kv:groups:0.5+kv:groups:0.5", "give at most one [+]kv: part"),
         ("kv:groups:0.5+heads:cosine", "write [+]heads: before [+]kv:"),
-        ("kv:novelty:x", "novelty allocations act on MLP widths, not on KV heads"),
+        ("kv:novelty:pilot", "novelty allocations act on MLP widths, not on KV heads"),
     ):
         with pytest.raises(TaperError, match=message):
             parse_allocations([bad])
