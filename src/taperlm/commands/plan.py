@@ -211,7 +211,7 @@ def _kv_lines(p) -> list[str]:
         ):
             lines.append(
                 f"{'KV cache ' + dtype + ' ' + label + ' (B)':<28}{a[key]:>16,}{b[key]:>16,}"
-                f"{a[key] - b[key]:>+12,}"
+                f"{a[key] - b[key]:>+14,}"
             )
     return lines
 
@@ -258,11 +258,11 @@ def format_plan(p) -> str:
     lines += [
         "",
         f"mean width {mean:g} (baseline {cfg.mlp_width})",
-        f"{'':<28}{'tapered':>16}{'uniform':>16}{'difference':>12}",
+        f"{'':<28}{'tapered':>16}{'uniform':>16}{'difference':>14}",
         f"{'total parameters':<28}{p.total_params:>16,}{p.baseline_total_params:>16,}"
-        f"{p.total_params - p.baseline_total_params:>+12,}",
+        f"{p.total_params - p.baseline_total_params:>+14,}",
         f"{'training FLOPs/token @' + str(p.seq_len):<28}{p.flops_per_token:>16,}"
-        f"{p.baseline_flops_per_token:>16,}{p.flops_per_token - p.baseline_flops_per_token:>+12,}",
+        f"{p.baseline_flops_per_token:>16,}{p.flops_per_token - p.baseline_flops_per_token:>+14,}",
         *_kv_lines(p),
         "",
     ]
