@@ -112,12 +112,11 @@ def solve_kv_heads(spec: TaperSpec, query_heads: list[int], group_size: int, ste
 def kv_heads_removed(cfg: ModelFields) -> int:
     """KV heads the KV taper removes in total from the default H_l / g per layer (negative when
     it adds heads)."""
-    layer_kv = getattr(cfg, "layer_kv_heads", None)
-    if layer_kv is None:
+    if cfg.layer_kv_heads is None:
         return 0
     g = cfg.n_heads // cfg.kv_heads
     q = cfg.layer_heads or [cfg.n_heads] * cfg.n_layers
-    return sum(h // g for h in q) - sum(layer_kv)
+    return sum(h // g for h in q) - sum(cfg.layer_kv_heads)
 
 
 def mlp_width_credit(cfg: ModelFields) -> int:

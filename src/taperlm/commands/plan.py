@@ -295,9 +295,11 @@ def _kv_from_spec(cfg) -> bool:
     """Whether the config's KV heads are the KV taper's solution (then its notes apply)."""
     if cfg.layer_kv_heads is None or cfg.kv_taper_spec().is_uniform:
         return False
+    from taperlm.errors import TaperError
+
     try:
         return cfg.solve_kv_heads().counts == cfg.layer_kv_heads
-    except Exception:  # a spec that no longer fits (the counts were written by hand)
+    except TaperError:  # a spec that no longer fits (the counts were written by hand)
         return False
 
 
