@@ -266,9 +266,10 @@ class ModelConfig:
             )
 
     def resolve(self) -> ModelConfig:
-        """Fill `mlp_widths` from the taper, `layer_heads` from the head taper and the family's
-        per-layer sizes (e.g. Hope level widths, Titans memory widths) when absent, validate,
-        and return self."""
+        """Fill `layer_heads` from the head taper, `layer_kv_heads` from the KV taper,
+        `mlp_widths` from the taper (taking up the K/V parameters the KV taper saves) and the
+        family's per-layer sizes (e.g. Hope level widths, Titans memory widths) when absent,
+        validate, and return self."""
         self.validate()
         heads = self.head_taper_spec()
         if self.layer_heads is None and not heads.is_uniform:
