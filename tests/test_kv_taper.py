@@ -396,3 +396,14 @@ def test_compare_draws_the_kv_pareto_plot_only_with_kv_tapers(tmp_path):
     assert not _kv_pareto_plot(same, png) and not png.exists()
     kv = {"allocations": [entry("uniform", 768, None), entry("halved", 384, 0.02)]}
     assert _kv_pareto_plot(kv, png) and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_every_compare_plot_has_a_caption_in_the_report():
+    """report.md lists every PNG compare can write (kv_pareto included) with its caption."""
+    from taperlm.compare.plots import PLOTS
+    from taperlm.compare.report import _plots_section
+
+    lines = _plots_section(dict(PLOTS), {"eval_tokens": 4096, "val_tokens": 131072})
+    for key, file in PLOTS.items():
+        assert any(line.startswith("- [") and line.endswith(f"({file})") for line in lines), key
+    assert f"![loss vs KV cache]({PLOTS['kv_pareto']})" in lines

@@ -306,6 +306,7 @@ def _plots_section(plots: dict[str, str], s: dict[str, Any]) -> list[str]:
         "novelty": "rho_mlp and rho_block per layer, means over seeds ± 1 std over seeds",
         "paper": "perplexity change vs uniform beside the paper's",
         "sweep": "the sweep: perplexity change vs start ratio per schedule, beside the paper's",
+        "kv_pareto": "paired validation-loss difference vs uniform against KV-cache bytes per token",
     }
     lines = ["", "## Plots", ""]
     lines += [f"- [{captions[key]}]({file})" for key, file in plots.items()]
@@ -316,6 +317,8 @@ def _plots_section(plots: dict[str, str], s: dict[str, Any]) -> list[str]:
         lines.append(f"![against the paper]({PLOTS['paper']})")
     if "sweep" in plots:
         lines.append(f"![the sweep]({PLOTS['sweep']})")
+    if "kv_pareto" in plots:
+        lines.append(f"![loss vs KV cache]({PLOTS['kv_pareto']})")
     return lines
 
 
