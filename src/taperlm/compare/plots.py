@@ -215,8 +215,19 @@ def _kv_pareto_plot(summary: dict[str, Any], path: Path) -> bool:
     if len({a["kv_cache_bytes_per_token_bf16"] for a in allocs}) < 2:
         return False
     series = {}
+    # Allocations with equal bytes are drawn side by side (1.5% of the range apart) so that
+    # their intervals do not hide each other; the x axis still reads their bytes.
+    xs = [a["kv_cache_bytes_per_token_bf16"] for a in allocs]
+    gap = 0.015 * (max(xs) - min(xs))
     for a in allocs:
-        x = a["kv_cache_bytes_per_token_bf16"]
+        same = [
+            b["label"]
+            for b in allocs
+            if b["kv_cache_bytes_per_token_bf16"] == a["kv_cache_bytes_per_token_bf16"]
+        ]
+        x = a["kv_cache_bytes_per_token_bf16"] + gap * (
+            same.index(a["label"]) - (len(same) - 1) / 2
+        )
         d = a["diff_vs_uniform"] and a["diff_vs_uniform"]["val_loss"]
         if a["diff_vs_uniform"] is None:
             series[a["label"]] = [(x, 0.0, None, None)]
@@ -227,7 +238,7 @@ def _kv_pareto_plot(summary: dict[str, Any], path: Path) -> bool:
         series,
         path,
         title="Validation loss vs KV cache at equal parameters",
-        xlabel="KV-cache bytes per token (bf16, all layers)",
+        xlabel="KV-cache bytes per token (bf16, all layers; equal bytes drawn side by side)",
         ylabel="val loss - uniform's (paired, 95% CI; lower is better)",
     )
     return True
