@@ -3,7 +3,7 @@ processes but not a whole training run. Writes one JSON object per rank to argv[
 
 * meta init: each family's model built on meta, sharded with fully_shard, materialised: every
   gathered parameter equals the whole CPU build after the same seed (bitwise), also with
-  per-layer attention heads (a head taper);
+  per-layer attention heads (a head taper) and per-layer KV heads (a KV taper);
 * mixed precision: under the bf16 policy the blocks compute with bf16 weights (seen by a forward
   hook), the sharded parameters and their gradients stay fp32, and the policy's reduce dtype is
   the configured one; under the default policy everything is fp32;
@@ -38,6 +38,11 @@ def meta_init_checks() -> dict[str, bool]:
     cfg.n_kv_heads, cfg.head_taper, cfg.layer_heads = 2, "cosine", None
     configs["transformer-tiny head_taper=cosine gqa"] = cfg.resolve()
     assert len(set(cfg.layer_heads)) > 1
+    # per-layer KV heads (KV taper) with the head taper: KV projections of their own shapes
+    cfg = get_preset("transformer-tiny")
+    cfg = cfg.with_taper(cfg.taper, head_taper="cosine", kv_taper="cosine:1.0:0.25")
+    configs["transformer-tiny head_taper=cosine kv_taper=cosine:1.0:0.25"] = cfg
+    assert len(set(cfg.layer_kv_heads)) > 1
     out = {}
     for name, cfg in configs.items():
         torch.manual_seed(11)

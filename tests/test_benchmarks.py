@@ -348,3 +348,20 @@ def test_compare_precision_half_width_and_prediction():
     reused = cp.summarize("c", [], _precision_report(d), cpu=1.0, wall=1.0, fresh=False)
     assert reused["cpu_s"] is None and cp.predict(reused, 0.005, 2, 2) == {}
     assert "| c |" in cp.table([{**row, "prediction": pred}], 0.005, 2, 2)
+
+
+def test_kv_decode_smoke(tmp_path):
+    """benchmarks/kv_decode.py --smoke: every allocation decodes at equal parameters, and its
+    cache tensors equal the plan's bytes (the script refuses otherwise)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import kv_decode
+    finally:
+        sys.path.remove(str(BENCH))
+    out = tmp_path / "kv.json"
+    assert kv_decode.main(["--smoke", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert len(set(data["params"].values())) == 1
+    rows = {(r["context"], r["allocation"]): r for r in data["rows"]}
+    assert rows[(32, "halved")]["kv heads"] == "2/2/2/2/2/2"
+    assert rows[(32, "halved")]["cache MiB fp32"] * 2 == rows[(32, "uniform")]["cache MiB fp32"]

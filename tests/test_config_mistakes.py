@@ -148,6 +148,7 @@ NULLABLE = {
     ("model", "n_kv_heads"),
     ("model", "mlp_widths"),
     ("model", "layer_heads"),
+    ("model", "layer_kv_heads"),
     ("train", "peak_flops"),
 }
 NULL_CASES = [

@@ -63,6 +63,11 @@ def test_meta_init_builds_each_layers_own_heads(preset):
     base = get_preset(preset)
     cfg = replace(base, n_kv_heads=2).with_taper(base.taper, head_taper="cosine")
     assert len(set(cfg.layer_heads)) > 1
+    if preset.startswith("transformer"):  # and per-layer KV heads of their own (a KV taper)
+        cfg = cfg.with_taper(cfg.taper, kv_taper="linear:2:0.5")
+        assert len(set(cfg.layer_kv_heads)) > 1 and cfg.layer_kv_heads != [
+            h // 2 for h in cfg.layer_heads
+        ]
     torch.manual_seed(3)
     ref = TaperedLM(cfg)
     torch.manual_seed(3)

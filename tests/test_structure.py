@@ -95,7 +95,7 @@ def test_toy_family_from_the_docs_works_everywhere(plainmlp, capsys):
 
 def test_every_registered_family_is_complete():
     """Every family has presets that build, with exact budgets and its own YAML section only;
-    a family with attention builds every layer with its own (tapered) heads."""
+    a family with attention builds every layer with its own (tapered) query and KV heads."""
     for name, fam in families.FAMILIES.items():
         assert fam.name == name and fam.presets, name
         for prefix in fam.presets:
@@ -105,7 +105,7 @@ def test_every_registered_family_is_complete():
             assert not (set(families.FAMILIES) - {name}) & set(d), prefix
             assert (name in d) == (fam.options is not None), prefix
             if fam.attention:
-                cfg = cfg.with_taper(cfg.taper, head_taper="cosine")
+                cfg = cfg.with_taper(cfg.taper, head_taper="cosine", kv_taper="groups:0.5")
                 model = TaperedLM(cfg)
                 for block, b in zip(model.blocks, budget.layer_budgets(cfg)):
                     assert sum(p.numel() for p in block.parameters()) == b.params, prefix

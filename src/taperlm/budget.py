@@ -18,6 +18,15 @@ N_matmul and the same FLOPs per token as its uniform baseline. The same holds fo
 H_l d_h x d) and its score/value work A_l(T) = 4 H_l d_h T are both linear in its query heads
 H_l at *every* context T, so equal total heads give equal parameters and equal FLOPs per token
 at every T (and an equal KV cache in total, though not per layer). `check_matched` asserts it.
+
+A KV taper (`model.kv_taper`) moves the K/V projection parameters it saves (2 d d_h per KV head)
+into the MLP widths (3 d per unit), so total parameters and N_matmul stay exactly equal; the
+score/value work A_l(T) depends on the query heads only (grouped-query attention computes every
+query head against its group's keys), so training FLOPs/token are equal at every context too,
+for every family whose K/V projections run once per token. Titans MAC projects its memory
+tokens' keys and values a second time (counted in its mixer FLOPs), so its FLOPs/token change by
+that repeated projection; `plan` then reports the difference instead of asserting equality.
+The KV cache (`kv_cache_entries`) is what a KV taper changes on purpose.
 """
 
 from __future__ import annotations
@@ -149,6 +158,11 @@ class Plan:
     baseline_flops_per_token: int
     seq_len: int
     checked_contexts: list[int]  # context lengths at which FLOPs/token were checked equal
+    # context -> (FLOPs/token, baseline's): checked equal unless the KV heads are tapered
+    flops_at_contexts: dict[int, tuple[int, int]]
+    # per layer: (values per cached token, cached tokens at seq_len), as kv_cache_entries
+    kv_entries: list[tuple[int, int]]
+    baseline_kv_entries: list[tuple[int, int]]
 
 
 class BudgetMismatch(TaperlmError):
@@ -156,13 +170,15 @@ class BudgetMismatch(TaperlmError):
     size formula or a non-linear component, never expected for a valid config)."""
 
 
-def check_matched(cfg: ModelConfig, base: ModelConfig, contexts: list[int]) -> None:
-    """BudgetMismatch unless `cfg` and its baseline have equal total parameters and equal
-    training FLOPs per token at every context in `contexts`."""
+def check_matched(
+    cfg: ModelConfig, base: ModelConfig, contexts: list[int], flops: bool = True
+) -> None:
+    """BudgetMismatch unless `cfg` and its baseline have equal total parameters and (unless
+    `flops` is False) equal training FLOPs per token at every context in `contexts`."""
     problems = []
     if total_params(cfg) != total_params(base):
         problems.append(f"parameters {total_params(cfg):,} vs {total_params(base):,}")
-    for T in contexts:
+    for T in contexts if flops else []:
         a, b = flops_per_token(cfg, T), flops_per_token(base, T)
         if a != b:
             problems.append(f"FLOPs/token at context {T}: {a:,} vs {b:,}")
@@ -172,14 +188,33 @@ def check_matched(cfg: ModelConfig, base: ModelConfig, contexts: list[int]) -> N
         )
 
 
+def kv_cache_entries(cfg: ModelConfig, layer: int, tokens: int) -> tuple[int, int]:
+    """(values per cached token, cached tokens) of layer l's decoding cache after `tokens`
+    tokens: 2 x KV heads x head dim (keys and values), and the tokens its family keeps. Their
+    product times the bytes per value is the layer's KV cache."""
+    _, kv = cfg.attention_heads(layer)
+    return 2 * kv * cfg.head_dim, family(cfg).cached_kv(cfg, layer, tokens)
+
+
+def kv_cache_bytes(cfg: ModelConfig, tokens: int, dtype_bytes: int) -> list[int]:
+    """Bytes of every layer's decoding KV cache after `tokens` tokens (batch 1)."""
+    out = []
+    for layer in range(cfg.n_layers):
+        per_token, cached = kv_cache_entries(cfg, layer, tokens)
+        out.append(per_token * cached * dtype_bytes)
+    return out
+
+
 def plan(cfg: ModelConfig, seq_len: int | None = None) -> Plan:
     """The budget of `cfg` beside its uniform baseline, checked equal (parameters, and FLOPs
-    per token at context 1, `seq_len` and the model's context; BudgetMismatch otherwise)."""
+    per token at context 1, `seq_len` and the model's context; BudgetMismatch otherwise). With
+    a KV taper the FLOPs are reported at those contexts, not asserted (module docstring)."""
     cfg.resolve()
     base = cfg.baseline()
     T = seq_len or cfg.context_length
     contexts = sorted({1, T, cfg.context_length})
-    check_matched(cfg, base, contexts)
+    kv_tapered = cfg.layer_kv_heads is not None
+    check_matched(cfg, base, contexts, flops=not kv_tapered)
     return Plan(
         config=cfg,
         baseline=base,
@@ -191,4 +226,9 @@ def plan(cfg: ModelConfig, seq_len: int | None = None) -> Plan:
         baseline_flops_per_token=flops_per_token(base, T),
         seq_len=T,
         checked_contexts=contexts,
+        flops_at_contexts={
+            c: (flops_per_token(cfg, c), flops_per_token(base, c)) for c in contexts
+        },
+        kv_entries=[kv_cache_entries(cfg, i, T) for i in range(cfg.n_layers)],
+        baseline_kv_entries=[kv_cache_entries(base, i, T) for i in range(cfg.n_layers)],
     )

@@ -1,7 +1,7 @@
 """Typed configuration: model, data, training and the run that holds them; YAML load/save,
 `--set key=value` overrides, and validation with specific errors (no torch import).
 
-The resolved per-layer sizes (`ModelConfig.mlp_widths`, `ModelConfig.layer_heads`) are the
+The resolved per-layer sizes (`ModelConfig.mlp_widths`, `layer_heads`, `layer_kv_heads`) are the
 authority: they are written by `ModelConfig.resolve()` from the tapers and never recomputed once
 present, so a checkpoint always rebuilds the shapes it was trained with (docs/training.md, run directories).
 
@@ -41,6 +41,7 @@ from taperlm.domains import (
 from taperlm.errors import ConfigError, TaperError
 from taperlm.families import FAMILIES, get_family
 from taperlm.io import atomic_write_text, not_a_file
+from taperlm.kv_taper import KVHeads, kv_heads_removed, kv_step, mlp_width_credit, solve_kv_heads
 from taperlm.taper import TaperSpec, read_rho_mlp, solve_sizes
 
 
@@ -63,6 +64,12 @@ class ModelConfig:
             n_heads / kv_heads, so its KV heads follow its query heads (docs/tapers.md).
         layer_heads: resolved query heads per layer (sum n_layers x n_heads, multiples of the
             group size); null = n_heads in every layer. Authoritative once written.
+        kv_taper: taper spec of the KV heads per layer (same language; multipliers of the
+            layer's default H_l / g KV heads, any mean; custom integers are counts). Each layer
+            gets the nearest divisor of its query heads, and the MLP widths take up the K/V
+            parameters saved, at the same total (taperlm.kv_taper, docs/tapers.md).
+        layer_kv_heads: resolved KV heads per layer (each divides the layer's query heads);
+            null = H_l / g. Authoritative once written.
         context_length: maximum sequence length (RoPE tables, evaluation windows).
         rope_theta: RoPE base.
         norm_eps: RMSNorm epsilon.
@@ -90,6 +97,8 @@ class ModelConfig:
     mlp_widths: list[int] | None = setting(None, up_to(MAX_WIDTH))
     head_taper: str = setting("uniform", "text")
     layer_heads: list[int] | None = setting(None, up_to(MAX_HEADS))
+    kv_taper: str = setting("uniform", "text")
+    layer_kv_heads: list[int] | None = setting(None, up_to(MAX_HEADS))
     context_length: int = setting(4096, up_to(MAX_CONTEXT))
     rope_theta: float = setting(10000.0, "(0, inf)")
     norm_eps: float = setting(1e-6, "(0, inf)")
@@ -138,14 +147,24 @@ class ModelConfig:
     def attention_heads(self, layer: int) -> tuple[int, int]:
         """(query heads, KV heads) of layer `layer`: `layer_heads` when resolved, else the
         uniform n_heads / kv_heads. Every block and budget formula reads heads through this."""
-        if self.layer_heads is None:
-            return self.n_heads, self.kv_heads
-        q = self.layer_heads[layer]
+        q = self.n_heads if self.layer_heads is None else self.layer_heads[layer]
+        if self.layer_kv_heads is not None:
+            return q, self.layer_kv_heads[layer]
         return q, q // self.group_size
 
     def head_taper_spec(self) -> TaperSpec:
         """`head_taper` parsed, with steps of one KV group (TaperError if it is not valid)."""
         return TaperSpec.parse(self.head_taper, multiple_of=self.group_size)
+
+    def kv_taper_spec(self) -> TaperSpec:
+        """`kv_taper` parsed (TaperError if it is not valid)."""
+        return TaperSpec.parse(self.kv_taper, multiple_of=1)
+
+    def solve_kv_heads(self) -> KVHeads:
+        """The KV taper solved against this config's query heads (counts, asked, notes)."""
+        q = [self.attention_heads(i)[0] for i in range(self.n_layers)]
+        step = kv_step(self.d_model, self.head_dim, self.taper.multiple_of)
+        return solve_kv_heads(self.kv_taper_spec(), q, self.group_size, step)
 
     def validate(self) -> None:
         """Check shapes and options; raise ConfigError naming the key and the fix."""
@@ -165,16 +184,19 @@ class ModelConfig:
                 f"model.n_kv_heads ({self.n_kv_heads}) must divide model.n_heads ({self.n_heads})"
             )
         self._validate_heads(fam)
+        self._validate_kv_heads(fam)
         if self.mlp_widths is not None:
             if len(self.mlp_widths) != self.n_layers:
                 raise ConfigError(
                     f"model.mlp_widths has {len(self.mlp_widths)} entries but model.n_layers is {self.n_layers}; "
                     "give one width per layer (or delete mlp_widths to resolve it from the taper)"
                 )
-            if sum(self.mlp_widths) != self.n_layers * self.mlp_width:
+            credit = mlp_width_credit(self)
+            if sum(self.mlp_widths) != self.n_layers * self.mlp_width + credit:
+                kv = f" + {credit} from the KV taper" if credit else ""
                 raise ConfigError(
-                    f"model.mlp_widths sum to {sum(self.mlp_widths)} but the budget is n_layers x mlp_width = "
-                    f"{self.n_layers * self.mlp_width}; the widths do not match this baseline "
+                    f"model.mlp_widths sum to {sum(self.mlp_widths)} but the budget is n_layers x mlp_width{kv} = "
+                    f"{self.n_layers * self.mlp_width + credit}; the widths do not match this baseline "
                     "(delete mlp_widths to re-resolve them from the taper)"
                 )
         if fam.options is None and self.options is not None:
@@ -225,13 +247,51 @@ class ModelConfig:
                 f"{self.n_layers * self.n_heads}; delete it to re-resolve from model.head_taper"
             )
 
+    def _validate_kv_heads(self, fam: Any) -> None:
+        """The KV taper parses, and resolved KV heads divide each layer's query heads and save
+        a whole number of MLP width steps."""
+        try:
+            spec = self.kv_taper_spec()
+        except TaperError as err:
+            raise ConfigError(f"model.kv_taper: {err}") from None
+        if spec.schedule == "novelty":
+            raise ConfigError(
+                "model.kv_taper: novelty allocations act on MLP widths (rho_mlp measures the "
+                "MLP); give the KV heads a schedule such as cosine:1.0:0.5 or groups:0.5"
+            )
+        tapered = not spec.is_uniform or self.layer_kv_heads is not None
+        if tapered and not fam.attention:
+            raise ConfigError(
+                f"model.kv_taper: the {self.family} family has no attention KV heads to taper; "
+                "use kv_taper: uniform"
+            )
+        kv = self.layer_kv_heads
+        if kv is None:
+            return
+        q = self.layer_heads or [self.n_heads] * self.n_layers
+        if len(kv) != self.n_layers or any(
+            not isinstance(k, int) or isinstance(k, bool) or k < 1 or h % k for k, h in zip(kv, q)
+        ):
+            raise ConfigError(
+                f"model.layer_kv_heads must be {self.n_layers} positive integers, each dividing "
+                f"its layer's query heads {q}, got {kv}; delete it to re-resolve from "
+                "model.kv_taper"
+            )
+        step = kv_step(self.d_model, self.head_dim, self.taper.multiple_of)
+        if kv_heads_removed(self) % step:
+            raise ConfigError(
+                f"model.layer_kv_heads {kv} remove {kv_heads_removed(self)} KV heads in total, "
+                f"not a multiple of {step}: their parameters are not a whole number of MLP width "
+                f"steps (multiple_of {self.taper.multiple_of}); delete it to re-resolve from "
+                "model.kv_taper"
+            )
+
     def resolve(self) -> ModelConfig:
-        """Fill `mlp_widths` from the taper, `layer_heads` from the head taper and the family's
-        per-layer sizes (e.g. Hope level widths, Titans memory widths) when absent, validate,
-        and return self."""
+        """Fill `layer_heads` from the head taper, `layer_kv_heads` from the KV taper,
+        `mlp_widths` from the taper (taking up the K/V parameters the KV taper saves) and the
+        family's per-layer sizes (e.g. Hope level widths, Titans memory widths) when absent,
+        validate, and return self."""
         self.validate()
-        if self.mlp_widths is None:
-            self.mlp_widths = solve_sizes(self.taper, self.n_layers, self.mlp_width)
         heads = self.head_taper_spec()
         if self.layer_heads is None and not heads.is_uniform:
             try:
@@ -240,16 +300,40 @@ class ModelConfig:
                 )
             except TaperError as err:
                 raise ConfigError(f"model.head_taper {self.head_taper!r}: {err}") from None
+        if self.layer_kv_heads is None and not self.kv_taper_spec().is_uniform:
+            try:
+                self.layer_kv_heads = self.solve_kv_heads().counts
+            except TaperError as err:
+                raise ConfigError(f"model.kv_taper {self.kv_taper!r}: {err}") from None
+        if self.mlp_widths is None:
+            total = self.n_layers * self.mlp_width + mlp_width_credit(self)
+            try:
+                self.mlp_widths = solve_sizes(
+                    self.taper, self.n_layers, self.mlp_width, total=total
+                )
+            except TaperError as err:
+                if not mlp_width_credit(self):
+                    raise
+                raise TaperError(
+                    f"{err} (the MLP widths take up the {mlp_width_credit(self):+d} units of "
+                    f"width the KV taper {self.kv_taper!r} frees)"
+                ) from None
         get_family(self.family).resolve(self)
         self.validate()
         return self
 
-    def with_taper(self, taper: TaperSpec, head_taper: str | None = None) -> ModelConfig:
-        """A copy of this config with a different taper (and head taper, when given), sizes
-        re-resolved at the same budget."""
+    def with_taper(
+        self, taper: TaperSpec, head_taper: str | None = None, kv_taper: str | None = None
+    ) -> ModelConfig:
+        """A copy of this config with a different taper (and head / KV taper, when given),
+        sizes re-resolved at the same budget."""
         fam = get_family(self.family)
         options = fam.fresh_options(self.options)
-        heads = {} if head_taper is None else {"head_taper": head_taper, "layer_heads": None}
+        heads: dict[str, Any] = {}
+        if head_taper is not None:  # the KV heads follow the query heads: re-resolve them too
+            heads = {"head_taper": head_taper, "layer_heads": None, "layer_kv_heads": None}
+        if kv_taper is not None:
+            heads |= {"kv_taper": kv_taper, "layer_kv_heads": None}
         return dataclasses.replace(
             self, taper=taper, mlp_widths=None, options=options, **heads
         ).resolve()
@@ -266,6 +350,8 @@ class ModelConfig:
             mlp_widths=None,
             head_taper="uniform",
             layer_heads=None,
+            kv_taper="uniform",
+            layer_kv_heads=None,
             options=options,
         ).resolve()
 
@@ -799,7 +885,7 @@ def _check_override(data: dict, parts: list[str], value: Any, where: str) -> Non
             + (f" (did you mean {close!r}?)" if close else "")
             + f". Valid keys: {', '.join(sorted(valid))}"
         )
-    if name in FAMILIES or name in ("taper", "head_taper"):  # specs: the full check
+    if name in FAMILIES or name in ("taper", "head_taper", "kv_taper"):  # specs: the full check
         return
     hint = typing.get_type_hints(cls)[name]
     try:
@@ -808,7 +894,10 @@ def _check_override(data: dict, parts: list[str], value: Any, where: str) -> Non
         raise ConfigError(f"{where}: {err}") from None
 
 
-_SIZE_KEYS = {"taper", "mlp_width", "n_layers", "family", "head_taper", "n_heads", "n_kv_heads"}
+_SIZE_KEYS = {
+    *("taper", "mlp_width", "n_layers", "family", "head_taper", "n_heads", "n_kv_heads"),
+    "kv_taper",
+}
 
 
 def _affects_sizes(path: list[str]) -> bool:
@@ -817,7 +906,7 @@ def _affects_sizes(path: list[str]) -> bool:
     resolved size itself)."""
     if not path or (path[0] not in _SIZE_KEYS and path[0] not in FAMILIES):
         return False
-    resolved = {"mlp_widths", "layer_heads"} | {
+    resolved = {"mlp_widths", "layer_heads", "layer_kv_heads"} | {
         k for fam in FAMILIES.values() for k in fam.resolved
     }
     return path[-1] not in resolved
@@ -828,6 +917,7 @@ def clear_resolved_sizes(model: dict) -> None:
     (changed) taper; used when the taper, baseline or depth is overridden."""
     model.pop("mlp_widths", None)
     model.pop("layer_heads", None)
+    model.pop("layer_kv_heads", None)
     for fam in FAMILIES.values():
         section = model.get(fam.name)
         if isinstance(section, dict):

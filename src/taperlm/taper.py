@@ -430,9 +430,16 @@ def _direction(values: list[float]) -> int:
 
 
 def solve_sizes(
-    spec: TaperSpec, n_layers: int, baseline: int, *, what: str = "mlp width"
+    spec: TaperSpec,
+    n_layers: int,
+    baseline: int,
+    *,
+    what: str = "mlp width",
+    total: int | None = None,
 ) -> list[int]:
-    """Resolve `spec` to one integer size per layer with sum exactly n_layers * baseline.
+    """Resolve `spec` to one integer size per layer with sum exactly n_layers * baseline, or
+    `total` when given (a multiple of multiple_of: e.g. the MLP widths that take up the
+    parameters a KV taper saves); the multipliers then scale the mean size total / n_layers.
 
     `what` names the quantity in error messages (the solver is generic over per-layer sizes).
     """
@@ -442,7 +449,8 @@ def solve_sizes(
         raise TaperError(f"baseline {what} must be a positive integer, got {baseline!r}")
     if n_layers < 1:
         raise TaperError(f"n_layers must be >= 1, got {n_layers}")
-    target = n_layers * baseline
+    target = n_layers * baseline if total is None else total
+    budget = f"{n_layers} x {baseline} = {target}" if total is None else f"{total} in total"
 
     if spec.schedule == "custom" and spec.values_are_widths:
         widths = [int(v) for v in spec.values]
@@ -450,11 +458,11 @@ def solve_sizes(
             raise TaperError(
                 f"custom taper has {len(widths)} widths but the model has {n_layers} layers; give exactly one per layer"
             )
-        total = sum(widths)
-        if total != target:
+        given = sum(widths)
+        if given != target:
             raise TaperError(
-                f"custom {what}s sum to {total} but the budget is {n_layers} x {baseline} = {target} "
-                f"(off by {total - target:+d}); adjust the list so its mean equals the baseline"
+                f"custom {what}s sum to {given} but the budget is {budget} "
+                f"(off by {given - target:+d}); adjust the list so its sum equals the budget"
             )
         if spec.monotone and _direction([float(w) for w in widths]) == 2:
             raise TaperError(
@@ -462,6 +470,10 @@ def solve_sizes(
             )
         return widths
 
+    if total is not None and (total % m or total < n_layers * m):
+        raise TaperError(
+            f"the {what}s' total {total} is not a positive multiple of multiple_of={m} per layer"
+        )
     if baseline % m:
         raise TaperError(
             f"baseline {what} {baseline} is not a multiple of multiple_of={m}; "
@@ -484,7 +496,7 @@ def solve_sizes(
             f"budget: the mean must be 1.0 (e.g. start + end = 2 for cosine/linear/sigmoid, "
             f"group multipliers that average 1, custom multipliers that average 1)"
         )
-    unit = baseline // m  # baseline in steps of m
+    unit = target / (n_layers * m)  # the mean size in steps of m
     exact = [x * unit for x in r]  # ideal size in steps
     steps = [math.floor(x + 0.5) for x in exact]
     for i, s in enumerate(steps):
@@ -493,7 +505,7 @@ def solve_sizes(
                 f"layer {i} {what} rounds to {s * m} (multiplier {r[i]:.4f} x {baseline}); "
                 f"every layer needs a positive width — raise the end multiplier or lower multiple_of"
             )
-    deficit = n_layers * unit - sum(steps)
+    deficit = target // m - sum(steps)
     interior = list(range(1, n_layers - 1)) if n_layers > 2 else list(range(n_layers))
     if n_layers <= 2 and deficit:
         # Nothing is interior; fall back to adjusting every layer (pinning is impossible).
@@ -515,7 +527,7 @@ def solve_sizes(
         if best < 0:
             mean = sum(r) / len(r)
             raise TaperError(
-                f"taper {spec.to_string()} cannot meet the budget {n_layers} x {baseline} at multiple_of={m}: "
+                f"taper {spec.to_string()} cannot meet the budget {budget} at multiple_of={m}: "
                 f"{abs(deficit)} more step(s) of {m} would have to be {'added' if deficit > 0 else 'removed'} "
                 f"without breaking {'the monotone order' if enforce else 'positivity'} "
                 f"(mean multiplier {mean:.4f}; it must be 1.0 — e.g. start + end = 2 for cosine/linear/sigmoid)"

@@ -133,7 +133,7 @@ def _target(args: argparse.Namespace):
     )
     from taperlm.errors import ConfigError
 
-    args.taper, args.head_taper = None, None
+    args.taper, args.head_taper, args.kv_taper = None, None, None
     if args.preset or args.config:
         return build_run_config(args)
     own = Path(args.source) / "config.yaml"

@@ -1,5 +1,6 @@
 """The argument group shared by the commands that take a model config (plan, train, compare):
-`--preset NAME | --config FILE`, `--taper SPEC`, `--head-taper SPEC`, `--multiple-of N`,
+`--preset NAME | --config FILE`, `--taper SPEC`, `--head-taper SPEC`, `--kv-taper SPEC`,
+`--multiple-of N`,
 `--set key=value`, and the config assembly of plan and train. No torch import."""
 
 from __future__ import annotations
@@ -49,6 +50,13 @@ def add_model_arguments(
             help="taper of the attention query heads per layer, same spec language (e.g. "
             "cosine:1.25:0.75; KV heads follow at the model's group size) (default: the config's)",
         )
+        parser.add_argument(
+            "--kv-taper",
+            help="taper of the KV heads per layer: multipliers of each layer's default KV heads "
+            "(e.g. cosine:1.0:0.25, groups:0.5; custom integers are counts), the nearest "
+            "divisors of its query heads; the MLP widths take up the parameters saved "
+            "(default: the config's)",
+        )
     parser.add_argument(
         "--multiple-of",
         type=number(int, up_to(MAX_WIDTH)),
@@ -97,6 +105,9 @@ def build_run_config(args: argparse.Namespace) -> RunConfig:
         clear_resolved_sizes(model)
     if getattr(args, "head_taper", None):
         model["head_taper"] = args.head_taper
+        clear_resolved_sizes(model)
+    if getattr(args, "kv_taper", None):
+        model["kv_taper"] = args.kv_taper
         clear_resolved_sizes(model)
     apply_overrides(data, args.overrides, notes=notes if from_file else None)
     apply_overrides(data, env_overrides(), OVERRIDES_ENV, notes if from_file else None)

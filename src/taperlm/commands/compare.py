@@ -52,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="allocations to compare, e.g. 'uniform;cosine:1.5:0.5;groups:1.5,1.0,0.5' "
         "(separate with ';', or with ',' when no spec holds commas; NAME=SPEC names one; "
         "uniform is always added); SPEC+heads:HEAD_SPEC or heads:HEAD_SPEC also tapers the "
-        "attention heads; novelty:pilot[:STRENGTH] takes widths from a short uniform pilot run "
+        "attention heads; +kv:KV_SPEC (or kv:KV_SPEC alone) the KV heads per layer; "
+        "novelty:pilot[:STRENGTH] takes widths from a short uniform pilot run "
         "of each seed [default: uniform;cosine:1.5:0.5]",
     )
     parser.add_argument(

@@ -2,7 +2,8 @@
 
 An allocation is an MLP taper spec (`uniform`, `cosine:1.5:0.5`, `groups:1.5,1.0,0.5`,
 `novelty:pilot`, ...), optionally with a head taper (`cosine+heads:cosine:1.25:0.75`; alone:
-`heads:cosine:1.25:0.75`, MLP uniform), optionally named (`wider-early=groups:1.5,1.0,0.5`).
+`heads:cosine:1.25:0.75`, MLP uniform) and a KV taper (`cosine+kv:cosine:1.0:0.25`,
+`heads:...+kv:...`, `kv:groups:0.5`), optionally named (`wider-early=groups:1.5,1.0,0.5`).
 Because `groups:`/`custom:` specs contain commas, a list is split on `;` when it has one,
 otherwise on commas, where a bare number after a `groups:`/`custom:` spec continues that spec
 (`uniform,groups:1.5,1.0,0.5,cosine` is three).
@@ -60,6 +61,7 @@ PAPER_SIGMOID_K = 10.0
 
 DEFAULT_TAPERS = ("uniform", "cosine:1.5:0.5")
 HEADS = "heads:"  # an allocation's head-taper component: SPEC+heads:HEAD_SPEC or heads:HEAD_SPEC
+KV = "kv:"  # an allocation's KV-taper component: SPEC[+heads:HEAD_SPEC]+kv:KV_SPEC or kv:KV_SPEC
 PILOT_NAME = "pilot"  # pilot runs live in runs/pilot-s<seed>
 # Placeholder rho for checking a novelty:pilot allocation before its pilot ran: alternating
 # extremes give multipliers 1 +- strength, the narrowest and widest layers it can produce.
@@ -77,18 +79,19 @@ class Allocation:
     spec: TaperSpec
     paper_ppl: float | None = None  # the paper's val ppl for this allocation, if it reports one
     head_taper: str = "uniform"  # model.head_taper spec string
+    kv_taper: str = "uniform"  # model.kv_taper spec string
 
     @property
     def spec_string(self) -> str:
         """The allocation as written in --tapers (without its name)."""
-        if self.head_taper == "uniform":
-            return self.spec.to_string()
-        mlp = "" if self.spec.is_uniform else f"{self.spec.to_string()}+"
-        return f"{mlp}{HEADS}{self.head_taper}"
+        parts = [] if self.spec.is_uniform else [self.spec.to_string()]
+        parts += [f"{HEADS}{self.head_taper}"] if self.head_taper != "uniform" else []
+        parts += [f"{KV}{self.kv_taper}"] if self.kv_taper != "uniform" else []
+        return "+".join(parts) or self.spec.to_string()
 
     @property
     def is_uniform(self) -> bool:
-        return self.spec.schedule == "uniform" and self.head_taper == "uniform"
+        return self.spec.schedule == "uniform" and self.head_taper == self.kv_taper == "uniform"
 
     @property
     def needs_pilot(self) -> bool:
@@ -156,7 +159,7 @@ def split_taper_list(text: str) -> list[str]:
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
-        prev = re.split(r"=|\+heads:", out[-1])[-1] if out else ""
+        prev = re.split(r"=|\+?(?:heads|kv):", out[-1], flags=re.IGNORECASE)[-1] if out else ""
         if _NUMBER.match(part) and prev.lower().startswith(("groups:", "custom:")):
             out[-1] = f"{out[-1]},{part}"
         else:
@@ -172,8 +175,8 @@ def slug(spec: TaperSpec | str) -> str:
 
 
 def parse_allocation(text: str, multiple_of: int | None = None) -> Allocation:
-    """`[NAME=]SPEC[+heads:HEAD_SPEC]` or `[NAME=]heads:HEAD_SPEC` -> Allocation; TaperError
-    names the bad spec."""
+    """`[NAME=]SPEC[+heads:HEAD_SPEC][+kv:KV_SPEC]` (SPEC may be left out before a heads: or kv:
+    part) -> Allocation; TaperError names the bad spec."""
     name, sep, spec_text = text.partition("=")
     if not sep:
         name, spec_text = "", text
@@ -182,32 +185,45 @@ def parse_allocation(text: str, multiple_of: int | None = None) -> Allocation:
         raise ConfigError(
             f"allocation name {name!r} in {text!r} must be letters, digits, '.', '_' or '-'"
         )
-    mlp_text, head_text = _split_heads(spec_text.strip(), text)
+    mlp_text, head_text, kv_text = _split_parts(spec_text.strip(), text)
     try:
         spec = TaperSpec.parse(mlp_text, multiple_of=multiple_of)
-        if head_text != "uniform":
-            heads = TaperSpec.parse(head_text, multiple_of=1)  # syntax; steps = the KV groups
-            if heads.schedule == "novelty":
-                raise TaperError("novelty allocations act on MLP widths, not on heads")
-            head_text = heads.to_string()  # canonical: cosine -> cosine:1.5:0.5
+        head_text, kv_text = _canonical(head_text, "heads"), _canonical(kv_text, "KV heads")
     except TaperError as err:
         raise TaperError(f"--tapers {text!r}: {err}") from None
-    alloc = Allocation(name="", label="", spec=spec, head_taper=head_text)
+    alloc = Allocation(name="", label="", spec=spec, head_taper=head_text, kv_taper=kv_text)
     alloc.label = name or alloc.spec_string
     alloc.name = name or slug(alloc.spec_string)
     return alloc
 
 
-def _split_heads(spec_text: str, text: str) -> tuple[str, str]:
-    """(MLP spec, head spec) of `SPEC+heads:HEAD_SPEC`, `heads:HEAD_SPEC` or `SPEC`."""
-    if spec_text.lower().startswith(HEADS):
-        return "uniform", spec_text[len(HEADS) :].strip() or "?"
-    parts = re.split(r"\+heads:", spec_text, flags=re.IGNORECASE)
-    if len(parts) > 2:
-        raise TaperError(f"--tapers {text!r}: give at most one +heads: part")
-    if len(parts) == 2:
-        return parts[0].strip(), parts[1].strip() or "?"
-    return spec_text, "uniform"
+def _canonical(text: str, what: str) -> str:
+    """A head or KV spec checked for syntax and written canonically (cosine -> cosine:1.5:0.5);
+    its steps are resolved against the model later."""
+    if text == "uniform":
+        return text
+    spec = TaperSpec.parse(text, multiple_of=1)
+    if spec.schedule == "novelty":
+        raise TaperError(f"novelty allocations act on MLP widths, not on {what}")
+    return spec.to_string()
+
+
+def _split_parts(spec_text: str, text: str) -> tuple[str, str, str]:
+    """(MLP spec, head spec, KV spec) of `[SPEC][+heads:HEAD_SPEC][+kv:KV_SPEC]`, in that
+    order; a missing part is uniform."""
+    pieces = re.split(r"(?:^|\+)(heads:|kv:)", spec_text, flags=re.IGNORECASE)
+    mlp = pieces[0].strip() or "uniform"
+    found: dict[str, str] = {}
+    for key, value in zip(pieces[1::2], pieces[2::2]):
+        key = key.lower()
+        if key in found:
+            raise TaperError(f"--tapers {text!r}: give at most one +{key} part")
+        if found and key == HEADS:
+            raise TaperError(f"--tapers {text!r}: write +heads: before +kv:")
+        found[key] = value.strip() or "?"
+    if not pieces[0].strip() and not found:
+        mlp = spec_text
+    return mlp, found.get(HEADS, "uniform"), found.get(KV, "uniform")
 
 
 def parse_allocations(texts: list[str], multiple_of: int | None = None) -> list[Allocation]:
@@ -284,7 +300,9 @@ def paper_ppl_of(spec: TaperSpec) -> float | None:
 
 def attach_paper_numbers(allocs: list[Allocation]) -> None:
     for a in allocs:
-        if a.paper_ppl is None and a.head_taper == "uniform":  # the paper tapers no heads
+        if (
+            a.paper_ppl is None and a.head_taper == a.kv_taper == "uniform"
+        ):  # the paper tapers no heads
             a.paper_ppl = paper_ppl_of(a.spec)
 
 
@@ -307,6 +325,8 @@ ALLOCATION_KEYS = (
     "model.mlp_widths",
     "model.head_taper",
     "model.layer_heads",
+    "model.kv_taper",
+    "model.layer_kv_heads",
     *(f"model.{fam.name}.{key}" for fam in FAMILIES.values() for key in fam.resolved),
 )
 
@@ -336,7 +356,7 @@ def build_grid(
     checks: every allocation has exactly the uniform model's parameters and FLOPs/token, and cells
     of one seed differ only in the allocation keys. `pilots` (seed -> per-layer rho_mlp of its
     pilot) resolves novelty:pilot allocations; without it they are checked with probe values."""
-    from taperlm.budget import flops_per_token, total_params
+    from taperlm.budget import flops_per_token, kv_cache_bytes, total_params
 
     if not seeds:
         raise ConfigError("--seeds must be at least 1")
@@ -356,6 +376,8 @@ def build_grid(
                 "baseline_width": model.mlp_width,
                 "heads": [model.attention_heads(i)[0] for i in range(model.n_layers)],
                 "baseline_heads": model.n_heads,
+                "kv_heads": [model.attention_heads(i)[1] for i in range(model.n_layers)],
+                "kv_cache_bytes_per_token_bf16": sum(kv_cache_bytes(model, 1, 2)),
             }
             if alloc.needs_pilot:  # widths differ by seed: the first seed's, and all of them
                 first = budget.setdefault(alloc.name, entry)
@@ -382,7 +404,8 @@ def build_grid(
 def _allocated(model: Any, alloc: Allocation, spec: TaperSpec) -> Any:
     """A copy of the base model config with the allocation's tapers, resolved."""
     try:
-        return copy.deepcopy(model).with_taper(spec, alloc.head_taper)
+        kv = None if alloc.kv_taper == "uniform" else alloc.kv_taper
+        return copy.deepcopy(model).with_taper(spec, alloc.head_taper, kv)
     except (TaperError, ConfigError) as err:
         raise ConfigError(
             f"allocation {alloc.label!r} does not fit the model ({model.n_layers} layers, "
@@ -391,7 +414,10 @@ def _allocated(model: Any, alloc: Allocation, spec: TaperSpec) -> Any:
 
 
 def _check_budget(alloc: Allocation, got: dict[str, Any], want: dict[str, Any]) -> None:
-    for key in ("params", "flops_per_token"):
+    # A KV taper keeps the parameters; its FLOPs/token are equal too except in a family that
+    # repeats K/V projections (Titans MAC, taperlm.budget), where they may differ by design.
+    keys = ("params",) if alloc.kv_taper != "uniform" else ("params", "flops_per_token")
+    for key in keys:
         if got[key] != want[key]:
             raise ConfigError(
                 f"allocation {alloc.label!r} has {key} {got[key]:,} but uniform has "

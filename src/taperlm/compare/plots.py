@@ -17,6 +17,7 @@ PLOTS = {
     "novelty": "novelty.png",
     "paper": "paper.png",
     "sweep": "sweep.png",
+    "kv_pareto": "kv_pareto.png",
 }
 
 
@@ -199,7 +200,48 @@ def write_plots(
     if grid.paper == "sweep" and rows:
         _sweep_plot(rows, ref, out_dir / PLOTS["sweep"])
         written["sweep"] = PLOTS["sweep"]
+    if _kv_pareto_plot(summary, out_dir / PLOTS["kv_pareto"]):
+        written["kv_pareto"] = PLOTS["kv_pareto"]
     return written
+
+
+def _kv_pareto_plot(summary: dict[str, Any], path: Path) -> bool:
+    """With KV tapers in the grid: each allocation's paired val-loss difference vs uniform
+    (95% interval) against its KV-cache bytes per token (bf16); False when every allocation
+    caches the same."""
+    from taperlm.analysis.plots import plot_interval_series
+
+    allocs = [a for a in summary["allocations"] if a.get("kv_cache_bytes_per_token_bf16")]
+    if len({a["kv_cache_bytes_per_token_bf16"] for a in allocs}) < 2:
+        return False
+    series = {}
+    # Allocations with equal bytes are drawn side by side (1.5% of the range apart) so that
+    # their intervals do not hide each other; the x axis still reads their bytes.
+    xs = [a["kv_cache_bytes_per_token_bf16"] for a in allocs]
+    gap = 0.015 * (max(xs) - min(xs))
+    for a in allocs:
+        same = [
+            b["label"]
+            for b in allocs
+            if b["kv_cache_bytes_per_token_bf16"] == a["kv_cache_bytes_per_token_bf16"]
+        ]
+        x = a["kv_cache_bytes_per_token_bf16"] + gap * (
+            same.index(a["label"]) - (len(same) - 1) / 2
+        )
+        d = a["diff_vs_uniform"] and a["diff_vs_uniform"]["val_loss"]
+        if a["diff_vs_uniform"] is None:
+            series[a["label"]] = [(x, 0.0, None, None)]
+        elif d and d["mean"] is not None:
+            lo, hi = d["ci"] if d["ci"] else (None, None)
+            series[a["label"]] = [(x, d["mean"], lo, hi)]
+    plot_interval_series(
+        series,
+        path,
+        title="Validation loss vs KV cache at equal parameters",
+        xlabel="KV-cache bytes per token (bf16, all layers; equal bytes drawn side by side)",
+        ylabel="val loss - uniform's (paired, 95% CI; lower is better)",
+    )
+    return True
 
 
 def _sweep_plot(rows, ref: dict[str, float], path: Path) -> None:

@@ -198,6 +198,17 @@ def _validation_section(summary: dict[str, Any]) -> list[str]:
             + f" (uniform: {allocs[0].get('baseline_heads')} in every layer); KV heads follow "
             "the query heads at the model's group size, the head dim is fixed."
         )
+    kv_uniform = allocs[0].get("kv_cache_bytes_per_token_bf16")
+    if any(a.get("kv_cache_bytes_per_token_bf16") != kv_uniform for a in allocs):
+        notes.append(
+            "KV heads per layer (KV-cache bytes per token, bf16): "
+            + "; ".join(
+                f"{a['label']} {'/'.join(map(str, a.get('kv_heads') or []))} "
+                f"({a.get('kv_cache_bytes_per_token_bf16'):,} B)"
+                for a in allocs
+            )
+            + "; a KV taper's saved K/V parameters went to the MLP widths (equal parameters)."
+        )
     return [
         "## Validation",
         "",
@@ -298,6 +309,7 @@ def _plots_section(plots: dict[str, str], s: dict[str, Any]) -> list[str]:
         "novelty": "rho_mlp and rho_block per layer, means over seeds ± 1 std over seeds",
         "paper": "perplexity change vs uniform beside the paper's",
         "sweep": "the sweep: perplexity change vs start ratio per schedule, beside the paper's",
+        "kv_pareto": "paired validation-loss difference vs uniform against KV-cache bytes per token",
     }
     lines = ["", "## Plots", ""]
     lines += [f"- [{captions[key]}]({file})" for key, file in plots.items()]
@@ -308,6 +320,8 @@ def _plots_section(plots: dict[str, str], s: dict[str, Any]) -> list[str]:
         lines.append(f"![against the paper]({PLOTS['paper']})")
     if "sweep" in plots:
         lines.append(f"![the sweep]({PLOTS['sweep']})")
+    if "kv_pareto" in plots:
+        lines.append(f"![loss vs KV cache]({PLOTS['kv_pareto']})")
     return lines
 
 

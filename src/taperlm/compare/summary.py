@@ -82,6 +82,8 @@ def _allocation_entry(
         "baseline_width": b["baseline_width"],
         "heads": b.get("heads"),
         "baseline_heads": b.get("baseline_heads"),
+        "kv_heads": b.get("kv_heads"),
+        "kv_cache_bytes_per_token_bf16": b.get("kv_cache_bytes_per_token_bf16"),
         "widths_by_seed": b.get("widths_by_seed"),
         "pilot": a.needs_pilot,
         "params": b["params"],

@@ -38,6 +38,8 @@ class ModelFields(Protocol):
     mlp_widths: list[int] | None
     head_taper: str
     layer_heads: list[int] | None
+    kv_taper: str
+    layer_kv_heads: list[int] | None
     context_length: int
     rope_theta: float
     norm_eps: float
@@ -76,7 +78,8 @@ def swiglu_mlp_params(cfg: ModelFields, layer: int) -> dict[str, int]:
 def attention_params(cfg: ModelFields, layer: int) -> dict[str, int]:
     """Q, K, V and output projections of layer l's attention: H_l query heads and H_l / g KV
     heads of the model's head dim (`cfg.attention_heads(layer)`); linear in H_l, so a head
-    taper with the same total heads keeps the budget."""
+    taper with the same total heads keeps the budget (a KV taper changes only the K/V rows,
+    2 d d_h per KV head, which the MLP widths take up: taperlm.kv_taper)."""
     d, hd = cfg.d_model, cfg.head_dim
     heads, kv_heads = cfg.attention_heads(layer)
     return {
@@ -124,6 +127,10 @@ def _unchanged(model: dict[str, Any], where: str) -> dict[str, Any]:
     return model
 
 
+def _every_token(cfg: ModelFields, layer: int, seq_len: int) -> int:
+    return seq_len
+
+
 @dataclass(frozen=True)
 class Family:
     """Everything taperlm knows about one model family.
@@ -150,6 +157,9 @@ class Family:
         upgrade: rewrites a model dict from an older taperlm layout (before it is read).
         attention: whether the blocks have softmax attention whose heads follow
             `cfg.attention_heads(layer)` (the head taper); False rejects a head taper.
+        cached_kv: (cfg, layer, tokens) -> key/value entries per KV head that layer l's decoding
+            cache holds after `tokens` tokens (every token for global attention; a window or
+            segment for Titans), so `taperlm plan`'s cache bytes equal the tensors allocated.
         compare_lr: peak learning rate of `taperlm compare`'s small-scale (CPU) recipe for this
             family, where the recipe's own (2e-3) does not train it stably; None: the recipe's.
         llama_cpp: whether every block is a Llama block (RMSNorm, RoPE attention, SwiGLU, no
@@ -170,6 +180,7 @@ class Family:
     plan_column: Callable[[ModelFields], tuple[str, list[str]] | None] = _no_column
     upgrade: Callable[[dict[str, Any], str], dict[str, Any]] = _unchanged
     attention: bool = True
+    cached_kv: Callable[[ModelFields, int, int], int] = _every_token
     compare_lr: float | None = None
     llama_cpp: bool = False
 

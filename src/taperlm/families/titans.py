@@ -198,6 +198,18 @@ def _mixer_flops(cfg: ModelFields, layer: int, seq_len: int) -> int:
     return attention_span_flops(cfg, layer, span) + memory_flops(cfg, layer)
 
 
+def _cached_kv(cfg: ModelFields, layer: int, tokens: int) -> int:
+    """Key/value entries per KV head of the decoding cache after `tokens` tokens (models/
+    titans.py): MAG/MAL keep the tokens from the start of the block before the newest token's
+    block of `window`; MAC keeps its current segment's tokens and as many memory tokens."""
+    t: TitansConfig = cfg.options
+    if tokens <= 0:
+        return 0
+    if t.variant == "mac":
+        return 2 * ((tokens - 1) % t.segment_len + 1)
+    return tokens - max(0, (tokens // t.window - 1) * t.window)
+
+
 # ----------------------------------------------------------------------------------------------
 # blocks, presets, plan
 
@@ -264,6 +276,7 @@ FAMILY = Family(
     build_block=_block,
     mixer_params=_mixer_params,
     mixer_flops=_mixer_flops,
+    cached_kv=_cached_kv,
     options=TitansConfig,
     validate=_validate,
     resolve=_resolve,
