@@ -348,3 +348,82 @@ def test_compare_precision_half_width_and_prediction():
     reused = cp.summarize("c", [], _precision_report(d), cpu=1.0, wall=1.0, fresh=False)
     assert reused["cpu_s"] is None and cp.predict(reused, 0.005, 2, 2) == {}
     assert "| c |" in cp.table([{**row, "prediction": pred}], 0.005, 2, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# op counts (benchmarks/op_count.py)
+
+
+def _op_count():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import op_count
+    finally:
+        sys.path.remove(str(BENCH))
+    return op_count
+
+
+class _Event:
+    """The part of a torch.profiler event that op_count reads."""
+
+    def __init__(self, name: str, *children: _Event) -> None:
+        self.name, self.cpu_children, self.cpu_parent = name, list(children), None
+        for c in children:
+            c.cpu_parent = self
+
+
+def test_count_kernels_counts_the_ops_that_do_work():
+    """Views, allocations and host reads count nothing; an op counts once whether it does the
+    work itself (mm, which calls resolve_conj) or through its callees (linear -> t + mm, to ->
+    _to_copy -> empty + copy_); a multi-tensor op counts once; generated kernels count."""
+    E = _Event
+    events = [
+        E("aten::linear", E("aten::t", E("aten::transpose", E("aten::as_strided"))),
+          E("aten::matmul", E("aten::mm", E("aten::resolve_conj")))),
+        E("aten::view"),
+        E("aten::to", E("aten::_to_copy", E("aten::empty_strided"), E("aten::copy_"))),
+        E("aten::empty"),
+        E("aten::_local_scalar_dense"),
+        E("Optimizer.step#AdamW.step", E("aten::_fused_adamw_", E("aten::add"), E("aten::mul"))),
+        E("CompiledFunction", E("graph_0_cpp_fused_add_mul_0"), E("aten::bmm")),
+        E("autograd::engine::evaluate_function: MulBackward0", E("MulBackward0", E("aten::mul"))),
+        E("detach"),
+    ]  # fmt: skip
+    flat = []
+    stack = list(events)
+    while stack:
+        e = stack.pop()
+        flat.append(e)
+        stack.extend(e.cpu_children)
+    total, names = _op_count().count_kernels(flat)
+    assert names == {
+        "aten::mm": 1,
+        "aten::copy_": 1,
+        "aten::_fused_adamw_": 1,
+        "generated kernel": 1,
+        "aten::bmm": 1,
+        "aten::mul": 1,
+    }
+    assert total == 6
+
+
+def test_op_count_smoke(tmp_path):
+    """benchmarks/op_count.py --smoke (eager): kernels and dispatched ATen ops of one training
+    step of transformer-tiny; views make the ATen count larger."""
+    out = tmp_path / "ops.json"
+    assert _op_count().main(["--smoke", "--modes", "eager", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert (row["family"], row["shape"], row["mode"]) == ("transformer", "tiny", "eager")
+    assert 0 < row["kernels"] < row["aten ops"] and row["vs transformer"] == 1.0
+    assert row["top"]["aten::mm"] > 0
+
+
+@pytest.mark.slow
+def test_op_count_compiled(tmp_path):
+    """The compiled count: Inductor's generated kernels are seen, and they are fewer ops than
+    eager's."""
+    out = tmp_path / "ops.json"
+    assert _op_count().main(["--smoke", "--json", str(out)]) == 0
+    eager, compiled = json.loads(out.read_text())["rows"]
+    assert compiled["mode"] == "compile" and compiled["top"].get("generated kernel", 0) > 0
+    assert compiled["kernels"] < eager["kernels"]
