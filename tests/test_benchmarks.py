@@ -5,6 +5,7 @@ the plain PyTorch ops compute. No timing asserts."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -129,15 +130,44 @@ def test_step_guard_smoke(tmp_path):
     assert row["ratio (cpu)"] > 0
 
 
-def test_gpu_smoke(bench_module, tmp_path):
+def test_gpu_smoke(tmp_path):
+    """benchmarks/gpu.py --smoke, every section: MFU rows (compile for the first family), the
+    planner's figure and a DCP save + load under FSDP2, and uniform vs cosine through the
+    trainer. A subprocess: the memory section makes a process group."""
+    import subprocess
+
     out = tmp_path / "r.json"
-    argv = ["--smoke", "--families", "transformer", "gated", "--json", str(out)]
-    assert bench_module["gpu"].main(argv) == 0
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "gpu.py"),
+            "--smoke",
+            "--json",
+            str(out),
+            "--tmp",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads(out.read_text())
-    seen = {(r["family"], r["taper"], r["mode"]) for r in data["rows"]}
-    assert ("transformer", "cosine", "compile") in seen
-    assert ("gated", "uniform", "eager") in seen
+    seen = [(r["family"], r["taper"], r["mode"]) for r in data["rows"]]
+    assert seen == [
+        ("transformer", "cosine", "compile"),
+        ("transformer", "cosine", "eager"),
+        ("titans-mag", "cosine", "eager"),
+    ]
     assert all(r["flops_per_token"] > 0 and r["tokens/s"] > 0 for r in data["rows"])
+    (mem,) = data["memory"]
+    assert mem["planned_GiB"] > 0 and mem["dcp_save_s"] > 0 and mem["dcp_load_s"] > 0
+    assert [t["taper"] for t in data["taper"]] == ["uniform", "cosine:1.5:0.5"]
+    for t in data["taper"]:
+        assert t["steps"] == 4 and len(t["losses"]) == 4
+        assert all(math.isfinite(x) for x in t["losses"])
+    assert data["notes"] == [] and not list(tmp_path.glob("taperlm-gpu-*"))  # cleaned up
 
 
 def test_families_smoke(tmp_path):
