@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
@@ -47,7 +48,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine_info, raise_recompile_limit, table, write_json
+from common import RESULTS_DIR, machine_info, raise_recompile_limit, table, write_json
 from taperlm.presets import get_preset, preset_families
 
 FAMILIES = tuple(preset_families())
@@ -234,9 +235,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scope", default="model", choices=["model", "blocks"], help="compile scope")
     p.add_argument("--seq", type=int, default=2048, help="tokens of the 440m-layer shape")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--label", default=None, help="results file op_count_<label>.json")
+    p.add_argument(
+        "--label",
+        default=None,
+        help="results file op_count_<label>.json (default: op_count_latest.json)",
+    )
     p.add_argument("--smoke", action="store_true", help="transformer-tiny, eager + compile")
     p.add_argument("--json", default=None, help="results file (overrides --label)")
+    p.add_argument(
+        "--merge", action="store_true", help="keep the file's other rows (runs done in parts)"
+    )
     args = p.parse_args(argv)
     if args.smoke:
         args.families, args.shapes = ["transformer"], ["tiny"]
@@ -249,6 +257,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{family} {shape} {mode} ...", end=" ", flush=True, file=sys.stderr)
                 rows.append(measure(family, shape, mode, args))
                 print(f"{rows[-1]['kernels']:,} kernels", flush=True, file=sys.stderr)
+    path = Path(args.json) if args.json else RESULTS_DIR / f"op_count_{args.label or 'latest'}.json"
+    if args.merge and path.exists():
+        done = {(r["family"], r["shape"], r["mode"]) for r in rows}
+        old = json.loads(path.read_text(encoding="utf-8"))["rows"]
+        rows = [r for r in old if (r["family"], r["shape"], r["mode"]) not in done] + rows
+        order = {(f, s, m): i for i, (s, m, f) in enumerate(
+            (s, m, f) for s in SHAPES for m in ("eager", "compile") for f in FAMILIES
+        )}  # fmt: skip
+        rows.sort(key=lambda r: order[(r["family"], r["shape"], r["mode"])])
     add_ratios(rows)
     cols = ["family", "shape", "mode", "seq", "kernels", "vs transformer", "aten ops", "warmup_s"]
     print(
@@ -256,9 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(table(rows, cols))
     if not args.smoke or args.json:
-        name = f"op_count_{args.label}" if args.label else "op_count"
         data = {"machine": machine_info(), "args": vars(args), "rows": rows}
-        print(f"results: {write_json(name, data, args.json)}")
+        print(f"results: {write_json(path.stem, data, path)}")
     return 0
 
 
