@@ -227,6 +227,20 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
         r["vs transformer"] = r["kernels"] / base if base else None
 
 
+def merged(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`old` rows not measured again, then `new`, in table order (shape, mode, family)."""
+    done = {(r["family"], r["shape"], r["mode"]) for r in new}
+    rows = [r for r in old if (r["family"], r["shape"], r["mode"]) not in done] + new
+    order = [(f, s, m) for s in SHAPES for m in ("eager", "compile") for f in FAMILIES]
+    return sorted(rows, key=lambda r: order.index((r["family"], r["shape"], r["mode"])))
+
+
+def save(path: Path, rows: list[dict[str, Any]], args: argparse.Namespace) -> Path:
+    add_ratios(rows)
+    data = {"machine": machine_info(), "args": vars(args), "rows": rows}
+    return write_json(path.stem, data, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
@@ -250,31 +264,27 @@ def main(argv: list[str] | None = None) -> int:
         args.families, args.shapes = ["transformer"], ["tiny"]
     torch.set_num_threads(args.threads)
     raise_recompile_limit(64)
-    rows = []
+    path = Path(args.json) if args.json else RESULTS_DIR / f"op_count_{args.label or 'latest'}.json"
+    keep = not args.smoke or args.json  # write results
+    old = json.loads(path.read_text("utf-8"))["rows"] if args.merge and path.exists() else []
+    rows: list[dict[str, Any]] = []
     for shape in args.shapes:
         for mode in args.modes:
             for family in args.families:
                 print(f"{family} {shape} {mode} ...", end=" ", flush=True, file=sys.stderr)
                 rows.append(measure(family, shape, mode, args))
                 print(f"{rows[-1]['kernels']:,} kernels", flush=True, file=sys.stderr)
-    path = Path(args.json) if args.json else RESULTS_DIR / f"op_count_{args.label or 'latest'}.json"
-    if args.merge and path.exists():
-        done = {(r["family"], r["shape"], r["mode"]) for r in rows}
-        old = json.loads(path.read_text(encoding="utf-8"))["rows"]
-        rows = [r for r in old if (r["family"], r["shape"], r["mode"]) not in done] + rows
-        order = {(f, s, m): i for i, (s, m, f) in enumerate(
-            (s, m, f) for s in SHAPES for m in ("eager", "compile") for f in FAMILIES
-        )}  # fmt: skip
-        rows.sort(key=lambda r: order[(r["family"], r["shape"], r["mode"])])
+                if keep:  # after every row, so a long run keeps what it measured
+                    save(path, merged(old, rows), args)
+    rows = merged(old, rows)
     add_ratios(rows)
     cols = ["family", "shape", "mode", "seq", "kernels", "vs transformer", "aten ops", "warmup_s"]
     print(
         f"ops per training step (batch 1, fp32, compile scope {args.scope}); torch {torch.__version__}"
     )
     print(table(rows, cols))
-    if not args.smoke or args.json:
-        data = {"machine": machine_info(), "args": vars(args), "rows": rows}
-        print(f"results: {write_json(path.stem, data, path)}")
+    if keep:
+        print(f"results: {save(path, rows, args)}")
     return 0
 
 
