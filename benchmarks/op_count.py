@@ -3,7 +3,7 @@ kernel launches.
 
     python benchmarks/op_count.py --label before        # every family, eager + compile, both shapes
     python benchmarks/op_count.py --shapes tiny --modes eager
-    python benchmarks/op_count.py --smoke               # transformer-tiny, eager + compile, seconds
+    python benchmarks/op_count.py --smoke --modes eager # transformer-tiny, seconds (compile: minutes)
 
 One training step = forward + loss, backward, `clip_grad_norm_` (foreach) and AdamW's step
 (`fused=True`, the kernel the trainer uses on CUDA), fp32, batch 1. Shapes: `tiny` is the
