@@ -1,6 +1,8 @@
 """Training throughput and peak memory of every family against Transformer++ at the same shape.
 
     python benchmarks/families.py --sizes tiny small --rounds 5 --threads 1
+    python benchmarks/families.py --sizes small --compile --no-memory --families transformer \
+        titans-mag titans-mal titans-mac      # torch.compile'd models (compiled vs compiled)
     python benchmarks/families.py --smoke            # seconds
 
 Forward + backward (no optimizer step) on CPU of the `{family}-{size}` presets. Per size the
@@ -121,7 +123,8 @@ def run_size(size: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         name = f"{fam}-{size}"
         cfg, model = _build(name)
         idx = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1))
-        steps[name], cfgs[name] = (lambda m=model, x=idx: _step(m, x)), cfg
+        fwd = torch.compile(model) if args.compile else model  # compiled in the warm-up step
+        steps[name], cfgs[name] = (lambda m=fwd, x=idx: _step(m, x)), cfg
     times = interleaved(
         steps,
         args.rounds,
@@ -129,9 +132,9 @@ def run_size(size: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     )
     ref = next(iter(steps))
     short = args.families[0]
-    peaks = {name: _peak_memory(name, args) for name in steps}
-    saved = {}
-    for name in steps:
+    peaks = {name: 0 if args.no_memory else _peak_memory(name, args) for name in steps}
+    saved = dict.fromkeys(steps, 0)
+    for name in [] if args.no_memory else steps:
         cfg, model = _build(name)
         idx = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1))
         saved[name] = saved_for_backward_bytes(model, idx)
@@ -167,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--compile", action="store_true", help="time torch.compile'd models")
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak/saved memory")
     ap.add_argument("--smoke", action="store_true", help="2 families, batch 1 x 32, one round")
     ap.add_argument("--json", help="results file (default results/families.json)")
     ap.add_argument("--memory-child", help=argparse.SUPPRESS)

@@ -1,24 +1,34 @@
-"""GPU training throughput and MFU of the 440M presets of every family, uniform vs tapered,
-eager vs torch.compile, in one command (sized for <= 8 minutes on one H100/H200).
+"""The GPU command: what one H100/H200 measures in at most 8 minutes, in one run.
 
-For each family preset (`{family}-440m`), taper (uniform, cosine 1.5 -> 0.5) and mode (eager,
-compile) it builds the model on the GPU, runs a few warm-up steps (this is where compilation
-happens; its time is reported) and then times training steps: bf16 autocast, fused AdamW,
-forward + backward + optimizer step, `torch.cuda.synchronize()` around the timed region.
+    python benchmarks/gpu.py                  # one GPU; writes benchmarks/results/gpu.json
+    python benchmarks/gpu.py --smoke          # the same code path on CPU, tiny presets, seconds
+    python benchmarks/gpu.py --sections mfu --families transformer gated hope --tapers uniform cosine
 
-    MFU = tokens/s x flops_per_token(cfg, seq) / peak     (taperlm.budget.flops_per_token)
+Sections, in this order (each configuration is skipped, with a note, once `--budget-s` is
+spent, so the command ends in time):
 
-with the dense bf16 peak of the GPU (H100/H200 989 TFLOP/s, A100 312; `--peak-tflops` for
-others). Configurations run in priority order (transformer first) and the rest are skipped,
-with a note, once `--budget-s` is spent, so the command ends in time.
+1. **mfu**: tokens/s and MFU of transformer-440m and titans-mag-440m (cosine taper), bf16
+   autocast, fused AdamW, forward + backward + optimizer step, `torch.compile` (Inductor) then
+   eager. Titans' compiled row runs last, after sections 2 and 3: Dynamo unrolls its memory's
+   chunk loop (layers x chunks steps in one graph), so it compiles for minutes. A few warm-up steps (where compilation happens; `warmup_s`) precede the timed steps,
+   with `torch.cuda.synchronize()` around the timed region. Peak memory of each row.
 
-    python benchmarks/gpu.py                         # all families, ~8 minutes on an H100/H200
-    python benchmarks/gpu.py --families transformer --modes compile
-    python benchmarks/gpu.py --smoke                 # the same code path on CPU, tiny presets
+       MFU = tokens/s x flops_per_token(cfg, seq) / peak     (taperlm.budget.flops_per_token)
 
-`--smoke` uses the `*-tiny` presets on CPU, bf16 autocast on CPU and Dynamo with the `eager`
-backend (tracing without Inductor's C++ build) for the first family only, so it exercises every
-branch in seconds.
+   with the dense bf16 peak of the GPU (H100/H200 989 TFLOP/s, A100 312; `--peak-tflops`).
+2. **memory**: transformer-440m (cosine) the way `taperlm train` shards it (meta init, FSDP2
+   over one rank with the bf16 MixedPrecisionPolicy, fused AdamW): the measured peak memory
+   beside the planner's figure (`taperlm plan`), and the time to save and load a sharded (DCP)
+   checkpoint of model and optimizer (benchmarks/scale.py's first row).
+3. **taper**: 50 steps of uniform vs cosine 1.5 -> 0.5 through the trainer itself
+   (`taperlm.training.loop.train`: data loader, schedule, bf16, checkpoint), transformer-440m,
+   on `--data` (a `taperlm prepare` dir) or, without it, a synthetic corpus prepared on the spot
+   (so the run needs no files; its losses say the path works, not which taper is better).
+   Loss at steps 1, 10, 25, 50 and tokens/s of each.
+
+`--smoke` runs every section on CPU with the `*-tiny` presets, bf16 autocast on CPU, one
+warm-up and one timed step, Dynamo with the `eager` backend (tracing without Inductor's C++
+build; tests/test_gpu_paths.py runs Inductor) for the first family, and 4 taper steps.
 """
 
 from __future__ import annotations
@@ -104,86 +114,276 @@ def run_config(
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    add_gpu_benchmark_arguments(p)
-    p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
-    p.add_argument("--tapers", nargs="+", default=["uniform", "cosine"])
-    p.add_argument("--modes", nargs="+", default=["eager", "compile"], choices=["eager", "compile"])
-    args = p.parse_args(argv)
-    device = gpu_or_smoke(args, "gpu.py")
-    if device is None:
-        return 2
-    # A compiled block function sees one shape per distinct width (and Dynamo keeps 8 by default).
-    raise_recompile_limit(256)
+def mfu_section(
+    args: argparse.Namespace, device: torch.device, clock: Clock, late: bool = False
+) -> list[dict]:
+    """Section 1: tokens/s and MFU per (family, mode, taper). The compiled rows of the other
+    families are `late`: they run after every other section, since Dynamo unrolls Titans' chunk
+    loop (layers x chunks steps in one graph) and its compilation can take minutes."""
     peak = peak_flops(device, args.peak_tflops)
-
-    start = time.perf_counter()
     rows: list[dict[str, Any]] = []
-    notes: list[str] = []
     for family in args.families:
         for mode in args.modes:
             for taper in args.tapers:
                 label = f"{family}-{args.size} {taper} {mode}"
-                if args.smoke and mode == "compile" and family != args.families[0]:
+                if late != (mode == "compile" and family != args.families[0]):
+                    continue
+                if args.smoke and late:
                     continue  # tracing every family takes minutes on CPU; one shows the path
-                if time.perf_counter() - start > args.budget_s:
-                    notes.append(f"{label}: skipped (time budget {args.budget_s:.0f}s spent)")
+                if clock.spent(label):
                     continue
                 try:
                     spec = TaperSpec.parse(taper, multiple_of=args.multiple_of)
                     cfg = get_preset(f"{family}-{args.size}", taper=spec)
                 except (ConfigError, TaperError, NotImplementedError) as err:
-                    notes.append(f"{label}: skipped ({err})")
+                    clock.notes.append(f"{label}: skipped ({err})")
                     continue
                 print(f"{label} ...", end=" ", flush=True)
                 try:
                     r = run_config(cfg, mode, args, device)
                 except torch.OutOfMemoryError:
-                    notes.append(f"{label}: out of memory at batch {args.batch} x {args.seq}")
+                    clock.notes.append(f"{label}: out of memory at batch {args.batch} x {args.seq}")
                     print("out of memory", flush=True)
                     r = None
                 except NotImplementedError as err:
-                    notes.append(f"{label}: skipped ({err})")
+                    clock.notes.append(f"{label}: skipped ({err})")
                     print("not implemented", flush=True)
                     r = None
                 finally:
-                    gc.collect()
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
-                    if mode == "compile":
-                        torch._dynamo.reset()
+                    release(device, compiled=mode == "compile")
                 if r is None:
                     continue
                 r["mfu_%"] = 100 * r["tokens/s"] * r["flops_per_token"] / peak if peak else None
-                row = {"family": family, "taper": taper, "mode": mode, **r}
-                rows.append(row)
+                rows.append({"family": family, "taper": taper, "mode": mode, **r})
                 print(f"{r['tokens/s']:,.0f} tokens/s", flush=True)
-    cols = ["family", "taper", "mode", "params_M", "tokens/s", "step_ms", "mfu_%", "warmup_s"]
+    return rows
+
+
+def memory_section(args: argparse.Namespace, device: torch.device, clock: Clock) -> list[dict]:
+    """Section 2: peak memory beside the planner's figure and a DCP save + load, through
+    benchmarks/scale.py's first row (FSDP2 over one rank, bf16 policy)."""
+    import scale
+
+    label = f"transformer-{args.size} cosine FSDP2 eager (memory, DCP)"
+    if clock.spent(label):
+        return []
+    ns = argparse.Namespace(**vars(args))
+    ns.activation_checkpointing, ns.tmp = False, args.tmp
+    print(f"{label} ...", end=" ", flush=True)
+    info = scale.init_one_rank(device)
+    try:
+        r = scale.run_row("transformer", "cosine", "eager", ns, device, info)
+    except torch.OutOfMemoryError:
+        clock.notes.append(f"{label}: out of memory")
+        print("out of memory", flush=True)
+        return []
+    finally:
+        release(device, compiled=False)
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    if "peak_GiB" in r:
+        r["peak / planned"] = r["peak_GiB"] / r["planned_GiB"]
+    print(f"planned {r['planned_GiB']:.2f} GiB, DCP save {r['dcp_save_s']:.2f} s", flush=True)
+    return [{"preset": f"transformer-{args.size}", **r}]
+
+
+def synthetic_corpus(path: Path, n_words: int, seed: int = 0) -> None:
+    """A text file of `n_words` words drawn from a Zipf law over a fixed made-up vocabulary."""
+    import random
+
+    rng = random.Random(seed)
+    syllables = ["ka", "to", "ri", "ne", "mu", "sa", "lo", "pe", "di", "va", "gu", "shi"]
+    words = ["".join(rng.choices(syllables, k=rng.randint(1, 4))) for _ in range(3000)]
+    weights = [1.0 / (i + 1) for i in range(len(words))]
+    text = rng.choices(words, weights, k=n_words)
+    lines = [" ".join(text[i : i + 12]).capitalize() + "." for i in range(0, n_words, 12)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def taper_section(args: argparse.Namespace, device: torch.device, clock: Clock) -> list[dict]:
+    """Section 3: `args.taper_steps` steps of uniform vs cosine through the trainer."""
+    import shutil
+    import tempfile
+
+    from taperlm.cli import main as cli_main
+    from taperlm.config import apply_overrides, run_config_from_dict, to_dict
+    from taperlm.training.loop import train
+    from taperlm.training.metrics import read_metrics
+
+    tmp = Path(tempfile.mkdtemp(prefix="taperlm-gpu-", dir=args.tmp))
+    rows: list[dict[str, Any]] = []
+    try:
+        data = Path(args.data) if args.data else None
+        if data is None:
+            src = tmp / "corpus.txt"
+            synthetic_corpus(src, 5_000 if args.smoke else 300_000)  # epochs repeat it
+            data = tmp / "data"
+            argv = ["prepare", "--source", str(src), "--tokenizer", "bpe:2048", "--out", str(data)]
+            if cli_main([*argv, "--workers", "1", "--no-progress"]) != 0:
+                raise RuntimeError("taperlm prepare of the synthetic corpus failed")
+        seq = min(args.seq, 256 if args.smoke else 2048)
+        batch_tokens = args.batch * seq
+        for taper in ("uniform", "cosine:1.5:0.5"):
+            label = f"transformer-{args.size} {taper} {args.taper_steps} steps (trainer)"
+            if clock.spent(label):
+                continue
+            model = to_dict(get_preset(f"transformer-{args.size}", resolve=False))
+            cfg_dict = {"model": model}
+            apply_overrides(
+                cfg_dict,
+                [
+                    f"model.taper={taper}",
+                    f"train.seq_len={seq}",
+                    f"train.micro_batch_size={args.batch}",
+                    f"train.batch_tokens={batch_tokens}",
+                    f"train.tokens={batch_tokens * args.taper_steps}",
+                    f"train.warmup_tokens={batch_tokens * max(1, args.taper_steps // 10)}",
+                    "train.lr=0.001",
+                    "train.precision=bf16",
+                    f"train.device={device.type}",
+                    "train.log_every=1",
+                    "train.eval_every=0",
+                    "train.eval_tokens=0",
+                    "train.checkpoint_every=0",
+                ],
+            )
+            run = run_config_from_dict(cfg_dict).resolve()
+            run.data.dir = str(data)
+            print(f"{label} ...", end=" ", flush=True)
+            t0 = time.perf_counter()
+            try:
+                result = train(run, tmp / taper.split(":")[0], resume="never", progress=False)
+            except torch.OutOfMemoryError:
+                clock.notes.append(f"{label}: out of memory at batch {args.batch} x {seq}")
+                print("out of memory", flush=True)
+                continue
+            finally:
+                release(device, compiled=False)
+            losses = [
+                x["loss"]
+                for x in read_metrics(tmp / taper.split(":")[0] / "metrics.jsonl")
+                if "loss" in x
+            ]
+            at = {f"loss@{s}": losses[s - 1] for s in (1, 10, 25, 50) if s <= len(losses)}
+            rows.append(
+                {
+                    "taper": taper,
+                    "steps": result.step,
+                    **at,
+                    "final loss": losses[-1] if losses else None,
+                    "tokens/s": result.tokens_per_s,
+                    "wall_s": time.perf_counter() - t0,
+                    "losses": losses,
+                }
+            )
+            print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return rows
+
+
+def merge_rows(rows: list[dict], more: list[dict], args: argparse.Namespace) -> list[dict]:
+    """MFU rows in the order of --families, --modes, --tapers, each tapered row with its
+    tokens/s ratio to the uniform row of the same family and mode."""
+    key = lambda r: (  # noqa: E731
+        args.families.index(r["family"]),
+        args.modes.index(r["mode"]),
+        args.tapers.index(r["taper"]),
+    )
+    out = sorted(rows + more, key=key)
+    base = {(r["family"], r["mode"]): r["tokens/s"] for r in out if r["taper"] == "uniform"}
+    for r in out:
+        b = base.get((r["family"], r["mode"]))
+        r["vs uniform"] = r["tokens/s"] / b if b else None
+    return out
+
+
+class Clock:
+    """The command's time budget, and the notes of what it skipped."""
+
+    def __init__(self, budget_s: float) -> None:
+        self.budget_s, self.start, self.notes = budget_s, time.perf_counter(), []
+
+    def spent(self, label: str) -> bool:
+        if time.perf_counter() - self.start > self.budget_s:
+            self.notes.append(f"{label}: skipped (time budget {self.budget_s:.0f}s spent)")
+            return True
+        return False
+
+
+def release(device: torch.device, compiled: bool) -> None:
+    gc.collect()
     if device.type == "cuda":
-        cols.append("peak_GiB")
-    if rows:
-        # Tapered/uniform ratio of tokens/s beside each tapered row (same family and mode).
-        base = {(r["family"], r["mode"]): r["tokens/s"] for r in rows if r["taper"] == "uniform"}
-        for r in rows:
-            b = base.get((r["family"], r["mode"]))
-            r["vs uniform"] = r["tokens/s"] / b if b else None
-        print(table(rows, [*cols, "vs uniform"]))
-    for n in notes:
+        torch.cuda.empty_cache()
+    if compiled:
+        torch._dynamo.reset()
+
+
+SECTIONS = ("mfu", "memory", "taper")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    add_gpu_benchmark_arguments(p)
+    p.set_defaults(budget_s=450.0)
+    p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
+    p.add_argument("--families", nargs="+", default=["transformer", "titans-mag"], choices=FAMILIES)
+    p.add_argument("--tapers", nargs="+", default=["cosine"])
+    p.add_argument("--modes", nargs="+", default=["compile", "eager"], choices=["eager", "compile"])
+    p.add_argument("--taper-steps", type=int, default=50, help="steps of the taper section")
+    p.add_argument("--data", default=None, help="a prepared data dir for the taper section")
+    p.add_argument("--tmp", default=None, help="where checkpoints and the corpus are written")
+    args = p.parse_args(argv)
+    device = gpu_or_smoke(args, "gpu.py")
+    if device is None:
+        return 2
+    if args.smoke:
+        args.taper_steps = min(args.taper_steps, 4)
+    # A compiled block function sees one shape per distinct width (and Dynamo keeps 8 by default).
+    raise_recompile_limit(256)
+    clock = Clock(args.budget_s)
+    sections = {
+        "mfu": mfu_section,
+        "memory": memory_section,
+        "taper": taper_section,
+    }
+    results: dict[str, list[dict]] = {}
+    for name in args.sections:
+        print(f"== {name}", flush=True)
+        results[name] = sections[name](args, device, clock)
+    if "mfu" in args.sections:
+        late = mfu_section(args, device, clock, late=True)
+        results["mfu"] = merge_rows(results["mfu"], late, args)
+    mfu_cols = ["family", "taper", "mode", "params_M", "tokens/s", "step_ms", "mfu_%"]
+    columns = {
+        "mfu": [*mfu_cols, "warmup_s", "peak_GiB", "vs uniform"],
+        "memory": ["preset", "batch", "seq", "planned_GiB", "peak_GiB", "peak / planned",
+                   "dcp_save_s", "dcp_load_s", "dcp_GB"],
+        "taper": ["taper", "steps", "loss@1", "loss@10", "loss@25", "loss@50", "final loss",
+                  "tokens/s", "wall_s"],
+    }  # fmt: skip
+    for name, rows in results.items():
+        if rows:
+            cols = [c for c in columns[name] if any(c in r for r in rows)]
+            print(f"\n{name}:\n{table(rows, cols)}")
+    for n in clock.notes:
         print(n)
     result = {
         "benchmark": "gpu",
         "machine": machine_info(),
         "device": str(device),
-        "peak_flops": peak,
+        "peak_flops": peak_flops(device, args.peak_tflops),
         "batch": args.batch,
         "seq": args.seq,
         "multiple_of": args.multiple_of,
         "warmup": args.warmup,
         "steps": args.steps,
-        "rows": rows,
-        "notes": notes,
-        "elapsed_s": time.perf_counter() - start,
+        "rows": results.get("mfu", []),
+        "memory": results.get("memory", []),
+        "taper": results.get("taper", []),
+        "notes": clock.notes,
+        "elapsed_s": time.perf_counter() - clock.start,
     }
     print(f"wrote {write_json('gpu_smoke' if args.smoke else 'gpu', result, args.json)}")
     return 0

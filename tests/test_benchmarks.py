@@ -5,6 +5,7 @@ the plain PyTorch ops compute. No timing asserts."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -129,15 +130,44 @@ def test_step_guard_smoke(tmp_path):
     assert row["ratio (cpu)"] > 0
 
 
-def test_gpu_smoke(bench_module, tmp_path):
+def test_gpu_smoke(tmp_path):
+    """benchmarks/gpu.py --smoke, every section: MFU rows (compile for the first family), the
+    planner's figure and a DCP save + load under FSDP2, and uniform vs cosine through the
+    trainer. A subprocess: the memory section makes a process group."""
+    import subprocess
+
     out = tmp_path / "r.json"
-    argv = ["--smoke", "--families", "transformer", "gated", "--json", str(out)]
-    assert bench_module["gpu"].main(argv) == 0
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "gpu.py"),
+            "--smoke",
+            "--json",
+            str(out),
+            "--tmp",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads(out.read_text())
-    seen = {(r["family"], r["taper"], r["mode"]) for r in data["rows"]}
-    assert ("transformer", "cosine", "compile") in seen
-    assert ("gated", "uniform", "eager") in seen
+    seen = [(r["family"], r["taper"], r["mode"]) for r in data["rows"]]
+    assert seen == [
+        ("transformer", "cosine", "compile"),
+        ("transformer", "cosine", "eager"),
+        ("titans-mag", "cosine", "eager"),
+    ]
     assert all(r["flops_per_token"] > 0 and r["tokens/s"] > 0 for r in data["rows"])
+    (mem,) = data["memory"]
+    assert mem["planned_GiB"] > 0 and mem["dcp_save_s"] > 0 and mem["dcp_load_s"] > 0
+    assert [t["taper"] for t in data["taper"]] == ["uniform", "cosine:1.5:0.5"]
+    for t in data["taper"]:
+        assert t["steps"] == 4 and len(t["losses"]) == 4
+        assert all(math.isfinite(x) for x in t["losses"])
+    assert data["notes"] == [] and not list(tmp_path.glob("taperlm-gpu-*"))  # cleaned up
 
 
 def test_families_smoke(tmp_path):
@@ -365,3 +395,82 @@ def test_kv_decode_smoke(tmp_path):
     rows = {(r["context"], r["allocation"]): r for r in data["rows"]}
     assert rows[(32, "halved")]["kv heads"] == "2/2/2/2/2/2"
     assert rows[(32, "halved")]["cache MiB fp32"] * 2 == rows[(32, "uniform")]["cache MiB fp32"]
+
+
+# ---------------------------------------------------------------------------------------------
+# op counts (benchmarks/op_count.py)
+
+
+def _op_count():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import op_count
+    finally:
+        sys.path.remove(str(BENCH))
+    return op_count
+
+
+class _Event:
+    """The part of a torch.profiler event that op_count reads."""
+
+    def __init__(self, name: str, *children: _Event) -> None:
+        self.name, self.cpu_children, self.cpu_parent = name, list(children), None
+        for c in children:
+            c.cpu_parent = self
+
+
+def test_count_kernels_counts_the_ops_that_do_work():
+    """Views, allocations and host reads count nothing; an op counts once whether it does the
+    work itself (mm, which calls resolve_conj) or through its callees (linear -> t + mm, to ->
+    _to_copy -> empty + copy_); a multi-tensor op counts once; generated kernels count."""
+    E = _Event
+    events = [
+        E("aten::linear", E("aten::t", E("aten::transpose", E("aten::as_strided"))),
+          E("aten::matmul", E("aten::mm", E("aten::resolve_conj")))),
+        E("aten::view"),
+        E("aten::to", E("aten::_to_copy", E("aten::empty_strided"), E("aten::copy_"))),
+        E("aten::empty"),
+        E("aten::_local_scalar_dense"),
+        E("Optimizer.step#AdamW.step", E("aten::_fused_adamw_", E("aten::add"), E("aten::mul"))),
+        E("CompiledFunction", E("graph_0_cpp_fused_add_mul_0"), E("aten::bmm")),
+        E("autograd::engine::evaluate_function: MulBackward0", E("MulBackward0", E("aten::mul"))),
+        E("detach"),
+    ]  # fmt: skip
+    flat = []
+    stack = list(events)
+    while stack:
+        e = stack.pop()
+        flat.append(e)
+        stack.extend(e.cpu_children)
+    total, names = _op_count().count_kernels(flat)
+    assert names == {
+        "aten::mm": 1,
+        "aten::copy_": 1,
+        "aten::_fused_adamw_": 1,
+        "generated kernel": 1,
+        "aten::bmm": 1,
+        "aten::mul": 1,
+    }
+    assert total == 6
+
+
+def test_op_count_smoke(tmp_path):
+    """benchmarks/op_count.py --smoke (eager): kernels and dispatched ATen ops of one training
+    step of transformer-tiny; views make the ATen count larger."""
+    out = tmp_path / "ops.json"
+    assert _op_count().main(["--smoke", "--modes", "eager", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert (row["family"], row["shape"], row["mode"]) == ("transformer", "tiny", "eager")
+    assert 0 < row["kernels"] < row["aten ops"] and row["vs transformer"] == 1.0
+    assert row["top"]["aten::mm"] > 0
+
+
+@pytest.mark.slow
+def test_op_count_compiled(tmp_path):
+    """The compiled count: Inductor's generated kernels are seen, and they are fewer ops than
+    eager's."""
+    out = tmp_path / "ops.json"
+    assert _op_count().main(["--smoke", "--json", str(out)]) == 0
+    eager, compiled = json.loads(out.read_text())["rows"]
+    assert compiled["mode"] == "compile" and compiled["top"].get("generated kernel", 0) > 0
+    assert compiled["kernels"] < eager["kernels"]

@@ -266,3 +266,25 @@ def test_memory_math_is_fp32_under_autocast(monkeypatch) -> None:
     assert seen and all(d == torch.float32 for d in seen)
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
     torch.testing.assert_close(out.float(), ref, rtol=0.1, atol=0.05)
+
+
+def test_dynamo_traces_the_recurrence_without_graph_breaks() -> None:
+    """Under train.compile the memory's chunk recurrence (its autograd function, forward and
+    hand-written backward) is one graph with the model around it: a graph break there (e.g. an
+    `out=` into a non-contiguous view, which Dynamo cannot trace) would run the recurrence's
+    thousands of small ops eagerly inside the compiled model."""
+    import torch._dynamo
+
+    from conftest import tiny_config
+    from taperlm.models import TaperedLM
+
+    torch.manual_seed(0)
+    model = TaperedLM(tiny_config(preset="titans-mag-tiny", n_layers=1, chunk_size=4))
+    x = torch.randint(0, 64, (1, 13))
+    torch._dynamo.reset()
+    try:
+        report = torch._dynamo.explain(model)(x[:, :-1], targets=x[:, 1:])
+    finally:
+        torch._dynamo.reset()
+    assert report.graph_break_count == 0, [str(b.reason)[:200] for b in report.break_reasons]
+    assert report.graph_count == 1

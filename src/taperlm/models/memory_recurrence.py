@@ -382,18 +382,14 @@ def _recurrence_backward(rows, v, cn, carry, s_to_m, decay, kept, dreads, dstate
     C = R - r
     chunks = _Chunks(rows, v, cn, carry, s_to_m, decay, r, tau, [w[0] for w in kept[:L]])
     scales, k_sq = chunks.scales, chunks.k_sq
-    # (dS, dW) of the state after the chunk being processed, and after the one before it
-    G = [[x.new_empty(N, 2, *x.shape[2:]) for x in kept[:L]] for _ in range(2)]
-    for j in range(L):
-        for i, g in ((0, dstate[L + j]), (1, dstate[j])):
-            if g is None:
-                G[(n - 1) % 2][j][:, i].zero_()
-            else:
-                G[(n - 1) % 2][j][:, i].copy_(g)
-    drows, dv, dcn = torch.empty_like(rows), torch.empty_like(v), torch.empty_like(cn)
-    dcarry, ds_to_m, ddecay = (torch.empty_like(x) for x in (carry, s_to_m, decay))
-    dW0 = [torch.empty_like(w[0]) for w in kept[:L]]
-    dS0 = [torch.empty_like(s[0]) for s in kept[L:]]
+    # gg[j]: (dS, dW) of the state after the chunk being processed, [N, 2, in, out]. Written
+    # without `out=` into views, so Dynamo traces this backward whole (no graph break).
+    gg = [
+        torch.stack([torch.zeros_like(w[0]) if g is None else g for g in (dS, dW)], 1)
+        for w, dS, dW in zip(kept[:L], dstate[L:], dstate[:L])
+    ]
+    # per-chunk gradients, collected in reverse and stacked once at the end
+    drows, dv, dcn, dcarry, ds_to_m, ddecay = [], [], [], [], [], []
     group: list = []
     for c in range(n - 1, -1, -1):
         if not group:  # recompute the start states of the chunks of c's checkpoint group
@@ -405,7 +401,6 @@ def _recurrence_backward(rows, v, cn, carry, s_to_m, decay, kept, dreads, dstate
                 group.append(nxt)
         state = group.pop()
         W, S = state[:L], state[L:]
-        gg = G[c % 2]  # [N, 2, in, out]: (dS', dW') of this chunk's output state
         A, Z, U, D = _chunk_activations(W, scales, rows[c], v[c], r)  # recomputed
         Ak = [a[:, r:] for a in A]
         cf = cn[c]
@@ -429,7 +424,7 @@ def _recurrence_backward(rows, v, cn, carry, s_to_m, decay, kept, dreads, dstate
                 cb = cb * scales[j]
             cbar = cb if cbar is None else cbar + cb
         if tau is not None:
-            torch.mul(cbar, f.unsqueeze(-1), out=dcn[c])
+            dcn.append(cbar * f.unsqueeze(-1))
             clipped = sq > 0.25 * tau * tau  # f = tau/2 rsqrt(sq) there: df/dsq = -f / (2 sq)
             dsq = torch.where(clipped, (cbar * cn[c]).sum(-1) * f / sq.clamp_min(1e-30), 0.0)
             for j in range(L):
@@ -437,7 +432,7 @@ def _recurrence_backward(rows, v, cn, carry, s_to_m, decay, kept, dreads, dstate
                 dd[j] = torch.addcmul(dd[j], (w2 * qa[j]).unsqueeze(-1), D[j])
                 da[j] = torch.addcmul(da[j], (w2 * qd[j]).unsqueeze(-1), Ak[j])
         else:
-            dcn[c].copy_(cbar)
+            dcn.append(cbar)
         # -- the update: S' = carry S + G0, W' = decay W + s_to_m S + G1
         dW = [gg[j][:, 1] * decay[c] for j in range(L)]
         dz_err: list = [None] * L
@@ -450,31 +445,31 @@ def _recurrence_backward(rows, v, cn, carry, s_to_m, decay, kept, dreads, dstate
                 du.mul_(scales[j])
             dd[j] = torch.baddbmm(dd[j], du, W[j])
             dW[j] = torch.baddbmm(dW[j], du.transpose(1, 2), D[j])
-        torch.neg(dd[L - 1], out=dv[c])
+        dv.append(-dd[L - 1])
         # -- the memory MLP over the read and key rows: d z_{L-1} = (d reads, d d_{L-1})
         dz = dd[L - 1]
         if r:
             dz = torch.cat((dreads[c] if dreads is not None else dz.new_zeros(N, r, dm), dz), 1)
         for j in range(L - 1, -1, -1):
             dW[j] = torch.baddbmm(dW[j], A[j].transpose(1, 2), dz, alpha=scales[j])
-            out = drows[c] if j == 0 else None
-            dx = torch.bmm(dz, W[j].transpose(1, 2), out=out)
+            dx = torch.bmm(dz, W[j].transpose(1, 2))
             if scales[j] != 1.0:
                 dx.mul_(scales[j])
             dx[:, r:] += da[j]
             if j > 0:
                 dz = torch.ops.aten.silu_backward(dx, Z[j - 1])
                 dz[:, r:] += dz_err[j - 1]
+        drows.append(dx)
         # -- gradients of carry, s_to_m, decay and of the state at the chunk start
         dot = lambda x, y: torch.linalg.vecdot(x.flatten(1), y.flatten(1))  # noqa: E731
-        dcarry[c] = sum(dot(gg[j][:, 0], S[j]) for j in range(L)).view(N, 1, 1)
-        ds_to_m[c] = sum(dot(gg[j][:, 1], S[j]) for j in range(L)).view(N, 1, 1)
-        ddecay[c] = sum(dot(gg[j][:, 1], W[j]) for j in range(L)).view(N, 1, 1)
-        for j in range(L):
-            dS_start = G[(c - 1) % 2][j][:, 0] if c else dS0[j]
-            torch.addcmul(gg[j][:, 1] * s_to_m[c], gg[j][:, 0], carry[c], out=dS_start)
-            (G[(c - 1) % 2][j][:, 1] if c else dW0[j]).copy_(dW[j])
-    return (drows, dv, dcn, dcarry, ds_to_m, ddecay, None, None, None, *dW0, *dS0)
+        dcarry.append(sum(dot(gg[j][:, 0], S[j]) for j in range(L)).view(N, 1, 1))
+        ds_to_m.append(sum(dot(gg[j][:, 1], S[j]) for j in range(L)).view(N, 1, 1))
+        ddecay.append(sum(dot(gg[j][:, 1], W[j]) for j in range(L)).view(N, 1, 1))
+        dS = [torch.addcmul(gg[j][:, 1] * s_to_m[c], gg[j][:, 0], carry[c]) for j in range(L)]
+        if c:
+            gg = [torch.stack((a, b), 1) for a, b in zip(dS, dW)]
+    grads = (torch.stack(x[::-1]) for x in (drows, dv, dcn, dcarry, ds_to_m, ddecay))
+    return (*grads, None, None, None, *dW, *dS)
 
 
 def _recurrence_no_grad(
