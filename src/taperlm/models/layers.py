@@ -55,8 +55,11 @@ class Rotary(nn.Module):
         freqs = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
-        if freqs.device.type != "meta" and not bool(torch.isfinite(self.cos).all()):
-            # Every loss would be NaN, and the divergence stop would blame the learning rate.
+        # Every loss would be NaN, and the divergence stop would blame the learning rate. Checked
+        # eagerly (the build in __init__ covers the context length); a table grown inside a
+        # compiled forward is not checked: the check reads a tensor, a graph break per call.
+        checkable = freqs.device.type != "meta" and not torch.compiler.is_compiling()
+        if checkable and not bool(torch.isfinite(self.cos).all()):
             raise ConfigError(
                 f"model.rope_theta = {self.theta!r} gives non-finite RoPE tables (head dim "
                 f"{2 * self.inv_freq.numel()}, {length} positions in fp32); use a base such as "
