@@ -211,24 +211,32 @@ class ModelConfig:
             )
         fam.validate(self)
 
+    def _check_head_spec(
+        self, fam: Any, key: str, parse: Any, resolved: Any, noun: str, example: str
+    ) -> None:
+        """A head or KV taper (`model.KEY`) parses, is not a novelty allocation (rho_mlp measures
+        the MLP), and tapers only a family with attention."""
+        try:
+            spec = parse()
+        except TaperError as err:
+            raise ConfigError(f"model.{key}: {err}") from None
+        if spec.schedule == "novelty":
+            raise ConfigError(
+                f"model.{key}: novelty allocations act on MLP widths (rho_mlp measures the "
+                f"MLP); give the {noun} a schedule such as {example}"
+            )
+        if (not spec.is_uniform or resolved is not None) and not fam.attention:
+            raise ConfigError(
+                f"model.{key}: the {self.family} family has no attention {noun} to taper; "
+                f"use {key}: uniform"
+            )
+
     def _validate_heads(self, fam: Any) -> None:
         """The head taper parses, and resolved heads are whole KV groups at the same budget
         (their types and ranges are the fields' domains)."""
-        try:
-            spec = self.head_taper_spec()
-        except TaperError as err:
-            raise ConfigError(f"model.head_taper: {err}") from None
-        if spec.schedule == "novelty":
-            raise ConfigError(
-                "model.head_taper: novelty allocations act on MLP widths (rho_mlp measures the "
-                "MLP); give the heads a schedule such as cosine:1.25:0.75"
-            )
-        tapered = not spec.is_uniform or self.layer_heads is not None
-        if tapered and not fam.attention:
-            raise ConfigError(
-                f"model.head_taper: the {self.family} family has no attention heads to taper; "
-                "use head_taper: uniform"
-            )
+        self._check_head_spec(
+            fam, "head_taper", self.head_taper_spec, self.layer_heads, "heads", "cosine:1.25:0.75"
+        )
         heads = self.layer_heads
         if heads is None:
             return
@@ -250,21 +258,14 @@ class ModelConfig:
     def _validate_kv_heads(self, fam: Any) -> None:
         """The KV taper parses, and resolved KV heads divide each layer's query heads and save
         a whole number of MLP width steps."""
-        try:
-            spec = self.kv_taper_spec()
-        except TaperError as err:
-            raise ConfigError(f"model.kv_taper: {err}") from None
-        if spec.schedule == "novelty":
-            raise ConfigError(
-                "model.kv_taper: novelty allocations act on MLP widths (rho_mlp measures the "
-                "MLP); give the KV heads a schedule such as cosine:1.0:0.5 or groups:0.5"
-            )
-        tapered = not spec.is_uniform or self.layer_kv_heads is not None
-        if tapered and not fam.attention:
-            raise ConfigError(
-                f"model.kv_taper: the {self.family} family has no attention KV heads to taper; "
-                "use kv_taper: uniform"
-            )
+        self._check_head_spec(
+            fam,
+            "kv_taper",
+            self.kv_taper_spec,
+            self.layer_kv_heads,
+            "KV heads",
+            "cosine:1.0:0.5 or groups:0.5",
+        )
         kv = self.layer_kv_heads
         if kv is None:
             return
