@@ -102,7 +102,7 @@ def run_row(
 
     from taperlm.models.layers import set_activation_checkpointing
     from taperlm.training import distributed as D
-    from taperlm.training import sharded
+    from taperlm.training.checkpoint import dcp as sharded
     from taperlm.training.meta_init import build_on_meta, materialize
     from taperlm.training.optim import build_optimizer, parameter_periods
 

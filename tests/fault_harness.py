@@ -208,9 +208,9 @@ def install_hooks() -> None:
 
     pause_at = int(os.environ.get(PAUSE_STEP_ENV, "0") or 0)
     if pause_at:
-        from taperlm.training import checkpoint
+        from taperlm.training.checkpoint import store
 
-        real_write = checkpoint._write_state
+        real_write = store._write_state
 
         def write_state(path, state):
             if state.get("step") == pause_at:
@@ -218,7 +218,7 @@ def install_hooks() -> None:
                 time.sleep(60)
             return real_write(path, state)
 
-        checkpoint._write_state = write_state
+        store._write_state = write_state
 
     die_at = int(os.environ.get(DIE_STEP_ENV, "0") or 0)
     die_rank = int(os.environ.get(DIE_RANK_ENV, "1") or 1)
@@ -368,7 +368,7 @@ def metrics(run: Path) -> list[dict[str, Any]]:
 
 def final_weights(run: Path, step: int = TOTAL_STEPS):
     """Full weights of a checkpoint (read from its shards by taperlm's converter)."""
-    from taperlm.training.checkpoint import load_model_state
+    from taperlm.training.checkpoint.store import load_model_state
 
     return load_model_state(run / "checkpoints" / f"step_{step:08d}", verify=False)
 

@@ -19,7 +19,7 @@ import torch
 import fault_harness as H
 from taperlm.cli import COMMANDS, build_parser, subcommand_parser
 from taperlm.cli import main as cli_main
-from taperlm.training import checkpoint as ckpt
+from taperlm.training.checkpoint import store as ckpt
 
 
 def _device_commands() -> list[str]:

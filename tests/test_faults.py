@@ -29,7 +29,7 @@ import torch
 
 import fault_harness as H
 from taperlm.cli import main as cli_main
-from taperlm.training import checkpoint as ckpt
+from taperlm.training.checkpoint import store as ckpt
 from taperlm.training.metrics import read_metrics
 
 

@@ -146,7 +146,7 @@ def test_byte_items_of_shards_are_read_without_pickle_globals(tmp_path):
     from torch.distributed.checkpoint.metadata import MetadataIndex
     from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
-    from taperlm.training import safe_dcp
+    from taperlm.training.checkpoint import safe_load as safe_dcp
 
     marker = tmp_path / "PWNED"
     buf = io.BytesIO()
@@ -175,7 +175,7 @@ def test_byte_items_of_shards_are_read_without_pickle_globals(tmp_path):
 
 def test_metadata_allow_list_covers_a_real_checkpoint(trained):
     """The allow-list admits everything a checkpoint written by this torch holds."""
-    from taperlm.training import safe_dcp
+    from taperlm.training.checkpoint import safe_load as safe_dcp
 
     meta = safe_dcp.read_metadata(_newest(trained))
     assert any(k.startswith("model.") for k in meta.state_dict_metadata)
@@ -255,14 +255,17 @@ def test_tokenizer_folder_code_never_runs(tmp_path, data, capsys):
 
 # (file relative to src/taperlm, pattern name) -> why it cannot run code from a file we read.
 ALLOWED: dict[tuple[str, str], str] = {
-    ("training/safe_dcp.py", "pickle"): "the allow-listed unpickler of DCP .metadata",
-    ("training/safe_dcp.py", "torch.load"): "weights_only=True for DCP byte items",
-    ("training/checkpoint.py", "torch.load"): "state.pt with weights_only=True",
+    ("training/checkpoint/safe_load.py", "pickle"): "the allow-listed unpickler of DCP .metadata",
+    ("training/checkpoint/safe_load.py", "torch.load"): "weights_only=True for DCP byte items",
+    ("training/checkpoint/store.py", "torch.load"): "state.pt with weights_only=True",
     ("compare/workers.py", "pickle"): (
         "an exception passed from our own forked compare worker over a multiprocessing pipe, "
         "never a file"
     ),
-    ("training/safe_dcp.py", "dcp reader"): "SafeReader: FileSystemReader with the allow-list",
+    (
+        "training/checkpoint/safe_load.py",
+        "dcp reader",
+    ): "SafeReader: FileSystemReader with the allow-list",
     ("cli.py", "import_module"): "taperlm.commands.<name> for a fixed table of command names",
     ("cli.py", "importlib"): "(the import of import_module above)",
     ("data/readers.py", "importlib"): "(the import of import_module above)",

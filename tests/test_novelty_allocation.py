@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from checkpoint_helpers import save_checkpoint
 from conftest import tiny_config
 from taperlm import budget
 from taperlm.cli import main
@@ -194,7 +195,6 @@ def test_allocate_measures_a_run_and_keeps_its_config(tmp_path, capsys):
 
     from taperlm.config import DataConfig, save_yaml
     from taperlm.data.tokenizer import train_bpe
-    from taperlm.training import checkpoint as ckpt
 
     text = tmp_path / "text.txt"
     text.write_text("the cat sat on the mat and the dog ran over the hill . " * 40)
@@ -206,7 +206,7 @@ def test_allocate_measures_a_run_and_keeps_its_config(tmp_path, capsys):
     save_yaml(run_cfg, run / "config.yaml")
     torch.manual_seed(0)
     state = TaperedLM(run_cfg.model).state_dict()
-    ckpt.save_checkpoint(run, 1, state, {"tokens": 0}, to_dict(run_cfg), keep=1)
+    save_checkpoint(run, 1, state, {"tokens": 0}, to_dict(run_cfg), keep=1)
     out = tmp_path / "alloc.yaml"
     argv = ["allocate", "--from", str(run), "--data", str(text), "--tokens", "96", "--json"]
     assert main([*argv, "--out", str(out)]) == 0
@@ -235,7 +235,6 @@ def test_allocate_hint_is_a_command_that_runs(tmp_path, capsys, monkeypatch):
     import shlex
 
     from taperlm.config import DataConfig, save_yaml
-    from taperlm.training import checkpoint as ckpt
 
     text = tmp_path / "text.txt"
     text.write_text("the cat sat on the mat and the dog ran over the hill . " * 200)
@@ -246,7 +245,7 @@ def test_allocate_hint_is_a_command_that_runs(tmp_path, capsys, monkeypatch):
     run_cfg = RunConfig(model=model, data=DataConfig(dir=str(data_dir))).resolve()
     run = tmp_path / "pilot"
     save_yaml(run_cfg, run / "config.yaml")
-    ckpt.save_checkpoint(run, 1, TaperedLM(run_cfg.model).state_dict(), {}, to_dict(run_cfg), 1)
+    save_checkpoint(run, 1, TaperedLM(run_cfg.model).state_dict(), {}, to_dict(run_cfg), 1)
     out = tmp_path / "widths.yaml"
     argv = ["allocate", "--from", str(run), "--data", str(text), "--tokens", "64"]
     assert main([*argv, "--out", str(out)]) == 0

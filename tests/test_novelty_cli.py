@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from checkpoint_helpers import save_checkpoint
 from conftest import tiny_config
 from taperlm.cli import main
 from test_novelty import tiny_gpt2
@@ -124,7 +125,6 @@ def test_user_errors(gpt2_dir: Path, text_file: Path, tmp_path: Path, capsys):
 
 
 def test_run_dir(tmp_path: Path, text_file: Path, capsys):
-    ckpt = pytest.importorskip("taperlm.training.checkpoint")
     import torch
 
     from taperlm.config import DataConfig, RunConfig, save_yaml, to_dict
@@ -142,7 +142,7 @@ def test_run_dir(tmp_path: Path, text_file: Path, capsys):
     save_yaml(run_cfg, run / "config.yaml")
     torch.manual_seed(0)
     model = TaperedLM(run_cfg.model)
-    ckpt.save_checkpoint(run, 1, model.state_dict(), {"tokens": 0}, to_dict(run_cfg), keep=1)
+    save_checkpoint(run, 1, model.state_dict(), {"tokens": 0}, to_dict(run_cfg), keep=1)
     assert main(["novelty", str(run), "--data", str(text_file), "--tokens", "96", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["layers_path"] == "blocks" and out["seq_len"] == 32 and out["n_tokens"] == 93
@@ -188,7 +188,6 @@ def test_without_wikitext_a_run_uses_its_validation_split(
     """No --data and no WikiText-2 anywhere (a fresh clone without ../shared): a training run is
     measured on the first tokens of its own validation split, as `taperlm compare` does; a
     model without a run's data still gets the error naming what to pass."""
-    ckpt = pytest.importorskip("taperlm.training.checkpoint")
     import torch
 
     from taperlm.config import DataConfig, RunConfig, save_yaml, to_dict
@@ -208,7 +207,7 @@ def test_without_wikitext_a_run_uses_its_validation_split(
     run = tmp_path / "run"
     save_yaml(run_cfg, run / "config.yaml")
     torch.manual_seed(0)
-    ckpt.save_checkpoint(run, 1, TaperedLM(run_cfg.model).state_dict(), {}, to_dict(run_cfg), 1)
+    save_checkpoint(run, 1, TaperedLM(run_cfg.model).state_dict(), {}, to_dict(run_cfg), 1)
     record_run_data(run, data_dir)
 
     assert main(["novelty", str(run), "--tokens", "64", "--plot", str(tmp_path / "n.png")]) == 0

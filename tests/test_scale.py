@@ -12,11 +12,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from checkpoint_helpers import full_model_state, full_optimizer_state
 from taperlm.errors import ConfigError
+from taperlm.loading import load_run_model
 from taperlm.models import TaperedLM
 from taperlm.models.loss import chunked_cross_entropy
 from taperlm.presets import get_preset
-from taperlm.training import checkpoint as ckpt
+from taperlm.training.checkpoint import store as ckpt
 from taperlm.training.loop import Trainer, train
 from taperlm.training.meta_init import build_on_meta, materialize
 from taperlm.training.optim import param_groups, parameter_periods
@@ -186,8 +188,6 @@ def test_format_1_checkpoint_still_loads_and_resumes(data_dir, tmp_path):  # noq
 
     from safetensors.torch import save_file
 
-    from taperlm.training import distributed as D
-
     ref = tmp_path / "ref"
     train(tiny_config(data_dir), ref, progress=False)
     run = tmp_path / "old"
@@ -196,9 +196,9 @@ def test_format_1_checkpoint_still_loads_and_resumes(data_dir, tmp_path):  # noq
         trainer.fit(progress=False, stop_after=4)
         path = run / "checkpoints" / ckpt.checkpoint_name(4)
         state = ckpt.load_train_state(path)
-        state["optimizer"] = D.full_optimizer_state(trainer.model, trainer.optimizer)
+        state["optimizer"] = full_optimizer_state(trainer.model, trainer.optimizer)
         state["pending_grads"] = {}
-        model_state = D.full_model_state(trainer.model)
+        model_state = full_model_state(trainer.model)
     finally:
         trainer.close()
     for f in path.iterdir():
@@ -211,7 +211,7 @@ def test_format_1_checkpoint_still_loads_and_resumes(data_dir, tmp_path):  # noq
     }
     manifest = {"format_version": 1, "step": 4, "files": files}
     (path / ckpt.MANIFEST_FILE).write_text(json.dumps(manifest))
-    model, _ = ckpt.load_run_model(run)
+    model, _ = load_run_model(run)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in model_state.items())
     train(tiny_config(data_dir), run, progress=False)
     assert losses(run) == losses(ref)

@@ -259,7 +259,8 @@ def test_v01_run_dir_loads_resumes_and_compares(tmp_path):
     `taperlm train --out RUN` continues it, and compare sees no config conflict."""
     from fault_harness import corpus_text
     from taperlm.compare.runner import _check_saved_config
-    from taperlm.training.checkpoint import find_checkpoint, load_run_model
+    from taperlm.loading import load_run_model
+    from taperlm.training.checkpoint.store import find_checkpoint
 
     data = tmp_path / "data"
     (tmp_path / "corpus.txt").write_text(corpus_text(), encoding="utf-8")

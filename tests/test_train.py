@@ -21,11 +21,13 @@ import fault_harness
 from taperlm.cli import main as cli_main
 from taperlm.config import RunConfig, apply_overrides, run_config_from_dict, to_dict
 from taperlm.errors import CheckpointError, ConfigError, DataError
+from taperlm.loading import load_run_model
 from taperlm.presets import get_preset
-from taperlm.training import checkpoint as ckpt
+from taperlm.training.checkpoint import store as ckpt
 from taperlm.training.loop import TrainingError, train
 from taperlm.training.metrics import read_metrics
 from taperlm.training.optim import LRSchedule, param_groups
+from taperlm.training.warning import TrainingWarning
 
 TINY = [
     "model.n_layers=2",
@@ -207,7 +209,7 @@ def test_corrupt_newest_checkpoint_falls_back(data_dir, reference, tmp_path):
     bad.write_bytes(bytes(raw))
     with pytest.raises(CheckpointError, match="corrupted: its sha256 does not match"):
         ckpt.load_checkpoint(bad.parent)
-    with pytest.warns(ckpt.TrainingWarning, match="skipping bad checkpoint"):
+    with pytest.warns(TrainingWarning, match="skipping bad checkpoint"):
         res = train(tiny_config(data_dir), out, progress=False)  # resumes from step 2
     assert res.step == 8
     assert losses(out) == losses(reference)
@@ -347,7 +349,7 @@ def test_update_periods_accumulate_and_step(data_dir, tmp_path, monkeypatch):
     assert torch.equal(w[0], w[1])  # steps 1 and 2: only accumulating
     other = [weights(out, s)["blocks.1.mlp.w_in.weight"] for s in (1, 2)]
     assert not torch.equal(*other)
-    from taperlm.training.sharded import saved_keys
+    from checkpoint_helpers import saved_keys
 
     # the accumulating gradient is checkpointed
     assert f"pending_grads.{key}" in saved_keys(out / "checkpoints" / ckpt.checkpoint_name(2))
@@ -447,12 +449,12 @@ def test_continue_from_run_dir_without_preset(data_dir, tmp_path, capsys):
 
 
 def test_load_run_model(reference, data_dir):
-    model, cfg = ckpt.load_run_model(reference)
+    model, cfg = load_run_model(reference)
     assert cfg.model.mlp_widths == tiny_config(data_dir).model.mlp_widths
     assert_same_weights(model.state_dict(), weights(reference, 8))
-    m4, _ = ckpt.load_run_model(reference, step=4)
+    m4, _ = load_run_model(reference, step=4)
     assert_same_weights(m4.state_dict(), weights(reference, 4))
-    m_dir, _ = ckpt.load_run_model(reference / "checkpoints" / ckpt.checkpoint_name(6))
+    m_dir, _ = load_run_model(reference / "checkpoints" / ckpt.checkpoint_name(6))
     assert_same_weights(m_dir.state_dict(), weights(reference, 6))
     assert not model.training
 
@@ -461,17 +463,17 @@ def test_load_run_model_errors(reference, tmp_path):
     import shutil
 
     with pytest.raises(CheckpointError, match="does not exist"):
-        ckpt.load_run_model(tmp_path / "missing")
+        load_run_model(tmp_path / "missing")
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match=r"config\.yaml is missing"):
-        ckpt.load_run_model(tmp_path / "empty")
+        load_run_model(tmp_path / "empty")
     run = tmp_path / "run"
     run.mkdir()
     shutil.copy(reference / "config.yaml", run / "config.yaml")
     with pytest.raises(CheckpointError, match="no checkpoint yet"):
-        ckpt.load_run_model(run)
+        load_run_model(run)
     with pytest.raises(CheckpointError, match=r"no checkpoint at step 5 \(available steps: 2, 4"):
-        ckpt.load_run_model(reference, step=5)
+        load_run_model(reference, step=5)
     # a config of another shape/family than the checkpoint: the differing keys are named
     other = tmp_path / "other"
     shutil.copytree(reference, other)
@@ -480,7 +482,7 @@ def test_load_run_model_errors(reference, tmp_path):
         text.replace("family: transformer", "family: gated").replace("n_heads: 2", "n_heads: 4")
     )
     with pytest.raises(CheckpointError) as e:
-        ckpt.load_run_model(other)
+        load_run_model(other)
     assert "model.family: 'transformer' (checkpoint) vs 'gated' (config)" in str(e.value)
     assert "model.n_heads" in str(e.value)
 
@@ -514,7 +516,7 @@ def test_compile_failure_warns_and_trains_eagerly(data_dir, tmp_path, monkeypatc
     cfg = tiny_config(data_dir, "train.compile=true", "model.taper=cosine:1.5:0.5")
     n_widths = len(set(cfg.model.mlp_widths))
     assert n_widths == 2
-    with pytest.warns(ckpt.TrainingWarning, match="torch.compile failed"):
+    with pytest.warns(TrainingWarning, match="torch.compile failed"):
         res = train(cfg, tmp_path / "r", progress=False)
     assert res.step == 8
     assert torch._dynamo.config.recompile_limit >= n_widths + 8  # one entry per width + margin

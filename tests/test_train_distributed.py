@@ -24,7 +24,8 @@ import pytest
 import torch
 
 from conftest import torchrun_command
-from taperlm.training import checkpoint as ckpt
+from taperlm.loading import load_run_model
+from taperlm.training.checkpoint import store as ckpt
 from taperlm.training.metrics import read_metrics
 
 pytestmark = pytest.mark.distributed
@@ -161,7 +162,7 @@ def test_fsdp_matches_ddp_and_checkpoint_is_portable(data_dir, ddp_run, tmp_path
     assert max(abs(x - y) for x, y in zip(a, b)) < TOL, (a, b)
     assert _max_weight_diff(ddp_run, out, 6) < TOL
     # full (unsharded) weights: loadable in one process
-    model, cfg = ckpt.load_run_model(out)
+    model, cfg = load_run_model(out)
     assert cfg.train.parallel == "fsdp"
     assert sum(p.numel() for p in model.parameters()) > 0
     assert all(torch.isfinite(p).all() for p in model.parameters())

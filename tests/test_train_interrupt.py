@@ -20,7 +20,7 @@ import pytest
 from conftest import torchrun_command
 from taperlm.cli import main as cli_main
 from taperlm.runlock import holder_of
-from taperlm.training import checkpoint as ckpt
+from taperlm.training.checkpoint import store as ckpt
 from taperlm.training.metrics import read_metrics
 
 SMALL = [

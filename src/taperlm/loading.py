@@ -1,8 +1,8 @@
-"""Load a model with its tokenizer from a training run directory (newest complete checkpoint),
-a checkpoint directory, or a `taperlm export` directory — for eval, export, generate and
-novelty (the one place a run's data dir, and so its tokenizer, is looked up).
+"""Load a model for inference, with its tokenizer, from a training run directory (newest complete
+checkpoint), a checkpoint directory, or a `taperlm export` directory — for eval, export, generate
+and novelty (the one place a run's data dir, and so its tokenizer, is looked up).
 
-Relies on `taperlm.training.checkpoint.load_run_model` and `taperlm.data.tokenizer.load_tokenizer`.
+The checkpoint files are read through `taperlm.training.checkpoint.store`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,22 @@ import json
 from pathlib import Path
 from typing import Any
 
-from taperlm.errors import CheckpointError, DataError
+from safetensors.torch import load_file
+
+from taperlm.config import (
+    ModelConfig,
+    from_dict,
+    load_run_config,
+    run_config_from_dict,
+    to_dict,
+)
+from taperlm.data.identity import run_tokenizer_dir
+from taperlm.data.tokenizer import load_tokenizer
+from taperlm.device import out_of_memory
+from taperlm.errors import CheckpointError, ConfigError, DataError
+from taperlm.models import TaperedLM
+from taperlm.training.checkpoint import store
+from taperlm.training.config_diff import config_differences, format_differences
 
 
 def resolve_data_dir(run_dir: Path, run_config: Any) -> Path | None:
@@ -60,13 +75,6 @@ def is_hf_export(path: Path) -> bool:
 def load_export(path: str | Path, device: str = "cpu"):
     """(TaperedLM, tokenizer, None) from a directory written by `taperlm export` (no transformers
     needed: the config's `taperlm` dict rebuilds the model, safetensors holds the weights)."""
-    from safetensors.torch import load_file
-
-    from taperlm.config import ModelConfig, from_dict
-    from taperlm.data.tokenizer import load_tokenizer
-    from taperlm.errors import ConfigError
-    from taperlm.models import TaperedLM
-
     path = Path(path)
     data = json.loads((path / "config.json").read_text(encoding="utf-8"))
     try:
@@ -92,8 +100,6 @@ def load_export(path: str | Path, device: str = "cpu"):
 
 def load_any(path: str | Path, step: int | None = None, device: str = "cpu"):
     """A training run directory (or checkpoint dir), or a directory from `taperlm export`."""
-    from taperlm.device import out_of_memory
-
     p = Path(path)
     with out_of_memory(
         f"loading the model of {p} onto {device}",
@@ -111,17 +117,8 @@ def load_run(run_dir: str | Path, step: int | None = None, device: str = "cpu"):
         raise CheckpointError(
             f"run directory {run} does not exist; pass the folder `taperlm train` wrote"
         )
-    try:
-        from taperlm.training.checkpoint import load_run_model
-    except ImportError as err:
-        raise CheckpointError(
-            f"cannot load runs: taperlm.training is unavailable ({err})"
-        ) from None
     model, run_config = load_run_model(run, step=step, device=device)
     model.eval()
-    from taperlm.data.identity import run_tokenizer_dir
-    from taperlm.data.tokenizer import load_tokenizer
-
     # The run's own copy of its tokenizer; runs that predate it use their data dir's.
     root = run_root(run)
     source = run_tokenizer_dir(root) or require_data_dir(root, run_config)
@@ -137,8 +134,108 @@ def load_run(run_dir: str | Path, step: int | None = None, device: str = "cpu"):
 def run_root(path: Path) -> Path:
     """The run directory of a path given to eval/generate/...: itself, or RUN for a checkpoint
     directory RUN/checkpoints/step_N."""
-    from taperlm.training.checkpoint import CHECKPOINT_DIR, MANIFEST_FILE
-
-    if (path / MANIFEST_FILE).is_file() and path.parent.name == CHECKPOINT_DIR:
+    if (path / store.MANIFEST_FILE).is_file() and path.parent.name == store.CHECKPOINT_DIR:
         return path.parent.parent
     return path
+
+
+# A reader of a run that is training retries this often when pruning removes its checkpoint.
+_READ_ATTEMPTS = 5
+
+
+def _load_newest(run: Path, step: int | None) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """(checkpoint, model state, manifest) of run `run`'s newest complete checkpoint (or `step`),
+    read consistently while the run trains: a checkpoint pruned between its lookup and its read
+    (a newer one exists by then) is replaced by the newer one."""
+    for _ in range(_READ_ATTEMPTS):
+        listed = store.list_checkpoints(run)
+        found = store.find_checkpoint(run, step)
+        if found is None:
+            why = "none of its checkpoints verifies" if listed else "it has no checkpoint yet"
+            raise CheckpointError(
+                f"run {run} has no usable checkpoint: {why}; train it (`taperlm train --out {run}`)"
+            )
+        try:
+            model_state, _, manifest = store.load_checkpoint(found, verify=False)
+            return found, model_state, manifest
+        except CheckpointError:
+            if found.exists():
+                raise
+            if step is not None:
+                raise CheckpointError(
+                    f"checkpoint {found} was deleted while it was read (the run that is training "
+                    "prunes old checkpoints, train.keep_checkpoints); choose a newer --step"
+                ) from None
+    raise CheckpointError(
+        f"run {run} pruned {_READ_ATTEMPTS} checkpoints in a row while they were read; try again, "
+        "or raise train.keep_checkpoints"
+    )
+
+
+def load_run_model(run_dir: str | Path, step: int | None = None, device: str = "cpu"):
+    """(model, run_config) of a run's newest complete checkpoint (or checkpoint `step`).
+
+    `run_dir` may also be a checkpoint directory itself. The model is built from the resolved
+    config (widths are never recomputed), loaded in fp32 and put in eval mode on `device`.
+    Raises CheckpointError when the run dir is missing, has no usable checkpoint, or the
+    checkpoint does not match the run's config (naming the mismatching keys).
+    """
+    run = Path(run_dir)
+    if not run.exists():
+        raise CheckpointError(
+            f"run directory {run} does not exist; pass the --out directory of a `taperlm train` run"
+        )
+    if (run / store.MANIFEST_FILE).is_file():  # a checkpoint directory
+        ckpt = run
+        manifest = store.verify_checkpoint(ckpt)
+        if step is not None and manifest.get("step") != step:
+            raise CheckpointError(f"checkpoint {ckpt} is step {manifest.get('step')}, not {step}")
+        cfg_path = None
+    else:
+        cfg_path = run / "config.yaml"
+        if not cfg_path.is_file():
+            raise CheckpointError(
+                f"{run} is not a run directory: {cfg_path.name} is missing (expected the --out "
+                "directory of `taperlm train`)"
+            )
+        ckpt, model_state, manifest = _load_newest(run, step)
+    if cfg_path is None:
+        model_state, _, manifest = store.load_checkpoint(ckpt, verify=False)
+    try:
+        if cfg_path is not None:
+            run_config = load_run_config(cfg_path)
+        else:
+            run_config = run_config_from_dict(
+                manifest["run_config"], str(ckpt / store.MANIFEST_FILE)
+            )
+        run_config.resolve()
+        # Read through the config classes, so a manifest in an older layout compares by meaning.
+        saved_model = (manifest.get("run_config") or {}).get("model")
+        if saved_model is not None:
+            saved_model = to_dict(from_dict(ModelConfig, saved_model, "model"))
+    except ConfigError as err:
+        raise CheckpointError(f"cannot rebuild the model of {run}: {err}") from None
+    if saved_model is not None:
+        diffs = config_differences(saved_model, to_dict(run_config.model), "model.")
+        if diffs:
+            raise CheckpointError(
+                f"checkpoint {ckpt} does not match {cfg_path}: "
+                + format_differences(diffs, "checkpoint", "config")
+                + "; load it with the config it was trained with"
+            )
+    model = TaperedLM(run_config.model)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in model_state.items()}
+    bad = [
+        f"{k}: checkpoint {got.get(k)} vs model {expected.get(k)}"
+        for k in sorted(set(expected) | set(got))
+        if expected.get(k) != got.get(k)
+    ]
+    if bad:
+        shown = "; ".join(bad[:8]) + (f"; ... ({len(bad)} in all)" if len(bad) > 8 else "")
+        raise CheckpointError(
+            f"checkpoint {ckpt} does not fit a {run_config.model.family} model of this config "
+            f"(other family or shape): {shown}"
+        )
+    model.load_state_dict(model_state)
+    return model.to(device).eval(), run_config

@@ -82,9 +82,9 @@ def run(args: argparse.Namespace) -> int:
 
     from taperlm.cli import resume_command
     from taperlm.training import distributed as D
-    from taperlm.training.checkpoint import TrainingWarning
     from taperlm.training.interrupt import SignalStop, interrupted_message
     from taperlm.training.loop import train
+    from taperlm.training.warning import TrainingWarning
 
     def show(message, category, filename, lineno, file=None, line=None):  # no source lines
         print(f"taperlm train: warning: {message}", file=sys.stderr)

@@ -186,7 +186,7 @@ def read_result(run_dir: Path) -> dict[str, Any] | None:
 
 def _check_saved_config(run_dir: Path, saved: Any, cell: Cell, what: str) -> None:
     """ConfigError unless the config a cell folder holds trains exactly like the cell's."""
-    from taperlm.training.checkpoint import format_differences
+    from taperlm.training.config_diff import format_differences
     from taperlm.training.loop import resume_conflicts
 
     conflicts = resume_conflicts(saved, cell.config)
@@ -199,7 +199,7 @@ def _check_saved_config(run_dir: Path, saved: Any, cell: Cell, what: str) -> Non
 
 
 def _has_final_checkpoint(run_dir: Path, total_steps: int) -> bool:
-    from taperlm.training.checkpoint import list_checkpoints
+    from taperlm.training.checkpoint.store import list_checkpoints
 
     return any(step >= total_steps for step, _ in list_checkpoints(run_dir))
 
@@ -284,7 +284,7 @@ def _zero_shot(model, shared: SharedInputs, cell: Cell) -> dict[str, Any]:
 def evaluate_cell(cell: Cell, run_dir: Path, shared: SharedInputs) -> dict[str, Any]:
     """Validation loss, zero-shot tasks and novelty of a trained cell (its final checkpoint)."""
     from taperlm.analysis.novelty import measure
-    from taperlm.training.checkpoint import load_run_model
+    from taperlm.loading import load_run_model
     from taperlm.training.validation import validation_loss
 
     # Evaluated where it trained (train.device).
@@ -332,7 +332,7 @@ def cell_state(cell: Cell, run_dir: Path, settings: dict[str, Any]) -> tuple[str
     DataError when it was trained on other data (a data dir re-prepared since)."""
     from taperlm.config import load_run_config
     from taperlm.data.identity import check_run_data
-    from taperlm.training.checkpoint import list_checkpoints
+    from taperlm.training.checkpoint.store import list_checkpoints
 
     data_dir = Path(cell.config.data.dir)
     why = check_run_data(run_dir, data_dir, ("train", "val")) if data_dir.is_dir() else None
@@ -425,7 +425,7 @@ def run_cell(
 
 
 def _run_cell(cell, run_dir, shared, progress, on_step, on_evaluate, jobs):
-    from taperlm.training.checkpoint import list_checkpoints
+    from taperlm.training.checkpoint.store import list_checkpoints
     from taperlm.training.loop import train
 
     settings = shared.settings.to_dict()

@@ -175,25 +175,10 @@ def _full_options(cpu_offload: bool = True, strict: bool = True):
     return StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload, strict=strict)
 
 
-def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Unsharded fp32 weights on CPU, keyed by plain parameter names (collective under FSDP;
-    meaningful on rank 0)."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-    return get_model_state_dict(model, options=_full_options())
-
-
 def load_full_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
     set_model_state_dict(model, state, options=_full_options(cpu_offload=False))
-
-
-def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """Optimizer state keyed by parameter names (portable across DDP/FSDP/world sizes)."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-    return get_optimizer_state_dict(model, optimizer, options=_full_options())
 
 
 def load_optimizer_state(

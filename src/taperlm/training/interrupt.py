@@ -110,7 +110,7 @@ def interrupted_message(
     """What an interrupted run left on disk and where the same command starts: read from the
     run dir, so it is true however the run stopped (`stopped_at`: the step a requested stop
     ended at)."""
-    from taperlm.training.checkpoint import list_checkpoints
+    from taperlm.training.checkpoint.store import list_checkpoints
 
     have = list_checkpoints(run_dir) if run_dir is not None else []
     if not have:

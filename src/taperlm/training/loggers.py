@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from taperlm.io import atomic_write_json
-from taperlm.training.checkpoint import TrainingWarning
+from taperlm.training.warning import TrainingWarning
 
 # The package each logger needs and the extra that installs it.
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}

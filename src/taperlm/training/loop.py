@@ -41,9 +41,11 @@ from taperlm.domains import check_output
 from taperlm.errors import CheckpointError, ConfigError, DataError, RunInUseError, TrainingError
 from taperlm.outdirs import KINDS, check_folder, claim
 from taperlm.runlock import LOCK_FILE, RunLock
-from taperlm.training import checkpoint as ckpt
 from taperlm.training import distributed as D
-from taperlm.training.checkpointer import ShardedCheckpointer
+from taperlm.training.checkpoint import store as ckpt
+from taperlm.training.checkpoint.dcp import load_training_state, training_state
+from taperlm.training.checkpoint.saver import ShardedCheckpointer
+from taperlm.training.config_diff import config_differences, format_differences
 from taperlm.training.guard import StepGuard, first_nonfinite
 from taperlm.training.loggers import Loggers, layer_grad_norms
 from taperlm.training.meta_init import build_on_meta, materialize
@@ -55,8 +57,8 @@ from taperlm.training.optim import (
     parameter_periods,
     set_lr,
 )
-from taperlm.training.sharded import load_training_state, training_state
 from taperlm.training.validation import autocast, uses_bf16, validation_loss
+from taperlm.training.warning import TrainingWarning
 
 RESUME_MODES = ("auto", "never", "must")
 # on_step(completed steps, total steps, loss) -> None | "checkpoint" | "stop"
@@ -157,7 +159,7 @@ def resume_conflicts(
     def as_dict(cfg: RunConfig | dict[str, Any]) -> dict[str, Any]:
         return to_dict(cfg if isinstance(cfg, RunConfig) else run_config_from_dict(cfg))
 
-    diffs = ckpt.config_differences(as_dict(old), as_dict(new))
+    diffs = config_differences(as_dict(old), as_dict(new))
     return [d for d in diffs if d[0] not in RUNTIME_KEYS]
 
 
@@ -199,7 +201,7 @@ def _prepare_run_dir(
         if conflicts:
             raise ConfigError(
                 f"cannot resume {out} with a different config: "
-                + ckpt.format_differences(conflicts, "run", "now")
+                + format_differences(conflicts, "run", "now")
                 + f". Continue it with its own settings (`taperlm train --out {out}`), or train "
                 "into a fresh --out directory"
             )
@@ -323,7 +325,7 @@ def _flops_per_token(run: RunConfig) -> int | None:
 def _warn(msg: str) -> None:
     import warnings
 
-    warnings.warn(msg, ckpt.TrainingWarning, stacklevel=3)
+    warnings.warn(msg, TrainingWarning, stacklevel=3)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -615,7 +617,7 @@ class Trainer:
         }
 
     def save(self, use_async: bool | None = None) -> None:
-        """Checkpoint the current step: every rank writes its shards (sharded.py), rank 0 commits
+        """Checkpoint the current step: every rank writes its shards (checkpoint/dcp.py), rank 0 commits
         (collective; in the background with train.async_checkpoint). Never a state with a
         NaN/inf in it."""
         bad = first_nonfinite(self.model.named_parameters(), self.optimizer, self.info)

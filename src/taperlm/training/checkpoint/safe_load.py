@@ -21,8 +21,9 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from taperlm.errors import CheckpointError
 
@@ -98,8 +99,6 @@ class SafeReader(FileSystemReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:  # per-rank metadata files: taperlm never writes them
             raise CheckpointError(f"{self.path}: per-rank checkpoint metadata is not supported")
-        from torch.distributed.checkpoint.metadata import StorageMeta
-
         meta = read_metadata(Path(self.path))
         if getattr(meta, "storage_meta", None) is None:
             meta.storage_meta = StorageMeta()
@@ -111,8 +110,6 @@ class SafeLoadPlanner(DefaultLoadPlanner):
     """DCP's default load planner, reading non-tensor items with `weights_only=True`."""
 
     def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-        from torch.distributed.checkpoint._traverse import set_element
-
         obj = torch.load(value, weights_only=True)
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)

@@ -1,8 +1,7 @@
 """Sharded checkpoints with `torch.distributed.checkpoint` (DCP): every rank writes and reads only
 its own part of the model, optimizer and accumulating-gradient state.
 
-What a checkpoint directory holds (the atomic commit, manifest and pruning are
-`taperlm.training.checkpoint`'s)::
+What a checkpoint directory holds (the atomic commit, manifest and pruning are `store.py`'s)::
 
     step_00000100/__0_0.distcp, __1_0.distcp, ...   tensor data, one file per rank that owns data
     step_00000100/.metadata                         DCP's index: every tensor's global shape and
@@ -31,9 +30,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed import checkpoint as torch_dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+)
 
-from taperlm.training import safe_dcp
+from taperlm.errors import CheckpointError
+from taperlm.io import sha256_file
+from taperlm.training.checkpoint import safe_load
+from taperlm.training.distributed import load_optimizer_state
 
 MODEL_KEY = "model"
 OPTIMIZER_KEY = "optimizer"
@@ -53,8 +64,6 @@ def _quiet():
 
 
 def _no_dist() -> bool:
-    import torch.distributed as dist
-
     return not (dist.is_available() and dist.is_initialized())
 
 
@@ -67,11 +76,6 @@ def training_state(
 ) -> dict[str, Any]:
     """Model weights, optimizer state and pending gradients as local shards (DTensors under FSDP2,
     plain tensors otherwise), keyed by plain parameter names."""
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
-
     pending = {name: p.grad.detach() for name, p in periodic if p.grad is not None}
     return {
         MODEL_KEY: get_model_state_dict(model),
@@ -84,17 +88,12 @@ def _dcp_load(state: dict[str, Any], path: Path, no_dist: bool) -> None:
     """`dcp.load` of checkpoint `path` into `state` in place, through the safe reader and
     planner. DCP reports a failure as a `CheckpointException`, a BaseException that escapes
     `except Exception`: it becomes a CheckpointError naming its first cause."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    from taperlm.errors import CheckpointError
-
     try:
         with _quiet():
-            dcp.load(
+            torch_dcp.load(
                 state,
-                storage_reader=safe_dcp.reader(path),
-                planner=safe_dcp.planner(),
+                storage_reader=safe_load.reader(path),
+                planner=safe_load.planner(),
                 no_dist=no_dist,
             )
     except CheckpointException as err:
@@ -110,11 +109,6 @@ def _dcp_load(state: dict[str, Any], path: Path, no_dist: bool) -> None:
         ) from None
 
 
-def saved_keys(path: Path) -> set[str]:
-    """The flattened keys a DCP checkpoint holds (reads only its small `.metadata`)."""
-    return set(safe_dcp.read_metadata(path).state_dict_metadata)
-
-
 def _saved_optimizer_params(keys: set[str]) -> set[str]:
     prefix = f"{OPTIMIZER_KEY}.state."
     return {k[len(prefix) : k.rfind(".")] for k in keys if k.startswith(prefix)}
@@ -128,15 +122,7 @@ def load_training_state(
 ) -> None:
     """Load weights, optimizer state and pending gradients of checkpoint `path` into this rank's
     (possibly sharded) model and optimizer. Every rank reads only the pieces it holds."""
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_optimizer_state_dict,
-        set_model_state_dict,
-    )
-
-    from taperlm.training.distributed import load_optimizer_state
-
-    meta = safe_dcp.read_metadata(path).state_dict_metadata
+    meta = safe_load.read_metadata(path).state_dict_metadata
     keys = set(meta)
     model_state = get_model_state_dict(model)
     bad = [
@@ -166,9 +152,7 @@ def load_training_state(
 def load_model_state(path: Path) -> dict[str, torch.Tensor]:
     """Full (unsharded) model weights of checkpoint `path` in one process, on CPU; reads only the
     model's byte ranges of the shards (not the optimizer state)."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    meta = safe_dcp.read_metadata(path).state_dict_metadata
+    meta = safe_load.read_metadata(path).state_dict_metadata
     prefix = f"{MODEL_KEY}."
     template = {
         k[len(prefix) :]: torch.empty(tuple(v.size), dtype=v.properties.dtype)
@@ -193,23 +177,20 @@ def write_shards(
     `use_async`: stage a CPU copy, then write in a background thread (DCP `async_save`, on
     `process_group`, which must not be the one training uses); the caller keeps training and
     commits the checkpoint once every rank's future is done."""
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-
-    writer = dcp.FileSystemWriter(str(tmp), sync_files=True)
+    writer = torch_dcp.FileSystemWriter(str(tmp), sync_files=True)
     no_dist = _no_dist()
     rank = 0 if no_dist else dist.get_rank()
     world = 1 if no_dist else dist.get_world_size()
     if not use_async:
         with _quiet():
-            meta = dcp.save(
+            meta = torch_dcp.save(
                 state, storage_writer=writer, process_group=process_group, no_dist=no_dist
             )
         done: Future = Future()
         done.set_result(own_files(meta, rank, world))
         return done
     with _quiet():
-        upload = dcp.async_save(
+        upload = torch_dcp.async_save(
             state, storage_writer=writer, process_group=process_group, no_dist=no_dist
         )
     upload = getattr(upload, "upload_completion", upload)
@@ -239,8 +220,6 @@ def own_files(metadata: Any, rank: int, world: int) -> list[str]:
 
 def hash_files(root: Path, names: Iterable[str]) -> dict[str, dict[str, Any]]:
     """{name: {"sha256", "bytes"}} of files under `root` (each read once)."""
-    from taperlm.io import sha256_file
-
     return {n: {"sha256": sha256_file(root / n), "bytes": (root / n).stat().st_size} for n in names}
 
 

@@ -1,4 +1,6 @@
-"""Atomic, verifiable checkpoints and loading a trained model back.
+"""A checkpoint directory on disk: its layout, atomic commit, manifest, verification, lookup,
+pruning and reading (the tensors inside are `dcp.py`'s; loading a model for inference is
+`taperlm.loading`'s).
 
 Layout of a run directory::
 
@@ -6,7 +8,7 @@ Layout of a run directory::
     RUN/metrics.jsonl                     one JSON object per log / eval step
     RUN/checkpoints/step_00000100/        one complete checkpoint
         __0_0.distcp, __1_0.distcp, ...   model, optimizer and pending-gradient shards, one file
-                                          per rank (torch.distributed.checkpoint; see sharded.py)
+                                          per rank (torch.distributed.checkpoint; see dcp.py)
         .metadata                         DCP's index of those shards
         state.pt                          LR schedule, step, tokens, data position, RNG
         manifest.json                     sha256 + size of every file, step, the run config
@@ -19,7 +21,7 @@ temp dir that is ignored and cleaned up later. Loading verifies sizes and hashes
 bit flips are detected; the hashing can be split over ranks (`part`), so no rank reads every shard.
 
 Checkpoints of format version 1 (one `model.safetensors` with full weights, the optimizer inside
-`state.pt`) are still read by `load_run_model`, `load_model_state` and resume.
+`state.pt`) are still read by `taperlm.loading.load_run_model`, `load_model_state` and resume.
 """
 
 from __future__ import annotations
@@ -32,9 +34,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import load_file
+
 from taperlm.errors import CheckpointError
-from taperlm.io import atomic_write_text, fsync_dir, replace_dir, sha256_file
+from taperlm.io import atomic_write_text, fsync_dir, os_error_cause, replace_dir, sha256_file
 from taperlm.runlock import pid_alive
+from taperlm.training.checkpoint import dcp
+from taperlm.training.warning import TrainingWarning
 
 CHECKPOINT_DIR = "checkpoints"
 MODEL_FILE = "model.safetensors"  # format version 1 only
@@ -44,10 +51,6 @@ LATEST_FILE = "latest"
 FORMAT_VERSION = 2  # 1: full model.safetensors + state.pt; 2: DCP shards + state.pt
 _PREFIX = "step_"
 _TMP_PREFIX = ".tmp-"
-
-
-class TrainingWarning(UserWarning):
-    """Something the user should know that did not stop the run (checkpoint fallback, compile)."""
 
 
 def checkpoint_name(step: int) -> str:
@@ -84,8 +87,6 @@ def _fsync_file(path: Path) -> None:
 
 
 def _write_state(path: Path, state: dict[str, Any]) -> None:
-    import torch
-
     torch.save(state, path)
 
 
@@ -95,12 +96,10 @@ def temp_checkpoint_dir(run_dir: str | Path, step: int, tag: int | None = None) 
     return checkpoints_dir(run_dir) / f"{_TMP_PREFIX}{checkpoint_name(step)}-{tag}"
 
 
-def _write_error(run_dir: str | Path, step: int, err: OSError) -> CheckpointError:
+def write_error(run_dir: str | Path, step: int, err: OSError) -> CheckpointError:
     final = checkpoints_dir(run_dir) / checkpoint_name(step)
     good = [p.name for _, p in list_checkpoints(run_dir) if p != final]
     prev = f"the previous checkpoint {good[-1]} is intact" if good else "no earlier checkpoint"
-    from taperlm.io import os_error_cause
-
     where = Path(err.filename) if err.filename else checkpoints_dir(run_dir) / "x"
     return CheckpointError(
         f"could not write checkpoint {final}: {err.strerror or err} "
@@ -119,7 +118,7 @@ def begin_checkpoint(run_dir: str | Path, step: int, tag: int | None = None) -> 
         tmp.mkdir()
     except OSError as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise _write_error(run_dir, step, err) from None
+        raise write_error(run_dir, step, err) from None
     return tmp
 
 
@@ -170,31 +169,9 @@ def commit_checkpoint(
         atomic_write_text(root / LATEST_FILE, final.name + "\n", fsync=True)
     except OSError as err:
         abort_checkpoint(tmp)
-        raise _write_error(run_dir, step, err) from None
+        raise write_error(run_dir, step, err) from None
     prune_checkpoints(run_dir, keep)
     return final
-
-
-def save_checkpoint(
-    run_dir: str | Path,
-    step: int,
-    model_state: dict[str, Any],
-    train_state: dict[str, Any],
-    run_config: dict[str, Any],
-    keep: int,
-) -> Path:
-    """Write a checkpoint of full weights from one process (e.g. a converted or hand-made model):
-    the same layout as a training checkpoint, without optimizer state."""
-    from taperlm.training import sharded
-
-    tmp = begin_checkpoint(run_dir, step)
-    try:
-        written = sharded.write_shards(tmp, {sharded.MODEL_KEY: model_state}).result()
-        files = sharded.hash_files(tmp, written)
-    except OSError as err:
-        abort_checkpoint(tmp)
-        raise _write_error(run_dir, step, err) from None
-    return commit_checkpoint(run_dir, step, tmp, files, train_state, run_config, keep)
 
 
 def _temp_owner(name: str) -> int | None:
@@ -367,12 +344,8 @@ def load_model_state(path: str | Path, verify: bool = True) -> dict[str, Any]:
     manifest = verify_checkpoint(path) if verify else read_manifest(path)
     try:
         if not is_sharded(manifest):
-            from safetensors.torch import load_file
-
             return load_file(str(path / MODEL_FILE), device="cpu")
-        from taperlm.training import sharded
-
-        return sharded.load_model_state(path)
+        return dcp.load_model_state(path)
     except Exception as err:  # safetensors / DCP raise their own error types on bad files
         raise CheckpointError(
             f"checkpoint {path}: the model weights cannot be read ({type(err).__name__}: "
@@ -383,8 +356,6 @@ def load_model_state(path: str | Path, verify: bool = True) -> dict[str, Any]:
 
 def load_train_state(path: str | Path) -> dict[str, Any]:
     """The small non-tensor state (`state.pt`) of a checkpoint ({} if absent)."""
-    import torch
-
     path = Path(path)
     if not (path / STATE_FILE).is_file():
         return {}
@@ -401,134 +372,3 @@ def load_checkpoint(path: str | Path, verify: bool = True) -> tuple[dict, dict, 
     path = Path(path)
     manifest = verify_checkpoint(path) if verify else read_manifest(path)
     return load_model_state(path, verify=False), load_train_state(path), manifest
-
-
-# ----------------------------------------------------------------------------------------------
-# the public loader used by eval / export / generate / novelty
-
-
-def config_differences(a: dict, b: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
-    """(dotted key, a's value, b's value) for every leaf that differs between two config dicts."""
-    out: list[tuple[str, Any, Any]] = []
-    for key in sorted(set(a) | set(b)):
-        va, vb = a.get(key), b.get(key)
-        path = f"{prefix}{key}"
-        if isinstance(va, dict) and isinstance(vb, dict):
-            out.extend(config_differences(va, vb, path + "."))
-        elif va != vb:
-            out.append((path, va, vb))
-    return out
-
-
-def format_differences(diffs: list[tuple[str, Any, Any]], a_name: str, b_name: str) -> str:
-    return "; ".join(f"{k}: {va!r} ({a_name}) vs {vb!r} ({b_name})" for k, va, vb in diffs)
-
-
-# A reader of a run that is training retries this often when pruning removes its checkpoint.
-_READ_ATTEMPTS = 5
-
-
-def _load_newest(run: Path, step: int | None) -> tuple[Path, dict[str, Any], dict[str, Any]]:
-    """(checkpoint, model state, manifest) of run `run`'s newest complete checkpoint (or `step`),
-    read consistently while the run trains: a checkpoint pruned between its lookup and its read
-    (a newer one exists by then) is replaced by the newer one."""
-    for _ in range(_READ_ATTEMPTS):
-        listed = list_checkpoints(run)
-        found = find_checkpoint(run, step)
-        if found is None:
-            why = "none of its checkpoints verifies" if listed else "it has no checkpoint yet"
-            raise CheckpointError(
-                f"run {run} has no usable checkpoint: {why}; train it (`taperlm train --out {run}`)"
-            )
-        try:
-            model_state, _, manifest = load_checkpoint(found, verify=False)
-            return found, model_state, manifest
-        except CheckpointError:
-            if found.exists():
-                raise
-            if step is not None:
-                raise CheckpointError(
-                    f"checkpoint {found} was deleted while it was read (the run that is training "
-                    "prunes old checkpoints, train.keep_checkpoints); choose a newer --step"
-                ) from None
-    raise CheckpointError(
-        f"run {run} pruned {_READ_ATTEMPTS} checkpoints in a row while they were read; try again, "
-        "or raise train.keep_checkpoints"
-    )
-
-
-def load_run_model(run_dir: str | Path, step: int | None = None, device: str = "cpu"):
-    """(model, run_config) of a run's newest complete checkpoint (or checkpoint `step`).
-
-    `run_dir` may also be a checkpoint directory itself. The model is built from the resolved
-    config (widths are never recomputed), loaded in fp32 and put in eval mode on `device`.
-    Raises CheckpointError when the run dir is missing, has no usable checkpoint, or the
-    checkpoint does not match the run's config (naming the mismatching keys).
-    """
-    from taperlm.config import (
-        ModelConfig,
-        from_dict,
-        load_run_config,
-        run_config_from_dict,
-        to_dict,
-    )
-    from taperlm.errors import ConfigError
-    from taperlm.models import TaperedLM
-
-    run = Path(run_dir)
-    if not run.exists():
-        raise CheckpointError(
-            f"run directory {run} does not exist; pass the --out directory of a `taperlm train` run"
-        )
-    if (run / MANIFEST_FILE).is_file():  # a checkpoint directory
-        ckpt = run
-        manifest = verify_checkpoint(ckpt)
-        if step is not None and manifest.get("step") != step:
-            raise CheckpointError(f"checkpoint {ckpt} is step {manifest.get('step')}, not {step}")
-        cfg_path = None
-    else:
-        cfg_path = run / "config.yaml"
-        if not cfg_path.is_file():
-            raise CheckpointError(
-                f"{run} is not a run directory: {cfg_path.name} is missing (expected the --out "
-                "directory of `taperlm train`)"
-            )
-        ckpt, model_state, manifest = _load_newest(run, step)
-    if cfg_path is None:
-        model_state, _, manifest = load_checkpoint(ckpt, verify=False)
-    try:
-        if cfg_path is not None:
-            run_config = load_run_config(cfg_path)
-        else:
-            run_config = run_config_from_dict(manifest["run_config"], str(ckpt / MANIFEST_FILE))
-        run_config.resolve()
-        # Read through the config classes, so a manifest in an older layout compares by meaning.
-        saved_model = (manifest.get("run_config") or {}).get("model")
-        if saved_model is not None:
-            saved_model = to_dict(from_dict(ModelConfig, saved_model, "model"))
-    except ConfigError as err:
-        raise CheckpointError(f"cannot rebuild the model of {run}: {err}") from None
-    if saved_model is not None:
-        diffs = config_differences(saved_model, to_dict(run_config.model), "model.")
-        if diffs:
-            raise CheckpointError(
-                f"checkpoint {ckpt} does not match {cfg_path}: "
-                + format_differences(diffs, "checkpoint", "config")
-                + "; load it with the config it was trained with"
-            )
-    model = TaperedLM(run_config.model)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    got = {k: tuple(v.shape) for k, v in model_state.items()}
-    bad = [
-        f"{k}: checkpoint {got.get(k)} vs model {expected.get(k)}"
-        for k in sorted(set(expected) | set(got))
-        if expected.get(k) != got.get(k)
-    ]
-    if bad:
-        shown = "; ".join(bad[:8]) + (f"; ... ({len(bad)} in all)" if len(bad) > 8 else "")
-        raise CheckpointError(
-            f"checkpoint {ckpt} does not fit a {run_config.model.family} model of this config "
-            f"(other family or shape): {shown}"
-        )
-    model.load_state_dict(model_state)
-    return model.to(device).eval(), run_config

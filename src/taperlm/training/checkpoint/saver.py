@@ -1,17 +1,21 @@
-"""The trainer's checkpointer: every rank writes its DCP shards (`sharded.py`), rank 0 commits
-the directory atomically with its manifest (`checkpoint.py`), synchronously or in the background.
+"""The trainer's checkpoint saver: every rank writes its DCP shards (`dcp.py`), rank 0 commits
+the directory atomically with its manifest (`store.py`), synchronously or in the background.
 """
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from taperlm.errors import CheckpointError
-from taperlm.training.sharded import BackgroundHasher, hash_files, write_shards
+from taperlm.training import distributed as D
+from taperlm.training.checkpoint import store
+from taperlm.training.checkpoint.dcp import BackgroundHasher, hash_files, write_shards
 
 
 class _Pending:
@@ -23,13 +27,11 @@ class _Pending:
 
 class ShardedCheckpointer:
     """Saves a run's checkpoints as DCP shards from every rank, then commits them atomically on
-    rank 0 (`checkpoint.commit_checkpoint`). With `use_async`, `save` returns once a CPU copy is
+    rank 0 (`store.commit_checkpoint`). With `use_async`, `save` returns once a CPU copy is
     staged; the write continues in the background and the checkpoint is committed by `poll`
     (called every step) once every rank has finished, or by the next `save` / `finish`."""
 
     def __init__(self, run_dir: Path, info: Any, use_async: bool = False) -> None:
-        import torch.distributed as dist
-
         self.run_dir = Path(run_dir)
         self.info = info
         self.use_async = use_async
@@ -49,22 +51,17 @@ class ShardedCheckpointer:
     ) -> None:
         """Write checkpoint `step`: `tensors` (from `training_state`, this rank's shards) and the
         small `train_state` (rank 0's is written). Collective: every rank calls it."""
-        import os
-
-        from taperlm.training import checkpoint as ckpt
-        from taperlm.training import distributed as D
-
         self.finish()
         background = self.use_async if use_async is None else use_async
         tag = D.broadcast_object(os.getpid(), self.info)  # the temp dir is named by rank 0
         err: str | None = None
         if self.info.is_main:
             try:
-                ckpt.begin_checkpoint(self.run_dir, step, tag)
+                store.begin_checkpoint(self.run_dir, step, tag)
             except CheckpointError as e:
                 err = str(e)
         self._raise_agreed(err)
-        tmp = ckpt.temp_checkpoint_dir(self.run_dir, step, tag)
+        tmp = store.temp_checkpoint_dir(self.run_dir, step, tag)
         commit_args = (step, tmp, train_state, run_config, keep)
         try:
             written = write_shards(tmp, tensors, self.group, background)
@@ -77,7 +74,7 @@ class ShardedCheckpointer:
         try:
             files = hash_files(tmp, written.result())
         except OSError as e:
-            files, err = {}, str(ckpt._write_error(self.run_dir, step, e))
+            files, err = {}, str(store.write_error(self.run_dir, step, e))
         self._raise_agreed(err, step, tmp)
         self._commit(files, *commit_args)
 
@@ -85,8 +82,6 @@ class ShardedCheckpointer:
         """Commit a background save if every rank's write is done (collective while pending)."""
         if self.pending is None:
             return
-        from taperlm.training import distributed as D
-
         done = torch.tensor([float(self.pending.hashes.done())], device=self.info.device)
         if float(D.all_reduce_min(done, self.info)[0]) > 0:
             self.finish()
@@ -125,15 +120,12 @@ class ShardedCheckpointer:
         run_config: dict[str, Any],
         keep: int,
     ) -> None:
-        from taperlm.training import checkpoint as ckpt
-        from taperlm.training import distributed as D
-
         everyone = D.gather_objects(files, self.info)
         err: str | None = None
         if self.info.is_main:
             merged = {k: v for part in everyone for k, v in part.items()}
             try:
-                ckpt.commit_checkpoint(
+                store.commit_checkpoint(
                     self.run_dir, step, tmp, merged, train_state, run_config, keep
                 )
             except CheckpointError as e:
@@ -141,32 +133,25 @@ class ShardedCheckpointer:
         self._raise_agreed(err)
 
     def _message(self, step: int, err: BaseException) -> str:
-        from taperlm.training import checkpoint as ckpt
-
         os_err = _find_os_error(err)
         if os_err is not None:
-            return str(ckpt._write_error(self.run_dir, step, os_err))
+            return str(store.write_error(self.run_dir, step, os_err))
         return (
-            f"could not write checkpoint {ckpt.checkpoints_dir(self.run_dir)}/"
-            f"{ckpt.checkpoint_name(step)}: {type(err).__name__}: {err}"
+            f"could not write checkpoint {store.checkpoints_dir(self.run_dir)}/"
+            f"{store.checkpoint_name(step)}: {type(err).__name__}: {err}"
         )
 
     def _fail(self, step: int, tmp: Path, err: BaseException) -> None:
-        from taperlm.training import checkpoint as ckpt
-
         if self.info.is_main:
-            ckpt.abort_checkpoint(tmp)
+            store.abort_checkpoint(tmp)
         raise CheckpointError(self._message(step, err)) from None
 
     def _raise_agreed(self, err: str | None, step: int | None = None, tmp: Path | None = None):
         """Raise CheckpointError on every rank if any rank had an error (collective)."""
-        from taperlm.training import checkpoint as ckpt
-        from taperlm.training import distributed as D
-
         errors = [e for e in D.gather_objects(err, self.info) if e is not None]
         if errors:
             if tmp is not None and self.info.is_main:
-                ckpt.abort_checkpoint(tmp)
+                store.abort_checkpoint(tmp)
             raise CheckpointError(errors[0])
 
 

@@ -1,0 +1,10 @@
+"""Checkpoints, one concern per module:
+
+- `store`: a checkpoint directory on disk (layout, atomic commit, manifest, verification,
+  lookup, pruning, reading);
+- `dcp`: the tensors inside it, as `torch.distributed.checkpoint` shards (model, optimizer,
+  pending gradients), written and read by every rank;
+- `safe_load`: reading DCP files without running code from them (an unpickling allow-list);
+- `saver`: the trainer's collective saver, synchronous or in the background.
+
+Import the submodules directly; nothing is imported here."""
