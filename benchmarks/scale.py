@@ -102,7 +102,7 @@ def run_row(
 
     from taperlm.models.layers import set_activation_checkpointing
     from taperlm.training import distributed as D
-    from taperlm.training.checkpoint import dcp as sharded
+    from taperlm.training.checkpoint import dcp
     from taperlm.training.meta_init import build_on_meta, materialize
     from taperlm.training.optim import build_optimizer, parameter_periods
 
@@ -161,12 +161,12 @@ def run_row(
         try:
             sync(device)
             t0 = time.perf_counter()
-            state = sharded.training_state(model, opt, [])
-            files = sharded.write_shards(tmp, state).result()
+            state = dcp.training_state(model, opt, [])
+            files = dcp.write_shards(tmp, state).result()
             out["dcp_save_s"] = time.perf_counter() - t0
             out["dcp_GB"] = sum((tmp / f).stat().st_size for f in files) / 1e9
             t0 = time.perf_counter()
-            sharded.load_training_state(tmp, model, opt, [])
+            dcp.load_training_state(tmp, model, opt, [])
             sync(device)
             out["dcp_load_s"] = time.perf_counter() - t0
         finally:

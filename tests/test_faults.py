@@ -464,13 +464,13 @@ def _readonly(*_a, **_k):
 
 @pytest.mark.parametrize("fault", [_nospace, _readonly])
 def test_config_write_failure_is_a_clear_error(setup, tmp_path, capsys, monkeypatch, fault):
-    from taperlm.training import loop
+    from taperlm.training import run_dir
 
     data, _, _ = setup
     run = tmp_path / "run"
     _stopped_run(data, run, 2, capsys)
     before = H.snapshot(run)
-    monkeypatch.setattr(loop, "save_yaml", fault)
+    monkeypatch.setattr(run_dir, "save_yaml", fault)
     try:
         rc, _, err = _run_cli(H.train_argv(data, run), capsys)
     except OSError as exc:  # today: a raw OSError (a traceback on the CLI)

@@ -146,13 +146,13 @@ def test_byte_items_of_shards_are_read_without_pickle_globals(tmp_path):
     from torch.distributed.checkpoint.metadata import MetadataIndex
     from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
-    from taperlm.training.checkpoint import safe_load as safe_dcp
+    from taperlm.training.checkpoint import safe_load
 
     marker = tmp_path / "PWNED"
     buf = io.BytesIO()
     torch.save(Payload(marker), buf)
     buf.seek(0)
-    planner = safe_dcp.planner()
+    planner = safe_load.planner()
     planner.set_up_planner({"x": 1.0}, None, True)
     planner.mappings = {"x": ("x",)}
     item = ReadItem(
@@ -175,9 +175,9 @@ def test_byte_items_of_shards_are_read_without_pickle_globals(tmp_path):
 
 def test_metadata_allow_list_covers_a_real_checkpoint(trained):
     """The allow-list admits everything a checkpoint written by this torch holds."""
-    from taperlm.training.checkpoint import safe_load as safe_dcp
+    from taperlm.training.checkpoint import safe_load
 
-    meta = safe_dcp.read_metadata(_newest(trained))
+    meta = safe_load.read_metadata(_newest(trained))
     assert any(k.startswith("model.") for k in meta.state_dict_metadata)
 
 

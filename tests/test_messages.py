@@ -162,7 +162,7 @@ def test_rope_theta_that_breaks_the_tables_is_named():
 def test_divergence_advice_follows_what_the_run_shows(
     nan_from, expected, data, tmp_path, monkeypatch, capsys
 ):
-    from taperlm.training.loop import NAN_ENV
+    from taperlm.training.fault_injection import NAN_ENV
 
     monkeypatch.setenv(NAN_ENV, nan_from)
     run = tmp_path / "run"

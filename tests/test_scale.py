@@ -401,7 +401,7 @@ def test_paired_init_has_the_default_distribution():
 
 def test_trainer_uses_paired_init(data_dir, tmp_path, monkeypatch):  # noqa: F811
     """train.paired_init reaches the model build (with the run's seed); off by default."""
-    import taperlm.training.loop as loop
+    import taperlm.training.model_setup as model_setup
 
     seen = []
 
@@ -409,7 +409,7 @@ def test_trainer_uses_paired_init(data_dir, tmp_path, monkeypatch):  # noqa: F81
         seen.append(paired_seed)
         return materialize(model, device, paired_seed)
 
-    monkeypatch.setattr(loop, "materialize", spy)
+    monkeypatch.setattr(model_setup, "materialize", spy)
     one_step = ("train.tokens=256", "train.eval_every=0", "train.checkpoint_every=0")
     train(tiny_config(data_dir, *one_step), tmp_path / "a", progress=False)
     cfg = tiny_config(data_dir, *one_step, "train.paired_init=true", "train.seed=7")

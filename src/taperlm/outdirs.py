@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from taperlm.errors import ConfigError
+from taperlm.io import atomic_write_json, sha256_file
 from taperlm.runlock import LOCK_FILE
 
 
@@ -172,8 +173,6 @@ def written_files(path: Path, kind: str) -> dict[str, list[str]]:
 
 def record_written_files(path: Path, kind: str, files: dict[str, list[str]]) -> None:
     """Write `kind`'s marker in `path` with the record of the files written (atomically)."""
-    from taperlm.io import atomic_write_json
-
     atomic_write_json(
         Path(path) / KINDS[kind].marker,
         {"written_by": f"taperlm ({KINDS[kind].what})", "files": files},
@@ -184,8 +183,6 @@ def record_written_files(path: Path, kind: str, files: dict[str, list[str]]) -> 
 def unchanged_own_file(path: Path, record: dict[str, list[str]], rel: str) -> bool:
     """Whether `path / rel` is a regular file (not a link) whose content is still one that
     was recorded for it."""
-    from taperlm.io import sha256_file
-
     p = Path(path) / rel
     if p.is_symlink() or not p.is_file() or rel not in record:
         return False

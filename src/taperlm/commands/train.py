@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from taperlm.commands.common import (
@@ -23,6 +24,9 @@ from taperlm.commands.common import (
     print_notes,
 )
 from taperlm.domains import MAX_COUNT, input_path, number, output_path, up_to
+from taperlm.errors import ConfigError
+from taperlm.training.interrupt import SignalStop, interrupted_message
+from taperlm.training.warning import TrainingWarning
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,8 +53,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _resolve_config(args: argparse.Namespace):
-    from taperlm.errors import ConfigError
-
     if not args.preset and not args.config:
         saved = args.out / "config.yaml"
         if not saved.is_file():
@@ -78,13 +80,9 @@ def _resolve_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    import warnings
-
     from taperlm.cli import resume_command
-    from taperlm.training import distributed as D
-    from taperlm.training.interrupt import SignalStop, interrupted_message
-    from taperlm.training.loop import train
-    from taperlm.training.warning import TrainingWarning
+    from taperlm.training import distributed as D  # lazy: the CLI's parser stays torch-free
+    from taperlm.training.loop import train  # lazy: the CLI's parser stays torch-free
 
     def show(message, category, filename, lineno, file=None, line=None):  # no source lines
         print(f"taperlm train: warning: {message}", file=sys.stderr)

@@ -635,7 +635,7 @@ def check_options(opts: CompareOptions):
     for a comparison that cannot run); returns (allocations, provisional base config)."""
     from taperlm.compare.grid import build_grid
     from taperlm.device import resolve_device
-    from taperlm.training.loop import validate_train_config
+    from taperlm.training.train_checks import validate_train_config
 
     if opts.seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {opts.seeds}")

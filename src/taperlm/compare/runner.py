@@ -187,7 +187,7 @@ def read_result(run_dir: Path) -> dict[str, Any] | None:
 def _check_saved_config(run_dir: Path, saved: Any, cell: Cell, what: str) -> None:
     """ConfigError unless the config a cell folder holds trains exactly like the cell's."""
     from taperlm.training.config_diff import format_differences
-    from taperlm.training.loop import resume_conflicts
+    from taperlm.training.run_dir import resume_conflicts
 
     conflicts = resume_conflicts(saved, cell.config)
     if conflicts:
@@ -209,7 +209,7 @@ def data_order_fingerprint(cell: Cell, data_dir: Path, steps: int = 1) -> dict[s
     trainer's loader with the cell's seed), and the first ids: equal for every allocation of one
     seed, different across seeds."""
     from taperlm.data.loader import TokenBatches
-    from taperlm.training.loop import accumulation_steps
+    from taperlm.training.train_checks import accumulation_steps
 
     t = cell.config.train
     batches = TokenBatches(data_dir, "train", t.seq_len, t.micro_batch_size, seed=t.seed)

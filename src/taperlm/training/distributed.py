@@ -15,6 +15,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import distribute_tensor
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from taperlm.device import resolve_device
 from taperlm.errors import ConfigError
@@ -92,8 +100,6 @@ def wrap_model(
     if not info.enabled:
         return model
     if parallel == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
         ids = [info.device.index] if info.device.type == "cuda" else None
         return DDP(model, device_ids=ids)
     return shard_model(model, mixed_precision)
@@ -102,8 +108,6 @@ def wrap_model(
 def shard_model(model: nn.Module, mixed_precision: Any = None) -> nn.Module:
     """FSDP2: `fully_shard` every block, then the root, over the default process group (also a
     group of one rank: the same code path, e.g. for mixed precision on one GPU)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
     policy = mixed_precision or MixedPrecisionPolicy()
     for block in model.blocks:  # type: ignore[attr-defined]
         fully_shard(block, mp_policy=policy)
@@ -114,8 +118,6 @@ def shard_model(model: nn.Module, mixed_precision: Any = None) -> nn.Module:
 def mixed_precision_policy(param_dtype: torch.dtype, reduce_dtype: torch.dtype) -> Any:
     """FSDP2's policy: gather parameters for compute in `param_dtype`, reduce-scatter gradients
     in `reduce_dtype`; the sharded parameters, gradients and optimizer state stay fp32."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
     # None = "as stored" (fp32); a None reduce dtype would follow a bf16 param dtype.
     param = None if param_dtype == torch.float32 else param_dtype
     reduce = None if param is None and reduce_dtype == torch.float32 else reduce_dtype
@@ -170,14 +172,10 @@ def gather_objects(obj, info: DistInfo) -> list:
 
 
 def _full_options(cpu_offload: bool = True, strict: bool = True):
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
     return StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload, strict=strict)
 
 
 def load_full_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
     set_model_state_dict(model, state, options=_full_options(cpu_offload=False))
 
 
@@ -186,8 +184,6 @@ def load_optimizer_state(
 ) -> None:
     """Load optimizer state keyed by parameter names: `full` (unsharded tensors, e.g. from a
     format-1 checkpoint) or in this rank's layout (from a sharded checkpoint)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
     # Not strict: parameters with update_period > 1 have no Adam state until their first update.
     options = StateDictOptions(full_state_dict=full, cpu_offload=False, strict=False)
     set_optimizer_state_dict(model, optimizer, state, options=options)
@@ -208,7 +204,5 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
 def like_param(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     """A full tensor laid out like `param` (sharded again when `param` is a DTensor)."""
     if hasattr(param, "device_mesh"):
-        from torch.distributed.tensor import distribute_tensor
-
         return distribute_tensor(full.to(param.device), param.device_mesh, param.placements)
     return full.to(device=param.device, dtype=param.dtype)

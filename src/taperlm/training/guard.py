@@ -117,3 +117,23 @@ class StepGuard:
         for p in self._fresh:
             self.optimizer.state.pop(p, None)
         self._taken, self._fresh = [], []
+
+
+def divergence_cause(model: torch.nn.Module, skipped: int, steps: int) -> str:
+    """What to change when a run stops on non-finite steps, from what the run shows rather than
+    a guess: a non-finite buffer names itself; a loss that was never finite on the untouched
+    initial weights (`skipped` >= `steps`) is not the learning rate's doing; otherwise the
+    updates diverged."""
+    for name, buf in model.named_buffers():
+        if buf.is_floating_point() and not bool(torch.isfinite(buf).all()):
+            return (
+                f"The model's buffer {name} holds NaN/inf (it is computed from the config, "
+                "e.g. the RoPE tables from model.rope_theta): fix the model config"
+            )
+    if skipped >= steps:  # every step skipped: the weights are the initial ones
+        return (
+            "Every step so far was non-finite on the initial weights (no update was applied, "
+            "so train.lr is not the cause): check model.init_std and model.norm_eps, try "
+            "train.precision fp32, and check the data"
+        )
+    return "Lower train.lr, check the data, or raise train.max_bad_steps"

@@ -13,6 +13,7 @@ one interrupts at once (the checkpoints already on disk stay intact: they are wr
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -20,6 +21,8 @@ import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+from taperlm.training.checkpoint.store import list_checkpoints
 
 SAME_REQUEST_S = 1.0
 RETRY_S = 0.1  # an interrupt that arrives during an import is repeated after this long
@@ -79,8 +82,6 @@ def _interrupt_when_safe(signum: int, frame: FrameType | None) -> None:
     The signal is sent again shortly, until the import is done."""
     while frame is not None:
         if frame.f_code.co_filename.startswith("<frozen importlib"):
-            import os
-
             threading.Timer(RETRY_S, os.kill, (os.getpid(), signum)).start()
             return
         frame = frame.f_back
@@ -89,7 +90,7 @@ def _interrupt_when_safe(signum: int, frame: FrameType | None) -> None:
 
 def _any_rank(flag: bool) -> bool:
     """True when this or any other process of the job has the flag (every rank calls this)."""
-    import torch
+    import torch  # lazy: the CLI imports this module for its Ctrl-C message, torch-free
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -110,8 +111,6 @@ def interrupted_message(
     """What an interrupted run left on disk and where the same command starts: read from the
     run dir, so it is true however the run stopped (`stopped_at`: the step a requested stop
     ended at)."""
-    from taperlm.training.checkpoint.store import list_checkpoints
-
     have = list_checkpoints(run_dir) if run_dir is not None else []
     if not have:
         return (

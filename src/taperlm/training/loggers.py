@@ -35,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
+from taperlm.config import to_dict
 from taperlm.io import atomic_write_json
 from taperlm.training.warning import TrainingWarning
 
@@ -160,7 +162,6 @@ class TensorBoardLogger:
     """Scalars and the start-up text in RUN/tensorboard (`tensorboard --logdir RUN`)."""
 
     def __init__(self, info: RunInfo) -> None:
-        import yaml
         from torch.utils.tensorboard import SummaryWriter
 
         # A restart redoes the steps after its checkpoint: a viewer drops events of a crashed
@@ -290,8 +291,6 @@ class Loggers:
         t = run.train
         if not (is_main and t.loggers):
             return cls([], None)
-        from taperlm.config import to_dict
-
         info = RunInfo(
             run_dir=Path(out),
             name=t.log_name or Path(out).resolve().name,

@@ -10,14 +10,17 @@ Resuming restores the model, the optimizer, the step (the LR schedule is a funct
 data position, every RNG and any gradients still accumulating for parameters with
 `update_period > 1`, so an interrupted run continues exactly as if it had not stopped (bitwise on
 CPU).
+
+This module is the loop (steps, accumulation, logging / validation / checkpoint cadence); what
+surrounds it lives beside it: the run directory's lifecycle (lock, resume verdict, data identity)
+in `run_dir`, the model build in `model_setup`, checkpoints in `checkpoint/`, RNG state in
+`rng_state`, throughput and MFU in `metrics`, torch.compile in `compile`, the test-only NaN
+injection in `fault_injection`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import random
 import sys
 import time
 from collections.abc import Callable
@@ -25,75 +28,41 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from taperlm.config import (
-    RunConfig,
-    TrainConfig,
-    load_run_config,
-    run_config_from_dict,
-    save_yaml,
-    to_dict,
-)
+from taperlm.budget import total_params
+from taperlm.config import RunConfig, to_dict
+from taperlm.data.loader import TokenBatches
 from taperlm.device import is_out_of_memory, memory_error, out_of_memory
-from taperlm.domains import check_output
-from taperlm.errors import CheckpointError, ConfigError, DataError, RunInUseError, TrainingError
-from taperlm.outdirs import KINDS, check_folder, claim
-from taperlm.runlock import LOCK_FILE, RunLock
+from taperlm.errors import CheckpointError, DataError, TrainingError
+from taperlm.progress import progress_bar
 from taperlm.training import distributed as D
+from taperlm.training import fault_injection
+from taperlm.training import run_dir as R
 from taperlm.training.checkpoint import store as ckpt
-from taperlm.training.checkpoint.dcp import load_training_state, training_state
+from taperlm.training.checkpoint.dcp import training_state
+from taperlm.training.checkpoint.restore import restore_training
 from taperlm.training.checkpoint.saver import ShardedCheckpointer
-from taperlm.training.config_diff import config_differences, format_differences
-from taperlm.training.guard import StepGuard, first_nonfinite
+from taperlm.training.compile import compile_forward, is_compile_error, uncompile
+from taperlm.training.guard import StepGuard, divergence_cause, first_nonfinite
 from taperlm.training.loggers import Loggers, layer_grad_norms
-from taperlm.training.meta_init import build_on_meta, materialize
-from taperlm.training.metrics import MetricsWriter, mfu, peak_flops
-from taperlm.training.optim import (
-    LRSchedule,
-    build_optimizer,
-    groups_due,
-    parameter_periods,
-    set_lr,
+from taperlm.training.metrics import (
+    MetricsWriter,
+    Throughput,
+    mfu,
+    model_flops_per_token,
+    peak_flops,
 )
-from taperlm.training.validation import autocast, uses_bf16, validation_loss
-from taperlm.training.warning import TrainingWarning
+from taperlm.training.model_setup import build_training_model, check_training_memory
+from taperlm.training.optim import LRSchedule, build_optimizer, groups_due, set_lr
+from taperlm.training.plots import plot_run
+from taperlm.training.rng_state import rng_state, seed_everything, set_rng_state
+from taperlm.training.train_checks import accumulation_steps, validate_train_config
+from taperlm.training.validation import autocast, validation_loss
+from taperlm.training.warning import warn
 
-RESUME_MODES = ("auto", "never", "must")
 # on_step(completed steps, total steps, loss) -> None | "checkpoint" | "stop"
 StepHook = Callable[[int, int, float], "str | None"]
-NAN_ENV = "TAPERLM_INJECT_NAN_AT_STEP"
-
-# Train settings that may change between a run and its resumption: they affect speed, logging
-# or where things run, not which updates are made (up to floating-point reordering).
-RUNTIME_KEYS = frozenset(
-    {
-        "data.dir",
-        "train.eval_every",
-        "train.eval_tokens",
-        "train.checkpoint_every",
-        "train.keep_checkpoints",
-        "train.log_every",
-        "train.max_bad_steps",
-        "train.compile",
-        "train.compile_scope",
-        "train.activation_checkpointing",
-        "train.parallel",
-        "train.fsdp_param_dtype",
-        "train.fsdp_reduce_dtype",
-        "train.async_checkpoint",
-        "train.device",
-        "train.precision",
-        "train.peak_flops",
-        "train.restore_nonfinite",
-        "train.loggers",
-        "train.log_grads_every",
-        "train.log_project",
-        "train.log_group",
-        "train.log_name",
-    }
-)
 
 
 @dataclass
@@ -115,220 +84,6 @@ class TrainResult:
 
 
 # ----------------------------------------------------------------------------------------------
-# configuration checks
-
-
-def accumulation_steps(cfg: TrainConfig, world_size: int) -> int:
-    """Micro-batches per rank per optimizer step; ConfigError listing valid batch sizes."""
-    per_micro = cfg.seq_len * cfg.micro_batch_size * world_size
-    if cfg.batch_tokens < per_micro or cfg.batch_tokens % per_micro:
-        ok = ", ".join(str(per_micro * k) for k in (1, 2, 4, 8, 16))
-        raise ConfigError(
-            f"train.batch_tokens ({cfg.batch_tokens}) must be a positive multiple of "
-            f"train.seq_len x train.micro_batch_size x world size = {cfg.seq_len} x "
-            f"{cfg.micro_batch_size} x {world_size} = {per_micro}; valid values: {ok}, ... "
-            "(or change micro_batch_size / seq_len)"
-        )
-    return cfg.batch_tokens // per_micro
-
-
-def validate_train_config(run: RunConfig, world_size: int = 1) -> None:
-    """Every declared domain (`taperlm.domains`), then the checks between train fields."""
-    run.validate()
-    t = run.train
-    if t.seq_len > run.model.context_length:
-        raise ConfigError(
-            f"train.seq_len ({t.seq_len}) exceeds model.context_length "
-            f"({run.model.context_length}); lower seq_len or raise context_length"
-        )
-    if t.tokens < t.batch_tokens:
-        raise ConfigError(
-            f"train.tokens ({t.tokens}) is less than one batch (train.batch_tokens = "
-            f"{t.batch_tokens}); raise tokens or lower batch_tokens"
-        )
-    accumulation_steps(t, world_size)
-
-
-def resume_conflicts(
-    old: RunConfig | dict[str, Any], new: RunConfig | dict[str, Any]
-) -> list[tuple[str, Any, Any]]:
-    """Differences between a run's saved config and a new one that would change the result
-    (RUNTIME_KEYS excluded). A dict (e.g. from result.json) is read as a run config first, so
-    configs written by older versions compare by meaning, not by layout."""
-
-    def as_dict(cfg: RunConfig | dict[str, Any]) -> dict[str, Any]:
-        return to_dict(cfg if isinstance(cfg, RunConfig) else run_config_from_dict(cfg))
-
-    diffs = config_differences(as_dict(old), as_dict(new))
-    return [d for d in diffs if d[0] not in RUNTIME_KEYS]
-
-
-def _prepare_run_dir(
-    run: RunConfig, out: Path, resume: str, info: D.DistInfo | None = None
-) -> Path | None:
-    """Check the run dir against the config and resume mode; return the checkpoint to resume.
-
-    Read-only: every rank calls it and reaches the same verdict (no rank hangs on an error);
-    each rank hashes only its share of a checkpoint's files.
-    """
-    if resume not in RESUME_MODES:
-        raise ConfigError(f"--resume {resume!r} is unknown; choose auto, never or must")
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file, not a folder; choose a folder for the run")
-    have = ckpt.list_checkpoints(out)
-    if resume == "never":
-        if have:
-            raise ConfigError(
-                f"{out} already holds checkpoints (newest: {have[-1][1].name}) and --resume is "
-                "never; train into a fresh --out directory, or use --resume auto to continue it"
-            )
-        return None
-    if resume == "must" and not have:
-        raise CheckpointError(
-            f"--resume must, but {out} has no checkpoint; train it first or use --resume auto"
-        )
-    if not have:
-        return None
-    cfg_path = out / "config.yaml"
-    if cfg_path.is_file():
-        try:
-            old = load_run_config(cfg_path).resolve()
-        except ConfigError as err:
-            raise ConfigError(
-                f"cannot resume {out}: its config.yaml is unreadable ({err}); use a fresh --out"
-            ) from None
-        conflicts = resume_conflicts(old, run)
-        if conflicts:
-            raise ConfigError(
-                f"cannot resume {out} with a different config: "
-                + format_differences(conflicts, "run", "now")
-                + f". Continue it with its own settings (`taperlm train --out {out}`), or train "
-                "into a fresh --out directory"
-            )
-    info = info or D.DistInfo()
-    found = ckpt.find_checkpoint(
-        out, part=(info.rank, info.world_size), agree=lambda x: D.gather_objects(x, info)
-    )
-    if found is None:
-        # Never silently restart from scratch over a run's (possibly repairable) checkpoints.
-        raise CheckpointError(
-            f"none of the {len(have)} checkpoint(s) in {ckpt.checkpoints_dir(out)} verifies "
-            "(see the warnings above): they are corrupt or incomplete. Restore them from a "
-            "backup, delete them to restart this run from step 0, or train into a fresh --out"
-        )
-    return found
-
-
-# ----------------------------------------------------------------------------------------------
-# helpers
-
-
-def _rng_state() -> dict[str, Any]:
-    py = random.getstate()
-    np_state = np.random.get_state()
-    state: dict[str, Any] = {
-        "python": [py[0], list(py[1]), py[2]],
-        "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    n = state["numpy"]
-    np.random.set_state((n[0], n[1].numpy(), *n[2:]))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def _poisoned_steps():
-    """Test hook: TAPERLM_INJECT_NAN_AT_STEP="3" | "3,5" | "3-" (from step 3 on; 1-based) ->
-    a predicate on the 1-based step number."""
-    raw = os.environ.get(NAN_ENV, "").strip()
-    steps: set[int] = set()
-    start = None
-    for part in filter(None, (p.strip() for p in raw.split(","))):
-        if part.endswith("-"):
-            start = int(part[:-1])
-        else:
-            steps.add(int(part))
-    return lambda n: n in steps or (start is not None and n >= start)
-
-
-class _Throughput:
-    """Tokens/s of the training steps: per logging window (evaluation and checkpoint time
-    excluded) and over the whole run (step time only)."""
-
-    def __init__(self) -> None:
-        self.window_start, self.window_tokens = time.perf_counter(), 0
-        self.step_seconds, self.step_tokens = 0.0, 0
-
-    def step(self, seconds: float, tokens: int) -> None:
-        self.step_seconds += seconds
-        self.step_tokens += tokens
-        self.window_tokens += tokens
-
-    def window_rate(self) -> float:
-        """Tokens/s since the last call (or the start), and start a new window."""
-        now = time.perf_counter()
-        rate = self.window_tokens / max(now - self.window_start, 1e-9)
-        self.window_start, self.window_tokens = now, 0
-        return rate
-
-    @contextlib.contextmanager
-    def paused(self):
-        """Time spent in the block does not count against the current window."""
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.window_start += time.perf_counter() - t0
-
-    def mean_rate(self) -> float:
-        return self.step_tokens / self.step_seconds if self.step_seconds > 0 else 0.0
-
-
-def _raise_compile_limits(n_shapes: int) -> None:
-    """Each distinct layer width is a new shape for dynamo; allow that many recompiles."""
-    import torch._dynamo
-
-    need = n_shapes + 8
-    cfg = torch._dynamo.config
-    for name in ("cache_size_limit", "recompile_limit"):
-        if hasattr(cfg, name) and getattr(cfg, name) < need:
-            setattr(cfg, name, need)
-    for name in ("accumulated_cache_size_limit", "accumulated_recompile_limit"):
-        if hasattr(cfg, name) and getattr(cfg, name) < 8 * need:
-            setattr(cfg, name, 8 * need)
-
-
-def _flops_per_token(run: RunConfig) -> int | None:
-    from taperlm.budget import flops_per_token
-
-    try:
-        return flops_per_token(run.model, run.train.seq_len)
-    except (NotImplementedError, KeyError):
-        return None
-
-
-def _warn(msg: str) -> None:
-    import warnings
-
-    warnings.warn(msg, TrainingWarning, stacklevel=3)
-
-
-# ----------------------------------------------------------------------------------------------
 # the trainer
 
 
@@ -336,8 +91,7 @@ class Trainer:
     """Holds the state of one run; `fit()` trains to the end (or to `stop_after`)."""
 
     def __init__(self, run: RunConfig, out_dir: str | Path, resume: str = "auto") -> None:
-        self._lock: RunLock | None = None
-        self._created_out = False
+        self._run_dir: R.RunDir | None = None
         self._prev_deterministic: bool | None = None
         try:
             with out_of_memory(
@@ -351,13 +105,13 @@ class Trainer:
                 self._setup(run, out_dir, resume)
         except BaseException:
             self.close()
-            self._discard_unused_run_dir()
+            if self._run_dir is not None:
+                self._run_dir.discard_if_unused()
             raise
 
     def _setup(self, run: RunConfig, out_dir: str | Path, resume: str) -> None:
-        from taperlm.data.identity import check_run_data, read_record, record_run_data
-        from taperlm.data.loader import TokenBatches, check_data_fits, check_vocab
-
+        """Check everything, then take the run dir, build the model and optimizer, and restore
+        a checkpoint to resume; in an order that fails before any work that would be lost."""
         self.run = run.resolve()
         self.cfg = run.train
         self.out = Path(out_dir)
@@ -369,65 +123,14 @@ class Trainer:
             print(f"taperlm train: note: {note}", file=sys.stderr)
         self.schedule = LRSchedule.from_config(self.cfg, self.total_steps)
         self.device = self.info.device
-        self._check_memory()
-
-        data_dir = Path(self.run.data.dir) if self.run.data.dir else None
-        if data_dir is None:
-            raise ConfigError(
-                "no data directory: pass --data DIR (a folder written by `taperlm prepare`) "
-                "or set data.dir in the config"
-            )
-        if not data_dir.is_dir():
-            raise DataError(
-                f"data directory {data_dir} does not exist; create it with "
-                f"`taperlm prepare --source SRC --out {data_dir}`"
-            )
-        self.data_dir = data_dir
-        check_vocab(data_dir, self.run.model.vocab_size)
-        # Too little data for one step (or one validation window) fails now, not after steps.
-        check_data_fits(
-            data_dir, self.cfg.seq_len, self.cfg.batch_tokens // self.cfg.seq_len,
-            validate=self.cfg.eval_tokens > 0,
-        )  # fmt: skip
-        # The run dir can be written (not a file, not under one, not the data dir) before any
-        # work starts; the CLI checks --out the same way, this covers in-process callers.
-        check_output(self.out, "dir", "the run dir", [("the data dir", data_dir)])
-
-        self._take_run_dir()
-        resume_from = _prepare_run_dir(self.run, self.out, resume, self.info)
+        check_training_memory(self.run, self.info)
+        self.data_dir = R.check_data_dir(self.run, self.out)
+        self._run_dir = R.RunDir(self.out)
+        self._run_dir.take(self.info)
+        resume_from = R.checkpoint_to_resume(self.run, self.out, resume, self.info)
         if resume_from is not None:
-            why = check_run_data(self.out, data_dir, ("train", "val"))
-            if why:
-                raise DataError(
-                    f"cannot resume {self.out}: the data dir {data_dir} is not the data this run "
-                    f"was trained on: {why}. Resume with that data (--data or data.dir), or train "
-                    "into a fresh --out"
-                )
-
-        # Determinism: every rank builds the same initial weights from the same seed.
-        self._prev_deterministic = torch.are_deterministic_algorithms_enabled()
-        if self.device.type == "cpu":
-            torch.use_deterministic_algorithms(True, warn_only=True)
-        _seed_everything(self.cfg.seed)
-        self.model, self.wrapped, periods = self._build_model()
-        self.forward = self.wrapped
-        if self.cfg.compile:
-            self.forward = self._compile(self.wrapped)
-        self.optimizer = build_optimizer(self.model, self.cfg, self.device, periods)
-        self.guard = StepGuard(self.model, self.optimizer, self.cfg.restore_nonfinite)
-        self._bad_update: str | None = None
-        self.periodic = [(n, p) for n, p in self.model.named_parameters() if n in periods]
-        self.checkpointer = ShardedCheckpointer(self.out, self.info, self.cfg.async_checkpoint)
-
-        self.batches = TokenBatches(
-            data_dir,
-            "train",
-            self.cfg.seq_len,
-            self.cfg.micro_batch_size,
-            rank=self.info.rank,
-            world_size=self.info.world_size,
-            seed=self.cfg.seed,
-        )
+            R.check_resume_data(self.out, self.data_dir)
+        self._build()
         self.step = 0
         self.tokens = 0
         self.skipped = 0
@@ -437,141 +140,53 @@ class Trainer:
         self.metrics = MetricsWriter(self.out / "metrics.jsonl")
         if resume_from is not None:
             self._restore(resume_from)
-        # Written only once the resume succeeded, so a failed resume leaves the old config intact.
-        err = None
-        if self.info.is_main:
-            try:
-                save_yaml(self.run, self.out / "config.yaml")
-                if resume_from is None or read_record(self.out) is None:
-                    record_run_data(self.out, data_dir)  # the run's tokenizer and data identity
-            except OSError as e:
-                err = _os_error_message(Path(e.filename or self.out / "config.yaml"), e, self.out)
-        err = D.broadcast_object(err, self.info)
-        if err is not None:
-            raise CheckpointError(err)
+        R.write_run_record(self.run, self.out, self.data_dir, resume_from is not None, self.info)
         if self.info.is_main:
             self._guard_metrics(self.metrics.truncate_after, self.step)
         self.loggers = Loggers.open(self.run, self.out, self.info.is_main, self.step)
         self._iter = iter(self.batches)
-        self.fpt = _flops_per_token(self.run)
+        self.fpt = model_flops_per_token(self.run)
         name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
         self.peak = peak_flops(self.device.type, name, getattr(self.cfg, "peak_flops", None))
 
-    # -- setup ---------------------------------------------------------------------------------
-
-    def _check_memory(self) -> None:
-        """The weights, gradients and AdamW state this rank will hold fit on its device, checked
-        before anything is built or read (a model of 554B parameters used to allocate GBs
-        before failing)."""
-        from taperlm.budget import memory_floor
-        from taperlm.device import check_memory
-
-        fsdp = self.cfg.parallel == "fsdp" and self.info.enabled
-        need, detail = memory_floor(
-            self.run.model, training=True, shards=self.info.world_size if fsdp else 1
+    def _build(self) -> None:
+        """The model (same initial weights on every rank, from the seed), its compiled forward,
+        the optimizer, the step guard, the checkpoint saver and the batches."""
+        self._prev_deterministic = torch.are_deterministic_algorithms_enabled()
+        if self.device.type == "cpu":
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        seed_everything(self.cfg.seed)
+        self.model, self.wrapped, periods = build_training_model(self.run, self.info)
+        self.forward = self.wrapped
+        if self.cfg.compile:
+            widths = set(self.run.model.mlp_widths or [])
+            self.forward = compile_forward(
+                self.model, self.wrapped, self.cfg.compile_scope, len(widths) + 1
+            )
+        self.optimizer = build_optimizer(self.model, self.cfg, self.device, periods)
+        self.guard = StepGuard(self.model, self.optimizer, self.cfg.restore_nonfinite)
+        self._bad_update: str | None = None
+        self.periodic = [(n, p) for n, p in self.model.named_parameters() if n in periods]
+        self.checkpointer = ShardedCheckpointer(self.out, self.info, self.cfg.async_checkpoint)
+        self.batches = TokenBatches(
+            self.data_dir,
+            "train",
+            self.cfg.seq_len,
+            self.cfg.micro_batch_size,
+            rank=self.info.rank,
+            world_size=self.info.world_size,
+            seed=self.cfg.seed,
         )
-        check_memory(
-            need,
-            f"training this {self.run.model.family} model",
-            str(self.device),
-            detail,
-            "use a smaller model, another device, or shard it (train.parallel fsdp under "
-            "torchrun); `taperlm plan --gpus N` estimates a run's memory",
-        )
-
-    def _build_model(self) -> tuple[torch.nn.Module, torch.nn.Module, dict[str, int]]:
-        """(model, the module to call, update periods by name). Built on the meta device and
-        materialised after sharding (FSDP2) or before wrapping (DDP, one process), with the
-        weights a whole CPU build gives for the seed; the periods are read before any wrapper
-        can replace the parameters that carry them."""
-        from taperlm.models.layers import set_activation_checkpointing
-
-        model = build_on_meta(self.run.model)
-        periods = parameter_periods(model)
-        set_activation_checkpointing(model, self.cfg.activation_checkpointing == "full")
-        if self.cfg.parallel == "fsdp" and self.info.enabled:
-            wrapped = D.wrap_model(model, "fsdp", self.info, self._mixed_precision())
-            materialize(model, self.device, self._paired_seed())
-        else:
-            materialize(model, self.device, self._paired_seed())
-            wrapped = D.wrap_model(model, self.cfg.parallel, self.info)
-        return model, wrapped, periods
-
-    def _paired_seed(self) -> int | None:
-        """The seed of the keyed weight draws when train.paired_init is on."""
-        return self.cfg.seed if self.cfg.paired_init else None
-
-    def _mixed_precision(self):
-        """FSDP2's policy: bf16 compute copies when the run computes in bf16 (configurable)."""
-        bf16 = uses_bf16(self.device, self.cfg.precision)
-        param = {"auto": bf16, "bf16": True, "fp32": False}[self.cfg.fsdp_param_dtype]
-        return D.mixed_precision_policy(
-            torch.bfloat16 if param else torch.float32,
-            torch.bfloat16 if self.cfg.fsdp_reduce_dtype == "bf16" else torch.float32,
-        )
-
-    def _take_run_dir(self) -> None:
-        """Create the run dir and take its lock (rank 0, for the whole job): one writer per run
-        dir. Every rank gets rank 0's verdict, so no rank hangs on another's error."""
-        err: tuple[str, str] | None = None
-        if self.info.is_main:
-            try:
-                self._created_out = not self.out.exists()
-                check_folder(self.out, "run", "--out")  # library callers too: never a foreign one
-                claim(self.out, "run")
-                self._lock = RunLock(self.out).acquire()
-            except ConfigError as e:
-                err = ("config", str(e))
-            except OSError as e:
-                path = Path(e.filename) if e.filename else self.out
-                err = ("os", _os_error_message(path, e, self.out))
-            except RunInUseError as e:
-                err = ("busy", str(e))
-        err = D.broadcast_object(err, self.info)
-        if err is not None:
-            kinds = {"busy": RunInUseError, "config": ConfigError}
-            raise kinds.get(err[0], CheckpointError)(err[1])
-
-    def _discard_unused_run_dir(self) -> None:
-        """After a failed start: remove the run dir this attempt created if nothing but its
-        lock file was written (a bad --resume must not leave an empty run behind)."""
-        if not self._created_out or not self.out.is_dir():
-            return
-        if {p.name for p in self.out.iterdir()} <= {LOCK_FILE, KINDS["run"].marker}:
-            (self.out / LOCK_FILE).unlink(missing_ok=True)
-            (self.out / KINDS["run"].marker).unlink(missing_ok=True)
-            with contextlib.suppress(OSError):
-                self.out.rmdir()
-
-    def _compile(self, module: torch.nn.Module):
-        """torch.compile the whole model, or (compile_scope blocks) each block's forward in place
-        (parameter names, FSDP hooks and activation checkpointing stay outside the graphs)."""
-        widths = set(self.run.model.mlp_widths or [])
-        _raise_compile_limits(len(widths) + 1)
-        try:
-            if self.cfg.compile_scope == "blocks":
-                for block in self.model.blocks:
-                    block.forward = torch.compile(block.forward)
-                return module
-            return torch.compile(module)
-        except Exception as err:  # e.g. unsupported platform
-            self._uncompile()
-            _warn(f"torch.compile failed ({type(err).__name__}: {err}); training eagerly")
-            return module
-
-    def _uncompile(self) -> None:
-        for block in self.model.blocks:
-            block.__dict__.pop("forward", None)  # back to the class's eager forward
 
     def _forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with autocast(self.device, self.cfg.precision):
             try:
                 return self.forward(x, targets=y).loss
             except Exception as err:
-                if not self.cfg.compile or not _is_compile_error(err):
+                if not self.cfg.compile or not is_compile_error(err):
                     raise
-                _warn(f"torch.compile failed ({type(err).__name__}: {err}); training eagerly")
-                self._uncompile()
+                warn(f"torch.compile failed ({type(err).__name__}: {err}); training eagerly")
+                uncompile(self.model)
                 self.forward = self.wrapped
                 return self.forward(x, targets=y).loss
 
@@ -597,7 +212,7 @@ class Trainer:
         try:
             fn(arg)
         except OSError as e:
-            raise CheckpointError(_os_error_message(self.metrics.path, e, self.out)) from None
+            raise CheckpointError(R.os_error_message(self.metrics.path, e, self.out)) from None
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -610,7 +225,7 @@ class Trainer:
             "bad_streak": self.bad_streak,
             "scheduler": self.schedule.state_dict(),
             "loader": D.gather_objects(self.batches.state_dict(), self.info),
-            "rng": _rng_state(),
+            "rng": rng_state(),
             "world_size": self.info.world_size,
             "last_loss": self.last_loss,
             "last_val_loss": self.last_val,
@@ -636,17 +251,7 @@ class Trainer:
         )
 
     def _restore(self, path: Path) -> None:
-        manifest = ckpt.read_manifest(path)
-        try:
-            if ckpt.is_sharded(manifest):
-                load_training_state(path, self.model, self.optimizer, self.periodic)
-                state = ckpt.load_train_state(path)
-            else:
-                state = self._restore_full(path)
-        except (RuntimeError, KeyError, ValueError) as err:
-            raise CheckpointError(
-                f"checkpoint {path} does not fit this model: {str(err).splitlines()[0]}"
-            ) from None
+        state = restore_training(path, self.model, self.optimizer, self.periodic)
         loaders = state["loader"]
         # The loader's position is a global sample index, so a run may resume on another number
         # of processes: rank 0's state then continues every rank.
@@ -655,23 +260,13 @@ class Trainer:
             self.batches.load_state_dict(loaders[self.info.rank if same_world else 0])
         except DataError as err:
             raise CheckpointError(f"cannot resume from {path}: {err}") from None
-        _set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
         self.step = int(state["step"])
         self.tokens = int(state["tokens"])
         self.skipped = int(state.get("skipped_steps", 0))
         self.bad_streak = int(state.get("bad_streak", 0))
         self.last_loss = state.get("last_loss")
         self.last_val = state.get("last_val_loss")
-
-    def _restore_full(self, path: Path) -> dict[str, Any]:
-        """Resume from a format-1 checkpoint (full weights and optimizer state in one file)."""
-        model_state, state, _ = ckpt.load_checkpoint(path, verify=False)  # verified on lookup
-        D.load_full_model_state(self.model, model_state)
-        D.load_optimizer_state(self.model, self.optimizer, state["optimizer"], full=True)
-        params = dict(self.model.named_parameters())
-        for name, g in state.get("pending_grads", {}).items():
-            params[name].grad = D.like_param(g, params[name])
-        return state
 
     # -- evaluation ----------------------------------------------------------------------------
 
@@ -708,10 +303,7 @@ class Trainer:
                 loss.backward()
             loss_sum += loss.detach()
         if poison:
-            loss_sum = loss_sum * float("nan")
-            for p in self.model.parameters():
-                if p.grad is not None:
-                    p.grad.fill_(float("nan"))
+            loss_sum = fault_injection.poison(loss_sum, self.model)
         return loss_sum
 
     def _check_ids(self, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -795,8 +387,6 @@ class Trainer:
         time, then logging, evaluation and checkpoints when they are due. `on_step` is told
         of every step (on every rank: under torchrun its answer must be the same on all, as
         `training.interrupt.SignalStop` ensures) and may ask for a checkpoint or a stop."""
-        from taperlm.progress import progress_bar
-
         if progress and self.info.is_main and 0 < self.step < self.total_steps:
             print(
                 f"taperlm train: resuming {self.out} from its checkpoint at step {self.step}; "
@@ -812,8 +402,8 @@ class Trainer:
             desc=f"train {self.out.name}",
             disable=not (progress and self.info.is_main),
         )
-        poisoned = _poisoned_steps()
-        clock = _Throughput()
+        poisoned = fault_injection.poisoned_steps()
+        clock = Throughput()
         self.model.train()
         try:
             while self.step < self.total_steps and (stop_after is None or self.step < stop_after):
@@ -891,29 +481,12 @@ class Trainer:
         raise TrainingError(
             f"{self.bad_streak} consecutive steps (up to step {self.step}) had a "
             f"non-finite loss or gradient norm or left non-finite weights (loss {loss}, grad "
-            f"norm {gnorm}{update}); stopping, {self._last_good()}. {self._divergence_cause()}"
+            f"norm {gnorm}{update}); stopping, {self._last_good()}. "
+            f"{divergence_cause(self.model, self.skipped, self.step)}"
         )
 
-    def _divergence_cause(self) -> str:
-        """What to change, from what the run shows rather than a guess: a non-finite buffer
-        names itself; a loss that was never finite on the untouched initial weights is not the
-        learning rate's doing; otherwise the updates diverged."""
-        for name, buf in self.model.named_buffers():
-            if buf.is_floating_point() and not bool(torch.isfinite(buf).all()):
-                return (
-                    f"The model's buffer {name} holds NaN/inf (it is computed from the config, "
-                    "e.g. the RoPE tables from model.rope_theta): fix the model config"
-                )
-        if self.skipped >= self.step:  # every step skipped: the weights are the initial ones
-            return (
-                "Every step so far was non-finite on the initial weights (no update was applied, "
-                "so train.lr is not the cause): check model.init_std and model.norm_eps, try "
-                "train.precision fp32, and check the data"
-            )
-        return "Lower train.lr, check the data, or raise train.max_bad_steps"
-
     def _log_if_due(
-        self, last: bool, loss: float, lr: float, gnorm: float, clock: _Throughput
+        self, last: bool, loss: float, lr: float, gnorm: float, clock: Throughput
     ) -> None:
         every = self.cfg.log_every
         if not self.info.is_main or not (last or (every and self.step % every == 0)):
@@ -958,12 +531,10 @@ class Trainer:
             self.save(use_async=False if stop else None)
 
     def _plot(self) -> None:
-        from taperlm.training.plots import plot_run
-
         try:
             plot_run(self.out)
         except Exception as err:  # a plot must never fail a finished run
-            _warn(f"could not write {self.out / 'loss.png'}: {err}")
+            warn(f"could not write {self.out / 'loss.png'}: {err}")
 
     def close(self) -> None:
         """Finish a background checkpoint, restore the determinism setting and release the run
@@ -979,39 +550,15 @@ class Trainer:
             if self._prev_deterministic is not None:
                 torch.use_deterministic_algorithms(self._prev_deterministic)
                 self._prev_deterministic = None
-            if self._lock is not None:
-                self._lock.release()
-                self._lock = None
+            if self._run_dir is not None:
+                self._run_dir.release()
 
 
 def _params(run: RunConfig) -> int:
-    from taperlm.budget import total_params
-
     try:
         return total_params(run.model)
     except Exception:  # an unresolved or invalid config: the count is only for the message
         return 0
-
-
-def _os_error_message(path: Path, err: OSError, run_dir: Path) -> str:
-    good = ckpt.list_checkpoints(run_dir)
-    where = (
-        f"the last checkpoint {good[-1][1]} is intact"
-        if good
-        else "no checkpoint has been written yet"
-    )
-    from taperlm.io import os_error_cause
-
-    return (
-        f"could not write {path}: {err.strerror or err} ({type(err).__name__}, errno "
-        f"{err.errno}); {where}. {os_error_cause(err, path)}, then rerun the same "
-        "command to resume"
-    )
-
-
-def _is_compile_error(err: Exception) -> bool:
-    mod = type(err).__module__ or ""
-    return mod.startswith(("torch._dynamo", "torch._inductor")) or "compile" in str(err).lower()
 
 
 def train(

@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.distributed.tensor import distribute_tensor
 
 from taperlm.config import ModelConfig
+from taperlm.models import TaperedLM
+from taperlm.models.layers import Rotary, init_weights, keyed_seed, paired_init
 
 
 def build_on_meta(cfg: ModelConfig) -> nn.Module:
     """A TaperedLM whose parameters have shapes but no storage (nothing is drawn)."""
-    from taperlm.models import TaperedLM
-
     with torch.device("meta"):
         return TaperedLM(cfg)
 
@@ -36,8 +37,6 @@ def build_on_meta(cfg: ModelConfig) -> nn.Module:
 def _write(target: torch.Tensor, full: torch.Tensor) -> None:
     """Copy the part of `full` that `target` holds: all of it, or this rank's shard of a DTensor."""
     if hasattr(target, "device_mesh"):
-        from torch.distributed.tensor import distribute_tensor
-
         local = distribute_tensor(
             full.to(target.device), target.device_mesh, target.placements, src_data_rank=None
         ).to_local()
@@ -55,8 +54,6 @@ def materialize(
     With `paired_seed` (train.paired_init), every part is built from its own keyed stream and the
     weight matrices are redrawn by `paired_init`, so models of different widths share every draw
     their shapes allow (the global RNG then ends in a state of its own)."""
-    from taperlm.models.layers import Rotary, init_weights, keyed_seed, paired_init
-
     cfg = model.config
     model.to_empty(device=device)
     if cfg.tie_embeddings and model.lm_head.weight is not model.embed.weight:

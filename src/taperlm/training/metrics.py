@@ -1,4 +1,4 @@
-"""metrics.jsonl writing, throughput and model-FLOPs utilisation (MFU).
+"""metrics.jsonl writing, the throughput clock and model-FLOPs utilisation (MFU).
 
 MFU = tokens_per_s x flops_per_token / (world_size x peak FLOP/s per device), with
 flops_per_token from `taperlm.budget.flops_per_token` (6N + attention, forward + backward) and the
@@ -9,11 +9,17 @@ sheets (no sparsity). On CPU there is no meaningful peak, so MFU is null unless
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from taperlm.budget import flops_per_token
+from taperlm.config import RunConfig
+from taperlm.errors import TrainingError
 from taperlm.io import atomic_write_text
 
 # Dense bf16 peak FLOP/s per device, matched as a substring of torch.cuda.get_device_name().
@@ -43,6 +49,48 @@ def mfu(
     if not peak or tokens_per_s <= 0:
         return None
     return tokens_per_s * flops_per_token / (peak * world_size)
+
+
+def model_flops_per_token(run: RunConfig) -> int | None:
+    """Training FLOPs per token of the run's model at its seq_len (None for a family that does
+    not count them)."""
+    try:
+        return flops_per_token(run.model, run.train.seq_len)
+    except (NotImplementedError, KeyError):
+        return None
+
+
+class Throughput:
+    """Tokens/s of the training steps: per logging window (evaluation and checkpoint time
+    excluded) and over the whole run (step time only)."""
+
+    def __init__(self) -> None:
+        self.window_start, self.window_tokens = time.perf_counter(), 0
+        self.step_seconds, self.step_tokens = 0.0, 0
+
+    def step(self, seconds: float, tokens: int) -> None:
+        self.step_seconds += seconds
+        self.step_tokens += tokens
+        self.window_tokens += tokens
+
+    def window_rate(self) -> float:
+        """Tokens/s since the last call (or the start), and start a new window."""
+        now = time.perf_counter()
+        rate = self.window_tokens / max(now - self.window_start, 1e-9)
+        self.window_start, self.window_tokens = now, 0
+        return rate
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Time spent in the block does not count against the current window."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.window_start += time.perf_counter() - t0
+
+    def mean_rate(self) -> float:
+        return self.step_tokens / self.step_seconds if self.step_seconds > 0 else 0.0
 
 
 def _clean(value: Any) -> Any:
@@ -79,8 +127,6 @@ def read_metrics(path: str | Path, strict: bool = False) -> list[dict[str, Any]]
     """All records of a metrics.jsonl; a torn last line (killed mid-write) is ignored. Other
     lines that are not a JSON object with integer `step` and `tokens` are skipped, or with `strict` raise
     TrainingError naming the line."""
-    from taperlm.errors import TrainingError
-
     records = []
     p = Path(path)
     if not p.exists():

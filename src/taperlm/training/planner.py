@@ -30,6 +30,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from taperlm.budget import flops_per_token
 from taperlm.config import ModelConfig
 from taperlm.errors import ConfigError
 
@@ -104,7 +105,7 @@ class MemoryPlan:
 def parameter_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """{name: shape} of every distinct parameter (a tied head counted once), from a model built
     on the meta device (no memory)."""
-    from taperlm.training.meta_init import build_on_meta
+    from taperlm.training.meta_init import build_on_meta  # lazy: plan stays torch-free
 
     model = build_on_meta(cfg)
     return {n: tuple(p.shape) for n, p in model.named_parameters()}
@@ -138,7 +139,7 @@ def _groups(shapes: dict[str, tuple[int, ...]]) -> tuple[int, list[int]]:
 def block_activation_bytes(cfg: ModelConfig, layer: int, batch: int, seq_len: int) -> int:
     """Bytes autograd keeps for the backward pass of block `layer` on a [batch, seq_len] input,
     computing in bf16 (parameters and buffers excluded)."""
-    import torch
+    import torch  # lazy: plan stays torch-free (this runs only for memory plans)
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from taperlm.models.layers import Rotary
@@ -205,8 +206,6 @@ def plan_training(
     restore_nonfinite: bool = True,
 ) -> MemoryPlan:
     """Per-GPU memory and the run's time on `gpus` GPUs (see the module docstring)."""
-    from taperlm.budget import flops_per_token
-
     for key, value in (("--gpus", gpus), ("--micro-batch", micro_batch), ("--seq-len", seq_len)):
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"{key} must be a positive integer, got {value!r}")
@@ -215,29 +214,10 @@ def plan_training(
     if not 0 < mfu <= 1:
         raise ConfigError(f"--mfu must be in (0, 1], got {mfu}")
     cfg.resolve()
-    shapes = parameter_shapes(cfg)
-    n = sum(math.prod(s) for s in shapes.values())
-    sharded = parallel == "fsdp" and gpus > 1
-    local = sum(shard_numel(s, gpus) for s in shapes.values()) if sharded else n
-    root, blocks = _groups(shapes)
+    n, lines = _memory_lines(
+        cfg, gpus, micro_batch, seq_len, parallel, activation_checkpointing, restore_nonfinite
+    )
     tokens_per_micro = micro_batch * seq_len
-    acts = activation_bytes(cfg, micro_batch, seq_len, shapes)
-    if activation_checkpointing:
-        act = cfg.n_layers * tokens_per_micro * cfg.d_model * 2 + max(acts)
-    else:
-        act = sum(acts)
-    ddp = parallel == "ddp" and gpus > 1
-    lines = {
-        "parameters": 4 * local,
-        "gradients": 8 * n if ddp else 4 * local,
-        "optimizer": 8 * local,
-        **({"step guard": 12 * local} if restore_nonfinite else {}),
-        "working copies": 2 * (root + 3 * max(blocks)) if sharded else 2 * n,
-        "activations": act,
-        "logits": tokens_per_micro * (4 * cfg.vocab_size + 6 * cfg.d_model) + CHUNK_BYTES,
-    }
-    subtotal = sum(lines.values())
-    lines["runtime reserve"] = RESERVE_BYTES + int(RESERVE_FRACTION * subtotal)
     plan = MemoryPlan(
         family=cfg.family,
         params_total=n,
@@ -267,6 +247,48 @@ def plan_training(
     plan.seconds = tokens * plan.flops_per_token * recompute / (gpus * peak_flops * mfu)
     plan.token_disk_bytes = tokens * (2 if cfg.vocab_size <= 65536 else 4)
     plan.checkpoint_bytes = 12 * n
+    _add_fit_notes(plan, activation_checkpointing, restore_nonfinite)
+    return plan
+
+
+def _memory_lines(
+    cfg: ModelConfig,
+    gpus: int,
+    micro_batch: int,
+    seq_len: int,
+    parallel: str,
+    activation_checkpointing: bool,
+    restore_nonfinite: bool,
+) -> tuple[int, dict[str, int]]:
+    """(parameters in all, per-GPU bytes by line) of a resolved model config."""
+    shapes = parameter_shapes(cfg)
+    n = sum(math.prod(s) for s in shapes.values())
+    sharded = parallel == "fsdp" and gpus > 1
+    local = sum(shard_numel(s, gpus) for s in shapes.values()) if sharded else n
+    root, blocks = _groups(shapes)
+    tokens_per_micro = micro_batch * seq_len
+    acts = activation_bytes(cfg, micro_batch, seq_len, shapes)
+    if activation_checkpointing:
+        act = cfg.n_layers * tokens_per_micro * cfg.d_model * 2 + max(acts)
+    else:
+        act = sum(acts)
+    ddp = parallel == "ddp" and gpus > 1
+    lines = {
+        "parameters": 4 * local,
+        "gradients": 8 * n if ddp else 4 * local,
+        "optimizer": 8 * local,
+        **({"step guard": 12 * local} if restore_nonfinite else {}),
+        "working copies": 2 * (root + 3 * max(blocks)) if sharded else 2 * n,
+        "activations": act,
+        "logits": tokens_per_micro * (4 * cfg.vocab_size + 6 * cfg.d_model) + CHUNK_BYTES,
+    }
+    subtotal = sum(lines.values())
+    lines["runtime reserve"] = RESERVE_BYTES + int(RESERVE_FRACTION * subtotal)
+    return n, lines
+
+
+def _add_fit_notes(plan: MemoryPlan, activation_checkpointing: bool, restore_nonfinite: bool):
+    """What to change when the plan does not fit."""
     if not plan.fits and not activation_checkpointing:
         plan.notes.append("does not fit: add --activation-checkpointing or lower --micro-batch")
     elif not plan.fits:
@@ -276,7 +298,6 @@ def plan_training(
             "train.restore_nonfinite false drops the step guard's copy (a step that leaves "
             "NaN/inf in the weights then stops the run instead of being skipped)"
         )
-    return plan
 
 
 def _gib(b: int) -> str:

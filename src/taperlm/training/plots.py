@@ -11,7 +11,7 @@ from taperlm.training.metrics import read_metrics
 
 def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
     """Draw RUN/metrics.jsonl into a PNG (default RUN/loss.png) and return its path."""
-    import matplotlib
+    import matplotlib  # lazy: heavy, only at the end of a run; the backend precedes pyplot
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

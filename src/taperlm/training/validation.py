@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from taperlm.data.loader import val_batches
+
 
 def uses_bf16(device: torch.device, precision: str) -> bool:
     """Whether a run computes in bf16: precision bf16, or auto on CUDA."""
@@ -38,8 +40,6 @@ def validation_loss(
     """(mean loss, tokens scored) over the first `max_tokens` tokens of the val split (None =
     all of it) on `device` (default: the model's); the loss is summed in float64. The model's
     mode (eval/train) is the caller's."""
-    from taperlm.data.loader import val_batches
-
     device = device or next(model.parameters()).device
     total, count = 0.0, 0
     for x, y in val_batches(data_dir, seq_len, batch_size, max_tokens):

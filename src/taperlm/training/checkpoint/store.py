@@ -34,13 +34,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors.torch import load_file
-
 from taperlm.errors import CheckpointError
 from taperlm.io import atomic_write_text, fsync_dir, os_error_cause, replace_dir, sha256_file
 from taperlm.runlock import pid_alive
-from taperlm.training.checkpoint import dcp
 from taperlm.training.warning import TrainingWarning
 
 CHECKPOINT_DIR = "checkpoints"
@@ -87,6 +83,8 @@ def _fsync_file(path: Path) -> None:
 
 
 def _write_state(path: Path, state: dict[str, Any]) -> None:
+    import torch  # lazy: this module stays torch-free (the Ctrl-C message lists checkpoints)
+
     torch.save(state, path)
 
 
@@ -344,7 +342,11 @@ def load_model_state(path: str | Path, verify: bool = True) -> dict[str, Any]:
     manifest = verify_checkpoint(path) if verify else read_manifest(path)
     try:
         if not is_sharded(manifest):
+            from safetensors.torch import load_file  # lazy: torch-free module (see _write_state)
+
             return load_file(str(path / MODEL_FILE), device="cpu")
+        from taperlm.training.checkpoint import dcp  # lazy: torch-free module (see _write_state)
+
         return dcp.load_model_state(path)
     except Exception as err:  # safetensors / DCP raise their own error types on bad files
         raise CheckpointError(
@@ -356,6 +358,8 @@ def load_model_state(path: str | Path, verify: bool = True) -> dict[str, Any]:
 
 def load_train_state(path: str | Path) -> dict[str, Any]:
     """The small non-tensor state (`state.pt`) of a checkpoint ({} if absent)."""
+    import torch  # lazy: torch-free module (see _write_state)
+
     path = Path(path)
     if not (path / STATE_FILE).is_file():
         return {}

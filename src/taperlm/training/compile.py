@@ -1,0 +1,53 @@
+"""torch.compile for training: of the whole model or of each block's forward, with dynamo's
+recompile limits raised to the model's number of layer shapes, and undone (eager again) when
+compiling fails at setup or at the first call."""
+
+from __future__ import annotations
+
+import torch
+
+from taperlm.training.warning import warn
+
+
+def raise_compile_limits(n_shapes: int) -> None:
+    """Each distinct layer width is a new shape for dynamo; allow that many recompiles."""
+    import torch._dynamo  # lazy: heavy to import, and only runs with train.compile on
+
+    need = n_shapes + 8
+    cfg = torch._dynamo.config
+    for name in ("cache_size_limit", "recompile_limit"):
+        if hasattr(cfg, name) and getattr(cfg, name) < need:
+            setattr(cfg, name, need)
+    for name in ("accumulated_cache_size_limit", "accumulated_recompile_limit"):
+        if hasattr(cfg, name) and getattr(cfg, name) < 8 * need:
+            setattr(cfg, name, 8 * need)
+
+
+def compile_forward(
+    model: torch.nn.Module, module: torch.nn.Module, scope: str, n_shapes: int
+) -> torch.nn.Module:
+    """torch.compile `module` (the model, maybe wrapped) whole, or (scope "blocks") each of
+    `model`'s blocks' forward in place (parameter names, FSDP hooks and activation
+    checkpointing stay outside the graphs); on failure warn and return `module` eager."""
+    raise_compile_limits(n_shapes)
+    try:
+        if scope == "blocks":
+            for block in model.blocks:
+                block.forward = torch.compile(block.forward)
+            return module
+        return torch.compile(module)
+    except Exception as err:  # e.g. unsupported platform
+        uncompile(model)
+        warn(f"torch.compile failed ({type(err).__name__}: {err}); training eagerly")
+        return module
+
+
+def uncompile(model: torch.nn.Module) -> None:
+    """Every block back to its class's eager forward."""
+    for block in model.blocks:
+        block.__dict__.pop("forward", None)
+
+
+def is_compile_error(err: Exception) -> bool:
+    mod = type(err).__module__ or ""
+    return mod.startswith(("torch._dynamo", "torch._inductor")) or "compile" in str(err).lower()

@@ -1,0 +1,253 @@
+"""A training run directory's lifecycle around the loop: its data dir checked before any work,
+the directory created and locked (one writer), the resume verdict (mode, config conflicts, a
+checkpoint that verifies, the same data as before), the config and data record written once a
+resume succeeded, and the one wording of a failed write in it.
+
+Every check here is read-only and reaches the same verdict on every rank (rank 0's, broadcast
+where only rank 0 acts), so no rank hangs on another's error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from taperlm.config import RunConfig, load_run_config, run_config_from_dict, save_yaml, to_dict
+from taperlm.data.identity import check_run_data, read_record, record_run_data
+from taperlm.data.loader import check_data_fits, check_vocab
+from taperlm.domains import check_output
+from taperlm.errors import CheckpointError, ConfigError, DataError, RunInUseError
+from taperlm.io import os_error_cause
+from taperlm.outdirs import KINDS, check_folder, claim
+from taperlm.runlock import LOCK_FILE, RunLock
+from taperlm.training import distributed as D
+from taperlm.training.checkpoint import store as ckpt
+from taperlm.training.config_diff import config_differences, format_differences
+
+RESUME_MODES = ("auto", "never", "must")
+
+# Train settings that may change between a run and its resumption: they affect speed, logging
+# or where things run, not which updates are made (up to floating-point reordering).
+RUNTIME_KEYS = frozenset(
+    {
+        "data.dir",
+        "train.eval_every",
+        "train.eval_tokens",
+        "train.checkpoint_every",
+        "train.keep_checkpoints",
+        "train.log_every",
+        "train.max_bad_steps",
+        "train.compile",
+        "train.compile_scope",
+        "train.activation_checkpointing",
+        "train.parallel",
+        "train.fsdp_param_dtype",
+        "train.fsdp_reduce_dtype",
+        "train.async_checkpoint",
+        "train.device",
+        "train.precision",
+        "train.peak_flops",
+        "train.restore_nonfinite",
+        "train.loggers",
+        "train.log_grads_every",
+        "train.log_project",
+        "train.log_group",
+        "train.log_name",
+    }
+)
+
+
+def resume_conflicts(
+    old: RunConfig | dict[str, Any], new: RunConfig | dict[str, Any]
+) -> list[tuple[str, Any, Any]]:
+    """Differences between a run's saved config and a new one that would change the result
+    (RUNTIME_KEYS excluded: the one place training reads them). A dict (e.g. from result.json)
+    is read as a run config first, so configs written by older versions compare by meaning,
+    not by layout."""
+
+    def as_dict(cfg: RunConfig | dict[str, Any]) -> dict[str, Any]:
+        return to_dict(cfg if isinstance(cfg, RunConfig) else run_config_from_dict(cfg))
+
+    diffs = config_differences(as_dict(old), as_dict(new))
+    return [d for d in diffs if d[0] not in RUNTIME_KEYS]
+
+
+def os_error_message(path: Path, err: OSError, run_dir: Path) -> str:
+    """A failed write in the run dir: the path, the OS error, which checkpoint is intact, and
+    what to do (then rerun the same command to resume)."""
+    good = ckpt.list_checkpoints(run_dir)
+    where = (
+        f"the last checkpoint {good[-1][1]} is intact"
+        if good
+        else "no checkpoint has been written yet"
+    )
+    return (
+        f"could not write {path}: {err.strerror or err} ({type(err).__name__}, errno "
+        f"{err.errno}); {where}. {os_error_cause(err, path)}, then rerun the same "
+        "command to resume"
+    )
+
+
+def check_data_dir(run: RunConfig, out: Path) -> Path:
+    """The run's data dir, checked before any work: it exists, its vocabulary fits the model,
+    it holds enough tokens for one step (and one validation window), and the run dir can be
+    written beside it (the CLI checks --out the same way; this covers in-process callers)."""
+    cfg = run.train
+    data_dir = Path(run.data.dir) if run.data.dir else None
+    if data_dir is None:
+        raise ConfigError(
+            "no data directory: pass --data DIR (a folder written by `taperlm prepare`) "
+            "or set data.dir in the config"
+        )
+    if not data_dir.is_dir():
+        raise DataError(
+            f"data directory {data_dir} does not exist; create it with "
+            f"`taperlm prepare --source SRC --out {data_dir}`"
+        )
+    check_vocab(data_dir, run.model.vocab_size)
+    check_data_fits(
+        data_dir, cfg.seq_len, cfg.batch_tokens // cfg.seq_len, validate=cfg.eval_tokens > 0
+    )
+    check_output(out, "dir", "the run dir", [("the data dir", data_dir)])
+    return data_dir
+
+
+class RunDir:
+    """The run directory one trainer writes: created and locked by rank 0 for the whole job,
+    released by `release`, and removed again by `discard_if_unused` after a failed start."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.lock: RunLock | None = None
+        self.created = False
+
+    def take(self, info: D.DistInfo) -> None:
+        """Create the run dir and take its lock (rank 0): one writer per run dir. Every rank
+        gets rank 0's verdict."""
+        err: tuple[str, str] | None = None
+        if info.is_main:
+            try:
+                self.created = not self.out.exists()
+                check_folder(self.out, "run", "--out")  # library callers too: never a foreign one
+                claim(self.out, "run")
+                self.lock = RunLock(self.out).acquire()
+            except ConfigError as e:
+                err = ("config", str(e))
+            except OSError as e:
+                path = Path(e.filename) if e.filename else self.out
+                err = ("os", os_error_message(path, e, self.out))
+            except RunInUseError as e:
+                err = ("busy", str(e))
+        err = D.broadcast_object(err, info)
+        if err is not None:
+            kinds = {"busy": RunInUseError, "config": ConfigError}
+            raise kinds.get(err[0], CheckpointError)(err[1])
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def discard_if_unused(self) -> None:
+        """After a failed start: remove the run dir this attempt created if nothing but its
+        lock file was written (a bad --resume must not leave an empty run behind)."""
+        if not self.created or not self.out.is_dir():
+            return
+        if {p.name for p in self.out.iterdir()} <= {LOCK_FILE, KINDS["run"].marker}:
+            (self.out / LOCK_FILE).unlink(missing_ok=True)
+            (self.out / KINDS["run"].marker).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                self.out.rmdir()
+
+
+def checkpoint_to_resume(
+    run: RunConfig, out: Path, resume: str, info: D.DistInfo | None = None
+) -> Path | None:
+    """Check the run dir against the config and resume mode; return the checkpoint to resume.
+
+    Read-only: every rank calls it and reaches the same verdict (no rank hangs on an error);
+    each rank hashes only its share of a checkpoint's files.
+    """
+    if resume not in RESUME_MODES:
+        raise ConfigError(f"--resume {resume!r} is unknown; choose auto, never or must")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder; choose a folder for the run")
+    have = ckpt.list_checkpoints(out)
+    if resume == "never":
+        if have:
+            raise ConfigError(
+                f"{out} already holds checkpoints (newest: {have[-1][1].name}) and --resume is "
+                "never; train into a fresh --out directory, or use --resume auto to continue it"
+            )
+        return None
+    if resume == "must" and not have:
+        raise CheckpointError(
+            f"--resume must, but {out} has no checkpoint; train it first or use --resume auto"
+        )
+    if not have:
+        return None
+    _check_saved_config(run, out)
+    info = info or D.DistInfo()
+    found = ckpt.find_checkpoint(
+        out, part=(info.rank, info.world_size), agree=lambda x: D.gather_objects(x, info)
+    )
+    if found is None:
+        # Never silently restart from scratch over a run's (possibly repairable) checkpoints.
+        raise CheckpointError(
+            f"none of the {len(have)} checkpoint(s) in {ckpt.checkpoints_dir(out)} verifies "
+            "(see the warnings above): they are corrupt or incomplete. Restore them from a "
+            "backup, delete them to restart this run from step 0, or train into a fresh --out"
+        )
+    return found
+
+
+def _check_saved_config(run: RunConfig, out: Path) -> None:
+    """A resume must not change what the run computes: its saved config.yaml against `run`."""
+    cfg_path = out / "config.yaml"
+    if not cfg_path.is_file():
+        return
+    try:
+        old = load_run_config(cfg_path).resolve()
+    except ConfigError as err:
+        raise ConfigError(
+            f"cannot resume {out}: its config.yaml is unreadable ({err}); use a fresh --out"
+        ) from None
+    conflicts = resume_conflicts(old, run)
+    if conflicts:
+        raise ConfigError(
+            f"cannot resume {out} with a different config: "
+            + format_differences(conflicts, "run", "now")
+            + f". Continue it with its own settings (`taperlm train --out {out}`), or train "
+            "into a fresh --out directory"
+        )
+
+
+def check_resume_data(out: Path, data_dir: Path) -> None:
+    """A resumed run must read the data it was trained on (its recorded identity)."""
+    why = check_run_data(out, data_dir, ("train", "val"))
+    if why:
+        raise DataError(
+            f"cannot resume {out}: the data dir {data_dir} is not the data this run "
+            f"was trained on: {why}. Resume with that data (--data or data.dir), or train "
+            "into a fresh --out"
+        )
+
+
+def write_run_record(
+    run: RunConfig, out: Path, data_dir: Path, resumed: bool, info: D.DistInfo
+) -> None:
+    """Write config.yaml and (new runs, and runs that predate it) the data record, on rank 0,
+    once a resume succeeded (a failed resume leaves the old config intact); a failed write is
+    a CheckpointError on every rank."""
+    err = None
+    if info.is_main:
+        try:
+            save_yaml(run, out / "config.yaml")
+            if not resumed or read_record(out) is None:
+                record_run_data(out, data_dir)  # the run's tokenizer and data identity
+        except OSError as e:
+            err = os_error_message(Path(e.filename or out / "config.yaml"), e, out)
+    err = D.broadcast_object(err, info)
+    if err is not None:
+        raise CheckpointError(err)
