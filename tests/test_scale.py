@@ -19,8 +19,10 @@ from taperlm.models import TaperedLM
 from taperlm.models.loss import chunked_cross_entropy
 from taperlm.presets import get_preset
 from taperlm.training.checkpoint import store as ckpt
+from taperlm.training.compile import uncompile
 from taperlm.training.loop import Trainer, train
 from taperlm.training.meta_init import build_on_meta, materialize
+from taperlm.training.model_setup import fsdp_mixed_precision
 from taperlm.training.optim import param_groups, parameter_periods
 from test_train import data_dir, losses, tiny_config, weights  # noqa: F401 (fixture)
 
@@ -271,7 +273,7 @@ def test_regional_compile_compiles_each_block(data_dir, tmp_path, monkeypatch): 
         assert len(compiled) == len(trainer.model.blocks)
         assert all("forward" in vars(b) for b in trainer.model.blocks)
         assert trainer.forward is trainer.wrapped
-        trainer._uncompile()
+        uncompile(trainer.model)
         assert not any("forward" in vars(b) for b in trainer.model.blocks)
         assert names == [n for n, _ in trainer.model.named_parameters()]
     finally:
@@ -320,7 +322,7 @@ def test_mixed_precision_policy_from_config(data_dir, tmp_path):  # noqa: F811
         ]
         trainer = Trainer(tiny_config(data_dir, *sets), tmp_path / "-".join((precision, param)))
         try:
-            policy = trainer._mixed_precision()
+            policy = fsdp_mixed_precision(trainer.run, trainer.info)
         finally:
             trainer.close()
         assert (policy.param_dtype, policy.reduce_dtype) == expected, (precision, param, reduce)

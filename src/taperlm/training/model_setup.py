@@ -45,7 +45,7 @@ def build_training_model(
     periods = parameter_periods(model)
     set_activation_checkpointing(model, cfg.activation_checkpointing == "full")
     if cfg.parallel == "fsdp" and info.enabled:
-        wrapped = D.wrap_model(model, "fsdp", info, _mixed_precision(run, info))
+        wrapped = D.wrap_model(model, "fsdp", info, fsdp_mixed_precision(run, info))
         materialize(model, info.device, paired_seed)
     else:
         materialize(model, info.device, paired_seed)
@@ -53,7 +53,7 @@ def build_training_model(
     return model, wrapped, periods
 
 
-def _mixed_precision(run: RunConfig, info: D.DistInfo):
+def fsdp_mixed_precision(run: RunConfig, info: D.DistInfo):
     """FSDP2's policy: bf16 compute copies when the run computes in bf16 (configurable)."""
     cfg = run.train
     bf16 = uses_bf16(info.device, cfg.precision)
