@@ -29,7 +29,7 @@ from taperlm import generation
 from taperlm.errors import ConfigError, DataError
 from taperlm.evaluation import niah
 from taperlm.evaluation.record import Column, Task
-from taperlm.evaluation.registry import TASKS, TaskData
+from taperlm.evaluation.registry import TASKS, TaskData, needs_haystack
 from taperlm.evaluation.scoring import Scorer
 from taperlm.progress import progress_bar
 
@@ -337,7 +337,7 @@ def check_niah_inputs(
         )
     niah.key_words()
     codec = niah.TokenizerCodec(tokenizer)
-    if any(niah.SPECS[t].haystack == "essay" for t in tasks):
+    if any(needs_haystack(t) for t in tasks):
         if haystack is None:
             raise DataError("niah_single_2/3 hide their needle in prose: give a haystack")
         longest = max(_generated_lengths(lengths, evaluate))
