@@ -32,9 +32,9 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     from taperlm.evaluation.harness import make_hflm, run_lm_eval, write_task_dir
+    from taperlm.evaluation.registry import load_task
     from taperlm.evaluation.scoring import Scorer
     from taperlm.evaluation.suite import run_task
-    from taperlm.evaluation.tasks import load_task
     from taperlm.loading import load_any
 
     model, tok, _ = load_any(args.model)

@@ -1016,8 +1016,8 @@ def test_cpu_recipe_model_settings_apply_to_small_presets_only(tmp_path):
 
 def test_no_skill_accuracy_and_chance_marks():
     from taperlm.compare.family_table import verdict
+    from taperlm.evaluation.registry import TaskData
     from taperlm.evaluation.suite import at_chance, chance_columns, no_skill_accuracy
-    from taperlm.evaluation.tasks import TaskData
 
     docs = [{"goal": "g", "sol1": "a", "sol2": "b", "label": y} for y in (0, 0, 0, 1)]
     assert no_skill_accuracy(TaskData("piqa", "multiple_choice", docs, "local")) == 0.75

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from taperlm.evaluation.record import Item
+from taperlm.evaluation.registry import TaskData, load_task
 from taperlm.evaluation.scoring import Scorer, rolling_windows
 from taperlm.evaluation.suite import argmax, mean_stderr, ratio_stderr, run_task
-from taperlm.evaluation.tasks import Item, TaskData, load_task
 from test_eval_helpers import tiny_model, tiny_tokenizer, write_eval_files
 
 

@@ -9,14 +9,15 @@ from pathlib import Path
 import pytest
 
 from taperlm.errors import DataError
+from taperlm.evaluation.registry import load_task, zero_shot_tasks
 from taperlm.evaluation.tasks import (
-    TASKS,
-    load_task,
     split_wikitext_documents,
     wikitext_counts,
     wikitext_detokenize,
 )
 from test_eval_helpers import COUNTS, write_eval_files
+
+TASKS = tuple(zero_shot_tasks())
 
 
 @pytest.fixture

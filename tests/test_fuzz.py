@@ -36,7 +36,7 @@ from taperlm.config import (
 )
 from taperlm.data.shards import HEADER_SIZE, open_shard, parse_header, write_shard
 from taperlm.errors import DataError, TaperlmError
-from taperlm.evaluation.tasks import LOCAL_FILES, load_task
+from taperlm.evaluation.registry import get_task, load_task
 from taperlm.taper import TaperSpec, solve_sizes
 
 N = int(os.environ.get("TAPERLM_FUZZ_EXAMPLES", "40"))
@@ -299,11 +299,11 @@ def test_eval_jsonl_readers(task, tmp_path_factory):
     @given(_records(task), st.lists(st.sampled_from(["0", "1", "2", "x", ""]), max_size=3))
     def check(lines, labels):
         root = tmp_path_factory.mktemp("eval")
-        first = root / LOCAL_FILES[task][0]
+        first = root / get_task(task).files[0]
         first.parent.mkdir(parents=True, exist_ok=True)
         first.write_text("\n".join(lines) + "\n", encoding="utf-8", errors="surrogatepass")
         if task == "piqa":
-            (root / LOCAL_FILES[task][1]).write_text("\n".join(labels) + "\n")
+            (root / get_task(task).files[1]).write_text("\n".join(labels) + "\n")
         data = _documented(load_task, task, root)
         if data is not None:
             data.items()
@@ -316,7 +316,7 @@ def test_eval_jsonl_readers(task, tmp_path_factory):
 def test_hellaswag_and_wikitext_text_readers(tmp_path_factory, lines):
     root = tmp_path_factory.mktemp("eval")
     for task in ("hellaswag", "wikitext"):
-        path = root / LOCAL_FILES[task][0]
+        path = root / get_task(task).files[0]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("\n".join(lines) + "\n", encoding="utf-8", errors="surrogatepass")
         data = _documented(load_task, task, root)

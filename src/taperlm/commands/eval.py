@@ -7,8 +7,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+from taperlm.data.identity import check_run_data
+from taperlm.device import resolve_device
 from taperlm.domains import (
     MAX_BATCH,
     MAX_CONTEXT,
@@ -19,15 +23,25 @@ from taperlm.domains import (
     up_to,
 )
 from taperlm.errors import ConfigError, DataError
-from taperlm.evaluation.niah import DEFAULT_HAYSTACK, DEFAULT_LENGTHS, parse_lengths
-from taperlm.evaluation.niah import TASKS as NIAH_TASKS
-from taperlm.outfiles import R_FILE
+from taperlm.evaluation.harness import write_task_dir
+from taperlm.evaluation.locate import eval_data_dir
+from taperlm.evaluation.niah import DEFAULT_HAYSTACK, DEFAULT_LENGTHS, load_haystack, parse_lengths
+from taperlm.evaluation.record import SkippedTask
+from taperlm.evaluation.registry import (
+    has_local_files,
+    needs_haystack,
+    task_names,
+    zero_shot_tasks,
+)
+from taperlm.io import atomic_write_text
+from taperlm.loading import load_any, resolve_data_dir, run_root
+from taperlm.outfiles import R_FILE, json_mark
 
 TASK_HELP = (
     "auto (default: val + every task of the suite whose files are found locally), or "
-    "comma-separated: paper (= val + the zero-shot tasks), val, wikitext, lambada_openai, piqa, "
-    "hellaswag, winogrande, arc_easy, arc_challenge, social_iqa, boolq; niah (= niah_single_1, "
-    "niah_single_2, niah_single_3: RULER S-NIAH at --niah-lengths); all (= paper + niah)"
+    f"comma-separated: paper (= val + the zero-shot tasks), {', '.join(task_names('paper'))}; "
+    f"niah (= {', '.join(task_names('niah'))}: RULER S-NIAH at --niah-lengths); "
+    "all (= paper + niah)"
 )
 
 
@@ -38,6 +52,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=input_path(),
         help="run directory of `taperlm train` (or a checkpoint dir, or a `taperlm export` dir)",
     )
+    _add_task_arguments(parser)
+    _add_niah_arguments(parser)
+    _add_compute_arguments(parser)
+    _add_output_arguments(parser)
+
+
+def _add_task_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which tasks, on which data, how many items."""
     parser.add_argument("--tasks", default="auto", help=TASK_HELP)
     parser.add_argument(
         "--data-dir",
@@ -56,6 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=number(int, up_to(MAX_COUNT)),
         help="first N items per task (val: N windows; NIAH: per length)",
     )
+
+
+def _add_niah_arguments(parser: argparse.ArgumentParser) -> None:
+    """RULER S-NIAH: lengths, prose, extrapolation."""
     parser.add_argument(
         "--niah-lengths",
         default=",".join(map(str, DEFAULT_LENGTHS)),
@@ -77,6 +103,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also evaluate NIAH lengths beyond the model's context_length (the paper's 8K/16K "
         "columns for 4K models); without it they are skipped with the reason",
     )
+
+
+def _add_compute_arguments(parser: argparse.ArgumentParser) -> None:
+    """Batch, window, checkpoint, device, precision."""
     parser.add_argument(
         "--batch-size",
         type=number(int, up_to(MAX_BATCH)),
@@ -100,6 +130,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="fp32",
         help="bf16 autocast on GPU (default fp32, exact)",
     )
+
+
+def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """Table or JSON, files, per-item records, lm-eval task YAMLs."""
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.add_argument(
         "--out", type=output_path("file"), help="also write the JSON results to FILE" + R_FILE
@@ -119,13 +153,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_tasks(text: str) -> list[str]:
-    from taperlm.evaluation.suite import PAPER_TASKS, parse_task_list
+    from taperlm.evaluation.suite import parse_task_list  # lazy: --help stays torch-free
 
-    groups = {
-        "paper": list(PAPER_TASKS),
-        "niah": list(NIAH_TASKS),
-        "all": [*PAPER_TASKS, *NIAH_TASKS],
-    }
+    groups = {"paper": task_names("paper"), "niah": task_names("niah"), "all": task_names()}
     out = parse_task_list(text, groups["all"], "--tasks", groups=groups)
     if not out:
         raise ConfigError(f"--tasks is empty; choose from {TASK_HELP}")
@@ -136,16 +166,11 @@ def auto_tasks(data_dir: Path | None, source: str, notes: list[str]) -> list[str
     """`--tasks auto`: the validation perplexity and every zero-shot task of the paper's suite
     that can run here (all of them with --source hf; with local files, those whose files are in
     `data_dir`); a note names the others and how to get them."""
-    from taperlm.evaluation.tasks import LOCAL_FILES, TASKS
-
+    suite = zero_shot_tasks()
     if source == "hf":
-        return ["val", *TASKS]
-    have = [
-        t
-        for t in TASKS
-        if data_dir is not None and all((Path(data_dir) / f).is_file() for f in LOCAL_FILES[t])
-    ]
-    missing = [t for t in TASKS if t not in have]
+        return ["val", *suite]
+    have = [t for t in suite if has_local_files(t, data_dir)]
+    missing = [t for t in suite if t not in have]
     if missing:
         where = f"in {data_dir}" if data_dir is not None else "(no evaluation data folder)"
         notes.append(
@@ -156,10 +181,12 @@ def auto_tasks(data_dir: Path | None, source: str, notes: list[str]) -> list[str
     return ["val", *have]
 
 
+def _is_niah(task: str) -> bool:
+    return task in task_names("niah")
+
+
 def run(args: argparse.Namespace) -> int:
-    from taperlm.device import resolve_device
-    from taperlm.evaluation.locate import eval_data_dir
-    from taperlm.loading import load_any
+    from taperlm.evaluation.runner import evaluate  # lazy: --help stays torch-free
 
     data_dir = args.data_dir or eval_data_dir()
     auto_notes: list[str] = []
@@ -167,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
         tasks = auto_tasks(data_dir, args.source, auto_notes)
     else:
         tasks = parse_tasks(args.tasks)
-    if any(t in NIAH_TASKS for t in tasks):
+    if any(_is_niah(t) for t in tasks):
         args.niah_lengths = parse_lengths(args.niah_lengths, "--niah-lengths")
     if args.write_lm_eval_tasks:
         return _write_lm_eval_tasks(args, tasks, data_dir)
@@ -176,27 +203,35 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model, tokenizer, run_config = load_any(args.run, step=args.step, device=device)
     _check_niah_lengths(args, tasks, model.config.context_length)
-    scorer = _scorer(args, model, tokenizer, device)
-    zero_shot = [t for t in tasks if t != "val" and t not in NIAH_TASKS]
+    options = _options(args, model, device, data_dir, run_config)
+    zero_shot = [t for t in tasks if t != "val" and not _is_niah(t)]
     if zero_shot and args.source == "local" and data_dir is None:
         raise DataError(
             "no evaluation data found: pass --data-dir DIR (laid out like ../shared/data), set "
             "TAPERLM_EVAL_DATA, or use --source hf"
         )
     haystack = _check_niah_inputs(args, tasks, model, tokenizer, data_dir)
-    results, notes = _run_tasks(args, tasks, scorer, data_dir, run_config, haystack)
-    notes += auto_notes
-    if not results:
+    options = replace(options, haystack=lambda: haystack)
+    done = evaluate(model, tokenizer, tasks, options, None if args.json else _show)
+    notes = done.notes + auto_notes
+    if not done.results:
         raise DataError("nothing to evaluate: " + "; ".join(notes))
-    _report(args, results, notes, _meta(args, device, data_dir, scorer.max_length, model, notes))
+    meta = _meta(args, device, data_dir, options.max_length, model, notes)
+    _report(args, done.results, notes, meta)
     return 0
+
+
+def _show(res: Any) -> None:
+    """One line per task as it finishes (not with --json)."""
+    shown = ", ".join(f"{k} {v:.4g}" for k, v in res.metrics.items())
+    print(f"{res.task}: {shown} (n={res.n}, {res.seconds:.1f}s)", file=sys.stderr)
 
 
 def _check_niah_lengths(args: argparse.Namespace, tasks: list[str], context: int) -> None:
     """Stop before any work when no NIAH length fits the model (lengths past it are skipped)."""
-    from taperlm.evaluation.suite import niah_lengths
+    from taperlm.evaluation.suite import niah_lengths  # lazy: --help stays torch-free
 
-    if not any(t in NIAH_TASKS for t in tasks):
+    if not any(_is_niah(t) for t in tasks):
         return
     if not niah_lengths(args.niah_lengths, context, args.niah_extrapolate)[0]:
         raise ConfigError(
@@ -209,14 +244,13 @@ def _check_niah_lengths(args: argparse.Namespace, tasks: list[str], context: int
 def _check_niah_inputs(args: argparse.Namespace, tasks: list[str], model, tokenizer, data_dir):
     """The S-NIAH haystack (None when no task hides its needle in prose), loaded and checked
     with everything else the S-NIAH tasks need before any task runs."""
-    from taperlm.evaluation.niah import SPECS
-    from taperlm.evaluation.suite import check_niah_inputs
+    from taperlm.evaluation.suite import check_niah_inputs  # lazy: --help stays torch-free
 
-    niah_tasks = [t for t in tasks if t in NIAH_TASKS]
+    niah_tasks = [t for t in tasks if _is_niah(t)]
     if not niah_tasks:
         return None
     haystack = None
-    if any(SPECS[t].haystack == "essay" for t in niah_tasks):
+    if any(needs_haystack(t) for t in niah_tasks):
         haystack = _haystack(args, data_dir)
     check_niah_inputs(
         model, tokenizer, niah_tasks, args.niah_lengths, haystack, args.niah_extrapolate
@@ -225,9 +259,7 @@ def _check_niah_inputs(args: argparse.Namespace, tasks: list[str], model, tokeni
 
 
 def _write_lm_eval_tasks(args: argparse.Namespace, tasks: list[str], data_dir: Path | None) -> int:
-    from taperlm.evaluation.harness import write_task_dir
-
-    if any(t in NIAH_TASKS for t in tasks):
+    if any(_is_niah(t) for t in tasks):
         print(
             "note: lm-eval builds the NIAH tasks itself (niah_single_1..3 with --metadata "
             "'{\"max_seq_lengths\": [...]}'); nothing is written for them"
@@ -235,7 +267,7 @@ def _write_lm_eval_tasks(args: argparse.Namespace, tasks: list[str], data_dir: P
     out = write_task_dir(
         args.write_lm_eval_tasks,
         data_dir,
-        [t for t in tasks if t != "val" and t not in NIAH_TASKS],
+        [t for t in tasks if t != "val" and not _is_niah(t)],
         source=args.source,
         limit=args.limit,
     )
@@ -247,63 +279,36 @@ def _write_lm_eval_tasks(args: argparse.Namespace, tasks: list[str], data_dir: P
     return 0
 
 
-def _scorer(args: argparse.Namespace, model, tokenizer, device: str):
-    import torch
+def _options(args: argparse.Namespace, model, device: str, data_dir, run_config):
+    """The runner's options from the command line (the scoring window checked here)."""
+    import torch  # lazy: --help stays torch-free
 
-    from taperlm.evaluation.scoring import Scorer
+    from taperlm.evaluation.runner import EvalOptions  # lazy: --help stays torch-free
 
     max_length = args.max_length or model.config.context_length
     if max_length < 2:
         raise ConfigError(f"--max-length must be >= 2, got {max_length}")
-    return Scorer(
-        model,
-        tokenizer,
-        max_length,
+    return EvalOptions(
+        max_length=max_length,
         batch_size=args.batch_size,
         device=device,
         dtype=torch.bfloat16 if args.dtype == "bf16" else None,
+        limit=args.limit,
+        data_dir=data_dir,
+        source=args.source,
+        niah_lengths=args.niah_lengths,
+        niah_extrapolate=args.niah_extrapolate,
+        val_tokens=lambda: _val_tokens(args, run_config),
+        keep_items=args.samples,
     )
 
 
-def _run_tasks(
-    args: argparse.Namespace, tasks: list[str], scorer, data_dir, run_config, haystack=None
-):
-    """({task: TaskResult}, notes), printing one line per task unless --json."""
-    import time
+def _val_tokens(args: argparse.Namespace, run_config) -> tuple[Any, str]:
+    """The run's validation shard as token ids, and its folder; SkippedTask (a note) when the
+    model has no run data dir and val was not asked for explicitly."""
+    import torch  # lazy: --help stays torch-free
 
-    from taperlm.evaluation.suite import run_task
-    from taperlm.evaluation.tasks import load_task
-
-    results = {}
-    notes: list[str] = []
-    for task in tasks:
-        t0 = time.perf_counter()
-        if task == "val":
-            res = _run_val(args, scorer, run_config, notes)
-            if res is None:
-                continue
-        elif task in NIAH_TASKS:
-            res = _run_niah(args, task, scorer, haystack, notes)
-        else:
-            data = load_task(task, data_dir, source=args.source, limit=args.limit)
-            res = run_task(scorer, data, keep_items=args.samples)
-        res.seconds = time.perf_counter() - t0
-        results[task] = res
-        if not args.json:
-            shown = ", ".join(f"{k} {v:.4g}" for k, v in res.metrics.items())
-            print(f"{task}: {shown} (n={res.n}, {res.seconds:.1f}s)", file=sys.stderr)
-    return results, notes
-
-
-def _run_val(args: argparse.Namespace, scorer, run_config, notes: list[str]):
-    """Perplexity on the run's validation shard; None (with a note) when the model has no run
-    data dir and val was not asked for explicitly."""
-    import torch
-
-    from taperlm.data.identity import check_run_data
-    from taperlm.data.loader import open_split
-    from taperlm.evaluation.suite import run_val
-    from taperlm.loading import resolve_data_dir, run_root
+    from taperlm.data.loader import open_split  # lazy: --help stays torch-free
 
     root = run_root(Path(args.run))
     run_data = resolve_data_dir(root, run_config) if run_config else None
@@ -313,8 +318,7 @@ def _run_val(args: argparse.Namespace, scorer, run_config, notes: list[str]):
                 f"val: {args.run} has no data dir with a validation shard (data.dir in its "
                 "config.yaml); evaluate a training run or drop val from --tasks"
             )
-        notes.append("val skipped: the model has no run data dir")
-        return None
+        raise SkippedTask("val skipped: the model has no run data dir")
     why = check_run_data(root, run_data, ("val",))
     if why:
         raise DataError(
@@ -323,37 +327,12 @@ def _run_val(args: argparse.Namespace, scorer, run_config, notes: list[str]):
             "from --tasks (the other tasks use the run's own tokenizer)"
         )
     _, tokens = open_split(run_data, "val")
-    tokens = torch.from_numpy(tokens.astype("int64"))
-    return run_val(scorer, tokens, args.limit, str(run_data.resolve()))
+    return torch.from_numpy(tokens.astype("int64")), str(run_data.resolve())
 
 
 def _haystack(args: argparse.Namespace, data_dir):
-    from taperlm.evaluation.niah import load_haystack
-
     # RULER reads the first words only; 16 characters per token of the longest length is ample.
     return load_haystack(args.niah_haystack, data_dir, max(10**6, 16 * max(args.niah_lengths)))
-
-
-def _run_niah(args: argparse.Namespace, task: str, scorer, haystack, notes: list[str]):
-    """One S-NIAH task at --niah-lengths with the scorer's model, tokenizer, device and dtype."""
-    from taperlm.evaluation.suite import run_niah
-
-    res = run_niah(
-        scorer.model,
-        scorer.tok,
-        task,
-        args.niah_lengths,
-        haystack=haystack,
-        limit=args.limit,
-        extrapolate=args.niah_extrapolate,
-        batch_size=args.batch_size,
-        device=str(scorer.device),
-        dtype=scorer.dtype,
-        keep_items=args.samples,
-    )
-    notes += [f"{task} @ {n} skipped: {why}" for n, why in res.settings["skipped_lengths"].items()]
-    notes += res.settings["notes"]
-    return res
 
 
 def _meta(args: argparse.Namespace, device, data_dir, max_length, model, notes) -> dict:
@@ -378,9 +357,7 @@ def _meta(args: argparse.Namespace, device, data_dir, max_length, model, notes) 
 
 
 def _report(args: argparse.Namespace, results, notes: list[str], meta: dict) -> None:
-    from taperlm.evaluation.suite import format_table, results_json
-    from taperlm.io import atomic_write_text
-    from taperlm.outfiles import json_mark
+    from taperlm.evaluation.suite import format_table, results_json  # lazy: --help torch-free
 
     blob = results_json(results, meta)
     if args.out:

@@ -317,10 +317,11 @@ def eval_settings(opts: CompareOptions):
     from taperlm.evaluation.locate import eval_data_dir, wikitext_test
     from taperlm.evaluation.niah import DEFAULT_HAYSTACK, parse_lengths
     from taperlm.evaluation.niah import TASKS as NIAH_TASKS
+    from taperlm.evaluation.registry import zero_shot_tasks
     from taperlm.evaluation.suite import parse_task_list
-    from taperlm.evaluation.tasks import TASKS
 
-    groups = {"paper": TASKS, "niah": NIAH_TASKS, "all": (*TASKS, *NIAH_TASKS)}
+    suite = tuple(zero_shot_tasks())
+    groups = {"paper": suite, "niah": NIAH_TASKS, "all": (*suite, *NIAH_TASKS)}
     tasks = parse_task_list(
         opts.eval_tasks, groups["all"], "--eval-tasks", skip=("none", "val"), groups=groups
     )

@@ -28,18 +28,28 @@ import contextlib
 import hashlib
 import json
 import math
+import platform
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from taperlm.analysis.sources import first_tokens, first_val_tokens
 from taperlm.compare.grid import Cell
-from taperlm.config import to_dict
+from taperlm.config import load_run_config, to_dict
+from taperlm.data.identity import check_run_data
+from taperlm.data.tokenizer import load_tokenizer
 from taperlm.device import resolve_device
 from taperlm.errors import ConfigError, DataError
-from taperlm.io import atomic_write_json, finite_json
+from taperlm.evaluation import niah
+from taperlm.evaluation.registry import get_task, load_task, needs_haystack
+from taperlm.io import atomic_write_json, file_identity, finite_json
+from taperlm.outdirs import claim
 from taperlm.runlock import locked
+from taperlm.training.checkpoint.store import list_checkpoints
+from taperlm.training.config_diff import format_differences
+from taperlm.training.metrics import read_metrics
 
 if TYPE_CHECKING:
     from taperlm.training.loop import StepHook
@@ -69,8 +79,6 @@ class EvalSettings:
             if d[key] is None:
                 del d[key]
         if self.novelty_text:  # the file by content too: an edit re-evaluates the cells
-            from taperlm.io import file_identity
-
             with contextlib.suppress(OSError):
                 d[_NOVELTY_IDENTITY] = file_identity(self.novelty_text)
         return d
@@ -102,8 +110,6 @@ class SharedInputs:
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            from taperlm.data.tokenizer import load_tokenizer
-
             self._tokenizer = load_tokenizer(self.data_dir)
         return self._tokenizer
 
@@ -111,27 +117,21 @@ class SharedInputs:
         if self._novelty_ids is None:
             n = self.settings.novelty_tokens
             if self.settings.novelty_text:
-                from taperlm.analysis.sources import first_tokens
-
                 self._novelty_ids = first_tokens(
                     Path(self.settings.novelty_text), self.tokenizer.encode, n
                 )
             else:
-                from taperlm.analysis.sources import first_val_tokens
-
                 self._novelty_ids = first_val_tokens(self.data_dir, n, "--novelty-tokens")
         return self._novelty_ids
 
     def load(self) -> SharedInputs:
         """Read every input now (the novelty tokens, the task files, the NIAH prose), so that a text too short
         for --novelty-tokens or a malformed task file stops a job before any training."""
-        from taperlm.evaluation.niah import SPECS as NIAH_SPECS
-
         self.novelty_ids()
         for name in self.settings.eval_tasks:
-            if name not in NIAH_SPECS:
+            if get_task(name).reads_docs:
                 self.task(name)
-            elif NIAH_SPECS[name].haystack == "essay":
+            elif needs_haystack(name):
                 self._check_haystack()
         return self
 
@@ -139,8 +139,6 @@ class SharedInputs:
         """The prose must fill the longest --eval-niah-lengths value, before any training.
         (Without the option every cell evaluates at its own context length, checked when the
         cell's items are drawn.)"""
-        from taperlm.evaluation import niah
-
         hay = self.haystack()
         if self.settings.niah_lengths:
             codec = niah.TokenizerCodec(self.tokenizer)
@@ -150,8 +148,6 @@ class SharedInputs:
 
     def task(self, name: str):
         if name not in self._tasks:
-            from taperlm.evaluation.tasks import load_task
-
             self._tasks[name] = load_task(
                 name, self.settings.eval_data, source="local", limit=self.settings.eval_limit
             )
@@ -160,10 +156,8 @@ class SharedInputs:
     def haystack(self):
         """The prose of niah_single_2/3 (`taperlm eval`'s default haystack)."""
         if self._haystack is None:
-            from taperlm.evaluation.niah import DEFAULT_HAYSTACK, load_haystack
-
-            spec = self.settings.niah_haystack or DEFAULT_HAYSTACK
-            self._haystack = load_haystack(spec, self.settings.eval_data, 10**7)
+            spec = self.settings.niah_haystack or niah.DEFAULT_HAYSTACK
+            self._haystack = niah.load_haystack(spec, self.settings.eval_data, 10**7)
         return self._haystack
 
 
@@ -186,8 +180,7 @@ def read_result(run_dir: Path) -> dict[str, Any] | None:
 
 def _check_saved_config(run_dir: Path, saved: Any, cell: Cell, what: str) -> None:
     """ConfigError unless the config a cell folder holds trains exactly like the cell's."""
-    from taperlm.training.config_diff import format_differences
-    from taperlm.training.run_dir import resume_conflicts
+    from taperlm.training.run_dir import resume_conflicts  # lazy: torch; compare --help torch-free
 
     conflicts = resume_conflicts(saved, cell.config)
     if conflicts:
@@ -199,8 +192,6 @@ def _check_saved_config(run_dir: Path, saved: Any, cell: Cell, what: str) -> Non
 
 
 def _has_final_checkpoint(run_dir: Path, total_steps: int) -> bool:
-    from taperlm.training.checkpoint.store import list_checkpoints
-
     return any(step >= total_steps for step, _ in list_checkpoints(run_dir))
 
 
@@ -208,8 +199,8 @@ def data_order_fingerprint(cell: Cell, data_dir: Path, steps: int = 1) -> dict[s
     """sha256 of the token ids of the first `steps` optimizer steps this cell trains on (the
     trainer's loader with the cell's seed), and the first ids: equal for every allocation of one
     seed, different across seeds."""
-    from taperlm.data.loader import TokenBatches
-    from taperlm.training.train_checks import accumulation_steps
+    from taperlm.data.loader import TokenBatches  # lazy: torch; compare --help torch-free
+    from taperlm.training.train_checks import accumulation_steps  # lazy: torch
 
     t = cell.config.train
     batches = TokenBatches(data_dir, "train", t.seq_len, t.micro_batch_size, seed=t.seed)
@@ -225,8 +216,6 @@ def data_order_fingerprint(cell: Cell, data_dir: Path, steps: int = 1) -> dict[s
 
 def read_curve(run_dir: Path) -> tuple[list[list[float]], list[float]]:
     """([tokens, val_loss] per evaluation, logged tokens/s values) from metrics.jsonl."""
-    from taperlm.training.metrics import read_metrics
-
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return [], []
@@ -242,50 +231,39 @@ def read_curve(run_dir: Path) -> tuple[list[list[float]], list[float]]:
 
 
 def _zero_shot(model, shared: SharedInputs, cell: Cell) -> dict[str, Any]:
-    from taperlm.evaluation.niah import TASKS as NIAH_TASKS
-    from taperlm.evaluation.scoring import Scorer
-    from taperlm.evaluation.suite import no_skill_accuracy, paper_row, run_niah, run_task
+    from taperlm.evaluation.runner import EvalOptions, evaluate  # lazy: torch-free --help
+    from taperlm.evaluation.suite import no_skill_accuracy, paper_row  # lazy: torch-free --help
 
     if not shared.settings.eval_tasks:
         return {}
-    scorer = Scorer(
-        model,
-        shared.tokenizer,
-        max_length=cell.config.model.context_length,
+    context = cell.config.model.context_length
+    options = EvalOptions(
+        max_length=context,
         batch_size=shared.settings.eval_batch_size,
         device=next(model.parameters()).device,
+        limit=shared.settings.eval_limit,
+        task_data=shared.task,
+        niah_lengths=shared.settings.niah_lengths or [context],
+        haystack=shared.haystack,
         progress=False,
     )
-    results = {}
-    for name in shared.settings.eval_tasks:
-        if name in NIAH_TASKS:
-            results[name] = run_niah(
-                model,
-                shared.tokenizer,
-                name,
-                shared.settings.niah_lengths or [cell.config.model.context_length],
-                haystack=None if name == "niah_single_1" else shared.haystack(),
-                limit=shared.settings.eval_limit,
-                batch_size=shared.settings.eval_batch_size,
-                device=str(scorer.device),
-                progress=False,
-            )
-        else:
-            results[name] = run_task(scorer, shared.task(name))
+    results = evaluate(model, shared.tokenizer, shared.settings.eval_tasks, options).results
     tasks = {}
     for k, v in results.items():
         tasks[k] = {"metrics": v.metrics, "n": v.n} | ({"counts": v.counts} if v.counts else {})
     # the accuracy without skill (guessing, or the most frequent answer), to mark results that
     # are at chance level; a needle cannot be guessed (None: no mark)
-    chance = {k: None if k in NIAH_TASKS else no_skill_accuracy(shared.task(k)) for k in results}
+    chance = {
+        k: no_skill_accuracy(shared.task(k)) if get_task(k).reads_docs else None for k in results
+    }
     return {"paper_row": paper_row(results), "tasks": tasks, "chance": chance}
 
 
 def evaluate_cell(cell: Cell, run_dir: Path, shared: SharedInputs) -> dict[str, Any]:
     """Validation loss, zero-shot tasks and novelty of a trained cell (its final checkpoint)."""
-    from taperlm.analysis.novelty import measure
-    from taperlm.loading import load_run_model
-    from taperlm.training.validation import validation_loss
+    from taperlm.analysis.novelty import measure  # lazy: torch; compare --help stays torch-free
+    from taperlm.loading import load_run_model  # lazy: loads torch models
+    from taperlm.training.validation import validation_loss  # lazy: torch
 
     # Evaluated where it trained (train.device).
     model, _ = load_run_model(run_dir, device=resolve_device(cell.config.train.device))
@@ -330,10 +308,6 @@ def cell_state(cell: Cell, run_dir: Path, settings: dict[str, Any]) -> tuple[str
     ("evaluate", old result) when only the evaluation settings changed, ("train", None)
     otherwise. ConfigError when its folder holds a run of a different training config, and
     DataError when it was trained on other data (a data dir re-prepared since)."""
-    from taperlm.config import load_run_config
-    from taperlm.data.identity import check_run_data
-    from taperlm.training.checkpoint.store import list_checkpoints
-
     data_dir = Path(cell.config.data.dir)
     why = check_run_data(run_dir, data_dir, ("train", "val")) if data_dir.is_dir() else None
     if why:
@@ -358,9 +332,7 @@ def cell_state(cell: Cell, run_dir: Path, settings: dict[str, Any]) -> tuple[str
 def runtime_info(device: str, jobs: int) -> dict[str, Any]:
     """How this process computes (recorded per cell session: numbers are bit-identical only
     between runs with the same torch version, CPU capability and device)."""
-    import platform
-
-    import torch
+    import torch  # lazy: compare --help stays torch-free
 
     return {
         "threads": torch.get_num_threads(),
@@ -417,16 +389,13 @@ def run_cell(
     "stop" to stop at the next step with a checkpoint: CellInterrupted); `on_evaluate` is
     called when the evaluation begins; `jobs` is recorded with the session. The cell's run dir
     is locked throughout (one writer per run dir; the trainer takes the same lock again)."""
-    from taperlm.outdirs import claim
-
     claim(run_dir, "run")  # a cell is a run dir (the trainer checks and keeps the marker)
     with locked(run_dir):
         return _run_cell(cell, run_dir, shared, progress, on_step, on_evaluate, jobs)
 
 
 def _run_cell(cell, run_dir, shared, progress, on_step, on_evaluate, jobs):
-    from taperlm.training.checkpoint.store import list_checkpoints
-    from taperlm.training.loop import train
+    from taperlm.training.loop import train  # lazy: torch; compare --help stays torch-free
 
     settings = shared.settings.to_dict()
     state, cached = cell_state(cell, run_dir, settings)

@@ -203,12 +203,12 @@ def _zero_shot_summary(rs: list[dict[str, Any]]) -> dict[str, Any] | None:
 def _mark_chance(columns: dict[str, Any], rs: list[dict[str, Any]]) -> None:
     """Adds `chance` (the no-skill accuracy, %) and `at_chance` (the mean is not significantly
     above it) to the accuracy columns whose task has a chance level."""
-    from taperlm.evaluation.suite import PAPER_COLUMNS, at_chance, chance_columns
+    from taperlm.evaluation.suite import at_chance, chance_columns, paper_columns
 
     zs = next((r["zero_shot"] for r in rs if (r.get("zero_shot") or {}).get("chance")), None)
     if zs is None:
         return  # results from before chance levels were recorded
-    task_of = {col: task for col, task, _, _ in PAPER_COLUMNS}
+    task_of = {col.label: task.name for task, col in paper_columns()}
     for col, chance in chance_columns(zs["chance"]).items():
         entry = columns.get(col)
         if entry is not None and entry["mean"] is not None:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from taperlm.errors import DataError
-from taperlm.evaluation.tasks import TASKS, load_task
+from taperlm.evaluation.registry import load_task, zero_shot_tasks
+from taperlm.outdirs import check_folder, claim
 
 PLACEHOLDER = "__TAPERLM_DATA__"
 UTILS_FILE = "taperlm_utils.py"
@@ -53,18 +55,17 @@ def _template(task: str) -> str:
 def write_task_dir(
     out_dir: str | Path,
     data_dir: str | Path | None,
-    tasks: tuple[str, ...] | list[str] = TASKS,
+    tasks: Sequence[str] | None = None,
     source: str = "local",
     limit: int | None = None,
 ) -> Path:
-    """Write `<out>/data/<task>.jsonl` (normalized docs) and `<out>/taperlm_<task>.yaml`."""
-    from taperlm.outdirs import check_folder, claim
-
+    """Write `<out>/data/<task>.jsonl` (normalized docs) and `<out>/taperlm_<task>.yaml` for
+    `tasks` (default: the paper's zero-shot suite)."""
     out = Path(out_dir).resolve()
     check_folder(out, "lm-eval-tasks", "--write-lm-eval-tasks")
     claim(out, "lm-eval-tasks")
     (out / "data").mkdir(parents=True, exist_ok=True)
-    for task in tasks:
+    for task in zero_shot_tasks() if tasks is None else tasks:
         data = load_task(task, data_dir, source=source, limit=limit)
         with open(out / "data" / f"{task}.jsonl", "w", encoding="utf-8") as f:
             for doc in data.docs:
@@ -95,7 +96,7 @@ def make_hflm(
     _require_lm_eval()
     from lm_eval.models.huggingface import HFLM
 
-    from taperlm.hf.export import hf_tokenizer, to_hf_model
+    from taperlm.hf.export import hf_tokenizer, to_hf_model  # lazy: needs the hf extra
 
     hf = model if hasattr(model, "generate") else to_hf_model(model)
     ctx = hf.config.max_position_embeddings

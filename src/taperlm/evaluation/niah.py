@@ -31,6 +31,8 @@ download.
 from __future__ import annotations
 
 import bisect
+import hashlib
+import platform
 import random
 import re
 import uuid
@@ -40,7 +42,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from taperlm.data.corpus import open_source, read_text_file
 from taperlm.errors import ConfigError, DataError
+from taperlm.evaluation.locate import WIKITEXT_TEST
+from taperlm.evaluation.tasks import wikitext_detokenize
 
 TASKS = ("niah_single_1", "niah_single_2", "niah_single_3")
 NUM_SAMPLES = 500  # items per length (RULER's num_samples in lm-eval)
@@ -163,7 +168,7 @@ def key_words() -> KeyWords:
     """RULER's key words: wonderwords' default adjective and noun lists, read the way lm-eval's
     RULER code reads them (`RandomWord()._categories`)."""
     try:
-        from wonderwords import RandomWord
+        from wonderwords import RandomWord  # lazy: a missing install gets the DataError below
     except ImportError:
         raise DataError(
             "the NIAH tasks draw their keys from the `wonderwords` word lists, as RULER does: "
@@ -224,8 +229,6 @@ def split_sentences(text: str) -> list[str]:
 def wikitext_prose(raw: str) -> list[str]:
     """The paragraphs of a WikiText raw file as plain prose: headings and blank lines dropped,
     lm-eval's WikiText detokenization applied."""
-    from taperlm.evaluation.tasks import wikitext_detokenize
-
     paras = []
     for line in raw.split("\n"):
         s = line.strip()
@@ -244,7 +247,7 @@ def python_docs_prose() -> list[str]:
     separated by blank lines that start unindented and end like a sentence, headings and
     indented code or grammar dropped, lines joined with spaces."""
     try:
-        from pydoc_data.topics import topics
+        from pydoc_data.topics import topics  # lazy: some Pythons lack it (DataError below)
     except ImportError:  # some distributions split it off (Debian keeps it in libpython3.x-stdlib)
         raise DataError(
             "niah: the default haystack is the Python language reference of the standard "
@@ -274,9 +277,6 @@ def load_haystack(spec: str, data_dir: str | Path | None, max_chars: int) -> Hay
     essays, as lm-eval loads them). Documents are joined with spaces, at most `max_chars`
     characters are read."""
     if spec == DEFAULT_HAYSTACK:
-        import hashlib
-        import platform
-
         text = " ".join(python_docs_prose())[:max_chars]
         source = {
             "spec": spec,
@@ -292,22 +292,16 @@ def load_haystack(spec: str, data_dir: str | Path | None, max_chars: int) -> Hay
                 "pass --data-dir DIR (laid out like ../shared/data), set TAPERLM_EVAL_DATA, or "
                 "give another prose source with --niah-haystack PATH|default|hf:NAME"
             )
-        from taperlm.evaluation.locate import WIKITEXT_TEST
-
         path = Path(data_dir) / WIKITEXT_TEST
         if not path.is_file():
             raise DataError(
                 f"niah: haystack file {path} does not exist; point --data-dir at a folder laid "
                 "out like ../shared/data or pass --niah-haystack PATH|default|hf:NAME"
             )
-        from taperlm.data.corpus import read_text_file
-
         return Haystack.from_texts(
             wikitext_prose(read_text_file(path)[:max_chars]),
             {"spec": spec, "path": str(path.resolve())},
         )
-    from taperlm.data.corpus import open_source
-
     source = open_source(spec)
     texts = [d.text for d in source.documents(max_chars=max_chars)]
     return Haystack.from_texts(texts, source.describe())

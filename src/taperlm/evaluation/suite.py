@@ -25,33 +25,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from taperlm import generation
 from taperlm.errors import ConfigError, DataError
 from taperlm.evaluation import niah
+from taperlm.evaluation.record import Column, Task
+from taperlm.evaluation.registry import TASKS, TaskData, needs_haystack
 from taperlm.evaluation.scoring import Scorer
-from taperlm.evaluation.tasks import TASKS, TaskData
-
-PAPER_TASKS = ("val", *TASKS)
-
-# (column, task, metric, scale) — the paper's table; accuracies shown in percent.
-PAPER_COLUMNS: list[tuple[str, str, str, float]] = [
-    ("Wiki ppl", "wikitext", "word_perplexity", 1.0),
-    ("LMB ppl", "lambada_openai", "perplexity", 1.0),
-    ("LMB acc", "lambada_openai", "acc", 100.0),
-    ("PIQA", "piqa", "acc", 100.0),
-    ("Hella", "hellaswag", "acc_norm", 100.0),
-    ("Wino", "winogrande", "acc", 100.0),
-    ("ARC-e", "arc_easy", "acc", 100.0),
-    ("ARC-c", "arc_challenge", "acc_norm", 100.0),
-    ("SIQA", "social_iqa", "acc", 100.0),
-    ("BoolQ", "boolq", "acc", 100.0),
-]
-AVG_COLUMNS = ("LMB acc", "PIQA", "Hella", "Wino", "ARC-e", "ARC-c", "SIQA", "BoolQ")
-# After the zero-shot columns: one column per NIAH task and evaluated length ("S-NIAH-1 4K").
-NIAH_COLUMNS = {
-    "niah_single_1": "S-NIAH-1",
-    "niah_single_2": "S-NIAH-2",
-    "niah_single_3": "S-NIAH-3",
-}
+from taperlm.progress import progress_bar
 
 
 @dataclass
@@ -95,8 +75,6 @@ def parse_task_list(
     """Comma-separated task names -> the distinct names in order; a group name stands for its
     tasks (default groups: `paper` and `all` = every choice), names in `skip` are ignored;
     ConfigError (naming `option`) for unknown ones."""
-    from taperlm.errors import ConfigError
-
     groups = {"paper": choices, "all": choices} if groups is None else groups
     out: list[str] = []
     for t in (x.strip() for x in text.split(",")):
@@ -148,14 +126,10 @@ def argmax(xs: Sequence[float]) -> int:
 
 
 def run_task(scorer: Scorer, data: TaskData, keep_items: bool = False) -> TaskResult:
+    """Score a zero-shot task's docs by its kind (rolling, loglikelihood, multiple_choice)."""
     t0 = time.perf_counter()
-    items = data.items()
-    if data.kind == "rolling":
-        res = _rolling(scorer, data.name, items, keep_items)
-    elif data.kind == "loglikelihood":
-        res = _lambada(scorer, data.name, items, keep_items)
-    else:
-        res = _multiple_choice(scorer, data.name, items, keep_items)
+    score = {"rolling": _rolling, "loglikelihood": _lambada}.get(data.kind, _multiple_choice)
+    res = score(scorer, data.name, data.items(), keep_items)
     res.seconds = time.perf_counter() - t0
     res.settings.update(
         {
@@ -307,14 +281,11 @@ def niah_generate(
     desc: str = "niah",
 ) -> list[dict[str, Any]]:
     """Greedy answers (128 tokens at most, stop at EOS) and string-match scores of `samples`."""
-    from taperlm.generation import greedy_batch
-    from taperlm.progress import progress_bar
-
     prompts = [codec.encode(s.prompt) for s in samples]
     bar = progress_bar(
         total=len(samples), desc=desc, unit="item", disable=not progress, leave=False
     )
-    out = greedy_batch(
+    out = generation.greedy_batch(
         model,
         prompts,
         niah.MAX_NEW_TOKENS,
@@ -366,7 +337,7 @@ def check_niah_inputs(
         )
     niah.key_words()
     codec = niah.TokenizerCodec(tokenizer)
-    if any(niah.SPECS[t].haystack == "essay" for t in tasks):
+    if any(needs_haystack(t) for t in tasks):
         if haystack is None:
             raise DataError("niah_single_2/3 hide their needle in prose: give a haystack")
         longest = max(_generated_lengths(lengths, evaluate))
@@ -416,15 +387,7 @@ def run_niah(
         scores = [r["score"] for r in records]
         key = str(length)
         metrics[key], stderr[key], counts[key] = mean(scores), mean_stderr(scores), len(scores)
-        tokens = [r["prompt_tokens"] for r in records]
-        per_length[key] = {
-            "n": len(scores),
-            "skipped_items": d.skipped,
-            "haystack_units": d.haystack_units,
-            "prompt_tokens": {"min": min(tokens), "mean": mean(tokens), "max": max(tokens)},
-            "seconds": round(seconds, 3),
-            "items_per_s": round(len(scores) / seconds, 3) if seconds > 0 else None,
-        }
+        per_length[key] = _length_settings(d, records, seconds)
         if niah.SPECS[task].haystack == "essay" and d.haystack_units < 500:
             notes.append(
                 f"{task} @ {length}: RULER adds prose in steps of 500 words, and not one step "
@@ -459,27 +422,48 @@ def run_niah(
     )
 
 
-def _has_cache(model: Any) -> bool:
-    from taperlm.generation import new_cache_or_none
+def _length_settings(
+    d: niah.LengthData, records: list[dict[str, Any]], seconds: float
+) -> dict[str, Any]:
+    """What one NIAH length's items were: counts, haystack size, prompt tokens, speed."""
+    tokens = [r["prompt_tokens"] for r in records]
+    return {
+        "n": len(records),
+        "skipped_items": d.skipped,
+        "haystack_units": d.haystack_units,
+        "prompt_tokens": {"min": min(tokens), "mean": mean(tokens), "max": max(tokens)},
+        "seconds": round(seconds, 3),
+        "items_per_s": round(len(records) / seconds, 3) if seconds > 0 else None,
+    }
 
-    return new_cache_or_none(model) is not None
+
+def _has_cache(model: Any) -> bool:
+    return generation.new_cache_or_none(model) is not None
 
 
 # ----------------------------------------------------------------------------------------------
 # reporting
 
 
+def paper_columns() -> list[tuple[Task, Column]]:
+    """(task, column) of the paper's table before Avg: the registered tasks' columns in order
+    (the NIAH columns, one per length, follow Avg)."""
+    return [(t, c) for t in TASKS.values() if t.kind != "niah" for c in t.columns]
+
+
 def paper_row(results: dict[str, TaskResult]) -> dict[str, float | None]:
     row: dict[str, float | None] = {}
-    for col, task, metric, scale in PAPER_COLUMNS:
-        r = results.get(task)
-        row[col] = None if r is None else r.metrics[metric] * scale
-    accs = [row[c] for c in AVG_COLUMNS]
+    columns = paper_columns()
+    for task, col in columns:
+        r = results.get(task.name)
+        row[col.label] = None if r is None else r.metrics[col.metric] * col.scale
+    accs = [row[col.label] for _, col in columns if col.average]
     row["Avg"] = None if any(a is None for a in accs) else mean(accs)  # type: ignore[arg-type]
-    for task, name in NIAH_COLUMNS.items():
-        if task in results:
-            for length, value in results[task].metrics.items():
-                row[f"{name} {niah.length_label(int(length))}"] = value * 100.0
+    for task in TASKS.values():
+        if task.kind == "niah" and task.name in results:
+            for col in task.columns:
+                for length, value in results[task.name].metrics.items():
+                    row[f"{col.label} {niah.length_label(int(length))}"] = value * col.scale
     return row
 
 
@@ -501,12 +485,12 @@ def no_skill_accuracy(data: TaskData) -> float | None:
 
 def chance_columns(chance: dict[str, float | None]) -> dict[str, float]:
     """Task -> no-skill accuracy (0-1) as paper-table column -> percent, for the accuracy
-    columns whose task has one (`PAPER_COLUMNS`)."""
+    columns whose task has one (`paper_columns`)."""
     out = {}
-    for col, task, metric, scale in PAPER_COLUMNS:
-        c = chance.get(task)
-        if c is not None and metric in ("acc", "acc_norm"):
-            out[col] = c * scale
+    for task, col in paper_columns():
+        c = chance.get(task.name)
+        if c is not None and col.metric in ("acc", "acc_norm"):
+            out[col.label] = c * col.scale
     return out
 
 

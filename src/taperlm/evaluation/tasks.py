@@ -1,114 +1,25 @@
-"""The paper's zero-shot tasks: readers for the local files (../shared/data formats) and the
+"""The paper's zero-shot tasks, one `Task` record each (`ZERO_SHOT`, registered by
+`taperlm.evaluation.registry`): readers for the local files (../shared/data formats) and the
 Hugging Face datasets lm-evaluation-harness uses, and the prompt of each task exactly as
 lm-eval 0.4.x builds it (doc_to_text / doc_to_choice / target_delimiter of its task YAMLs).
 
 Every reader returns *normalized docs*: plain dicts with one schema per task, the same whether
-they came from a local file or from the Hub. `doc_to_item` turns a doc into the log-likelihood
-requests lm-eval would issue. The lm-eval task YAMLs we ship (`lm_eval_tasks/`) read the same
-normalized docs, so both evaluators see identical strings.
+they came from a local file or from the Hub. A task's `to_item` turns a doc into the
+log-likelihood requests lm-eval would issue. The lm-eval task YAMLs we ship (`lm_eval_tasks/`)
+read the same normalized docs, so both evaluators see identical strings.
 
-No torch import; `datasets` is imported only for `source="hf"`.
+No torch import.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from taperlm.errors import DataError
-from taperlm.io import sha256_file
-
-# Paper order; `val` (the run's own validation shard) is handled by the suite, not here.
-TASKS = (
-    "wikitext",
-    "lambada_openai",
-    "piqa",
-    "hellaswag",
-    "winogrande",
-    "arc_easy",
-    "arc_challenge",
-    "social_iqa",
-    "boolq",
-)
-MULTIPLE_CHOICE = (
-    "piqa",
-    "hellaswag",
-    "winogrande",
-    "arc_easy",
-    "arc_challenge",
-    "social_iqa",
-    "boolq",
-)
-
-# Local file(s) of each task, relative to the data dir (docs/evaluation.md, the task table).
-LOCAL_FILES: dict[str, tuple[str, ...]] = {
-    "wikitext": ("wikitext-2/wiki.test.raw",),
-    "lambada_openai": ("lambada/lambada_openai.jsonl",),
-    "piqa": ("piqa/valid.jsonl", "piqa/valid-labels.lst"),
-    "hellaswag": ("hellaswag/hellaswag_val_full.txt",),
-    "winogrande": ("winogrande/winogrande_dev.jsonl",),
-    "arc_easy": ("arc/arc_easy_test.jsonl",),
-    "arc_challenge": ("arc/arc_challenge_test.jsonl",),
-    "social_iqa": ("siqa/dev.jsonl",),
-    "boolq": ("boolq/boolq_dev.jsonl",),
-}
-
-# The Hub dataset, config and split lm-eval 0.4.x evaluates (its test split, else validation).
-HF_SOURCES: dict[str, tuple[str, str | None, str]] = {
-    "wikitext": ("EleutherAI/wikitext_document_level", "wikitext-2-raw-v1", "test"),
-    "lambada_openai": ("EleutherAI/lambada_openai", "default", "test"),
-    "piqa": ("baber/piqa", None, "validation"),
-    "hellaswag": ("Rowan/hellaswag", None, "validation"),
-    "winogrande": ("allenai/winogrande", "winogrande_xl", "validation"),
-    "arc_easy": ("allenai/ai2_arc", "ARC-Easy", "test"),
-    "arc_challenge": ("allenai/ai2_arc", "ARC-Challenge", "test"),
-    "social_iqa": ("lighteval/siqa", None, "validation"),
-    "boolq": ("aps/super_glue", "boolq", "validation"),
-}
-
-
-@dataclass
-class Item:
-    """One evaluation example as log-likelihood requests.
-
-    requests: (context, continuation) pairs, one per choice (multiple choice) or one (LAMBADA).
-    gold: index of the correct request.
-    choices: lm-eval's doc_to_choice strings, whose lengths normalise acc_norm.
-    text / words / bytes: rolling tasks (wikitext) — the string scored and the counts of the
-        original page that word/byte perplexity divide by.
-    """
-
-    requests: list[tuple[str, str]] = field(default_factory=list)
-    gold: int = 0
-    choices: list[str] | None = None
-    text: str | None = None
-    words: int = 0
-    bytes: int = 0
-
-
-@dataclass
-class TaskData:
-    name: str
-    kind: str  # multiple_choice | loglikelihood | rolling
-    docs: list[dict[str, Any]]
-    source: str  # "local" or "hf"
-    files: list[dict[str, str]] = field(default_factory=list)  # [{path, sha256}] or [{dataset..}]
-
-    def items(self) -> list[Item]:
-        return [doc_to_item(self.name, d) for d in self.docs]
-
-
-def task_kind(name: str) -> str:
-    if name == "wikitext":
-        return "rolling"
-    if name == "lambada_openai":
-        return "loglikelihood"
-    return "multiple_choice"
-
+from taperlm.evaluation.record import Column, HubSource, Item, Task, choice_item
 
 # ----------------------------------------------------------------------------------------------
 # lm-eval's text transforms (facts of its task definitions, reimplemented)
@@ -186,42 +97,49 @@ def hellaswag_preprocess(text: str) -> str:
 # doc -> requests (lm-eval's templates; the default target_delimiter is a single space)
 
 
-def doc_to_item(name: str, doc: dict[str, Any]) -> Item:
-    if name == "wikitext":
-        words, nbytes = wikitext_counts(doc["page"])
-        return Item(text=wikitext_detokenize(doc["page"]), words=words, bytes=nbytes)
-    if name == "lambada_openai":
-        text = doc["text"]
-        return Item(requests=[(" ".join(text.split(" ")[:-1]), " " + text.split(" ")[-1])])
-    if name == "winogrande":
-        # Partial scoring: one context per option, the shared continuation after the blank.
-        ctxs = list(doc["contexts"])
-        return Item(
-            requests=[(c, " " + doc["continuation"]) for c in ctxs],
-            gold=int(doc["label"]),
-            choices=ctxs,
-        )
-    ctx, choices, gold = _mc_prompt(name, doc)
-    return Item(requests=[(ctx, " " + c) for c in choices], gold=gold, choices=choices)
+def _wikitext_item(doc: dict[str, Any]) -> Item:
+    words, nbytes = wikitext_counts(doc["page"])
+    return Item(text=wikitext_detokenize(doc["page"]), words=words, bytes=nbytes)
 
 
-def _mc_prompt(name: str, doc: dict[str, Any]) -> tuple[str, list[str], int]:
-    if name == "piqa":
-        return f"Question: {doc['goal']}\nAnswer:", [doc["sol1"], doc["sol2"]], int(doc["label"])
-    if name == "hellaswag":
-        return doc["query"], list(doc["choices"]), int(doc["label"])
-    if name in ("arc_easy", "arc_challenge"):
-        return f"Question: {doc['question']}\nAnswer:", list(doc["choices"]), int(doc["label"])
-    if name == "social_iqa":
-        choices = [doc["answerA"], doc["answerB"], doc["answerC"]]
-        return f"Q: {doc['context']} {doc['question']}\nA:", choices, int(doc["label"]) - 1
-    if name == "boolq":
-        return (
-            f"{doc['passage']}\nQuestion: {doc['question']}?\nAnswer:",
-            ["no", "yes"],
-            int(doc["label"]),
-        )
-    raise DataError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
+def _lambada_item(doc: dict[str, Any]) -> Item:
+    text = doc["text"]
+    return Item(requests=[(" ".join(text.split(" ")[:-1]), " " + text.split(" ")[-1])])
+
+
+def _winogrande_item(doc: dict[str, Any]) -> Item:
+    # Partial scoring: one context per option, the shared continuation after the blank.
+    ctxs = list(doc["contexts"])
+    return Item(
+        requests=[(c, " " + doc["continuation"]) for c in ctxs],
+        gold=int(doc["label"]),
+        choices=ctxs,
+    )
+
+
+def _piqa_prompt(doc: dict[str, Any]) -> tuple[str, list[str], int]:
+    return f"Question: {doc['goal']}\nAnswer:", [doc["sol1"], doc["sol2"]], int(doc["label"])
+
+
+def _hellaswag_prompt(doc: dict[str, Any]) -> tuple[str, list[str], int]:
+    return doc["query"], list(doc["choices"]), int(doc["label"])
+
+
+def _arc_prompt(doc: dict[str, Any]) -> tuple[str, list[str], int]:
+    return f"Question: {doc['question']}\nAnswer:", list(doc["choices"]), int(doc["label"])
+
+
+def _siqa_prompt(doc: dict[str, Any]) -> tuple[str, list[str], int]:
+    choices = [doc["answerA"], doc["answerB"], doc["answerC"]]
+    return f"Q: {doc['context']} {doc['question']}\nA:", choices, int(doc["label"]) - 1
+
+
+def _boolq_prompt(doc: dict[str, Any]) -> tuple[str, list[str], int]:
+    return (
+        f"{doc['passage']}\nQuestion: {doc['question']}?\nAnswer:",
+        ["no", "yes"],
+        int(doc["label"]),
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -441,96 +359,166 @@ def _read_boolq(files: list[Path]) -> list[dict]:
     return docs
 
 
-_LOCAL_READERS: dict[str, Callable[[list[Path]], list[dict]]] = {
-    "wikitext": _read_wikitext,
-    "lambada_openai": _read_lambada,
-    "piqa": _read_piqa,
-    "hellaswag": _read_hellaswag,
-    "winogrande": _read_winogrande,
-    "arc_easy": lambda f: _read_arc(f, "arc_easy"),
-    "arc_challenge": lambda f: _read_arc(f, "arc_challenge"),
-    "social_iqa": _read_siqa,
-    "boolq": _read_boolq,
-}
+# ----------------------------------------------------------------------------------------------
+# Hugging Face rows (the datasets lm-eval downloads), normalized to the same schemas
+
+
+def _hub_wikitext(row: dict) -> dict:
+    return {"page": row["page"]}
+
+
+def _hub_lambada(row: dict) -> dict:
+    return {"text": row["text"]}
+
+
+def _hub_piqa(row: dict) -> dict:
+    return {k: row[k] for k in ("goal", "sol1", "sol2")} | {"label": int(row["label"])}
+
+
+def _hub_hellaswag(row: dict) -> dict:
+    ctx = row["ctx_a"] + " " + row["ctx_b"].capitalize()
+    return {
+        "query": hellaswag_preprocess(row["activity_label"] + ": " + ctx),
+        "choices": [hellaswag_preprocess(e) for e in row["endings"]],
+        "label": int(row["label"]),
+    }
+
+
+def _hub_winogrande(row: dict) -> dict:
+    s = row["sentence"]
+    idx = s.index("_")
+    return {
+        "contexts": [s[:idx] + row["option1"], s[:idx] + row["option2"]],
+        "continuation": s[idx + 1 :].strip(),
+        "label": {"1": 0, "2": 1}[row["answer"]],
+    }
+
+
+def _hub_arc(row: dict) -> dict:
+    return {
+        "question": row["question"],
+        "choices": list(row["choices"]["text"]),
+        "label": list(row["choices"]["label"]).index(row["answerKey"]),
+    }
+
+
+def _hub_siqa(row: dict) -> dict:
+    keys = ("context", "question", "answerA", "answerB", "answerC")
+    return {k: row[k] for k in keys} | {"label": str(row["label"])}
+
+
+def _hub_boolq(row: dict) -> dict:
+    return {"passage": row["passage"], "question": row["question"], "label": int(row["label"])}
 
 
 # ----------------------------------------------------------------------------------------------
-# Hugging Face readers (the datasets lm-eval downloads), normalized to the same schemas
+# the records, in the paper's order (local files as in docs/evaluation.md's task table)
+
+_PAPER = ("paper",)
 
 
-def _hf_doc(name: str, row: dict) -> dict:
-    if name == "wikitext":
-        return {"page": row["page"]}
-    if name == "lambada_openai":
-        return {"text": row["text"]}
-    if name == "piqa":
-        return {k: row[k] for k in ("goal", "sol1", "sol2")} | {"label": int(row["label"])}
-    if name == "hellaswag":
-        ctx = row["ctx_a"] + " " + row["ctx_b"].capitalize()
-        return {
-            "query": hellaswag_preprocess(row["activity_label"] + ": " + ctx),
-            "choices": [hellaswag_preprocess(e) for e in row["endings"]],
-            "label": int(row["label"]),
-        }
-    if name == "winogrande":
-        s = row["sentence"]
-        idx = s.index("_")
-        return {
-            "contexts": [s[:idx] + row["option1"], s[:idx] + row["option2"]],
-            "continuation": s[idx + 1 :].strip(),
-            "label": {"1": 0, "2": 1}[row["answer"]],
-        }
-    if name in ("arc_easy", "arc_challenge"):
-        return {
-            "question": row["question"],
-            "choices": list(row["choices"]["text"]),
-            "label": list(row["choices"]["label"]).index(row["answerKey"]),
-        }
-    if name == "social_iqa":
-        keys = ("context", "question", "answerA", "answerB", "answerC")
-        return {k: row[k] for k in keys} | {"label": str(row["label"])}
-    if name == "boolq":
-        return {"passage": row["passage"], "question": row["question"], "label": int(row["label"])}
-    raise DataError(f"unknown task {name!r}")
+def _accuracy(label: str, metric: str = "acc") -> tuple[Column, ...]:
+    return (Column(label, metric, 100.0, average=True),)
 
 
-def load_task(
-    name: str,
-    data_dir: str | Path | None = None,
-    source: str = "local",
-    limit: int | None = None,
-) -> TaskData:
-    """Read task `name` as normalized docs from `data_dir` (source="local") or the Hub ("hf")."""
-    if name not in TASKS:
-        raise DataError(f"unknown task {name!r}; choose from val, {', '.join(TASKS)}")
-    if source == "local":
-        if data_dir is None:
-            raise DataError(
-                f"{name}: no evaluation data dir; pass --data-dir DIR or set TAPERLM_EVAL_DATA"
-            )
-        paths = [Path(data_dir) / f for f in LOCAL_FILES[name]]
-        docs = _LOCAL_READERS[name](paths)
-        files = [{"path": str(p.resolve()), "sha256": sha256_file(p)} for p in paths]
-    elif source == "hf":
-        try:
-            import datasets
-        except ImportError:
-            raise DataError(
-                "--source hf needs the `datasets` package: pip install 'taperlm[hf]'"
-            ) from None
-        path, config, split = HF_SOURCES[name]
-        try:
-            ds = datasets.load_dataset(path, config, split=split)
-        except Exception as err:  # network, missing cache, removed dataset
-            raise DataError(
-                f"{name}: could not load Hugging Face dataset {path} ({config}, {split}): {err}. "
-                "Check the connection or use the local files (--source local --data-dir DIR)"
-            ) from None
-        rows = ds if limit is None else ds.select(range(min(limit, len(ds))))
-        docs = [_hf_doc(name, dict(r)) for r in rows]
-        files = [{"dataset": path, "config": str(config), "split": split}]
-    else:
-        raise DataError(f"unknown --source {source!r}; choose local or hf")
-    if limit is not None:
-        docs = docs[:limit]
-    return TaskData(name=name, kind=task_kind(name), docs=docs, source=source, files=files)
+ZERO_SHOT: tuple[Task, ...] = (
+    Task(
+        "wikitext",
+        "rolling",
+        files=("wikitext-2/wiki.test.raw",),
+        read=_read_wikitext,
+        hub=HubSource("EleutherAI/wikitext_document_level", "wikitext-2-raw-v1", "test"),
+        hub_doc=_hub_wikitext,
+        to_item=_wikitext_item,
+        columns=(Column("Wiki ppl", "word_perplexity"),),
+        groups=_PAPER,
+    ),
+    Task(
+        "lambada_openai",
+        "loglikelihood",
+        files=("lambada/lambada_openai.jsonl",),
+        read=_read_lambada,
+        hub=HubSource("EleutherAI/lambada_openai", "default", "test"),
+        hub_doc=_hub_lambada,
+        to_item=_lambada_item,
+        columns=(Column("LMB ppl", "perplexity"), *_accuracy("LMB acc")),
+        groups=_PAPER,
+    ),
+    Task(
+        "piqa",
+        "multiple_choice",
+        files=("piqa/valid.jsonl", "piqa/valid-labels.lst"),
+        read=_read_piqa,
+        hub=HubSource("baber/piqa", None, "validation"),
+        hub_doc=_hub_piqa,
+        to_item=choice_item(_piqa_prompt),
+        columns=_accuracy("PIQA"),
+        groups=_PAPER,
+    ),
+    Task(
+        "hellaswag",
+        "multiple_choice",
+        files=("hellaswag/hellaswag_val_full.txt",),
+        read=_read_hellaswag,
+        hub=HubSource("Rowan/hellaswag", None, "validation"),
+        hub_doc=_hub_hellaswag,
+        to_item=choice_item(_hellaswag_prompt),
+        columns=_accuracy("Hella", "acc_norm"),
+        groups=_PAPER,
+    ),
+    Task(
+        "winogrande",
+        "multiple_choice",
+        files=("winogrande/winogrande_dev.jsonl",),
+        read=_read_winogrande,
+        hub=HubSource("allenai/winogrande", "winogrande_xl", "validation"),
+        hub_doc=_hub_winogrande,
+        to_item=_winogrande_item,
+        columns=_accuracy("Wino"),
+        groups=_PAPER,
+    ),
+    Task(
+        "arc_easy",
+        "multiple_choice",
+        files=("arc/arc_easy_test.jsonl",),
+        read=lambda files: _read_arc(files, "arc_easy"),
+        hub=HubSource("allenai/ai2_arc", "ARC-Easy", "test"),
+        hub_doc=_hub_arc,
+        to_item=choice_item(_arc_prompt),
+        columns=_accuracy("ARC-e"),
+        groups=_PAPER,
+    ),
+    Task(
+        "arc_challenge",
+        "multiple_choice",
+        files=("arc/arc_challenge_test.jsonl",),
+        read=lambda files: _read_arc(files, "arc_challenge"),
+        hub=HubSource("allenai/ai2_arc", "ARC-Challenge", "test"),
+        hub_doc=_hub_arc,
+        to_item=choice_item(_arc_prompt),
+        columns=_accuracy("ARC-c", "acc_norm"),
+        groups=_PAPER,
+    ),
+    Task(
+        "social_iqa",
+        "multiple_choice",
+        files=("siqa/dev.jsonl",),
+        read=_read_siqa,
+        hub=HubSource("lighteval/siqa", None, "validation"),
+        hub_doc=_hub_siqa,
+        to_item=choice_item(_siqa_prompt),
+        columns=_accuracy("SIQA"),
+        groups=_PAPER,
+    ),
+    Task(
+        "boolq",
+        "multiple_choice",
+        files=("boolq/boolq_dev.jsonl",),
+        read=_read_boolq,
+        hub=HubSource("aps/super_glue", "boolq", "validation"),
+        hub_doc=_hub_boolq,
+        to_item=choice_item(_boolq_prompt),
+        columns=_accuracy("BoolQ"),
+        groups=_PAPER,
+    ),
+)
