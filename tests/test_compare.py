@@ -5,6 +5,7 @@ stops on Ctrl-C that name the command which resumes, and what each cell records 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import math
@@ -438,6 +439,35 @@ def test_bad_input(data_dir, tmp_path, extra, message):
     assert rc == 2
     assert message in stderr
     assert "Traceback" not in stderr
+
+
+def test_compare_options_are_declared_once(tmp_path):
+    """Every option of `taperlm compare` is a CompareOptions field (parsed straight into it), and
+    a value outside an option's declared domain fails the same way from Python as on the
+    command line, before any work."""
+    import argparse
+
+    from taperlm.commands.compare import add_arguments
+    from taperlm.compare.job import check_options
+    from taperlm.compare.options import CompareOptions, declared_options, options_from
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    dests = {a.dest for a in parser._actions} - {"help"}
+    fields = {f.name for f in dataclasses.fields(CompareOptions)}
+    assert dests == fields
+    defaults = options_from(parser.parse_args(["--out", str(tmp_path)]))
+    assert defaults == CompareOptions(out=tmp_path)
+    flags = {f.metadata["flag"] for f in declared_options()}
+    assert {"--seeds", "--tokens", "--jobs", "--threads", "--novelty-tokens"} <= flags
+    for name, bad, message in [
+        ("seeds", 0, "--seeds must be >= 1, got 0"),
+        ("threads", 0, "--threads must be >= 1, got 0"),
+        ("eval_limit", -1, "--eval-limit must be >= 0, got -1"),
+        ("novelty_tokens", 1, "--novelty-tokens must be >= 2, got 1"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            check_options(CompareOptions(out=tmp_path, **{name: bad}))
 
 
 def test_missing_data_dir(tmp_path):

@@ -8,15 +8,9 @@ from typing import Any
 
 import numpy as np
 
+# module attribute calls: tests record what each plot is given
+from taperlm.analysis import plots as analysis_plots
 from taperlm.analysis.novelty import NoveltyResult, TokenStats
-from taperlm.analysis.plots import (
-    plot_interval_series,
-    plot_intervals,
-    plot_loss_curves,
-    plot_novelty,
-    plot_paired_differences,
-    plot_width_profiles,
-)
 from taperlm.compare.grid import Grid
 from taperlm.stats import relative_ppl_change as relative_change
 from taperlm.taper import TaperSpec
@@ -137,7 +131,7 @@ def _width_plot(grid: Grid, out_dir: Path) -> dict[str, str]:
         for a in tapered
     }
     heads = {a.label: grid.budget[a.name]["heads"] for a in tapered if a.head_taper != "uniform"}
-    plot_width_profiles(
+    analysis_plots.plot_width_profiles(
         profiles,
         grid.budget[uniform.name]["baseline_width"],
         out_dir / PLOTS["widths"],
@@ -168,7 +162,7 @@ def _curve_plots(
     final = {r["val"]["tokens"] for r in results.values()}
     if final:
         every += f";\nthe table's final losses: {'/'.join(f'{n:,}' for n in sorted(final))}"
-    plot_loss_curves(
+    analysis_plots.plot_loss_curves(
         curves, out_dir / PLOTS["val_loss"], title=f"Validation loss during training\n({every})"
     )
     written = {"val_loss": PLOTS["val_loss"]}
@@ -180,7 +174,7 @@ def _curve_plots(
         if not a.is_uniform
     }
     if any(diffs.values()):
-        plot_paired_differences(
+        analysis_plots.plot_paired_differences(
             diffs,
             out_dir / PLOTS["val_loss_diff"],
             title="Paired validation-loss difference vs uniform during training\n"
@@ -205,7 +199,7 @@ def _novelty_plot(
     if not nov:
         return {}
     n_seeds = max(len(v) for v in by_alloc.values())
-    plot_novelty(
+    analysis_plots.plot_novelty(
         nov,
         out_dir / PLOTS["novelty"],
         title=f"Layer-wise novelty: per-layer means averaged over {n_seeds} seed(s)",
@@ -221,7 +215,7 @@ def _paper_plots(grid: Grid, summary: dict[str, Any], out_dir: Path) -> dict[str
     written: dict[str, str] = {}
     rows, ref = _paper_rows(summary)
     if len(rows) >= 2:
-        plot_intervals(
+        analysis_plots.plot_intervals(
             rows,
             out_dir / PLOTS["paper"],
             title="Val ppl change vs uniform: ours and the paper's",
@@ -263,7 +257,7 @@ def _kv_pareto_plot(summary: dict[str, Any], path: Path) -> bool:
         elif d and d["mean"] is not None:
             lo, hi = d["ci"] if d["ci"] else (None, None)
             series[a["label"]] = [(x, d["mean"], lo, hi)]
-    plot_interval_series(
+    analysis_plots.plot_interval_series(
         series,
         path,
         title="Validation loss vs KV cache at equal parameters",
@@ -282,7 +276,7 @@ def _sweep_plot(rows, ref: dict[str, float], path: Path) -> None:
         spec = TaperSpec.parse(label)
         series.setdefault(spec.schedule, []).append((spec.start, mean, lo, hi))
         paper.setdefault(spec.schedule, []).append((spec.start, ref[label]))
-    plot_interval_series(
+    analysis_plots.plot_interval_series(
         {k: sorted(v) for k, v in series.items()},
         path,
         title="Schedule x ratio sweep: val ppl change vs uniform",
