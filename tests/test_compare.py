@@ -5,6 +5,7 @@ stops on Ctrl-C that name the command which resumes, and what each cell records 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import math
@@ -440,6 +441,35 @@ def test_bad_input(data_dir, tmp_path, extra, message):
     assert "Traceback" not in stderr
 
 
+def test_compare_options_are_declared_once(tmp_path):
+    """Every option of `taperlm compare` is a CompareOptions field (parsed straight into it), and
+    a value outside an option's declared domain fails the same way from Python as on the
+    command line, before any work."""
+    import argparse
+
+    from taperlm.commands.compare import add_arguments
+    from taperlm.compare.job import check_options
+    from taperlm.compare.options import CompareOptions, declared_options, options_from
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    dests = {a.dest for a in parser._actions} - {"help"}
+    fields = {f.name for f in dataclasses.fields(CompareOptions)}
+    assert dests == fields
+    defaults = options_from(parser.parse_args(["--out", str(tmp_path)]))
+    assert defaults == CompareOptions(out=tmp_path)
+    flags = {f.metadata["flag"] for f in declared_options()}
+    assert {"--seeds", "--tokens", "--jobs", "--threads", "--novelty-tokens"} <= flags
+    for name, bad, message in [
+        ("seeds", 0, "--seeds must be >= 1, got 0"),
+        ("threads", 0, "--threads must be >= 1, got 0"),
+        ("eval_limit", -1, "--eval-limit must be >= 0, got -1"),
+        ("novelty_tokens", 1, "--novelty-tokens must be >= 2, got 1"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            check_options(CompareOptions(out=tmp_path, **{name: bad}))
+
+
 def test_missing_data_dir(tmp_path):
     rc, _, stderr = _cli(
         ["compare", *TINY, "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]
@@ -669,7 +699,8 @@ def test_a_blip_is_not_a_job(monkeypatch):
     ],
 )
 def test_default_jobs_never_oversubscribe(monkeypatch, usable, busy, threads, cells, want, capsys):
-    from taperlm.compare.job import CompareOptions, choose_jobs
+    from taperlm.compare.cells import choose_jobs
+    from taperlm.compare.options import CompareOptions
 
     monkeypatch.setattr(cpus, "usable_cpus", lambda: usable)
     monkeypatch.setattr(cpus, "busy_cpus", lambda sample_s=1.2: busy)
@@ -952,7 +983,8 @@ def test_paper_families_bad_input(data_dir, tmp_path, extra, message):
 
 
 def test_paper_sizes_train_with_the_paper_recipe(tmp_path):
-    from taperlm.compare.job import CompareOptions, base_config
+    from taperlm.compare.options import CompareOptions
+    from taperlm.compare.recipe import base_config
 
     cfg = base_config(CompareOptions(out=tmp_path, preset="gated-760m"), None, None)
     t = cfg.train
@@ -977,7 +1009,7 @@ def test_paper_sizes_train_with_the_paper_recipe(tmp_path):
 def test_default_seeds_depend_on_the_mode(tmp_path):
     """The main job's many seeds would make a paper grid (16 allocations) or the family table
     take hours on a CPU: --paper modes default to fewer; an explicit --seeds always wins."""
-    from taperlm.compare.job import DEFAULT_SEEDS, PAPER_MODE_SEEDS, CompareOptions
+    from taperlm.compare.options import DEFAULT_SEEDS, PAPER_MODE_SEEDS, CompareOptions
 
     assert DEFAULT_SEEDS > PAPER_MODE_SEEDS
     assert CompareOptions(out=tmp_path).seeds == DEFAULT_SEEDS
@@ -990,10 +1022,11 @@ def test_default_seeds_depend_on_the_mode(tmp_path):
 def test_cpu_recipe_model_settings_apply_to_small_presets_only(tmp_path):
     """compare's init_std is part of its CPU recipe: every small preset of every family gets
     it; a config file's model section, --set and the paper's sizes keep their own."""
-    from taperlm.compare.job import COMPARE_MODEL_DEFAULTS, CompareOptions, base_config
+    from taperlm.compare.options import CompareOptions
+    from taperlm.compare.recipe import COMPARE_MODEL, base_config
     from taperlm.presets import preset_families
 
-    init = COMPARE_MODEL_DEFAULTS["init_std"]
+    init = COMPARE_MODEL.init_std
     assert init != 0.02  # else this test could not tell the two apart
     for prefix in preset_families():
         for size in ("micro", "tiny", "small"):
@@ -1058,7 +1091,8 @@ def test_paper_mode_plots_ours_beside_the_paper(data_dir, tmp_path):
 def test_niah_prose_is_part_of_the_evaluation_settings(tmp_path):
     """S-NIAH-2/3 cells record their prose in the settings that decide re-evaluation (cells of
     an older prose are evaluated again); grids without them keep their old settings."""
-    from taperlm.compare.job import CompareOptions, eval_settings
+    from taperlm.compare.inputs import eval_settings
+    from taperlm.compare.options import CompareOptions
     from taperlm.compare.runner import EvalSettings
 
     niah = eval_settings(CompareOptions(out=tmp_path, eval_tasks="niah")).to_dict()

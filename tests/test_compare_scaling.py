@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from taperlm.compare import scaling
-from taperlm.compare.job import CompareOptions
+from taperlm.compare.options import CompareOptions
 from taperlm.errors import ConfigError
 from test_compare import TINY, _cli, data_dir  # noqa: F401 (fixture)
 

@@ -96,14 +96,14 @@ def test_set_help_names_the_environment_overrides(command, capsys):
 def test_compare_without_data_says_which_corpus_it_trains_on(tmp_path, monkeypatch):
     """No --data: compare keeps its own corpus (the main job's numbers depend on its tokenizer)
     and says so, naming a folder `taperlm prepare` wrote here that it does not use."""
-    from taperlm.compare.job import DEFAULT_CORPUS_TOKENIZER, _default_corpus_note
+    from taperlm.compare.inputs import DEFAULT_CORPUS_TOKENIZER, default_corpus_note
 
     monkeypatch.chdir(tmp_path)
-    note = _default_corpus_note(tmp_path / "cache")
+    note = default_corpus_note(tmp_path / "cache")
     assert "built-in corpus" in note and DEFAULT_CORPUS_TOKENIZER in note and "--data" in note
     assert "prepared here" not in note
     (tmp_path / "data" / "default").mkdir(parents=True)
     (tmp_path / "data" / "default" / "meta.json").write_text("{}")
-    assert "data/default (prepared here) is used only with --data" in _default_corpus_note(
+    assert "data/default (prepared here) is used only with --data" in default_corpus_note(
         tmp_path / "cache"
     )

@@ -160,7 +160,7 @@ def test_compare_cells_see_an_edited_novelty_text(tmp_path):
 def test_default_corpus_cache_is_keyed_by_its_inputs(tmp_path, monkeypatch):
     """compare's prepared default corpus lives under a name derived from its inputs: a changed
     input (an upgraded package, another pipeline version) gets a fresh one, never the stale."""
-    from taperlm.compare import job
+    from taperlm.compare import inputs
 
     monkeypatch.setenv("TAPERLM_CACHE", str(tmp_path / "cache"))
     ident = [["pkg:a.txt", 10, 1]]
@@ -173,15 +173,15 @@ def test_default_corpus_cache_is_keyed_by_its_inputs(tmp_path, monkeypatch):
         built.append(spec)
 
     monkeypatch.setattr(prep, "prepare", fake_prepare)
-    first = job.default_corpus_dir(progress=False)
-    assert job.default_corpus_dir(progress=False) == first and len(built) == 1  # reused
+    first = inputs.default_corpus_dir(progress=False)
+    assert inputs.default_corpus_dir(progress=False) == first and len(built) == 1  # reused
     ident[0][2] = 2
-    second = job.default_corpus_dir(progress=False)
+    second = inputs.default_corpus_dir(progress=False)
     assert second != first and len(built) == 2
     monkeypatch.setattr(prep, "PIPELINE_VERSION", prep.PIPELINE_VERSION + 1)
-    assert job.default_corpus_dir(progress=False) not in (first, second)
+    assert inputs.default_corpus_dir(progress=False) not in (first, second)
     digest12 = hashlib.sha256(json.dumps([prep.PIPELINE_VERSION, ident]).encode()).hexdigest()
-    assert job.default_corpus_dir(progress=False).name.endswith(digest12[:12])
+    assert inputs.default_corpus_dir(progress=False).name.endswith(digest12[:12])
 
 
 def test_eval_settings_round_trip_through_workers(tmp_path):

@@ -11,7 +11,7 @@ beside ours (`taperlm.compare.family_table`).
 
 `--set` keys of a family's own section (`model.titans.window=32`, `hope.levels=2`) apply to that
 family only; every other key applies to all. At the paper's sizes (`--preset-size 760m`) the
-cells train with the paper's recipe (`taperlm.compare.job.PAPER_TRAIN_DEFAULTS`).
+cells train with the paper's recipe (`taperlm.compare.recipe.PAPER_TRAIN`).
 
 Titans: the paper does not say which variant it tapered; the default is MAG (why: docs/compare.md);
 `--families transformer,titans-mac,titans-mal` runs others.
@@ -21,22 +21,30 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from taperlm.compare.family_table import write_family_report
+from taperlm.compare.grid import FAMILIES_TAPERS
+from taperlm.compare.job import check_options, run_comparison
+from taperlm.compare.options import DEFAULT_FAMILIES, CompareOptions
+from taperlm.compare.reproduce import run_arguments
+from taperlm.config import parse_override
 from taperlm.errors import ConfigError
+from taperlm.families import FAMILIES
+from taperlm.outdirs import check_folder, claim
+from taperlm.presets import PAPER_SHAPES, SMALL_SHAPES, preset_families
+from taperlm.runlock import locked
 
-DEFAULT_FAMILIES = ("transformer", "gated", "hope", "titans-mag")
 # The main job's size: the default table (4 families x 5 seeds) fits about half an hour on 2 cores.
 DEFAULT_PRESET_SIZE = "micro"
 
 
-def family_presets(opts) -> list[str]:
+def family_presets(opts: CompareOptions) -> list[str]:
     """The preset prefixes of --families (default DEFAULT_FAMILIES), checked and deduplicated."""
-    from taperlm.presets import preset_families
-
     known = preset_families()
     text = opts.families if opts.families is not None else ",".join(DEFAULT_FAMILIES)
     out: list[str] = []
@@ -54,10 +62,8 @@ def family_presets(opts) -> list[str]:
     return out
 
 
-def preset_size(opts) -> str:
+def preset_size(opts: CompareOptions) -> str:
     """--preset-size (default micro), checked against the preset sizes."""
-    from taperlm.presets import PAPER_SHAPES, SMALL_SHAPES
-
     size = opts.preset_size or DEFAULT_PRESET_SIZE
     sizes = [*SMALL_SHAPES, *PAPER_SHAPES]
     if size not in sizes:
@@ -68,9 +74,6 @@ def preset_size(opts) -> str:
 def override_family(text: str) -> str | None:
     """The family whose own section a `--set` key addresses (`model.titans.window=32` ->
     titans), or None for a key every family has."""
-    from taperlm.config import parse_override
-    from taperlm.families import FAMILIES
-
     key, _ = parse_override(text)
     parts = key.split(".")
     if parts[0] == "model":
@@ -78,11 +81,8 @@ def override_family(text: str) -> str | None:
     return parts[0] if len(parts) > 1 and parts[0] in FAMILIES else None
 
 
-def family_options(opts) -> list[tuple[str, Any]]:
+def family_options(opts: CompareOptions) -> list[tuple[str, CompareOptions]]:
     """(preset prefix, the CompareOptions of its comparison) for every family of the run."""
-    from taperlm.compare.grid import FAMILIES_TAPERS
-    from taperlm.presets import preset_families
-
     if opts.preset or opts.config:
         raise ConfigError(
             "--paper families builds every family from its own preset: choose the size with "
@@ -120,18 +120,13 @@ def family_options(opts) -> list[tuple[str, Any]]:
     return out
 
 
-def run_families(opts) -> tuple[Path, Path]:
+def run_families(opts: CompareOptions) -> tuple[Path, Path]:
     """Check every family's comparison, then run them one after the other (each resumable like
     any comparison) and write the family table after each; returns (report.md, report.json)."""
-    from taperlm.compare.job import check_options
-    from taperlm.runlock import locked
-
     t_start, cpu_start = time.perf_counter(), time.process_time()
     subs = family_options(opts)
     for _, sub in subs:  # nothing trains before every family's grid is known to be valid
         check_options(sub)
-    from taperlm.outdirs import check_folder, claim
-
     check_folder(opts.out, "compare", "--out")
     claim(opts.out, "compare")
     with locked(opts.out, "families folder"):  # one families run writes the folder at a time
@@ -139,9 +134,6 @@ def run_families(opts) -> tuple[Path, Path]:
 
 
 def _run_all(opts, subs, t_start: float, cpu_start: float) -> tuple[Path, Path]:
-    from taperlm.compare.family_table import write_family_report
-    from taperlm.compare.job import run_comparison
-
     size = preset_size(opts)
     docs: dict[str, dict[str, Any]] = {}
     walls: dict[str, float] = {}
@@ -173,10 +165,6 @@ def _run_all(opts, subs, t_start: float, cpu_start: float) -> tuple[Path, Path]:
 
 def _command(opts, subs: list[tuple[str, Any]], tokens: int) -> str:
     """The command line that reproduces the families run (every choice explicit)."""
-    import shlex
-
-    from taperlm.compare.job import run_arguments
-
     parts = ["taperlm", "compare", "--paper", "families", "--preset-size", preset_size(opts)]
     parts += ["--families", ",".join(p for p, _ in subs)]
     if opts.multiple_of:

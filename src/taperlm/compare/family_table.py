@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from taperlm import stats
+from taperlm.analysis.plots import plot_intervals
 from taperlm.compare.report import (
     CHANCE_NOTE,
     diff_ci,
@@ -371,8 +372,6 @@ def write_family_report(
     docs: dict[str, dict[str, Any]], out_dir: Path, meta: dict[str, Any]
 ) -> tuple[Path, Path]:
     """report.json, report.md and families.png of a families run in out_dir."""
-    from taperlm.analysis.plots import plot_intervals
-
     summary = summarize_families(docs, meta["preset_size"])
     rows, refs = [], {}
     for e in summary["families"]:

@@ -32,6 +32,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from taperlm.budget import flops_per_token, kv_cache_bytes, total_params
 from taperlm.config import RunConfig, to_dict
 from taperlm.errors import ConfigError, TaperError
 from taperlm.families import FAMILIES
@@ -356,8 +357,6 @@ def build_grid(
     checks: every allocation has exactly the uniform model's parameters and FLOPs/token, and cells
     of one seed differ only in the allocation keys. `pilots` (seed -> per-layer rho_mlp of its
     pilot) resolves novelty:pilot allocations; without it they are checked with probe values."""
-    from taperlm.budget import flops_per_token, kv_cache_bytes, total_params
-
     if not seeds:
         raise ConfigError("--seeds must be at least 1")
     if not allocations:

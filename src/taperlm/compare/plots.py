@@ -8,7 +8,12 @@ from typing import Any
 
 import numpy as np
 
+# module attribute calls: tests record what each plot is given
+from taperlm.analysis import plots as analysis_plots
+from taperlm.analysis.novelty import NoveltyResult, TokenStats
 from taperlm.compare.grid import Grid
+from taperlm.stats import relative_ppl_change as relative_change
+from taperlm.taper import TaperSpec
 
 PLOTS = {
     "widths": "widths.png",
@@ -25,8 +30,6 @@ def _averaged_novelty(results: list[dict[str, Any]], label: str):
     """One NoveltyResult per allocation: per layer, the mean over seeds of each seed's per-layer
     mean, with the sample std over seeds as its `std` (0 for one seed), so that the plot's band
     is the seed-to-seed spread the report's statistics are about (not the spread over tokens)."""
-    from taperlm.analysis.novelty import NoveltyResult, TokenStats
-
     per_seed = [NoveltyResult.from_dict(r["novelty"]) for r in results]
     first = per_seed[0]
 
@@ -82,8 +85,6 @@ def _r_labels(summary: dict[str, Any], labels) -> dict[str, dict[str, str]]:
 def _paper_rows(summary: dict[str, Any]):
     """Forest-plot rows (label, our ppl change %, CI) and the paper's change % per label, for
     the allocations the paper reports."""
-    from taperlm.stats import relative_ppl_change as relative_change
-
     allocs = summary["allocations"]
     u = next((a for a in allocs if a["diff_vs_uniform"] is None), None)
     if u is None or u["paper_ppl"] is None:
@@ -105,19 +106,21 @@ def write_plots(
     """The PNGs (file names relative to out_dir); `summary` (taperlm.compare.summary) supplies
     the statistics shown in legends, so plots and report.md show the same numbers, and our
     perplexity changes beside the paper's for the allocations it reports (paper.png)."""
-    from taperlm.analysis.plots import (
-        plot_intervals,
-        plot_loss_curves,
-        plot_novelty,
-        plot_paired_differences,
-        plot_width_profiles,
-    )
-
-    written: dict[str, str] = {}
     by_alloc = {
         a.name: [results[c.name] for c in grid.cells if c.allocation is a and c.name in results]
         for a in grid.allocations
     }
+    written = _width_plot(grid, out_dir)
+    written |= _curve_plots(grid, results, by_alloc, out_dir)
+    written |= _novelty_plot(grid, by_alloc, summary, out_dir)
+    written |= _paper_plots(grid, summary, out_dir)
+    if _kv_pareto_plot(summary, out_dir / PLOTS["kv_pareto"]):
+        written["kv_pareto"] = PLOTS["kv_pareto"]
+    return written
+
+
+def _width_plot(grid: Grid, out_dir: Path) -> dict[str, str]:
+    """widths.png: the MLP width (and query heads, where tapered) per layer of every taper."""
     uniform = next(a for a in grid.allocations if a.is_uniform)
     tapered = [a for a in grid.allocations if not a.is_uniform] or [uniform]
     # a novelty:pilot allocation's widths differ by seed: the plot shows the first seed's
@@ -128,7 +131,7 @@ def write_plots(
         for a in tapered
     }
     heads = {a.label: grid.budget[a.name]["heads"] for a in tapered if a.head_taper != "uniform"}
-    plot_width_profiles(
+    analysis_plots.plot_width_profiles(
         profiles,
         grid.budget[uniform.name]["baseline_width"],
         out_dir / PLOTS["widths"],
@@ -136,59 +139,83 @@ def write_plots(
         heads=heads or None,
         baseline_heads=grid.budget[uniform.name]["baseline_heads"],
     )
-    written["widths"] = PLOTS["widths"]
+    return {"widths": PLOTS["widths"]}
 
+
+def _curve_plots(
+    grid: Grid,
+    results: dict[str, dict[str, Any]],
+    by_alloc: dict[str, list[dict[str, Any]]],
+    out_dir: Path,
+) -> dict[str, str]:
+    """val_loss.png (the curves during training) and val_loss_diff.png (paired vs uniform)."""
     curves = {
         a.label: [r["curve"] for r in by_alloc[a.name] if r["curve"]] for a in grid.allocations
     }
     curves = {k: v for k, v in curves.items() if v}
-    if curves:
-        # The curve points are the trainer's evaluations (train.eval_tokens each); the report's
-        # final numbers use more tokens, so the last point need not equal the table's loss.
-        # One clause per title line, so that no title runs past the figure's edge.
-        every = f"each point {grid.base.train.eval_tokens:,} val tokens"
-        final = {r["val"]["tokens"] for r in results.values()}
-        if final:
-            every += f";\nthe table's final losses: {'/'.join(f'{n:,}' for n in sorted(final))}"
-        plot_loss_curves(
-            curves, out_dir / PLOTS["val_loss"], title=f"Validation loss during training\n({every})"
+    if not curves:
+        return {}
+    # The curve points are the trainer's evaluations (train.eval_tokens each); the report's
+    # final numbers use more tokens, so the last point need not equal the table's loss.
+    # One clause per title line, so that no title runs past the figure's edge.
+    every = f"each point {grid.base.train.eval_tokens:,} val tokens"
+    final = {r["val"]["tokens"] for r in results.values()}
+    if final:
+        every += f";\nthe table's final losses: {'/'.join(f'{n:,}' for n in sorted(final))}"
+    analysis_plots.plot_loss_curves(
+        curves, out_dir / PLOTS["val_loss"], title=f"Validation loss during training\n({every})"
+    )
+    written = {"val_loss": PLOTS["val_loss"]}
+    uniform = next(a for a in grid.allocations if a.is_uniform)
+    base = {r["seed"]: r["curve"] for r in by_alloc[uniform.name]}
+    diffs = {
+        a.label: _diff_curves({r["seed"]: r["curve"] for r in by_alloc[a.name]}, base)
+        for a in grid.allocations
+        if not a.is_uniform
+    }
+    if any(diffs.values()):
+        analysis_plots.plot_paired_differences(
+            diffs,
+            out_dir / PLOTS["val_loss_diff"],
+            title="Paired validation-loss difference vs uniform during training\n"
+            f"(mean ± 1 std over seeds; {every})",
         )
-        written["val_loss"] = PLOTS["val_loss"]
-        base = {r["seed"]: r["curve"] for r in by_alloc[uniform.name]}
-        diffs = {
-            a.label: _diff_curves({r["seed"]: r["curve"] for r in by_alloc[a.name]}, base)
-            for a in grid.allocations
-            if not a.is_uniform
-        }
-        if any(diffs.values()):
-            plot_paired_differences(
-                diffs,
-                out_dir / PLOTS["val_loss_diff"],
-                title="Paired validation-loss difference vs uniform during training\n"
-                f"(mean ± 1 std over seeds; {every})",
-            )
-            written["val_loss_diff"] = PLOTS["val_loss_diff"]
+        written["val_loss_diff"] = PLOTS["val_loss_diff"]
+    return written
 
+
+def _novelty_plot(
+    grid: Grid,
+    by_alloc: dict[str, list[dict[str, Any]]],
+    summary: dict[str, Any],
+    out_dir: Path,
+) -> dict[str, str]:
+    """novelty.png: layer-wise novelty of every allocation, averaged over seeds."""
     nov = {
         a.label: _averaged_novelty(by_alloc[a.name], a.label)
         for a in grid.allocations
         if by_alloc[a.name]
     }
-    if nov:
-        n_seeds = max(len(v) for v in by_alloc.values())
-        plot_novelty(
-            nov,
-            out_dir / PLOTS["novelty"],
-            title=f"Layer-wise novelty: per-layer means averaged over {n_seeds} seed(s)",
-            band="±1 std over seeds",
-            r_labels=_r_labels(summary, nov),
-            r_title=R_TITLE,
-        )
-        written["novelty"] = PLOTS["novelty"]
+    if not nov:
+        return {}
+    n_seeds = max(len(v) for v in by_alloc.values())
+    analysis_plots.plot_novelty(
+        nov,
+        out_dir / PLOTS["novelty"],
+        title=f"Layer-wise novelty: per-layer means averaged over {n_seeds} seed(s)",
+        band="±1 std over seeds",
+        r_labels=_r_labels(summary, nov),
+        r_title=R_TITLE,
+    )
+    return {"novelty": PLOTS["novelty"]}
 
+
+def _paper_plots(grid: Grid, summary: dict[str, Any], out_dir: Path) -> dict[str, str]:
+    """paper.png (our ppl changes beside the paper's) and, for --paper sweep, sweep.png."""
+    written: dict[str, str] = {}
     rows, ref = _paper_rows(summary)
     if len(rows) >= 2:
-        plot_intervals(
+        analysis_plots.plot_intervals(
             rows,
             out_dir / PLOTS["paper"],
             title="Val ppl change vs uniform: ours and the paper's",
@@ -200,8 +227,6 @@ def write_plots(
     if grid.paper == "sweep" and rows:
         _sweep_plot(rows, ref, out_dir / PLOTS["sweep"])
         written["sweep"] = PLOTS["sweep"]
-    if _kv_pareto_plot(summary, out_dir / PLOTS["kv_pareto"]):
-        written["kv_pareto"] = PLOTS["kv_pareto"]
     return written
 
 
@@ -209,8 +234,6 @@ def _kv_pareto_plot(summary: dict[str, Any], path: Path) -> bool:
     """With KV tapers in the grid: each allocation's paired val-loss difference vs uniform
     (95% interval) against its KV-cache bytes per token (bf16); False when every allocation
     caches the same."""
-    from taperlm.analysis.plots import plot_interval_series
-
     allocs = [a for a in summary["allocations"] if a.get("kv_cache_bytes_per_token_bf16")]
     if len({a["kv_cache_bytes_per_token_bf16"] for a in allocs}) < 2:
         return False
@@ -234,7 +257,7 @@ def _kv_pareto_plot(summary: dict[str, Any], path: Path) -> bool:
         elif d and d["mean"] is not None:
             lo, hi = d["ci"] if d["ci"] else (None, None)
             series[a["label"]] = [(x, d["mean"], lo, hi)]
-    plot_interval_series(
+    analysis_plots.plot_interval_series(
         series,
         path,
         title="Validation loss vs KV cache at equal parameters",
@@ -247,16 +270,13 @@ def _kv_pareto_plot(summary: dict[str, Any], path: Path) -> bool:
 def _sweep_plot(rows, ref: dict[str, float], path: Path) -> None:
     """The sweep as the paper draws its claims: ppl change vs uniform against the start ratio,
     one line per schedule (ours with 95% intervals, the paper's dotted)."""
-    from taperlm.analysis.plots import plot_interval_series
-    from taperlm.taper import TaperSpec
-
     series: dict[str, list] = {}
     paper: dict[str, list] = {}
     for label, mean, lo, hi in rows:
         spec = TaperSpec.parse(label)
         series.setdefault(spec.schedule, []).append((spec.start, mean, lo, hi))
         paper.setdefault(spec.schedule, []).append((spec.start, ref[label]))
-    plot_interval_series(
+    analysis_plots.plot_interval_series(
         {k: sorted(v) for k, v in series.items()},
         path,
         title="Schedule x ratio sweep: val ppl change vs uniform",

@@ -139,6 +139,28 @@ def _execution_lines(ex: dict[str, Any]) -> list[str]:
 
 
 def _validation_section(summary: dict[str, Any]) -> list[str]:
+    head, rows = _validation_table(summary)
+    ck = summary["checks"]
+    return [
+        "## Validation",
+        "",
+        *md_table(head, rows),
+        "",
+        "Mean ± sample std over seeds. Δ = allocation − uniform of the same seed (same data "
+        "order, same init seed), mean over seeds with the 95% Student-t interval "
+        "mean ± t(0.975, n−1)·sd/√n; `*` = the interval excludes 0. Lower is better.",
+        f"Checks: equal params {yes_no(ck['equal_params'])}, equal FLOPs/token "
+        f"{yes_no(ck['equal_flops_per_token'])}, same data order within each seed "
+        f"{yes_no(ck['same_data_order_within_seed'])}, different across seeds "
+        f"{yes_no(ck['distinct_data_order_across_seeds'])}, init seed = seed "
+        f"{yes_no(ck['init_seed_equals_seed'])}.",
+        "",
+        *(line for note in _validation_notes(summary) for line in (note, "")),
+    ]
+
+
+def _validation_table(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The validation table's header and one row per allocation."""
     allocs = summary["allocations"]
     show_paper = any(a["paper_ppl"] is not None for a in allocs)
     pilot = summary.get("pilot")
@@ -178,7 +200,13 @@ def _validation_section(summary: dict[str, Any]) -> list[str]:
         if pilot:
             row.append(_pilot_cost(pilot) if a.get("pilot") else "–")
         rows.append(row)
-    ck = summary["checks"]
+    return head, rows
+
+
+def _validation_notes(summary: dict[str, Any]) -> list[str]:
+    """Notes under the validation table: pilots, tapered query heads, tapered KV heads."""
+    allocs = summary["allocations"]
+    pilot = summary.get("pilot")
     notes = []
     if pilot:
         notes.append(
@@ -209,22 +237,7 @@ def _validation_section(summary: dict[str, Any]) -> list[str]:
             )
             + "; a KV taper's saved K/V parameters went to the MLP widths (equal parameters)."
         )
-    return [
-        "## Validation",
-        "",
-        *md_table(head, rows),
-        "",
-        "Mean ± sample std over seeds. Δ = allocation − uniform of the same seed (same data "
-        "order, same init seed), mean over seeds with the 95% Student-t interval "
-        "mean ± t(0.975, n−1)·sd/√n; `*` = the interval excludes 0. Lower is better.",
-        f"Checks: equal params {yes_no(ck['equal_params'])}, equal FLOPs/token "
-        f"{yes_no(ck['equal_flops_per_token'])}, same data order within each seed "
-        f"{yes_no(ck['same_data_order_within_seed'])}, different across seeds "
-        f"{yes_no(ck['distinct_data_order_across_seeds'])}, init seed = seed "
-        f"{yes_no(ck['init_seed_equals_seed'])}.",
-        "",
-        *(line for note in notes for line in (note, "")),
-    ]
+    return notes
 
 
 def _pilot_cost(p: dict[str, Any]) -> str:

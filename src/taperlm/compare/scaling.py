@@ -31,7 +31,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from taperlm.analysis.plots import _figure, _save
+from taperlm.compare.job import check_options, run_comparison
+from taperlm.compare.recipe import PAPER_TOKENS
+from taperlm.compare.report import diff_ci, md_table, produced_by
+from taperlm.compare.reproduce import run_arguments
 from taperlm.errors import ConfigError
+from taperlm.io import atomic_write_json, atomic_write_text
+from taperlm.presets import PAPER_SHAPES, SMALL_SHAPES
+from taperlm.runlock import locked
+from taperlm.taper import TaperSpec
 
 # Start ratios of the cosine sweep (end = 2 - start); 1.0 is uniform.
 SCALING_STARTS = (1.25, 1.5, 1.75, 1.9)
@@ -67,7 +78,7 @@ class ScalingPlan:
 
 # Sized for ~3 hours on 2 idle cores (docs/compare.md, "--paper scaling"): 3 sizes spanning ~6x
 # in parameters (micro 1.1M, tiny 1.7M, small 6.0M at the 2,048-token vocabulary), two token
-# budgets each, 5 allocations x 8 seeds (job.SCALING_SEEDS) + 4 tuning lrs x 2 seeds per point.
+# budgets each, 5 allocations x 8 seeds (options.SCALING_SEEDS) + 4 tuning lrs x 2 seeds per point.
 DEFAULT_PLAN = ScalingPlan(
     sizes=[
         ScalingSize("micro", "transformer-micro"),
@@ -81,9 +92,6 @@ DEFAULT_PLAN = ScalingPlan(
 def plan_for(opts, default: ScalingPlan = DEFAULT_PLAN) -> ScalingPlan:
     """--preset-size LIST (e.g. 440m,760m,1.3b: the paper's sizes, each at half and all of the
     paper's tokens for it, trained with the paper's recipe), else `default`."""
-    from taperlm.compare.job import PAPER_TOKENS
-    from taperlm.presets import PAPER_SHAPES, SMALL_SHAPES
-
     if not opts.preset_size:
         return default
     sizes = []
@@ -107,8 +115,6 @@ def start_of(taper: str) -> float:
     """The start ratio of a sweep allocation (uniform: 1.0)."""
     if taper == "uniform":
         return 1.0
-    from taperlm.taper import TaperSpec
-
     return float(TaperSpec.parse(taper).start)
 
 
@@ -158,9 +164,6 @@ def point_options(opts, plan: ScalingPlan) -> list[tuple[str, ScalingSize, int, 
 def run_scaling(opts, plan: ScalingPlan = DEFAULT_PLAN) -> tuple[Path, Path]:
     """Check every point, run them one after the other (each resumable), writing the scaling
     report after each; returns (report.md, report.json)."""
-    from taperlm.compare.job import check_options, run_comparison
-    from taperlm.runlock import locked
-
     t_start = time.perf_counter()
     points = point_options(opts, plan_for(opts, plan))
     for *_, sub in points:  # nothing trains before every point is known to be valid
@@ -189,8 +192,6 @@ def run_scaling(opts, plan: ScalingPlan = DEFAULT_PLAN) -> tuple[Path, Path]:
 
 
 def _command(opts, sub) -> str:
-    from taperlm.compare.job import run_arguments
-
     parts = ["taperlm", "compare", "--paper", "scaling"]
     if opts.preset_size:
         parts += ["--preset-size", opts.preset_size]
@@ -212,8 +213,6 @@ def fit_best_ratio(
     uniform): the argmin over the swept range of a quadratic fitted to the per-start mean loss,
     on all seeds (`best`) and per bootstrap resample of seeds (`ci`: 2.5-97.5 percentiles;
     `at_upper_edge`: the fraction of resamples whose argmin is the steepest start)."""
-    import numpy as np
-
     seeds = sorted(s for s, row in losses.items() if row)
     starts = sorted({r for s in seeds for r in losses[s]})
     if len(starts) < 3:
@@ -264,8 +263,6 @@ def point_losses(doc: dict[str, Any]) -> dict[int, dict[float, float]]:
 
 
 def write_scaling_report(points, docs, out: Path, meta: dict[str, Any]) -> tuple[Path, Path]:
-    from taperlm.io import atomic_write_json, atomic_write_text
-
     rows = []
     for key, size, _, _ in points:
         doc = docs.get(key)
@@ -308,8 +305,6 @@ def write_scaling_report(points, docs, out: Path, meta: dict[str, Any]) -> tuple
 
 
 def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any], plot: str | None) -> str:
-    from taperlm.compare.report import diff_ci, md_table, produced_by
-
     title = "# taperlm compare — paper scaling: the best cosine ratio against size and tokens"
     if meta["done"] < meta["total"]:
         title += f" (PARTIAL: {meta['done']}/{meta['total']} points done)"
@@ -362,8 +357,6 @@ def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any], plot: str | None
 def plot_scaling(rows: list[dict[str, Any]], path: Path) -> None:
     """Best start ratio (bootstrap interval) against parameters, one line per token budget, and
     against tokens per parameter; the paper's 440M point on both."""
-    from taperlm.analysis.plots import _figure, _save
-
     fig, axes = _figure(2, width=12.0)
     budgets = sorted({r["tokens"] for r in rows})
     for ax, xkey, xlabel in (

@@ -5,11 +5,16 @@ stop on Ctrl-C. Each cell is brought to done by `taperlm.compare.runner.run_cell
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import torch
+from tqdm.auto import tqdm
 
 from taperlm.compare.grid import Cell, Grid
 from taperlm.compare.runner import (
@@ -22,6 +27,8 @@ from taperlm.compare.runner import (
     read_result,
     run_cell,
 )
+from taperlm.compare.workers import run_in_workers
+from taperlm.progress import progress_bar
 
 
 class StopRequest:
@@ -33,9 +40,6 @@ class StopRequest:
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopRequest:
-        import signal
-        import threading
-
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -51,8 +55,6 @@ class StopRequest:
         )
 
     def __exit__(self, *exc) -> None:
-        import signal
-
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
@@ -63,10 +65,6 @@ class GridDisplay:
     (validation loss, throughput, the grid's progress and the ETA)."""
 
     def __init__(self, grid: Grid, runs: Path, workers: int, progress: bool, log) -> None:
-        from tqdm.auto import tqdm
-
-        from taperlm.progress import progress_bar
-
         self.grid, self.n = grid, len(grid.cells)
         self.counted = {c.name for c in grid.cells if read_result(runs / c.name) is not None}
         self.done_tokens = sum(c.config.train.tokens for c in grid.cells if c.name in self.counted)
@@ -200,8 +198,6 @@ def run_grid(
     try:
         with StopRequest() as stop:
             if jobs > 1 and len(todo) > 1:
-                from taperlm.compare.workers import run_in_workers
-
                 run_in_workers(
                     todo, runs, data_dir, settings, jobs, threads, display, finished, stop
                 )
@@ -216,8 +212,6 @@ def run_grid(
 
 def _run_here(todo, runs, shared, threads, display, finished, stop) -> None:
     """The cells one after the other in this process, with `threads` torch threads."""
-    import torch
-
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

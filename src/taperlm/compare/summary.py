@@ -9,6 +9,8 @@ from typing import Any
 
 from taperlm import stats
 from taperlm.compare.grid import PAPER_SWEEP, SWEEP_SCHEDULES, Grid
+from taperlm.evaluation.suite import at_chance, chance_columns, paper_columns
+from taperlm.taper import TaperSpec
 
 
 def _loss(r: dict[str, Any]) -> float:
@@ -203,8 +205,6 @@ def _zero_shot_summary(rs: list[dict[str, Any]]) -> dict[str, Any] | None:
 def _mark_chance(columns: dict[str, Any], rs: list[dict[str, Any]]) -> None:
     """Adds `chance` (the no-skill accuracy, %) and `at_chance` (the mean is not significantly
     above it) to the accuracy columns whose task has a chance level."""
-    from taperlm.evaluation.suite import at_chance, chance_columns, paper_columns
-
     zs = next((r["zero_shot"] for r in rs if (r.get("zero_shot") or {}).get("chance")), None)
     if zs is None:
         return  # results from before chance levels were recorded
@@ -271,8 +271,6 @@ def _paper_comparison(allocations: list[dict[str, Any]], mode: str | None) -> di
 
 def _sweep_claims(have: list[dict[str, Any]]) -> dict[str, Any]:
     """The paper's §4 claims checked on our numbers."""
-    from taperlm.taper import TaperSpec
-
     table: dict[tuple[float, float], dict[str, float]] = {}
     for a in have:
         spec = TaperSpec.parse(a["taper"])

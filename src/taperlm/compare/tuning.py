@@ -28,12 +28,15 @@ import copy
 import dataclasses
 import math
 import re
-from collections.abc import Callable
+import sys
 from pathlib import Path
 from typing import Any
 
 from taperlm import stats
+from taperlm.compare.cells import train_cells
 from taperlm.compare.grid import Allocation, Cell, Grid, build_grid
+from taperlm.compare.options import DEFAULT_TUNE_SEEDS, TUNE_SCOPES
+from taperlm.compare.summary import summarize
 from taperlm.errors import ConfigError
 
 # Tuning seeds start here: far above any reported seed count, so the two sets never meet.
@@ -43,8 +46,6 @@ TUNE_SEED_BASE = 10_000
 # loss terms), two steps up because small models and short runs usually tolerate higher lrs
 # than the recipe's compromise, one down to see the other flank of the curve.
 DEFAULT_LR_FACTORS = (0.5, 1.0, 2.0, 4.0)
-TUNE_SCOPES = ("each", "uniform")
-DEFAULT_TUNE_SEEDS = 2  # tuning seeds per (allocation, lr)
 
 
 def lr_grid(text: str | None, recipe_lr: float) -> list[float]:
@@ -253,16 +254,9 @@ def check_tuning_options(opts, reported: list[int], allocs: list[Allocation]) ->
         )
 
 
-def run_tuning(
-    opts, base, allocs, seeds, data_dir: Path, settings, jobs_for: Callable[[Grid], int]
-) -> dict[str, Any]:
-    """Train the tuning grid (resumably, in parallel like any grid: `jobs_for(grid)` cells at a
-    time) and choose each allocation's lr; returns report.json's `lr_tuning` (curves, choices,
-    cost so far)."""
-    import sys
-
-    from taperlm.compare.scheduler import run_grid
-
+def run_tuning(opts, base, allocs, seeds, data_dir: Path, settings) -> dict[str, Any]:
+    """Train the tuning grid (resumably, in parallel like any grid) and choose each
+    allocation's lr; returns report.json's `lr_tuning` (curves, choices, cost so far)."""
     scope = opts.tune_scope or "each"
     recipe = base.train.lr
     lrs = lr_grid(opts.lr_grid, recipe)
@@ -274,16 +268,7 @@ def run_tuning(
         f"{', '.join(f'{x:g}' for x in lrs)} x tuning seeds {tseeds})",
         file=sys.stderr,
     )
-    jobs = jobs_for(grid)
-    results = run_grid(
-        grid,
-        opts.out,
-        data_dir,
-        settings,
-        progress=not opts.no_progress,
-        jobs=jobs,
-        threads=opts.threads,
-    )
+    results = train_cells(opts, grid, data_dir, settings)
     curves = choose(allocs, lrs, names, grid, results, recipe)
     for c in curves.values():
         print(
@@ -313,26 +298,12 @@ def with_chosen_lr(base, tuning: dict[str, Any], alloc_name: str):
     return cfg
 
 
-def run_tuned(
-    opts, grid: Grid, results, tuning, data_dir: Path, settings, jobs_for: Callable[[Grid], int]
-) -> None:
+def run_tuned(opts, grid: Grid, results, tuning, data_dir: Path, settings) -> None:
     """Scope `each`: the reported seeds with every allocation at its own chosen lr (cells at the
     recipe's lr are the shared-lr cells, already done); fills tuning["tuned"] and the cost."""
-    from taperlm.compare.scheduler import run_grid
-    from taperlm.compare.summary import summarize
-
     recipe = tuning["recipe_lr"]
     tgrid = tuned_cells(grid, tuning["chosen_lr"], recipe)
-    jobs = jobs_for(tgrid)
-    tres = run_grid(
-        tgrid,
-        opts.out,
-        data_dir,
-        settings,
-        progress=not opts.no_progress,
-        jobs=jobs,
-        threads=opts.threads,
-    )
+    tres = train_cells(opts, tgrid, data_dir, settings)
     shared = {a["name"]: a for a in summarize(grid, results)["allocations"]}
     tuned = summarize(tgrid, tres)["allocations"]
     rows = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from taperlm.analysis.plots import plot_interval_series
 from taperlm.compare.report import diff_ci, md_table, mean_pm
 
 LR_PLOT = "lr_tuning.png"
@@ -28,8 +29,34 @@ def tuning_section(t: dict[str, Any]) -> list[str]:
             else "The reported seeds then ran each allocation at its own chosen lr."
         ),
         "",
+        *_curves_table(t),
+        "",
+        "Mean validation loss over the tuning seeds ± the half-width of its 95% t interval. "
+        "`(grid edge)`: the best lr is the grid's smallest or largest, so the optimum may lie "
+        "beyond it; widen --lr-grid.",
+        "",
     ]
-    head = ["allocation", *(f"lr {x:g}" for x in lrs), "chosen lr"]
+    if t.get("tuned"):
+        lines += _tuned_table(t)
+    c = t["cost"]
+    if "factor" in c:
+        lines += [
+            f"Extra cost of tuning: {c['tuning_cells']} tuning runs ({c['tuning_s'] / 60:.1f} min of "
+            f"run time) + {c['tuned_cells']} reported runs at lrs other than the recipe's "
+            f"({c['tuned_s'] / 60:.1f} min), against {c['reported_s'] / 60:.1f} min for the "
+            f"reported grid itself ({c['factor']:.2f}x in all).",
+            "",
+        ]
+    lines += [
+        f"![loss vs lr]({t['plot']})" if t.get("plot") else "",
+        "",
+    ]
+    return lines
+
+
+def _curves_table(t: dict[str, Any]) -> list[str]:
+    """Mean validation loss of every allocation at every lr of the grid, and the chosen lr."""
+    head = ["allocation", *(f"lr {x:g}" for x in t["lrs"]), "chosen lr"]
     rows = []
     for c in t["curves"].values():
         cells = []
@@ -42,63 +69,39 @@ def tuning_section(t: dict[str, Any]) -> list[str]:
                 cells.append(f"{p['mean']:.4f} ± {(p['ci'][1] - p['ci'][0]) / 2:.4f}")
         edge = " (grid edge)" if c["at_edge"] else ""
         rows.append([c["label"], *cells, f"**{c['chosen_lr']:g}**{edge}"])
-    lines += md_table(head, rows)
-    lines += [
+    return md_table(head, rows)
+
+
+def _tuned_table(t: dict[str, Any]) -> list[str]:
+    """Scope `each`: the paired differences vs uniform at the shared lr and at own lrs."""
+    rows = [
+        [
+            a["label"],
+            f"{t['recipe_lr']:g}",
+            diff_ci(a["shared_diff"], ".4f"),
+            f"{a['lr']:g}",
+            diff_ci(a["tuned_diff"], ".4f"),
+            _fmt(a["shared_loss"]),
+            _fmt(a["tuned_loss"]),
+        ]
+        for a in t["tuned"]
+    ]
+    head = [
+        "allocation",
+        "shared lr",
+        "Δ loss vs uniform, shared lr [95% CI]",
+        "own lr",
+        "Δ loss vs uniform, own lrs [95% CI]",
+        "val loss, shared lr",
+        "val loss, own lr",
+    ]
+    return [
+        *md_table(head, rows),
         "",
-        "Mean validation loss over the tuning seeds ± the half-width of its 95% t interval. "
-        "`(grid edge)`: the best lr is the grid's smallest or largest, so the optimum may lie "
-        "beyond it; widen --lr-grid.",
+        "Both differences are paired over the reported seeds (each allocation minus uniform "
+        "of the same seed); at own lrs each side runs at its own chosen lr.",
         "",
     ]
-    if t.get("tuned"):
-        rows = []
-        for a in t["tuned"]:
-            rows.append(
-                [
-                    a["label"],
-                    f"{t['recipe_lr']:g}",
-                    diff_ci(a["shared_diff"], ".4f"),
-                    f"{a['lr']:g}",
-                    diff_ci(a["tuned_diff"], ".4f"),
-                    _fmt(a["shared_loss"]),
-                    _fmt(a["tuned_loss"]),
-                ]
-            )
-        lines += md_table(
-            [
-                "allocation",
-                "shared lr",
-                "Δ loss vs uniform, shared lr [95% CI]",
-                "own lr",
-                "Δ loss vs uniform, own lrs [95% CI]",
-                "val loss, shared lr",
-                "val loss, own lr",
-            ],
-            rows,
-        )
-        lines += [
-            "",
-            "Both differences are paired over the reported seeds (each allocation minus uniform "
-            "of the same seed); at own lrs each side runs at its own chosen lr.",
-            "",
-        ]
-    c = t["cost"]
-    lines += (
-        []
-        if "factor" not in c
-        else [
-            f"Extra cost of tuning: {c['tuning_cells']} tuning runs ({c['tuning_s'] / 60:.1f} min of "
-            f"run time) + {c['tuned_cells']} reported runs at lrs other than the recipe's "
-            f"({c['tuned_s'] / 60:.1f} min), against {c['reported_s'] / 60:.1f} min for the "
-            f"reported grid itself ({c['factor']:.2f}x in all).",
-            "",
-        ]
-    )
-    lines += [
-        f"![loss vs lr]({t['plot']})" if t.get("plot") else "",
-        "",
-    ]
-    return lines
 
 
 def _fmt(s: dict[str, Any] | None) -> str:
@@ -108,8 +111,6 @@ def _fmt(s: dict[str, Any] | None) -> str:
 def plot_curves(curves: dict[str, Any], recipe_lr: float, path: Path) -> None:
     """Validation loss against lr per allocation (mean over tuning seeds, 95% intervals), the
     chosen lrs marked."""
-    from taperlm.analysis.plots import plot_interval_series
-
     series = {}
     for c in curves.values():
         pts = []

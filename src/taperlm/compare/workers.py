@@ -16,9 +16,11 @@ once. A worker whose parent disappears stops the same way at its next step.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing as mp
 import os
 import pickle
 import queue
+import signal
 import time
 import traceback
 from pathlib import Path
@@ -34,8 +36,6 @@ def _worker_main(slot: int, threads: int, jobs: int, data_dir: str, settings: di
     """A worker process: take (index, cell) tasks until None, report every step and the end."""
     for name in THREAD_ENV:
         os.environ[name] = str(threads)
-    import signal
-
     stop = {"requested": False}
 
     def request_stop(signum, frame) -> None:
@@ -45,9 +45,9 @@ def _worker_main(slot: int, threads: int, jobs: int, data_dir: str, settings: di
     signal.signal(signal.SIGTERM, request_stop)
     parent = os.getppid()
 
-    import torch
+    import torch  # lazy: imported after the thread variables above are set
 
-    from taperlm.compare.runner import (
+    from taperlm.compare.runner import (  # lazy: imports torch
         CellInterrupted,
         CheckpointClock,
         EvalSettings,
@@ -117,106 +117,141 @@ def run_in_workers(
     """Run the cells `todo` on `jobs` worker processes (see the module docstring). `display`
     (scheduler.GridDisplay) shows progress, `finished(cell, result, status)` takes each result,
     `stop` (scheduler.StopRequest) tells of a Ctrl-C."""
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    events = ctx.Queue()
-    jobs = min(jobs, len(todo))
-    pending = list(enumerate(todo))
-    procs, inbox, running, started = [], [], {}, {}
-    import signal
-
-    # Workers start with SIGINT ignored (inherited through exec) until they install their own
-    # handler, so a Ctrl-C during their start-up prints no traceback.
-    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    pool = _WorkerPool(todo, runs, display, finished, stop)
+    pool.start(min(jobs, len(todo)), threads, jobs, data_dir, settings)
     try:
-        for slot in range(jobs):
-            tasks = ctx.SimpleQueue()
-            p = ctx.Process(
-                target=_worker_main,
-                args=(slot, threads, jobs, str(data_dir), settings.to_dict(), tasks, events),
-                name=f"taperlm-compare-worker-{slot + 1}",
-                daemon=True,
-            )
-            p.start()
-            procs.append(p)
-            inbox.append(tasks)
-            started[slot] = time.monotonic()
-    finally:
-        signal.signal(signal.SIGINT, handler)
-    idle: list[int] = []
-    error: BaseException | None = None
-    interrupted: list[str] = []
-    stop_sent = None
-    try:
-        while running or (pending and error is None and not stop.requested):
-            if stop.requested and stop_sent is None:
-                stop_sent = time.monotonic()
-                _signal_all(procs)
-            while idle and pending and error is None and not stop.requested:
-                slot = idle.pop()
-                index, cell = pending.pop(0)
-                running[slot] = index
-                inbox[slot].put((index, cell, str(runs / cell.name)))
-            if not running and (error is not None or stop.requested):
-                break
-            try:
-                kind, slot, payload = events.get(timeout=0.5)
-            except queue.Empty:
-                dead = _dead_worker(procs, running, started, todo)
-                if dead is not None and error is None:
-                    error = dead
-                    _signal_all(procs)
-                if dead is not None:
-                    running.pop(dead.slot, None)
-                    started.pop(dead.slot, None)
-                if stop_sent is not None and time.monotonic() - stop_sent > STOP_GRACE_S:
-                    break
-                continue
-            if kind == "ready":
-                started.pop(slot, None)
-                idle.append(slot)
-            elif kind == "step":
-                index, step, total, loss = payload
-                display.step(slot, todo[index], step, total, loss)
-            elif kind == "evaluate":
-                display.evaluating(slot, todo[payload])
-            elif kind == "done":
-                index, result, status = payload
-                running.pop(slot)
-                idle.append(slot)
-                finished(todo[index], result, status)
-            elif kind == "interrupted":
-                running.pop(slot)
-                interrupted.append(payload[1])
-            elif kind == "error":
-                index, data = payload
-                running.pop(slot)
-                if error is None:
-                    error = pickle.loads(data)
-                    _signal_all(procs)  # the others checkpoint and stop
+        pool.serve()
     except KeyboardInterrupt:  # a second Ctrl-C: stop at once
-        for p in procs:
+        for p in pool.procs:
             if p.is_alive():
                 p.kill()
         raise
     finally:
-        for slot, p in enumerate(procs):
-            if p.is_alive():
-                with contextlib.suppress(OSError, ValueError):
-                    inbox[slot].put(None)
-        _reap(procs)
-    for line in interrupted:
+        pool.close()
+    for line in pool.interrupted:
         display.write(f"taperlm compare: {line}")
-    if error is not None:
-        raise error
-    if stop.requested or interrupted:
+    if pool.error is not None:
+        raise pool.error
+    if stop.requested or pool.interrupted:
         raise KeyboardInterrupt
 
 
-def _signal_all(procs) -> None:
-    import signal
+class _WorkerPool:
+    """The parent's side of the workers: hands out cells, reads their events, notices a worker
+    that died or never started."""
 
+    def __init__(self, todo, runs: Path, display, finished, stop) -> None:
+        self.todo, self.runs, self.stop = todo, runs, stop
+        self.display, self.finished = display, finished
+        self.ctx = mp.get_context("spawn")
+        self.events = self.ctx.Queue()
+        self.pending = list(enumerate(todo))
+        self.procs: list = []
+        self.inbox: list = []
+        self.running: dict[int, int] = {}  # slot -> index of its cell
+        self.started: dict[int, float] = {}  # slot -> start time, until it reports ready
+        self.idle: list[int] = []
+        self.error: BaseException | None = None
+        self.interrupted: list[str] = []
+        self.stop_sent: float | None = None
+
+    def start(self, count: int, threads: int, jobs: int, data_dir: Path, settings) -> None:
+        # Workers start with SIGINT ignored (inherited through exec) until they install their
+        # own handler, so a Ctrl-C during their start-up prints no traceback.
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            for slot in range(count):
+                tasks = self.ctx.SimpleQueue()
+                p = self.ctx.Process(
+                    target=_worker_main,
+                    args=(
+                        slot,
+                        threads,
+                        jobs,
+                        str(data_dir),
+                        settings.to_dict(),
+                        tasks,
+                        self.events,
+                    ),
+                    name=f"taperlm-compare-worker-{slot + 1}",
+                    daemon=True,
+                )
+                p.start()
+                self.procs.append(p)
+                self.inbox.append(tasks)
+                self.started[slot] = time.monotonic()
+        finally:
+            signal.signal(signal.SIGINT, handler)
+
+    def _accepting(self) -> bool:
+        return bool(self.pending) and self.error is None and not self.stop.requested
+
+    def serve(self) -> None:
+        """Hand out cells and handle events until every cell is done or the pool stops."""
+        while self.running or self._accepting():
+            if self.stop.requested and self.stop_sent is None:
+                self.stop_sent = time.monotonic()
+                _signal_all(self.procs)
+            while self.idle and self._accepting():
+                slot = self.idle.pop()
+                index, cell = self.pending.pop(0)
+                self.running[slot] = index
+                self.inbox[slot].put((index, cell, str(self.runs / cell.name)))
+            if not self.running and (self.error is not None or self.stop.requested):
+                break
+            try:
+                kind, slot, payload = self.events.get(timeout=0.5)
+            except queue.Empty:
+                if self._quiet():
+                    break
+                continue
+            self._handle(kind, slot, payload)
+
+    def _quiet(self) -> bool:
+        """No event for a while: notice a dead worker; True once a stop's grace is over."""
+        dead = _dead_worker(self.procs, self.running, self.started, self.todo)
+        if dead is not None and self.error is None:
+            self.error = dead
+            _signal_all(self.procs)
+        if dead is not None:
+            self.running.pop(dead.slot, None)
+            self.started.pop(dead.slot, None)
+        return self.stop_sent is not None and time.monotonic() - self.stop_sent > STOP_GRACE_S
+
+    def _handle(self, kind: str, slot: int, payload) -> None:
+        if kind == "ready":
+            self.started.pop(slot, None)
+            self.idle.append(slot)
+        elif kind == "step":
+            index, step, total, loss = payload
+            self.display.step(slot, self.todo[index], step, total, loss)
+        elif kind == "evaluate":
+            self.display.evaluating(slot, self.todo[payload])
+        elif kind == "done":
+            index, result, status = payload
+            self.running.pop(slot)
+            self.idle.append(slot)
+            self.finished(self.todo[index], result, status)
+        elif kind == "interrupted":
+            self.running.pop(slot)
+            self.interrupted.append(payload[1])
+        elif kind == "error":
+            index, data = payload
+            self.running.pop(slot)
+            if self.error is None:
+                self.error = pickle.loads(data)
+                _signal_all(self.procs)  # the others checkpoint and stop
+
+    def close(self) -> None:
+        """Tell every live worker to exit, then reap them."""
+        for slot, p in enumerate(self.procs):
+            if p.is_alive():
+                with contextlib.suppress(OSError, ValueError):
+                    self.inbox[slot].put(None)
+        _reap(self.procs)
+
+
+def _signal_all(procs) -> None:
     for p in procs:
         if p.is_alive() and p.pid is not None:
             with contextlib.suppress(ProcessLookupError):

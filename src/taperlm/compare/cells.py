@@ -1,0 +1,68 @@
+"""Training a grid's cells with compare's options: how many at a time (`choose_jobs`) and the
+one call every stage makes (`train_cells`: the reported grid, novelty pilots, lr tuning)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from taperlm import cpus
+from taperlm.compare import runner
+from taperlm.compare.grid import Grid
+from taperlm.compare.options import CompareOptions
+from taperlm.compare.runner import EvalSettings
+from taperlm.compare.scheduler import run_grid
+
+Results = dict[str, dict[str, Any]]
+
+
+def choose_jobs(opts: CompareOptions, grid: Grid, runs: Path, settings: EvalSettings) -> int:
+    """--jobs, else as many cells at a time as idle cores allow at --threads each (at least
+    one, at most the cells left to run); says what it chose and why."""
+    # module attributes, looked up per call: tests stand in for the machine and the cells' state
+    todo = sum(
+        runner.cell_state(c, runs / c.name, settings.to_dict())[0] != "cached" for c in grid.cells
+    )
+    if todo == 0:
+        return 1
+    if opts.jobs is not None:
+        jobs, usable = opts.jobs, cpus.usable_cpus()
+        why = f"--jobs {jobs}; {usable} usable CPU(s)"
+        if jobs * opts.threads > usable:
+            why += f", OVERSUBSCRIBED: {jobs * opts.threads} threads (slower, same numbers)"
+    else:
+        idle, usable, busy = cpus.idle_cpus()
+        jobs = max(1, min(todo, idle // opts.threads))
+        why = f"{usable} usable CPU(s), {busy:.1f} busy with other processes; --jobs N to override"
+    print(
+        f"taperlm compare: {todo} cell(s) to run, {min(jobs, todo)} at a time with "
+        f"{opts.threads} torch thread(s) each ({why})",
+        file=sys.stderr,
+    )
+    return jobs
+
+
+def train_cells(
+    opts: CompareOptions,
+    grid: Grid,
+    data_dir: Path,
+    settings: EvalSettings,
+    jobs: int | None = None,
+    on_seed_done: Callable[[Results], None] | None = None,
+) -> Results:
+    """Train (or reuse) every cell of `grid` into OUT/runs, `jobs` at a time (None: as
+    `choose_jobs` decides); cell name -> result."""
+    if jobs is None:
+        jobs = choose_jobs(opts, grid, opts.out / "runs", settings)
+    return run_grid(
+        grid,
+        opts.out,
+        data_dir,
+        settings,
+        progress=not opts.no_progress,
+        on_seed_done=on_seed_done,
+        jobs=jobs,
+        threads=opts.threads,
+    )

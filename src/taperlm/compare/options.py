@@ -1,0 +1,276 @@
+"""The options of `taperlm compare`, declared once: each field of `CompareOptions` carries its
+flag, help, domain and default, from which `add_option_arguments` builds the command line and
+`check_option_ranges` checks a value given through the Python API (pure Python; no torch).
+
+The model options (--preset, --config, --multiple-of, --set) and --logger are the shared ones of
+`taperlm.commands.common`; their fields carry no flag here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from taperlm.domains import (
+    DOMAIN_KEY,
+    MAX_COUNT,
+    MAX_TOKENS,
+    MAX_WORKERS,
+    domain_of,
+    input_path,
+    number,
+    output_path,
+    up_to,
+)
+
+# Defaults chosen by measurement (docs/compare.md, "Precision of the main job") so that uniform vs
+# cosine 1.5 -> 0.5 over DEFAULT_SEEDS seeds finishes within 15 minutes on 2 idle CPU cores, data
+# preparation included, with a paired 95% interval of about +-0.012 nats (the training recipe
+# behind it: taperlm.compare.recipe).
+DEFAULT_PRESET = "transformer-micro"
+DEFAULT_SEEDS = 15
+# --paper grids (4 to 16 allocations, or a table of families) default to fewer seeds per allocation
+PAPER_MODE_SEEDS = 5
+# --paper scaling fits a curve per point, from 5 allocations: more seeds (~2.7 h on 2 cores)
+SCALING_SEEDS = 8
+DEFAULT_TOKENS = 327_680  # 320 steps of 1,024 tokens
+DEFAULT_VAL_TOKENS = 131_072  # the built-in corpus's val split has 134,528 at bpe:2048
+DEFAULT_NOVELTY_TOKENS = 2048
+DEFAULT_EVAL_LIMIT = 200
+DEFAULT_THREADS = 1  # torch threads per cell (worker); cells run in parallel instead
+PAPER_MODES = ("controlled", "sweep", "families", "scaling")
+# --paper families: the families compared (taperlm.compare.families)
+DEFAULT_FAMILIES = ("transformer", "gated", "hope", "titans-mag")
+# --tune-lr (taperlm.compare.tuning): tuning seeds per (allocation, lr), and the scopes
+DEFAULT_TUNE_SEEDS = 2
+TUNE_SCOPES = ("each", "uniform")
+
+FLAG_KEY = "flag"  # the dataclasses.field metadata key of an option's command-line flag
+ARGPARSE_KEY = "argparse"  # further add_argument keywords (action, choices, metavar, ...)
+
+
+def option(
+    flag: str,
+    help: str,
+    default: Any = None,
+    domain: str | None = None,
+    type: Any = None,
+    **argparse_kwargs: Any,
+) -> Any:
+    """A `CompareOptions` field and its command-line option: `domain` (an integer range) makes
+    the option's type `number(int, domain)` and is checked by `check_option_ranges`."""
+    if domain is not None:
+        type = number(int, domain)
+    kwargs = {"help": help, **argparse_kwargs}
+    if type is not None:
+        kwargs["type"] = type
+    metadata = {FLAG_KEY: flag, ARGPARSE_KEY: kwargs}
+    if domain is not None:
+        metadata[DOMAIN_KEY] = domain_of(domain)
+    if isinstance(default, list):
+        return field(default_factory=list, metadata=metadata)
+    if default is dataclasses.MISSING:
+        return field(metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(kw_only=True)
+class CompareOptions:
+    """What to compare and how (the options of `taperlm compare`, named as its arguments, in the
+    order of its --help)."""
+
+    # the shared model options (taperlm.commands.common.add_model_arguments)
+    preset: str | None = None  # None (and no config): DEFAULT_PRESET
+    config: Path | None = None
+    multiple_of: int | None = None
+    overrides: list[str] = field(default_factory=list)
+    tapers: str | None = option(  # a list, see taperlm.compare.grid.split_taper_list
+        "--tapers",
+        "allocations to compare, e.g. 'uniform;cosine:1.5:0.5;groups:1.5,1.0,0.5' "
+        "(separate with ';', or with ',' when no spec holds commas; NAME=SPEC names one; "
+        "uniform is always added); SPEC+heads:HEAD_SPEC or heads:HEAD_SPEC also tapers the "
+        "attention heads; +kv:KV_SPEC (or kv:KV_SPEC alone) the KV heads per layer; "
+        "novelty:pilot[:STRENGTH] takes widths from a short uniform pilot run "
+        "of each seed [default: uniform;cosine:1.5:0.5]",
+    )
+    taper_list: list[str] = option(  # one allocation each
+        "--taper",
+        "one allocation (repeatable; alternative to --tapers)",
+        default=[],
+        action="append",
+        metavar="SPEC",
+    )
+    paper: str | None = option(
+        "--paper",
+        "the paper's grids: controlled = uniform / wider-early / wider-middle / wider-late "
+        "(3 equal groups, §3); sweep = cosine/linear/sigmoid x 5 ratios + uniform (§4); "
+        "families = uniform vs cosine 1.5->0.5 for every family's preset, reported like the "
+        "paper's 760M table (§6); scaling = the cosine ratio sweep at 3 sizes x 2 token budgets, "
+        "each at its uniform model's tuned lr, with the fitted best ratio per point "
+        "(docs/compare.md)",
+        choices=PAPER_MODES,
+    )
+    preset_size: str | None = option(  # --paper families / scaling: the size(s) of the presets
+        "--preset-size",
+        "--paper families: size of every family's preset (micro, tiny, small, 440m, 760m, 1.3b; "
+        "the paper's sizes train with its recipe) [micro]; --paper scaling: a list of sizes "
+        "[micro,tiny,small] (440m,760m,1.3b: the GPU experiment, at half and all of the "
+        "paper's tokens)",
+    )
+    families: str | None = option(  # --paper families: preset prefixes (None: the default list)
+        "--families",
+        "--paper families: preset families to compare "
+        f"[{','.join(DEFAULT_FAMILIES)}; also titans-mac, titans-mal]",
+    )
+    seeds: int | None = option(  # None: DEFAULT_SEEDS, or PAPER_MODE_SEEDS with --paper
+        "--seeds",
+        f"seeds 0..N-1 [{DEFAULT_SEEDS}; {PAPER_MODE_SEEDS} with --paper, "
+        f"{SCALING_SEEDS} with --paper scaling]",
+        domain=up_to(MAX_COUNT),
+    )
+    tokens: int | None = option(
+        "--tokens",
+        f"training tokens per run [default {DEFAULT_TOKENS:,}]",
+        domain=up_to(MAX_TOKENS),
+    )
+    data: Path | None = option(
+        "--data",
+        "data dir from `taperlm prepare` (default: the built-in corpus, prepared once into "
+        "the cache)",
+        type=input_path(),
+    )
+    val_tokens: int = option(
+        "--val-tokens",
+        f"validation tokens for the final loss/ppl (0 = whole val split) [{DEFAULT_VAL_TOKENS}]",
+        default=DEFAULT_VAL_TOKENS,
+        domain=up_to(MAX_TOKENS, 0),
+    )
+    eval_tasks: str = option(
+        "--eval-tasks",
+        "tasks after training: none (default), paper (the nine zero-shot tasks), niah "
+        "(S-NIAH-1/2/3 at --eval-niah-lengths), all, or a list such as wikitext,piqa,niah_single_1",
+        default="none",
+    )
+    eval_limit: int = option(
+        "--eval-limit",
+        f"first N items per zero-shot task (0 = all) [{DEFAULT_EVAL_LIMIT}]",
+        default=DEFAULT_EVAL_LIMIT,
+        domain=up_to(MAX_COUNT, 0),
+    )
+    eval_niah_lengths: str = option(  # empty: each cell's context_length
+        "--eval-niah-lengths",
+        "NIAH lengths in tokens for --eval-tasks niah (default: each cell's context_length)",
+        default="",
+    )
+    eval_data: Path | None = option(
+        "--eval-data",
+        "folder laid out like ../shared/data (default: $TAPERLM_EVAL_DATA or ../shared/data)",
+        type=input_path(),
+    )
+    novelty_tokens: int = option(
+        "--novelty-tokens",
+        f"tokens for the novelty measurement [{DEFAULT_NOVELTY_TOKENS}]",
+        default=DEFAULT_NOVELTY_TOKENS,
+        domain=up_to(MAX_TOKENS, 2),
+    )
+    novelty_data: Path | None = option(
+        "--novelty-data",
+        "text file for novelty (default: WikiText-2 test from ../shared/data, else the val split)",
+        type=input_path(),
+    )
+    jobs: int | None = option(  # cells at a time; None: as many as idle cores allow
+        "--jobs",
+        "cells trained at a time, each in its own worker process (default: as many as "
+        "there are idle CPU cores for --threads each; 1 = in this process). Changes the speed, "
+        "never the numbers",
+        domain=up_to(MAX_WORKERS),
+    )
+    threads: int = option(
+        "--threads",
+        f"torch CPU threads per cell [{DEFAULT_THREADS}]; more only helps when there are "
+        "more idle cores than cells",
+        default=DEFAULT_THREADS,
+        domain=up_to(MAX_WORKERS),
+    )
+    pilot_tokens: int | None = option(  # None: PILOT_FRACTION of a run (novelty:pilot only)
+        "--pilot-tokens",
+        "training tokens of each novelty:pilot pilot run [default: a quarter of --tokens]",
+        domain=up_to(MAX_TOKENS),
+    )
+    tune_lr: bool = option(  # each allocation at its own best lr (taperlm.compare.tuning)
+        "--tune-lr",
+        "each allocation at its own best peak lr: every allocation trained at every "
+        "--lr-grid lr on --tune-seeds tuning seeds (disjoint from the reported ones), the lowest "
+        "mean val loss chosen, then the reported seeds run at the chosen lrs; reported beside "
+        "the shared-lr difference (docs/compare.md)",
+        default=False,
+        action="store_true",
+    )
+    lr_grid: str | None = option(  # None: the recipe's lr x tuning.DEFAULT_LR_FACTORS
+        "--lr-grid",
+        "--tune-lr: the peak lrs to try, e.g. 1e-3,2e-3,4e-3,8e-3 [the recipe's lr x 0.5, 1, 2, 4]",
+    )
+    tune_seeds: int | None = option(  # None: tuning.DEFAULT_TUNE_SEEDS
+        "--tune-seeds",
+        f"--tune-lr: tuning seeds per allocation and lr [{DEFAULT_TUNE_SEEDS}]",
+        domain=up_to(MAX_COUNT),
+    )
+    tune_scope: str | None = option(  # each (None) | uniform
+        "--tune-lr-scope",
+        "--tune-lr: each = every allocation tuned, reported at its own lr beside the "
+        "shared lr (default); uniform = only uniform tuned, every allocation trained at its lr",
+        choices=TUNE_SCOPES,
+    )
+    out: Path = option(
+        "--out",
+        "output folder (resumable)",
+        default=dataclasses.MISSING,
+        type=output_path("dir"),
+        required=True,
+    )
+    no_progress: bool = option(
+        "--no-progress", "no progress bars", default=False, action="store_true"
+    )
+    loggers: list[str] | None = None  # train.loggers of every cell (None: the config's)
+
+    def __post_init__(self) -> None:
+        if self.seeds is None:
+            self.seeds = PAPER_MODE_SEEDS if self.paper else DEFAULT_SEEDS
+            self.seeds = SCALING_SEEDS if self.paper == "scaling" else self.seeds
+
+
+def declared_options() -> list[dataclasses.Field]:
+    """The fields of `CompareOptions` that are options of this command (not the shared ones)."""
+    return [f for f in dataclasses.fields(CompareOptions) if FLAG_KEY in f.metadata]
+
+
+def add_option_arguments(parser: argparse.ArgumentParser) -> None:
+    """compare's own options, in declaration order, from `CompareOptions`' fields."""
+    for f in declared_options():
+        kwargs = dict(f.metadata[ARGPARSE_KEY])
+        if f.name != f.metadata[FLAG_KEY][2:].replace("-", "_"):
+            kwargs["dest"] = f.name
+        if f.default is not dataclasses.MISSING and f.default is not None:
+            kwargs["default"] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            kwargs["default"] = f.default_factory()
+        parser.add_argument(f.metadata[FLAG_KEY], **kwargs)
+
+
+def options_from(args: argparse.Namespace) -> CompareOptions:
+    """The `CompareOptions` of parsed arguments."""
+    return CompareOptions(
+        **{f.name: getattr(args, f.name) for f in dataclasses.fields(CompareOptions)}
+    )
+
+
+def check_option_ranges(opts: CompareOptions) -> None:
+    """ConfigError naming the flag for the first value outside its declared domain (what the
+    command line checks on parsing; here for options built in Python)."""
+    for f in declared_options():
+        domain = f.metadata.get(DOMAIN_KEY)
+        if domain is not None:
+            domain.check(getattr(opts, f.name), f.metadata[FLAG_KEY])

@@ -1,0 +1,61 @@
+"""The command line that reproduces a comparison, every choice explicit (report.json's
+`command`; `--paper families` / `scaling` reuse its run arguments per comparison)."""
+
+from __future__ import annotations
+
+import shlex
+
+from taperlm.compare.grid import Grid
+from taperlm.compare.options import DEFAULT_PRESET, DEFAULT_TUNE_SEEDS, CompareOptions
+from taperlm.compare.tuning import lr_grid
+
+
+def canonical_command(opts: CompareOptions, grid: Grid) -> str:
+    """A command line that reproduces this comparison (every choice explicit)."""
+    parts = ["taperlm", "compare"]
+    if opts.config:
+        parts += ["--config", str(opts.config)]
+    else:
+        parts += ["--preset", opts.preset or DEFAULT_PRESET]
+    if grid.paper:
+        parts += ["--paper", grid.paper]
+    else:
+        specs = [
+            a.spec_string if a.label == a.spec_string else f"{a.name}={a.spec_string}"
+            for a in grid.allocations
+        ]
+        parts += ["--tapers", ";".join(specs)]
+    if opts.multiple_of:
+        parts += ["--multiple-of", str(opts.multiple_of)]
+    pilot = grid.pilot and grid.pilot["tokens"]
+    return shlex.join(parts + run_arguments(opts, len(grid.seeds), grid.base.train.tokens, pilot))
+
+
+def run_arguments(
+    opts: CompareOptions, seeds: int, tokens: int, pilot: int | None = None
+) -> list[str]:
+    """The arguments after the model and allocations in a reproducing command line (`pilot`:
+    the pilot runs' tokens, when the grid has novelty:pilot allocations)."""
+    parts = ["--seeds", str(seeds), "--tokens", str(tokens)]
+    if opts.data is not None:
+        parts += ["--data", str(opts.data)]
+    for o in opts.overrides:
+        parts += ["--set", o]
+    parts += ["--val-tokens", str(opts.val_tokens), "--eval-tasks", opts.eval_tasks]
+    if opts.eval_tasks not in ("none", ""):
+        parts += ["--eval-limit", str(opts.eval_limit)]
+    if opts.eval_niah_lengths.strip():
+        parts += ["--eval-niah-lengths", opts.eval_niah_lengths]
+    parts += ["--novelty-tokens", str(opts.novelty_tokens)]
+    if opts.novelty_data is not None:
+        parts += ["--novelty-data", str(opts.novelty_data)]
+    if pilot is not None:
+        parts += ["--pilot-tokens", str(pilot)]
+    if opts.tune_lr:
+        parts.append("--tune-lr")
+        if opts.lr_grid is not None:  # else each model's default grid, around its recipe's lr
+            parts += ["--lr-grid", ",".join(f"{x:g}" for x in lr_grid(opts.lr_grid, 1.0))]
+        parts += ["--tune-seeds", str(opts.tune_seeds or DEFAULT_TUNE_SEEDS)]
+        parts += ["--tune-lr-scope", opts.tune_scope or "each"]
+    parts += ["--out", str(opts.out)]  # --jobs/--threads change the speed, never the numbers
+    return parts
