@@ -10,11 +10,13 @@ import pytest
 
 from taperlm.cli import main
 from taperlm.config import (
+    RUNTIME_KEYS,
     ModelConfig,
     RunConfig,
     apply_overrides,
     load_run_config,
     run_config_from_dict,
+    runtime_keys,
     save_yaml,
     to_dict,
 )
@@ -179,3 +181,16 @@ def test_env_overrides_apply_after_set_and_are_blamed_by_name(monkeypatch, capsy
     err = capsys.readouterr().err
     assert "error: TAPERLM_SET 'train.tokenz=5': unknown key(s) in train: 'tokenz'" in err
     assert "did you mean 'tokens'?" in err
+
+
+def test_runtime_keys_come_from_the_fields_metadata():
+    """The settings a resumed run may change are marked where they are declared; the derived
+    set is the table the trainer used before (no behaviour change)."""
+    train = {
+        *("eval_every", "eval_tokens", "checkpoint_every", "keep_checkpoints", "log_every"),
+        *("max_bad_steps", "compile", "compile_scope", "activation_checkpointing", "parallel"),
+        *("fsdp_param_dtype", "fsdp_reduce_dtype", "async_checkpoint", "device", "precision"),
+        *("peak_flops", "restore_nonfinite", "loggers", "log_grads_every", "log_project"),
+        *("log_group", "log_name"),
+    }
+    assert RUNTIME_KEYS == runtime_keys() == {"data.dir"} | {f"train.{k}" for k in train}

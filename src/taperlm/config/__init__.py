@@ -28,12 +28,13 @@ from taperlm.config.overrides import (
     env_overrides,
     parse_override,
 )
-from taperlm.config.run import RunConfig
+from taperlm.config.run import RUNTIME_KEYS, RunConfig, runtime_keys
 from taperlm.config.train import DataConfig, TrainConfig
 from taperlm.errors import ConfigError
 
 __all__ = [
     "OVERRIDES_ENV",
+    "RUNTIME_KEYS",
     "ConfigError",
     "DataConfig",
     "DuplicateKeyError",
@@ -53,6 +54,7 @@ __all__ = [
     "load_yaml",
     "parse_override",
     "run_config_from_dict",
+    "runtime_keys",
     "save_yaml",
     "section_of",
     "strict_yaml_load",

@@ -1,7 +1,8 @@
-"""A whole run's config: `RunConfig` (model, data, train)."""
+"""A whole run's config: `RunConfig` (model, data, train), and the settings a resumed run may change."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from taperlm.config.model import ModelConfig
@@ -28,3 +29,17 @@ class RunConfig:
         check_domains(self.data, "data")
         check_domains(self.train, "train")
         return self
+
+
+def runtime_keys() -> frozenset[str]:
+    """The dotted keys (`train.log_every`, `data.dir`, ...) a run may change between its start
+    and its resumption: the fields declared with `runtime=True` metadata."""
+    keys = set()
+    for section in dataclasses.fields(RunConfig):
+        for f in dataclasses.fields(section.default_factory):
+            if f.metadata.get("runtime"):
+                keys.add(f"{section.name}.{f.name}")
+    return frozenset(keys)
+
+
+RUNTIME_KEYS = runtime_keys()

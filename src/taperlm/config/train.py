@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from taperlm.domains import (
     MAX_BATCH,
@@ -20,10 +20,11 @@ class DataConfig:
     """Where training tokens come from.
 
     Fields:
-        dir: folder written by `taperlm prepare` (shards, meta.json, tokenizer/).
+        dir: folder written by `taperlm prepare` (shards, meta.json, tokenizer/); a resumed run
+            may read the same data from another folder (`runtime=True`).
     """
 
-    dir: str = setting("", "text")
+    dir: str = setting("", "text", runtime=True)
 
 
 @dataclass
@@ -83,7 +84,9 @@ class TrainConfig:
         log_group: the W&B group of the run (empty = none; `taperlm compare` groups its cells).
         log_name: the logged run's name (empty = the run dir's name).
 
-    Every field declares its allowed values beside it (`taperlm.domains.setting`).
+    Every field declares its allowed values beside it (`taperlm.domains.setting`), and a
+    field marked `runtime=True` may change when a run is resumed: it affects speed, logging or
+    where things run, not which updates are made (up to floating-point reordering).
     """
 
     seed: int = setting(0, f"[0, {MAX_SEED}]")
@@ -100,28 +103,28 @@ class TrainConfig:
     beta2: float = setting(0.95, "[0, 1)")
     eps: float = setting(1e-8, "(0, inf)")
     grad_clip: float = setting(1.0, "[0, inf)")
-    precision: str = setting("auto", "{auto, fp32, bf16}")
-    compile: bool = False
-    compile_scope: str = setting("model", "{model, blocks}")
-    activation_checkpointing: str = setting("none", "{none, full}")
-    parallel: str = setting("ddp", "{ddp, fsdp}")
-    fsdp_param_dtype: str = setting("auto", "{auto, bf16, fp32}")
-    fsdp_reduce_dtype: str = setting("fp32", "{fp32, bf16}")
-    async_checkpoint: bool = False
-    device: str = setting("auto", "{auto, cpu, cuda}")
-    eval_every: int = setting(50, up_to(MAX_COUNT, 0))
-    eval_tokens: int = setting(65536, up_to(MAX_TOKENS, 0))
-    checkpoint_every: int = setting(100, up_to(MAX_COUNT, 0))
-    keep_checkpoints: int = setting(2, up_to(MAX_COUNT))
-    log_every: int = setting(10, up_to(MAX_COUNT, 0))
-    max_bad_steps: int = setting(5, up_to(MAX_COUNT))
-    peak_flops: float | None = setting(None, "(0, inf)")
-    restore_nonfinite: bool = True
-    loggers: list[str] = setting([], "{tensorboard, wandb}")
-    log_grads_every: int = setting(100, up_to(MAX_COUNT, 0))
-    log_project: str = setting("taperlm", "text")
-    log_group: str = setting("", "text")
-    log_name: str = setting("", "text")
+    precision: str = setting("auto", "{auto, fp32, bf16}", runtime=True)
+    compile: bool = field(default=False, metadata={"runtime": True})
+    compile_scope: str = setting("model", "{model, blocks}", runtime=True)
+    activation_checkpointing: str = setting("none", "{none, full}", runtime=True)
+    parallel: str = setting("ddp", "{ddp, fsdp}", runtime=True)
+    fsdp_param_dtype: str = setting("auto", "{auto, bf16, fp32}", runtime=True)
+    fsdp_reduce_dtype: str = setting("fp32", "{fp32, bf16}", runtime=True)
+    async_checkpoint: bool = field(default=False, metadata={"runtime": True})
+    device: str = setting("auto", "{auto, cpu, cuda}", runtime=True)
+    eval_every: int = setting(50, up_to(MAX_COUNT, 0), runtime=True)
+    eval_tokens: int = setting(65536, up_to(MAX_TOKENS, 0), runtime=True)
+    checkpoint_every: int = setting(100, up_to(MAX_COUNT, 0), runtime=True)
+    keep_checkpoints: int = setting(2, up_to(MAX_COUNT), runtime=True)
+    log_every: int = setting(10, up_to(MAX_COUNT, 0), runtime=True)
+    max_bad_steps: int = setting(5, up_to(MAX_COUNT), runtime=True)
+    peak_flops: float | None = setting(None, "(0, inf)", runtime=True)
+    restore_nonfinite: bool = field(default=True, metadata={"runtime": True})
+    loggers: list[str] = setting([], "{tensorboard, wandb}", runtime=True)
+    log_grads_every: int = setting(100, up_to(MAX_COUNT, 0), runtime=True)
+    log_project: str = setting("taperlm", "text", runtime=True)
+    log_group: str = setting("", "text", runtime=True)
+    log_name: str = setting("", "text", runtime=True)
 
     @property
     def steps(self) -> int:

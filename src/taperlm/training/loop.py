@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from taperlm.config import (
+    RUNTIME_KEYS,
     RunConfig,
     TrainConfig,
     load_run_config,
@@ -62,37 +63,6 @@ RESUME_MODES = ("auto", "never", "must")
 # on_step(completed steps, total steps, loss) -> None | "checkpoint" | "stop"
 StepHook = Callable[[int, int, float], "str | None"]
 NAN_ENV = "TAPERLM_INJECT_NAN_AT_STEP"
-
-# Train settings that may change between a run and its resumption: they affect speed, logging
-# or where things run, not which updates are made (up to floating-point reordering).
-RUNTIME_KEYS = frozenset(
-    {
-        "data.dir",
-        "train.eval_every",
-        "train.eval_tokens",
-        "train.checkpoint_every",
-        "train.keep_checkpoints",
-        "train.log_every",
-        "train.max_bad_steps",
-        "train.compile",
-        "train.compile_scope",
-        "train.activation_checkpointing",
-        "train.parallel",
-        "train.fsdp_param_dtype",
-        "train.fsdp_reduce_dtype",
-        "train.async_checkpoint",
-        "train.device",
-        "train.precision",
-        "train.peak_flops",
-        "train.restore_nonfinite",
-        "train.loggers",
-        "train.log_grads_every",
-        "train.log_project",
-        "train.log_group",
-        "train.log_name",
-    }
-)
-
 
 @dataclass
 class TrainResult:
