@@ -64,6 +64,7 @@ RESUME_MODES = ("auto", "never", "must")
 StepHook = Callable[[int, int, float], "str | None"]
 NAN_ENV = "TAPERLM_INJECT_NAN_AT_STEP"
 
+
 @dataclass
 class TrainResult:
     """What a finished (or stopped) run reached."""
