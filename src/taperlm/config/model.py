@@ -150,11 +150,28 @@ class ModelConfig:
 
     def head_taper_spec(self) -> TaperSpec:
         """`head_taper` parsed, with steps of one KV group (TaperError if it is not valid)."""
-        return TaperSpec.parse(self.head_taper, multiple_of=self.group_size)
+        return self._parsed(self.head_taper, self.group_size)
 
     def kv_taper_spec(self) -> TaperSpec:
         """`kv_taper` parsed (TaperError if it is not valid)."""
-        return TaperSpec.parse(self.kv_taper, multiple_of=1)
+        return self._parsed(self.kv_taper, 1)
+
+    def _parsed(self, text: str, multiple_of: int) -> TaperSpec:
+        """A head or KV taper spec, parsed once per text and step: validate, resolve, plan and
+        the model card all read it. Kept beside the fields, not as one (never written)."""
+        specs = self.__dict__.setdefault("_parsed_specs", {})
+        key = (text, multiple_of)
+        if key not in specs:
+            specs[key] = TaperSpec.parse(text, multiple_of=multiple_of)
+        return specs[key]
+
+    def _state(self) -> tuple:
+        """Every field's value, deep-copied: what a validation or a resolution was of."""
+        return dataclasses.astuple(self)
+
+    def is_resolved(self) -> bool:
+        """Whether `resolve()` wrote and validated this config, unchanged since."""
+        return self.__dict__.get("_resolved_state") == self._state()
 
     def solve_kv_heads(self) -> KVHeads:
         """The KV taper solved against this config's query heads (counts, asked, notes)."""
@@ -163,7 +180,11 @@ class ModelConfig:
         return solve_kv_heads(self.kv_taper_spec(), q, self.group_size, step)
 
     def validate(self) -> None:
-        """Check shapes and options; raise ConfigError naming the key and the fix."""
+        """Check shapes and options; raise ConfigError naming the key and the fix. A config
+        validated before and unchanged since is not checked again."""
+        state = self._state()
+        if self.__dict__.get("_validated_state") == state:
+            return
         fam = get_family(self.family)
         check_domains(self, "model")
         check_taper_spec(self.taper, "model.taper")
@@ -206,6 +227,7 @@ class ModelConfig:
                 f"{type(self.options).__name__}"
             )
         fam.validate(self)
+        self.__dict__["_validated_state"] = state
 
     def _check_head_spec(
         self, fam: Any, key: str, parse: Any, resolved: Any, noun: str, example: str
@@ -287,7 +309,10 @@ class ModelConfig:
         """Fill `layer_heads` from the head taper, `layer_kv_heads` from the KV taper,
         `mlp_widths` from the taper (taking up the K/V parameters the KV taper saves) and the
         family's per-layer sizes (e.g. Hope level widths, Titans memory widths) when absent,
-        validate, and return self."""
+        validate, and return self. The one place a model config is validated: a resolved
+        config, unchanged since, is neither solved nor checked again (`is_resolved`)."""
+        if self.is_resolved():
+            return self
         self.validate()
         heads = self.head_taper_spec()
         if self.layer_heads is None and not heads.is_uniform:
@@ -316,7 +341,8 @@ class ModelConfig:
                     f"width the KV taper {self.kv_taper!r} frees)"
                 ) from None
         get_family(self.family).resolve(self)
-        self.validate()
+        self.validate()  # the sizes written (free when nothing was absent)
+        self.__dict__["_resolved_state"] = self._state()
         return self
 
     def with_taper(
