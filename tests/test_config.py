@@ -10,15 +10,20 @@ import pytest
 
 from taperlm.cli import main
 from taperlm.config import (
+    RUNTIME_KEYS,
     ModelConfig,
     RunConfig,
     apply_overrides,
+    from_dict,
     load_run_config,
     run_config_from_dict,
+    runtime_keys,
     save_yaml,
     to_dict,
 )
+from taperlm.config import model as model_module
 from taperlm.errors import ConfigError
+from taperlm.models import TaperedLM
 from taperlm.presets import get_preset, preset_names
 from taperlm.taper import TaperSpec
 
@@ -179,3 +184,67 @@ def test_env_overrides_apply_after_set_and_are_blamed_by_name(monkeypatch, capsy
     err = capsys.readouterr().err
     assert "error: TAPERLM_SET 'train.tokenz=5': unknown key(s) in train: 'tokenz'" in err
     assert "did you mean 'tokens'?" in err
+
+
+def test_runtime_keys_come_from_the_fields_metadata():
+    """The settings a resumed run may change are marked where they are declared; the derived
+    set is the table the trainer used before (no behaviour change)."""
+    train = {
+        *("eval_every", "eval_tokens", "checkpoint_every", "keep_checkpoints", "log_every"),
+        *("max_bad_steps", "compile", "compile_scope", "activation_checkpointing", "parallel"),
+        *("fsdp_param_dtype", "fsdp_reduce_dtype", "async_checkpoint", "device", "precision"),
+        *("peak_flops", "restore_nonfinite", "loggers", "log_grads_every", "log_project"),
+        *("log_group", "log_name"),
+    }
+    assert RUNTIME_KEYS == runtime_keys() == {"data.dir"} | {f"train.{k}" for k in train}
+
+
+def test_each_head_and_kv_spec_is_parsed_once_and_a_resolved_config_validated_once(monkeypatch):
+    """resolve() is where a model config is validated: the head and KV specs are parsed once
+    per config, and resolving or validating a resolved config again does no work until a field
+    changes (then the change is checked)."""
+    parsed: list[str] = []
+    checks: list[str] = []
+    parse = TaperSpec.parse.__func__
+    monkeypatch.setattr(
+        TaperSpec, "parse", classmethod(lambda cls, t, **k: parsed.append(t) or parse(cls, t, **k))
+    )
+    real_check = model_module.check_taper_spec
+    monkeypatch.setattr(
+        model_module, "check_taper_spec", lambda s, w: checks.append(w) or real_check(s, w)
+    )
+    cfg = ModelConfig(d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, mlp_width=128, vocab_size=64)
+    cfg.head_taper, cfg.kv_taper = "cosine:1.5:0.5", "groups:1,0.5"
+    assert not cfg.is_resolved()
+    cfg.resolve()
+    assert sorted(parsed) == ["cosine:1.5:0.5", "groups:1,0.5"]
+    done = len(checks)
+    for again in (cfg.resolve, cfg.validate, RunConfig(model=cfg).validate):
+        again()
+    assert cfg.is_resolved() and len(checks) == done and len(parsed) == 2
+    cfg.mlp_widths[0] += 16  # a change: not resolved any more, and checked again
+    assert not cfg.is_resolved()
+    with pytest.raises(ConfigError, match="mlp_widths sum to"):
+        cfg.validate()
+    assert len(checks) == done + 1
+
+
+def test_tapered_lm_takes_a_resolved_config_and_resolves_a_loaded_one_once(monkeypatch):
+    """TaperedLM's contract: a config resolve() wrote is used as is (no second validation); a
+    config loaded with its sizes (a run dir, an export) is resolved and validated once; one
+    without sizes is refused."""
+    checks: list[str] = []
+    real_check = model_module.check_taper_spec
+    monkeypatch.setattr(
+        model_module, "check_taper_spec", lambda s, w: checks.append(w) or real_check(s, w)
+    )
+    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=2, mlp_width=64, vocab_size=32).resolve()
+    checks.clear()
+    TaperedLM(cfg)
+    assert checks == []
+    loaded = from_dict(ModelConfig, to_dict(cfg))
+    assert not loaded.is_resolved()
+    TaperedLM(loaded)
+    assert loaded.is_resolved() and checks == ["model.taper"]
+    with pytest.raises(ConfigError, match=r"no resolved mlp_widths; call cfg\.resolve"):
+        TaperedLM(ModelConfig(d_model=32, n_layers=2, n_heads=2, mlp_width=64))

@@ -10,11 +10,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shlex
 import sys
 
+from taperlm import __version__
 from taperlm.device import is_out_of_memory, memory_error
 from taperlm.domains import check_arguments
 from taperlm.errors import TaperlmError
+from taperlm.training.interrupt import interrupted_message
 
 # name -> one-line help; the module taperlm.commands.<name> implements it.
 COMMANDS: dict[str, str] = {
@@ -60,8 +63,6 @@ def _module(name: str):
 
 
 def _version() -> str:
-    from taperlm import __version__
-
     return f"taperlm {__version__}"
 
 
@@ -105,8 +106,6 @@ RESUMABLE = ("train", "compare")
 def resume_command(command: str, argv: list[str]) -> str:
     """The command line that continues an interrupted `command` (`--resume never` would refuse
     the saved checkpoints, so it becomes `auto`); under torchrun, the same torchrun line."""
-    import shlex
-
     argv = list(argv)
     for i, arg in enumerate(argv[:-1]):
         if arg == "--resume" and argv[i + 1] == "never":
@@ -124,8 +123,6 @@ def _interrupted(args: argparse.Namespace, argv: list[str]) -> str:
     if command not in RESUMABLE:
         return f"taperlm {command}: interrupted"
     if command == "train":
-        from taperlm.training.interrupt import interrupted_message
-
         return interrupted_message(getattr(args, "out", None), resume_command(command, argv))
     return (
         f"taperlm {command}: interrupted; the work done so far is saved. To continue, run the "

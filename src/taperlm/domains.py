@@ -199,6 +199,15 @@ def field_domain(f: dataclasses.Field) -> Domain | None:
     return f.metadata.get(DOMAIN_KEY)
 
 
+def domain_of_field(cls: type, name: str) -> Domain:
+    """The declared domain of field `name` of config dataclass `cls`: what a command-line option
+    that sets that field takes (`number(int, domain_of_field(TrainConfig, "seq_len"))`)."""
+    dom = next((field_domain(f) for f in dataclasses.fields(cls) if f.name == name), None)
+    if dom is None:
+        raise KeyError(f"{cls.__name__}.{name} declares no domain")
+    return dom
+
+
 def check_domains(obj: Any, where: str) -> None:
     """Check every field of config dataclass `obj` that declares a domain, and recurse into
     nested config dataclasses (not into `section` fields: their owner checks them under their

@@ -18,13 +18,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
-from taperlm.commands.common import add_model_arguments
-from taperlm.commands.novelty import add_measure_arguments
-from taperlm.domains import input_path, number, output_path
-from taperlm.outfiles import R_FILE
+from taperlm.budget import plan
+from taperlm.commands.common import add_model_arguments, build_run_config
+from taperlm.commands.novelty import add_measure_arguments, measure_model
+from taperlm.config import (
+    OVERRIDES_ENV,
+    apply_overrides,
+    dump_yaml,
+    env_overrides,
+    load_run_config,
+    run_config_from_dict,
+    to_dict,
+)
+from taperlm.domains import domain_of_field, input_path, number, output_path
+from taperlm.errors import ConfigError
+from taperlm.io import atomic_write_text
+from taperlm.outfiles import R_FILE, yaml_mark
+from taperlm.taper import DEFAULT_STRENGTH, TaperSpec, describe, multipliers, read_rho_mlp
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--strength",
-        type=number(float, "(0, 1)"),
+        type=number(float, domain_of_field(TaperSpec, "strength")),
         help="largest change of a layer's width as a fraction of the baseline, in (0, 1) "
         "[default 0.5: widths within 0.5x..1.5x, the paper's cosine range]",
     )
@@ -60,12 +74,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from taperlm.budget import plan
-    from taperlm.config import dump_yaml
-    from taperlm.io import atomic_write_text
-    from taperlm.outfiles import yaml_mark
-    from taperlm.taper import DEFAULT_STRENGTH, TaperSpec
-
     rho, how = _rho_mlp(args)
     spec = TaperSpec(
         schedule="novelty",
@@ -88,8 +96,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(_format(cfg, p, how, args.out))
     if args.plot:
-        from taperlm.analysis.plots import plot_width_profiles
-        from taperlm.taper import describe
+        from taperlm.analysis.plots import plot_width_profiles  # lazy: numpy, only for --plot
 
         m = cfg.model
         path = plot_width_profiles(
@@ -105,13 +112,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _rho_mlp(args: argparse.Namespace) -> tuple[list[float], str]:
     """Per-layer rho_mlp of SOURCE (read, or measured), and how it was obtained."""
-    from taperlm.taper import read_rho_mlp
-
     path = Path(args.source)
     if path.is_file() or (path.is_dir() and _has_measurement(path)):
         return read_rho_mlp(path), f"read from {path}"
-    from taperlm.commands.novelty import measure_model
-
     result, data, n_ids = measure_model(args.source, args, progress=not args.json)
     return result.means("rho_mlp"), f"measured on {n_ids} tokens of {data}"
 
@@ -122,17 +125,6 @@ def _has_measurement(path: Path) -> bool:
 
 def _target(args: argparse.Namespace):
     """The run config to allocate: --preset/--config (with --set), else SOURCE's own."""
-    from taperlm.commands.common import build_run_config
-    from taperlm.config import (
-        OVERRIDES_ENV,
-        apply_overrides,
-        env_overrides,
-        load_run_config,
-        run_config_from_dict,
-        to_dict,
-    )
-    from taperlm.errors import ConfigError
-
     args.taper, args.head_taper, args.kv_taper = None, None, None
     if args.preset or args.config:
         return build_run_config(args)
@@ -149,8 +141,6 @@ def _target(args: argparse.Namespace):
 
 
 def _as_dict(cfg, p, how: str, out: Path | None) -> dict[str, Any]:
-    from taperlm.taper import multipliers
-
     m = cfg.model
     return {
         "source": m.taper.source,
@@ -170,8 +160,6 @@ def _as_dict(cfg, p, how: str, out: Path | None) -> dict[str, Any]:
 
 
 def _format(cfg, p, how: str, out: Path | None) -> str:
-    from taperlm.taper import multipliers
-
     m = cfg.model
     mult = multipliers(m.taper, m.n_layers)
     lines = [
@@ -197,8 +185,6 @@ def _format(cfg, p, how: str, out: Path | None) -> str:
 def train_command(cfg, out: Path) -> str:
     """The complete `taperlm train` line for the written config: its run dir beside it (the
     config's name without .yaml), and --data when the config names no data dir."""
-    import shlex
-
     words = ["taperlm", "train", "--config", str(out)]
     if not cfg.data.dir:
         words += ["--data", "DATA"]  # no data known: the user's prepared folder

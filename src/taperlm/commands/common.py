@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 
@@ -20,7 +19,7 @@ from taperlm.config import (
     file_notes,
     run_config_from_dict,
 )
-from taperlm.domains import MAX_WIDTH, field_domain, input_path, number, up_to
+from taperlm.domains import domain_of_field, input_path, number
 from taperlm.errors import ConfigError
 from taperlm.presets import config_data
 from taperlm.taper import TaperSpec
@@ -59,7 +58,7 @@ def add_model_arguments(
         )
     parser.add_argument(
         "--multiple-of",
-        type=number(int, up_to(MAX_WIDTH)),
+        type=number(int, domain_of_field(TaperSpec, "multiple_of")),
         help="round every width to a multiple of N (default 16, as in the paper)",
     )
     parser.add_argument(
@@ -127,8 +126,7 @@ def print_notes(args: argparse.Namespace, notes: list[str]) -> None:
 
 
 def _logger_list(text: str) -> list[str]:
-    known = next(f for f in dataclasses.fields(TrainConfig) if f.name == "loggers")
-    choices = field_domain(known).allowed()  # train.loggers' domain
+    choices = domain_of_field(TrainConfig, "loggers").allowed()
     names = [n.strip().lower() for n in text.split(",") if n.strip()]
     for name in names:
         if name not in (*choices, "none"):

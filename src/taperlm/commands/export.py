@@ -9,7 +9,8 @@ from pathlib import Path
 
 from taperlm.domains import MAX_COUNT, input_path, number, output_path, up_to
 from taperlm.errors import ConfigError
-from taperlm.gguf_export import DTYPES
+from taperlm.gguf_export import DTYPES, check_supported, write_gguf
+from taperlm.outdirs import check_folder, claim, kind_of
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,8 +55,6 @@ def run(args: argparse.Namespace) -> int:
     if args.dtype is not None:
         raise ConfigError("--dtype is for --format gguf; a Hugging Face export keeps fp32 weights")
 
-    from taperlm.outdirs import check_folder, claim, kind_of
-
     out: Path = args.out
     check_folder(out, "export", "--out")  # also under --force: only our own exports
     if out.is_dir() and any(out.iterdir()) and kind_of(out) == "export" and not args.force:
@@ -67,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
         import transformers  # noqa: F401
     except ImportError:
         raise ConfigError("export needs transformers: pip install 'taperlm[hf]'") from None
-    from taperlm.hf.export import export_model
-    from taperlm.loading import load_run
+    from taperlm.hf.export import export_model  # lazy: torch and the hf extra (checked above)
+    from taperlm.loading import load_run  # lazy: torch; --help stays torch-free
 
     model, tokenizer, run_config = load_run(args.run, step=args.step)
     claim(out, "export")
@@ -82,8 +81,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_gguf(args: argparse.Namespace) -> int:
-    from taperlm.gguf_export import check_supported, write_gguf
-    from taperlm.loading import load_run, run_root
+    from taperlm.loading import load_run, run_root  # lazy: torch; --help stays torch-free
 
     out: Path = args.out  # checked before: new, or an earlier GGUF export under --force
     model, tokenizer, _ = load_run(args.run, step=args.step)

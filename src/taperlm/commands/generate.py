@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from taperlm.device import resolve_device
 from taperlm.domains import (
     MAX_CONTEXT,
     MAX_COUNT,
@@ -15,6 +16,7 @@ from taperlm.domains import (
     output_path,
     up_to,
 )
+from taperlm.io import atomic_write_text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,9 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from taperlm.device import resolve_device
-    from taperlm.generation import SamplingConfig, generate_tokens, stream_text
-    from taperlm.loading import load_any
+    from taperlm.generation import (  # lazy: torch; --help stays torch-free
+        SamplingConfig,
+        generate_tokens,
+        stream_text,
+    )
+    from taperlm.loading import load_any  # lazy: torch; --help stays torch-free
 
     device = resolve_device(args.device)
     cfg = SamplingConfig(
@@ -82,7 +87,5 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
     sys.stdout.write("\n")
     if args.out is not None:
-        from taperlm.io import atomic_write_text
-
         atomic_write_text(args.out, "".join(pieces) + "\n")
     return 0

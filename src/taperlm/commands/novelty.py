@@ -8,6 +8,7 @@ import math
 import sys
 from pathlib import Path
 
+from taperlm.device import resolve_device
 from taperlm.domains import (
     MAX_BATCH,
     MAX_CONTEXT,
@@ -18,7 +19,10 @@ from taperlm.domains import (
     output_path,
     up_to,
 )
-from taperlm.outfiles import R_FILE
+from taperlm.errors import ConfigError, DataError
+from taperlm.evaluation.locate import wikitext_test
+from taperlm.io import atomic_write_json
+from taperlm.outfiles import R_FILE, json_mark
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -96,16 +100,13 @@ def run(args: argparse.Namespace) -> int:
     out = result.to_dict()
     out.update(model=args.model, data=str(data), input_tokens=n_ids)
     if args.out is not None:
-        from taperlm.io import atomic_write_json
-        from taperlm.outfiles import json_mark
-
         atomic_write_json(args.out, json_mark(out, "novelty"), indent=2)
     if args.json:
         print(json.dumps(out, indent=2))
     else:
         print(format_result(result, str(data), n_ids))
     if args.plot:
-        from taperlm.analysis.plots import plot_novelty
+        from taperlm.analysis.plots import plot_novelty  # lazy: numpy, only for --plot
 
         path = plot_novelty(
             {result.name: result}, args.plot, title=f"Layer-wise novelty: {Path(data).name}"
@@ -118,12 +119,10 @@ def run(args: argparse.Namespace) -> int:
 def measure_model(model: str, args: argparse.Namespace, progress: bool = True):
     """Load MODEL and measure its novelty with the options of `add_measure_arguments`;
     returns (NoveltyResult, what the text is, input tokens)."""
-    import torch
+    import torch  # lazy: --help stays torch-free
 
-    from taperlm.analysis.novelty import measure
-    from taperlm.analysis.sources import load_model
-    from taperlm.device import resolve_device
-    from taperlm.errors import ConfigError
+    from taperlm.analysis.novelty import measure  # lazy: torch; --help stays torch-free
+    from taperlm.analysis.sources import load_model  # lazy: torch; --help stays torch-free
 
     device = resolve_device(args.device)
     loaded = load_model(model, device, args.dtype, args.trust_remote_code, args.step)
@@ -153,9 +152,10 @@ def measure_model(model: str, args: argparse.Namespace, progress: bool = True):
 def _text(args: argparse.Namespace, loaded) -> tuple[str, list[int]]:
     """(what the text is, its first --tokens ids): --data, else WikiText-2 test (the paper's
     choice), else for our runs the validation split of the run's data, as compare does."""
-    from taperlm.analysis.sources import first_tokens, first_val_tokens
-    from taperlm.errors import DataError
-    from taperlm.evaluation.locate import wikitext_test
+    from taperlm.analysis.sources import (  # lazy: torch; --help stays torch-free
+        first_tokens,
+        first_val_tokens,
+    )
 
     if args.data is not None:
         return str(args.data), first_tokens(args.data, loaded.encode, args.tokens)

@@ -4,18 +4,28 @@ with `--gpus N`, also the per-GPU memory and the time of the run (training/plann
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import textwrap
 
+from taperlm.budget import plan, total_params
 from taperlm.commands.common import add_model_arguments, build_run_config
-from taperlm.domains import MAX_BATCH, MAX_CONTEXT, MAX_TOKENS, number, output_path, up_to
+from taperlm.config import TrainConfig, dump_yaml
+from taperlm.domains import MAX_BATCH, domain_of_field, number, output_path, up_to
+from taperlm.errors import TaperError
+from taperlm.families import family
+from taperlm.kv_taper import CACHE_DTYPE_BYTES
 from taperlm.outfiles import R_FILE
+from taperlm.presets import get_preset, preset_names
+from taperlm.taper import describe
+from taperlm.training.planner import format_memory_plan, parse_bytes, plan_training
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument(
         "--seq-len",
-        type=number(int, up_to(MAX_CONTEXT)),
+        type=number(int, domain_of_field(TrainConfig, "seq_len")),
         help="context for the attention FLOPs and the KV-cache totals (default: the model's)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -35,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu-memory", default="80GB", help="memory of one GPU (default 80GB)")
     g.add_argument(
         "--micro-batch",
-        type=number(int, up_to(MAX_BATCH)),
+        type=number(int, domain_of_field(TrainConfig, "micro_batch_size")),
         help="sequences per GPU per forward pass",
     )
     g.add_argument("--parallel", choices=("fsdp", "ddp"), help="default: the config's")
@@ -44,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--tokens",
-        type=number(float, up_to(MAX_TOKENS)),
+        type=number(float, domain_of_field(TrainConfig, "tokens")),
         help="training tokens (default: train.tokens)",
     )
     g.add_argument(
@@ -52,16 +62,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--peak-tflops",
-        type=number(float, "(0, inf)"),
+        type=number(float, domain_of_field(TrainConfig, "peak_flops")),
         default=989.0,
         help="dense bf16 peak of one GPU (H100: 989)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    from taperlm.budget import plan
-    from taperlm.config import dump_yaml
-
     if args.list_presets:
         _list_presets()
         return 0
@@ -79,12 +86,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_plan(p))
         if memory is not None:
-            from taperlm.training.planner import format_memory_plan
-
             print()
             print(format_memory_plan(memory))
     if args.plot:
-        from taperlm.analysis.plots import plot_width_profiles
+        from taperlm.analysis.plots import plot_width_profiles  # lazy: numpy, only for --plot
 
         m = cfg.model
         heads = [m.attention_heads(i)[0] for i in range(m.n_layers)]
@@ -101,8 +106,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _memory_plan(args: argparse.Namespace, cfg):
-    from taperlm.training.planner import parse_bytes, plan_training
-
     t = cfg.train
     return plan_training(
         cfg.model,
@@ -123,12 +126,6 @@ def _memory_plan(args: argparse.Namespace, cfg):
 
 
 def _list_presets() -> None:
-    import dataclasses
-    import textwrap
-
-    from taperlm.budget import total_params
-    from taperlm.presets import get_preset, preset_names
-
     print(
         f"{'preset':<22}{'layers':>7}{'d_model':>9}{'mlp_width':>11}{'vocab':>8}{'params':>10}"
         f"{'non-emb':>10}"
@@ -204,8 +201,6 @@ def plan_to_dict(p) -> dict:
 
 def _kv_cache_dict(p) -> dict:
     """Per-layer and total KV-cache bytes per token and at the plan's context, bf16 and fp32."""
-    from taperlm.kv_taper import CACHE_DTYPE_BYTES
-
     out: dict = {"context": p.seq_len}
     for name, entries in (("tapered", p.kv_entries), ("uniform", p.baseline_kv_entries)):
         out[name] = {
@@ -222,8 +217,6 @@ def _kv_cache_dict(p) -> dict:
 
 def _kv_lines(p) -> list[str]:
     """The KV-cache summary of `format_plan`: bytes per token and at the context, both dtypes."""
-    from taperlm.kv_taper import CACHE_DTYPE_BYTES
-
     kv = _kv_cache_dict(p)
     lines = []
     for dtype in CACHE_DTYPE_BYTES:
@@ -240,9 +233,6 @@ def _kv_lines(p) -> list[str]:
 
 
 def format_plan(p) -> str:
-    from taperlm.families import family
-    from taperlm.taper import describe
-
     cfg = p.config
 
     total_flops = sum(b.flops_per_token for b in p.layers)
@@ -318,8 +308,6 @@ def _kv_from_spec(cfg) -> bool:
     """Whether the config's KV heads are the KV taper's solution (then its notes apply)."""
     if cfg.layer_kv_heads is None or cfg.kv_taper_spec().is_uniform:
         return False
-    from taperlm.errors import TaperError
-
     try:
         return cfg.solve_kv_heads().counts == cfg.layer_kv_heads
     except TaperError:  # a spec that no longer fits (the counts were written by hand)

@@ -22,13 +22,32 @@ from taperlm.domains import (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from taperlm.data.prepare import (
-        DEFAULT_MAX_DOC_CHARS,
-        DEFAULT_SAMPLE_CHARS,
-        DEFAULT_SHARD_TOKENS,
-        DEFAULT_VAL_FRACTION,
+    _add_input_arguments(parser)
+    _add_split_arguments(parser)
+    _add_size_arguments(parser)
+    parser.add_argument(
+        "--text-field",
+        default="text",
+        help="JSONL field / Parquet or dataset column holding the text [default: text]",
     )
+    parser.add_argument(
+        "--seed",
+        type=number(int, f"[0, {MAX_SEED}]"),
+        default=0,
+        help="seed of the validation split",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="also write into a non-empty folder of yours, beside its files: only when none of "
+        "the names prepare writes (meta.json, tokenizer/, train-*.bin, val-*.bin, .prepare*) "
+        "is taken there; nothing of yours is ever replaced or deleted",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="hide progress output")
 
+
+def _add_input_arguments(parser: argparse.ArgumentParser) -> None:
+    """What is read and where it goes: --source, --tokenizer, --out."""
     parser.add_argument(
         "--source",
         type=input_path(text=True),
@@ -46,6 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "[default: bpe:8192]",
     )
     parser.add_argument("--out", type=output_path("dir"), required=True, help="output data dir")
+
+
+def _add_split_arguments(parser: argparse.ArgumentParser) -> None:
+    """The validation split and the tokenizer processes: --val-fraction, --val-tokens, --workers."""
+    from taperlm.data.prepare import DEFAULT_VAL_FRACTION  # lazy: numpy only when prepare runs
+
     parser.add_argument(
         "--val-fraction",
         type=number(float, "(0, 0.5]"),
@@ -67,6 +92,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tokenizer processes; the output is the same for any number [default: the CPUs "
         "available]",
     )
+
+
+def _add_size_arguments(parser: argparse.ArgumentParser) -> None:
+    """How much is read, and the sizes of what is written: --max-chars ... --max-doc-chars."""
+    from taperlm.data.prepare import (  # lazy: numpy only when prepare runs
+        DEFAULT_MAX_DOC_CHARS,
+        DEFAULT_SAMPLE_CHARS,
+        DEFAULT_SHARD_TOKENS,
+    )
+
     parser.add_argument(
         "--max-chars",
         type=count(up_to(MAX_COUNT)),
@@ -99,29 +134,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="longer documents (and .txt files) are cut into pieces at paragraph breaks "
         f"[default: {DEFAULT_MAX_DOC_CHARS:_}]",
     )
-    parser.add_argument(
-        "--text-field",
-        default="text",
-        help="JSONL field / Parquet or dataset column holding the text [default: text]",
-    )
-    parser.add_argument(
-        "--seed",
-        type=number(int, f"[0, {MAX_SEED}]"),
-        default=0,
-        help="seed of the validation split",
-    )
-    parser.add_argument(
-        "--force",
-        action="store_true",
-        help="also write into a non-empty folder of yours, beside its files: only when none of "
-        "the names prepare writes (meta.json, tokenizer/, train-*.bin, val-*.bin, .prepare*) "
-        "is taken there; nothing of yours is ever replaced or deleted",
-    )
-    parser.add_argument("--no-progress", action="store_true", help="hide progress output")
 
 
 def run(args: argparse.Namespace) -> int:
-    from taperlm.data.prepare import prepare
+    from taperlm.data.prepare import prepare  # lazy: numpy, tokenizers only when prepare runs
 
     meta = prepare(
         args.source,

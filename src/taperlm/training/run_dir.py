@@ -13,7 +13,14 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from taperlm.config import RunConfig, load_run_config, run_config_from_dict, save_yaml, to_dict
+from taperlm.config import (
+    RUNTIME_KEYS,
+    RunConfig,
+    load_run_config,
+    run_config_from_dict,
+    save_yaml,
+    to_dict,
+)
 from taperlm.data.identity import check_run_data, read_record, record_run_data
 from taperlm.data.loader import check_data_fits, check_vocab
 from taperlm.domains import check_output
@@ -26,36 +33,6 @@ from taperlm.training.checkpoint import store as ckpt
 from taperlm.training.config_diff import config_differences, format_differences
 
 RESUME_MODES = ("auto", "never", "must")
-
-# Train settings that may change between a run and its resumption: they affect speed, logging
-# or where things run, not which updates are made (up to floating-point reordering).
-RUNTIME_KEYS = frozenset(
-    {
-        "data.dir",
-        "train.eval_every",
-        "train.eval_tokens",
-        "train.checkpoint_every",
-        "train.keep_checkpoints",
-        "train.log_every",
-        "train.max_bad_steps",
-        "train.compile",
-        "train.compile_scope",
-        "train.activation_checkpointing",
-        "train.parallel",
-        "train.fsdp_param_dtype",
-        "train.fsdp_reduce_dtype",
-        "train.async_checkpoint",
-        "train.device",
-        "train.precision",
-        "train.peak_flops",
-        "train.restore_nonfinite",
-        "train.loggers",
-        "train.log_grads_every",
-        "train.log_project",
-        "train.log_group",
-        "train.log_name",
-    }
-)
 
 
 def resume_conflicts(

@@ -1,0 +1,379 @@
+"""The model section: `ModelConfig`, its checks, and `resolve()`, which writes the per-layer sizes.
+
+The resolved per-layer sizes (`ModelConfig.mlp_widths`, `layer_heads`, `layer_kv_heads`) are the
+authority: they are written by `ModelConfig.resolve()` from the tapers and never recomputed once
+present, so a checkpoint always rebuilds the shapes it was trained with (docs/training.md, run directories).
+
+What differs between model families (their options, checks and per-layer sizes) lives in
+`taperlm.families`; a model config carries only its own family's section (`hope:`, `titans:`,
+...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from taperlm.domains import (
+    MAX_CONTEXT,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_VOCAB,
+    MAX_WIDTH,
+    Domain,
+    check_domains,
+    setting,
+    up_to,
+)
+from taperlm.errors import ConfigError, TaperError
+from taperlm.families import FAMILIES, get_family
+from taperlm.kv_taper import KVHeads, kv_heads_removed, kv_step, mlp_width_credit, solve_kv_heads
+from taperlm.taper import TaperSpec, solve_sizes
+
+
+def check_taper_spec(spec: TaperSpec, where: str) -> None:
+    """A taper's declared domains, then its own checks (as ConfigError naming `where`)."""
+    check_domains(spec, where)
+    try:
+        spec.validate()
+    except TaperError as err:
+        raise ConfigError(f"{where}: {err}") from None
+
+
+@dataclass
+class ModelConfig:
+    """A language model of one family with per-layer MLP widths and attention heads.
+
+    Fields:
+        family: transformer | gated | hope | titans (`taperlm.families.FAMILIES`).
+        vocab_size: tokenizer vocabulary size (the embedding and head rows).
+        d_model: residual stream width.
+        n_layers: number of blocks.
+        n_heads: attention query heads of the uniform model (head dim = d_model / n_heads).
+        n_kv_heads: key/value heads (GQA); null = n_heads (plain multi-head attention).
+        mlp_width: baseline SwiGLU width of the uniform model (the budget is n_layers x mlp_width).
+        taper: the schedule that produced `mlp_widths` (provenance).
+        mlp_widths: resolved per-layer widths, one per layer; authoritative once written.
+        head_taper: taper spec of the query heads per layer (same language as `taper`, e.g.
+            cosine:1.25:0.75) at the fixed head dim; every layer keeps the group size
+            n_heads / kv_heads, so its KV heads follow its query heads (docs/tapers.md).
+        layer_heads: resolved query heads per layer (sum n_layers x n_heads, multiples of the
+            group size); null = n_heads in every layer. Authoritative once written.
+        kv_taper: taper spec of the KV heads per layer (same language; multipliers of the
+            layer's default H_l / g KV heads, any mean; custom integers are counts). Each layer
+            gets the nearest divisor of its query heads, and the MLP widths take up the K/V
+            parameters saved, at the same total (taperlm.kv_taper, docs/tapers.md).
+        layer_kv_heads: resolved KV heads per layer (each divides the layer's query heads);
+            null = H_l / g. Authoritative once written.
+        context_length: maximum sequence length (RoPE tables, evaluation windows).
+        rope_theta: RoPE base.
+        norm_eps: RMSNorm epsilon.
+        tie_embeddings: share the token embedding with the output head.
+        init_std: std of the normal init; residual output projections use init_std / sqrt(2 n_layers).
+        init: how init_std applies to each matrix: `fixed` = init_std for every matrix (the
+            residual output projections / sqrt(2 n_layers)); `fan_in` = each matrix's std
+            follows its own fan-in, init_std * sqrt(d_model / fan_in) (the same / sqrt(2
+            n_layers) for residual outputs), so a layer's MLP output variance at init does not
+            depend on that layer's width (docs/compare.md, "Initialisation schemes").
+        options: the family's own options (e.g. `taperlm.families.hope.HopeConfig`), written as
+            the section named after the family (`hope:`) and read as `cfg.hope`; None for a
+            family without options. Built without them (or with another family's, e.g. when the
+            family is replaced), a config gets its family's defaults.
+    """
+
+    family: str = setting("transformer", Domain.choice_of(lambda: FAMILIES, "{families}"))
+    vocab_size: int = setting(32000, up_to(MAX_VOCAB))
+    d_model: int = setting(1024, up_to(MAX_WIDTH))
+    n_layers: int = setting(24, up_to(MAX_LAYERS))
+    n_heads: int = setting(16, up_to(MAX_HEADS))
+    n_kv_heads: int | None = setting(None, up_to(MAX_HEADS))
+    mlp_width: int = setting(2816, up_to(MAX_WIDTH))
+    taper: TaperSpec = field(default_factory=TaperSpec)
+    mlp_widths: list[int] | None = setting(None, up_to(MAX_WIDTH))
+    head_taper: str = setting("uniform", "text")
+    layer_heads: list[int] | None = setting(None, up_to(MAX_HEADS))
+    kv_taper: str = setting("uniform", "text")
+    layer_kv_heads: list[int] | None = setting(None, up_to(MAX_HEADS))
+    context_length: int = setting(4096, up_to(MAX_CONTEXT))
+    rope_theta: float = setting(10000.0, "(0, inf)")
+    norm_eps: float = setting(1e-6, "(0, inf)")
+    tie_embeddings: bool = False
+    init_std: float = setting(0.02, "(0, inf)")
+    init: str = setting("fixed", "{fixed, fan_in}")
+    options: Any = field(default=None, metadata={"section": True})
+
+    def __post_init__(self) -> None:
+        # No options, or another family's (e.g. after dataclasses.replace(cfg, family=...)):
+        # this family's defaults, just as a YAML section of another family is ignored.
+        fam = FAMILIES.get(self.family) if isinstance(self.family, str) else None
+        if fam is None:
+            return
+        others = tuple(f.options for f in FAMILIES.values() if f.options and f is not fam)
+        if self.options is None or (others and isinstance(self.options, others)):
+            self.options = fam.options() if fam.options else None
+
+    def __getattr__(self, name: str) -> Any:
+        # `cfg.hope`, `cfg.titans`, ...: the options under their YAML section name. Only called
+        # for names that are not attributes; dunder lookups (copy, pickle) must fail normally.
+        family = self.__dict__.get("family")
+        if not name.startswith("__") and name == family and name in FAMILIES:
+            options = self.__dict__.get("options")
+            if options is not None:
+                return options
+        if not name.startswith("__") and name in FAMILIES:
+            raise AttributeError(
+                f"model.{name} holds the options of family {name!r}; this model is {family!r}"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head (1 = multi-head attention); the same in every layer."""
+        return self.n_heads // self.kv_heads
+
+    def attention_heads(self, layer: int) -> tuple[int, int]:
+        """(query heads, KV heads) of layer `layer`: `layer_heads` when resolved, else the
+        uniform n_heads / kv_heads. Every block and budget formula reads heads through this."""
+        q = self.n_heads if self.layer_heads is None else self.layer_heads[layer]
+        if self.layer_kv_heads is not None:
+            return q, self.layer_kv_heads[layer]
+        return q, q // self.group_size
+
+    def head_taper_spec(self) -> TaperSpec:
+        """`head_taper` parsed, with steps of one KV group (TaperError if it is not valid)."""
+        return self._parsed(self.head_taper, self.group_size)
+
+    def kv_taper_spec(self) -> TaperSpec:
+        """`kv_taper` parsed (TaperError if it is not valid)."""
+        return self._parsed(self.kv_taper, 1)
+
+    def _parsed(self, text: str, multiple_of: int) -> TaperSpec:
+        """A head or KV taper spec, parsed once per text and step: validate, resolve, plan and
+        the model card all read it. Kept beside the fields, not as one (never written)."""
+        specs = self.__dict__.setdefault("_parsed_specs", {})
+        key = (text, multiple_of)
+        if key not in specs:
+            specs[key] = TaperSpec.parse(text, multiple_of=multiple_of)
+        return specs[key]
+
+    def _state(self) -> tuple:
+        """Every field's value, deep-copied: what a validation or a resolution was of."""
+        return dataclasses.astuple(self)
+
+    def is_resolved(self) -> bool:
+        """Whether `resolve()` wrote and validated this config, unchanged since."""
+        return self.__dict__.get("_resolved_state") == self._state()
+
+    def solve_kv_heads(self) -> KVHeads:
+        """The KV taper solved against this config's query heads (counts, asked, notes)."""
+        q = [self.attention_heads(i)[0] for i in range(self.n_layers)]
+        step = kv_step(self.d_model, self.head_dim, self.taper.multiple_of)
+        return solve_kv_heads(self.kv_taper_spec(), q, self.group_size, step)
+
+    def validate(self) -> None:
+        """Check shapes and options; raise ConfigError naming the key and the fix. A config
+        validated before and unchanged since is not checked again."""
+        state = self._state()
+        if self.__dict__.get("_validated_state") == state:
+            return
+        fam = get_family(self.family)
+        check_domains(self, "model")
+        check_taper_spec(self.taper, "model.taper")
+        if fam.options is not None and isinstance(self.options, fam.options):
+            check_domains(self.options, f"model.{self.family}")
+        if self.d_model % self.n_heads:
+            raise ConfigError(
+                f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})"
+            )
+        if self.head_dim % 2:
+            raise ConfigError(f"head dim d_model/n_heads = {self.head_dim} must be even for RoPE")
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"model.n_kv_heads ({self.n_kv_heads}) must divide model.n_heads ({self.n_heads})"
+            )
+        self._validate_heads(fam)
+        self._validate_kv_heads(fam)
+        if self.mlp_widths is not None:
+            if len(self.mlp_widths) != self.n_layers:
+                raise ConfigError(
+                    f"model.mlp_widths has {len(self.mlp_widths)} entries but model.n_layers is {self.n_layers}; "
+                    "give one width per layer (or delete mlp_widths to resolve it from the taper)"
+                )
+            credit = mlp_width_credit(self)
+            if sum(self.mlp_widths) != self.n_layers * self.mlp_width + credit:
+                kv = f" + {credit} from the KV taper" if credit else ""
+                raise ConfigError(
+                    f"model.mlp_widths sum to {sum(self.mlp_widths)} but the budget is n_layers x mlp_width{kv} = "
+                    f"{self.n_layers * self.mlp_width + credit}; the widths do not match this baseline "
+                    "(delete mlp_widths to re-resolve them from the taper)"
+                )
+        if fam.options is None and self.options is not None:
+            raise ConfigError(
+                f"model.family {self.family!r} has no options, but {type(self.options).__name__} "
+                "options are set"
+            )
+        if fam.options is not None and not isinstance(self.options, fam.options):
+            raise ConfigError(
+                f"model.{self.family} must be {fam.options.__name__} options, got "
+                f"{type(self.options).__name__}"
+            )
+        fam.validate(self)
+        self.__dict__["_validated_state"] = state
+
+    def _check_head_spec(
+        self, fam: Any, key: str, parse: Any, resolved: Any, noun: str, example: str
+    ) -> None:
+        """A head or KV taper (`model.KEY`) parses, is not a novelty allocation (rho_mlp measures
+        the MLP), and tapers only a family with attention."""
+        try:
+            spec = parse()
+        except TaperError as err:
+            raise ConfigError(f"model.{key}: {err}") from None
+        if spec.schedule == "novelty":
+            raise ConfigError(
+                f"model.{key}: novelty allocations act on MLP widths (rho_mlp measures the "
+                f"MLP); give the {noun} a schedule such as {example}"
+            )
+        if (not spec.is_uniform or resolved is not None) and not fam.attention:
+            raise ConfigError(
+                f"model.{key}: the {self.family} family has no attention {noun} to taper; "
+                f"use {key}: uniform"
+            )
+
+    def _validate_heads(self, fam: Any) -> None:
+        """The head taper parses, and resolved heads are whole KV groups at the same budget
+        (their types and ranges are the fields' domains)."""
+        self._check_head_spec(
+            fam, "head_taper", self.head_taper_spec, self.layer_heads, "heads", "cosine:1.25:0.75"
+        )
+        heads = self.layer_heads
+        if heads is None:
+            return
+        g = self.group_size
+        if len(heads) != self.n_layers or any(
+            not isinstance(h, int) or isinstance(h, bool) or h < g or h % g for h in heads
+        ):
+            raise ConfigError(
+                f"model.layer_heads must be {self.n_layers} positive multiples of the group size "
+                f"n_heads/kv_heads = {g} (one per layer), got {heads}; delete it to re-resolve "
+                "from model.head_taper"
+            )
+        if sum(heads) != self.n_layers * self.n_heads:
+            raise ConfigError(
+                f"model.layer_heads sum to {sum(heads)} but the budget is n_layers x n_heads = "
+                f"{self.n_layers * self.n_heads}; delete it to re-resolve from model.head_taper"
+            )
+
+    def _validate_kv_heads(self, fam: Any) -> None:
+        """The KV taper parses, and resolved KV heads divide each layer's query heads and save
+        a whole number of MLP width steps."""
+        self._check_head_spec(
+            fam,
+            "kv_taper",
+            self.kv_taper_spec,
+            self.layer_kv_heads,
+            "KV heads",
+            "cosine:1.0:0.5 or groups:0.5",
+        )
+        kv = self.layer_kv_heads
+        if kv is None:
+            return
+        q = self.layer_heads or [self.n_heads] * self.n_layers
+        if len(kv) != self.n_layers or any(
+            not isinstance(k, int) or isinstance(k, bool) or k < 1 or h % k for k, h in zip(kv, q)
+        ):
+            raise ConfigError(
+                f"model.layer_kv_heads must be {self.n_layers} positive integers, each dividing "
+                f"its layer's query heads {q}, got {kv}; delete it to re-resolve from "
+                "model.kv_taper"
+            )
+        step = kv_step(self.d_model, self.head_dim, self.taper.multiple_of)
+        if kv_heads_removed(self) % step:
+            raise ConfigError(
+                f"model.layer_kv_heads {kv} remove {kv_heads_removed(self)} KV heads in total, "
+                f"not a multiple of {step}: their parameters are not a whole number of MLP width "
+                f"steps (multiple_of {self.taper.multiple_of}); delete it to re-resolve from "
+                "model.kv_taper"
+            )
+
+    def resolve(self) -> ModelConfig:
+        """Fill `layer_heads` from the head taper, `layer_kv_heads` from the KV taper,
+        `mlp_widths` from the taper (taking up the K/V parameters the KV taper saves) and the
+        family's per-layer sizes (e.g. Hope level widths, Titans memory widths) when absent,
+        validate, and return self. The one place a model config is validated: a resolved
+        config, unchanged since, is neither solved nor checked again (`is_resolved`)."""
+        if self.is_resolved():
+            return self
+        self.validate()
+        heads = self.head_taper_spec()
+        if self.layer_heads is None and not heads.is_uniform:
+            try:
+                self.layer_heads = solve_sizes(
+                    heads, self.n_layers, self.n_heads, what="query head count"
+                )
+            except TaperError as err:
+                raise ConfigError(f"model.head_taper {self.head_taper!r}: {err}") from None
+        if self.layer_kv_heads is None and not self.kv_taper_spec().is_uniform:
+            try:
+                self.layer_kv_heads = self.solve_kv_heads().counts
+            except TaperError as err:
+                raise ConfigError(f"model.kv_taper {self.kv_taper!r}: {err}") from None
+        if self.mlp_widths is None:
+            total = self.n_layers * self.mlp_width + mlp_width_credit(self)
+            try:
+                self.mlp_widths = solve_sizes(
+                    self.taper, self.n_layers, self.mlp_width, total=total
+                )
+            except TaperError as err:
+                if not mlp_width_credit(self):
+                    raise
+                raise TaperError(
+                    f"{err} (the MLP widths take up the {mlp_width_credit(self):+d} units of "
+                    f"width the KV taper {self.kv_taper!r} frees)"
+                ) from None
+        get_family(self.family).resolve(self)
+        self.validate()  # the sizes written (free when nothing was absent)
+        self.__dict__["_resolved_state"] = self._state()
+        return self
+
+    def with_taper(
+        self, taper: TaperSpec, head_taper: str | None = None, kv_taper: str | None = None
+    ) -> ModelConfig:
+        """A copy of this config with a different taper (and head / KV taper, when given),
+        sizes re-resolved at the same budget."""
+        fam = get_family(self.family)
+        options = fam.fresh_options(self.options)
+        heads: dict[str, Any] = {}
+        if head_taper is not None:  # the KV heads follow the query heads: re-resolve them too
+            heads = {"head_taper": head_taper, "layer_heads": None, "layer_kv_heads": None}
+        if kv_taper is not None:
+            heads |= {"kv_taper": kv_taper, "layer_kv_heads": None}
+        return dataclasses.replace(
+            self, taper=taper, mlp_widths=None, options=options, **heads
+        ).resolve()
+
+    def baseline(self) -> ModelConfig:
+        """The uniform model of the same budget (every taper turned off: MLP widths, heads and
+        a family's own)."""
+        fam = get_family(self.family)
+        uniform = TaperSpec(schedule="uniform", multiple_of=self.taper.multiple_of)
+        options = None if self.options is None else fam.fresh_options(fam.untapered(self.options))
+        return dataclasses.replace(
+            self,
+            taper=uniform,
+            mlp_widths=None,
+            head_taper="uniform",
+            layer_heads=None,
+            kv_taper="uniform",
+            layer_kv_heads=None,
+            options=options,
+        ).resolve()

@@ -1,0 +1,143 @@
+"""The data and training sections: `DataConfig` and `TrainConfig`, every field with its domain."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from taperlm.domains import (
+    MAX_BATCH,
+    MAX_CONTEXT,
+    MAX_COUNT,
+    MAX_SEED,
+    MAX_TOKENS,
+    setting,
+    up_to,
+)
+
+
+@dataclass
+class DataConfig:
+    """Where training tokens come from.
+
+    Fields:
+        dir: folder written by `taperlm prepare` (shards, meta.json, tokenizer/); a resumed run
+            may read the same data from another folder (`runtime=True`).
+    """
+
+    dir: str = setting("", "text", runtime=True)
+
+
+@dataclass
+class TrainConfig:
+    """The training loop.
+
+    Fields:
+        seed: seed of init, data order and dropout-free RNG streams.
+        paired_init: draw every weight matrix from its own stream keyed by (seed, parameter
+            name), the SwiGLU MLPs in blocks of 16 hidden units, instead of one sequential
+            stream: the same distribution, but models that differ only in per-layer widths
+            start from the same weights wherever their shapes agree (the common random numbers
+            of a paired comparison: `--set train.paired_init=true` in `taperlm compare`).
+        tokens: total training tokens; the run makes tokens / batch_tokens optimizer steps,
+            rounded up to a whole step (the trainer says so when it rounds).
+        batch_tokens: global batch in tokens per optimizer step (across ranks and micro-batches).
+        micro_batch_size: sequences per forward pass per rank (accumulation fills the global batch).
+        seq_len: training sequence length (<= model.context_length).
+        lr: peak learning rate.
+        min_lr_ratio: cosine decay floor as a fraction of lr.
+        warmup_tokens: linear warmup length in tokens.
+        weight_decay: AdamW decay on matrices (embeddings, norms and biases get none).
+        beta1, beta2, eps: AdamW moments.
+        grad_clip: max global grad norm (0 disables).
+        precision: auto | fp32 | bf16 (auto = bf16 autocast on CUDA, fp32 on CPU).
+        compile: compile the model with torch.compile (see compile_scope).
+        compile_scope: model (one graph for the whole model) | blocks (each block compiled on
+            its own, "regional": faster to compile, one recompile per distinct block shape).
+        activation_checkpointing: none | full (keep only each block's input for backward and
+            recompute the block; same losses, less activation memory, ~1/3 more compute).
+        parallel: ddp | fsdp (under torchrun; ignored for one process).
+        fsdp_param_dtype: auto | bf16 | fp32: dtype FSDP2 gathers parameters in for compute
+            (auto = bf16 when the run computes in bf16, else fp32). Sharded weights, gradients
+            and optimizer state stay fp32.
+        fsdp_reduce_dtype: fp32 | bf16: dtype FSDP2 reduce-scatters gradients in.
+        async_checkpoint: write checkpoint shards in a background thread while training goes
+            on (committed once every rank has written; the final checkpoint is synchronous).
+        device: auto | cpu | cuda.
+        eval_every: steps between validation-loss evaluations (0 = only at the end).
+        eval_tokens: validation tokens per evaluation (0 = no validation).
+        checkpoint_every: steps between checkpoints (0 = only at the end).
+        keep_checkpoints: keep the newest k checkpoints.
+        log_every: steps between metric lines (0 = only at the end).
+        max_bad_steps: consecutive non-finite steps tolerated before the run stops.
+        peak_flops: peak FLOP/s of one device for MFU (null = the built-in table on CUDA,
+            no MFU on CPU).
+        restore_nonfinite: keep a copy of the weights and optimizer state from before each
+            step, so that a step that leaves a NaN/inf in them (with a finite loss) is undone
+            and skipped like a non-finite loss (one more copy of both in device memory); false:
+            such a step stops the run instead. Either way no non-finite state is checkpointed.
+        loggers: live loggers beside RUN/metrics.jsonl: any of tensorboard (RUN/tensorboard),
+            wandb (Weights & Biases; offline without credentials or with WANDB_MODE=offline);
+            rank 0 only; a failing logger is a warning, never a stop (docs/training.md).
+        log_grads_every: steps between per-layer gradient norms in metrics.jsonl and the
+            loggers (0 = never).
+        log_project: the W&B project.
+        log_group: the W&B group of the run (empty = none; `taperlm compare` groups its cells).
+        log_name: the logged run's name (empty = the run dir's name).
+
+    Every field declares its allowed values beside it (`taperlm.domains.setting`), and a
+    field marked `runtime=True` may change when a run is resumed: it affects speed, logging or
+    where things run, not which updates are made (up to floating-point reordering).
+    """
+
+    seed: int = setting(0, f"[0, {MAX_SEED}]")
+    paired_init: bool = False
+    tokens: int = setting(62 * 16384, up_to(MAX_TOKENS))  # ~1M: whole steps of the default batch
+    batch_tokens: int = setting(16384, up_to(MAX_TOKENS))
+    micro_batch_size: int = setting(8, up_to(MAX_BATCH))
+    seq_len: int = setting(256, up_to(MAX_CONTEXT))
+    lr: float = setting(4e-4, "(0, inf)")
+    min_lr_ratio: float = setting(0.1, "[0, 1]")
+    warmup_tokens: int = setting(100_000, up_to(MAX_TOKENS, 0))
+    weight_decay: float = setting(0.1, "[0, inf)")
+    beta1: float = setting(0.9, "[0, 1)")
+    beta2: float = setting(0.95, "[0, 1)")
+    eps: float = setting(1e-8, "(0, inf)")
+    grad_clip: float = setting(1.0, "[0, inf)")
+    precision: str = setting("auto", "{auto, fp32, bf16}", runtime=True)
+    compile: bool = field(default=False, metadata={"runtime": True})
+    compile_scope: str = setting("model", "{model, blocks}", runtime=True)
+    activation_checkpointing: str = setting("none", "{none, full}", runtime=True)
+    parallel: str = setting("ddp", "{ddp, fsdp}", runtime=True)
+    fsdp_param_dtype: str = setting("auto", "{auto, bf16, fp32}", runtime=True)
+    fsdp_reduce_dtype: str = setting("fp32", "{fp32, bf16}", runtime=True)
+    async_checkpoint: bool = field(default=False, metadata={"runtime": True})
+    device: str = setting("auto", "{auto, cpu, cuda}", runtime=True)
+    eval_every: int = setting(50, up_to(MAX_COUNT, 0), runtime=True)
+    eval_tokens: int = setting(65536, up_to(MAX_TOKENS, 0), runtime=True)
+    checkpoint_every: int = setting(100, up_to(MAX_COUNT, 0), runtime=True)
+    keep_checkpoints: int = setting(2, up_to(MAX_COUNT), runtime=True)
+    log_every: int = setting(10, up_to(MAX_COUNT, 0), runtime=True)
+    max_bad_steps: int = setting(5, up_to(MAX_COUNT), runtime=True)
+    peak_flops: float | None = setting(None, "(0, inf)", runtime=True)
+    restore_nonfinite: bool = field(default=True, metadata={"runtime": True})
+    loggers: list[str] = setting([], "{tensorboard, wandb}", runtime=True)
+    log_grads_every: int = setting(100, up_to(MAX_COUNT, 0), runtime=True)
+    log_project: str = setting("taperlm", "text", runtime=True)
+    log_group: str = setting("", "text", runtime=True)
+    log_name: str = setting("", "text", runtime=True)
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps: `tokens / batch_tokens` rounded up to a whole step, so a run trains
+        at least the tokens asked for (40,960 tokens in batches of 16,384 = 3 steps, 49,152)."""
+        return max(1, -(-int(self.tokens) // int(self.batch_tokens)))
+
+    def rounding_note(self) -> str | None:
+        """What rounding `tokens` up to whole steps changed, or None when nothing was."""
+        trained = self.steps * self.batch_tokens
+        if trained == self.tokens:
+            return None
+        return (
+            f"train.tokens {self.tokens:,} is not a whole number of steps of train.batch_tokens "
+            f"{self.batch_tokens:,}: training {self.steps} steps = {trained:,} tokens (rounded up)"
+        )
