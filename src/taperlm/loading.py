@@ -11,8 +11,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from safetensors.torch import load_file
-
 from taperlm.config import (
     ModelConfig,
     from_dict,
@@ -24,7 +22,6 @@ from taperlm.data.identity import run_tokenizer_dir
 from taperlm.data.tokenizer import load_tokenizer
 from taperlm.device import out_of_memory
 from taperlm.errors import CheckpointError, ConfigError, DataError
-from taperlm.models import TaperedLM
 from taperlm.training.checkpoint import store
 from taperlm.training.config_diff import config_differences, format_differences
 
@@ -85,6 +82,10 @@ def load_export(path: str | Path, device: str = "cpu"):
     weights = path / "model.safetensors"
     if not weights.is_file():
         raise CheckpointError(f"{path} has no model.safetensors; re-run `taperlm export`")
+    from safetensors.torch import load_file  # lazy: torch; eval/generate --help stay torch-free
+
+    from taperlm.models import TaperedLM  # lazy: torch
+
     state = {k.removeprefix("model."): v for k, v in load_file(str(weights)).items()}
     model = TaperedLM(cfg)
     if cfg.tie_embeddings:
@@ -223,6 +224,8 @@ def load_run_model(run_dir: str | Path, step: int | None = None, device: str = "
                 + format_differences(diffs, "checkpoint", "config")
                 + "; load it with the config it was trained with"
             )
+    from taperlm.models import TaperedLM  # lazy: torch; eval/generate --help stay torch-free
+
     model = TaperedLM(run_config.model)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = {k: tuple(v.shape) for k, v in model_state.items()}
