@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from taperlm import __version__
 from taperlm.cpus import usable_cpus
 from taperlm.data.corpus import Source, open_source
 from taperlm.data.datadir import (
@@ -563,8 +564,6 @@ class _Preparation:
         return meta
 
     def _meta(self, tok, counts, state, train_shards, val_shards, mode, target, tail):
-        from taperlm import __version__
-
         s = self.s
         splits = {}
         for name, shards, docs in (
