@@ -5,9 +5,9 @@ registry line), no import circle, and configs of taperlm 0.1 (every family's sec
 from __future__ import annotations
 
 import ast
-import re
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -339,8 +339,21 @@ MAX_MODULE_LINES = 600
 # The layers, low to high (docs/design.md#layers): a module imports only from its own layer or
 # lower ones. A module is placed by its longest dotted prefix below `taperlm`.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("foundation", ("errors", "io", "domains", "cpus", "device", "progress", "stats",
-                    "runlock", "outdirs", "outfiles")),  # fmt: skip
+    (
+        "foundation",
+        (
+            "errors",
+            "io",
+            "domains",
+            "cpus",
+            "device",
+            "progress",
+            "stats",
+            "runlock",
+            "outdirs",
+            "outfiles",
+        ),
+    ),
     ("specification", ("taper", "kv_taper", "families", "budget", "config", "presets")),
     ("model", ("models", "generation", "hf", "gguf_export")),
     ("data", ("data",)),
@@ -359,7 +372,54 @@ UPWARD_REASONS = {
 }
 # Violations in files that other parts of issue 30 are moving: file -> the rules it breaks and
 # why it waits. The lead empties this dict at merge (a stale entry fails the test below).
-PENDING: dict[str, str] = {}
+PENDING: dict[str, str] = {
+    "src/taperlm/cli.py": "function-imports: config's part of issue 30",
+    "src/taperlm/commands/allocate.py": "function-imports: config's part of issue 30",
+    "src/taperlm/commands/compare.py": "function-length, function-imports: config's part of issue 30",
+    "src/taperlm/commands/eval.py": "function-length, function-imports: tasks's part of issue 30",
+    "src/taperlm/commands/export.py": "function-imports: config's part of issue 30",
+    "src/taperlm/commands/generate.py": "function-imports: config's part of issue 30",
+    "src/taperlm/commands/novelty.py": "function-imports: config's part of issue 30",
+    "src/taperlm/commands/plan.py": "function-imports: config's part of issue 30",
+    "src/taperlm/commands/prepare.py": "function-length, function-imports: config's part of issue 30",
+    "src/taperlm/commands/train.py": "function-imports, upward-imports: train's part of issue 30",
+    "src/taperlm/compare/families.py": "function-imports: compare's part of issue 30",
+    "src/taperlm/compare/family_table.py": "function-imports: compare's part of issue 30",
+    "src/taperlm/compare/grid.py": "function-imports: compare's part of issue 30",
+    "src/taperlm/compare/job.py": "function-length, module-length, function-imports: compare's part of issue 30",
+    "src/taperlm/compare/plots.py": "function-length, function-imports: compare's part of issue 30",
+    "src/taperlm/compare/report.py": "function-length: compare's part of issue 30",
+    "src/taperlm/compare/runner.py": "function-imports: tasks's part of issue 30",
+    "src/taperlm/compare/scaling.py": "function-imports: compare's part of issue 30",
+    "src/taperlm/compare/scheduler.py": "function-imports: compare's part of issue 30",
+    "src/taperlm/compare/summary.py": "function-imports: compare's part of issue 30",
+    "src/taperlm/compare/tuning.py": "function-imports: compare's part of issue 30",
+    "src/taperlm/compare/tuning_report.py": "function-length, function-imports: compare's part of issue 30",
+    "src/taperlm/compare/workers.py": "function-length, function-imports: compare's part of issue 30",
+    "src/taperlm/config.py": "module-length, function-imports: config's part of issue 30",
+    "src/taperlm/data/prepare.py": "module-length: explain's; 694 lines, to split by concern (not done in time)",
+    "src/taperlm/evaluation/harness.py": "function-imports: tasks's part of issue 30",
+    "src/taperlm/evaluation/niah.py": "function-imports: tasks's part of issue 30",
+    "src/taperlm/evaluation/suite.py": "function-length, function-imports: tasks's part of issue 30",
+    "src/taperlm/hf/model_card.py": "function-imports, upward-imports: needs commands.plan.format_plan, which must move below `commands` (commands/plan.py is config's)",
+    "src/taperlm/loading.py": "function-imports: train's part of issue 30",
+    "src/taperlm/models/lm.py": "function-imports: config's part of issue 30",
+    "src/taperlm/outdirs.py": "function-imports: train's part of issue 30",
+    "src/taperlm/taper.py": "function-length: sched's part of issue 30",
+    "src/taperlm/training/checkpoint.py": "function-imports: train's part of issue 30",
+    "src/taperlm/training/checkpointer.py": "function-imports: train's part of issue 30",
+    "src/taperlm/training/distributed.py": "function-imports: train's part of issue 30",
+    "src/taperlm/training/interrupt.py": "function-imports: train's part of issue 30",
+    "src/taperlm/training/loggers.py": "function-imports: train's part of issue 30",
+    "src/taperlm/training/loop.py": "function-length, module-length, function-imports: train's part of issue 30",
+    "src/taperlm/training/meta_init.py": "function-imports: train's part of issue 30",
+    "src/taperlm/training/metrics.py": "function-imports: train's part of issue 30",
+    "src/taperlm/training/planner.py": "function-length, function-imports: train's part of issue 30",
+    "src/taperlm/training/plots.py": "function-imports: train's part of issue 30",
+    "src/taperlm/training/safe_dcp.py": "function-imports: train's part of issue 30",
+    "src/taperlm/training/sharded.py": "function-imports: train's part of issue 30",
+    "src/taperlm/training/validation.py": "function-imports: train's part of issue 30",
+}
 RULES = ("function-length", "module-length", "function-imports", "upward-imports")
 
 
@@ -437,7 +497,8 @@ def _layer_of(module: str) -> int:
 
 def _documented(importer: str, imported: str) -> bool:
     return any(
-        (importer == a or importer.startswith(a + ".")) and (imported == b or imported.startswith(b + "."))
+        (importer == a or importer.startswith(a + "."))
+        and (imported == b or imported.startswith(b + "."))
         for a, b in UPWARD_REASONS
     )
 
@@ -459,7 +520,9 @@ def _upward_imports() -> dict[str, list[str]]:
 
 
 def test_functions_are_short():
-    long = [f for p in _src_files() if not _pending(p, "function-length") for f in _long_functions(p)]
+    long = [
+        f for p in _src_files() if not _pending(p, "function-length") for f in _long_functions(p)
+    ]
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines, split them: {long}"
 
 
@@ -567,4 +630,6 @@ def test_readme_layout_lists_every_module():
         missing.setdefault(folder + "/" if folder else "(top level)", []).append(name)
     lines = "\n".join(f"  {folder}  {' '.join(names)}" for folder, names in missing.items())
     assert not missing, f"README.md's Layout misses these modules; add them:\n{lines}"
-    assert not listed - modules, f"README.md's Layout names modules that do not exist: {listed - modules}"
+    assert not listed - modules, (
+        f"README.md's Layout names modules that do not exist: {listed - modules}"
+    )
