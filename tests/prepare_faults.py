@@ -49,7 +49,7 @@ def _after(owner, name: str, k: int, flag: Path, when=lambda *a, **kw: True) -> 
 
 
 def install(moment: str, flag: Path) -> None:
-    from taperlm.data import datadir, shards
+    from taperlm.data import datadir, shards, val_split
     from taperlm.data import prepare as prep
     from taperlm.data.tokenizer import Tokenizer
 
@@ -62,7 +62,7 @@ def install(moment: str, flag: Path) -> None:
     elif kind == "state":
         _after(prep._Preparation, "_save_state", k, flag)
     elif kind == "tail-moved":
-        _after(prep, "_move_tail", 1, flag)
+        _after(val_split, "_move_tail", 1, flag)
     elif kind in ("committed", "moved"):
         real_replace = datadir.os.replace
         count = {"n": 0}

@@ -16,7 +16,7 @@ import pytest
 
 from legacy_data import write_v1_data_dir
 from taperlm.cli import main
-from taperlm.data import corpus, datadir, encode, identity, shards
+from taperlm.data import corpus, datadir, encode, identity, shards, val_split
 from taperlm.data import prepare as prep
 from taperlm.data.loader import TokenBatches, open_split, val_batches
 from taperlm.data.prepare import doc_hash, prepare
@@ -430,12 +430,12 @@ FAILURES = {
         True,
     ),
     "finish": (
-        lambda mp, src: _fail_nth(mp, prep, "_move_tail", 1, OSError(errno.EIO, "io")),
+        lambda mp, src: _fail_nth(mp, val_split, "_move_tail", 1, OSError(errno.EIO, "io")),
         OSError,
         True,
     ),
     "meta_write": (
-        lambda mp, src: _fail_nth(mp, prep, "_cut_state", 1, MemoryError()),
+        lambda mp, src: _fail_nth(mp, val_split, "_cut_state", 1, MemoryError()),
         MemoryError,
         True,
     ),

@@ -21,7 +21,7 @@ def _hf_autoregister() -> None:
     """Arrange for taperlm to register with transformers' Auto classes when (and only if) the
     process imports them; costs nothing here (no transformers or torch import)."""
     try:
-        from taperlm.hf.autoregister import install
+        from taperlm.hf.autoregister import install  # lazy: optional, above the root
     except ImportError:  # a trimmed install without taperlm.hf
         return
     install()

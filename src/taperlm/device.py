@@ -19,7 +19,7 @@ def resolve_device(name: str = "auto", what: str = "--device") -> str:
     `cuda`, `cuda:1`, `mps`) is checked to exist here and returned as given. ConfigError, naming
     `what` and the devices there are, for a name torch does not know, an unsupported kind, or a
     device that is not present."""
-    import torch
+    import torch  # lazy: plan stays torch-free
 
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -51,7 +51,7 @@ def resolve_device(name: str = "auto", what: str = "--device") -> str:
 
 def available() -> str:
     """The devices this process can use, in words."""
-    import torch
+    import torch  # lazy: plan stays torch-free
 
     out = ["cpu"]
     if torch.cuda.is_available():
@@ -67,7 +67,7 @@ def available_memory(device: str = "cpu") -> int | None:
     it; for the CPU the smaller of MemAvailable (/proc/meminfo) and what the cgroup's
     memory.max leaves (a container sees the host's meminfo). None when unknown."""
     if str(device).startswith("cuda"):
-        import torch
+        import torch  # lazy: plan stays torch-free
 
         try:
             return int(torch.cuda.mem_get_info(torch.device(device))[0])

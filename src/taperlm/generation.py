@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from taperlm.errors import ConfigError
+
 
 @dataclass
 class SamplingConfig:
@@ -31,8 +33,6 @@ class SamplingConfig:
     use_cache: bool = True
 
     def validate(self) -> None:
-        from taperlm.errors import ConfigError
-
         if self.max_new_tokens < 0:
             raise ConfigError(f"--max-new-tokens must be >= 0, got {self.max_new_tokens}")
         if self.temperature < 0:

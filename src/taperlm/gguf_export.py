@@ -25,7 +25,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from taperlm.errors import ConfigError, DataError
+from taperlm.families import FAMILIES, family
 from taperlm.io import atomic_output
 from taperlm.outfiles import GGUF_KEY, WRITTEN_BY
 
@@ -36,7 +39,6 @@ _NORMAL, _CONTROL, _USER_DEFINED, _UNUSED = 1, 3, 4, 5
 
 def check_supported(cfg: Any) -> None:
     """ConfigError unless llama.cpp can run a model of this config (Transformer++ only)."""
-    from taperlm.families import FAMILIES, family
 
     if not family(cfg).llama_cpp:
         runs = ", ".join(name for name, f in FAMILIES.items() if f.llama_cpp)
@@ -63,7 +65,6 @@ def _permute_rope(w: Any, heads: int) -> Any:
 def gguf_tensors(model: Any, dtype: str = "f16") -> dict[str, Any]:
     """llama.cpp tensor name -> numpy array of every weight of `model` (a Transformer++
     TaperedLM); matrices in `dtype`, norms in f32 (llama.cpp requires it)."""
-    import numpy as np
 
     cfg = model.config
     wide = np.float16 if dtype == "f16" else np.float32

@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,8 +47,6 @@ def replace_dir(new: str | Path, final: str | Path) -> Path:
     """Move the finished folder `new` to `final` (same file system), replacing a folder already
     there: the old one is renamed aside first and removed last, so `final` is always either the
     old folder or the new one, never a mix."""
-    import shutil
-
     new, final = Path(new), Path(final)
     if final.exists():
         old = final.with_name(f".tmp-old-{final.name}-{os.getpid()}")
@@ -57,13 +56,6 @@ def replace_dir(new: str | Path, final: str | Path) -> Path:
     else:
         os.replace(new, final)
     return final
-
-
-def atomic_write_bytes(path: str | Path, data: bytes, fsync: bool = False) -> Path:
-    """Write `data` to `path` atomically; returns the path."""
-    with atomic_output(path, fsync) as tmp:
-        tmp.write_bytes(data)
-    return Path(path)
 
 
 def atomic_write_text(path: str | Path, text: str, fsync: bool = False) -> Path:

@@ -13,6 +13,9 @@ import re
 import sys
 from typing import Any, TextIO
 
+from tqdm.auto import tqdm
+from tqdm.std import tqdm as plain
+
 LOG_INTERVAL_S = 30.0
 _ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -45,10 +48,7 @@ def progress_bar(**kw: Any):
     """A tqdm bar (same arguments) for stderr, shown as the module docstring says."""
     file = kw.pop("file", None) or sys.stderr
     if kw.get("disable") or is_terminal(file):
-        from tqdm.auto import tqdm
-
         return tqdm(file=file, **kw)
-    from tqdm.std import tqdm as plain
 
     if kw.get("leave") is False or kw.get("position"):
         return plain(file=file, **{**kw, "disable": True})

@@ -175,7 +175,7 @@ def ranks(xs: Sequence[float]) -> list[float]:
 
 def pearson(x: Sequence[float], y: Sequence[float]) -> float:
     """Pearson correlation; nan when either side is constant or has fewer than 2 points."""
-    import numpy as np
+    import numpy as np  # lazy: plan stays numpy-free
 
     a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if a.size < 2 or a.size != b.size:

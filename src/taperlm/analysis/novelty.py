@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from taperlm.errors import ConfigError
+from taperlm.progress import progress_bar
 from taperlm.stats import pearson
 
 MLP_NAMES: tuple[str, ...] = ("mlp", "feed_forward", "ffn")
@@ -582,7 +583,6 @@ def _batches(
 def _progress(total: int, enabled: bool, name: str):
     if not enabled:
         return None
-    from taperlm.progress import progress_bar
 
     return progress_bar(
         total=total, unit="tok", unit_scale=True, desc=f"novelty {name}", leave=False

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import EngFormatter, MaxNLocator
 
 from taperlm.io import atomic_output
 from taperlm.outfiles import png_metadata
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
-    from matplotlib.figure import Figure
 
     from taperlm.analysis.novelty import NoveltyResult
 
@@ -27,8 +28,6 @@ CurvePoint = tuple[float, float]
 
 
 def _figure(ncols: int = 1, width: float = 7.0, height: float = 4.5) -> tuple[Figure, list[Axes]]:
-    from matplotlib.figure import Figure
-
     fig = Figure(figsize=(width, height), dpi=120, layout="constrained")
     axes = fig.subplots(1, ncols, squeeze=False)[0]
     return fig, list(axes)
@@ -70,7 +69,6 @@ def plot_width_profiles(
 def _profile_panel(
     ax: Axes, lines: Mapping[str, Sequence[int]], baseline: int, ylabel: str
 ) -> None:
-    from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     n_max = 0
@@ -133,7 +131,6 @@ def plot_loss_curves(
         else:
             pts = np.asarray(curve, dtype=float).reshape(-1, 2)
             ax.plot(pts[:, 0], pts[:, 1], linewidth=1.6, label=label)
-    from matplotlib.ticker import EngFormatter
 
     ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 2M, 500k: token counts stay readable
     ax.set_xlabel("tokens seen")
@@ -163,7 +160,6 @@ def plot_paired_differences(
         if len(runs) > 1:
             sd = ys.std(axis=0, ddof=1)
             ax.fill_between(grid, mean - sd, mean + sd, color=line.get_color(), alpha=0.2)
-    from matplotlib.ticker import EngFormatter
 
     ax.axhline(0.0, color="0.3", linestyle="--", linewidth=1.2, label="uniform")
     ax.xaxis.set_major_formatter(EngFormatter(sep=""))
@@ -190,7 +186,6 @@ def plot_novelty(
     under `r_title`. Models of different depth are drawn against relative depth l/(L-1)."""
     if not results:
         raise ValueError("plot_novelty needs at least one result")
-    from matplotlib.ticker import MaxNLocator
 
     band_text = band if isinstance(band, str) else "±1 std over tokens"
     depths = {r.n_layers for r in results.values()}

@@ -8,7 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from taperlm.data.identity import check_run_data
+from taperlm.data.loader import open_split
 from taperlm.errors import ConfigError, DataError
+from taperlm.loading import load_run, resolve_data_dir, run_root
 
 
 @dataclass
@@ -58,8 +63,6 @@ def load_model(
 
 
 def _torch_dtype(dtype: str | None):
-    import torch
-
     if dtype is None:
         return None
     table = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -69,8 +72,6 @@ def _torch_dtype(dtype: str | None):
 
 
 def _load_run(run_dir: Path, device: str, dtype: str | None, step: int | None) -> LoadedModel:
-    from taperlm.loading import load_run, resolve_data_dir, run_root
-
     model, tok, run_cfg = load_run(run_dir, step=step, device=device)
     if (td := _torch_dtype(dtype)) is not None:
         model = model.to(td)
@@ -159,8 +160,6 @@ def first_val_tokens(
     falls back to without WikiText-2); DataError when the split is shorter (naming the `option`
     that asked for `n_tokens`), or when `run_dir` was trained on other data than `data_dir` now
     holds (its tokens would stand for other text)."""
-    from taperlm.data.identity import check_run_data
-    from taperlm.data.loader import open_split
 
     if run_dir is not None and (why := check_run_data(run_dir, data_dir, ("val",))):
         raise DataError(

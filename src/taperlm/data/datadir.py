@@ -34,8 +34,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from taperlm.errors import DataError
+from taperlm.errors import ConfigError, DataError
 from taperlm.io import fsync_dir
+from taperlm.outdirs import check_folder
 
 META_FILE = "meta.json"
 MARKER_FILE = ".taperlm-prepare"
@@ -80,8 +81,6 @@ def is_prepare_output(directory: Path) -> bool:
 def check_out_dir(out: Path, force: bool) -> None:
     """A data dir may be written into `out`: new, empty or a data dir; with `force`, also a
     folder of the user's where none of the names prepare writes is taken (`taperlm.outdirs`)."""
-    from taperlm.errors import ConfigError
-    from taperlm.outdirs import check_folder
 
     if out.exists() and not out.is_dir():
         raise DataError(f"--out {out} is a file; choose a folder")
@@ -202,7 +201,7 @@ def remove_stale_shards(out: Path) -> None:
 def exclusive(out: Path) -> Iterator[None]:
     """Hold `out`'s prepare lock (released by the OS if the process dies)."""
     try:
-        import fcntl
+        import fcntl  # lazy: POSIX only; elsewhere prepare runs without the lock
     except ImportError:  # not POSIX: no lock
         yield
         return

@@ -15,6 +15,7 @@ written before this existed carry neither file and keep working with their data 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 from taperlm.data import datadir
 from taperlm.errors import DataError
 from taperlm.io import atomic_write_json, replace_dir, sha256_file
+from taperlm.runlock import pid_alive
 
 RECORD_FILE = "data.json"
 TOKENIZER_COPY = "tokenizer"
@@ -82,7 +84,6 @@ def data_identity(data_dir: str | Path) -> dict[str, Any]:
 def read_record(run_dir: str | Path) -> dict[str, Any] | None:
     """The run's data record (None for runs that predate it); DataError for a damaged one (a
     damaged record must not silently switch the data check off)."""
-    import json
 
     path = Path(run_dir) / RECORD_FILE
     if not path.exists():
@@ -121,7 +122,6 @@ def run_tokenizer_dir(run_dir: str | Path) -> Path | None:
 def record_run_data(run_dir: str | Path, data_dir: str | Path) -> dict[str, Any]:
     """Copy the data dir's tokenizer into the run and write its identity (each atomically: a
     temp folder renamed into place, then the record). Returns the record."""
-    from taperlm.runlock import pid_alive
 
     run_dir, data_dir = Path(run_dir), Path(data_dir)
     final = run_dir / TOKENIZER_COPY

@@ -96,18 +96,56 @@ def rst_inline(text: str) -> str:
     return "".join(parts)
 
 
+def _skip_block(lines: list[str], start: int, base: int) -> int:
+    """Index of the first non-blank line at indent <= base after `start`."""
+    j, n = start, len(lines)
+    while j < n and (not lines[j].strip() or _indent(lines[j]) > base):
+        j += 1
+    return j
+
+
+def _rst_directive(lines: list[str], i: int, m: re.Match, kept: list[str]) -> int:
+    """Keep what a directive at line `i` says in prose (a version note, a title argument; a
+    dropped directive: nothing) into `kept`; the index of the line to read next."""
+    n, ind = len(lines), _indent(lines[i])
+    name = m.group(2).lower()
+    arg = (m.group(3) or "").strip()
+    short = name.split(":")[-1]
+    j = i + 1
+    while j < n and lines[j].strip() and _OPTION.match(lines[j]):
+        j += 1  # directive options
+    if name in _RST_DROP or short in _RST_DROP:
+        kept.append("")
+        return _skip_block(lines, j, ind)
+    kept.append("")
+    if short in _RST_VERSION and arg:
+        version, _, rest = arg.partition(" ")
+        kept.append(_RST_VERSION[short].format(version))
+        if rest.strip():
+            kept.append(rest.strip())
+    elif short in _RST_TITLE_ARGS and arg:
+        kept.append(arg)
+    kept.append("")
+    return j  # body lines are kept (they are indented prose)
+
+
+def _skip_simple_table(lines: list[str], i: int) -> int:
+    """The index after a simple table whose first border is at line `i`."""
+    borders, n = 0, len(lines)
+    while i < n:
+        if _SIMPLE_TABLE_BORDER.match(lines[i]):
+            borders += 1
+            if borders >= 2 and (i + 1 >= n or not lines[i + 1].strip()):
+                return i + 1
+        i += 1
+    return i
+
+
 def rst_to_text(src: str) -> str:
     """Strip reStructuredText markup; return prose paragraphs separated by blank lines."""
     lines = src.expandtabs(8).replace("\r\n", "\n").split("\n")
     kept: list[str] = []  # stripped lines; "" separates paragraphs
     i, n = 0, len(lines)
-
-    def skip_block(start: int, base: int) -> int:
-        """Index of the first non-blank line at indent <= base after `start`."""
-        j = start
-        while j < n and (not lines[j].strip() or _indent(lines[j]) > base):
-            j += 1
-        return j
 
     while i < n:
         line = lines[i]
@@ -119,29 +157,10 @@ def rst_to_text(src: str) -> str:
         ind = _indent(line)
         m = _DIRECTIVE.match(line)
         if m:
-            name = m.group(2).lower()
-            arg = (m.group(3) or "").strip()
-            short = name.split(":")[-1]
-            j = i + 1
-            while j < n and lines[j].strip() and _OPTION.match(lines[j]):
-                j += 1  # directive options
-            if name in _RST_DROP or short in _RST_DROP:
-                i = skip_block(j, ind)
-                kept.append("")
-                continue
-            kept.append("")
-            if short in _RST_VERSION and arg:
-                version, _, rest = arg.partition(" ")
-                kept.append(_RST_VERSION[short].format(version))
-                if rest.strip():
-                    kept.append(rest.strip())
-            elif short in _RST_TITLE_ARGS and arg:
-                kept.append(arg)
-            kept.append("")
-            i = j  # body lines are kept (they are indented prose)
+            i = _rst_directive(lines, i, m, kept)
             continue
         if _COMMENT.match(line):  # comment, hyperlink target, substitution definition
-            i = skip_block(i + 1, ind)
+            i = _skip_block(lines, i + 1, ind)
             kept.append("")
             continue
         if _ADORNMENT.match(line) and len(s) >= 2:  # section over/underline or transition
@@ -152,14 +171,7 @@ def rst_to_text(src: str) -> str:
                 i += 1
             continue
         if _SIMPLE_TABLE_BORDER.match(line):
-            borders = 0
-            while i < n:
-                if _SIMPLE_TABLE_BORDER.match(lines[i]):
-                    borders += 1
-                    if borders >= 2 and (i + 1 >= n or not lines[i + 1].strip()):
-                        i += 1
-                        break
-                i += 1
+            i = _skip_simple_table(lines, i)
             continue
         if s.startswith(">>>"):  # doctest block runs to the next blank line
             while i < n and lines[i].strip():
@@ -173,7 +185,7 @@ def rst_to_text(src: str) -> str:
             j = i + 1
             while j < n and not lines[j].strip():
                 j += 1
-            i = skip_block(j, ind) if j < n and _indent(lines[j]) > ind else i + 1
+            i = _skip_block(lines, j, ind) if j < n and _indent(lines[j]) > ind else i + 1
             kept.append("")
             continue
         fm = _FIELD.match(s)

@@ -14,8 +14,8 @@ with the size of any file:
    `val_tokens` = N, only until the validation split holds N tokens (later picks go to train).
    Identical documents therefore always land in the same split. When no document was picked (a
    corpus of one or a few documents), or fewer than N tokens were, the missing tokens are the
-   last ones of the training stream; meta.json's ``val_split.mode`` says ``documents``,
-   ``documents+tail`` or ``tail``.
+   last ones of the training stream (taperlm.data.val_split); meta.json's ``val_split.mode``
+   says ``documents``, ``documents+tail`` or ``tail``.
 4. Shards. Each split is written as shards of `shard_tokens` tokens. `max_tokens` stops the
    training split after exactly that many tokens (the last document is cut); with `val_tokens`
    the stream is then read on for validation documents only, until N tokens.
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sys
 import time
@@ -44,7 +43,9 @@ from typing import Any
 
 import numpy as np
 
+from taperlm import __version__
 from taperlm.cpus import usable_cpus
+from taperlm.data import val_split
 from taperlm.data.corpus import Source, open_source
 from taperlm.data.datadir import (
     MARKER_FILE,
@@ -63,12 +64,9 @@ from taperlm.data.heap import fix_mmap_threshold, release_free_memory
 from taperlm.data.progress import Progress
 from taperlm.data.readers import DEFAULT_MAX_DOC_CHARS, ByteCounter, Cursor
 from taperlm.data.shards import (
-    HEADER_SIZE,
     ResumeMismatch,
     ShardSeries,
     dtype_for_vocab,
-    payload_crc32,
-    shard_name,
 )
 from taperlm.data.tokenizer import (
     Tokenizer,
@@ -90,7 +88,6 @@ PIPELINE_VERSION = 2  # part of the resume key: bump when the same arguments giv
 STATE_FILE = "state.json"
 _BATCH_CHARS = 1 << 20  # characters per tokenization job
 _BATCH_DOCS = 4096
-_COPY_CHUNK = 1 << 22  # tokens per copy when moving the tail into the validation split
 
 
 def doc_hash(text: str, seed: int) -> float:
@@ -520,42 +517,13 @@ class _Preparation:
 
     def _finish(self, state: dict[str, Any], tok: Tokenizer) -> dict[str, Any]:
         s, vocab, work = self.s, tok.vocab_size, self.work
-        dtype = dtype_for_vocab(vocab)
         counts = dict(state["counts"])
         if counts["docs"] == 0:
             raise DataError(f"source {self.src.spec!r} produced no documents")
         train = ShardSeries(work, "train", vocab, s.shard_tokens, state["train"])
         val = ShardSeries(work, "val", vocab, s.shard_tokens, state["val"])
-        if counts["train_docs"] == 0:  # every document was a validation pick: use them as train
-            moved = _rename_series(work, val.close(), "val", "train")
-            train = ShardSeries(
-                work, "train", vocab, s.shard_tokens, {"done": moved, "open": _EMPTY}
-            )
-            val = ShardSeries(work, "val", vocab, s.shard_tokens)
-            counts["train_docs"], counts["val_docs"] = counts["val_docs"], 0
-        total = train.tokens + val.tokens
-        if s.val_tokens is not None:
-            need = max(0, s.val_tokens - val.tokens)
-            target = s.val_tokens
-        else:
-            target = max(2, round(s.val_fraction * total))
-            need = target if counts["val_docs"] == 0 else 0
-        if train.tokens - need < 2 or val.tokens + need < 2:
-            raise DataError(
-                f"the corpus has only {total:,} tokens, too few for a validation split of "
-                f"{target:,}; add text or lower --val-fraction/--val-tokens"
-            )
-        tail = {"tokens": need, "starts": 0, "overlaps": 0}
-        if need:
-            shards = train.close()
-            cut = train.tokens - need
-            tail = _move_tail(work, shards, cut, val, dtype, tok.eos_id)
-            train = ShardSeries(
-                work, "train", vocab, s.shard_tokens, _cut_state(work, shards, cut, dtype)
-            )
-        train_shards, val_shards = train.close(), val.close()
-        mode = (
-            "documents" if not need else ("tail" if counts["val_docs"] == 0 else "documents+tail")
+        train_shards, val_shards, mode, target, tail = val_split.settle(
+            work, train, val, counts, tok.eos_id, s.shard_tokens, s.val_tokens, s.val_fraction
         )
         meta = self._meta(tok, counts, state, train_shards, val_shards, mode, target, tail)
         atomic_write_text(work / META_FILE, json.dumps(meta, indent=2) + "\n")
@@ -563,8 +531,6 @@ class _Preparation:
         return meta
 
     def _meta(self, tok, counts, state, train_shards, val_shards, mode, target, tail):
-        from taperlm import __version__
-
         s = self.s
         splits = {}
         for name, shards, docs in (
@@ -614,9 +580,6 @@ class _Batch:
     cursor: Cursor  # source position after the batch
 
 
-_EMPTY = {"tokens": 0, "crc32": 0}
-
-
 def _capped(docs, max_chars: int | None, chars: int) -> Iterator[tuple[str, Cursor]]:
     """(text, cursor) of the documents until `max_chars` characters in all (`chars` were read
     before); the last text is cut to fit."""
@@ -633,62 +596,3 @@ def _capped(docs, max_chars: int | None, chars: int) -> Iterator[tuple[str, Curs
 def _chain(first, rest):
     yield first
     yield from rest
-
-
-def _rename_series(work: Path, shards: list[dict], old: str, new: str) -> list[dict]:
-    renamed = []
-    for i, d in enumerate(shards):
-        name = shard_name(new, i)
-        os.replace(work / d["file"], work / name)
-        renamed.append({**d, "file": name})
-    return renamed
-
-
-def _shard_tokens(work: Path, d: dict, dtype: np.dtype) -> np.ndarray:
-    if d["tokens"] == 0:
-        return np.zeros(0, dtype=dtype)
-    return np.memmap(
-        work / d["file"], dtype=dtype, mode="r", offset=HEADER_SIZE, shape=(d["tokens"],)
-    )
-
-
-def _move_tail(
-    work: Path, shards: list[dict], cut: int, val: ShardSeries, dtype: np.dtype, eos: int
-) -> dict[str, int]:
-    """Append train tokens [cut, end) to `val`; count the documents of the tail (`overlaps`:
-    documents with a token in it, `starts`: documents that begin in it)."""
-    eos_count, before, last, start = 0, None, None, 0
-    for d in shards:
-        end = start + d["tokens"]
-        if end > cut or (end == cut and d["tokens"]):
-            tokens = _shard_tokens(work, d, dtype)
-            if start < cut <= end:
-                before = int(tokens[cut - start - 1])
-            for i in range(max(cut - start, 0), d["tokens"], _COPY_CHUNK):
-                chunk = np.asarray(tokens[i : i + _COPY_CHUNK])
-                val.write(chunk)
-                eos_count += int(np.count_nonzero(chunk == eos))
-                last = int(chunk[-1])
-            del tokens
-        start = end
-    overlaps = eos_count + (1 if last is not None and last != eos else 0)
-    starts_in_tail = overlaps - (0 if before is None or before == eos else 1)
-    return {"tokens": start - cut, "overlaps": overlaps, "starts": starts_in_tail}
-
-
-def _cut_state(work: Path, shards: list[dict], cut: int, dtype: np.dtype) -> dict:
-    """A ShardSeries state holding exactly the first `cut` tokens of `shards`."""
-    done, start = [], 0
-    for d in shards:
-        if start + d["tokens"] <= cut:
-            done.append(d)
-            start += d["tokens"]
-            if start == cut:
-                break
-            continue
-        n = cut - start
-        return {
-            "done": done,
-            "open": {"tokens": n, "crc32": payload_crc32(work / d["file"], dtype, n)},
-        }
-    return {"done": done, "open": dict(_EMPTY)}

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import codecs
 import gzip
+import importlib
 import io
 import json
 from collections.abc import Callable, Iterable, Iterator
@@ -177,7 +178,6 @@ def local_files(path: Path) -> list[Path]:
 
 def require_module(module: str, what: str):
     """Import an optional dependency or fail naming the extra that provides it."""
-    import importlib
 
     try:
         return importlib.import_module(module)

@@ -20,6 +20,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from tokenizers import AddedToken, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer as Backend
+
+from taperlm.data.datadir import TOKENIZER_DIR, resolve
 from taperlm.errors import DataError
 from taperlm.io import atomic_write_text
 
@@ -97,7 +101,6 @@ class Tokenizer:
             raise DataError(
                 "exporting a tokenizer needs transformers: pip install 'taperlm[hf]'"
             ) from None
-        from tokenizers import Tokenizer as Backend
 
         tok = PreTrainedTokenizerFast(
             tokenizer_object=Backend.from_str(self.backend.to_str()),
@@ -129,8 +132,6 @@ def parse_bpe_spec(spec: str) -> int:
 
 def train_bpe(texts: Iterable[str], vocab_size: int, show_progress: bool = False) -> Tokenizer:
     """Train a byte-level BPE (GPT-2 pre-tokenization) with EOS = <|endoftext|> = id 0."""
-    from tokenizers import Tokenizer as Backend
-    from tokenizers import decoders, models, pre_tokenizers, trainers
 
     backend = Backend(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -186,7 +187,6 @@ def _from_hf(spec: str) -> Tokenizer:
     backend = getattr(hf, "backend_tokenizer", None)
     if backend is None:
         raise DataError(f"Hugging Face tokenizer {name!r} has no fast (tokenizers) version")
-    from tokenizers import Tokenizer as Backend
 
     backend = Backend.from_str(backend.to_str())
     eos = hf.eos_token or _find_eos(backend)
@@ -202,7 +202,6 @@ def _find_eos(backend) -> str | None:
 
 def _with_eos(backend, kind: str, spec: str, eos: str | None, bos: str | None) -> Tokenizer:
     """Make sure EOS exists and is a special token (added as a new id when the vocab lacks one)."""
-    from tokenizers import AddedToken
 
     eos = eos or EOS_TOKEN
     backend.add_special_tokens([AddedToken(eos, special=True, normalized=False)])
@@ -214,9 +213,6 @@ def _with_eos(backend, kind: str, spec: str, eos: str | None, bos: str | None) -
 def load_tokenizer(path: str | Path, spec: str | None = None) -> Tokenizer:
     """Load a tokenizer from a data dir, a saved tokenizer dir, a tokenizer.json file, or a
     GPT-2-style folder (vocab.json + merges.txt)."""
-    from tokenizers import Tokenizer as Backend
-
-    from taperlm.data.datadir import TOKENIZER_DIR, resolve
 
     path = Path(path)
     spec = spec or str(path)
@@ -281,9 +277,6 @@ def _check_meta_types(path: Path, meta: dict[str, Any]) -> None:
 
 
 def _from_gpt2_files(folder: Path, spec: str) -> Tokenizer:
-    from tokenizers import Tokenizer as Backend
-    from tokenizers import decoders, models, pre_tokenizers
-
     try:
         model = models.BPE.from_file(str(folder / "vocab.json"), str(folder / "merges.txt"))
     except Exception as err:

@@ -20,7 +20,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from taperlm.errors import ConfigError
 from taperlm.taper import TaperSpec
 
 
@@ -189,13 +188,3 @@ class Family:
         if options is None:
             return None
         return dataclasses.replace(options, **dict.fromkeys(self.resolved))
-
-
-# ----------------------------------------------------------------------------------------------
-# option checks
-
-
-def positive_int(value: Any, key: str, minimum: int = 1) -> None:
-    """ConfigError naming `key` unless `value` is an integer >= minimum."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"{key} must be an integer >= {minimum}, got {value!r}")

@@ -126,7 +126,7 @@ def _mlp_params(cfg: ModelFields, layer: int) -> dict[str, int]:
 
 
 def _block(cfg: ModelFields, layer: int, rotary: Any) -> Any:
-    from taperlm.models.hope import hope_block
+    from taperlm.models.hope import hope_block  # lazy: plan stays torch-free
 
     return hope_block(cfg, layer, rotary)
 

@@ -215,7 +215,7 @@ def _cached_kv(cfg: ModelFields, layer: int, tokens: int) -> int:
 
 
 def _block(cfg: ModelFields, layer: int, rotary: Any) -> Any:
-    from taperlm.models.titans import titans_block
+    from taperlm.models.titans import titans_block  # lazy: plan stays torch-free
 
     return titans_block(cfg, layer, rotary)
 

@@ -11,7 +11,7 @@ from taperlm.families.base import Family, ModelFields, attention_params
 def attention_block(cfg: ModelFields, layer: int, rotary: Any, gate: str | None = None) -> Any:
     """Attention (with the Gated Attention output gate when `gate` is given) followed by the
     SwiGLU MLP of the layer's own width."""
-    from taperlm.models.layers import Attention, Block, SwiGLU
+    from taperlm.models.layers import Attention, Block, SwiGLU  # lazy: plan stays torch-free
 
     assert cfg.mlp_widths is not None, "resolve the config first (ModelConfig.resolve())"
     attn = Attention.of_layer(cfg, layer, rotary, gate=gate)

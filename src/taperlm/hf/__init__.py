@@ -16,11 +16,11 @@ __all__ = ["TaperLMConfig", "TaperLMForCausalLM", "register", "register_config"]
 
 def __getattr__(name: str) -> Any:
     if name == "TaperLMConfig":
-        from taperlm.hf.configuration import TaperLMConfig
+        from taperlm.hf.configuration import TaperLMConfig  # lazy: the [hf] extra
 
         return TaperLMConfig
     if name == "TaperLMForCausalLM":
-        from taperlm.hf.modeling import TaperLMForCausalLM
+        from taperlm.hf.modeling import TaperLMForCausalLM  # lazy: the [hf] extra
 
         return TaperLMForCausalLM
     raise AttributeError(f"module 'taperlm.hf' has no attribute {name!r}")
@@ -30,7 +30,7 @@ def register_config() -> None:
     """Register TaperLMConfig with AutoConfig (cheap: no torch, no modeling code)."""
     from transformers import AutoConfig
 
-    from taperlm.hf.configuration import TaperLMConfig
+    from taperlm.hf.configuration import TaperLMConfig  # lazy: the [hf] extra
 
     # ValueError: already registered (e.g. by remote code of the same model type).
     with contextlib.suppress(ValueError):
@@ -41,8 +41,8 @@ def register() -> None:
     """Register TaperLMConfig / TaperLMForCausalLM with the transformers Auto classes (idempotent)."""
     from transformers import AutoModelForCausalLM
 
-    from taperlm.hf.configuration import TaperLMConfig
-    from taperlm.hf.modeling import TaperLMForCausalLM
+    from taperlm.hf.configuration import TaperLMConfig  # lazy: the [hf] extra
+    from taperlm.hf.modeling import TaperLMForCausalLM  # lazy: the [hf] extra
 
     register_config()
     with contextlib.suppress(ValueError):

@@ -17,19 +17,17 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from taperlm.hf import register, register_config
+
 CONFIG_MODULE = "transformers.models.auto.configuration_auto"
 MODEL_MODULE = "transformers.models.auto.modeling_auto"
 
 
 def _register_config() -> None:
-    from taperlm.hf import register_config
-
     register_config()
 
 
 def _register_model() -> None:
-    from taperlm.hf import register
-
     register()
 
 

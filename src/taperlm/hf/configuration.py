@@ -11,6 +11,8 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
+from taperlm.config import ModelConfig, from_dict
+
 
 class TaperLMConfig(PretrainedConfig):
     model_type = "taperlm"
@@ -31,6 +33,5 @@ class TaperLMConfig(PretrainedConfig):
 
     def model_config(self):
         """Our `ModelConfig`, rebuilt from the stored dict without recomputing widths."""
-        from taperlm.config import ModelConfig, from_dict
 
         return from_dict(ModelConfig, dict(self.taperlm), "taperlm")

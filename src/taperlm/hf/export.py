@@ -18,8 +18,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer
+
 from taperlm.config import to_dict
 from taperlm.errors import ConfigError, DataError
+from taperlm.hf.model_card import model_card
+from taperlm.io import sha256_file
+from taperlm.outdirs import record_written_files, unchanged_own_file, written_files
 
 CONFIG_FILE = "configuration_taperlm.py"
 MODELING_FILE = "modeling_taperlm.py"
@@ -48,10 +53,6 @@ def hf_tokenizer(tokenizer: Any, context_length: int | None = None) -> Any:
         tok = tokenizer.to_hf()
     else:
         inner = getattr(tokenizer, "tokenizer", tokenizer)
-        try:
-            from tokenizers import Tokenizer
-        except ImportError:  # pragma: no cover - tokenizers is a core dependency
-            Tokenizer = ()  # type: ignore[assignment]
         if not isinstance(inner, Tokenizer):
             raise DataError(
                 f"cannot convert tokenizer {type(tokenizer).__name__} to a Hugging Face tokenizer; "
@@ -74,8 +75,8 @@ def hf_tokenizer(tokenizer: Any, context_length: int | None = None) -> Any:
 
 def to_hf_model(model: Any) -> Any:
     """Wrap a `TaperedLM` (weights shared, not copied) as a `TaperLMForCausalLM`."""
-    from taperlm.hf.configuration import TaperLMConfig
-    from taperlm.hf.modeling import TaperLMForCausalLM
+    from taperlm.hf.configuration import TaperLMConfig  # lazy: the [hf] extra
+    from taperlm.hf.modeling import TaperLMForCausalLM  # lazy: the [hf] extra
 
     cfg = TaperLMConfig(taperlm=to_dict(model.config))
     hf = TaperLMForCausalLM(cfg)
@@ -118,8 +119,6 @@ def _write(
 ) -> None:
     from transformers import GenerationConfig
 
-    from taperlm.hf.model_card import model_card
-
     hf = to_hf_model(model)
     hf.config.auto_map = dict(AUTO_MAP)
     hf.config.architectures = ["TaperLMForCausalLM"]
@@ -160,8 +159,6 @@ def _install(staging: Path, out: Path) -> None:
     export (checked for all before any is moved) and removing that export's files that this
     one no longer writes; the marker's record is updated around the moves so that a crash
     between them leaves every file recognisable."""
-    from taperlm.io import sha256_file
-    from taperlm.outdirs import record_written_files, unchanged_own_file, written_files
 
     new = {p.relative_to(staging).as_posix(): p for p in sorted(staging.rglob("*")) if p.is_file()}
     record = written_files(out, "export")

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from taperlm.budget import plan
+from taperlm.taper import describe
+
 # The run settings a reader needs to judge or reproduce a training run, in this order.
 TRAIN_SETTINGS = (
     "tokens",
@@ -27,9 +30,7 @@ TRAIN_SETTINGS = (
 def model_card(model_cfg: Any, run_config: Any = None, name: str = "taperlm model") -> str:
     """Markdown (with Hugging Face Hub front matter) describing `model_cfg` (a resolved
     ModelConfig) and, when given, the `run_config` (RunConfig) it was trained with."""
-    from taperlm.budget import plan
     from taperlm.commands.plan import format_plan
-    from taperlm.taper import describe
 
     cfg = model_cfg
     p = plan(cfg)

@@ -21,6 +21,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from taperlm.hf.configuration import TaperLMConfig
 from taperlm.models import TaperedLM
+from taperlm.models.hope import tag_update_periods
 from taperlm.models.layers import KVCache, Rotary
 
 # The output field (and forward argument) is `cache` in current transformers, `past_key_values`
@@ -136,7 +137,6 @@ class TaperLMForCausalLM(TaperLMPreTrainedModel, GenerationMixin):
         model = super().from_pretrained(*args, **kwargs)
         # The loader replaces Parameter objects, dropping Hope's per-level `update_period` tags
         # that the trainer reads; restore them so a loaded model trains like ours.
-        from taperlm.models.hope import tag_update_periods
 
         tag_update_periods(model.model)
         return model

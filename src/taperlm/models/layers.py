@@ -9,16 +9,19 @@ on CPU in eager mode, RMSNorm and the training loss run on the hand-written kern
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from taperlm.errors import ConfigError
 from taperlm.families.base import ModelFields
 from taperlm.models import cpu_kernels
+from taperlm.models.loss import chunked_cross_entropy
 
 
 class RMSNorm(nn.Module):
@@ -82,7 +85,6 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
     Uses the fused CPU kernel when training in fp32 on CPU in eager mode, else the chunked loss
     of models/loss.py (no fp32 copy of the whole logits: bf16 logits on GPU)."""
-    from taperlm.models.loss import chunked_cross_entropy
 
     flat = logits.reshape(-1, logits.shape[-1])
     tgt = targets.reshape(-1)
@@ -229,8 +231,6 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: Any = None) -> torch.Tensor:
         if self.checkpoint_activations and cache is None and torch.is_grad_enabled():
-            from torch.utils.checkpoint import checkpoint
-
             return checkpoint(self._forward, x, None, use_reentrant=False)
         return self._forward(x, cache)
 
@@ -297,7 +297,6 @@ PAIRED_UNITS = 16
 
 def keyed_seed(seed: int, key: str) -> int:
     """A seed derived from (seed, key): streams of different keys are independent."""
-    import hashlib
 
     digest = hashlib.blake2b(f"{seed}/{key}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & (2**63 - 1)

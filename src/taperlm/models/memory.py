@@ -84,7 +84,7 @@ class MemoryStream:
 
 
 class NeuralMemory(nn.Module):
-    """Titans LMM with its projections, gates, output norm and gate (ARCHITECTURES.md §3.3).
+    """Titans LMM with its projections, gates, output norm and gate (docs/paper.md#titans-memory-block).
 
     u -> q, k, v = SiLU(conv(u W)) (q, k l2-normalised per head); gates from u W_g + b;
     retrieved r -> per-head RMSNorm -> * SiLU(u W_og) -> W_out. Per-head tensors are

@@ -411,28 +411,9 @@ def _recurrence_backward(rows, v, cn, carry, s_to_m, decay, kept, dreads, dstate
             f = _clip_factor(sq, tau)
             cf = cf * f.unsqueeze(-1)
         cs = [cf if s == 1.0 else cf * s for s in scales]
-        # -- through the gradient sums G^r_j = a_j^T diag(c_j,r) d_j (r = momentum, weights)
-        dd, da, cbar = [], [], None
-        for j in range(L):
-            ggv = gg[j].view(N, -1, gg[j].shape[-1])  # [N, 2 in, out]
-            xc = (Ak[j].unsqueeze(2) * cs[j].unsqueeze(-1)).reshape(N, C, -1)
-            dd.append(torch.bmm(xc, ggv))
-            p = torch.bmm(D[j], ggv.transpose(1, 2)).view(N, C, 2, -1)
-            da.append((p * cs[j].unsqueeze(-1)).sum(2))
-            cb = torch.linalg.vecdot(p, Ak[j].unsqueeze(2))
-            if scales[j] != 1.0:
-                cb = cb * scales[j]
-            cbar = cb if cbar is None else cbar + cb
-        if tau is not None:
-            dcn.append(cbar * f.unsqueeze(-1))
-            clipped = sq > 0.25 * tau * tau  # f = tau/2 rsqrt(sq) there: df/dsq = -f / (2 sq)
-            dsq = torch.where(clipped, (cbar * cn[c]).sum(-1) * f / sq.clamp_min(1e-30), 0.0)
-            for j in range(L):
-                w2 = (-(scales[j] ** 2)) * dsq  # d sq / d a_j = 2 s_j^2 |d_j|^2 a_j, and d_j alike
-                dd[j] = torch.addcmul(dd[j], (w2 * qa[j]).unsqueeze(-1), D[j])
-                da[j] = torch.addcmul(da[j], (w2 * qd[j]).unsqueeze(-1), Ak[j])
-        else:
-            dcn.append(cbar)
+        clip = None if tau is None else (tau, f, sq, qa, qd)
+        dd, da, dcn_c = _gradient_sums_backward(gg, Ak, D, cs, scales, cn[c], clip, N, C)
+        dcn.append(dcn_c)
         # -- the update: S' = carry S + G0, W' = decay W + s_to_m S + G1
         dW = [gg[j][:, 1] * decay[c] for j in range(L)]
         dz_err: list = [None] * L
@@ -470,6 +451,36 @@ def _recurrence_backward(rows, v, cn, carry, s_to_m, decay, kept, dreads, dstate
             gg = [torch.stack((a, b), 1) for a, b in zip(dS, dW)]
     grads = (torch.stack(x[::-1]) for x in (drows, dv, dcn, dcarry, ds_to_m, ddecay))
     return (*grads, None, None, None, *dW, *dS)
+
+
+def _gradient_sums_backward(gg, Ak, D, cs, scales, cn_c, clip, N, C):
+    """Backward through the gradient sums G^r_j = a_j^T diag(c_j,r) d_j (r = momentum, weights)
+    of one chunk: the gradients of every d_j and a_j and of the chunk's step sizes, through the
+    norm clip when `clip` = (tau, factor, squared norm, |a_j|^2, |d_j|^2)."""
+    L = len(gg)
+    dd, da, cbar = [], [], None
+    for j in range(L):
+        ggv = gg[j].view(N, -1, gg[j].shape[-1])  # [N, 2 in, out]
+        xc = (Ak[j].unsqueeze(2) * cs[j].unsqueeze(-1)).reshape(N, C, -1)
+        dd.append(torch.bmm(xc, ggv))
+        p = torch.bmm(D[j], ggv.transpose(1, 2)).view(N, C, 2, -1)
+        da.append((p * cs[j].unsqueeze(-1)).sum(2))
+        cb = torch.linalg.vecdot(p, Ak[j].unsqueeze(2))
+        if scales[j] != 1.0:
+            cb = cb * scales[j]
+        cbar = cb if cbar is None else cbar + cb
+    if clip is not None:
+        tau, f, sq, qa, qd = clip
+        dcn_c = cbar * f.unsqueeze(-1)
+        clipped = sq > 0.25 * tau * tau  # f = tau/2 rsqrt(sq) there: df/dsq = -f / (2 sq)
+        dsq = torch.where(clipped, (cbar * cn_c).sum(-1) * f / sq.clamp_min(1e-30), 0.0)
+        for j in range(L):
+            w2 = (-(scales[j] ** 2)) * dsq  # d sq / d a_j = 2 s_j^2 |d_j|^2 a_j, and d_j alike
+            dd[j] = torch.addcmul(dd[j], (w2 * qa[j]).unsqueeze(-1), D[j])
+            da[j] = torch.addcmul(da[j], (w2 * qd[j]).unsqueeze(-1), Ak[j])
+    else:
+        dcn_c = cbar
+    return dd, da, dcn_c
 
 
 def _recurrence_no_grad(
