@@ -34,8 +34,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from taperlm.config import ModelConfig
-from taperlm.errors import TaperlmError
+from taperlm.errors import TaperError, TaperlmError
 from taperlm.families import family
+from taperlm.kv_taper import CACHE_DTYPE_BYTES
+from taperlm.taper import describe
 
 
 @dataclass
@@ -232,3 +234,175 @@ def plan(cfg: ModelConfig, seq_len: int | None = None) -> Plan:
         kv_entries=[kv_cache_entries(cfg, i, T) for i in range(cfg.n_layers)],
         baseline_kv_entries=[kv_cache_entries(base, i, T) for i in range(cfg.n_layers)],
     )
+
+
+# The plan as JSON and as the table `taperlm plan` prints (and the model card embeds).
+
+
+def plan_to_dict(p) -> dict:
+    cfg = p.config
+    total_flops = sum(b.flops_per_token for b in p.layers)
+    return {
+        "family": cfg.family,
+        "taper": cfg.taper.to_dict(),
+        "taper_spec": cfg.taper.to_string(),
+        "n_layers": cfg.n_layers,
+        "d_model": cfg.d_model,
+        "baseline_mlp_width": cfg.mlp_width,
+        "mlp_widths": list(cfg.mlp_widths or []),
+        "head_taper": cfg.head_taper,
+        "baseline_heads": cfg.n_heads,
+        "baseline_kv_heads": cfg.kv_heads,
+        "heads": [b.heads for b in p.layers],
+        "kv_heads": [b.kv_heads for b in p.layers],
+        "kv_taper": cfg.kv_taper,
+        "seq_len": p.seq_len,
+        "budget_checked_at_contexts": p.checked_contexts,
+        "flops_per_token_at_contexts": {
+            str(c): {"tapered": a, "uniform": b} for c, (a, b) in p.flops_at_contexts.items()
+        },
+        "kv_cache": _kv_cache_dict(p),
+        "layers": [
+            {
+                "layer": b.layer,
+                "mlp_width": b.mlp_width,
+                "multiplier": b.multiplier,
+                "heads": b.heads,
+                "kv_heads": b.kv_heads,
+                "params": b.params,
+                "mixer_params": b.mixer_params,
+                "mlp_params": b.mlp_params,
+                "baseline_params": bb.params,
+                "flops_per_token": b.flops_per_token,
+                "flops_share": b.flops_per_token / total_flops,
+                "components": b.components,
+            }
+            for b, bb in zip(p.layers, p.baseline_layers)
+        ],
+        "total_params": p.total_params,
+        "baseline_total_params": p.baseline_total_params,
+        "params_difference": p.total_params - p.baseline_total_params,
+        "flops_per_token": p.flops_per_token,
+        "baseline_flops_per_token": p.baseline_flops_per_token,
+        "flops_difference": p.flops_per_token - p.baseline_flops_per_token,
+    }
+
+
+def _kv_cache_dict(p) -> dict:
+    """Per-layer and total KV-cache bytes per token and at the plan's context, bf16 and fp32."""
+    out: dict = {"context": p.seq_len}
+    for name, entries in (("tapered", p.kv_entries), ("uniform", p.baseline_kv_entries)):
+        out[name] = {
+            dtype: {
+                "bytes_per_token": [e * n for e, _ in entries],
+                "bytes_per_token_total": sum(e for e, _ in entries) * n,
+                "bytes_at_context": [e * t * n for e, t in entries],
+                "bytes_at_context_total": sum(e * t for e, t in entries) * n,
+            }
+            for dtype, n in CACHE_DTYPE_BYTES.items()
+        }
+    return out
+
+
+def _kv_lines(p) -> list[str]:
+    """The KV-cache summary of `format_plan`: bytes per token and at the context, both dtypes."""
+    kv = _kv_cache_dict(p)
+    lines = []
+    for dtype in CACHE_DTYPE_BYTES:
+        a, b = kv["tapered"][dtype], kv["uniform"][dtype]
+        for label, key in (
+            ("per token", "bytes_per_token_total"),
+            (f"@{p.seq_len}", "bytes_at_context_total"),
+        ):
+            lines.append(
+                f"{'KV cache ' + dtype + ' ' + label + ' (B)':<28}{a[key]:>16,}{b[key]:>16,}"
+                f"{a[key] - b[key]:>+14,}"
+            )
+    return lines
+
+
+def format_plan(p) -> str:
+    cfg = p.config
+
+    total_flops = sum(b.flops_per_token for b in p.layers)
+    lines = [
+        f"{cfg.family} model: {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads, "
+        f"vocab {cfg.vocab_size}, context {cfg.context_length}",
+        f"taper: {describe(cfg.taper)} (multiple_of {cfg.taper.multiple_of}); "
+        f"baseline mlp_width {cfg.mlp_width}",
+        f"head taper: {describe(cfg.head_taper_spec())} (in steps of one KV group of "
+        f"{cfg.group_size} query head{'s' if cfg.group_size > 1 else ''}, head dim "
+        f"{cfg.head_dim}); baseline {_heads(cfg.n_heads, cfg.kv_heads)} heads per layer",
+        f"KV taper: {describe(cfg.kv_taper_spec())}"
+        + (
+            " (each layer's KV heads divide its query heads; the MLP widths take up the "
+            "K/V parameters saved)"
+            if cfg.layer_kv_heads is not None
+            else ""
+        ),
+        *(f"  {note}" for note in (cfg.solve_kv_heads().notes if _kv_from_spec(cfg) else [])),
+        "",
+        f"{'layer':>5} {'width':>7} {'x base':>7} {'heads':>7} {'params':>12} {'baseline':>12} "
+        f"{'diff':>10} {'FLOPs share':>11} {'KV B/tok bf16':>13}",
+    ]
+    column = family(cfg).plan_column(cfg)
+    extra_name, extra = column if column else ("", [])
+    if extra_name:
+        lines[-1] += f"  {extra_name}"
+    for b, bb in zip(p.layers, p.baseline_layers):
+        lines.append(
+            f"{b.layer:>5} {b.mlp_width:>7} {b.multiplier:>7.3f} {_heads(b.heads, b.kv_heads):>7} "
+            f"{b.params:>12,} {bb.params:>12,} "
+            f"{b.params - bb.params:>+10,} {100 * b.flops_per_token / total_flops:>10.2f}%"
+            f" {p.kv_entries[b.layer][0] * 2:>13,}" + (f"  {extra[b.layer]}" if extra_name else "")
+        )
+    mean = sum(cfg.mlp_widths or []) / cfg.n_layers
+    lines += [
+        "",
+        f"mean width {mean:g} (baseline {cfg.mlp_width})",
+        f"{'':<28}{'tapered':>16}{'uniform':>16}{'difference':>14}",
+        f"{'total parameters':<28}{p.total_params:>16,}{p.baseline_total_params:>16,}"
+        f"{p.total_params - p.baseline_total_params:>+14,}",
+        f"{'training FLOPs/token @' + str(p.seq_len):<28}{p.flops_per_token:>16,}"
+        f"{p.baseline_flops_per_token:>16,}{p.flops_per_token - p.baseline_flops_per_token:>+14,}",
+        *_kv_lines(p),
+        "",
+    ]
+    if cfg.layer_kv_heads is None:
+        lines.append(
+            "budget matched (checked): total parameters, and training FLOPs/token at context "
+            + ", ".join(map(str, p.checked_contexts))
+            + " (MLP parameters are linear in the width; attention parameters and score work in "
+            "each layer's heads, at every context)"
+        )
+        return "\n".join(lines)
+    diffs = {c: a - b for c, (a, b) in p.flops_at_contexts.items()}
+    flops = (
+        "equal at context "
+        + ", ".join(map(str, diffs))
+        + " (score/value work depends on the query heads only)"
+        if not any(diffs.values())
+        else "differ by "
+        + ", ".join(f"{d:+,} at context {c}" for c, d in diffs.items())
+        + " (this family repeats K/V projections beyond one per token)"
+    )
+    lines.append(
+        "parameters matched (checked): the K/V parameters the KV taper saves went to the MLP "
+        f"widths; training FLOPs/token {flops}; the KV cache is what changes"
+    )
+    return "\n".join(lines)
+
+
+def _kv_from_spec(cfg) -> bool:
+    """Whether the config's KV heads are the KV taper's solution (then its notes apply)."""
+    if cfg.layer_kv_heads is None or cfg.kv_taper_spec().is_uniform:
+        return False
+    try:
+        return cfg.solve_kv_heads().counts == cfg.layer_kv_heads
+    except TaperError:  # a spec that no longer fits (the counts were written by hand)
+        return False
+
+
+def _heads(heads: int, kv_heads: int) -> str:
+    """`4` for multi-head attention, `8/2` (query/KV) for grouped-query attention."""
+    return str(heads) if heads == kv_heads else f"{heads}/{kv_heads}"

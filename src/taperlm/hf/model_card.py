@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from taperlm.budget import plan
+from taperlm.budget import format_plan, plan
 from taperlm.taper import describe
 
 # The run settings a reader needs to judge or reproduce a training run, in this order.
@@ -30,8 +30,6 @@ TRAIN_SETTINGS = (
 def model_card(model_cfg: Any, run_config: Any = None, name: str = "taperlm model") -> str:
     """Markdown (with Hugging Face Hub front matter) describing `model_cfg` (a resolved
     ModelConfig) and, when given, the `run_config` (RunConfig) it was trained with."""
-    from taperlm.commands.plan import format_plan
-
     cfg = model_cfg
     p = plan(cfg)
     heads = [cfg.attention_heads(i) for i in range(cfg.n_layers)]

@@ -91,7 +91,7 @@ def _interrupt_when_safe(signum: int, frame: FrameType | None) -> None:
 def _any_rank(flag: bool) -> bool:
     """True when this or any other process of the job has the flag (every rank calls this)."""
     import torch  # lazy: the CLI imports this module for its Ctrl-C message, torch-free
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: as torch above
 
     if not (dist.is_available() and dist.is_initialized()):
         return flag

@@ -162,7 +162,7 @@ class TensorBoardLogger:
     """Scalars and the start-up text in RUN/tensorboard (`tensorboard --logdir RUN`)."""
 
     def __init__(self, info: RunInfo) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # lazy: needs the [tensorboard] extra
 
         # A restart redoes the steps after its checkpoint: a viewer drops events of a crashed
         # session from purge_step on.

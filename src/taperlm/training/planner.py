@@ -140,10 +140,10 @@ def block_activation_bytes(cfg: ModelConfig, layer: int, batch: int, seq_len: in
     """Bytes autograd keeps for the backward pass of block `layer` on a [batch, seq_len] input,
     computing in bf16 (parameters and buffers excluded)."""
     import torch  # lazy: plan stays torch-free (this runs only for memory plans)
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.fake_tensor import FakeTensorMode  # lazy: as torch above
 
-    from taperlm.models.layers import Rotary
-    from taperlm.models.lm import TaperedLM
+    from taperlm.models.layers import Rotary  # lazy: torch
+    from taperlm.models.lm import TaperedLM  # lazy: torch
 
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)  # build the block as FSDP2's bf16 policy computes it

@@ -14,7 +14,7 @@ def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
     import matplotlib  # lazy: heavy, only at the end of a run; the backend precedes pyplot
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after the backend is chosen
 
     run = Path(run_dir)
     out = Path(path) if path else run / "loss.png"
