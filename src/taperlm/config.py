@@ -42,7 +42,8 @@ from taperlm.errors import ConfigError, TaperError
 from taperlm.families import FAMILIES, get_family
 from taperlm.io import atomic_write_text, not_a_file
 from taperlm.kv_taper import KVHeads, kv_heads_removed, kv_step, mlp_width_credit, solve_kv_heads
-from taperlm.taper import TaperSpec, read_rho_mlp, solve_sizes
+from taperlm.solver import solve_sizes
+from taperlm.taper import TaperSpec, read_rho_mlp
 
 
 @dataclass
@@ -220,7 +221,7 @@ class ModelConfig:
             spec = parse()
         except TaperError as err:
             raise ConfigError(f"model.{key}: {err}") from None
-        if spec.schedule == "novelty":
+        if spec.measured:
             raise ConfigError(
                 f"model.{key}: novelty allocations act on MLP widths (rho_mlp measures the "
                 f"MLP); give the {noun} a schedule such as {example}"
