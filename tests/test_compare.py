@@ -867,7 +867,8 @@ def test_allocation_syntax_with_heads_and_novelty():
 
 
 def test_novelty_pilot_and_head_taper_grid(data_dir, tmp_path):
-    from taperlm.taper import TaperSpec, rho_mlp_of, solve_sizes
+    from taperlm.solver import solve_sizes
+    from taperlm.taper import TaperSpec, rho_mlp_of
 
     out = tmp_path / "out"
     tapers = "uniform;novelty:pilot;both=cosine+heads:cosine"

@@ -37,7 +37,8 @@ from taperlm.config import (
 from taperlm.data.shards import HEADER_SIZE, open_shard, parse_header, write_shard
 from taperlm.errors import DataError, TaperlmError
 from taperlm.evaluation.registry import get_task, load_task
-from taperlm.taper import TaperSpec, solve_sizes
+from taperlm.solver import solve_sizes
+from taperlm.taper import TaperSpec
 
 N = int(os.environ.get("TAPERLM_FUZZ_EXAMPLES", "40"))
 FUZZ = settings(

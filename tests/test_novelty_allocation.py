@@ -18,7 +18,8 @@ from taperlm.config import RunConfig, load_run_config, run_config_from_dict, to_
 from taperlm.errors import ConfigError, TaperError
 from taperlm.models import TaperedLM
 from taperlm.outfiles import written_by_taperlm
-from taperlm.taper import TaperSpec, multipliers, novelty_multipliers, read_rho_mlp, solve_sizes
+from taperlm.solver import solve_sizes
+from taperlm.taper import TaperSpec, multipliers, novelty_multipliers, read_rho_mlp
 
 RHO = [0.15, 0.14, 0.50, 0.50, 0.45, 0.24]  # uniform transformer-tiny, docs/compare.md
 

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from taperlm.errors import TaperError
-from taperlm.taper import TaperSpec, multipliers, solve_sizes
+from taperlm.solver import solve_sizes
+from taperlm.taper import TaperSpec, multipliers
 
 PAIRS = [(1.25, 0.75), (1.375, 0.625), (1.5, 0.5), (1.625, 0.375), (1.75, 0.25)]
 

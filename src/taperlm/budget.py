@@ -131,10 +131,6 @@ def memory_floor(cfg: ModelConfig, training: bool = False, shards: int = 1) -> t
     return need, what
 
 
-def non_embedding_params(cfg: ModelConfig) -> int:
-    return total_params(cfg) - embedding_params(cfg) - head_params(cfg)
-
-
 def matmul_params(cfg: ModelConfig) -> int:
     return sum(b.matmul_params for b in layer_budgets(cfg)) + cfg.vocab_size * cfg.d_model
 

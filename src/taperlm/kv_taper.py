@@ -57,18 +57,19 @@ class KVHeads:
 def kv_targets(spec: TaperSpec, query_heads: list[int], group_size: int) -> list[float]:
     """The KV heads each layer asks for: r_l x its default H_l / g, or custom counts."""
     n = len(query_heads)
-    if spec.schedule == "novelty":
+    if spec.measured:
         raise TaperError(
             "novelty allocations act on MLP widths (rho_mlp measures the MLP); give the KV "
             "heads a schedule such as cosine:1.0:0.5 or groups:0.5"
         )
-    if spec.schedule == "custom" and spec.values_are_widths:
-        if len(spec.values) != n:
+    counts = spec.given_sizes()
+    if counts is not None:
+        if len(counts) != n:
             raise TaperError(
-                f"custom KV heads have {len(spec.values)} values but the model has {n} layers; "
-                "give exactly one per layer"
+                f"{spec.schedule} KV heads have {len(counts)} values but the model has {n} "
+                "layers; give exactly one per layer"
             )
-        return [float(v) for v in spec.values]
+        return [float(v) for v in counts]
     r = multipliers(spec, n)
     return [x * q / group_size for x, q in zip(r, query_heads)]
 

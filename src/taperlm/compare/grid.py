@@ -204,7 +204,7 @@ def _canonical(text: str, what: str) -> str:
     if text == "uniform":
         return text
     spec = TaperSpec.parse(text, multiple_of=1)
-    if spec.schedule == "novelty":
+    if spec.measured:
         raise TaperError(f"novelty allocations act on MLP widths, not on {what}")
     return spec.to_string()
 

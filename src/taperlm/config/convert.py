@@ -111,7 +111,7 @@ def _taper_from(data: Any, where: str) -> TaperSpec:
     if isinstance(data, dict):
         spec = from_dict_plain(TaperSpec, data, where)
         check_taper_spec(spec, where)
-        if spec.schedule == "novelty" and not spec.rho_mlp and not spec.needs_pilot:
+        if spec.measured and not spec.rho_mlp and not spec.needs_pilot:
             # a hand-written mapping may name only the measurement: read it once
             try:
                 spec = spec.with_novelty(read_rho_mlp(spec.source))

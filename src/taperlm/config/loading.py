@@ -15,7 +15,7 @@ from taperlm.config.run import RunConfig
 from taperlm.errors import ConfigError, TaperError
 from taperlm.families import FAMILIES
 from taperlm.io import atomic_write_text, not_a_file
-from taperlm.taper import solve_sizes
+from taperlm.solver import solve_sizes
 
 
 class DuplicateKeyError(yaml.constructor.ConstructorError):

@@ -29,7 +29,8 @@ from taperlm.domains import (
 from taperlm.errors import ConfigError, TaperError
 from taperlm.families import FAMILIES, get_family
 from taperlm.kv_taper import KVHeads, kv_heads_removed, kv_step, mlp_width_credit, solve_kv_heads
-from taperlm.taper import TaperSpec, solve_sizes
+from taperlm.solver import solve_sizes
+from taperlm.taper import TaperSpec
 
 
 def check_taper_spec(spec: TaperSpec, where: str) -> None:
@@ -238,7 +239,7 @@ class ModelConfig:
             spec = parse()
         except TaperError as err:
             raise ConfigError(f"model.{key}: {err}") from None
-        if spec.schedule == "novelty":
+        if spec.measured:
             raise ConfigError(
                 f"model.{key}: novelty allocations act on MLP widths (rho_mlp measures the "
                 f"MLP); give the {noun} a schedule such as {example}"

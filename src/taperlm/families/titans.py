@@ -20,7 +20,8 @@ from taperlm.families.base import (
     attention_params,
     attention_span_flops,
 )
-from taperlm.taper import TaperSpec, solve_sizes
+from taperlm.solver import solve_sizes
+from taperlm.taper import TaperSpec
 
 VARIANTS = ("mac", "mag", "mal")
 

@@ -1,0 +1,189 @@
+"""The exact integer size solver of a taper (pure Python; no torch).
+
+The solver turns a taper's multipliers r_l (`taperlm.taper`) into integers that are multiples
+of `multiple_of` and whose sum is exactly L * B, so a tapered model holds exactly the parameters
+and FLOPs of its baseline (the paper's principle and schedules):
+
+1. w_l = round(r_l * B / m) * m for every layer (m = multiple_of);
+2. the first and last layers stay pinned at their rounded values;
+3. the remaining difference L*B - sum(w) is removed one step of m at a time from the interior
+   layers whose rounding error points the same way (largest remainder first), never breaking the
+   monotone order of a monotone schedule and never dropping a width to <= 0.
+
+A spec that gives its sizes outright (custom widths) is checked instead of solved.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from taperlm.errors import TaperError
+from taperlm.taper import TaperSpec, multipliers
+
+# How far the multipliers' mean may stray from 1 before the solver tries to repair it (uneven group
+# sizes in shallow models give e.g. 1.125); beyond this the schedule itself breaks the budget.
+MAX_MEAN_DEVIATION = 0.25
+
+
+def solve_sizes(
+    spec: TaperSpec,
+    n_layers: int,
+    baseline: int,
+    *,
+    what: str = "mlp width",
+    total: int | None = None,
+) -> list[int]:
+    """Resolve `spec` to one integer size per layer with sum exactly n_layers * baseline, or
+    `total` when given (a multiple of multiple_of: e.g. the MLP widths that take up the
+    parameters a KV taper saves); the multipliers then scale the mean size total / n_layers.
+
+    `what` names the quantity in error messages (the solver is generic over per-layer sizes).
+    """
+    spec.validate()
+    m = spec.multiple_of
+    if not isinstance(baseline, int) or baseline < 1:
+        raise TaperError(f"baseline {what} must be a positive integer, got {baseline!r}")
+    if n_layers < 1:
+        raise TaperError(f"n_layers must be >= 1, got {n_layers}")
+    target = n_layers * baseline if total is None else total
+    budget = f"{n_layers} x {baseline} = {target}" if total is None else f"{total} in total"
+    given = spec.given_sizes()
+    if given is not None:
+        return _checked_given_sizes(spec, given, n_layers, target, budget, what)
+    if total is not None and (total % m or total < n_layers * m):
+        raise TaperError(
+            f"the {what}s' total {total} is not a positive multiple of multiple_of={m} per layer"
+        )
+    if baseline % m:
+        raise TaperError(
+            f"baseline {what} {baseline} is not a multiple of multiple_of={m}; "
+            f"use a baseline divisible by {m} or a multiple_of that divides {baseline}"
+        )
+    r = multipliers(spec, n_layers)
+    direction, enforce = _order(spec, r)
+    _check_mean(spec, r)
+    unit = target / (n_layers * m)  # the mean size in steps of m
+    exact = [x * unit for x in r]  # ideal size in steps
+    steps = _rounded_steps(exact, r, baseline, m, what)
+    deficit = target // m - sum(steps)
+    if deficit:
+        _meet_budget(steps, exact, deficit, (direction, enforce), spec, r, budget)
+    return [s * m for s in steps]
+
+
+def _checked_given_sizes(
+    spec: TaperSpec, sizes: list[int], n_layers: int, target: int, budget: str, what: str
+) -> list[int]:
+    """Sizes given outright (custom widths), checked against the depth, budget and order."""
+    name = spec.schedule
+    if len(sizes) != n_layers:
+        raise TaperError(
+            f"{name} taper has {len(sizes)} widths but the model has {n_layers} layers; give exactly one per layer"
+        )
+    given = sum(sizes)
+    if given != target:
+        raise TaperError(
+            f"{name} {what}s sum to {given} but the budget is {budget} "
+            f"(off by {given - target:+d}); adjust the list so its sum equals the budget"
+        )
+    if spec.monotone and _direction([float(w) for w in sizes]) == 2:
+        raise TaperError(f"{name} {what}s {sizes} are not monotone but monotone=true was asked")
+    return sizes
+
+
+def _order(spec: TaperSpec, r: list[float]) -> tuple[int, bool]:
+    """(direction of the multipliers as `_direction`, whether the solver keeps it)."""
+    direction = _direction(r)
+    if spec.monotone and direction == 2:
+        raise TaperError(
+            f"taper {spec.to_string()} is not monotone across depth but monotone=true was asked"
+        )
+    # A measured (novelty) allocation is monotone only by chance: its order is not enforced.
+    auto = direction in (-1, 1) and not spec.measured
+    return direction, auto if spec.monotone is None else bool(spec.monotone)
+
+
+def _check_mean(spec: TaperSpec, r: list[float]) -> None:
+    mean = sum(r) / len(r)
+    if abs(mean - 1.0) > MAX_MEAN_DEVIATION:
+        raise TaperError(
+            f"taper {spec.to_string()} has mean multiplier {mean:.4g}, but a taper must keep the "
+            f"budget: the mean must be 1.0 (e.g. start + end = 2 for cosine/linear/sigmoid, "
+            f"group multipliers that average 1, custom multipliers that average 1)"
+        )
+
+
+def _rounded_steps(
+    exact: list[float], r: list[float], baseline: int, m: int, what: str
+) -> list[int]:
+    """Every layer's ideal size rounded to whole steps of m (half up); each must be > 0."""
+    steps = [math.floor(x + 0.5) for x in exact]
+    for i, s in enumerate(steps):
+        if s <= 0:
+            raise TaperError(
+                f"layer {i} {what} rounds to {s * m} (multiplier {r[i]:.4f} x {baseline}); "
+                f"every layer needs a positive width — raise the end multiplier or lower multiple_of"
+            )
+    return steps
+
+
+def _meet_budget(
+    steps: list[int],
+    exact: list[float],
+    deficit: int,
+    order: tuple[int, bool],
+    spec: TaperSpec,
+    r: list[float],
+    budget: str,
+) -> None:
+    """Move `deficit` steps onto the interior layers (every layer in a model of <= 2), one at a
+    time to the layer whose rounding error points that way most, keeping the order when
+    `order` says so (direction, enforce); `steps` is changed in place."""
+    direction, enforce = order
+    n_layers, m = len(steps), spec.multiple_of
+    interior = list(range(1, n_layers - 1)) if n_layers > 2 else list(range(n_layers))
+    while deficit:
+        sign = 1 if deficit > 0 else -1
+        best, best_key = -1, None
+        for i in interior:
+            new = steps[i] + sign
+            if new <= 0:
+                continue
+            if enforce and not _keeps_order(steps, i, new, direction):
+                continue
+            # Prefer the layer whose rounding error points the same way (largest remainder).
+            key = sign * (exact[i] - steps[i])
+            if best_key is None or key > best_key + 1e-12:
+                best, best_key = i, key
+        if best < 0:
+            mean = sum(r) / len(r)
+            raise TaperError(
+                f"taper {spec.to_string()} cannot meet the budget {budget} at multiple_of={m}: "
+                f"{abs(deficit)} more step(s) of {m} would have to be {'added' if deficit > 0 else 'removed'} "
+                f"without breaking {'the monotone order' if enforce else 'positivity'} "
+                f"(mean multiplier {mean:.4f}; it must be 1.0 — e.g. start + end = 2 for cosine/linear/sigmoid)"
+            )
+        steps[best] += sign
+        deficit -= sign
+
+
+def _keeps_order(steps: list[int], i: int, new: int, direction: int) -> bool:
+    prev_ok = i == 0 or (steps[i - 1] >= new if direction <= 0 else steps[i - 1] <= new)
+    next_ok = i == len(steps) - 1 or (
+        new >= steps[i + 1] if direction <= 0 else new <= steps[i + 1]
+    )
+    return prev_ok and next_ok
+
+
+def _direction(values: list[float]) -> int:
+    """+1 non-decreasing, -1 non-increasing, 0 constant, None-like 2 for neither."""
+    inc = all(b >= a for a, b in itertools.pairwise(values))
+    dec = all(b <= a for a, b in itertools.pairwise(values))
+    if inc and dec:
+        return 0
+    if dec:
+        return -1
+    if inc:
+        return 1
+    return 2
