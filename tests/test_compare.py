@@ -824,7 +824,8 @@ def _group_gone(pgid: int, wait_s: float = 10.0) -> bool:
 def test_train_ctrl_c_message_names_the_command():
     import argparse
 
-    from taperlm.cli import _interrupted, resume_command
+    from taperlm.cli import _interrupted
+    from taperlm.commands.common import resume_command
 
     argv = ["train", "--preset", "x", "--resume", "never", "--out", "r"]
     assert resume_command("train", argv) == "taperlm train --preset x --resume auto --out r"

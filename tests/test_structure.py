@@ -374,11 +374,7 @@ UPWARD_REASONS = {
 }
 # Violations in files that other parts of issue 30 are moving: file -> the rules it breaks and
 # why it waits. The lead empties this dict at merge (a stale entry fails the test below).
-PENDING: dict[str, str] = {
-    "src/taperlm/commands/train.py": "function-imports, upward-imports: train's part of issue 30",
-    "src/taperlm/models/lm.py": "function-imports: config's part of issue 30",
-    "src/taperlm/taper.py": "function-length: sched's part of issue 30",
-}
+PENDING: dict[str, str] = {}
 RULES = ("function-length", "module-length", "function-imports", "upward-imports")
 
 

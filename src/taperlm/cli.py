@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import shlex
 import sys
 
 from taperlm import __version__
+from taperlm.commands.common import resume_command
 from taperlm.device import is_out_of_memory, memory_error
 from taperlm.domains import check_arguments
 from taperlm.errors import TaperlmError
@@ -101,19 +101,6 @@ def main(argv: list[str] | None = None) -> int:
 # Commands whose work survives an interrupt (checkpoints, finished cells) and continues when the
 # same command runs again.
 RESUMABLE = ("train", "compare")
-
-
-def resume_command(command: str, argv: list[str]) -> str:
-    """The command line that continues an interrupted `command` (`--resume never` would refuse
-    the saved checkpoints, so it becomes `auto`); under torchrun, the same torchrun line."""
-    argv = list(argv)
-    for i, arg in enumerate(argv[:-1]):
-        if arg == "--resume" and argv[i + 1] == "never":
-            argv[i + 1] = "auto"
-    argv = [a if a != "--resume=never" else "--resume=auto" for a in argv]
-    if "LOCAL_RANK" in os.environ:  # under torchrun: its own options are not ours to know
-        return "torchrun <the same options> -m taperlm.cli " + shlex.join(argv)
-    return shlex.join(["taperlm", *argv])
 
 
 def _interrupted(args: argparse.Namespace, argv: list[str]) -> str:

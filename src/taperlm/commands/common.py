@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 
 from taperlm.config import (
@@ -158,3 +159,16 @@ def logger_names(values: list[list[str]] | None) -> list[str] | None:
     if "none" in names and len(set(names)) > 1:
         raise ConfigError("--logger none turns the loggers off; give it alone")
     return list(dict.fromkeys(n for n in names if n != "none"))
+
+
+def resume_command(command: str, argv: list[str]) -> str:
+    """The command line that continues an interrupted `command` (`--resume never` would refuse
+    the saved checkpoints, so it becomes `auto`); under torchrun, the same torchrun line."""
+    argv = list(argv)
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--resume" and argv[i + 1] == "never":
+            argv[i + 1] = "auto"
+    argv = [a if a != "--resume=never" else "--resume=auto" for a in argv]
+    if "LOCAL_RANK" in os.environ:  # under torchrun: its own options are not ours to know
+        return "torchrun <the same options> -m taperlm.cli " + shlex.join(argv)
+    return shlex.join(["taperlm", *argv])

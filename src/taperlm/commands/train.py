@@ -22,6 +22,7 @@ from taperlm.commands.common import (
     build_run_config,
     logger_names,
     print_notes,
+    resume_command,
 )
 from taperlm.domains import MAX_COUNT, input_path, number, output_path, up_to
 from taperlm.errors import ConfigError
@@ -80,7 +81,6 @@ def _resolve_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from taperlm.cli import resume_command
     from taperlm.training import distributed as D  # lazy: the CLI's parser stays torch-free
     from taperlm.training.loop import train  # lazy: the CLI's parser stays torch-free
 

@@ -14,7 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from taperlm.budget import memory_floor
 from taperlm.config import ModelConfig
+from taperlm.device import check_memory
 from taperlm.errors import ConfigError
 from taperlm.families import family
 from taperlm.models.layers import RMSNorm, Rotary, cross_entropy, init_weights
@@ -23,9 +25,6 @@ from taperlm.models.layers import RMSNorm, Rotary, cross_entropy, init_weights
 def _check_fits(cfg: ModelConfig) -> None:
     """Refuse, with the numbers, a model whose weights cannot fit where it is about to be built
     (nothing to check on the meta device)."""
-    from taperlm.budget import memory_floor
-    from taperlm.device import check_memory
-
     device = torch.empty(0).device
     if device.type == "meta":
         return
