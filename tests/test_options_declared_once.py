@@ -44,6 +44,7 @@ CONFIG_OPTIONS: dict[str, dict[str, tuple[type, str]]] = {
     "generate": {},
     "export": {},
     "novelty": {},
+    "eval": {},  # its options configure the evaluation runner, not a run config
 }
 # the command's own options (no config dataclass field behind them)
 COMMAND_OPTIONS: dict[str, set[str]] = {
@@ -59,6 +60,9 @@ COMMAND_OPTIONS: dict[str, set[str]] = {
     | {"--seed", "--step", "--device", "--no-cache", "--out"},
     "export": {"run", "--out", "--format", "--dtype", "--step", "--force"},
     "novelty": {"model", "--json", "--plot", "--out"} | _MEASURE,
+    "eval": {"run", "--tasks", "--data-dir", "--source", "--limit", "--niah-lengths"}
+    | {"--niah-haystack", "--niah-extrapolate", "--batch-size", "--max-length", "--step"}
+    | {"--device", "--dtype", "--json", "--out", "--samples", "--write-lm-eval-tasks"},
 }
 
 
