@@ -4,6 +4,7 @@ note, sizes that say what they depend on, and every command's --help."""
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -107,3 +108,26 @@ def test_compare_without_data_says_which_corpus_it_trains_on(tmp_path, monkeypat
     assert "data/default (prepared here) is used only with --data" in default_corpus_note(
         tmp_path / "cache"
     )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["plan", "--list-presets"], ["plan", "--preset", "transformer-440m", "--taper", "cosine"]],
+)
+def test_output_piped_into_a_reader_that_stopped_is_not_an_error(argv):
+    """`taperlm plan ... | head -1`: once the reader has closed the pipe, the command ends quietly
+    with status 0, no BrokenPipeError traceback (the CLI catches it for every command). The
+    pipe's read end is closed before the command writes, so every write fails."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    code = "import sys; from taperlm.cli import main; sys.exit(main(sys.argv[1:]))"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, *argv], stdout=write_end, stderr=subprocess.PIPE,
+            text=True, env=env, timeout=120,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    assert done.returncode == 0, done.stderr

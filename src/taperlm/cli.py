@@ -82,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     except TaperlmError as err:
         print(f"taperlm {args._command}: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading: not an error
+        # (before `except Exception`, which would re-raise it); stdout goes to /dev/null so that
+        # the interpreter's final flush does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as err:  # an allocation anywhere: one line, not torch's traceback
         if not is_out_of_memory(err):
             raise
@@ -89,9 +94,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"taperlm {args._command}: error: {memory_error(err, '', hint)}",
               file=sys.stderr)  # fmt: skip
         return 2
-    except BrokenPipeError:  # output piped into `head` and closed early
-        sys.stderr.close()
-        return 0
     except KeyboardInterrupt:
         if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, one message
             print(_interrupted(args, argv), file=sys.stderr)
