@@ -522,6 +522,65 @@ def test_compile_failure_warns_and_trains_eagerly(data_dir, tmp_path, monkeypatc
     assert torch._dynamo.config.recompile_limit >= n_widths + 8  # one entry per width + margin
 
 
+def _failing_backend(where: str):
+    """A torch.compile backend (AOTAutograd, graphs run as traced) that fails where asked:
+    compiling the forward, compiling the backward (lazily, at the first loss.backward()), or
+    running the backward the second time (the step's second micro-batch, after the first one
+    accumulated gradients)."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    calls = {"backward": 0}
+
+    def fw(gm, example_inputs):
+        if where == "forward-compile":
+            raise RuntimeError("inductor: C++ compile of the forward kernels failed")
+        return make_boxed_func(gm.forward)
+
+    def bw(gm, example_inputs):
+        if where == "backward-compile":
+            raise RuntimeError("inductor: C++ compile of the backward kernels failed")
+
+        def run(args):
+            calls["backward"] += 1
+            if calls["backward"] == 2:
+                raise RuntimeError("inductor: compiled backward kernel failed")
+            return gm(*args)
+
+        run._boxed_call = True
+        return run
+
+    return aot_autograd(fw_compiler=fw, bw_compiler=bw)
+
+
+@pytest.mark.parametrize("scope", ["model", "blocks"])
+@pytest.mark.parametrize("where", ["forward-compile", "backward-compile", "backward-run"])
+def test_compile_failure_anywhere_in_the_step_trains_exactly_as_eager(
+    data_dir, tmp_path, monkeypatch, scope, where
+):
+    """A compile failure at any point of the first step (the forward, the lazily compiled
+    backward, a backward of the second micro-batch after the first accumulated gradients)
+    falls back to eager once and redoes the step from zero gradients on the same
+    micro-batches: every logged loss equals an eager run's exactly."""
+    import torch._dynamo
+
+    eager = tiny_config(data_dir, "train.tokens=768")
+    train(eager, tmp_path / "eager", progress=False)
+    real_compile = torch.compile
+    backend = _failing_backend(where)
+    monkeypatch.setattr(torch, "compile", lambda fn, **k: real_compile(fn, backend=backend))
+    torch._dynamo.reset()
+    cfg = tiny_config(
+        data_dir, "train.tokens=768", "train.compile=true", f"train.compile_scope={scope}"
+    )
+    with pytest.warns(TrainingWarning, match="torch.compile failed") as caught:
+        train(cfg, tmp_path / "c", progress=False)
+    torch._dynamo.reset()
+    assert sum("torch.compile failed" in str(w.message) for w in caught) == 1
+    assert losses(tmp_path / "c") == losses(tmp_path / "eager")
+    assert val_losses(tmp_path / "c") == val_losses(tmp_path / "eager")
+
+
 def test_metrics_json_is_strict(reference):
     for line in (reference / "metrics.jsonl").read_text().splitlines():
         json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))

@@ -1,6 +1,7 @@
 """torch.compile for training: of the whole model or of each block's forward, with dynamo's
 recompile limits raised to the model's number of layer shapes, and undone (eager again) when
-compiling fails at setup or at the first call."""
+compiling fails at setup or later (the forward or the lazily compiled backward, at the first call
+or a recompile: the trainer's `_micro_steps`)."""
 
 from __future__ import annotations
 
@@ -25,21 +26,22 @@ def raise_compile_limits(n_shapes: int) -> None:
 
 def compile_forward(
     model: torch.nn.Module, module: torch.nn.Module, scope: str, n_shapes: int
-) -> torch.nn.Module:
+) -> tuple[torch.nn.Module, bool]:
     """torch.compile `module` (the model, maybe wrapped) whole, or (scope "blocks") each of
     `model`'s blocks' forward in place (parameter names, FSDP hooks and activation
-    checkpointing stay outside the graphs); on failure warn and return `module` eager."""
+    checkpointing stay outside the graphs). Returns (the forward to call, whether it is
+    compiled); on failure warns and returns `module` eager."""
     raise_compile_limits(n_shapes)
     try:
         if scope == "blocks":
             for block in model.blocks:
                 block.forward = torch.compile(block.forward)
-            return module
-        return torch.compile(module)
+            return module, True
+        return torch.compile(module), True
     except Exception as err:  # e.g. unsupported platform
         uncompile(model)
         warn(f"torch.compile failed ({type(err).__name__}: {err}); training eagerly")
-        return module
+        return module, False
 
 
 def uncompile(model: torch.nn.Module) -> None:

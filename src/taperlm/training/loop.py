@@ -157,10 +157,10 @@ class Trainer:
             torch.use_deterministic_algorithms(True, warn_only=True)
         seed_everything(self.cfg.seed)
         self.model, self.wrapped, periods = build_training_model(self.run, self.info)
-        self.forward = self.wrapped
+        self.forward, self.compiled = self.wrapped, False
         if self.cfg.compile:
             widths = set(self.run.model.mlp_widths or [])
-            self.forward = compile_forward(
+            self.forward, self.compiled = compile_forward(
                 self.model, self.wrapped, self.cfg.compile_scope, len(widths) + 1
             )
         self.optimizer = build_optimizer(self.model, self.cfg, self.device, periods)
@@ -180,15 +180,12 @@ class Trainer:
 
     def _forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with autocast(self.device, self.cfg.precision):
-            try:
-                return self.forward(x, targets=y).loss
-            except Exception as err:
-                if not self.cfg.compile or not is_compile_error(err):
-                    raise
-                warn(f"torch.compile failed ({type(err).__name__}: {err}); training eagerly")
-                uncompile(self.model)
-                self.forward = self.wrapped
-                return self.forward(x, targets=y).loss
+            return self.forward(x, targets=y).loss
+
+    def _fall_back_to_eager(self, err: Exception) -> None:
+        warn(f"torch.compile failed ({type(err).__name__}: {err}); training eagerly")
+        uncompile(self.model)
+        self.forward, self.compiled = self.wrapped, False
 
     def _log(self, record: dict[str, Any]) -> None:
         self._guard_metrics(self.metrics.write, record)
@@ -292,9 +289,29 @@ class Trainer:
     # -- training ------------------------------------------------------------------------------
 
     def _micro_steps(self, poison: bool) -> torch.Tensor:
+        """Forward and backward of the step's micro-batches. Compiling happens at the first call
+        of the forward and (lazily) of the backward, and again at a recompile: if either fails,
+        the step starts over eagerly on the same micro-batches, from zero gradients (a failed
+        backward may already have accumulated some)."""
+        drawn: list[tuple[torch.Tensor, torch.Tensor]] = []
+        try:
+            return self._accumulate(drawn, poison)
+        except Exception as err:
+            if not (self.compiled and is_compile_error(err)):
+                raise
+            self._fall_back_to_eager(err)
+            self.optimizer.zero_grad(set_to_none=True)
+            return self._accumulate(drawn, poison)
+
+    def _accumulate(
+        self, drawn: list[tuple[torch.Tensor, torch.Tensor]], poison: bool
+    ) -> torch.Tensor:
+        """One pass over the step's micro-batches: those in `drawn` again, then new ones."""
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(self.accum):
-            x, y = next(self._iter)
+            if micro == len(drawn):
+                drawn.append(next(self._iter))
+            x, y = drawn[micro]
             self._check_ids(x, y)
             x = x.to(self.device, non_blocking=True)
             y = y.to(self.device, non_blocking=True)
