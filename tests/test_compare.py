@@ -289,6 +289,22 @@ def test_changed_eval_settings_reevaluate_without_training(finished):
     assert rc == 0 and stderr.count(": re-evaluated;") == 6
 
 
+def test_same_novelty_text_at_another_path_keeps_cells_cached(finished, tmp_path):
+    """Cells know their novelty text by content: the same file moved (a re-install, another
+    ../shared) re-evaluates nothing; the fixture's own settings then re-evaluate again."""
+    _, args, _ = finished
+    first, moved = tmp_path / "a" / "novelty.txt", tmp_path / "b" / "elsewhere.txt"
+    for path in (first, moved):
+        path.parent.mkdir()
+        path.write_text("the quick brown fox jumps over the lazy dog\n" * 400)
+    rc, _, stderr = _cli([*args, "--novelty-data", str(first)])
+    assert rc == 0 and stderr.count(": re-evaluated;") == 6, stderr
+    rc, _, stderr = _cli([*args, "--novelty-data", str(moved)])
+    assert rc == 0 and ": re-evaluated;" not in stderr and ": trained;" not in stderr, stderr
+    rc, _, stderr = _cli(args)  # back to the fixture's settings for the other tests
+    assert rc == 0 and stderr.count(": re-evaluated;") == 6
+
+
 def test_interrupted_cell_resumes_from_its_checkpoint(finished):
     out, args, _ = finished
     cell = out / "runs" / "late-s1"

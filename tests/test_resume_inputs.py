@@ -33,8 +33,9 @@ RESUMABLE = {
                                       "tests/test_data_prepare.py::test_resume_after_an_interrupt_is_byte_identical"),
     "train": ("config (tests/test_bad_input.py row 45), data identity and tokenizer (row 46)",
               "tests/test_run_data.py"),
-    "compare cells": ("config, data identity, evaluation settings and the novelty text's content",
-                      "test_compare_cells_see_an_edited_novelty_text"),
+    "compare cells": ("config, data identity, evaluation settings and the content (not the path) "
+                      "of the novelty text and the task files",
+                      "test_compare_cells_know_their_inputs_by_content_not_by_path"),
     "compare default-corpus cache": ("the installed files and the pipeline version (its name)",
                                      "test_default_corpus_cache_is_keyed_by_its_inputs"),
 }  # fmt: skip
@@ -154,7 +155,76 @@ def test_compare_cells_see_an_edited_novelty_text(tmp_path):
     assert settings.to_dict() == before
     same_size_edit(text, 3)
     assert settings.to_dict() != before  # cell_state then re-evaluates instead of "cached"
-    assert "novelty_text_identity" not in EvalSettings().to_dict()  # the val split: no file
+    assert "input_identity" not in EvalSettings().to_dict()  # the val split: no file
+
+
+def _settings_with_inputs(root: Path):
+    """EvalSettings whose every input file (novelty text, a zero-shot task's local files) lies
+    under `root`."""
+    from taperlm.compare.runner import EvalSettings
+    from taperlm.evaluation.registry import get_task
+
+    (root / "wiki.txt").parent.mkdir(parents=True, exist_ok=True)
+    (root / "wiki.txt").write_text("some text to measure novelty on\n" * 100)
+    for rel in get_task("piqa").files:
+        (root / "data" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / "data" / rel).write_text(f"{rel} line\n" * 50)
+    return EvalSettings(
+        novelty_text=str(root / "wiki.txt"), eval_data=str(root / "data"), eval_tasks=["piqa"]
+    )
+
+
+def test_compare_cells_know_their_inputs_by_content_not_by_path(tmp_path):
+    """Every input path of the eval settings: the same files reached through another path (a
+    re-install, a moved ../shared) keep finished cells cached; an edit to any one of them
+    re-evaluates. A new EvalSettings field must say whether it names an input file."""
+    import dataclasses
+
+    from taperlm.compare.runner import _INPUT_PATHS, EvalSettings, evaluation_key
+
+    not_paths = {"val_tokens", "eval_tasks", "eval_limit", "eval_batch_size", "novelty_tokens",
+                 "niah_lengths", "niah_haystack"}  # fmt: skip
+    assert {f.name for f in dataclasses.fields(EvalSettings)} == {*_INPUT_PATHS, *not_paths}
+    here = _settings_with_inputs(tmp_path / "here").to_dict()
+    moved = _settings_with_inputs(tmp_path / "moved").to_dict()
+    assert here != moved and evaluation_key(here) == evaluation_key(moved)
+    for rel in ["wiki.txt", *(f"data/{f}" for f in ("piqa/valid.jsonl", "piqa/valid-labels.lst"))]:
+        same_size_edit(tmp_path / "moved" / rel, 1)
+        edited = _settings_with_inputs_read(tmp_path / "moved")
+        assert evaluation_key(edited) != evaluation_key(here), rel
+        _settings_with_inputs(tmp_path / "moved")  # back to the original content
+        assert evaluation_key(_settings_with_inputs_read(tmp_path / "moved")) == evaluation_key(
+            here
+        )
+    other = dict(here, novelty_tokens=here["novelty_tokens"] + 1)  # a setting still counts
+    assert evaluation_key(other) != evaluation_key(here)
+
+
+def _settings_with_inputs_read(root: Path) -> dict:
+    from taperlm.compare.runner import EvalSettings
+
+    return EvalSettings(
+        novelty_text=str(root / "wiki.txt"), eval_data=str(root / "data"), eval_tasks=["piqa"]
+    ).to_dict()
+
+
+def test_cells_recorded_with_path_bound_identities_stay_cached(tmp_path):
+    """A result written before identities were by content ([size, mtime, ctime, digest] of the
+    novelty text, at its old path) is still recognised as the same evaluation."""
+    from taperlm.compare.runner import EvalSettings, evaluation_key
+    from taperlm.io import file_identity
+
+    text = tmp_path / "new" / "wiki.txt"
+    text.parent.mkdir()
+    text.write_text("novelty prose\n" * 40)
+    old = EvalSettings(novelty_tokens=64).to_dict()
+    old.update(novelty_text="/old/place/wiki.txt", novelty_text_identity=file_identity(text))
+    current = EvalSettings(novelty_text=str(text), novelty_tokens=64).to_dict()
+    assert evaluation_key(old) == evaluation_key(current)
+    same_size_edit(text, 2)
+    assert evaluation_key(old) != evaluation_key(
+        EvalSettings(novelty_text=str(text), novelty_tokens=64).to_dict()
+    )
 
 
 def test_default_corpus_cache_is_keyed_by_its_inputs(tmp_path, monkeypatch):

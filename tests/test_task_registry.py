@@ -90,6 +90,23 @@ def test_toy_task_runs_through_eval(toy_task, run_dir, tmp_path, capsys):
     assert printed["tasks"]["toy_pick"]["metrics"] == res["metrics"]
 
 
+def test_toy_task_is_a_compare_option(toy_task, tmp_path):
+    """`compare --eval-tasks` reads the same registry: the toy task is accepted by name and
+    belongs to `all` (after the paper suite and NIAH, whose order the reports keep)."""
+    from taperlm.compare.inputs import compare_task_groups, eval_settings
+    from taperlm.compare.options import CompareOptions
+
+    groups = compare_task_groups()
+    assert groups["all"][-1] == "toy_pick" and "toy_pick" not in groups["paper"]
+    assert groups["all"][: len(groups["paper"])] == zero_shot_tasks()
+    data = tmp_path / "eval"
+    (data / "toy").mkdir(parents=True)
+    (data / "toy" / "pick.txt").write_text("sky?|blue|green|0\n", encoding="utf-8")
+    opts = CompareOptions(out=tmp_path / "c", eval_tasks="toy_pick", eval_data=data)
+    settings = eval_settings(opts)
+    assert settings.eval_tasks == ["toy_pick"] and settings.eval_data == str(data.resolve())
+
+
 def test_the_registry_is_the_one_table():
     assert "toy_pick" not in TASKS  # the fixture cleaned up
     assert task_names("paper") == ["val", *zero_shot_tasks()]

@@ -21,7 +21,7 @@ from taperlm.errors import ConfigError, DataError
 from taperlm.evaluation.locate import eval_data_dir, wikitext_test
 from taperlm.evaluation.niah import DEFAULT_HAYSTACK, parse_lengths
 from taperlm.evaluation.niah import TASKS as NIAH_TASKS
-from taperlm.evaluation.registry import needs_haystack, zero_shot_tasks
+from taperlm.evaluation.registry import needs_haystack, task_names, zero_shot_tasks
 from taperlm.evaluation.suite import parse_task_list
 
 DEFAULT_CORPUS_TOKENIZER = "bpe:2048"
@@ -91,11 +91,19 @@ def default_corpus_note(target: Path) -> str:
     )
 
 
+def compare_task_groups() -> dict[str, list[str]]:
+    """--eval-tasks groups, from the task registry: `paper` (the zero-shot suite), `niah`, and
+    `all` = those, then every other registered task (a task registered later is a compare
+    option as it is an `eval` one). `val` is not among them: compare always measures it."""
+    suite, needles = zero_shot_tasks(), task_names("niah")
+    others = [t for t in task_names() if t not in ("val", *suite, *needles)]
+    return {"paper": suite, "niah": needles, "all": [*suite, *needles, *others]}
+
+
 def eval_settings(opts: CompareOptions) -> EvalSettings:
     """How every cell is evaluated (zero-shot tasks, their data, novelty text and tokens); the
     options' ranges are checked by `check_option_ranges`."""
-    suite = tuple(zero_shot_tasks())
-    groups = {"paper": suite, "niah": NIAH_TASKS, "all": (*suite, *NIAH_TASKS)}
+    groups = compare_task_groups()
     tasks = parse_task_list(
         opts.eval_tasks, groups["all"], "--eval-tasks", skip=("none", "val"), groups=groups
     )

@@ -28,6 +28,7 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -44,7 +45,7 @@ from taperlm.device import resolve_device
 from taperlm.errors import ConfigError, DataError
 from taperlm.evaluation import niah
 from taperlm.evaluation.registry import get_task, load_task, needs_haystack
-from taperlm.io import atomic_write_json, file_identity, finite_json
+from taperlm.io import atomic_write_json, finite_json, sha256_file
 from taperlm.outdirs import claim
 from taperlm.runlock import locked
 from taperlm.training.checkpoint.store import list_checkpoints
@@ -78,18 +79,69 @@ class EvalSettings:
         for key in ("niah_lengths", "niah_haystack"):  # as before they existed: caches stay valid
             if d[key] is None:
                 del d[key]
-        if self.novelty_text:  # the file by content too: an edit re-evaluates the cells
-            with contextlib.suppress(OSError):
-                d[_NOVELTY_IDENTITY] = file_identity(self.novelty_text)
+        identity = self.input_identity()
+        if identity:
+            d[_INPUT_IDENTITY] = identity
         return d
+
+    def input_identity(self) -> dict[str, Any]:
+        """What the input files are, by content ([size, sha256]), not where they are: the
+        novelty text and every local file of the zero-shot tasks. An edited file re-evaluates
+        the cells; the same files reached through another path (a re-install, a moved
+        ../shared) do not."""
+        identity: dict[str, Any] = {}
+        if self.novelty_text:
+            with contextlib.suppress(OSError):
+                identity["novelty_text"] = _content_identity(self.novelty_text)
+        if self.eval_data:
+            files = {}
+            for name in self.eval_tasks:
+                for rel in get_task(name).files:
+                    with contextlib.suppress(OSError):
+                        files[rel] = _content_identity(Path(self.eval_data) / rel)
+            if files:
+                identity["eval_data"] = files
+        return identity
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EvalSettings:
         """The settings `to_dict` wrote (the input identities it adds are not settings)."""
-        return cls(**{k: v for k, v in d.items() if k != _NOVELTY_IDENTITY})
+        return cls(**{k: v for k, v in d.items() if k not in _IDENTITY_KEYS})
 
 
-_NOVELTY_IDENTITY = "novelty_text_identity"
+_INPUT_IDENTITY = "input_identity"
+_LEGACY_NOVELTY_IDENTITY = "novelty_text_identity"  # [size, mtime, ctime, digest], path-bound
+_IDENTITY_KEYS = (_INPUT_IDENTITY, _LEGACY_NOVELTY_IDENTITY)
+_INPUT_PATHS = ("novelty_text", "eval_data")
+
+
+_DIGESTS: dict[tuple, list[Any]] = {}  # (path, stat) -> [size, sha256]: each file read once
+
+
+def _content_identity(path: str | Path) -> list[Any]:
+    """[size, sha256 of the whole file], remembered while the file's stat is unchanged (every
+    cell of a grid asks)."""
+    st = os.stat(path)
+    memo = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if memo not in _DIGESTS:
+        _DIGESTS[memo] = [st.st_size, sha256_file(path)]
+    return _DIGESTS[memo]
+
+
+def evaluation_key(settings: dict[str, Any]) -> dict[str, Any]:
+    """The part of a cell's recorded eval settings that decides whether its numbers still hold:
+    the settings without the input files' paths, with their content identities (a result
+    recorded before identities were by content keeps its novelty text's size and digest)."""
+    key = {k: v for k, v in settings.items() if k not in (*_INPUT_PATHS, *_IDENTITY_KEYS)}
+    identity = dict(settings.get(_INPUT_IDENTITY) or {})
+    legacy = settings.get(_LEGACY_NOVELTY_IDENTITY)
+    if legacy and len(legacy) == 4:
+        identity["novelty_text"] = [legacy[0], legacy[3]]
+    for path_key in _INPUT_PATHS:  # a file given but unreadable: its path is all there is
+        if settings.get(path_key) and path_key not in identity:
+            identity[path_key] = settings[path_key]
+    key[_INPUT_IDENTITY] = identity
+    return key
 
 
 # ----------------------------------------------------------------------------------------------
@@ -318,7 +370,7 @@ def cell_state(cell: Cell, run_dir: Path, settings: dict[str, Any]) -> tuple[str
     cached = read_result(run_dir)
     if cached is not None:
         _check_saved_config(run_dir, cached["config"], cell, "was trained with a different config")
-        if cached.get("eval_settings") == settings:
+        if evaluation_key(cached.get("eval_settings") or {}) == evaluation_key(settings):
             return "cached", cached
         total_steps = cell.config.train.steps
         if _has_final_checkpoint(run_dir, total_steps):
