@@ -134,3 +134,33 @@ def test_bad_tuning_options_fail_before_any_work(extra, msg, tmp_path):
     rc, _, err = _cli(["compare", *TINY, *extra, "--out", str(tmp_path / "o")])
     assert rc != 0 and msg in err
     assert not (tmp_path / "o" / "runs").exists()
+
+
+def test_robustness_summary_reads_the_reports_numbers(tuned, tmp_path, capsys):
+    """benchmarks/robustness.py (docs/compare.md's robustness table) takes every number from
+    the reports: a --tune-lr report gives a shared-lr and an own-lr row per tapered allocation."""
+    import sys
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        import robustness
+    finally:
+        sys.path.remove(str(bench))
+    out, rep, _ = tuned
+    rc = robustness.main(
+        ["--report", f"tiny={out}", "--report", f"absent={tmp_path / 'none'}",
+         "--plot", str(tmp_path / "r.png"), "--json", str(tmp_path / "r.json")]
+    )  # fmt: skip
+    assert rc == 0 and (tmp_path / "r.png").stat().st_size > 0
+    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
+    tapered = [a for a in rep["allocations"] if a.get("diff_vs_uniform")]
+    assert len(rows) == 2 * len(tapered)
+    tuned_by_name = {t["name"]: t for t in rep["lr_tuning"]["tuned"]}
+    for alloc, shared, own in zip(tapered, rows[::2], rows[1::2]):
+        assert shared["mean"] == alloc["diff_vs_uniform"]["val_loss"]["mean"]
+        assert shared["ci"] == alloc["diff_vs_uniform"]["val_loss"]["ci"]
+        assert own["mean"] == tuned_by_name[alloc["name"]]["tuned_diff"]["mean"]
+        assert "(own)" in own["lr"] and "(shared)" in shared["lr"]
+    shown = capsys.readouterr()
+    assert "no report at" in shown.err and f"{rows[0]['mean']:+.4f}" in shown.out
