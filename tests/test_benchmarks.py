@@ -474,3 +474,18 @@ def test_op_count_compiled(tmp_path):
     eager, compiled = json.loads(out.read_text())["rows"]
     assert compiled["mode"] == "compile" and compiled["top"].get("generated kernel", 0) > 0
     assert compiled["kernels"] < eager["kernels"]
+
+
+@pytest.mark.slow
+def test_titans_compile_smoke(tmp_path):
+    """benchmarks/titans_compile.py compiles a 1-layer titans-mag at 2 chunk steps (this tree
+    only) and records its warm-up and kernels (~1-3 min of Inductor)."""
+    import subprocess
+
+    out = tmp_path / "tc.json"
+    cmd = [sys.executable, str(BENCH / "titans_compile.py"), "--only", "after", "--cases",
+           "m1-32", "--cap", "900", "--json", str(out)]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["tree"] == "after" and row["chunks"] == 2 and "error" not in row, row
+    assert row["kernels"] > 0 and row["warmup_s"] > 0
