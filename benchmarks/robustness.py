@@ -79,7 +79,7 @@ def rows_of(label: str, report: dict[str, Any]) -> list[dict[str, Any]]:
 def markdown(rows: list[dict[str, Any]]) -> str:
     head = (
         "| runs | allocation | init | lr (taper / uniform) | seeds | Δ val loss vs uniform "
-        "[95% CI] | seeds better | wall |\n|---|---|---|---|---|---|---|---|\n"
+        "[95% CI] | seeds better | wall, last invocation |\n|---|---|---|---|---|---|---|---|\n"
     )
     body = "".join(
         f"| {r['report']} | {r['allocation']} | {r['init']} | {r['lr']} | {r['n']} | "
@@ -97,7 +97,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # lazy: only for --plot
 
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.4))
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(rows) + 1.6))
     for i, r in enumerate(reversed(rows)):
         lo, hi = r["ci"]
         colour = "tab:blue" if "(own)" not in r["lr"] else "tab:orange"
@@ -106,8 +106,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     labels = [f"{r['report']}, lr {r['lr']}" for r in reversed(rows)]
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
     ax.axvline(0.0, color="grey", lw=1, ls="--")
-    ax.set_xlabel("Δ validation loss, tapered − uniform (nats; mean and 95% CI over seeds)")
-    ax.set_title("cosine 1.5→0.5 vs uniform (transformer-micro) under other recipes")
+    ax.set_xlabel("Δ val loss, tapered − uniform (nats): mean, 95% CI over seeds")
+    ax.set_title("cosine 1.5→0.5 vs uniform, transformer-micro, other recipes")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -150,3 +150,16 @@ def test_taper_overhead_table_matches_its_json():
             assert shown_matches(cell, r[name]), (
                 f"{preset} x{multiple_of} {name}: {cell} vs {r[name]}"
             )
+
+
+def test_robustness_table_matches_its_json():
+    """docs/compare.md's robustness table is benchmarks/robustness.py's rendering of
+    results/robustness.json (every number read from the compare reports), row for row."""
+    import json
+
+    import robustness
+
+    data = json.loads((ROOT / "benchmarks/results/robustness.json").read_text())
+    assert len(data["rows"]) == 8 and not data["missing"]
+    page = (ROOT / "docs/compare.md").read_text(encoding="utf-8")
+    assert robustness.markdown(data["rows"]) in page
