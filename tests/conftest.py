@@ -12,6 +12,7 @@ copy.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -53,6 +54,22 @@ def tiny_config(
     if opts:
         cfg.options = dataclasses.replace(cfg.options, **opts)
     return cfg.resolve() if resolve else cfg
+
+
+def import_docs_example(
+    page: str, heading: str, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Any:
+    """The first ```python block after `heading` in docs/`page`, written to a file and imported
+    as module `name` (in sys.modules until the test ends): the docs' example run as written."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / page).read_text(encoding="utf-8")
+    source = text.split(heading, 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / f"{name}.py"
+    path.write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    return module
 
 
 def torchrun_command(*args: str, nproc: int = 2) -> list[str]:

@@ -5,39 +5,27 @@ taper; unregistered after, it is gone again."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
+from conftest import import_docs_example
 from taperlm.cli import main
 from taperlm.config import from_dict
 from taperlm.errors import TaperError
 from taperlm.solver import solve_sizes
 from taperlm.taper import SCHEDULES, TaperSpec, describe, multipliers, register_schedule
 
-REPO = Path(__file__).resolve().parents[1]
 BUILT_IN = "uniform, cosine, linear, sigmoid, groups, custom, novelty"
-
-
-def _doc_schedule_source() -> str:
-    text = (REPO / "docs" / "tapers.md").read_text(encoding="utf-8")
-    section = text.split("## Adding a schedule", 1)[1]
-    return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
 @pytest.fixture
 def step_schedule(tmp_path, monkeypatch):
     """The docs' module, imported from a file (its last line registers `step`); unregistered after."""
-    path = tmp_path / "step_schedule.py"
-    path.write_text(_doc_schedule_source(), encoding="utf-8")
-    spec = importlib.util.spec_from_file_location("step_schedule", path)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
     try:
-        spec.loader.exec_module(module)
+        import_docs_example(
+            "tapers.md", "## Adding a schedule", "step_schedule", tmp_path, monkeypatch
+        )
         yield SCHEDULES["step"]
     finally:
         SCHEDULES.pop("step", None)

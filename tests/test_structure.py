@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import importlib.util
 import json
 import re
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import import_docs_example
 from taperlm import budget, families
 from taperlm.cli import main
 from taperlm.config import (
@@ -38,21 +38,12 @@ SRC = REPO / "src" / "taperlm"
 # a fifth family: the example of docs/architectures.md, run as written
 
 
-def _doc_family_source() -> str:
-    text = (REPO / "docs" / "architectures.md").read_text(encoding="utf-8")
-    section = text.split("## Adding a family", 1)[1]
-    return section.split("```python\n", 1)[1].split("```", 1)[0]
-
-
 @pytest.fixture
 def plainmlp(tmp_path, monkeypatch):
     """The docs' module, imported from a file and registered with one line; unregistered after."""
-    path = tmp_path / "plainmlp.py"
-    path.write_text(_doc_family_source(), encoding="utf-8")
-    spec = importlib.util.spec_from_file_location("plainmlp_family", path)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
+    module = import_docs_example(
+        "architectures.md", "## Adding a family", "plainmlp_family", tmp_path, monkeypatch
+    )
     families.register(module.FAMILY)  # the one registry line
     yield module
     del families.FAMILIES[module.FAMILY.name]
