@@ -4,6 +4,7 @@ scale: every point a tuned comparison, the report and figure written, a rerun tr
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from pathlib import Path
@@ -177,3 +178,36 @@ def test_paper_sizes_plan():
     assert base.train.seq_len == 4096 and 0 <= base.train.tokens - 15_000_000_000 < 524_288
     with pytest.raises(ConfigError, match="unknown size"):
         scaling.plan_for(CompareOptions(out=Path("x"), paper="scaling", preset_size="huge"))
+
+
+# Every compare mode owns its --out folder from the first file it writes, so a run stopped before
+# its first report (Ctrl-C in the first cell, a killed session) resumes instead of being refused
+# as "not a taperlm compare folder" -- what happened to a scaling sweep stopped in its first point.
+INTERRUPTED_MODES = {
+    "controlled": TINY,
+    "families": ["--paper", "families", "--families", "transformer", *TINY[2:]],
+    "scaling": ["--paper", "scaling", *TOY_ARGS, "--lr-grid", "2e-3,8e-3", "--tune-seeds", "1"],
+}
+
+
+@pytest.mark.parametrize("mode", sorted(INTERRUPTED_MODES))
+def test_a_compare_stopped_in_its_first_cell_resumes(mode, data_dir, tmp_path, monkeypatch):  # noqa: F811
+    from taperlm.compare import scheduler
+    from taperlm.outdirs import check_folder, kind_of
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(scheduler, "run_cell", stop)
+    toy = functools.partial(scaling.run_scaling, plan=TOY)  # the CLI's sweep, at toy sizes
+    monkeypatch.setattr(scaling, "run_scaling", toy)
+    out = tmp_path / "o"
+    args = ["compare", *INTERRUPTED_MODES[mode], "--seeds", "1", "--data", str(data_dir)]
+    if mode != "scaling":
+        args += ["--tokens", "128"]
+    rc, _, err = _cli([*args, "--out", str(out), "--jobs", "1"])
+    assert rc == 130, err  # stopped, as by Ctrl-C
+    assert kind_of(out) == "compare"  # the folder says whose it is ...
+    check_folder(out, "compare", "--out")  # ... so the rerun's check lets it through
+    rc, _, err = _cli([*args, "--out", str(out), "--jobs", "1"])
+    assert rc == 130 and "not empty" not in err, err  # the rerun went back to work

@@ -40,6 +40,7 @@ from taperlm.compare.report import diff_ci, md_table, produced_by
 from taperlm.compare.reproduce import run_arguments
 from taperlm.errors import ConfigError
 from taperlm.io import atomic_write_json, atomic_write_text
+from taperlm.outdirs import check_folder, claim
 from taperlm.presets import PAPER_SHAPES, SMALL_SHAPES
 from taperlm.runlock import locked
 from taperlm.taper import TaperSpec
@@ -168,7 +169,8 @@ def run_scaling(opts, plan: ScalingPlan = DEFAULT_PLAN) -> tuple[Path, Path]:
     points = point_options(opts, plan_for(opts, plan))
     for *_, sub in points:  # nothing trains before every point is known to be valid
         check_options(sub)
-    opts.out.mkdir(parents=True, exist_ok=True)
+    check_folder(opts.out, "compare", "--out")
+    claim(opts.out, "compare")  # its own from the first file on: an interrupted sweep resumes
     with locked(opts.out, "scaling folder"):
         docs: dict[str, dict[str, Any]] = {}
         for i, (key, size, tokens, sub) in enumerate(points, 1):
