@@ -32,10 +32,9 @@ from taperlm.domains import (
 # behind it: taperlm.compare.recipe).
 DEFAULT_PRESET = "transformer-micro"
 DEFAULT_SEEDS = 15
-# --paper grids (4 to 16 allocations, or a table of families) default to fewer seeds per allocation
+# --paper grids (4 to 16 allocations, a table of families, the scaling sweep's 6 points) default
+# to fewer seeds per allocation (the scaling sweep: ~2.5 h on 2 idle cores at 5)
 PAPER_MODE_SEEDS = 5
-# --paper scaling fits a curve per point, from 5 allocations: more seeds (~2.7 h on 2 cores)
-SCALING_SEEDS = 8
 DEFAULT_TOKENS = 327_680  # 320 steps of 1,024 tokens
 DEFAULT_VAL_TOKENS = 131_072  # the built-in corpus's val split has 134,528 at bpe:2048
 DEFAULT_NOVELTY_TOKENS = 2048
@@ -127,8 +126,7 @@ class CompareOptions:
     )
     seeds: int | None = option(  # None: DEFAULT_SEEDS, or PAPER_MODE_SEEDS with --paper
         "--seeds",
-        f"seeds 0..N-1 [{DEFAULT_SEEDS}; {PAPER_MODE_SEEDS} with --paper, "
-        f"{SCALING_SEEDS} with --paper scaling]",
+        f"seeds 0..N-1 [{DEFAULT_SEEDS}; {PAPER_MODE_SEEDS} with --paper]",
         domain=up_to(MAX_COUNT),
     )
     tokens: int | None = option(
@@ -239,7 +237,6 @@ class CompareOptions:
     def __post_init__(self) -> None:
         if self.seeds is None:
             self.seeds = PAPER_MODE_SEEDS if self.paper else DEFAULT_SEEDS
-            self.seeds = SCALING_SEEDS if self.paper == "scaling" else self.seeds
 
 
 def declared_options() -> list[dataclasses.Field]:
