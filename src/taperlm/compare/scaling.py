@@ -307,10 +307,9 @@ def write_scaling_report(points, docs, out: Path, meta: dict[str, Any]) -> tuple
     return out / "report.md", out / "report.json"
 
 
-def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any], plot: str | None) -> str:
-    title = "# taperlm compare — paper scaling: the best cosine ratio against size and tokens"
-    if meta["done"] < meta["total"]:
-        title += f" (PARTIAL: {meta['done']}/{meta['total']} points done)"
+def points_table(rows: list[dict[str, Any]], link: bool = True) -> list[str]:
+    """The markdown table of the points (`link`: each point links to its own report; the docs
+    copy the table without links)."""
     tapers_seen = list(rows[0]["diffs"]) if rows else []
     head = ["point", "params", "tokens", "tokens/param", "uniform's tuned lr"]
     head += [f"Δ {t} [95% CI]" for t in tapers_seen if t != "uniform"]
@@ -325,7 +324,7 @@ def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any], plot: str | None
         lr = "–" if r["lr"] is None else f"{r['lr']:g}" + (" (edge)" if r["lr_at_edge"] else "")
         table.append(
             [
-                f"[{r['point']}]({r['report']})",
+                f"[{r['point']}]({r['report']})" if link else r["point"],
                 f"{r['params']:,}",
                 f"{r['tokens']:,}",
                 f"{r['tokens_per_param']:.3f}",
@@ -335,6 +334,13 @@ def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any], plot: str | None
                 edge,
             ]
         )
+    return md_table(head, table)
+
+
+def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any], plot: str | None) -> str:
+    title = "# taperlm compare — paper scaling: the best cosine ratio against size and tokens"
+    if meta["done"] < meta["total"]:
+        title += f" (PARTIAL: {meta['done']}/{meta['total']} points done)"
     lines = [
         title,
         "",
@@ -342,7 +348,7 @@ def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any], plot: str | None
         f"{meta['done']}/{meta['total']} points, {meta['wall_s'] / 60:.1f} min this invocation; "
         f"{meta['created']}",
         "",
-        *md_table(head, table),
+        *points_table(rows),
         "",
         "Δ = cosine START:2−START minus uniform, paired over seeds (95% t interval). Best start "
         "ratio: argmin over the swept range of a quadratic in the start ratio fitted to the mean "
