@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+from outputs import RESULTS_DIR, STAMP, output_file, write_output
 
 
 def machine_info() -> dict[str, Any]:
@@ -75,7 +75,9 @@ def add_gpu_benchmark_arguments(p: Any) -> None:
     p.add_argument("--budget-s", type=float, default=420.0, help="skip the rest after this")
     p.add_argument("--peak-tflops", type=float, default=None, help="override the peak table")
     p.add_argument("--smoke", action="store_true", help="tiny presets on CPU, seconds")
-    p.add_argument("--json", default=None, help="results file (default benchmarks/results/)")
+    p.add_argument(
+        "--json", type=output_file, default=None, help="results file (default benchmarks/results/)"
+    )
 
 
 def gpu_or_smoke(args: Any, script: str) -> torch.device | None:
@@ -165,11 +167,12 @@ def paired_ratio(a: list[float], b: list[float]) -> float:
 
 
 def write_json(name: str, data: dict[str, Any], out: str | Path | None = None) -> Path:
-    """Write results to `out` (or benchmarks/results/<name>.json) and return the path."""
+    """Write results to `out` (or benchmarks/results/<name>.json), stamped as ours, and return
+    the path; a file that is not ours is refused (`output_problem`)."""
     path = Path(out) if out else RESULTS_DIR / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    return path
+    return write_output(
+        path, json.dumps({"written_by": STAMP, **data}, indent=2, default=str) + "\n"
+    )
 
 
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from outputs import STAMP, claim_folder, folder_problem, write_output
 from taperlm.stats import t_quantile
 
 TAPERS = "uniform;cosine:1.5:0.5"
@@ -153,6 +154,15 @@ def _smoke_args(root: Path) -> tuple[list[str], list[tuple[str, list[str]]]]:
     return common, [("short", ["--tokens", "128"]), ("long", ["--tokens", "256"])]
 
 
+def _earlier_run(folder: Path) -> bool:
+    """A folder filled by this script before it claimed its folders: its precision.json."""
+    try:
+        doc = json.loads((folder / "precision.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and {"candidates", "target"} <= set(doc)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, help="folder for the candidates' comparisons")
@@ -172,11 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--smoke", action="store_true", help="toy corpus and model, seconds")
     args = p.parse_args(argv)
+    problem = folder_problem(args.out, _earlier_run) if args.out else None
+    if problem:
+        p.error(f"--out {problem}")
     if args.smoke:
         import tempfile
 
-        root = args.out or Path(tempfile.mkdtemp(prefix="precision-smoke-"))
-        root.mkdir(parents=True, exist_ok=True)
+        root = claim_folder(args.out or Path(tempfile.mkdtemp(prefix="precision-smoke-")))
         common, candidates = _smoke_args(root)
         args.out, args.seeds = root, 2
     else:
@@ -189,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             if not sep or not name.strip():
                 p.error(f"--candidate {text!r}: expected NAME=ARGS")
             candidates.append((name.strip(), shlex.split(rest)))
-    args.out.mkdir(parents=True, exist_ok=True)
+    claim_folder(args.out)
     results_path = args.out / "precision.json"
     old = json.loads(results_path.read_text()) if results_path.is_file() else {}
     rows = []
@@ -208,9 +220,9 @@ def main(argv: list[str] | None = None) -> int:
             "target": args.target,
             "candidates": {**old.get("candidates", {}), **{r["name"]: r for r in rows}},
         }
-        results_path.write_text(json.dumps(doc, indent=1))
+        write_output(results_path, json.dumps({"written_by": STAMP, **doc}, indent=1))
     md = table(rows, args.target, args.cores, args.allocations)
-    (args.out / "precision.md").write_text(md + "\n")
+    write_output(args.out / "precision.md", f"<!-- {STAMP} -->\n{md}\n")
     print(md)
     return 0
 

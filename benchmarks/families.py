@@ -30,6 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import interleaved, machine_info, median, paired_ratio, table, write_json
+from outputs import output_file
 
 FAMILIES = ["transformer", "hope", "titans-mag", "titans-mal", "titans-mac"]
 
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile", action="store_true", help="time torch.compile'd models")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak/saved memory")
     ap.add_argument("--smoke", action="store_true", help="2 families, batch 1 x 32, one round")
-    ap.add_argument("--json", help="results file (default results/families.json)")
+    ap.add_argument("--json", type=output_file, help="results file (default results/families.json)")
     ap.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.memory_child:

@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_info, median, paired_ratio, table, write_json
+from outputs import output_file
 from taperlm.generation import SamplingConfig, generate_tokens
 from taperlm.models import TaperedLM
 from taperlm.presets import get_preset
@@ -111,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--hf", action="store_true", help="HF generate() vs ours instead")
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--json", help="results file (default results/generation[_hf].json)")
+    ap.add_argument(
+        "--json", type=output_file, help="results file (default results/generation[_hf].json)"
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     presets = args.presets or (HF_PRESETS if args.hf else PRESETS)

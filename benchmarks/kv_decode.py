@@ -29,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_info, median, paired_ratio, table, write_json
+from outputs import output_file
 from taperlm.budget import kv_cache_bytes, total_params
 from taperlm.compare.grid import parse_allocation
 from taperlm.models import TaperedLM
@@ -85,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--json", help="results file (default results/kv_decode.json)")
+    ap.add_argument(
+        "--json", type=output_file, help="results file (default results/kv_decode.json)"
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     contexts, n, rounds = args.contexts, args.new_tokens, args.rounds

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from common import machine_info, table, write_json
 from niah_helpers import copy_drill, digit_pair_tokenizer, needle_example
+from outputs import output_file
 from taperlm.budget import kv_cache_bytes, total_params
 from taperlm.compare.grid import parse_allocation
 from taperlm.config import ModelConfig
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only-seed", type=int, help="run this one seed (to split a run)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--json", help="results file (default results/kv_niah.json)")
+    ap.add_argument("--json", type=output_file, help="results file (default results/kv_niah.json)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     tok = digit_pair_tokenizer()

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 from common import machine_info, table, write_json
+from outputs import output_file
 
 
 def _tokenizer(vocab_size: int, smoke: bool):
@@ -38,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--smoke", action="store_true", help="tiny run (tests)")
-    ap.add_argument("--json", type=Path, help="results file (default benchmarks/results/...)")
+    ap.add_argument(
+        "--json", type=output_file, help="results file (default benchmarks/results/...)"
+    )
     args = ap.parse_args(argv)
 
     import torch

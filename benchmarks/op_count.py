@@ -49,6 +49,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS_DIR, machine_info, raise_recompile_limit, table, write_json
+from outputs import output_file
 from taperlm.presets import get_preset, preset_families
 
 FAMILIES = tuple(preset_families())
@@ -255,7 +256,9 @@ def main(argv: list[str] | None = None) -> int:
         help="results file op_count_<label>.json (default: op_count_latest.json)",
     )
     p.add_argument("--smoke", action="store_true", help="transformer-tiny, eager + compile")
-    p.add_argument("--json", default=None, help="results file (overrides --label)")
+    p.add_argument(
+        "--json", type=output_file, default=None, help="results file (overrides --label)"
+    )
     p.add_argument(
         "--merge", action="store_true", help="keep the file's other rows (runs done in parts)"
     )

@@ -16,6 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import raise_recompile_limit, table, write_json
+from outputs import output_file
 from taperlm.models import TaperedLM
 from taperlm.presets import get_preset
 from taperlm.taper import TaperSpec
@@ -47,7 +48,7 @@ def graphs(preset: str, taper: str, scope: str, dynamic_widths: bool) -> tuple[i
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--preset", default="transformer-small")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", type=output_file, default=None)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     raise_recompile_limit(256)

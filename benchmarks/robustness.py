@@ -21,6 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_json
+from outputs import output_file, save_figure
 
 # label -> folder under RUNS_DIR, in the order docs/compare.md lists them
 DEFAULT_REPORTS = {
@@ -109,7 +110,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.set_xlabel("Δ val loss, tapered − uniform (nats): mean, 95% CI over seeds")
     ax.set_title("cosine 1.5→0.5 vs uniform, transformer-micro, other recipes")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -117,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs_dir", nargs="?", type=Path, help="folder holding the default reports")
     ap.add_argument("--report", action="append", default=[], help="LABEL=DIR (repeatable)")
-    ap.add_argument("--plot", type=Path, help="write the forest plot here (PNG)")
-    ap.add_argument("--json", type=Path, help="write the rows here")
+    ap.add_argument("--plot", type=output_file, help="write the forest plot here (PNG)")
+    ap.add_argument("--json", type=output_file, help="write the rows here")
     args = ap.parse_args(argv)
     named = [tuple(r.split("=", 1)) for r in args.report]
     if any(len(r) != 2 for r in named):

@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import interleaved, machine_info, median, paired_ratio, table, write_json
+from outputs import output_file
 from taperlm.device import resolve_device
 from taperlm.presets import get_preset, preset_families
 from taperlm.training import distributed as D
@@ -70,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--smoke", action="store_true", help="tiny presets, short sequences, 1 round")
-    p.add_argument("--json", default=None, help="results file (default benchmarks/results/)")
+    p.add_argument(
+        "--json", type=output_file, default=None, help="results file (default benchmarks/results/)"
+    )
     args = p.parse_args(argv)
     if args.smoke:
         args.preset_size, args.batch, args.seq, args.rounds, args.warmup = "tiny", 1, 32, 1, 1

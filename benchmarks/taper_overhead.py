@@ -31,6 +31,7 @@ from common import (
     table,
     write_json,
 )
+from outputs import output_file
 from taperlm.config import ModelConfig
 from taperlm.errors import ConfigError, TaperError
 from taperlm.presets import get_preset, preset_families
@@ -80,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--compile", action="store_true", help="torch.compile each model first")
     p.add_argument("--smoke", action="store_true", help="tiny presets, short sequences, 1 round")
-    p.add_argument("--json", default=None, help="results file (default benchmarks/results/)")
+    p.add_argument(
+        "--json", type=output_file, default=None, help="results file (default benchmarks/results/)"
+    )
     args = p.parse_args(argv)
     if args.smoke:
         args.preset_size, args.batch, args.seq, args.rounds, args.warmup = "tiny", 1, 32, 1, 1

@@ -37,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 from common import RESULTS_DIR, machine_info, table, write_json  # noqa: E402
+from outputs import output_file  # noqa: E402
 
 CASES = ("m1-256", "m1-1024", "b1-256", "m2-256")
 
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eager", action="store_true", help="also eager tokens/s, before vs after")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--only", choices=["before", "after"], default=None)
-    p.add_argument("--json", default=str(RESULTS_DIR / "titans_compile.json"))
+    p.add_argument("--json", type=output_file, default=str(RESULTS_DIR / "titans_compile.json"))
     args = p.parse_args(argv)
     rows: list[dict[str, Any]] = []
     data = {"machine": machine_info(), "args": vars(args), "rows": rows}

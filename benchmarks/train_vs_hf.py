@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import interleaved, machine_info, median, paired_ratio, table, write_json
+from outputs import output_file
 from taperlm.config import ModelConfig
 from taperlm.models import TaperedLM, cpu_kernels
 from taperlm.taper import TaperSpec
@@ -162,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ablate", action="store_true", help="also time ours on plain ATen ops")
     p.add_argument("--fused-adamw", action="store_true", help="AdamW(fused=True) for both")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, 2 rounds (for tests)")
-    p.add_argument("--json", default=None, help="results file (default benchmarks/results/)")
+    p.add_argument(
+        "--json", type=output_file, default=None, help="results file (default benchmarks/results/)"
+    )
     args = p.parse_args(argv)
     if args.smoke:
         args.d_model, args.layers, args.heads, args.mlp_width = 32, 2, 2, 64
