@@ -61,31 +61,29 @@ def output_file(text: str) -> Path:
     return p
 
 
-def write_output(path: str | Path, text: str) -> Path:
-    """Write `text` to `path` atomically, refusing a file that is not ours (`output_problem`)."""
+def _write(path: str | Path, fill: Any, suffix: str = "") -> Path:
+    """Refuse `path` unless ours (`output_problem`), else have `fill(tmp)` write a temporary file
+    beside it and move that into place (a reader never sees half a file)."""
     p = Path(path)
     problem = output_problem(p)
     if problem:
         raise SystemExit(f"error: {problem}")
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
+    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}{suffix}")
+    fill(tmp)
     os.replace(tmp, p)
     return p
+
+
+def write_output(path: str | Path, text: str) -> Path:
+    """Write `text` to `path` atomically, refusing a file that is not ours."""
+    return _write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
     """Save a matplotlib figure as PNG with STAMP in its metadata (so a rerun may replace it),
     refusing a file that is not ours."""
-    p = Path(path)
-    problem = output_problem(p)
-    if problem:
-        raise SystemExit(f"error: {problem}")
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=dpi, metadata={"Comment": STAMP})
-    os.replace(tmp, p)
-    return p
+    return _write(path, lambda tmp: fig.savefig(tmp, dpi=dpi, metadata={"Comment": STAMP}), ".png")
 
 
 # A folder a benchmark fills (compare_precision.py --out) is claimed by this file before anything
