@@ -3,6 +3,7 @@
     python benchmarks/families.py --sizes tiny small --rounds 5 --threads 1
     python benchmarks/families.py --sizes small --compile --no-memory --families transformer \
         titans-mag titans-mal titans-mac      # torch.compile'd models (compiled vs compiled)
+    python benchmarks/families.py ... --compile --compile-scope blocks   # each block's forward
     python benchmarks/families.py --smoke            # seconds
 
 Forward + backward (no optimizer step) on CPU of the `{family}-{size}` presets. Per size the
@@ -72,6 +73,19 @@ def _step(model, idx) -> None:
     model.zero_grad(set_to_none=True)
 
 
+def _compiled(model, scope: str):
+    """The model as `train.compile` runs it (compiled in the warm-up step): whole (`model`), or
+    each block's forward (`blocks`: one graph per distinct layer shape, so Titans' unrolled chunk
+    loop compiles once per shape instead of once per layer)."""
+    from taperlm.training.compile import compile_forward
+
+    shapes = len({(b.__class__, *(p.shape for p in b.parameters())) for b in model.blocks})
+    fwd, compiled = compile_forward(model, model, scope, shapes)
+    if not compiled:
+        raise SystemExit("torch.compile failed (see the warning above); nothing to compare")
+    return fwd
+
+
 def saved_for_backward_bytes(model, idx) -> int:
     """Bytes of the distinct storages autograd saves during one forward (parameters excluded)."""
     import torch
@@ -124,7 +138,7 @@ def run_size(size: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         name = f"{fam}-{size}"
         cfg, model = _build(name)
         idx = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1))
-        fwd = torch.compile(model) if args.compile else model  # compiled in the warm-up step
+        fwd = _compiled(model, args.compile_scope) if args.compile else model
         steps[name], cfgs[name] = (lambda m=fwd, x=idx: _step(m, x)), cfg
     times = interleaved(
         steps,
@@ -172,6 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--compile", action="store_true", help="time torch.compile'd models")
+    ap.add_argument(
+        "--compile-scope",
+        choices=["model", "blocks"],
+        default="model",
+        help="with --compile: the whole model, or each block's forward (train.compile_scope)",
+    )
     ap.add_argument("--no-memory", action="store_true", help="skip the peak/saved memory")
     ap.add_argument("--smoke", action="store_true", help="2 families, batch 1 x 32, one round")
     ap.add_argument("--json", type=output_file, help="results file (default results/families.json)")
@@ -191,9 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     ref = args.families[0]
     cols = ["preset", "params", "cpu s/step", "tokens/s", f"speed vs {ref}"]
     cols += [f"wall speed vs {ref}", "peak MiB", f"peak vs {ref}", "saved MiB", f"saved vs {ref}"]
+    compiled = f", compiled ({args.compile_scope})" if args.compile else ""
     print(
-        f"forward+backward, batch {args.batch} x seq {args.seq}, {args.threads} thread(s), "
-        f"median of {args.rounds} rounds (CPU time); torch {torch.__version__}"
+        f"forward+backward{compiled}, batch {args.batch} x seq {args.seq}, {args.threads} "
+        f"thread(s), median of {args.rounds} rounds (CPU time); torch {torch.__version__}"
     )
     print(table(rows, cols))
     if not args.smoke or args.json:

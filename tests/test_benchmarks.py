@@ -186,6 +186,24 @@ def test_families_smoke(tmp_path):
     assert all(r["peak MiB"] > 0 and r["saved MiB"] > 0 for r in rows)
 
 
+@pytest.mark.slow  # Inductor compiles a block of each family (~1 min of CPU)
+def test_families_compiled_per_block_smoke(tmp_path):
+    """benchmarks/families.py --compile --compile-scope blocks: every block's forward is compiled
+    (as train.compile_scope blocks does) and the speed ratio is measured compiled vs compiled."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import families
+    finally:
+        sys.path.remove(str(BENCH))
+    out = tmp_path / "f.json"
+    argv = ["--smoke", "--compile", "--compile-scope", "blocks", "--no-memory", "--json", str(out)]
+    assert families.main(argv) == 0
+    data = json.loads(out.read_text())
+    assert data["args"]["compile_scope"] == "blocks"
+    assert [r["preset"] for r in data["rows"]] == ["transformer-tiny", "titans-mac-tiny"]
+    assert data["rows"][1]["speed vs transformer"] > 0
+
+
 @pytest.mark.parametrize("hf", [False, True])
 def test_generation_smoke(tmp_path, hf):
     """benchmarks/generation.py --smoke: cache vs recompute, and HF generate() vs ours, with
