@@ -35,6 +35,24 @@ def test_fit_recovers_a_known_optimum(best):
     lo, hi = fit["ci"]
     assert lo - 0.02 <= best <= hi + 0.02 and hi - lo < 0.2  # a 95% interval may just miss
     assert fit["at_upper_edge"] == 0.0
+    nearest = min(STARTS, key=lambda r: abs(r - best))  # the swept ratio nearest the optimum
+    assert fit["lowest"] == nearest and fit["lowest_share"][f"{nearest:g}"] > 0.9
+    assert sum(fit["lowest_share"].values()) == pytest.approx(1.0)
+
+
+def test_lowest_measured_ratio_shows_a_tie_that_the_curve_hides():
+    """Losses that fall to 1.75 and stay flat to 1.9: the quadratic's argmin sits at the edge,
+    while the measured lowest loss is shared between 1.75 and 1.9 across resamples."""
+    rng = random.Random(3)
+    level = {1.0: 0.0, 1.25: -0.05, 1.5: -0.09, 1.75: -0.17, 1.9: -0.17}
+    data = {s: {r: 5.0 + v + rng.gauss(0, 0.01) for r, v in level.items()} for s in range(6)}
+    fit = scaling.fit_best_ratio(data)
+    assert fit["best"] == pytest.approx(1.9) and fit["at_upper_edge"] > 0.9
+    share = fit["lowest_share"]
+    assert 0.15 < share["1.75"] < 0.85 and share["1.75"] + share["1.9"] == pytest.approx(1.0)
+    row = {"fit": fit}
+    shown = scaling._lowest(row["fit"])
+    assert "1.75 (" in shown and "1.9 (" in shown
 
 
 def test_fit_interval_widens_with_noise_and_flags_an_optimum_beyond_the_sweep():
