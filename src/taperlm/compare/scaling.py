@@ -418,7 +418,12 @@ def plot_scaling(rows: list[dict[str, Any]], path: Path) -> None:
                 [(f["ci"] or [y, y])[1] - y for (_, f), y in zip(pts, ys)],
             ]
             ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color=f"C{i}",
-                        label=f"{tokens:,} tokens/run")  # fmt: skip
+                        label=f"{tokens:,} tokens/run: fitted best")  # fmt: skip
+            lows = [(x, f["lowest"]) for x, (_, f) in zip(xs, pts) if f.get("lowest") is not None]
+            if lows:
+                ax.plot([x for x, _ in lows], [y for _, y in lows], marker="s", fillstyle="none",
+                        markersize=9, linestyle="none", color=f"C{i}",
+                        label=f"{tokens:,} tokens/run: lowest measured")  # fmt: skip
         px = (
             PAPER_POINT["params"]
             if xkey == "params"
