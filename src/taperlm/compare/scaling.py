@@ -7,13 +7,12 @@ OUT/<size>-<tokens>/ (resumable, reproducible on its own with the command its re
 seeds and every ratio trains at that lr (each size at its tuned lr, without tuning every ratio).
 
 Per point, the best ratio is fitted with a bootstrap interval (`fit_best_ratio`): the seeds are
-resampled with replacement (a seed keeps all its allocations, so the pairing survives), a
-quadratic in the start ratio is fitted to the per-ratio mean losses of the resample, and its
-argmin over the swept range is that resample's best ratio; the point estimate uses all seeds, the
-interval is the 2.5-97.5 percentile range. A quadratic is the lowest-order curve with an interior
-optimum; a curve without one (still falling at the steepest ratio) puts the argmin at the edge,
-and the fraction of resamples at the edge is reported, because then the optimum lies beyond the
-sweep and the interval is a lower bound.
+resampled with replacement (a seed keeps all its allocations, so the pairing survives), and the
+resample's best ratio is the vertex of the parabola through its lowest-loss swept ratio and that
+ratio's two neighbours (`local_parabola`); the point estimate uses all seeds, the interval is the
+2.5-97.5 percentile range. Local, because losses over the whole sweep need not be a parabola (they
+can fall steeply and then flatten). An optimum beyond the steepest ratio clips to the edge; the
+fraction of resamples at the edge is reported, because then the interval is a lower bound.
 
 OUT/report.md, report.json and scaling.png put the points together: best ratio against
 parameters (one line per token budget) and against tokens per parameter, beside the paper's 440M
@@ -207,18 +206,33 @@ def _command(opts, sub) -> str:
 # the fit
 
 
+def local_parabola(x: np.ndarray, means: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+    """(vertex, coefficients, the three starts): the parabola through the swept start with the
+    lowest mean loss and its two neighbours (at an end of the sweep: the three at that end);
+    its vertex clipped to the swept range, or the lowest of the three when the parabola opens
+    downward (no minimum between them)."""
+    i = min(max(int(np.argmin(means)), 1), len(x) - 2)
+    xs, ys = x[i - 1 : i + 2], means[i - 1 : i + 2]
+    coef = np.polyfit(xs, ys, 2)
+    if coef[0] <= 0:
+        return float(xs[int(np.argmin(ys))]), coef, xs
+    return float(np.clip(-coef[1] / (2 * coef[0]), x[0], x[-1])), coef, xs
+
+
 def fit_best_ratio(
     losses: dict[int, dict[float, float]],
     n_boot: int = BOOTSTRAP,
     seed: int = BOOTSTRAP_SEED,
 ) -> dict[str, Any]:
     """Best start ratio of one point from per-seed losses {seed: {start: loss}} (start 1.0 =
-    uniform): the argmin over the swept range of a quadratic fitted to the per-start mean loss,
-    on all seeds (`best`) and per bootstrap resample of seeds (`ci`: 2.5-97.5 percentiles;
-    `at_upper_edge`: the fraction of resamples whose argmin is the steepest start). Beside the
-    curve, what was measured: `lowest`, the swept start with the lowest mean loss, and
-    `lowest_share`, {start: the fraction of resamples in which it has the lowest mean loss} --
-    the quadratic's argmin can sit at the edge while the two steepest ratios tie."""
+    uniform): the vertex of `local_parabola` through the per-start mean losses, on all seeds
+    (`best`) and per bootstrap resample of seeds (`ci`: 2.5-97.5 percentiles; `at_upper_edge`:
+    the fraction of resamples whose best is the steepest start, i.e. the optimum at or beyond
+    the sweep). Local, because the losses over the whole range are no parabola: they can fall
+    steeply and then flatten, and a quadratic through all of them puts its minimum at the edge
+    however flat the end. Beside the fit, what was measured: `lowest`, the swept start with the
+    lowest mean loss, and `lowest_share`, {start: the fraction of resamples in which it has the
+    lowest mean loss}."""
     seeds = sorted(s for s, row in losses.items() if row)
     starts = sorted({r for s in seeds for r in losses[s]})
     if len(starts) < 3:
@@ -236,15 +250,8 @@ def fit_best_ratio(
         }
     table = np.array([[losses[s][r] for r in starts] for s in seeds])  # seeds x starts
     x = np.array(starts)
-    dense = np.linspace(x[0], x[-1], 1001)
-
-    def argmin(means: np.ndarray) -> float:
-        coef = np.polyfit(x, means, 2)
-        return float(dense[int(np.argmin(np.polyval(coef, dense)))])
-
-    best = argmin(table.mean(axis=0))
-    coef = np.polyfit(x, table.mean(axis=0), 2)
     means = table.mean(axis=0)
+    best, coef, used = local_parabola(x, means)
     out: dict[str, Any] = {
         "best": best,
         "ci": None,
@@ -253,13 +260,13 @@ def fit_best_ratio(
         "lowest_share": None,
         "n_seeds": len(seeds),
         "starts": starts,
-        "mean_loss": [float(v) for v in table.mean(axis=0)],
-        "quadratic": [float(c) for c in coef],
+        "mean_loss": [float(v) for v in means],
+        "parabola": {"starts": [float(v) for v in used], "coefficients": [float(c) for c in coef]},
     }
     if len(seeds) >= 2:
         rng = np.random.default_rng(seed)
         picks = rng.integers(0, len(seeds), size=(n_boot, len(seeds)))
-        boots = np.array([argmin(table[p].mean(axis=0)) for p in picks])
+        boots = np.array([local_parabola(x, table[p].mean(axis=0))[0] for p in picks])
         out["ci"] = [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))]
         out["at_upper_edge"] = float(np.mean(boots >= x[-1] - 1e-9))
         lowest = np.argmin(table[picks].mean(axis=1), axis=1)  # resamples x starts -> index
@@ -382,13 +389,13 @@ def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any], plot: str | None
         *points_table(rows),
         "",
         "Δ = cosine START:2−START minus uniform, paired over seeds (95% t interval). Best start "
-        "ratio: argmin over the swept range of a quadratic in the start ratio fitted to the mean "
-        f"losses (uniform = 1.0); interval: 2.5–97.5 percentiles over {BOOTSTRAP} bootstrap "
-        "resamples of the seeds. When many resamples put the best at the steepest ratio, the "
-        "optimum lies at or beyond it. Lowest measured loss: the swept ratios with the lowest "
-        "mean loss, each with the share of resamples in which it is lowest (≥ 10% shown): a "
-        "check on the curve, which can put its argmin at the edge while the steepest ratios "
-        "tie. The paper's point: 440M parameters, 30B tokens (68 tokens/param), best 1.5→0.5.",
+        "ratio: the vertex of the parabola through the swept ratio with the lowest mean loss and "
+        "its two neighbours (uniform = 1.0), within the swept range; interval: 2.5–97.5 "
+        f"percentiles over {BOOTSTRAP} bootstrap resamples of the seeds. When many resamples put "
+        "the best at the steepest ratio, the optimum lies at or beyond it. Lowest measured loss: "
+        "the swept ratios with the lowest mean loss, each with the share of resamples in which it "
+        "is lowest (≥ 10% shown). The paper's point: 440M parameters, 30B tokens "
+        "(68 tokens/param), best 1.5→0.5.",
         "",
     ]
     if plot:
