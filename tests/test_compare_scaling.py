@@ -134,6 +134,7 @@ def test_scaling_mode_end_to_end_at_toy_scale(data_dir, tmp_path, capsys):  # no
         assert p["lr"] == sub["lr_tuning"]["chosen_lr"]["uniform"] == sub["meta"]["settings"]["lr"]
         assert sub["meta"]["settings"]["tokens"] == p["tokens"]
         assert p["fit"]["n_seeds"] == 2 and 1.0 <= p["fit"]["best"] <= 1.9
+        assert p["run_s"] > 0  # the runs' own time: kept by the rerun below (wall_s is not)
         assert set(p["diffs"]) == {"uniform", "cosine:1.5:0.5", "cosine:1.9:0.1"}
     assert (out / scaling.SCALING_PLOT).is_file()
     text = md.read_text()

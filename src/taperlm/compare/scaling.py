@@ -316,6 +316,7 @@ def write_scaling_report(points, docs, out: Path, meta: dict[str, Any]) -> tuple
                 },
                 "fit": fit,
                 "wall_s": doc["meta"]["wall_s"],
+                "run_s": _run_seconds(doc),
                 "report": f"{key}/report.md",
             }
         )
@@ -375,6 +376,15 @@ def _lowest(fit: dict[str, Any]) -> str:
     return ", ".join(f"{k} ({100 * v:.0f}%)" for v, k in top)
 
 
+def _run_seconds(doc: dict[str, Any]) -> float:
+    """A point's training + evaluation seconds, tuning runs included, as each run recorded
+    them (unlike the invocation's wall time, a rerun that trains nothing keeps it)."""
+    cost = (doc.get("lr_tuning") or {}).get("cost")
+    if cost:
+        return float(cost["tuning_s"] + cost["tuned_s"] + cost["reported_s"])
+    return float(sum(doc.get("run_times", {}).values()))
+
+
 def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any], plot: str | None) -> str:
     title = "# taperlm compare — paper scaling: the best cosine ratio against size and tokens"
     if meta["done"] < meta["total"]:
@@ -384,7 +394,8 @@ def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any], plot: str | None
         "",
         *produced_by(meta["command"]),
         f"{meta['done']}/{meta['total']} points, {meta['wall_s'] / 60:.1f} min this invocation; "
-        f"{meta['created']}",
+        f"the runs' own time (training + evaluation of every run and tuning run, as each "
+        f"recorded it): {sum(r['run_s'] for r in rows) / 3600:.2f} core-hours; {meta['created']}",
         "",
         *points_table(rows),
         "",
