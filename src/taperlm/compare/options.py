@@ -33,7 +33,7 @@ from taperlm.domains import (
 DEFAULT_PRESET = "transformer-micro"
 DEFAULT_SEEDS = 15
 # --paper grids (4 to 16 allocations, a table of families, the scaling sweep's 6 points) default
-# to fewer seeds per allocation (the scaling sweep: ~2.5 h on 2 idle cores at 5)
+# to fewer seeds per allocation (the scaling sweep: ~3.6 h on 2 idle cores at 5)
 PAPER_MODE_SEEDS = 5
 DEFAULT_TOKENS = 327_680  # 320 steps of 1,024 tokens
 DEFAULT_VAL_TOKENS = 131_072  # the built-in corpus's val split has 134,528 at bpe:2048
