@@ -68,6 +68,7 @@ def _write(path: str | Path, fill: Any, suffix: str = "") -> Path:
     problem = output_problem(p)
     if problem:
         raise SystemExit(f"error: {problem}")
+    p = p.resolve() if p.is_symlink() else p  # write through a link to our file; keep the link
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}{suffix}")
     fill(tmp)

@@ -170,9 +170,12 @@ def test_what_a_benchmark_writes_it_may_replace(bench, tmp_path):
     assert "is a folder" in outputs.output_problem(tmp_path)
     (tmp_path / "dangling").symlink_to(tmp_path / "gone")
     assert "does not exist" in outputs.output_problem(tmp_path / "dangling")
-    # a link to a user's file is the user's file
+    # a link to a user's file is the user's file; one to ours is written through, link kept
     (tmp_path / "link.json").symlink_to(mine)
     assert "not written by a benchmark" in outputs.output_problem(tmp_path / "link.json")
+    (tmp_path / "ours.json").symlink_to(p)
+    common.write_json("x", {"rows": [4]}, tmp_path / "ours.json")
+    assert (tmp_path / "ours.json").is_symlink() and json.loads(p.read_text())["rows"] == [4]
 
 
 def test_compare_precision_fills_only_its_own_folders(bench, tmp_path):
