@@ -4,6 +4,7 @@
     python benchmarks/families.py --sizes small --compile --no-memory --families transformer \
         titans-mag titans-mal titans-mac      # torch.compile'd models (compiled vs compiled)
     python benchmarks/families.py ... --compile --compile-scope blocks   # each block's forward
+    python benchmarks/families.py ... --profile      # + where each step's time goes
     python benchmarks/families.py --smoke            # seconds
 
 Forward + backward (no optimizer step) on CPU of the `{family}-{size}` presets. Per size the
@@ -17,6 +18,10 @@ its ratio to transformer's. That figure depends on the allocator (freed blocks i
 returns memory) and varies between runs; "saved MiB" is exact: the bytes of the distinct tensors
 autograd keeps for the backward pass during the forward (activations, parameters excluded),
 counted with saved-tensor hooks — the part of the peak that grows with batch x sequence.
+`--profile` then runs one more step of each model under torch.profiler and splits its CPU time
+into batched GEMMs (`bmm`: Titans' memory recurrence), other GEMMs (`mm`), attention, Inductor's
+generated kernels and the rest (`op_count.time_by_kind`); with `--compile` the generated code
+carries the profiler's kernel markers (`enable_kernel_profile`) in the timed steps too.
 """
 
 from __future__ import annotations
@@ -127,6 +132,17 @@ def _peak_memory(name: str, args: argparse.Namespace) -> int:
     return json.loads(res.stdout.strip().splitlines()[-1])["peak_step_bytes"]
 
 
+def _profile(step: Any) -> dict[str, float]:
+    """CPU ms of one more `step` by kind (op_count.time_by_kind)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from op_count import time_by_kind
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    return time_by_kind(prof.events())
+
+
 def run_size(size: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     """One interleaved comparison of every family at preset size `size`."""
     import torch
@@ -134,6 +150,10 @@ def run_size(size: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     from taperlm.budget import flops_per_token, total_params
 
     steps, cfgs = {}, {}
+    if args.profile:  # name Inductor's kernels in the profile (it changes the generated code)
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.enable_kernel_profile = True
     for fam in args.families:
         name = f"{fam}-{size}"
         cfg, model = _build(name)
@@ -153,6 +173,7 @@ def run_size(size: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         cfg, model = _build(name)
         idx = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1))
         saved[name] = saved_for_backward_bytes(model, idx)
+    profiles = {name: _profile(step) if args.profile else None for name, step in steps.items()}
     tokens = args.batch * args.seq
     rows = []
     for name, cfg in cfgs.items():
@@ -170,6 +191,7 @@ def run_size(size: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                 f"peak vs {short}": peaks[name] / max(1, peaks[ref]),
                 "saved MiB": saved[name] / 2**20,
                 f"saved vs {short}": saved[name] / max(1, saved[ref]),
+                "profile ms": profiles[name],
                 "cpu_times": times[name]["cpu"],
                 "wall_times": times[name]["wall"],
             }
@@ -193,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         help="with --compile: the whole model, or each block's forward (train.compile_scope)",
     )
     ap.add_argument("--no-memory", action="store_true", help="skip the peak/saved memory")
+    ap.add_argument("--profile", action="store_true", help="split one step's time by kind of op")
     ap.add_argument("--smoke", action="store_true", help="2 families, batch 1 x 32, one round")
     ap.add_argument("--json", type=output_file, help="results file (default results/families.json)")
     ap.add_argument("--memory-child", help=argparse.SUPPRESS)
@@ -217,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
         f"thread(s), median of {args.rounds} rounds (CPU time); torch {torch.__version__}"
     )
     print(table(rows, cols))
+    if args.profile:
+        kinds = list(rows[0]["profile ms"])
+        print("one profiled step, CPU ms by kind (op_count.time_by_kind)")
+        print(table([{"preset": r["preset"], **r["profile ms"]} for r in rows], ["preset", *kinds]))
     if not args.smoke or args.json:
         data = {"machine": machine_info(), "args": vars(args), "rows": rows}
         print(f"results: {write_json('families', data, args.json)}")

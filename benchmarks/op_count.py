@@ -128,6 +128,48 @@ def count_kernels(events: Any) -> tuple[int, dict[str, int]]:
     return sum(names.values()), names
 
 
+# What a profiled step's time splits into (`time_by_kind`), by the first op on the way down an
+# event's callees that names its kind. Batched GEMMs are Titans' memory recurrence (its heads
+# batched); the other families' attention runs inside scaled_dot_product_attention.
+TIME_KINDS = {
+    "bmm": ("aten::bmm", "aten::baddbmm"),
+    "mm": ("aten::mm", "aten::addmm", "aten::_addmm_activation"),
+    "attention": (
+        "aten::_scaled_dot_product",
+        "aten::_flash_attention",
+        "aten::_efficient_attention",
+    ),
+}
+
+
+def time_by_kind(events: Any) -> dict[str, float]:
+    """CPU milliseconds of one profiled step by kind: each of TIME_KINDS, "generated" (Inductor's
+    kernels, named under `enable_kernel_profile`) and "other" (the rest: pointwise and reduction
+    ATen ops, the optimizer, the framework's own time between ops). An event of a kind takes its
+    whole time, callees included; any other event keeps its self time and passes the rest down.
+    The kinds add up to "total", the time of the top-level events."""
+    out = dict.fromkeys([*TIME_KINDS, "generated", "other"], 0.0)
+
+    def visit(e: Any) -> None:
+        if _is_generated_kernel(e.name):
+            out["generated"] += e.cpu_time_total / 1e3
+            return
+        for kind, prefixes in TIME_KINDS.items():
+            if e.name.startswith(prefixes):
+                out[kind] += e.cpu_time_total / 1e3
+                return
+        children = e.cpu_children
+        out["other"] += (e.cpu_time_total - sum(c.cpu_time_total for c in children)) / 1e3
+        for c in children:
+            visit(c)
+
+    top = [e for e in events if e.cpu_parent is None]
+    for e in top:
+        visit(e)
+    out["total"] = sum(e.cpu_time_total for e in top) / 1e3
+    return out
+
+
 class _AtenCounter(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()

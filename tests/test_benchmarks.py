@@ -431,8 +431,9 @@ def _op_count():
 class _Event:
     """The part of a torch.profiler event that op_count reads."""
 
-    def __init__(self, name: str, *children: _Event) -> None:
+    def __init__(self, name: str, *children: _Event, us: float = 0.0) -> None:
         self.name, self.cpu_children, self.cpu_parent = name, list(children), None
+        self.cpu_time_total = us  # microseconds, callees included
         for c in children:
             c.cpu_parent = self
 
@@ -470,6 +471,50 @@ def test_count_kernels_counts_the_ops_that_do_work():
         "aten::mul": 1,
     }
     assert total == 6
+
+
+def test_time_by_kind_splits_a_step_without_losing_or_double_counting_time():
+    """An op of a kind takes its whole time (bmm with the copy_ it calls); any other op keeps
+    its self time and passes the rest down; the kinds add up to the top-level events' time."""
+    E = _Event
+    events = [
+        E("aten::linear", E("aten::t", us=1000),
+          E("aten::matmul", E("aten::mm", E("aten::resolve_conj", us=100), us=7000), us=8000),
+          us=10000),
+        E("CompiledFunction", E("graph_0_cpp_fused_add_mul_0", us=5000),
+          E("aten::bmm", E("aten::copy_", us=2000), us=6000),
+          E("aten::_scaled_dot_product_flash_attention_for_cpu", us=4000), us=20000),
+        E("Optimizer.step#AdamW.step", E("aten::_fused_adamw_", us=3000), us=3500),
+    ]  # fmt: skip
+    flat, stack = [], list(events)
+    while stack:
+        e = stack.pop()
+        flat.append(e)
+        stack.extend(e.cpu_children)
+    out = _op_count().time_by_kind(flat)
+    assert out == pytest.approx(
+        {"bmm": 6.0, "mm": 7.0, "attention": 4.0, "generated": 5.0, "other": 11.5, "total": 33.5}
+    )
+    assert sum(v for k, v in out.items() if k != "total") == pytest.approx(out["total"])
+
+
+def test_families_profile_smoke(tmp_path):
+    """benchmarks/families.py --profile: one step per model split by kind, the kinds adding up
+    to the step; Titans' memory recurrence shows as batched GEMMs, Transformer++ has none."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import families
+    finally:
+        sys.path.remove(str(BENCH))
+    out = tmp_path / "fam.json"
+    argv = ["--smoke", "--families", "transformer", "titans-mag", "--no-memory", "--profile"]
+    assert families.main([*argv, "--json", str(out)]) == 0
+    rows = {r["preset"]: r["profile ms"] for r in json.loads(out.read_text())["rows"]}
+    for prof in rows.values():
+        parts = sum(v for k, v in prof.items() if k != "total")
+        assert prof["total"] > 0 and parts == pytest.approx(prof["total"], rel=1e-6)
+    assert rows["titans-mag-tiny"]["bmm"] > 0 and rows["transformer-tiny"]["bmm"] == 0
+    assert rows["transformer-tiny"]["mm"] > 0
 
 
 def test_op_count_smoke(tmp_path):
