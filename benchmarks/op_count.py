@@ -185,15 +185,11 @@ def build(family: str, shape: str, seq: int) -> tuple[Any, int]:
     if shape == "tiny":
         cfg = get_preset(f"{family}-tiny")
         return cfg, cfg.context_length
-    cfg = get_preset(f"{family}-440m")
-    fields = {"n_layers": 1, "mlp_widths": cfg.mlp_widths[:1]}
-    if getattr(cfg.options, "memory_widths", None):
-        fields["options"] = dataclasses.replace(
-            cfg.options, memory_widths=cfg.options.memory_widths[:1]
-        )
-    if cfg.layer_heads:
-        fields["layer_heads"] = cfg.layer_heads[:1]
-    return dataclasses.replace(cfg, **fields), min(seq, cfg.context_length)
+    # Re-resolved at one layer from the unresolved preset, so every per-layer size (MLP width,
+    # heads, KV heads, the family's own) is the 440m model's first layer's: the presets are
+    # uniform, so one layer of them has the same shapes as each of their 24.
+    cfg = dataclasses.replace(get_preset(f"{family}-440m", resolve=False), n_layers=1).resolve()
+    return cfg, min(seq, cfg.context_length)
 
 
 def make_step(cfg: Any, seq: int, mode: str, scope: str) -> Any:

@@ -517,6 +517,29 @@ def test_families_profile_smoke(tmp_path):
     assert rows["transformer-tiny"]["mm"] > 0
 
 
+def test_op_count_440m_layer_is_the_first_layer_of_every_family_at_440m():
+    """The `440m-layer` shape of every family is one block with exactly the parameter shapes of
+    the first block of `{family}-440m` (every per-layer size: MLP width, heads, KV heads, Hope's
+    level widths, Titans' memory widths), built on the meta device."""
+    import torch
+
+    from taperlm.models import TaperedLM
+    from taperlm.presets import get_preset
+
+    op_count = _op_count()
+
+    def shapes(block):
+        return [(n, tuple(p.shape)) for n, p in block.named_parameters()]
+
+    for family in op_count.FAMILIES:
+        cfg, seq = op_count.build(family, "440m-layer", 2048)
+        with torch.device("meta"):
+            one = TaperedLM(cfg)
+            full = TaperedLM(get_preset(f"{family}-440m"))
+        assert cfg.n_layers == 1 and len(one.blocks) == 1 and seq == 2048, family
+        assert shapes(one.blocks[0]) == shapes(full.blocks[0]), family
+
+
 def test_op_count_smoke(tmp_path):
     """benchmarks/op_count.py --smoke (eager): kernels and dispatched ATen ops of one training
     step of transformer-tiny; views make the ATen count larger."""
