@@ -52,10 +52,9 @@ from op_count import count_kernels, make_step
 from taperlm.presets import get_preset
 raise_recompile_limit(64)
 torch.manual_seed(0)
-cfg = get_preset("titans-mag-tiny")
-cfg = dataclasses.replace(cfg, n_layers={layers}, context_length={seq},
-    mlp_widths=cfg.mlp_widths[:{layers}],
-    options=dataclasses.replace(cfg.options, memory_widths=cfg.options.memory_widths[:{layers}]))
+# every per-layer size re-resolved at the cut depth (the preset is uniform: same shapes)
+cfg = dataclasses.replace(get_preset("titans-mag-tiny", resolve=False), n_layers={layers},
+    context_length={seq}).resolve()
 with mock.patch("taperlm.models.cpu_kernels.applies", lambda x: False), \\
         mock.patch.object(ic.cpp, "enable_kernel_profile", True):
     step = make_step(cfg, {seq}, "compile", {scope!r})
