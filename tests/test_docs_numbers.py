@@ -163,3 +163,24 @@ def test_robustness_table_matches_its_json():
     assert len(data["rows"]) == 8 and not data["missing"]
     page = (ROOT / "docs/compare.md").read_text(encoding="utf-8")
     assert robustness.markdown(data["rows"]) in page
+
+
+def test_scaling_table_matches_its_report():
+    """docs/compare.md's scaling table is the sweep's own table (scaling.points_table) of
+    results/scaling_report.json, the report.json that `taperlm compare --paper scaling` wrote;
+    and each point's best ratio is the vertex of its recorded mean losses' local parabola."""
+    import json
+
+    import numpy as np
+
+    from taperlm.compare import scaling
+
+    data = json.loads((ROOT / "benchmarks/results/scaling_report.json").read_text())
+    points = data["points"]
+    assert data["meta"]["done"] == data["meta"]["total"] == len(points) == 6
+    page = (ROOT / "docs/compare.md").read_text(encoding="utf-8")
+    assert "\n".join(scaling.points_table(points, link=False)) in page
+    for p in points:
+        fit = p["fit"]
+        vertex, _, _ = scaling.local_parabola(np.array(fit["starts"]), np.array(fit["mean_loss"]))
+        assert fit["best"] == vertex and fit["n_seeds"] >= 5

@@ -7,7 +7,7 @@
     taperlm compare --tapers 'uniform;cosine;novelty:pilot;cosine+heads:cosine:1.25:0.75' \\
         --out cmp-beyond                                        # beyond the paper
     taperlm compare --paper families --out cmp-families         # the paper's family table, tiny presets
-    taperlm compare --paper scaling --out cmp-scaling           # best ratio vs size (~3.5 h)
+    taperlm compare --paper scaling --out cmp-scaling           # best ratio vs size (~3.3 h)
 
 Parses the arguments and calls `taperlm.compare.job.run_comparison` (`--paper families`:
 `taperlm.compare.families.run_families`, one comparison per family; `--paper scaling`:
