@@ -27,12 +27,14 @@ carries the profiler's kernel markers (`enable_kernel_profile`) in the timed ste
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import interleaved, machine_info, median, paired_ratio, table, write_json
@@ -150,10 +152,6 @@ def run_size(size: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     from taperlm.budget import flops_per_token, total_params
 
     steps, cfgs = {}, {}
-    if args.profile:  # name Inductor's kernels in the profile (it changes the generated code)
-        import torch._inductor.config as inductor_config
-
-        inductor_config.cpp.enable_kernel_profile = True
     for fam in args.families:
         name = f"{fam}-{size}"
         cfg, model = _build(name)
@@ -230,7 +228,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    rows = [row for size in args.sizes for row in run_size(size, args)]
+    markers = contextlib.nullcontext()
+    if args.profile and args.compile:  # name Inductor's kernels in the profile (changes its code)
+        import torch._inductor.config as inductor_config
+
+        markers = mock.patch.object(inductor_config.cpp, "enable_kernel_profile", True)
+    with markers:  # restored after, so an in-process caller's later compiles are unchanged
+        rows = [row for size in args.sizes for row in run_size(size, args)]
     ref = args.families[0]
     cols = ["preset", "params", "cpu s/step", "tokens/s", f"speed vs {ref}"]
     cols += [f"wall speed vs {ref}", "peak MiB", f"peak vs {ref}", "saved MiB", f"saved vs {ref}"]

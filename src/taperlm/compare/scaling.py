@@ -76,8 +76,8 @@ class ScalingPlan:
     extra_overrides: list[str] = field(default_factory=list)
 
 
-# Sized for ~3.3 hours on 2 idle cores (measured; docs/compare.md, "--paper scaling"): 3 sizes spanning ~6x
-# in parameters (micro 1.1M, tiny 1.7M, small 6.1M at the 2,048-token vocabulary), two token
+# Sized for ~3.3 hours on 2 idle cores (measured; docs/compare.md, "--paper scaling"): 3 sizes
+# spanning ~6x in parameters (micro 1.1M, tiny 1.7M, small 6.1M at the 2,048-token vocabulary), two token
 # budgets each, 5 allocations x 5 seeds (options.PAPER_MODE_SEEDS) + 4 tuning lrs x 2 seeds per
 # point: 33 runs per point, 198 in all.
 DEFAULT_PLAN = ScalingPlan(
