@@ -183,4 +183,8 @@ def test_scaling_table_matches_its_report():
     for p in points:
         fit = p["fit"]
         vertex, _, _ = scaling.local_parabola(np.array(fit["starts"]), np.array(fit["mean_loss"]))
-        assert fit["best"] == vertex and fit["n_seeds"] >= 5
+        # The vertex comes from a LAPACK solve: its last bits depend on the CPU and the BLAS build
+        # (1.8229038174632055 on one machine, ...077 on another), so bit-equality is no promise
+        # we can make; 1e-9 is far below the 2 decimals the table prints.
+        assert fit["best"] == pytest.approx(vertex, rel=1e-9, abs=1e-12)
+        assert fit["n_seeds"] >= 5
