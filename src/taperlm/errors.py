@@ -36,3 +36,9 @@ class RunInUseError(TaperlmError):
 class ResourceError(TaperlmError):
     """A device or the memory a run needs is not there (a missing GPU, an allocation that
     cannot be served)."""
+
+
+class UnsafeFileError(TaperlmError):
+    """A file we were asked to read is not a regular file (a FIFO or device would block or never
+    end), lies outside the folder that names it, or is larger than its format can hold. Its
+    contents are a stranger's data: we refuse it before reading."""

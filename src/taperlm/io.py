@@ -18,7 +18,9 @@ import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+
+from taperlm.errors import UnsafeFileError
 
 
 def temp_path(path: str | Path) -> Path:
@@ -199,3 +201,106 @@ def sha256_file(path: str | Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading a file whose contents (and whose name, when another file names it) come from a
+# stranger. Every reader of a user-supplied or file-named path goes through these, so that
+# nothing we open can block (a FIFO, a device), reach outside the folder that names it, or be
+# read past what its format can legitimately hold.
+
+
+def _size_text(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def path_inside(root: str | Path, name: str | Path, what: str = "a file") -> Path:
+    """`root/name` resolved (symlinks followed), refused unless it stays inside `root` resolved.
+
+    For every path read from a file (a manifest's entries, a record of written files, a data
+    dir's shard names): an absolute name, a `..` that climbs out, or a link inside the folder
+    that leads out are refused the same way, naming the entry and the folder."""
+    base = Path(root).resolve()
+    text = str(name)
+    if not text or "\x00" in text:
+        raise UnsafeFileError(f"{what} {text!r} named in {root} is not a usable path")
+    target = (base / text).resolve()
+    if target != base and base not in target.parents:
+        shown = text if len(text) <= 200 else text[:200] + "..."
+        raise UnsafeFileError(
+            f"{what} {shown!r} named in {root} leads outside that folder (to {target}); "
+            "taperlm reads and writes only inside the folder that names a file. The folder was "
+            "edited or crafted: restore it from a copy you trust"
+        )
+    return target
+
+
+def open_regular(path: str | Path, max_bytes: int | None = None, what: str = "file") -> BinaryIO:
+    """Open `path` for binary reading only if it is a regular file (links followed), and, with
+    `max_bytes`, only if it is no larger than that.
+
+    The file type is checked on the open descriptor (O_NONBLOCK, so a FIFO does not block the
+    open itself), not by a stat before the open that a swap could race."""
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise UnsafeFileError(
+                f"the {what} {p} is a symlink loop: replace it with a file"
+            ) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = (
+                "a folder"
+                if stat.S_ISDIR(st.st_mode)
+                else "a FIFO (named pipe)"
+                if stat.S_ISFIFO(st.st_mode)
+                else "a socket"
+                if stat.S_ISSOCK(st.st_mode)
+                else "a device"
+            )
+            raise UnsafeFileError(
+                f"the {what} {p} is {kind}, not a regular file: taperlm reads only regular files "
+                "(a pipe or device could block or never end); point it at a file"
+            )
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise UnsafeFileError(
+                f"the {what} {p} is {_size_text(st.st_size)}, more than the {_size_text(max_bytes)}"
+                f" a {what} can hold: it is not one taperlm wrote, or it is damaged"
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bytes(path: str | Path, max_bytes: int, what: str = "file") -> bytes:
+    """The whole of a regular file of at most `max_bytes` (checked before reading, and again
+    while reading: a file that grows in between is cut off and refused, never read unbounded)."""
+    with open_regular(path, max_bytes, what) as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise UnsafeFileError(
+            f"the {what} {path} grew past {_size_text(max_bytes)} while it was read: it is not "
+            "one taperlm wrote, or something is writing it now"
+        )
+    return data
+
+
+def read_text(path: str | Path, max_bytes: int, what: str = "file") -> str:
+    """`read_bytes` decoded as UTF-8; undecodable bytes are a clear error naming the file."""
+    data = read_bytes(path, max_bytes, what)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UnsafeFileError(
+            f"the {what} {path} is not UTF-8 text (byte {err.start}): it is not one taperlm "
+            "wrote, or it is damaged"
+        ) from None
