@@ -513,6 +513,31 @@ def test_no_citation_of_files_outside_the_repository():
     assert not cites, f"cite a page of the repository (docs/paper.md#...) instead: {cites}"
 
 
+# A repository path cited in backticks: `src/taperlm/...`, `docs/...`, `benchmarks/...`,
+# `configs/...`, `tests/...`, `scripts/...` (globs, placeholders and run outputs aside).
+CITED_PATH = re.compile(r"`((?:src/taperlm|docs|benchmarks|configs|tests|scripts)/[\w./-]+)")
+
+
+def test_every_repository_path_the_docs_cite_exists():
+    """README and docs name files a reader will open; a moved module must not leave a pointer
+    behind (README once sent readers to `src/taperlm/config.py` after it became a package)."""
+    files = [REPO / "README.md", *(REPO / "docs").rglob("*.md"), REPO / "CONTRIBUTING.md"]
+    missing = []
+    for p in files:
+        if not p.exists():
+            continue
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+            for cited in CITED_PATH.findall(line):
+                path = cited.split("::")[0].rstrip(".")
+                if any(c in path for c in "*<>{}") or path.startswith("benchmarks/results/"):
+                    continue
+                if f"Saved as `{cited}" in line:  # a file the page tells the reader to create
+                    continue
+                if not (REPO / path).exists():
+                    missing.append(f"{_rel(p)}:{i} {path}")
+    assert not missing, f"these cited paths do not exist (fix the pointer): {missing}"
+
+
 def _readme_layout() -> set[str]:
     """The module paths (below src/taperlm) that README's Layout block names. A line indented by
     two spaces starts a folder (`data/  a.py b.py`) or lists top-level modules (`io.py ...`);
