@@ -1,5 +1,9 @@
-"""Training a grid's cells with compare's options: how many at a time (`choose_jobs`) and the
-one call every stage makes (`train_cells`: the reported grid, novelty pilots, lr tuning)."""
+"""Training a grid's cells with compare's options: how many at a time (`choose_jobs`), the one
+call every stage makes (`train_cells`: the reported grid, novelty pilots, lr tuning), and
+`train_reported`, the call for a grid of *reported* seeds: it adds the seeds in order and stops
+by the rule of --stop (`taperlm.compare.sequential`), returning the grid of the seeds it used.
+A stage whose seeds are reported (every mode's grid, --tune-lr's own-lr grid) calls
+`train_reported`; tuning seeds and pilots, which choose rather than report, call `train_cells`."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from taperlm import cpus
-from taperlm.compare import runner
+from taperlm.compare import runner, sequential
 from taperlm.compare.grid import Grid
 from taperlm.compare.options import CompareOptions
 from taperlm.compare.runner import EvalSettings
@@ -51,9 +55,11 @@ def train_cells(
     settings: EvalSettings,
     jobs: int | None = None,
     on_seed_done: Callable[[Results], None] | None = None,
+    monitor: sequential.Monitor | None = None,
 ) -> Results:
     """Train (or reuse) every cell of `grid` into OUT/runs, `jobs` at a time (None: as
-    `choose_jobs` decides); cell name -> result."""
+    `choose_jobs` decides); cell name -> result. With a `monitor`, no cell starts after it
+    stopped (`taperlm.compare.scheduler.run_grid`)."""
     if jobs is None:
         jobs = choose_jobs(opts, grid, opts.out / "runs", settings)
     return run_grid(
@@ -65,4 +71,29 @@ def train_cells(
         on_seed_done=on_seed_done,
         jobs=jobs,
         threads=opts.threads,
+        monitor=monitor,
     )
+
+
+def train_reported(
+    opts: CompareOptions,
+    grid: Grid,
+    data_dir: Path,
+    settings: EvalSettings,
+    jobs: int | None = None,
+    on_seed_done: Callable[[Results], None] | None = None,
+) -> tuple[Grid, Results, dict[str, Any]]:
+    """Train the reported seeds of `grid` in order until the rule of --stop stops them
+    (`sequential`; `--stop fixed`: all of them); returns (the grid of the seeds used, their
+    results, report.json's `stopping`). Cells of later seeds that ran anyway stay cached but
+    are not returned: the decision and the report read seeds 0..n-1 only."""
+    rule = sequential.rule_of(opts)
+    monitor = sequential.Monitor(rule, grid)
+    results = train_cells(opts, grid, data_dir, settings, jobs, on_seed_done, monitor)
+    monitor.update(results)
+    n, reason = monitor.stopped_at, monitor.reason
+    if n is None:  # cannot happen: every cell ran unless it stopped
+        raise AssertionError("the grid finished without its monitor seeing every seed")
+    used = sequential.truncated(grid, n)
+    kept = {c.name: results[c.name] for c in used.cells}
+    return used, kept, sequential.record(rule, used, kept, n, reason, len(grid.seeds))

@@ -112,12 +112,13 @@ def _picklable(err: BaseException) -> bytes:
 
 
 def run_in_workers(
-    todo, runs: Path, data_dir: Path, settings, jobs, threads, display, finished, stop
+    todo, runs: Path, data_dir: Path, settings, jobs, threads, display, finished, stop, wants=None
 ) -> None:
     """Run the cells `todo` on `jobs` worker processes (see the module docstring). `display`
     (scheduler.GridDisplay) shows progress, `finished(cell, result, status)` takes each result,
-    `stop` (scheduler.StopRequest) tells of a Ctrl-C."""
-    pool = _WorkerPool(todo, runs, display, finished, stop)
+    `stop` (scheduler.StopRequest) tells of a Ctrl-C, `wants(cell)` whether a cell not yet
+    handed out should still start (a sequential comparison that has stopped: no)."""
+    pool = _WorkerPool(todo, runs, display, finished, stop, wants)
     pool.start(min(jobs, len(todo)), threads, jobs, data_dir, settings)
     try:
         pool.serve()
@@ -140,8 +141,9 @@ class _WorkerPool:
     """The parent's side of the workers: hands out cells, reads their events, notices a worker
     that died or never started."""
 
-    def __init__(self, todo, runs: Path, display, finished, stop) -> None:
+    def __init__(self, todo, runs: Path, display, finished, stop, wants=None) -> None:
         self.todo, self.runs, self.stop = todo, runs, stop
+        self.wants = wants or (lambda cell: True)
         self.display, self.finished = display, finished
         self.ctx = mp.get_context("spawn")
         self.events = self.ctx.Queue()
@@ -184,6 +186,7 @@ class _WorkerPool:
             signal.signal(signal.SIGINT, handler)
 
     def _accepting(self) -> bool:
+        self.pending = [(i, c) for i, c in self.pending if self.wants(c)]
         return bool(self.pending) and self.error is None and not self.stop.requested
 
     def serve(self) -> None:
