@@ -112,25 +112,33 @@ def comparisons(grid: Grid, results: Results, n: int, question: str) -> dict[str
     """The question's paired differences (label -> per-seed differences, seeds 0..n-1 in order)
     from seeds[:n] alone (all of their cells must be in `results`)."""
     seeds = grid.seeds[:n]
-    loss = _losses(grid, results, seeds)
-    allocs = grid.allocations
-    uniform = next(a for a in allocs if a.is_uniform)
+    losses = {
+        a.label: [results[grid.cell(a.name, s).name]["val"]["loss"] for s in seeds]
+        for a in grid.allocations
+    }
+    uniform = next(a.label for a in grid.allocations if a.is_uniform)
+    return question_diffs(losses, uniform, question)
 
-    def diff(a, b) -> list[float]:
-        return [x - y for x, y in zip(loss[a.name], loss[b.name])]
+
+def question_diffs(
+    losses: dict[str, list[float]], uniform: str, question: str
+) -> dict[str, list[float]]:
+    """The question's paired differences from per-seed losses (label -> values over the same
+    seeds, in the allocation list's order; `uniform`: the baseline's label). Losses relative to
+    uniform's of the same seed give the same differences (benchmarks/sequential_replay.py)."""
+    labels = list(losses)
+
+    def diff(a: str, b: str) -> list[float]:
+        return [x - y for x, y in zip(losses[a], losses[b])]
 
     if question == "each":
-        return {a.label: diff(a, uniform) for a in allocs if not a.is_uniform}
+        return {a: diff(a, uniform) for a in labels if a != uniform}
     # best: the lowest mean loss over these seeds (first in the list on a tie) and the
     # comparisons it rests on — vs uniform and vs its neighbours in the allocation list
-    i = min(range(len(allocs)), key=lambda k: (math.fsum(loss[allocs[k].name]), k))
-    best = allocs[i]
-    others = [uniform] + [allocs[k] for k in (i - 1, i + 1) if 0 <= k < len(allocs)]
-    out: dict[str, list[float]] = {}
-    for other in others:
-        if other is not best:
-            out.setdefault(f"{best.label} − {other.label}", diff(best, other))
-    return out
+    i = min(range(len(labels)), key=lambda k: (math.fsum(losses[labels[k]]), k))
+    best = labels[i]
+    others = [uniform] + [labels[k] for k in (i - 1, i + 1) if 0 <= k < len(labels)]
+    return {f"{best} − {o}": diff(best, o) for o in others if o != best}
 
 
 def complete_seeds(grid: Grid, results: Results) -> int:
@@ -151,6 +159,12 @@ def _state(rule: StopRule, diffs: dict[str, list[float]]) -> dict[str, dict[str,
         lo, hi = last["ci"]
         out[label] = last | {"excludes_zero": bool(lo > 0 or hi < 0)}
     return out
+
+
+def stops_at(rule: StopRule, diffs: dict[str, list[float]]) -> bool:
+    """Whether the rule stops after these differences (n = their length; the cap aside)."""
+    n = min((len(d) for d in diffs.values()), default=0)
+    return n >= rule.min_seeds and holds(rule, _state(rule, diffs))
 
 
 def holds(rule: StopRule, state: dict[str, dict[str, Any]]) -> bool:
@@ -180,11 +194,12 @@ class Monitor:
         cap = len(self.grid.seeds)
         while self.checked < ready:
             n = self.checked = self.checked + 1
-            if n >= self.rule.min_seeds and self.rule.kind != "fixed":
-                state = _state(self.rule, comparisons(self.grid, results, n, self.rule.question))
-                if holds(self.rule, state):
-                    self.stopped_at, self.reason = n, self.rule.kind
-                    return n < cap  # at the cap, nothing is left to skip anyway
+            question = self.rule.question
+            if self.rule.kind != "fixed" and stops_at(
+                self.rule, comparisons(self.grid, results, n, question)
+            ):
+                self.stopped_at, self.reason = n, self.rule.kind
+                return n < cap  # at the cap, nothing is left to skip anyway
             if n == cap:
                 self.stopped_at, self.reason = n, "cap"
         return False

@@ -1,0 +1,76 @@
+"""`taperlm compare --stop`: a tiny comparison stops adding seeds when its rule holds, gives the
+same stop and numbers on one process and on two workers (cells of later seeds that were already
+running stay cached and out of the report), and a stopped comparison resumed with a tighter rule
+continues from its cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from test_compare import ALLOCS, TINY, _cli, data_dir  # noqa: F401 (fixture)
+
+# a half-width any finite interval meets: stops at --min-seeds, the first n where the sequence
+# is bounded (n = 3 at the default error rate), whatever the tiny models' numbers are
+LOOSE = ["--stop", "half-width:100", "--min-seeds", "3"]
+
+
+def _run(data: Path, out: Path, *extra: str) -> tuple[dict, str]:
+    args = ["compare", *TINY, *ALLOCS, "--data", str(data), "--out", str(out), *extra]
+    rc, _, err = _cli(args)
+    assert rc == 0, err
+    return json.loads((out / "report.json").read_text()), err
+
+
+def _numbers(rep: dict) -> dict:
+    return {
+        "losses": {a["name"]: a["val_loss"]["values"] for a in rep["allocations"]},
+        "seeds": rep["meta"]["settings"]["seeds"],
+        "stopping": rep["stopping"],
+    }
+
+
+def test_stops_at_the_rule_the_same_on_any_number_of_workers_and_resumes(
+    data_dir,  # noqa: F811
+    tmp_path,
+):
+    one, _ = _run(data_dir, tmp_path / "one", "--seeds", "5", *LOOSE, "--jobs", "1")
+    s = one["stopping"]
+    assert (s["stopped_at"], s["reason"], s["cap"], s["rule"]) == (
+        3,
+        "half-width",
+        5,
+        "half-width:100",
+    )
+    assert one["meta"]["settings"]["seeds"] == [0, 1, 2]
+    assert all(a["val_loss"]["n"] == 3 for a in one["allocations"])
+    # one process: nothing of seeds 3, 4 ever started
+    assert sorted(p.name for p in (tmp_path / "one" / "runs").iterdir()) == sorted(
+        f"{a}-s{k}" for a in ("uniform", "late") for k in range(3)
+    )
+    assert [e["n"] for e in s["sequence"]] == [1, 2, 3] and s["sequence"][-1]["stops"]
+    assert s["sequence"][0]["comparisons"]["late"]["ci"] is None  # unbounded at n = 1
+    assert "--stop half-width:100" in one["meta"]["command"]
+    assert "--seeds 5" in one["meta"]["command"]  # the cap, not the seeds used
+    md = (tmp_path / "one" / "report.md").read_text()
+    assert "## When it stopped" in md and "stopped after 3 of at most 5 seeds" in md
+    assert (tmp_path / "one" / "sequence.png").is_file()
+
+    # two workers: a cell of seed 3 may already run when seed 2 completes; it finishes and
+    # stays cached, and the report is the one-process report to the last digit
+    two, _ = _run(data_dir, tmp_path / "two", "--seeds", "5", *LOOSE, "--jobs", "2")
+    assert _numbers(two) == _numbers(one)
+    assert not (tmp_path / "two" / "runs" / "uniform-s4").exists()  # never started
+
+    # resumed with a tighter rule: continues with seed 3 (seeds 0-2 cached), up to the new cap
+    tight, err = _run(data_dir, tmp_path / "one", "--seeds", "4", "--stop", "half-width:1e-9")
+    assert tight["stopping"]["reason"] == "cap" and tight["stopping"]["stopped_at"] == 4
+    trained = sorted(
+        ln.split(":")[0].split("] ")[1] for ln in err.splitlines() if ": trained" in ln
+    )
+    assert trained == ["late-s3", "uniform-s3"]
+    for a in tight["allocations"]:
+        assert a["val_loss"]["values"][:3] == _numbers(one)["losses"][a["name"]]
+    # and back to the looser rule: the stop at 3 again, from the cache alone
+    again, err = _run(data_dir, tmp_path / "one", "--seeds", "5", *LOOSE)
+    assert ": trained" not in err and _numbers(again) == _numbers(one)
