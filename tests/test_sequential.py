@@ -250,3 +250,29 @@ def test_bad_stop_options_fail_before_any_work(tmp_path: Path, field, value, mes
     opts = dataclasses.replace(CompareOptions(out=tmp_path), **{field: value})
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         check_options(opts)
+
+
+def test_the_replay_table_in_the_docs_is_the_scripts_rendering_of_the_stored_runs():
+    """docs/compare.md's replay table is benchmarks/sequential_replay.py's rendering of
+    results/sequential_replay.json, and that JSON is what the script computes today from the
+    stored scaling report (the rule as compare applies it)."""
+    import json
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    import sequential_replay as R
+
+    stored = json.loads((root / "benchmarks/results/sequential_replay.json").read_text())
+    page = (root / "docs/compare.md").read_text(encoding="utf-8")
+    assert R.markdown(stored["rows"]) in page
+    args = R.argparse.Namespace(
+        stop="decided", alpha=0.05, min_seeds=3, stop_on="each", scaling_tuning_runs=8
+    )
+    scaling = json.loads((root / "benchmarks/results/scaling_report.json").read_text())
+    fresh = R.from_scaling_report(scaling, args)
+    # the stops and the printed table; not every float's last bit (libm may differ by machine)
+    assert R.markdown(fresh) == R.markdown(stored["rows"])
+    key = ("comparison", "stop_on", "sequential_seeds", "reason")
+    assert [[r[k] for k in key] for r in fresh] == [[r[k] for k in key] for r in stored["rows"]]
+    assert all(v["same_verdict"] for r in fresh for v in r["verdicts"])
