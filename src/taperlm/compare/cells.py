@@ -22,9 +22,12 @@ from taperlm.compare.scheduler import run_grid
 Results = dict[str, dict[str, Any]]
 
 
-def choose_jobs(opts: CompareOptions, grid: Grid, runs: Path, settings: EvalSettings) -> int:
+def choose_jobs(
+    opts: CompareOptions, grid: Grid, runs: Path, settings: EvalSettings, reported: bool = False
+) -> int:
     """--jobs, else as many cells at a time as idle cores allow at --threads each (at least
-    one, at most the cells left to run); says what it chose and why."""
+    one, at most the cells left to run); says what it chose and why (`reported`: a grid of
+    reported seeds, which --stop may end sooner)."""
     # module attributes, looked up per call: tests stand in for the machine and the cells' state
     todo = sum(
         runner.cell_state(c, runs / c.name, settings.to_dict())[0] != "cached" for c in grid.cells
@@ -40,8 +43,9 @@ def choose_jobs(opts: CompareOptions, grid: Grid, runs: Path, settings: EvalSett
         idle, usable, busy = cpus.idle_cpus()
         jobs = max(1, min(todo, idle // opts.threads))
         why = f"{usable} usable CPU(s), {busy:.1f} busy with other processes; --jobs N to override"
+    most = "up to " if reported and opts.stop.strip() != "fixed" else ""
     print(
-        f"taperlm compare: {todo} cell(s) to run, {min(jobs, todo)} at a time with "
+        f"taperlm compare: {most}{todo} cell(s) to run, {min(jobs, todo)} at a time with "
         f"{opts.threads} torch thread(s) each ({why})",
         file=sys.stderr,
     )
@@ -89,6 +93,8 @@ def train_reported(
     are not returned: the decision and the report read seeds 0..n-1 only."""
     rule = sequential.rule_of(opts)
     monitor = sequential.Monitor(rule, grid)
+    if jobs is None:
+        jobs = choose_jobs(opts, grid, opts.out / "runs", settings, reported=True)
     results = train_cells(opts, grid, data_dir, settings, jobs, on_seed_done, monitor)
     monitor.update(results)
     n, reason = monitor.stopped_at, monitor.reason

@@ -151,7 +151,7 @@ def _run_locked(
         f"({grid.budget[grid.allocations[0].name]['params']:,} params each) into {opts.out}",
         file=sys.stderr,
     )
-    jobs = choose_jobs(opts, grid, opts.out / "runs", settings)
+    jobs = choose_jobs(opts, grid, opts.out / "runs", settings, reported=True)
     stopping: dict[str, Any] | None = None
     report = _reporter(opts, grid, inputs, clock, jobs, tuning, lambda: stopping)
 
