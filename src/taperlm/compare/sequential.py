@@ -39,6 +39,7 @@ from typing import Any
 from taperlm import stats
 from taperlm.analysis.plots import plot_interval_series
 from taperlm.compare.grid import Grid
+from taperlm.compare.report import md_table
 from taperlm.errors import ConfigError
 
 STOP_RULES = ("fixed", "decided", "half-width:X")
@@ -342,9 +343,7 @@ def section(stopping: dict[str, Any]) -> list[str]:
         "above are the fixed-n ones at the n it stopped at, shown for comparison with fixed "
         "designs; after a data-dependent stop only the anytime-valid interval keeps its level.",
         "",
-        "|" + "|".join(head) + "|",
-        "|" + "|".join("---" for _ in head) + "|",
-        *("|" + "|".join(r) + "|" for r in rows),
+        *md_table(head, rows),
         "",
         "`*`: the interval excludes 0.",
         "",
