@@ -5,8 +5,12 @@ continues from its cache."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from pathlib import Path
+
+import pytest
 
 from test_compare import ALLOCS, TINY, _cli, data_dir  # noqa: F401 (fixture)
 
@@ -71,6 +75,30 @@ def test_stops_at_the_rule_the_same_on_any_number_of_workers_and_resumes(
     assert trained == ["late-s3", "uniform-s3"]
     for a in tight["allocations"]:
         assert a["val_loss"]["values"][:3] == _numbers(one)["losses"][a["name"]]
+    # the replay of benchmarks/sequential_replay.py on the 4-seed report stops where compare
+    # stopped under the same rule, and sums the recorded run seconds of the seeds it used
+    replay = _replay(tight, "half-width:100")
+    assert (replay["fixed_seeds"], replay["sequential_seeds"], replay["reason"]) == (
+        4,
+        3,
+        "half-width",
+    )
+    per_seed = [sum(_run_s(a["per_seed"][str(k)]) for a in tight["allocations"]) for k in range(4)]
+    assert replay["fixed_run_s"] == pytest.approx(sum(per_seed)) and per_seed[3] > 0
+    assert replay["sequential_run_s"] == pytest.approx(sum(per_seed[:3]))
     # and back to the looser rule: the stop at 3 again, from the cache alone
     again, err = _run(data_dir, tmp_path / "one", "--seeds", "5", *LOOSE)
     assert ": trained" not in err and _numbers(again) == _numbers(one)
+
+
+def _run_s(entry: dict) -> float:
+    return entry["train_wall_s"] + sum(v or 0.0 for v in (entry["times"] or {}).values())
+
+
+def _replay(report: dict, stop: str) -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import sequential_replay
+
+    args = argparse.Namespace(stop=stop, alpha=0.05, min_seeds=3, stop_on="each")
+    (row,) = sequential_replay.from_compare_report("tiny", report, args)
+    return row
