@@ -62,9 +62,10 @@ def test_stops_at_the_rule_the_same_on_any_number_of_workers_and_resumes(
 
     # two workers: a cell of seed 3 may already run when seed 2 completes; it finishes and
     # stays cached, and the report is the one-process report to the last digit
-    two, _ = _run(data_dir, tmp_path / "two", "--seeds", "5", *LOOSE, "--jobs", "2")
+    two, err2 = _run(data_dir, tmp_path / "two", "--seeds", "5", *LOOSE, "--jobs", "2")
     assert _numbers(two) == _numbers(one)
     assert not (tmp_path / "two" / "runs" / "uniform-s4").exists()  # never started
+    assert "half-width after 3 seed(s): no new cells start" in err2
 
     # resumed with a tighter rule: continues with seed 3 (seeds 0-2 cached), up to the new cap
     tight, err = _run(data_dir, tmp_path / "one", "--seeds", "4", "--stop", "half-width:1e-9")
@@ -75,6 +76,10 @@ def test_stops_at_the_rule_the_same_on_any_number_of_workers_and_resumes(
     assert trained == ["late-s3", "uniform-s3"]
     for a in tight["allocations"]:
         assert a["val_loss"]["values"][:3] == _numbers(one)["losses"][a["name"]]
+    # the two-worker folder resumed likewise: a seed-3 cell stopped there with a checkpoint
+    # (or finished) continues to the very numbers the one-process folder trained from scratch
+    tight2, _ = _run(data_dir, tmp_path / "two", "--seeds", "4", "--stop", "half-width:1e-9")
+    assert _numbers(tight2) == _numbers(tight)
     # the replay of benchmarks/sequential_replay.py on the 4-seed report stops where compare
     # stopped under the same rule, and sums the recorded run seconds of the seeds it used
     replay = _replay(tight, "half-width:100")
@@ -102,3 +107,42 @@ def _replay(report: dict, stop: str) -> dict:
     args = argparse.Namespace(stop=stop, alpha=0.05, min_seeds=3, stop_on="each")
     (row,) = sequential_replay.from_compare_report("tiny", report, args)
     return row
+
+
+def test_workers_stop_running_cells_the_comparison_no_longer_needs():
+    """After the stop, a worker running a cell of a later seed is asked to stop it (SIGTERM:
+    checkpoint at the next step), a worker on a wanted cell is left alone, and the halted cell's
+    "interrupted" report is not taken for a Ctrl-C (which would end compare with an error)."""
+    import subprocess
+    import time
+    from types import SimpleNamespace
+
+    from taperlm.compare import workers
+
+    sleepers = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
+    try:
+        procs = [
+            SimpleNamespace(pid=p.pid, is_alive=lambda p=p: p.poll() is None) for p in sleepers
+        ]
+        todo = [SimpleNamespace(seed=2, name="a-s2"), SimpleNamespace(seed=3, name="a-s3")]
+        pool = workers._WorkerPool.__new__(workers._WorkerPool)
+        pool.todo, pool.procs, pool.running = todo, procs, {0: 0, 1: 1}
+        pool.wants, pool.halting, pool.halted, pool.interrupted = (
+            lambda c: c.seed < 3,
+            set(),
+            [],
+            [],
+        )
+        pool.stop_sent = None
+        pool._halt_unwanted()
+        assert pool.halting == {1} and pool.stop_sent is not None
+        deadline = time.monotonic() + 10
+        while sleepers[1].poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sleepers[1].returncode == -15 and sleepers[0].poll() is None
+        pool._handle("interrupted", 1, (1, "a-s3 stopped at step 2/4 (checkpointed)"))
+        assert pool.halted and not pool.interrupted and pool.running == {0: 0}
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait()

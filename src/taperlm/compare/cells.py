@@ -89,8 +89,8 @@ def train_reported(
 ) -> tuple[Grid, Results, dict[str, Any]]:
     """Train the reported seeds of `grid` in order until the rule of --stop stops them
     (`sequential`; `--stop fixed`: all of them); returns (the grid of the seeds used, their
-    results, report.json's `stopping`). Cells of later seeds that ran anyway stay cached but
-    are not returned: the decision and the report read seeds 0..n-1 only."""
+    results, report.json's `stopping`). Cells of later seeds that were running (with --jobs > 1)
+    stop with a checkpoint, or stay cached when done first, and are not returned: the decision and the report read seeds 0..n-1 only."""
     rule = sequential.rule_of(opts)
     monitor = sequential.Monitor(rule, grid)
     if jobs is None:

@@ -198,7 +198,7 @@ def run_grid(
             announced.append(True)
             display.write(
                 f"taperlm compare: {monitor.reason} after {monitor.stopped_at} seed(s): no new "
-                "cells start (cells already running finish and stay cached)"
+                "cells start; running ones stop at their next step with a checkpoint"
             )
         seed_cells = [c.name for c in grid.cells if c.seed == cell.seed]
         if (

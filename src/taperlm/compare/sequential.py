@@ -19,7 +19,8 @@ lowest-loss allocation rests on: it vs uniform and vs its neighbours in the allo
 
 Determinism: the decision at n reads ONLY seeds 0..n-1 and is taken at the first such n, in
 order, never at "whichever cells finished first"; cells of later seeds that were already running
-finish and stay cached but take no part (`truncated`: the grid the report describes). So the
+stop at their next step with a checkpoint (or, done first, stay cached) and take no part
+(`truncated`: the grid the report describes). So the
 same command gives the same stop on any number of workers, under any load and after any
 interruption, and a stopped comparison resumed with a tighter rule continues from its cache.
 
@@ -337,8 +338,8 @@ def section(stopping: dict[str, Any]) -> list[str]:
         f"at least {stopping['min_seeds']} seeds, at most {stopping['cap']} (`--seeds`), "
         f"question `--stop-on {stopping['stop_on']}`. Seeds are added in order and the decision "
         "at n uses seeds 0..n-1 only, so the stop is the same on any number of workers; cells "
-        "of later seeds that were already running may be cached in runs/ but are not part of "
-        f"this report. The interval is the {pct} {stopping['construction']}: it holds at every "
+        "of later seeds that were already running may be in runs/ (checkpointed or done) but "
+        f"are not part of this report. The interval is the {pct} {stopping['construction']}: it holds at every "
         "n at once, so stopping on it keeps its level. The Student-t intervals of the tables "
         "above are the fixed-n ones at the n it stopped at, shown for comparison with fixed "
         "designs; after a data-dependent stop only the anytime-valid interval keeps its level.",
