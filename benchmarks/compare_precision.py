@@ -58,7 +58,9 @@ def run_candidate(
     """Run (or reuse) one candidate's comparison and read its numbers."""
     folder = out / name
     cmd = [sys.executable, "-m", "taperlm.cli", "compare", "--tapers", TAPERS]
-    cmd += ["--seeds", str(seeds), "--no-progress", *common, *args, "--out", str(folder)]
+    # --stop fixed: the precision at a given number of seeds is the question, so every seed runs
+    cmd += ["--seeds", str(seeds), "--stop", "fixed", "--no-progress", *common, *args]
+    cmd += ["--out", str(folder)]
     cpu0, t0 = child_cpu_s(), time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall, cpu = time.perf_counter() - t0, child_cpu_s() - cpu0

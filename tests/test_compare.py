@@ -962,6 +962,7 @@ def test_paper_families_end_to_end(data_dir, tmp_path):
             [t["per_seed"][s]["val_loss"] - u["per_seed"][s]["val_loss"] for s in ("0", "1")]
         )
         assert f["paper_760m"]["uniform"]["Wiki ppl"] in (21.86, 21.58)
+        assert sub["stopping"]["stop_on"] == "each" and sub["stopping"]["cap"] == 2
     titans = _report(out / "titans-mag-micro")["base_config"]["model"]
     assert titans["titans"]["window"] == 16 and titans["titans"]["variant"] == "mag"
     assert "titans" not in _report(out / "transformer-micro")["base_config"]["model"]

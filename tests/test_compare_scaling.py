@@ -131,6 +131,7 @@ def test_scaling_mode_end_to_end_at_toy_scale(data_dir, tmp_path, capsys):  # no
     for p in rep["points"]:
         sub = json.loads((out / p["point"] / "report.json").read_text())
         assert sub["lr_tuning"]["scope"] == "uniform"
+        assert sub["stopping"]["stop_on"] == "best"  # each point stops on its own question
         assert p["lr"] == sub["lr_tuning"]["chosen_lr"]["uniform"] == sub["meta"]["settings"]["lr"]
         assert sub["meta"]["settings"]["tokens"] == p["tokens"]
         assert p["fit"]["n_seeds"] == 2 and 1.0 <= p["fit"]["best"] <= 1.9

@@ -79,6 +79,11 @@ def test_report_shows_curves_both_differences_and_cost(tuned):
     cost = rep["lr_tuning"]["cost"]
     assert cost["tuning_cells"] == 4 and cost["factor"] > 1.0
     assert "--tune-lr --lr-grid 0.0005,0.02 --tune-seeds 1" in rep["meta"]["command"]
+    # both reported stages add seeds under --stop (the default, decided), each on its own
+    # question: at a cap of 2 seeds (the sequence is unbounded there) both run to the cap
+    assert rep["stopping"]["reason"] == rep["lr_tuning"]["tuned_stopping"]["reason"] == "cap"
+    assert rep["lr_tuning"]["tuned_stopping"]["cap"] == 2
+    assert "The own-lr comparison ran all 2 seeds" in md and "## When it stopped" in md
 
 
 def test_rerun_trains_nothing(tuned, data_dir):  # noqa: F811

@@ -10,6 +10,8 @@ paired statistics and plots.
 - `runner`: brings one cell to done (train or resume, evaluate, measure), resumably, and records
   how it ran; `scheduler`: runs the grid's cells here one after the other or `--jobs` at a time
   on `workers` (spawned processes, one torch thread each), with progress and Ctrl-C handling.
+- `sequential`: seeds added in order until the question is settled (`--stop`), decided from
+  seeds 0..n-1 alone; `cells.train_reported` applies it to every stage that reports seeds.
 - `summary`: the statistics (mean, std, paired differences with t-based CIs, rank agreement
   with the paper); `plots`: the PNGs; `report`: report.md and report.json.
 """

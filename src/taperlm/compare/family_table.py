@@ -325,13 +325,21 @@ def render_family_markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str
     s, size = first["settings"], meta["preset_size"]
     done = "" if meta["done"] == meta["total"] else f" (PARTIAL: {meta['done']}/{meta['total']})"
     links = ", ".join(f"[{e['preset']}]({e['preset']}/report.md)" for e in entries)
+    # each family adds seeds until its own comparison is settled (--stop): the counts may differ
+    used = {e["preset"]: len(e["settings"]["seeds"]) for e in entries}
+    if len(set(used.values())) == 1:
+        n_seeds, seeds = f"{len(s['seeds'])} seeds", f"seeds {s['seeds']}"
+    else:
+        n_seeds = f"up to {max(used.values())} seeds"
+        seeds = "seeds " + ", ".join(f"0..{n - 1} ({p})" for p, n in used.items())
+        seeds += " (each family stops on its own comparison: its report's 'When it stopped')"
     lines = [
-        f"# taperlm compare — paper families: {size} presets, {len(s['seeds'])} seeds, "
+        f"# taperlm compare — paper families: {size} presets, {n_seeds}, "
         f"{s['tokens']:,} tokens/run{done}",
         "",
         *produced_by(meta["command"]),
-        f"- every family's preset at size {size}, uniform vs tapered `{first['taper']}`, seeds "
-        f"{s['seeds']}, {s['tokens']:,} tokens per run ({s['steps']} steps of "
+        f"- every family's preset at size {size}, uniform vs tapered `{first['taper']}`, "
+        f"{seeds}, {s['tokens']:,} tokens per run ({s['steps']} steps of "
         f"{s['batch_tokens']:,} tokens, seq_len {s['seq_len']}, peak lr {s['lr']:g}); "
         f"validation on the first {s['val_tokens']:,} tokens of the val split of `{s['data_dir']}`",
         f"- budgets: within every family both allocations have exactly the same parameters and "

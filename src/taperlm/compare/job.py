@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from taperlm import __version__
+from taperlm.compare import sequential, tuning_report
 from taperlm.compare import tuning as tune
-from taperlm.compare import tuning_report
-from taperlm.compare.cells import choose_jobs, train_cells
+from taperlm.compare.cells import choose_jobs, train_reported
 from taperlm.compare.grid import (
     DEFAULT_TAPERS,
     Allocation,
@@ -73,6 +73,7 @@ def check_options(opts: CompareOptions) -> tuple[list[Allocation], RunConfig]:
     """Validate everything that does not need the data (so that nothing is prepared or trained
     for a comparison that cannot run); returns (allocations, provisional base config)."""
     check_option_ranges(opts)
+    sequential.rule_of(opts)  # a bad --stop fails before any work
     allocs = allocations(opts)
     tune.check_tuning_options(opts, list(range(opts.seeds)), allocs)
     provisional = base_config(opts, None, None)
@@ -150,18 +151,22 @@ def _run_locked(
         f"({grid.budget[grid.allocations[0].name]['params']:,} params each) into {opts.out}",
         file=sys.stderr,
     )
-    jobs = choose_jobs(opts, grid, opts.out / "runs", settings)
-    report = _reporter(opts, grid, inputs, clock, jobs, tuning)
+    jobs = choose_jobs(opts, grid, opts.out / "runs", settings, reported=True)
+    stopping: dict[str, Any] | None = None
+    report = _reporter(opts, grid, inputs, clock, jobs, tuning, lambda: stopping)
 
     def partial(results: Results) -> None:
-        report(results, f" (PARTIAL: {len(results)}/{len(grid.cells)} runs done)")
+        report(grid, results, f" (PARTIAL: {len(results)}/{len(grid.cells)} runs done)")
 
-    results = train_cells(opts, grid, data_dir, settings, jobs=jobs, on_seed_done=partial)
+    cap_grid = grid
+    grid, results, stopping = train_reported(
+        opts, grid, data_dir, settings, jobs=jobs, on_seed_done=partial
+    )
     if tuning:
         if tuning["scope"] == "each":
-            tune.run_tuned(opts, grid, results, tuning, data_dir, settings)
+            tune.run_tuned(opts, grid, results, tuning, data_dir, settings, cap_grid)
         tune.finish_cost(tuning, list(results.values()))
-    return report(results, "")
+    return report(grid, results, "")
 
 
 def _reporter(
@@ -171,23 +176,28 @@ def _reporter(
     clock: _Clock,
     jobs: int,
     tuning: dict[str, Any] | None,
-) -> Callable[[Results, str], tuple[Path, Path]]:
-    """report(results, title suffix): writes report.md / report.json (and, with --tune-lr,
-    report.json's `lr_tuning`, its section and lr_tuning.png) for the results so far."""
+    stopping: Callable[[], dict[str, Any] | None],
+) -> Callable[[Grid, Results, str], tuple[Path, Path]]:
+    """report(grid, results, title suffix): writes report.md / report.json for the results so
+    far: with --tune-lr report.json's `lr_tuning`, its section and lr_tuning.png; once the seeds
+    are settled (`stopping()`), `stopping`, its section and sequence.png."""
     command = canonical_command(opts, grid)
 
-    def report(results: Results, suffix: str) -> tuple[Path, Path]:
-        meta = _report_meta(opts, grid, results, command, inputs) | {
+    def report(used: Grid, results: Results, suffix: str) -> tuple[Path, Path]:
+        meta = _report_meta(opts, used, results, command, inputs) | {
             "wall_s": clock.wall(),
             "cpu_s": clock.cpu(),
             "jobs": jobs,
         }
         meta["title"] += suffix
-        extra = None
+        extras = []
+        stop = stopping()
+        if stop is not None:
+            extras.append(("stopping", sequential.with_plot(stop, opts.out), sequential.section))
         if tuning:
             plotted = tuning_report.with_plot(tuning, opts.out)
-            extra = ("lr_tuning", plotted, tuning_report.tuning_section)
-        return write_report(grid, results, opts.out, meta, extra)
+            extras.append(("lr_tuning", plotted, tuning_report.tuning_section))
+        return write_report(used, results, opts.out, meta, extras)
 
     return report
 

@@ -43,6 +43,14 @@ DEFAULT_THREADS = 1  # torch threads per cell (worker); cells run in parallel in
 PAPER_MODES = ("controlled", "sweep", "families", "scaling")
 # --paper families: the families compared (taperlm.compare.families)
 DEFAULT_FAMILIES = ("transformer", "gated", "hope", "titans-mag")
+# Sequential seeds (taperlm.compare.sequential; docs/compare.md, "Stopping when decided"): the
+# default stops the main job as soon as its anytime-valid 95% interval excludes 0 — the sign it
+# is run for, decided at 4 of 15 seeds in a replay of its recorded runs — and never later than
+# --seeds; --stop fixed is the fixed design.
+DEFAULT_STOP = "decided"
+DEFAULT_STOP_ALPHA = 0.05
+DEFAULT_MIN_SEEDS = 3
+STOP_QUESTIONS = ("each", "best")
 # --tune-lr (taperlm.compare.tuning): tuning seeds per (allocation, lr), and the scopes
 DEFAULT_TUNE_SEEDS = 2
 TUNE_SCOPES = ("each", "uniform")
@@ -126,8 +134,38 @@ class CompareOptions:
     )
     seeds: int | None = option(  # None: DEFAULT_SEEDS, or PAPER_MODE_SEEDS with --paper
         "--seeds",
-        f"seeds 0..N-1 [{DEFAULT_SEEDS}; {PAPER_MODE_SEEDS} with --paper]",
+        f"seeds 0..N-1, the most trained: --stop may stop sooner [{DEFAULT_SEEDS}; "
+        f"{PAPER_MODE_SEEDS} with --paper]",
         domain=up_to(MAX_COUNT),
+    )
+    stop: str = option(  # fixed | decided | half-width:X (taperlm.compare.sequential)
+        "--stop",
+        "when to stop adding seeds (in order; the decision at n reads seeds 0..n-1 only): "
+        "decided = when every comparison's anytime-valid interval excludes 0; half-width:X = "
+        "when every one is within +-X nats; fixed = all --seeds. Always at --seeds "
+        f"[{DEFAULT_STOP}]",
+        default=DEFAULT_STOP,
+    )
+    stop_alpha: float = option(  # the error rate of each comparison's confidence sequence
+        "--stop-alpha",
+        "--stop: error rate of each comparison's anytime-valid interval, however often it is "
+        f"looked at [{DEFAULT_STOP_ALPHA:g}]",
+        default=DEFAULT_STOP_ALPHA,
+        type=float,
+    )
+    min_seeds: int = option(  # no stop before this many seeds
+        "--min-seeds",
+        f"--stop: never stop before N seeds [{DEFAULT_MIN_SEEDS}]",
+        default=DEFAULT_MIN_SEEDS,
+        domain=up_to(MAX_COUNT),
+    )
+    stop_on: str = option(  # each | best (taperlm.compare.sequential.comparisons)
+        "--stop-on",
+        "--stop: the comparisons that must be settled: each = every allocation vs uniform "
+        "(default); best = the lowest-loss allocation vs uniform and vs its neighbours in the "
+        "list (--paper scaling's points)",
+        default="each",
+        choices=STOP_QUESTIONS,
     )
     tokens: int | None = option(
         "--tokens",

@@ -26,6 +26,9 @@ from taperlm.config import to_dict
 from taperlm.io import atomic_write_json, atomic_write_text
 from taperlm.stats import relative_ppl_change
 
+# another part's report: (report.json key, its data, the lines of its report.md section)
+Extra = tuple[str, Any, Callable[[Any], list[str]]]
+
 
 def mean_pm(s: dict[str, Any], fmt: str) -> str:
     if s["mean"] is None:
@@ -440,19 +443,19 @@ def write_report(
     results: dict[str, dict[str, Any]],
     out_dir: Path,
     meta: dict[str, Any],
-    extra: tuple[str, Any, Callable[[Any], list[str]]] | None = None,
+    extra: Extra | Sequence[Extra] | None = None,
 ) -> tuple[Path, Path]:
-    """report.json, report.md and the PNGs in out_dir; `extra` = (key, data, render): data goes
-    into report.json under `key`, and render(data)'s lines into report.md after the validation
-    table."""
+    """report.json, report.md and the PNGs in out_dir; `extra` = (key, data, render), or a list
+    of them: data goes into report.json under `key`, and render(data)'s lines into report.md
+    after the validation table, in the order given."""
     summary = summarize(grid, results)
     meta = dict(meta)
     meta["plots"] = write_plots(grid, results, out_dir, summary)
     lines: list[str] = []
-    if extra is not None:  # another part's numbers and section, e.g. --tune-lr's
-        key, data, render = extra
+    extras = [extra] if isinstance(extra, tuple) else list(extra or [])
+    for key, data, render in extras:  # other parts' numbers and sections, e.g. --tune-lr's
         summary[key] = data
-        lines = render(data)
+        lines += render(data)
     doc = {
         "meta": meta,
         "base_config": to_dict(grid.base),

@@ -157,6 +157,9 @@ def point_options(opts, plan: ScalingPlan) -> list[tuple[str, ScalingSize, int, 
                 tune_lr=True,
                 tune_scope="uniform",
                 preset_size=None,
+                # each point stops on its own question: the comparisons its best ratio rests
+                # on (it vs uniform and vs its neighbouring ratios; taperlm.compare.sequential)
+                stop_on="best",
             )
             out.append((key, size, tokens, sub))
     return out
@@ -197,7 +200,9 @@ def _command(opts, sub) -> str:
     parts = ["taperlm", "compare", "--paper", "scaling"]
     if opts.preset_size:
         parts += ["--preset-size", opts.preset_size]
-    args = run_arguments(dataclasses.replace(opts, tune_lr=True, tune_scope="uniform"), 0, 0)
+    args = run_arguments(
+        dataclasses.replace(opts, tune_lr=True, tune_scope="uniform", stop_on="best"), 0, 0
+    )
     args = args[4:]  # --seeds/--tokens belong to the points; the seeds follow:
     return shlex.join([*parts, "--seeds", str(sub.seeds), *args])
 

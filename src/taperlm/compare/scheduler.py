@@ -27,6 +27,7 @@ from taperlm.compare.runner import (
     read_result,
     run_cell,
 )
+from taperlm.compare.sequential import Monitor
 from taperlm.compare.workers import run_in_workers
 from taperlm.progress import progress_bar
 
@@ -159,6 +160,7 @@ def run_grid(
     on_seed_done: Callable[[dict[str, dict[str, Any]]], None] | None = None,
     jobs: int = 1,
     threads: int = 1,
+    monitor: Monitor | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Run every cell (resuming/caching as described above); cell name -> result.
 
@@ -167,7 +169,9 @@ def run_grid(
     cell computes the same numbers either way. `on_seed_done(results so far)` is called whenever
     the last cell of a seed finishes (not after the final cell), e.g. to write a partial report.
     Ctrl-C stops the running cells at their next step with a checkpoint and raises
-    KeyboardInterrupt."""
+    KeyboardInterrupt. With a `monitor` (`taperlm.compare.sequential.Monitor`), no cell is
+    started once it has stopped (cells already running finish); the result then holds the cells
+    that were done, the monitor's seeds among them."""
     runs = out_dir / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     settings_dict = settings.to_dict()
@@ -179,6 +183,9 @@ def run_grid(
             results[cell.name] = cached
         else:
             todo.append(cell)
+    announced: list[bool] = []  # the stop was said
+    if monitor is not None and monitor.update(results):  # decided from the cache alone
+        todo, announced = [], [True]
     display = GridDisplay(grid, runs, min(jobs, len(todo)), progress, log)
     for cell in grid.cells:
         if cell.name in results:
@@ -187,6 +194,12 @@ def run_grid(
     def finished(cell: Cell, result: dict[str, Any], status: str) -> None:
         results[cell.name] = result
         display.done(cell, result, status)
+        if monitor is not None and not announced and monitor.update(results):
+            announced.append(True)
+            display.write(
+                f"taperlm compare: {monitor.reason} after {monitor.stopped_at} seed(s): no new "
+                "cells start; running ones stop at their next step with a checkpoint"
+            )
         seed_cells = [c.name for c in grid.cells if c.seed == cell.seed]
         if (
             on_seed_done is not None
@@ -195,27 +208,32 @@ def run_grid(
         ):
             on_seed_done(dict(results))
 
+    def wants(cell: Cell) -> bool:  # whether to start the cell (the monitor has not stopped)
+        return monitor is None or monitor.wants(cell.seed)
+
     try:
         with StopRequest() as stop:
             if jobs > 1 and len(todo) > 1:
                 run_in_workers(
-                    todo, runs, data_dir, settings, jobs, threads, display, finished, stop
+                    todo, runs, data_dir, settings, jobs, threads, display, finished, stop, wants
                 )
             else:
-                _run_here(
-                    todo, runs, SharedInputs(data_dir, settings), threads, display, finished, stop
-                )
+                shared = SharedInputs(data_dir, settings)
+                _run_here(todo, runs, shared, threads, display, finished, stop, wants)
     finally:
         display.close()
-    return {c.name: results[c.name] for c in grid.cells}
+    return {c.name: results[c.name] for c in grid.cells if c.name in results}
 
 
-def _run_here(todo, runs, shared, threads, display, finished, stop) -> None:
-    """The cells one after the other in this process, with `threads` torch threads."""
+def _run_here(todo, runs, shared, threads, display, finished, stop, wants) -> None:
+    """The cells one after the other in this process, with `threads` torch threads (those
+    `wants(cell)` still asks for when their turn comes)."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         for cell in todo:
+            if not wants(cell):
+                continue
             clock = CheckpointClock(cell.config.train.checkpoint_every, lambda: stop.requested)
 
             def on_step(step: int, total: int, loss: float, cell=cell, clock=clock):

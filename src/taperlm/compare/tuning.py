@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from taperlm import stats
-from taperlm.compare.cells import train_cells
+from taperlm.compare.cells import train_cells, train_reported
 from taperlm.compare.grid import Allocation, Cell, Grid, build_grid
 from taperlm.compare.options import DEFAULT_TUNE_SEEDS, TUNE_SCOPES
 from taperlm.compare.summary import summarize
@@ -298,12 +298,17 @@ def with_chosen_lr(base, tuning: dict[str, Any], alloc_name: str):
     return cfg
 
 
-def run_tuned(opts, grid: Grid, results, tuning, data_dir: Path, settings) -> None:
+def run_tuned(
+    opts, grid: Grid, results, tuning, data_dir: Path, settings, cap: Grid | None = None
+) -> None:
     """Scope `each`: the reported seeds with every allocation at its own chosen lr (cells at the
-    recipe's lr are the shared-lr cells, already done); fills tuning["tuned"] and the cost."""
+    recipe's lr are the shared-lr cells, already done); fills tuning["tuned"] and the cost.
+    `grid`/`results`: the shared-lr comparison as reported; `cap`: its grid of every seed up to
+    --seeds (default `grid`), over which the own-lr comparison adds seeds in order and stops on
+    its own question by --stop (`tuning["tuned_stopping"]`)."""
     recipe = tuning["recipe_lr"]
-    tgrid = tuned_cells(grid, tuning["chosen_lr"], recipe)
-    tres = train_cells(opts, tgrid, data_dir, settings)
+    tgrid = tuned_cells(cap or grid, tuning["chosen_lr"], recipe)
+    tgrid, tres, tuning["tuned_stopping"] = train_reported(opts, tgrid, data_dir, settings)
     shared = {a["name"]: a for a in summarize(grid, results)["allocations"]}
     tuned = summarize(tgrid, tres)["allocations"]
     rows = []

@@ -7,6 +7,10 @@ sequential path, so every cell computes the same numbers whatever the number of 
 Workers report progress, results and errors through one queue; the parent draws the bars, writes
 the result lines and the partial reports.
 
+A sequential comparison that has stopped (`wants(cell)` false for the cells of later seeds)
+hands out no more cells and asks the workers still running such cells to stop the same way
+(checkpointed, not reported, resumed by a later run that needs them).
+
 Stopping: Ctrl-C reaches the workers too (same process group); a worker then finishes its
 current step, saves a checkpoint and reports the cell as interrupted, and the parent raises
 KeyboardInterrupt once all have stopped. A second Ctrl-C in the parent kills the workers at
@@ -112,12 +116,13 @@ def _picklable(err: BaseException) -> bytes:
 
 
 def run_in_workers(
-    todo, runs: Path, data_dir: Path, settings, jobs, threads, display, finished, stop
+    todo, runs: Path, data_dir: Path, settings, jobs, threads, display, finished, stop, wants=None
 ) -> None:
     """Run the cells `todo` on `jobs` worker processes (see the module docstring). `display`
     (scheduler.GridDisplay) shows progress, `finished(cell, result, status)` takes each result,
-    `stop` (scheduler.StopRequest) tells of a Ctrl-C."""
-    pool = _WorkerPool(todo, runs, display, finished, stop)
+    `stop` (scheduler.StopRequest) tells of a Ctrl-C, `wants(cell)` whether a cell not yet
+    handed out should still start (a sequential comparison that has stopped: no)."""
+    pool = _WorkerPool(todo, runs, display, finished, stop, wants)
     pool.start(min(jobs, len(todo)), threads, jobs, data_dir, settings)
     try:
         pool.serve()
@@ -130,6 +135,8 @@ def run_in_workers(
         pool.close()
     for line in pool.interrupted:
         display.write(f"taperlm compare: {line}")
+    for line in pool.halted:
+        display.write(f"taperlm compare: {line}: not needed now (a run with more seeds resumes it)")
     if pool.error is not None:
         raise pool.error
     if stop.requested or pool.interrupted:
@@ -140,8 +147,11 @@ class _WorkerPool:
     """The parent's side of the workers: hands out cells, reads their events, notices a worker
     that died or never started."""
 
-    def __init__(self, todo, runs: Path, display, finished, stop) -> None:
+    def __init__(self, todo, runs: Path, display, finished, stop, wants=None) -> None:
         self.todo, self.runs, self.stop = todo, runs, stop
+        self.wants = wants or (lambda cell: True)
+        self.halting: set[int] = set()  # slots asked to stop a cell no longer wanted
+        self.halted: list[str] = []
         self.display, self.finished = display, finished
         self.ctx = mp.get_context("spawn")
         self.events = self.ctx.Queue()
@@ -184,6 +194,7 @@ class _WorkerPool:
             signal.signal(signal.SIGINT, handler)
 
     def _accepting(self) -> bool:
+        self.pending = [(i, c) for i, c in self.pending if self.wants(c)]
         return bool(self.pending) and self.error is None and not self.stop.requested
 
     def serve(self) -> None:
@@ -230,17 +241,33 @@ class _WorkerPool:
         elif kind == "done":
             index, result, status = payload
             self.running.pop(slot)
+            self.halting.discard(slot)  # it finished before it saw the request: kept, cached
             self.idle.append(slot)
             self.finished(self.todo[index], result, status)
+            self._halt_unwanted()
         elif kind == "interrupted":
             self.running.pop(slot)
-            self.interrupted.append(payload[1])
+            (self.halted if slot in self.halting else self.interrupted).append(payload[1])
         elif kind == "error":
             index, data = payload
             self.running.pop(slot)
             if self.error is None:
                 self.error = pickle.loads(data)
                 _signal_all(self.procs)  # the others checkpoint and stop
+
+    def _halt_unwanted(self) -> None:
+        """Ask the workers running cells that are no longer wanted (a sequential comparison
+        stopped before their seed) to stop at their next step with a checkpoint: the report
+        will not read them, and a later run that needs them resumes them."""
+        for slot, index in self.running.items():
+            if slot not in self.halting and not self.wants(self.todo[index]):
+                self.halting.add(slot)
+                p = self.procs[slot]
+                if p.is_alive() and p.pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(p.pid, signal.SIGTERM)
+        if self.halting and self.stop_sent is None:
+            self.stop_sent = time.monotonic()  # the same grace as a Ctrl-C's
 
     def close(self) -> None:
         """Tell every live worker to exit, then reap them."""

@@ -1,0 +1,354 @@
+"""Sequential seeds: a comparison adds seeds in order and stops as soon as its question is
+settled, with an error rate that holds however often it looks (`--stop`, `--stop-alpha`,
+`--min-seeds`, `--stop-on`; the cap is `--seeds`).
+
+After every completed seed n (all of its cells done) the paired differences of the question's
+comparisons over seeds 0..n-1 get their anytime-valid confidence sequence
+(`taperlm.stats.confidence_sequence`: valid at every n at once, so stopping on it keeps its
+level). The rule:
+
+- `fixed`: every seed up to the cap (the design before this module: the sequence is still
+  reported);
+- `decided`: stop at the first n >= --min-seeds where every comparison's interval excludes 0;
+- `half-width:X`: stop at the first n >= --min-seeds where every comparison's half-width <= X;
+- and always at the cap.
+
+The question (`--stop-on`): `each` = every allocation vs uniform; `best` = the comparisons the
+lowest-loss allocation rests on: it vs uniform and vs its neighbours in the allocation list
+(`--paper scaling`: the ratios on either side of the best, which the fitted parabola rests on).
+
+Determinism: the decision at n reads ONLY seeds 0..n-1 and is taken at the first such n, in
+order, never at "whichever cells finished first"; cells of later seeds that were already running
+stop at their next step with a checkpoint (or, done first, stay cached) and take no part
+(`truncated`: the grid the report describes). So the
+same command gives the same stop on any number of workers, under any load and after any
+interruption, and a stopped comparison resumed with a tighter rule continues from its cache.
+
+`Monitor` is what the scheduler consults (`taperlm.compare.scheduler.run_grid`); `record` is
+report.json's `stopping`; `section` and `with_plot` its part of report.md and `sequence.png`.
+Every stage that trains reported seeds goes through `taperlm.compare.cells.train_reported`,
+which ties these together, so a new compare mode that does the same stops the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from taperlm import stats
+from taperlm.analysis.plots import plot_interval_series
+from taperlm.compare.grid import Grid
+from taperlm.compare.report import md_table
+from taperlm.errors import ConfigError
+
+STOP_RULES = ("fixed", "decided", "half-width:X")
+QUESTIONS = ("each", "best")
+SEQUENCE_PLOT = "sequence.png"
+
+Results = dict[str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When a comparison stops adding seeds (see the module docstring)."""
+
+    kind: str  # fixed | decided | half-width
+    half_width: float | None = None  # nats, for half-width
+    alpha: float = 0.05  # the error rate of each comparison's confidence sequence
+    min_seeds: int = 3
+    question: str = "each"  # each | best
+
+    @property
+    def text(self) -> str:
+        return f"half-width:{self.half_width:g}" if self.kind == "half-width" else self.kind
+
+
+def parse_rule(stop: str, alpha: float, min_seeds: int, question: str) -> StopRule:
+    """The rule of --stop/--stop-alpha/--min-seeds/--stop-on; ConfigError on a bad value."""
+    text = stop.strip()
+    if not 0.0 < alpha < 1.0:
+        raise ConfigError(f"--stop-alpha must be in (0, 1), e.g. 0.05; got {alpha:g}")
+    if min_seeds < 1:
+        raise ConfigError(f"--min-seeds must be >= 1, got {min_seeds}")
+    if question not in QUESTIONS:
+        raise ConfigError(f"--stop-on must be one of {', '.join(QUESTIONS)}; got {question!r}")
+    if text in ("fixed", "decided"):
+        return StopRule(text, None, alpha, min_seeds, question)
+    if text.startswith("half-width:"):
+        try:
+            width = float(text.split(":", 1)[1])
+        except ValueError:
+            width = math.nan
+        if not (math.isfinite(width) and width > 0):
+            raise ConfigError(
+                f"--stop {stop!r}: the half-width must be a positive number of nats, e.g. "
+                "half-width:0.01"
+            )
+        return StopRule("half-width", width, alpha, min_seeds, question)
+    raise ConfigError(
+        f"--stop must be fixed, decided or half-width:X (X in nats, e.g. half-width:0.01); "
+        f"got {stop!r}"
+    )
+
+
+def rule_of(opts: Any) -> StopRule:
+    """The stop rule of a CompareOptions."""
+    return parse_rule(opts.stop, opts.stop_alpha, opts.min_seeds, opts.stop_on)
+
+
+# ----------------------------------------------------------------------------------------------
+# the question: which paired differences must be settled
+
+
+def _losses(grid: Grid, results: Results, seeds: list[int]) -> dict[str, list[float]]:
+    """Allocation name -> validation loss per seed of `seeds`, in their order."""
+    return {
+        a.name: [results[grid.cell(a.name, s).name]["val"]["loss"] for s in seeds]
+        for a in grid.allocations
+    }
+
+
+def comparisons(grid: Grid, results: Results, n: int, question: str) -> dict[str, list[float]]:
+    """The question's paired differences (label -> per-seed differences, seeds 0..n-1 in order)
+    from seeds[:n] alone (all of their cells must be in `results`)."""
+    seeds = grid.seeds[:n]
+    losses = {
+        a.label: [results[grid.cell(a.name, s).name]["val"]["loss"] for s in seeds]
+        for a in grid.allocations
+    }
+    uniform = next(a.label for a in grid.allocations if a.is_uniform)
+    return question_diffs(losses, uniform, question)
+
+
+def question_diffs(
+    losses: dict[str, list[float]], uniform: str, question: str
+) -> dict[str, list[float]]:
+    """The question's paired differences from per-seed losses (label -> values over the same
+    seeds, in the allocation list's order; `uniform`: the baseline's label). Losses relative to
+    uniform's of the same seed give the same differences (benchmarks/sequential_replay.py)."""
+    labels = list(losses)
+
+    def diff(a: str, b: str) -> list[float]:
+        return [x - y for x, y in zip(losses[a], losses[b])]
+
+    if question == "each":
+        return {a: diff(a, uniform) for a in labels if a != uniform}
+    # best: the lowest mean loss over these seeds (first in the list on a tie) and the
+    # comparisons it rests on — vs uniform and vs its neighbours in the allocation list
+    i = min(range(len(labels)), key=lambda k: (math.fsum(losses[labels[k]]), k))
+    best = labels[i]
+    others = [uniform] + [labels[k] for k in (i - 1, i + 1) if 0 <= k < len(labels)]
+    return {f"{best} − {o}": diff(best, o) for o in others if o != best}
+
+
+def complete_seeds(grid: Grid, results: Results) -> int:
+    """How many leading seeds (0, 1, ... in the grid's order) have all of their cells done."""
+    n = 0
+    for s in grid.seeds:
+        if not all(grid.cell(a.name, s).name in results for a in grid.allocations):
+            break
+        n += 1
+    return n
+
+
+def _state(rule: StopRule, diffs: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
+    """label -> the confidence sequence's last entry (mean, half, ci) and whether it excludes 0."""
+    out = {}
+    for label, xs in diffs.items():
+        last = stats.confidence_sequence(xs, rule.alpha)[-1]
+        lo, hi = last["ci"]
+        out[label] = last | {"excludes_zero": bool(lo > 0 or hi < 0)}
+    return out
+
+
+def stops_at(rule: StopRule, diffs: dict[str, list[float]]) -> bool:
+    """Whether the rule stops after these differences (n = their length; the cap aside)."""
+    n = min((len(d) for d in diffs.values()), default=0)
+    return n >= rule.min_seeds and holds(rule, _state(rule, diffs))
+
+
+def holds(rule: StopRule, state: dict[str, dict[str, Any]]) -> bool:
+    """Whether the rule stops here (the cap and --min-seeds aside)."""
+    if rule.kind == "fixed" or not state:  # nothing to decide: the fixed design
+        return False
+    if rule.kind == "decided":
+        return all(e["excludes_zero"] for e in state.values())
+    return all(e["half"] <= rule.half_width for e in state.values())
+
+
+class Monitor:
+    """The rule applied as seeds complete: `update(results)` walks n = 1, 2, ... over the
+    complete leading seeds and returns True once the rule stops (at `stopped_at`); it never looks
+    past the first n at which it stops."""
+
+    def __init__(self, rule: StopRule, grid: Grid) -> None:
+        self.rule, self.grid = rule, grid
+        self.checked = 0  # seeds 0..checked-1 examined
+        self.stopped_at: int | None = None
+        self.reason: str | None = None
+
+    def update(self, results: Results) -> bool:
+        if self.stopped_at is not None:
+            return True
+        ready = complete_seeds(self.grid, results)
+        cap = len(self.grid.seeds)
+        while self.checked < ready:
+            n = self.checked = self.checked + 1
+            question = self.rule.question
+            if self.rule.kind != "fixed" and stops_at(
+                self.rule, comparisons(self.grid, results, n, question)
+            ):
+                self.stopped_at, self.reason = n, self.rule.kind
+                return n < cap  # at the cap, nothing is left to skip anyway
+            if n == cap:
+                self.stopped_at, self.reason = n, "cap"
+        return False
+
+    def wants(self, seed: int) -> bool:
+        """Whether a cell of `seed` should still be started."""
+        return self.stopped_at is None or seed in self.grid.seeds[: self.stopped_at]
+
+
+def truncated(grid: Grid, n: int) -> Grid:
+    """The grid of its first n seeds (what a comparison stopped at n reports)."""
+    if n >= len(grid.seeds):
+        return grid
+    keep = set(grid.seeds[:n])
+    return Grid(
+        grid.allocations,
+        grid.seeds[:n],
+        [c for c in grid.cells if c.seed in keep],
+        grid.base,
+        grid.budget,
+        grid.paper,
+        grid.pilot,
+    )
+
+
+def record(
+    rule: StopRule, grid: Grid, results: Results, stopped_at: int, reason: str, cap: int
+) -> dict:
+    """report.json's `stopping`: the rule, where and why it stopped, and every comparison's
+    confidence sequence over the seeds used (`sequence`: per n, label -> n, mean, half, ci,
+    excludes_zero; `best` questions may change their labels with n)."""
+    sequence = []
+    for n in range(1, stopped_at + 1):
+        state = _state(rule, comparisons(grid, results, n, rule.question))
+        sequence.append(
+            {
+                "n": n,
+                "comparisons": {k: _finite(v) for k, v in state.items()},
+                "stops": n >= rule.min_seeds and holds(rule, state),
+            }
+        )
+    return {
+        "rule": rule.text,
+        "alpha": rule.alpha,
+        "confidence": 1.0 - rule.alpha,
+        "min_seeds": rule.min_seeds,
+        "stop_on": rule.question,
+        "cap": cap,
+        "seeds_used": stopped_at,
+        "stopped_at": stopped_at,
+        "reason": reason,
+        "construction": "t-mixture confidence sequence (Lai 1976; Wang & Ramdas 2023), "
+        f"mixture precision c = {stats.CS_PRECISION:g}; Gaussian paired differences assumed",
+        "sequence": sequence,
+    }
+
+
+def _finite(e: dict[str, Any]) -> dict[str, Any]:
+    """JSON has no infinity: an unbounded interval is written as null."""
+    half = e["half"] if math.isfinite(e["half"]) else None
+    ci = e["ci"] if half is not None else None
+    return {**e, "half": half, "ci": ci}
+
+
+def why(stopping: dict[str, Any]) -> str:
+    """One sentence: when and why the comparison stopped."""
+    n, cap, pct = stopping["stopped_at"], stopping["cap"], f"{100 * stopping['confidence']:g}%"
+    reason = stopping["reason"]
+    if reason == "decided":
+        return (
+            f"stopped after {n} of at most {cap} seeds: every comparison's {pct} anytime-valid "
+            "interval excludes 0 (--stop decided)"
+        )
+    if reason == "half-width":
+        return (
+            f"stopped after {n} of at most {cap} seeds: every comparison's {pct} anytime-valid "
+            f"interval is within ±{stopping['rule'].split(':')[1]} nats (--stop {stopping['rule']})"
+        )
+    if stopping["rule"] == "fixed":
+        return f"ran all {cap} seeds (--stop fixed: the fixed design)"
+    return f"ran all {cap} seeds (the cap, --seeds) without the rule --stop {stopping['rule']} being met"
+
+
+# ----------------------------------------------------------------------------------------------
+# report
+
+
+def with_plot(stopping: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """`stopping` with `plot` set after drawing sequence.png (each comparison's anytime-valid
+    interval against the number of seeds; unbounded ones left out)."""
+    series: dict[str, list] = {}
+    for step in stopping["sequence"]:
+        for label, e in step["comparisons"].items():
+            if e["ci"] is not None:
+                series.setdefault(label, []).append((step["n"], e["mean"], *e["ci"]))
+    if not series:
+        return stopping | {"plot": None}
+    plot_interval_series(
+        series,
+        out_dir / SEQUENCE_PLOT,
+        title=f"Anytime-valid {100 * stopping['confidence']:g}% interval as seeds are added",
+        xlabel="seeds (0..n-1, in order)",
+        ylabel="val loss difference, nats (paired)",
+    )
+    return stopping | {"plot": SEQUENCE_PLOT}
+
+
+def section(stopping: dict[str, Any]) -> list[str]:
+    """report.md's "When it stopped" section from report.json's `stopping`."""
+    pct = f"{100 * stopping['confidence']:g}%"
+    labels: list[str] = []
+    for step in stopping["sequence"]:
+        labels += [k for k in step["comparisons"] if k not in labels]
+    head = ["seeds", *(f"{k}: Δ nats [{pct} anytime]" for k in labels)]
+    rows = []
+    for step in stopping["sequence"]:
+        cells = [str(step["n"]) + (" (stop)" if step["stops"] else "")]
+        for k in labels:
+            e = step["comparisons"].get(k)
+            if e is None:
+                cells.append("")
+            elif e["ci"] is None:
+                cells.append(f"{e['mean']:+.4f} (unbounded)")
+            else:
+                mark = " *" if e["excludes_zero"] else ""
+                cells.append(f"{e['mean']:+.4f} [{e['ci'][0]:+.4f}, {e['ci'][1]:+.4f}]{mark}")
+        rows.append(cells)
+    lines = [
+        "## When it stopped",
+        "",
+        f"The comparison {why(stopping)}.",
+        "",
+        f"Rule `--stop {stopping['rule']}`, error rate {stopping['alpha']:g} per comparison, "
+        f"at least {stopping['min_seeds']} seeds, at most {stopping['cap']} (`--seeds`), "
+        f"question `--stop-on {stopping['stop_on']}`. Seeds are added in order and the decision "
+        "at n uses seeds 0..n-1 only, so the stop is the same on any number of workers; cells "
+        "of later seeds that were already running may be in runs/ (checkpointed or done) but "
+        f"are not part of this report. The interval is the {pct} {stopping['construction']}: it holds at every "
+        "n at once, so stopping on it keeps its level. The Student-t intervals of the tables "
+        "above are the fixed-n ones at the n it stopped at, shown for comparison with fixed "
+        "designs; after a data-dependent stop only the anytime-valid interval keeps its level.",
+        "",
+        *md_table(head, rows),
+        "",
+        "`*`: the interval excludes 0.",
+        "",
+    ]
+    if stopping.get("plot"):
+        lines += [f"![the interval as seeds are added]({stopping['plot']})", ""]
+    return lines
