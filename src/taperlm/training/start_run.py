@@ -1,0 +1,97 @@
+"""A run that starts from given weights rather than from an initialisation: its directory holds
+what `taperlm train` writes for a run at step 0 — config.yaml, a checkpoint `step_00000000`
+(the weights, a fresh AdamW with no moments yet, the data position at the first sample, the
+generators as the seed sets them) and the tokenizer the weights were trained with, in
+`RUN/tokenizer/` — so `eval`, `export`, `generate` and `novelty` load it like any run, and
+`taperlm train --out RUN --data DATA` continues training it from those weights (deterministically:
+everything it resumes from is a function of the config). Used by `taperlm import`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from taperlm.config import RunConfig, save_yaml, to_dict
+from taperlm.data.identity import TOKENIZER_COPY
+from taperlm.errors import CheckpointError
+from taperlm.models import TaperedLM
+from taperlm.training import distributed as D
+from taperlm.training.checkpoint import store
+from taperlm.training.checkpoint.dcp import training_state
+from taperlm.training.checkpoint.saver import ShardedCheckpointer
+from taperlm.training.optim import LRSchedule, build_optimizer, parameter_periods
+from taperlm.training.rng_state import rng_state, seed_everything
+from taperlm.training.run_dir import RunDir
+
+
+def write_start_run(
+    out: str | Path,
+    run: RunConfig,
+    weights: dict[str, torch.Tensor],
+    tokenizer: Any | None = None,
+) -> Path:
+    """Write run directory `out` (new, or empty) whose step-0 checkpoint holds `weights` (a
+    `TaperedLM` state dict of `run.model`, loaded strictly) and whose tokenizer is `tokenizer`.
+    Takes the run's lock while writing; a failure leaves no half-written run behind (the
+    checkpoint commits atomically, config.yaml is written last)."""
+    out = Path(out)
+    run = run.resolve()
+    model = TaperedLM(run.model)
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as err:
+        raise CheckpointError(
+            f"the weights do not fit the model: {str(err).splitlines()[0]}"
+        ) from None
+    info = D.DistInfo()
+    run_dir = RunDir(out)
+    run_dir.take(info)
+    try:
+        if store.list_checkpoints(out):
+            raise CheckpointError(f"{out} already holds checkpoints; choose a new --out folder")
+        periods = parameter_periods(model)
+        optimizer = build_optimizer(model, run.train, torch.device("cpu"), periods)
+        periodic = [(n, p) for n, p in model.named_parameters() if n in periods]
+        seed_everything(run.train.seed)  # what a fresh run's generators start from
+        state = {
+            "step": 0,
+            "tokens": 0,
+            "skipped_steps": 0,
+            "bad_streak": 0,
+            "scheduler": LRSchedule.from_config(run.train, run.train.steps).state_dict(),
+            # The first sample of the seed's order; the loader checks split, seed and seq_len
+            # against the data it is given when the run continues.
+            "loader": [
+                {
+                    "split": "train",
+                    "seed": run.train.seed,
+                    "seq_len": run.train.seq_len,
+                    "sample": 0,
+                }
+            ],
+            "rng": rng_state(),
+            "world_size": 1,
+            "last_loss": None,
+            "last_val_loss": None,
+        }
+        saver = ShardedCheckpointer(out, info)
+        saver.save(
+            0,
+            training_state(model, optimizer, periodic),
+            state,
+            to_dict(run),
+            run.train.keep_checkpoints,
+        )
+        saver.finish()
+        if tokenizer is not None:
+            tokenizer.save(out / TOKENIZER_COPY)
+        save_yaml(run, out / "config.yaml")
+    except BaseException:
+        run_dir.release()
+        run_dir.discard_if_unused()
+        raise
+    run_dir.release()
+    return out
