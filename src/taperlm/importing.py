@@ -68,7 +68,7 @@ def _run_config(model: Any, overrides: list[str]) -> RunConfig:
 
 
 def _json_file(path: Path) -> dict[str, Any]:
-    if not path.is_file():
+    if not path.exists():  # anything else there (a FIFO, a folder) is refused by read_text
         return {}
     try:
         data = strict_json_loads(read_text(path, MAX_SIDE_FILE_BYTES, path.name))

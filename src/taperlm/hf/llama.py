@@ -102,7 +102,7 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     """The folder's config.json, read bounded and parsed strictly (a key given twice is refused)."""
     folder = Path(folder)
     path = folder / CONFIG_FILE
-    if not path.is_file():
+    if not path.exists():  # anything else there (a FIFO, a folder) is refused by read_text
         raise CheckpointError(
             f"{folder} is not a Hugging Face checkpoint folder: it has no {CONFIG_FILE}"
         )
@@ -208,7 +208,7 @@ def model_config(folder: str | Path, data: dict[str, Any] | None = None) -> Mode
             f"its head_dim is {head_dim}, not hidden_size / num_attention_heads = {d}/{heads}; "
             "taperlm's head dim is always d_model / n_heads",
         )
-    _check_window(folder, data, arch, context)
+    _check_window(folder, data, ARCHITECTURES[arch], context)
     eps = data.get("rms_norm_eps", 1e-6)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
         raise CheckpointError(f"{folder}/{CONFIG_FILE}: rms_norm_eps must be positive, got {eps!r}")
@@ -237,7 +237,7 @@ def model_config(folder: str | Path, data: dict[str, Any] | None = None) -> Mode
         raise _refuse(folder, f"its shape is not one taperlm builds ({err})") from None
 
 
-def _check_window(folder: Path, data: dict[str, Any], arch: str, context: int) -> None:
+def _check_window(folder: Path, data: dict[str, Any], model_type: str, context: int) -> None:
     """A sliding window that is shorter than the context changes attention: refused."""
     window = data.get("sliding_window")
     types = data.get("layer_types")
@@ -248,7 +248,7 @@ def _check_window(folder: Path, data: dict[str, Any], arch: str, context: int) -
             folder,
             f"its layer_types are {types!r}; taperlm's attention is full attention in every layer",
         )
-    used = arch == "mistral" or bool(data.get("use_sliding_window"))
+    used = model_type == "mistral" or bool(data.get("use_sliding_window"))
     if used and window is not None:
         if isinstance(window, bool) or not isinstance(window, int):
             raise CheckpointError(f"{folder}/{CONFIG_FILE}: sliding_window must be an integer")

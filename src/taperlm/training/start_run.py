@@ -25,6 +25,7 @@ from taperlm.training.checkpoint.saver import ShardedCheckpointer
 from taperlm.training.optim import LRSchedule, build_optimizer, parameter_periods
 from taperlm.training.rng_state import rng_state, seed_everything
 from taperlm.training.run_dir import RunDir
+from taperlm.training.train_checks import validate_train_config
 
 
 def write_start_run(
@@ -39,6 +40,7 @@ def write_start_run(
     checkpoint commits atomically, config.yaml is written last)."""
     out = Path(out)
     run = run.resolve()
+    validate_train_config(run, 1)  # what `train` would refuse when it continues, refused now
     model = TaperedLM(run.model)
     try:
         model.load_state_dict(weights)
