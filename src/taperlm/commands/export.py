@@ -1,6 +1,8 @@
 """`taperlm export RUN --out DIR`: a Hugging Face model directory (config.json with auto_map,
 model.safetensors, tokenizer, generation_config.json, thin code files importing taperlm, a model
-card README.md); `--format gguf --out FILE.gguf`: one GGUF file for llama.cpp (Transformer++)."""
+card README.md); `--format gguf --out FILE.gguf`: one GGUF file for llama.cpp (Transformer++);
+`--format block-configs --out DIR`: a DeciLM / Nemotron-NAS checkpoint (per-layer
+`block_configs`, Llama weight names) that vLLM, SGLang, mlx-lm and llama.cpp's converter load."""
 
 from __future__ import annotations
 
@@ -25,10 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--format",
-        choices=("hf", "gguf"),
+        choices=("hf", "gguf", "block-configs"),
         default="hf",
         help="hf: a Hugging Face model directory; gguf: one file for llama.cpp (Transformer++ "
-        "models only)",
+        "models only); block-configs: a DeciLM / Nemotron-NAS directory (per-layer FFN widths "
+        "and KV heads in config.json's block_configs) for engines that serve per-layer widths "
+        "(Transformer++, no query-head taper, widths in multiples of 256)",
     )
     parser.add_argument(
         "--dtype",
@@ -70,6 +74,18 @@ def run(args: argparse.Namespace) -> int:
     from taperlm.loading import load_run  # lazy: torch; --help stays torch-free
 
     model, tokenizer, run_config = load_run(args.run, step=args.step)
+    if args.format == "block-configs":
+        from taperlm.hf.decilm import check_supported as check_decilm  # lazy: the hf extra
+        from taperlm.hf.export import export_block_configs  # lazy: torch and the hf extra
+
+        check_decilm(model.config)  # before the folder is claimed
+        claim(out, "export")
+        path = export_block_configs(model, out, tokenizer)
+        print(f"exported {args.run} to {path} (DeciLMForCausalLM, per-layer block_configs)")
+        print(
+            f"serve it with e.g.: vllm serve {path}  (or convert it: convert_hf_to_gguf.py {path})"
+        )
+        return 0
     claim(out, "export")
     path = export_model(model, out, tokenizer, run_config=run_config)
     print(f"exported {args.run} to {path}")
