@@ -386,3 +386,35 @@ def test_a_folder_without_tokenizer_imports_without_one(tmp_path, capsys):
     ids = _ids()
     torch.testing.assert_close(our_logits(tmp_path / "run", ids), hf_logits(folder, ids),
                                atol=ATOL, rtol=0)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------
+# the way back: export --format llama
+
+
+def test_llama_export_loads_in_transformers_and_imports_back(tmp_path, data, capsys):
+    """A uniform run exported as a plain LlamaForCausalLM: transformers computes our logits
+    without taperlm's code, and importing it gives back the very weights; a tapered run is
+    refused (its per-layer widths need --format block-configs)."""
+    run = tmp_path / "run"
+    assert main([*H.train_argv(data, run), "--stop-after-steps", "1"]) == 0
+    assert main(["export", str(run), "--format", "llama", "--out", str(tmp_path / "ll")]) == 0
+    ids = torch.randint(0, 300, (2, 30), generator=torch.Generator().manual_seed(0))
+    ours = our_logits(run, ids)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ll").eval()
+    assert type(theirs).__name__ == "LlamaForCausalLM"
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(ids).logits, ours, atol=ATOL, rtol=0)
+    assert import_(tmp_path / "ll", tmp_path / "back") == 0
+    a, _ = load_run_model(run)
+    b, _ = load_run_model(tmp_path / "back")
+    assert a.config.mlp_widths == b.config.mlp_widths
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert load_any(tmp_path / "back")[1].encode("the cat") == load_any(run)[1].encode("the cat")
+    tapered = tmp_path / "tapered"
+    argv = [*H.train_argv(data, tapered, "model.taper.schedule=linear"), "--stop-after-steps", "1"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main(["export", str(tapered), "--format", "llama", "--out", str(tmp_path / "t")]) == 2
+    assert "--format block-configs" in capsys.readouterr().err
+    assert not (tmp_path / "t").exists()

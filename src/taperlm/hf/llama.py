@@ -453,3 +453,42 @@ def from_taperlm(model: Any) -> dict[str, torch.Tensor]:
         out |= {m + "gate_proj.weight": gate, m + "up_proj.weight": up}
         out[m + "down_proj.weight"] = state[b + "mlp.w_out.weight"]
     return {k: v.contiguous().clone() for k, v in out.items()}
+
+
+def llama_config(cfg: ModelConfig) -> dict[str, Any]:
+    """The config.json of a plain `LlamaForCausalLM` equal to a uniform Transformer++ model
+    (every layer the same MLP width and heads); ConfigError naming what differs otherwise."""
+    if cfg.family != "transformer":
+        raise ConfigError(
+            f"a LlamaForCausalLM has Llama blocks (Transformer++); model family {cfg.family!r} "
+            "has other blocks: export --format hf"
+        )
+    shapes = {(w, cfg.attention_heads(i)) for i, w in enumerate(cfg.mlp_widths or [])}
+    if len(shapes) != 1:
+        raise ConfigError(
+            "a LlamaForCausalLM has one MLP width and one head count for all layers, and this "
+            f"model's differ per layer (widths {cfg.mlp_widths}); export its per-layer widths "
+            "with --format block-configs (DeciLM), or --format hf / gguf"
+        )
+    ((width, (heads, kv)),) = shapes
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": cfg.d_model,
+        "intermediate_size": width,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": cfg.head_dim,
+        "vocab_size": cfg.vocab_size,
+        "max_position_embeddings": cfg.context_length,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": None,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "torch_dtype": "float32",
+        "use_cache": True,
+    }
