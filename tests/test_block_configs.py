@@ -92,6 +92,24 @@ def test_what_the_format_cannot_carry_is_refused_by_name(tmp_path: Path) -> None
     assert not (tmp_path / "y").exists()
 
 
+def test_per_layer_kv_heads() -> None:
+    """A KV taper at a size where its freed parameters fill whole 256-wide MLP steps: each layer's
+    n_heads_in_group gives back its KV heads, the query heads stay uniform."""
+    from taperlm.presets import get_preset
+    from taperlm.taper import TaperSpec
+
+    cfg = get_preset("transformer-440m", resolve=False)
+    cfg.taper = TaperSpec.parse("cosine", multiple_of=256)
+    cfg.kv_taper = "cosine:1.0:0.25"
+    cfg.resolve()
+    blocks = block_configs(cfg)
+    kv = [cfg.n_heads // b["attention"]["n_heads_in_group"] for b in blocks]
+    assert kv == [cfg.attention_heads(i)[1] for i in range(cfg.n_layers)]
+    assert len(set(kv)) > 1
+    widths = [reader_width(b["ffn"]["ffn_mult"], cfg.d_model) for b in blocks]
+    assert widths == cfg.mlp_widths
+
+
 def test_plan_writes_the_block_configs(tmp_path: Path, capsys) -> None:
     out = tmp_path / "blocks.json"
     argv = ["plan", "--preset", "transformer-tiny", "--set", "model.d_model=256",

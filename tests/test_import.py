@@ -294,6 +294,21 @@ def test_fifo_config_is_refused_without_blocking(tmp_path, data, capsys):
     assert "a FIFO (named pipe), not a regular file" in capsys.readouterr().err
 
 
+def test_an_existing_run_is_never_overwritten(tmp_path, data, capsys):
+    folder = make_hf(tmp_path / "hf", data)
+    assert import_(folder, tmp_path / "run") == 0
+    before = (tmp_path / "run" / "config.yaml").read_text()
+    _edit(folder, rms_norm_eps=0.2)
+    assert import_(folder, tmp_path / "run") == 2
+    assert "already holds checkpoints" in capsys.readouterr().err
+    assert (tmp_path / "run" / "config.yaml").read_text() == before
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    assert import_(folder, tmp_path / "mine") == 2
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]
+
+
 def test_model_settings_cannot_be_overridden(tmp_path, data, capsys):
     folder = make_hf(tmp_path / "hf", data)
     assert import_(folder, tmp_path / "run", "--set", "model.n_layers=2") == 2

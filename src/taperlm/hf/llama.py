@@ -116,7 +116,8 @@ def read_config(folder: str | Path) -> dict[str, Any]:
 
 
 def _int(folder: Path, data: dict[str, Any], key: str, default: Any = None) -> int:
-    value = data.get(key, default)
+    value = data.get(key)
+    value = default if value is None else value  # absent, or null as some configs write it
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise CheckpointError(
             f"{folder}/{CONFIG_FILE}: {key} must be a positive integer, got {value!r}"
