@@ -79,6 +79,41 @@ def test_export_schema_and_weights_round_trip(tmp_path: Path, tied: bool) -> Non
     assert (out / "tokenizer.json").is_file()
 
 
+def test_import_takes_the_export_back(tmp_path: Path, capsys) -> None:
+    """`taperlm import` of a block-configs export: the per-layer widths as a custom taper and
+    the very weights; a DeciLM layer that is not a plain Llama block, or KV heads that differ
+    per layer, are refused by name."""
+    from taperlm.importing import import_checkpoint
+    from taperlm.loading import load_run_model
+
+    model = make_model()
+    out = export_block_configs(model, tmp_path / "x", tiny_tokenizer())
+    run, tok = import_checkpoint(out, tmp_path / "run")
+    assert run.model.mlp_widths == [768, 512, 256]
+    assert run.model.taper.to_string() == "custom:768,512,256"
+    back, _ = load_run_model(tmp_path / "run")
+    assert all(
+        torch.equal(a, b) for a, b in zip(model.state_dict().values(), back.state_dict().values())
+    )
+    assert tok.encode("the cat") == tiny_tokenizer().encode("the cat")
+    conf = json.loads((out / "config.json").read_text())
+    for change, needle in (
+        (("ffn", "no_op", True), "layer 1's ffn is not a plain Llama block (no_op: True)"),
+        (("attention", "replace_with_linear", True), "replace_with_linear: True"),
+        (("attention", "window_length", 16), "window_length: 16"),
+        (("attention", "n_heads_in_group", 1), "KV heads differ per layer"),
+        (("ffn", "gated", False), "gated: False"),
+    ):
+        bad = json.loads(json.dumps(conf))
+        part, key, value = change
+        bad["block_configs"][1][part][key] = value
+        (out / "config.json").write_text(json.dumps(bad))
+        assert main(["import", str(out), "--out", str(tmp_path / "r2")]) == 2
+        err = capsys.readouterr().err
+        assert needle in err, err
+        assert not (tmp_path / "r2").exists()
+
+
 def test_what_the_format_cannot_carry_is_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"multiples of 256 only .* layer 0: 784"):
         block_configs(make_model(taper="custom:784,512,240").config)

@@ -5,9 +5,10 @@ ours, for `taperlm import` (`taperlm.importing`).
 What carries over exactly: `LlamaForCausalLM`, and the same computation under the names
 `Qwen2ForCausalLM` and `MistralForCausalLM` — RMSNorm (its eps), RoPE in the rotate-half form
 (the form of both transformers and taperlm, so Q and K rows need no permutation; its theta),
-SwiGLU with silu, grouped-query attention, a tied or untied head. The per-layer MLP widths are
-read from the weights (and must equal `intermediate_size`), so they become the run's resolved
-`mlp_widths`.
+SwiGLU with silu, grouped-query attention, a tied or untied head — and `DeciLMForCausalLM`
+whose `block_configs` give per-layer MLP widths (`taperlm.hf.decilm`; plain Llama blocks, one
+KV head count). The widths become the run's resolved `mlp_widths` (a uniform taper, or a custom
+one with the per-layer widths), every tensor's shape checked against them.
 
 What is refused, by name, because the result would not compute what transformers computes:
 any RoPE scaling or partial rotary factor (llama3, yarn, linear, dynamic, ...), attention or
@@ -29,6 +30,7 @@ import torch
 
 from taperlm.config import ModelConfig
 from taperlm.errors import CheckpointError, ConfigError
+from taperlm.hf.decilm import ffn_mult_width
 from taperlm.hf.safetensors_file import read_header, read_tensors
 from taperlm.io import path_inside, read_text, strict_json_loads
 from taperlm.taper import TaperSpec
@@ -37,6 +39,9 @@ ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "MistralForCausalLM": "mistral",
+    # Llama blocks with per-layer sizes (`taperlm.hf.decilm`), as `export --format
+    # block-configs` writes them
+    "DeciLMForCausalLM": "nemotron-nas",
 }
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -88,6 +93,7 @@ _READ = frozenset(
         "sliding_window",
         "use_sliding_window",
         "layer_types",
+        "block_configs",
     }
 )
 # (our name, HF name); per layer under model.layers.{i}.
@@ -190,9 +196,20 @@ def model_config(folder: str | Path, data: dict[str, Any] | None = None) -> Mode
         )
     d = _int(folder, data, "hidden_size")
     heads = _int(folder, data, "num_attention_heads")
-    kv = _int(folder, data, "num_key_value_heads", heads)
     layers = _int(folder, data, "num_hidden_layers")
-    width = _int(folder, data, "intermediate_size")
+    if arch == "DeciLMForCausalLM":
+        widths, kv = _decilm_sizes(folder, data, d, heads, layers)
+    else:
+        if "block_configs" in data:
+            raise _refuse(folder, f"block_configs belong to DeciLMForCausalLM, not {arch}")
+        kv = _int(folder, data, "num_key_value_heads", heads)
+        widths = [_int(folder, data, "intermediate_size")] * layers
+    if sum(widths) % layers:
+        raise _refuse(
+            folder,
+            f"its MLP widths {widths} sum to {sum(widths)}, not a multiple of its {layers} "
+            "layers; a taperlm model's widths sum to n_layers x a baseline width",
+        )
     context = _int(folder, data, "max_position_embeddings")
     act = data.get("hidden_act", "silu")
     if act != "silu":
@@ -223,10 +240,13 @@ def model_config(folder: str | Path, data: dict[str, Any] | None = None) -> Mode
         n_layers=layers,
         n_heads=heads,
         n_kv_heads=None if kv == heads else kv,
-        mlp_width=width,
-        # Multiples of 1: the checkpoint's width is kept exactly, whatever it is divisible by.
-        taper=TaperSpec.parse("uniform", multiple_of=1),
-        mlp_widths=[width] * layers,
+        mlp_width=sum(widths) // layers,
+        # Multiples of 1: the checkpoint's widths are kept exactly, whatever they divide by.
+        taper=TaperSpec.parse(
+            "uniform" if len(set(widths)) == 1 else "custom:" + ",".join(map(str, widths)),
+            multiple_of=1,
+        ),
+        mlp_widths=widths,
         context_length=context,
         rope_theta=_rope(folder, data),
         norm_eps=float(eps),
@@ -236,6 +256,73 @@ def model_config(folder: str | Path, data: dict[str, Any] | None = None) -> Mode
         return cfg.resolve()
     except ConfigError as err:
         raise _refuse(folder, f"its shape is not one taperlm builds ({err})") from None
+
+
+# The only values of a block_configs entry's keys that describe a plain Llama block.
+_PLAIN_BLOCK = {
+    "attention": {
+        "no_op": False,
+        "replace_with_linear": False,
+        "sparsify": None,
+        "num_sink_tokens": None,
+        "unshifted_sink": False,
+        "use_prefill_window_in_sink_attention": False,
+        "window_length": None,
+    },
+    "ffn": {"no_op": False, "replace_with_linear": False, "sparsify": None},
+}
+
+
+def _decilm_sizes(
+    folder: Path, data: dict[str, Any], d: int, heads: int, layers: int
+) -> tuple[list[int], int]:
+    """(MLP width per layer, KV heads) of a DeciLM config's `block_configs`: each width by the
+    readers' rule from ffn_mult; refused by name: a layer that is not a plain Llama block
+    (no_op, replace_with_linear, sink or window attention, sparsity), KV heads that differ
+    between layers (taperlm keeps a KV taper's parameters whole, which an arbitrary per-layer
+    choice need not)."""
+    blocks = data.get("block_configs")
+    if not isinstance(blocks, list) or len(blocks) != layers:
+        raise CheckpointError(
+            f"{folder}/{CONFIG_FILE}: block_configs must list one entry per layer ({layers})"
+        )
+    widths, groups = [], []
+    for i, block in enumerate(blocks):
+        if not isinstance(block, dict) or set(block) - {"attention", "ffn"}:
+            raise CheckpointError(f"{folder}/{CONFIG_FILE}: block_configs[{i}] is not a block")
+        for part, plain in _PLAIN_BLOCK.items():
+            entry = block.get(part)
+            if not isinstance(entry, dict):
+                raise CheckpointError(
+                    f"{folder}/{CONFIG_FILE}: block_configs[{i}].{part} is missing"
+                )
+            known = {"n_heads_in_group"} if part == "attention" else {"ffn_mult"}
+            extra = sorted(set(entry) - set(plain) - known)
+            odd = [k for k, v in plain.items() if entry.get(k, v) != v]
+            if extra or odd:
+                what = ", ".join(f"{k}: {entry[k]!r}" for k in (odd or extra))
+                raise _refuse(
+                    folder,
+                    f"layer {i}'s {part} is not a plain Llama block ({what}); taperlm builds "
+                    "every layer as full attention and a SwiGLU MLP",
+                )
+        group, mult = block["attention"].get("n_heads_in_group"), block["ffn"].get("ffn_mult")
+        if not isinstance(group, int) or isinstance(group, bool) or group < 1 or heads % group:
+            raise _refuse(
+                folder,
+                f"layer {i}'s n_heads_in_group is {group!r}, not a divisor of its {heads} heads",
+            )
+        if isinstance(mult, bool) or not isinstance(mult, (int, float)) or not mult > 0:
+            raise _refuse(folder, f"layer {i}'s ffn_mult is {mult!r}, not a positive number")
+        widths.append(ffn_mult_width(float(mult), d))
+        groups.append(group)
+    if len(set(groups)) > 1:
+        raise _refuse(
+            folder,
+            f"its KV heads differ per layer (n_heads_in_group {groups}); taperlm imports "
+            "per-layer MLP widths with one KV head count",
+        )
+    return widths, heads // groups[0]
 
 
 def _check_window(folder: Path, data: dict[str, Any], model_type: str, context: int) -> None:
