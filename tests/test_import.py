@@ -271,7 +271,10 @@ def test_weight_refusals(tmp_path, data, capsys):
     (tmp_path / "outside.safetensors").write_bytes(good)
     index = {"weight_map": {"model.norm.weight": "../outside.safetensors"}}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
-    refused("leads outside that folder")
+    refused("names the shard '../outside.safetensors', which is not a file name in that folder")
+    index = {"weight_map": {"model.norm.weight": "/etc/passwd"}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    refused("names the shard '/etc/passwd'")
     (folder / "model.safetensors.index.json").unlink()
     weights.write_bytes(good)
     hf = transformers.LlamaForCausalLM.from_pretrained(folder)
@@ -284,6 +287,24 @@ def test_weight_refusals(tmp_path, data, capsys):
     text = (folder / "config.json").read_text()
     (folder / "config.json").write_text(text.replace("{", '{"vocab_size": 7, ', 1))
     refused("'vocab_size' is given twice")
+
+
+def test_a_hub_cache_snapshot_imports(tmp_path, data):
+    """A Hugging Face Hub cache snapshot: every file a link into ../../blobs (sharded here), as
+    `from_pretrained` leaves a download; links among the folder's own files are followed."""
+    made = make_hf(tmp_path / "made", data, "llama", max_shard_size="20KB")
+    blobs = tmp_path / "models--x--y" / "blobs"
+    snap = tmp_path / "models--x--y" / "snapshots" / "abc123"
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for i, f in enumerate(sorted(made.iterdir())):
+        shutil.copy(f, blobs / f"blob{i}")
+        (snap / f.name).symlink_to(Path("../../blobs") / f"blob{i}")
+    assert import_(snap, tmp_path / "run") == 0
+    ids = _ids()
+    torch.testing.assert_close(
+        our_logits(tmp_path / "run", ids), hf_logits(made, ids), atol=ATOL, rtol=0
+    )
 
 
 def test_fifo_config_is_refused_without_blocking(tmp_path, data, capsys):

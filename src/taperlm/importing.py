@@ -2,8 +2,8 @@
 
 The folder is a stranger's: config.json is parsed strictly (`taperlm.hf.llama`), safetensors
 headers are bounded and checked before a byte of data is read (`taperlm.hf.safetensors_file`),
-tokenizer files are read through `taperlm.io.read_text`, every file named in the folder stays
-inside it, no code is ever run (no `auto_map`, no pickle). The run (`taperlm.training.start_run`)
+tokenizer files are read through `taperlm.io.read_text`, a shard name from the index is a plain
+file name of the folder, no code is ever run (no `auto_map`, no pickle). The run (`taperlm.training.start_run`)
 is a Transformer++ model whose resolved per-layer widths are the checkpoint's, whose step-0
 checkpoint holds its weights, and whose tokenizer is the folder's tokenizer.json (when it has
 one): its logits equal transformers' on the same ids, and `train --out RUN --data DATA`

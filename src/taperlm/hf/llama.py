@@ -29,10 +29,10 @@ from typing import Any
 import torch
 
 from taperlm.config import ModelConfig
-from taperlm.errors import CheckpointError, ConfigError
+from taperlm.errors import CheckpointError, ConfigError, UnsafeFileError
 from taperlm.hf.decilm import ffn_mult_width
 from taperlm.hf.safetensors_file import read_header, read_tensors
-from taperlm.io import path_inside, read_text, strict_json_loads
+from taperlm.io import read_text, strict_json_loads
 from taperlm.taper import TaperSpec
 
 ARCHITECTURES = {
@@ -352,12 +352,26 @@ def _check_window(folder: Path, data: dict[str, Any], model_type: str, context: 
 # weights
 
 
+def _file_name(folder: Path, name: str) -> str:
+    """A shard name read from the index: a plain file name of the folder, never a path (no
+    separator, no `..`, not absolute), so the index cannot point anywhere the folder's own
+    files do not. Links among the folder's files are followed, as for config.json: a Hugging
+    Face Hub cache snapshot holds only links into its `../../blobs`."""
+    if not name or name in (".", "..") or "\x00" in name or Path(name).name != name or "\\" in name:
+        shown = name if len(name) <= 200 else name[:200] + "..."
+        raise UnsafeFileError(
+            f"{folder / INDEX_FILE} names the shard {shown!r}, which is not a file name in "
+            "that folder; the index was edited or crafted: restore it from a copy you trust"
+        )
+    return name
+
+
 def weight_files(folder: str | Path) -> dict[str, Path]:
     """HF tensor name -> the safetensors file holding it (one file, or the shards that
     model.safetensors.index.json names, each kept inside the folder)."""
     folder = Path(folder)
     if (folder / WEIGHTS_FILE).exists():
-        path = path_inside(folder, WEIGHTS_FILE, "weights file")
+        path = folder / WEIGHTS_FILE
         return dict.fromkeys(read_header(path)[0], path)
     if (folder / INDEX_FILE).exists():
         try:
@@ -370,7 +384,7 @@ def weight_files(folder: str | Path) -> dict[str, Path]:
         out: dict[str, Path] = {}
         headers: dict[str, set[str]] = {}
         for name, file in wmap.items():
-            path = path_inside(folder, file, "weights shard")
+            path = folder / _file_name(folder, file)
             if file not in headers:
                 headers[file] = set(read_header(path)[0])
             if name not in headers[file]:
