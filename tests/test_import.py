@@ -315,6 +315,17 @@ def test_fifo_config_is_refused_without_blocking(tmp_path, data, capsys):
     assert "a FIFO (named pipe), not a regular file" in capsys.readouterr().err
 
 
+def test_import_leaves_the_callers_generators_alone(tmp_path, data):
+    from taperlm.importing import import_checkpoint
+
+    folder = make_hf(tmp_path / "hf", data)
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    import_checkpoint(folder, tmp_path / "run")
+    assert torch.equal(torch.rand(3), expected)
+
+
 def test_an_existing_run_is_never_overwritten(tmp_path, data, capsys):
     folder = make_hf(tmp_path / "hf", data)
     assert import_(folder, tmp_path / "run") == 0

@@ -23,7 +23,7 @@ from taperlm.training.checkpoint import store
 from taperlm.training.checkpoint.dcp import training_state
 from taperlm.training.checkpoint.saver import ShardedCheckpointer
 from taperlm.training.optim import LRSchedule, build_optimizer, parameter_periods
-from taperlm.training.rng_state import rng_state, seed_everything
+from taperlm.training.rng_state import rng_state, seed_everything, set_rng_state
 from taperlm.training.run_dir import RunDir
 from taperlm.training.train_checks import validate_train_config
 
@@ -41,7 +41,15 @@ def write_start_run(
     out = Path(out)
     run = run.resolve()
     validate_train_config(run, 1)  # what `train` would refuse when it continues, refused now
-    model = TaperedLM(run.model)
+    # Built without drawing an initialisation (the weights replace it; a 7B draw takes minutes
+    # and would move the caller's generators): on the meta device, then given storage. Only the
+    # persistent tensors matter here (they are what the checkpoint holds), and `weights` fills
+    # every one of them (a strict load).
+    with torch.device("meta"):
+        model = TaperedLM(run.model)
+    model.to_empty(device="cpu")
+    if run.model.tie_embeddings:
+        model.lm_head.weight = model.embed.weight  # to_empty made each its own tensor
     try:
         model.load_state_dict(weights)
     except RuntimeError as err:
@@ -57,7 +65,10 @@ def write_start_run(
         periods = parameter_periods(model)
         optimizer = build_optimizer(model, run.train, torch.device("cpu"), periods)
         periodic = [(n, p) for n, p in model.named_parameters() if n in periods]
+        caller = rng_state()
         seed_everything(run.train.seed)  # what a fresh run's generators start from
+        seeded = rng_state()
+        set_rng_state(caller)  # the caller's generators are left as they were
         state = {
             "step": 0,
             "tokens": 0,
@@ -74,7 +85,7 @@ def write_start_run(
                     "sample": 0,
                 }
             ],
-            "rng": rng_state(),
+            "rng": seeded,
             "world_size": 1,
             "last_loss": None,
             "last_val_loss": None,
