@@ -315,6 +315,33 @@ def test_fifo_config_is_refused_without_blocking(tmp_path, data, capsys):
     assert "a FIFO (named pipe), not a regular file" in capsys.readouterr().err
 
 
+def test_the_start_checkpoint_resumes_as_a_fresh_adamw(tmp_path, data):
+    """What `train` restores from the imported step-0 checkpoint is the state a fresh AdamW
+    takes its first step from (step 0, zero moments), so the first update is a first update;
+    and the weights are the checkpoint's."""
+    from taperlm.training.checkpoint.restore import restore_training
+    from taperlm.training.optim import build_optimizer
+
+    folder = make_hf(tmp_path / "hf", data, tied=True)
+    assert import_(folder, tmp_path / "run") == 0
+    model, run = load_run_model(tmp_path / "run")
+    trained = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_()
+    optimizer = build_optimizer(model, run.train, torch.device("cpu"))
+    path = store.list_checkpoints(tmp_path / "run")[0][1]
+    state = restore_training(path, model, optimizer, [])
+    assert state["step"] == 0 and state["loader"][0]["sample"] == 0
+    assert all(torch.equal(trained[k], v) for k, v in model.state_dict().items())
+    steps = [float(s["step"]) for s in optimizer.state.values()]
+    assert steps and set(steps) == {0.0}
+    assert all(
+        not s["exp_avg"].any() and not s["exp_avg_sq"].any() for s in optimizer.state.values()
+    )
+
+
 def test_import_leaves_the_callers_generators_alone(tmp_path, data):
     from taperlm.importing import import_checkpoint
 

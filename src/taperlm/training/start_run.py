@@ -90,10 +90,18 @@ def write_start_run(
             "last_loss": None,
             "last_val_loss": None,
         }
+        tensors = training_state(model, optimizer, periodic)
+        # DCP's state dict fills an empty optimizer by one step at lr 0 (zero moments, but
+        # `step` 1, which would shrink the first real update through Adam's bias correction);
+        # step 0 with zero moments is exactly the state a fresh AdamW makes at its first step.
+        for param_state in tensors["optimizer"]["state"].values():
+            for key in ("exp_avg", "exp_avg_sq", "step"):
+                if isinstance(param_state.get(key), torch.Tensor):
+                    param_state[key].zero_()
         saver = ShardedCheckpointer(out, info)
         saver.save(
             0,
-            training_state(model, optimizer, periodic),
+            tensors,
             state,
             to_dict(run),
             run.train.keep_checkpoints,
