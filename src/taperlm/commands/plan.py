@@ -37,8 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=output_path("file"),
         metavar="OUT.json",
         help="write the planned model's per-layer config as a DeciLM / Nemotron-NAS config.json "
-        "(block_configs: FFN width and KV heads per layer), for Megatron-Core's heterogeneous "
-        "config, NeMo, vLLM; widths must be multiples of 256 (--multiple-of 256)" + R_FILE,
+        "(block_configs: FFN width and KV heads per layer), the schema of Megatron-Core's "
+        "heterogeneous layers, NeMo and the engines that serve Nemotron-NAS models; widths must "
+        "be multiples of 256 (--multiple-of 256)" + R_FILE,
     )
     parser.add_argument("--dump-config", action="store_true", help="print the resolved YAML")
     parser.add_argument("--list-presets", action="store_true", help="list preset names and exit")
