@@ -353,6 +353,26 @@ def test_import_leaves_the_callers_generators_alone(tmp_path, data):
     assert torch.equal(torch.rand(3), expected)
 
 
+def test_a_failed_import_leaves_nothing(tmp_path, data, monkeypatch, capsys):
+    """A write that fails after the checkpoint (here the tokenizer's, as on a full disk) removes
+    what the import wrote, and the folder it created."""
+    from taperlm.data.tokenizer import Tokenizer
+
+    folder = make_hf(tmp_path / "hf", data)
+
+    def full(self, directory):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Tokenizer, "save", full)
+    with pytest.raises(OSError):
+        import_(folder, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(OSError):
+        import_(folder, tmp_path / "empty")
+    assert (tmp_path / "empty").is_dir() and not any((tmp_path / "empty").iterdir())
+
+
 def test_an_existing_run_is_never_overwritten(tmp_path, data, capsys):
     folder = make_hf(tmp_path / "hf", data)
     assert import_(folder, tmp_path / "run") == 0

@@ -9,6 +9,7 @@ everything it resumes from is a function of the config). Used by `taperlm import
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from taperlm.config import RunConfig, save_yaml, to_dict
 from taperlm.data.identity import TOKENIZER_COPY
 from taperlm.errors import CheckpointError
 from taperlm.models import TaperedLM
+from taperlm.outdirs import KINDS
+from taperlm.runlock import LOCK_FILE
 from taperlm.training import distributed as D
 from taperlm.training.checkpoint import store
 from taperlm.training.checkpoint.dcp import training_state
@@ -36,8 +39,8 @@ def write_start_run(
 ) -> Path:
     """Write run directory `out` (new, or empty) whose step-0 checkpoint holds `weights` (a
     `TaperedLM` state dict of `run.model`, loaded strictly) and whose tokenizer is `tokenizer`.
-    Takes the run's lock while writing; a failure leaves no half-written run behind (the
-    checkpoint commits atomically, config.yaml is written last)."""
+    Takes the run's lock while writing; a failure removes what this call wrote (and the folder,
+    when it created it), so no half-written run is left behind."""
     out = Path(out)
     run = run.resolve()
     validate_train_config(run, 1)  # what `train` would refuse when it continues, refused now
@@ -57,6 +60,7 @@ def write_start_run(
             f"the weights do not fit the model: {str(err).splitlines()[0]}"
         ) from None
     info = D.DistInfo()
+    before = {p.name for p in out.iterdir()} if out.is_dir() else set()
     run_dir = RunDir(out)
     run_dir.take(info)
     try:
@@ -111,7 +115,16 @@ def write_start_run(
             tokenizer.save(out / TOKENIZER_COPY)
         save_yaml(run, out / "config.yaml")
     except BaseException:
+        for name in (store.CHECKPOINT_DIR, TOKENIZER_COPY, "config.yaml"):
+            path = out / name
+            if name not in before and path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            elif name not in before:
+                path.unlink(missing_ok=True)
         run_dir.release()
+        if not before:  # the folder was new or empty: it is left as it was
+            (out / LOCK_FILE).unlink(missing_ok=True)
+            (out / KINDS["run"].marker).unlink(missing_ok=True)
         run_dir.discard_if_unused()
         raise
     run_dir.release()
