@@ -88,7 +88,9 @@ def test_import_takes_the_export_back(tmp_path: Path, capsys) -> None:
 
     model = make_model()
     out = export_block_configs(model, tmp_path / "x", tiny_tokenizer())
-    run, tok = import_checkpoint(out, tmp_path / "run")
+    assert main(["import", str(out), "--out", str(tmp_path / "run")]) == 0
+    assert "MLP widths 768, 512, 256" in capsys.readouterr().out
+    run, tok = import_checkpoint(out, tmp_path / "run2")
     assert run.model.mlp_widths == [768, 512, 256]
     assert run.model.taper.to_string() == "custom:768,512,256"
     back, _ = load_run_model(tmp_path / "run")

@@ -505,6 +505,10 @@ def test_llama_export_loads_in_transformers_and_imports_back(tmp_path, data, cap
     assert a.config.mlp_widths == b.config.mlp_widths
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     assert load_any(tmp_path / "back")[1].encode("the cat") == load_any(run)[1].encode("the cat")
+    assert main(["export", str(run), "--out", str(tmp_path / "ours")]) == 0
+    capsys.readouterr()
+    assert import_(tmp_path / "ours", tmp_path / "r3") == 2
+    assert "this is a `taperlm export` folder" in capsys.readouterr().err
     tapered = tmp_path / "tapered"
     argv = [*H.train_argv(data, tapered, "model.taper.schedule=linear"), "--stop-after-steps", "1"]
     assert main(argv) == 0

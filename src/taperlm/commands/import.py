@@ -37,10 +37,15 @@ def run(args: argparse.Namespace) -> int:
     run_config, tokenizer = import_checkpoint(args.folder, args.out, args.overrides)
     m = run_config.model
     heads = f"{m.n_heads} heads ({m.kv_heads} KV)"
+    widths = m.mlp_widths or []
+    mlp = (
+        f"MLP width {widths[0]}"
+        if len(set(widths)) == 1
+        else f"MLP widths {', '.join(map(str, widths))}"
+    )
     print(
         f"imported {args.folder} to {args.out}: {m.n_layers} layers, d_model {m.d_model}, "
-        f"MLP width {m.mlp_widths[0]}, {heads}, vocab {m.vocab_size}"
-        + (", tied head" if m.tie_embeddings else "")
+        f"{mlp}, {heads}, vocab {m.vocab_size}" + (", tied head" if m.tie_embeddings else "")
     )
     if tokenizer is None:
         print(

@@ -172,9 +172,16 @@ def model_config(folder: str | Path, data: dict[str, Any] | None = None) -> Mode
     data = read_config(folder) if data is None else data
     archs = data.get("architectures")
     if not (isinstance(archs, list) and len(archs) == 1 and archs[0] in ARCHITECTURES):
+        ours = data.get("model_type") == "taperlm"
         raise _refuse(
             folder,
-            f"its architectures are {archs!r}; taperlm imports one of {', '.join(ARCHITECTURES)}",
+            f"its architectures are {archs!r}; taperlm imports one of {', '.join(ARCHITECTURES)}"
+            + (
+                " (this is a `taperlm export` folder, which eval, generate and novelty take as "
+                "it is; to train on, continue the run it was exported from)"
+                if ours
+                else ""
+            ),
         )
     arch = archs[0]
     if data.get("model_type") not in (None, ARCHITECTURES[arch]):
