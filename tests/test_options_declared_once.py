@@ -43,6 +43,7 @@ CONFIG_OPTIONS: dict[str, dict[str, tuple[type, str]]] = {
     "prepare": {},
     "generate": {},
     "export": {},
+    "import": {},  # its --set takes train.*/data.* KEY=VALUE, checked as config fields
     "novelty": {},
     "eval": {},  # its options configure the evaluation runner, not a run config
 }
@@ -51,7 +52,7 @@ COMMAND_OPTIONS: dict[str, set[str]] = {
     "train": {"--preset", "--config", "--set", "--out", "--resume", "--no-progress"}
     | {"--stop-after-steps"},
     "plan": {"--preset", "--config", "--set", "--json", "--plot", "--dump-config"}
-    | {"--list-presets", "--gpus", "--gpu-memory", "--mfu"},
+    | {"--list-presets", "--gpus", "--gpu-memory", "--mfu", "--block-configs"},
     "allocate": {"--from", "--preset", "--config", "--set", "--out", "--json", "--plot"} | _MEASURE,
     "prepare": {"--source", "--tokenizer", "--out", "--val-fraction", "--val-tokens"}
     | {"--workers", "--max-chars", "--max-tokens", "--tokenizer-sample-chars", "--shard-tokens"}
@@ -59,6 +60,7 @@ COMMAND_OPTIONS: dict[str, set[str]] = {
     "generate": {"run", "--prompt", "--max-new-tokens", "--temperature", "--top-k", "--top-p"}
     | {"--seed", "--step", "--device", "--no-cache", "--out"},
     "export": {"run", "--out", "--format", "--dtype", "--step", "--force"},
+    "import": {"folder", "--out", "--set"},
     "novelty": {"model", "--json", "--plot", "--out"} | _MEASURE,
     "eval": {"run", "--tasks", "--data-dir", "--source", "--limit", "--niah-lengths"}
     | {"--niah-haystack", "--niah-extrapolate", "--batch-size", "--max-length", "--step"}

@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "prepare": "tokenize a corpus into memory-mapped token shards",
     "train": "pretrain a model (single process or under torchrun)",
     "eval": "evaluate a run on validation perplexity and the paper's zero-shot suite",
+    "import": "import a Llama-architecture Hugging Face checkpoint folder as a run",
     "export": "export a run as a Hugging Face model directory",
     "generate": "sample text from a run",
     "novelty": "layer-wise novelty (rho_block, rho_mlp) of a model",

@@ -3,7 +3,7 @@ user's, `--force` included (the file counterpart of `taperlm.outdirs`).
 
 Every named output file carries a mark inside its own format, added by its writer:
 
-- JSON (`novelty --out`, `eval --out`): a top-level key `"written_by": "taperlm ..."`;
+- JSON (`novelty --out`, `eval --out`, `plan --block-configs`): a top-level key `"written_by": "taperlm ..."`;
 - YAML (`allocate --out`): a first-line comment `# written by taperlm ...`;
 - PNG (every `--plot`): a tEXt chunk with the keyword `taperlm` (matplotlib's savefig metadata);
 - GGUF (`export --format gguf`): the metadata key `taperlm.written_by`;
@@ -35,6 +35,7 @@ OUTPUT_FILES: dict[tuple[str, str], str] = {
     ("novelty", "--out"): "json",
     ("novelty", "--plot"): "png",
     ("plan", "--plot"): "png",
+    ("plan", "--block-configs"): "json",
     ("allocate", "--out"): "yaml",
     ("allocate", "--plot"): "png",
     ("eval", "--out"): "json",

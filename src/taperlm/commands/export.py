@@ -1,6 +1,8 @@
 """`taperlm export RUN --out DIR`: a Hugging Face model directory (config.json with auto_map,
 model.safetensors, tokenizer, generation_config.json, thin code files importing taperlm, a model
-card README.md); `--format gguf --out FILE.gguf`: one GGUF file for llama.cpp (Transformer++)."""
+card README.md); `--format gguf --out FILE.gguf`: one GGUF file for llama.cpp (Transformer++);
+`--format block-configs --out DIR`: a DeciLM / Nemotron-NAS checkpoint (per-layer
+`block_configs`, Llama weight names) that vLLM, SGLang, mlx-lm and llama.cpp's converter load."""
 
 from __future__ import annotations
 
@@ -25,10 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--format",
-        choices=("hf", "gguf"),
+        choices=("hf", "gguf", "llama", "block-configs"),
         default="hf",
         help="hf: a Hugging Face model directory; gguf: one file for llama.cpp (Transformer++ "
-        "models only)",
+        "models only); llama: a plain LlamaForCausalLM directory that transformers and serving engines load without taperlm (uniform Transformer++ runs); block-configs: a DeciLM / Nemotron-NAS directory (per-layer FFN widths "
+        "and KV heads in config.json's block_configs) for engines that serve per-layer widths "
+        "(Transformer++, no query-head taper, widths in multiples of 256)",
     )
     parser.add_argument(
         "--dtype",
@@ -70,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
     from taperlm.loading import load_run  # lazy: torch; --help stays torch-free
 
     model, tokenizer, run_config = load_run(args.run, step=args.step)
+    if args.format in ("llama", "block-configs"):
+        return _run_llama_named(args, out, model, tokenizer)
     claim(out, "export")
     path = export_model(model, out, tokenizer, run_config=run_config)
     print(f"exported {args.run} to {path}")
@@ -91,4 +97,28 @@ def _run_gguf(args: argparse.Namespace) -> int:
     path = write_gguf(model, tokenizer, out, dtype=dtype, name=name)
     print(f"exported {args.run} to {path} ({dtype})")
     print(f"run it with llama.cpp: llama-completion -m {path} -no-cnv -p 'The' -n 64")
+    return 0
+
+
+def _run_llama_named(args: argparse.Namespace, out: Path, model, tokenizer) -> int:
+    """--format llama | block-configs: Hugging Face Llama-named weights with a LlamaForCausalLM
+    or a DeciLMForCausalLM (per-layer block_configs) config."""
+    from taperlm.hf import decilm, llama  # lazy: torch and the hf extra
+    from taperlm.hf.export import export_block_configs, export_llama  # lazy: as above
+
+    per_layer = args.format == "block-configs"
+    # what the format cannot carry, refused before the folder is claimed
+    if per_layer:
+        decilm.check_supported(model.config)
+    else:
+        llama.llama_config(model.config)
+    claim(out, "export")
+    if per_layer:
+        path = export_block_configs(model, out, tokenizer)
+        print(f"exported {args.run} to {path} (DeciLMForCausalLM, per-layer block_configs)")
+        print(f"convert it for llama.cpp with its own converter: convert_hf_to_gguf.py {path}")
+    else:
+        path = export_llama(model, out, tokenizer)
+        print(f"exported {args.run} to {path} (LlamaForCausalLM)")
+        print(f"load it with: AutoModelForCausalLM.from_pretrained({str(path)!r})")
     return 0

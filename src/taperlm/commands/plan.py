@@ -12,7 +12,9 @@ from taperlm.budget import format_plan, plan, plan_to_dict, total_params
 from taperlm.commands.common import add_model_arguments, build_run_config
 from taperlm.config import TrainConfig, dump_yaml
 from taperlm.domains import MAX_BATCH, domain_of_field, number, output_path, up_to
-from taperlm.outfiles import R_FILE
+from taperlm.hf.decilm import decilm_config
+from taperlm.io import atomic_write_json
+from taperlm.outfiles import R_FILE, json_mark
 from taperlm.presets import get_preset, preset_names
 from taperlm.training.planner import format_memory_plan, parse_bytes, plan_training
 
@@ -29,6 +31,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--plot",
         type=output_path("file"),
         help="write the width profile (and the heads, with a head taper) as a PNG" + R_FILE,
+    )
+    parser.add_argument(
+        "--block-configs",
+        type=output_path("file"),
+        metavar="OUT.json",
+        help="write the planned model's per-layer config as a DeciLM / Nemotron-NAS config.json "
+        "(block_configs: FFN width and KV heads per layer), the schema of Megatron-Core's "
+        "heterogeneous layers, NeMo and the engines that serve Nemotron-NAS models; widths must "
+        "be multiples of 256 (--multiple-of 256)" + R_FILE,
     )
     parser.add_argument("--dump-config", action="store_true", help="print the resolved YAML")
     parser.add_argument("--list-presets", action="store_true", help="list preset names and exit")
@@ -72,6 +83,10 @@ def run(args: argparse.Namespace) -> int:
     if args.dump_config:
         print(dump_yaml(cfg), end="")
         return 0
+    if args.block_configs:
+        config = decilm_config(cfg.model)  # refuses what the format cannot carry, first
+        args.block_configs.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(args.block_configs, json_mark(config, "plan"), indent=2)
     p = plan(cfg.model, args.seq_len)
     memory = _memory_plan(args, cfg) if args.gpus is not None else None
     if args.json:
@@ -98,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
         )
         if not args.json:
             print(f"width profile written to {path}")
+    if args.block_configs and not args.json:
+        print(f"per-layer config (DeciLM block_configs) written to {args.block_configs}")
     return 0
 
 

@@ -18,10 +18,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
 from taperlm.config import to_dict
 from taperlm.errors import ConfigError, DataError
+from taperlm.hf.decilm import decilm_config
+from taperlm.hf.llama import from_taperlm, llama_config
 from taperlm.hf.model_card import model_card
 from taperlm.io import sha256_file
 from taperlm.outdirs import record_written_files, unchanged_own_file, written_files
@@ -102,6 +105,45 @@ def export_model(
     staging = Path(tempfile.mkdtemp(prefix=".taperlm-export-tmp-", dir=out))
     try:
         _write(model, staging, out.resolve().name, tokenizer, generation, run_config)
+        _default_modes(staging)
+        _install(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def export_block_configs(model: Any, out_dir: str | Path, tokenizer: Any | None = None) -> Path:
+    """Write `model` (a Transformer++ TaperedLM) to `out_dir` as a DeciLM / Nemotron-NAS
+    checkpoint (`taperlm.hf.decilm`: config.json with per-layer `block_configs`, weights in
+    Hugging Face Llama names in model.safetensors, the tokenizer), replacing only files of an
+    earlier export (as `export_model`); ConfigError, before anything is written, for what the
+    format cannot carry."""
+    return _export_llama_named(model, decilm_config(model.config), out_dir, tokenizer)
+
+
+def export_llama(model: Any, out_dir: str | Path, tokenizer: Any | None = None) -> Path:
+    """Write a uniform Transformer++ TaperedLM to `out_dir` as a plain `LlamaForCausalLM`
+    checkpoint (`taperlm.hf.llama.llama_config`), which transformers and every engine load
+    without taperlm; ConfigError, before anything is written, for a model with per-layer sizes
+    (use `export_block_configs`) or of another family."""
+    return _export_llama_named(model, llama_config(model.config), out_dir, tokenizer)
+
+
+def _export_llama_named(
+    model: Any, config: dict[str, Any], out_dir: str | Path, tokenizer: Any | None
+) -> Path:
+    """config.json, the weights under Llama names and the tokenizer, staged and installed."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".taperlm-export-tmp-", dir=out))
+    try:
+        save_file(from_taperlm(model), str(staging / "model.safetensors"), {"format": "pt"})
+        if tokenizer is not None:
+            tok = hf_tokenizer(tokenizer, model.config.context_length)
+            config |= {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
+            tok.save_pretrained(staging)
+        text = json.dumps(config, indent=2) + "\n"
+        (staging / "config.json").write_text(text, encoding="utf-8")
         _default_modes(staging)
         _install(staging, out)
     finally:

@@ -21,11 +21,17 @@ from taperlm.config import (
     save_yaml,
     to_dict,
 )
-from taperlm.data.identity import check_run_data, read_record, record_run_data
+from taperlm.data.identity import (
+    check_run_data,
+    data_identity,
+    read_record,
+    record_run_data,
+    run_tokenizer_dir,
+)
 from taperlm.data.loader import check_data_fits, check_vocab
 from taperlm.domains import check_output
 from taperlm.errors import CheckpointError, ConfigError, DataError, RunInUseError
-from taperlm.io import os_error_cause
+from taperlm.io import os_error_cause, sha256_file
 from taperlm.outdirs import KINDS, check_folder, claim
 from taperlm.runlock import LOCK_FILE, RunLock
 from taperlm.training import distributed as D
@@ -203,6 +209,16 @@ def _check_saved_config(run: RunConfig, out: Path) -> None:
 def check_resume_data(out: Path, data_dir: Path) -> None:
     """A resumed run must read the data it was trained on (its recorded identity)."""
     why = check_run_data(out, data_dir, ("train", "val"))
+    own = run_tokenizer_dir(out)
+    if not why and own is not None and read_record(out) is None:
+        # A run started from given weights (`taperlm import`) carries their tokenizer but no
+        # data record yet: the data must be tokenized by that very tokenizer.
+        theirs = data_identity(data_dir)["tokenizer"]
+        if sha256_file(own / "tokenizer.json") != theirs["sha256"]:
+            why = (
+                f"its tokenizer ({theirs.get('spec')}) is not the run's own ({own}); prepare "
+                f"the data with it: taperlm prepare --tokenizer {own} ..."
+            )
     if why:
         raise DataError(
             f"cannot resume {out}: the data dir {data_dir} is not the data this run "

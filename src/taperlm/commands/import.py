@@ -1,0 +1,56 @@
+"""`taperlm import HF_FOLDER --out RUN`: a Llama-architecture Hugging Face checkpoint folder
+(LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM; safetensors) becomes a taperlm run
+whose logits equal transformers'; `taperlm train --out RUN --data DATA` continues training it.
+What the run cannot carry (RoPE scaling, biases, a sliding window, ...) is refused by name."""
+
+from __future__ import annotations
+
+import argparse
+
+from taperlm.domains import input_path, output_path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "folder",
+        type=input_path(),
+        help="a Hugging Face checkpoint folder (config.json, model.safetensors or its shards, "
+        "tokenizer.json); never a Hub name: nothing is downloaded",
+    )
+    parser.add_argument(
+        "--out", type=output_path("dir"), required=True, help="run directory (created)"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a train.* or data.* setting of the run, for `taperlm train --out RUN` to continue "
+        "with (e.g. --set train.lr=1e-4 --set train.tokens=1000000); repeatable",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from taperlm.importing import import_checkpoint  # lazy: torch; --help stays torch-free
+
+    run_config, tokenizer = import_checkpoint(args.folder, args.out, args.overrides)
+    m = run_config.model
+    heads = f"{m.n_heads} heads ({m.kv_heads} KV)"
+    widths = m.mlp_widths or []
+    mlp = (
+        f"MLP width {widths[0]}"
+        if len(set(widths)) == 1
+        else f"MLP widths {', '.join(map(str, widths))}"
+    )
+    print(
+        f"imported {args.folder} to {args.out}: {m.n_layers} layers, d_model {m.d_model}, "
+        f"{mlp}, {heads}, vocab {m.vocab_size}" + (", tied head" if m.tie_embeddings else "")
+    )
+    if tokenizer is None:
+        print(
+            "note: the folder has no tokenizer.json, so the run has no tokenizer; generate and "
+            "eval need one: train it on data (`taperlm train --out RUN --data DATA`)"
+        )
+    print(f"continue training it with: taperlm train --out {args.out} --data DATA")
+    return 0

@@ -1,0 +1,603 @@
+"""A Llama-architecture Hugging Face checkpoint folder read as a Transformer++ `TaperedLM`:
+its config.json mapped to a `ModelConfig` and its safetensors weights renamed and fused into
+ours, for `taperlm import` (`taperlm.importing`).
+
+What carries over exactly: `LlamaForCausalLM`, and the same computation under the names
+`Qwen2ForCausalLM` and `MistralForCausalLM` — RMSNorm (its eps), RoPE in the rotate-half form
+(the form of both transformers and taperlm, so Q and K rows need no permutation; its theta),
+SwiGLU with silu, grouped-query attention, a tied or untied head — and `DeciLMForCausalLM`
+whose `block_configs` give per-layer MLP widths (`taperlm.hf.decilm`; plain Llama blocks, one
+KV head count). The widths become the run's resolved `mlp_widths` (a uniform taper, or a custom
+one with the per-layer widths), every tensor's shape checked against them.
+
+What is refused, by name, because the result would not compute what transformers computes:
+any RoPE scaling or partial rotary factor (llama3, yarn, linear, dynamic, ...), attention or
+MLP biases (Llama's `attention_bias`/`mlp_bias`; Qwen2's q/k/v biases unless every one is
+exactly zero, as in a freshly initialised model: taperlm's attention has no biases), a sliding
+window shorter than the context (Mistral, Qwen2's `use_sliding_window`), an activation other
+than silu, a `head_dim` other than hidden_size / num_attention_heads, quantized weights, a
+folder that ships its own code (`auto_map`), any config key this reader does not know, and
+pickle (`pytorch_model.bin`) weights, which are never opened: loading them runs code.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from taperlm.config import ModelConfig
+from taperlm.errors import CheckpointError, ConfigError, UnsafeFileError
+from taperlm.hf.decilm import ffn_mult_width
+from taperlm.hf.safetensors_file import read_header, read_tensors
+from taperlm.io import read_text, strict_json_loads
+from taperlm.taper import TaperSpec
+
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "MistralForCausalLM": "mistral",
+    # Llama blocks with per-layer sizes (`taperlm.hf.decilm`), as `export --format
+    # block-configs` writes them
+    "DeciLMForCausalLM": "nemotron-nas",
+}
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KiB
+MAX_INDEX_BYTES = 64 << 20  # one line per tensor
+
+# Keys that do not change what the model computes at inference (ids, bookkeeping, training-only
+# settings taperlm does not have). Every other key is read below or refused.
+_IGNORED = frozenset(
+    {
+        "_name_or_path",
+        "architectures",
+        "model_type",
+        "transformers_version",
+        "dtype",
+        "torch_dtype",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "use_cache",
+        "initializer_range",
+        "pretraining_tp",  # sliced matmuls in old transformers, the same result
+        "attention_dropout",  # 0 in every released model; inference has no dropout
+        "max_window_layers",  # which layers a Qwen2 sliding window applies to (checked below)
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+    }
+)
+_READ = frozenset(
+    {
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "vocab_size",
+        "max_position_embeddings",
+        "rms_norm_eps",
+        "hidden_act",
+        "tie_word_embeddings",
+        "rope_theta",
+        "rope_scaling",
+        "rope_parameters",
+        "head_dim",
+        "attention_bias",
+        "mlp_bias",
+        "sliding_window",
+        "use_sliding_window",
+        "layer_types",
+        "block_configs",
+    }
+)
+# (our name, HF name); per layer under model.layers.{i}.
+_NORMS = (("mixer_norm", "input_layernorm"), ("mlp_norm", "post_attention_layernorm"))
+
+
+def _refuse(folder: Path, what: str) -> ConfigError:
+    return ConfigError(f"cannot import {folder}: {what}; nothing was written")
+
+
+def read_config(folder: str | Path) -> dict[str, Any]:
+    """The folder's config.json, read bounded and parsed strictly (a key given twice is refused)."""
+    folder = Path(folder)
+    path = folder / CONFIG_FILE
+    if not path.exists():  # anything else there (a FIFO, a folder) is refused by read_text
+        raise CheckpointError(
+            f"{folder} is not a Hugging Face checkpoint folder: it has no {CONFIG_FILE}"
+        )
+    try:
+        data = strict_json_loads(read_text(path, MAX_CONFIG_BYTES, "config.json"))
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{path} is not valid JSON ({err.msg})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} is not a JSON object")
+    return data
+
+
+def _int(folder: Path, data: dict[str, Any], key: str, default: Any = None) -> int:
+    value = data.get(key)
+    value = default if value is None else value  # absent, or null as some configs write it
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise CheckpointError(
+            f"{folder}/{CONFIG_FILE}: {key} must be a positive integer, got {value!r}"
+        )
+    return value
+
+
+def _rope(folder: Path, data: dict[str, Any]) -> float:
+    """RoPE theta; any scaling or partial rotary factor refused by name (transformers 5 writes
+    `rope_parameters`, earlier releases `rope_theta` and `rope_scaling`)."""
+    params = data.get("rope_parameters")
+    scaling = data.get("rope_scaling")
+    theta = data.get("rope_theta", 10000.0)
+    if params is not None:
+        if not isinstance(params, dict):
+            raise CheckpointError(f"{folder}/{CONFIG_FILE}: rope_parameters is not an object")
+        extra = sorted(set(params) - {"rope_type", "rope_theta", "type"})
+        kind = params.get("rope_type", params.get("type", "default"))
+        if kind != "default" or extra:
+            raise _refuse(
+                folder,
+                f"its RoPE is rope_type {kind!r}"
+                + (f" with {', '.join(extra)}" if extra else "")
+                + "; taperlm's RoPE is the plain (default) one, without scaling or a partial "
+                "rotary factor",
+            )
+        theta = params.get("rope_theta", theta)
+    if scaling is not None:
+        kind = (
+            scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else scaling
+        )
+        if kind != "default":
+            raise _refuse(
+                folder,
+                f"it uses RoPE scaling {kind!r} (rope_scaling); taperlm's RoPE has no scaling",
+            )
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
+        raise CheckpointError(f"{folder}/{CONFIG_FILE}: rope_theta must be positive, got {theta!r}")
+    return float(theta)
+
+
+def model_config(folder: str | Path, data: dict[str, Any] | None = None) -> ModelConfig:
+    """The `ModelConfig` of the checkpoint in `folder` (resolved: uniform widths, written out);
+    ConfigError naming what it cannot carry."""
+    folder = Path(folder)
+    data = read_config(folder) if data is None else data
+    archs = data.get("architectures")
+    if not (isinstance(archs, list) and len(archs) == 1 and archs[0] in ARCHITECTURES):
+        ours = data.get("model_type") == "taperlm"
+        raise _refuse(
+            folder,
+            f"its architectures are {archs!r}; taperlm imports one of {', '.join(ARCHITECTURES)}"
+            + (
+                " (this is a `taperlm export` folder, which eval, generate and novelty take as "
+                "it is; to train on, continue the run it was exported from)"
+                if ours
+                else ""
+            ),
+        )
+    arch = archs[0]
+    if data.get("model_type") not in (None, ARCHITECTURES[arch]):
+        raise _refuse(folder, f"model_type {data.get('model_type')!r} is not {arch}'s")
+    if "auto_map" in data:
+        raise _refuse(
+            folder,
+            "its config names code of its own (auto_map); taperlm never runs a checkpoint's "
+            "code and cannot tell that its weights mean what a built-in architecture's do",
+        )
+    if "quantization_config" in data:
+        raise _refuse(folder, "it is quantized (quantization_config); import the original weights")
+    unknown = sorted(set(data) - _IGNORED - _READ)
+    if unknown:
+        raise _refuse(
+            folder,
+            f"its config.json has key(s) {', '.join(unknown)} that taperlm's import does not "
+            "know and that may change what the model computes",
+        )
+    d = _int(folder, data, "hidden_size")
+    heads = _int(folder, data, "num_attention_heads")
+    layers = _int(folder, data, "num_hidden_layers")
+    if arch == "DeciLMForCausalLM":
+        widths, kv = _decilm_sizes(folder, data, d, heads, layers)
+    else:
+        if "block_configs" in data:
+            raise _refuse(folder, f"block_configs belong to DeciLMForCausalLM, not {arch}")
+        kv = _int(folder, data, "num_key_value_heads", heads)
+        widths = [_int(folder, data, "intermediate_size")] * layers
+    if sum(widths) % layers:
+        raise _refuse(
+            folder,
+            f"its MLP widths {widths} sum to {sum(widths)}, not a multiple of its {layers} "
+            "layers; a taperlm model's widths sum to n_layers x a baseline width",
+        )
+    context = _int(folder, data, "max_position_embeddings")
+    act = data.get("hidden_act", "silu")
+    if act != "silu":
+        raise _refuse(
+            folder, f"its activation is {act!r} (hidden_act); taperlm's MLP is SwiGLU with silu"
+        )
+    for key in ("attention_bias", "mlp_bias"):
+        if data.get(key):
+            raise _refuse(folder, f"it has {key}: true; taperlm's attention and MLP have no biases")
+    head_dim = data.get("head_dim")
+    if head_dim is not None and (d % heads or head_dim != d // heads):
+        raise _refuse(
+            folder,
+            f"its head_dim is {head_dim}, not hidden_size / num_attention_heads = {d}/{heads}; "
+            "taperlm's head dim is always d_model / n_heads",
+        )
+    _check_window(folder, data, ARCHITECTURES[arch], context)
+    eps = data.get("rms_norm_eps", 1e-6)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        raise CheckpointError(f"{folder}/{CONFIG_FILE}: rms_norm_eps must be positive, got {eps!r}")
+    tied = data.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise CheckpointError(f"{folder}/{CONFIG_FILE}: tie_word_embeddings must be true or false")
+    cfg = ModelConfig(
+        family="transformer",
+        vocab_size=_int(folder, data, "vocab_size"),
+        d_model=d,
+        n_layers=layers,
+        n_heads=heads,
+        n_kv_heads=None if kv == heads else kv,
+        mlp_width=sum(widths) // layers,
+        # Multiples of 1: the checkpoint's widths are kept exactly, whatever they divide by.
+        taper=TaperSpec.parse(
+            "uniform" if len(set(widths)) == 1 else "custom:" + ",".join(map(str, widths)),
+            multiple_of=1,
+        ),
+        mlp_widths=widths,
+        context_length=context,
+        rope_theta=_rope(folder, data),
+        norm_eps=float(eps),
+        tie_embeddings=tied,
+    )
+    try:
+        return cfg.resolve()
+    except ConfigError as err:
+        raise _refuse(folder, f"its shape is not one taperlm builds ({err})") from None
+
+
+# The only values of a block_configs entry's keys that describe a plain Llama block.
+_PLAIN_BLOCK = {
+    "attention": {
+        "no_op": False,
+        "replace_with_linear": False,
+        "sparsify": None,
+        "num_sink_tokens": None,
+        "unshifted_sink": False,
+        "use_prefill_window_in_sink_attention": False,
+        "window_length": None,
+    },
+    "ffn": {"no_op": False, "replace_with_linear": False, "sparsify": None},
+}
+
+
+def _decilm_sizes(
+    folder: Path, data: dict[str, Any], d: int, heads: int, layers: int
+) -> tuple[list[int], int]:
+    """(MLP width per layer, KV heads) of a DeciLM config's `block_configs`: each width by the
+    readers' rule from ffn_mult; refused by name: a layer that is not a plain Llama block
+    (no_op, replace_with_linear, sink or window attention, sparsity), KV heads that differ
+    between layers (taperlm keeps a KV taper's parameters whole, which an arbitrary per-layer
+    choice need not)."""
+    blocks = data.get("block_configs")
+    if not isinstance(blocks, list) or len(blocks) != layers:
+        raise CheckpointError(
+            f"{folder}/{CONFIG_FILE}: block_configs must list one entry per layer ({layers})"
+        )
+    widths, groups = [], []
+    for i, block in enumerate(blocks):
+        if not isinstance(block, dict) or set(block) - {"attention", "ffn"}:
+            raise CheckpointError(f"{folder}/{CONFIG_FILE}: block_configs[{i}] is not a block")
+        for part, plain in _PLAIN_BLOCK.items():
+            entry = block.get(part)
+            if not isinstance(entry, dict):
+                raise CheckpointError(
+                    f"{folder}/{CONFIG_FILE}: block_configs[{i}].{part} is missing"
+                )
+            known = {"n_heads_in_group"} if part == "attention" else {"ffn_mult"}
+            extra = sorted(set(entry) - set(plain) - known)
+            odd = [k for k, v in plain.items() if entry.get(k, v) != v]
+            if extra or odd:
+                what = ", ".join(f"{k}: {entry[k]!r}" for k in (odd or extra))
+                raise _refuse(
+                    folder,
+                    f"layer {i}'s {part} is not a plain Llama block ({what}); taperlm builds "
+                    "every layer as full attention and a SwiGLU MLP",
+                )
+        group, mult = block["attention"].get("n_heads_in_group"), block["ffn"].get("ffn_mult")
+        if not isinstance(group, int) or isinstance(group, bool) or group < 1 or heads % group:
+            raise _refuse(
+                folder,
+                f"layer {i}'s n_heads_in_group is {group!r}, not a divisor of its {heads} heads",
+            )
+        if isinstance(mult, bool) or not isinstance(mult, (int, float)) or not mult > 0:
+            raise _refuse(folder, f"layer {i}'s ffn_mult is {mult!r}, not a positive number")
+        widths.append(ffn_mult_width(float(mult), d))
+        groups.append(group)
+    if len(set(groups)) > 1:
+        raise _refuse(
+            folder,
+            f"its KV heads differ per layer (n_heads_in_group {groups}); taperlm imports "
+            "per-layer MLP widths with one KV head count",
+        )
+    return widths, heads // groups[0]
+
+
+def _check_window(folder: Path, data: dict[str, Any], model_type: str, context: int) -> None:
+    """A sliding window that is shorter than the context changes attention: refused."""
+    window = data.get("sliding_window")
+    types = data.get("layer_types")
+    if types is not None and (
+        not isinstance(types, list) or any(t != "full_attention" for t in types)
+    ):
+        raise _refuse(
+            folder,
+            f"its layer_types are {types!r}; taperlm's attention is full attention in every layer",
+        )
+    used = model_type == "mistral" or bool(data.get("use_sliding_window"))
+    if used and window is not None:
+        if isinstance(window, bool) or not isinstance(window, int):
+            raise CheckpointError(f"{folder}/{CONFIG_FILE}: sliding_window must be an integer")
+        if window < context:
+            raise _refuse(
+                folder,
+                f"it attends through a sliding window of {window} tokens (sliding_window), "
+                f"shorter than its context of {context}; taperlm's attention sees the whole context",
+            )
+
+
+# ----------------------------------------------------------------------------------------------
+# weights
+
+
+def _file_name(folder: Path, name: str) -> str:
+    """A shard name read from the index: a plain file name of the folder, never a path (no
+    separator, no `..`, not absolute), so the index cannot point anywhere the folder's own
+    files do not. Links among the folder's files are followed, as for config.json: a Hugging
+    Face Hub cache snapshot holds only links into its `../../blobs`."""
+    if not name or name in (".", "..") or "\x00" in name or Path(name).name != name or "\\" in name:
+        shown = name if len(name) <= 200 else name[:200] + "..."
+        raise UnsafeFileError(
+            f"{folder / INDEX_FILE} names the shard {shown!r}, which is not a file name in "
+            "that folder; the index was edited or crafted: restore it from a copy you trust"
+        )
+    return name
+
+
+def weight_files(folder: str | Path) -> dict[str, Path]:
+    """HF tensor name -> the safetensors file holding it (one file, or the shards that
+    model.safetensors.index.json names, each kept inside the folder)."""
+    folder = Path(folder)
+    if (folder / WEIGHTS_FILE).exists():
+        path = folder / WEIGHTS_FILE
+        return dict.fromkeys(read_header(path)[0], path)
+    if (folder / INDEX_FILE).exists():
+        try:
+            index = strict_json_loads(read_text(folder / INDEX_FILE, MAX_INDEX_BYTES, "index"))
+        except json.JSONDecodeError as err:
+            raise CheckpointError(f"{folder / INDEX_FILE} is not valid JSON ({err.msg})") from None
+        wmap = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
+            raise CheckpointError(f"{folder / INDEX_FILE} has no weight_map of file names")
+        out: dict[str, Path] = {}
+        headers: dict[str, set[str]] = {}
+        for name, file in wmap.items():
+            path = folder / _file_name(folder, file)
+            if file not in headers:
+                headers[file] = set(read_header(path)[0])
+            if name not in headers[file]:
+                raise CheckpointError(
+                    f"{folder / INDEX_FILE} puts {name!r} in {file}, which lacks it"
+                )
+            out[name] = path
+        return out
+    pickles = sorted(p.name for p in folder.glob("*.bin")) + sorted(
+        p.name for p in folder.glob("*.pt*")
+    )
+    if pickles:
+        raise _refuse(
+            folder,
+            f"its weights are pickle files ({', '.join(pickles[:3])}), which taperlm never "
+            "opens (unpickling runs code); convert them to safetensors with a tool you trust",
+        )
+    raise CheckpointError(f"{folder} has no {WEIGHTS_FILE} (nor {INDEX_FILE})")
+
+
+def _hf_names(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a Llama checkpoint of `cfg` holds (Qwen2's biases aside) and its shape."""
+    d, hd = cfg.d_model, cfg.head_dim
+    out: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (cfg.vocab_size, d),
+        "model.norm.weight": (d,),
+    }
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = (cfg.vocab_size, d)
+    for i, width in enumerate(cfg.mlp_widths or []):
+        q, kv = cfg.attention_heads(i)
+        p = f"model.layers.{i}."
+        out |= {
+            p + "input_layernorm.weight": (d,),
+            p + "post_attention_layernorm.weight": (d,),
+            p + "self_attn.q_proj.weight": (q * hd, d),
+            p + "self_attn.k_proj.weight": (kv * hd, d),
+            p + "self_attn.v_proj.weight": (kv * hd, d),
+            p + "self_attn.o_proj.weight": (d, q * hd),
+            p + "mlp.gate_proj.weight": (width, d),
+            p + "mlp.up_proj.weight": (width, d),
+            p + "mlp.down_proj.weight": (d, width),
+        }
+    return out
+
+
+def _biases(cfg: ModelConfig) -> dict[str, int]:
+    """Qwen2's q/k/v bias tensors and their lengths."""
+    out = {}
+    for i in range(cfg.n_layers):
+        q, kv = cfg.attention_heads(i)
+        p = f"model.layers.{i}.self_attn."
+        out |= {p + "q_proj.bias": q * cfg.head_dim}
+        out |= {p + n: kv * cfg.head_dim for n in ("k_proj.bias", "v_proj.bias")}
+    return out
+
+
+def read_weights(folder: str | Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """The checkpoint's weights as a `TaperedLM` state dict of `cfg` (fp32): every tensor
+    present with its shape, nothing unknown, biases only where all of them are zero."""
+    folder = Path(folder)
+    files = weight_files(folder)
+    shapes = _file_shapes(files)
+    # Old checkpoints saved the RoPE frequencies as a buffer; they are recomputed from theta.
+    shapes = {k: v for k, v in shapes.items() if not k.endswith("rotary_emb.inv_freq")}
+    expected = _hf_names(cfg)
+    biases = _biases(cfg)
+    if cfg.tie_embeddings and "lm_head.weight" in shapes:
+        expected["lm_head.weight"] = (cfg.vocab_size, cfg.d_model)  # checked equal below
+    missing = sorted(set(expected) - set(shapes))
+    unknown = sorted(set(shapes) - set(expected) - set(biases))
+    if missing or unknown:
+        shown = (f"missing {missing[:4]}" if missing else "") + (
+            f"{'; ' if missing else ''}unknown {unknown[:4]}" if unknown else ""
+        )
+        raise _refuse(folder, f"its weights are not a {cfg.n_layers}-layer Llama's ({shown})")
+    wrong = [f"{k}: {shapes[k]} vs {v}" for k, v in expected.items() if shapes[k] != v] + [
+        f"{k}: {shapes[k]} vs ({n},)"
+        for k, n in biases.items()
+        if k in shapes and shapes[k] != (n,)
+    ]
+    if wrong:
+        raise _refuse(
+            folder,
+            f"its weights do not have the shapes its config.json gives ({'; '.join(wrong[:4])})",
+        )
+    hf = _load(files, [*expected, *(k for k in biases if k in shapes)])
+    nonzero = [k for k in biases if k in hf and bool(hf[k].any())]
+    if nonzero:
+        raise _refuse(
+            folder,
+            f"its attention has non-zero biases ({nonzero[0]}, ... {len(nonzero)} tensors; "
+            "Qwen2 has q/k/v biases); taperlm's attention has none, so its logits would differ",
+        )
+    tied_head = hf.get("lm_head.weight") if cfg.tie_embeddings else None
+    if tied_head is not None and not torch.equal(tied_head, hf["model.embed_tokens.weight"]):
+        raise _refuse(
+            folder, "tie_word_embeddings is true but lm_head.weight differs from the embedding"
+        )
+    return to_taperlm(hf, cfg)
+
+
+def _file_shapes(files: dict[str, Path]) -> dict[str, tuple[int, ...]]:
+    out: dict[str, tuple[int, ...]] = {}
+    for path in sorted(set(files.values())):
+        header, _ = read_header(path)
+        out |= {k: v["shape"] for k, v in header.items() if files.get(k) == path}
+    return out
+
+
+def _load(files: dict[str, Path], names: list[str]) -> dict[str, torch.Tensor]:
+    by_file: dict[Path, list[str]] = {}
+    for name in names:
+        by_file.setdefault(files[name], []).append(name)
+    out: dict[str, torch.Tensor] = {}
+    for path, wanted in by_file.items():
+        out |= read_tensors(path, wanted)
+    return out
+
+
+def to_taperlm(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """HF Llama tensors -> a `TaperedLM` state dict: q/k/v fused into `qkv` (rows q, k, v) and
+    gate/up into `w_in` (rows gate, up). Both use rotate-half RoPE, so rows keep their order."""
+    out = {
+        "embed.weight": hf["model.embed_tokens.weight"],
+        "norm.weight": hf["model.norm.weight"],
+        "lm_head.weight": hf.get("lm_head.weight", hf["model.embed_tokens.weight"]),
+    }
+    for i in range(cfg.n_layers):
+        p, b = f"model.layers.{i}.", f"blocks.{i}."
+        out |= {b + ours + ".weight": hf[p + theirs + ".weight"] for ours, theirs in _NORMS}
+        a = p + "self_attn."
+        out[b + "mixer.qkv.weight"] = torch.cat(
+            [hf[a + n + "_proj.weight"] for n in ("q", "k", "v")], dim=0
+        )
+        out[b + "mixer.out.weight"] = hf[a + "o_proj.weight"]
+        m = p + "mlp."
+        out[b + "mlp.w_in.weight"] = torch.cat(
+            [hf[m + "gate_proj.weight"], hf[m + "up_proj.weight"]]
+        )
+        out[b + "mlp.w_out.weight"] = hf[m + "down_proj.weight"]
+    return out
+
+
+def from_taperlm(model: Any) -> dict[str, torch.Tensor]:
+    """The inverse of `to_taperlm` for a Transformer++ `TaperedLM`: HF Llama tensor names (the
+    naming DeciLM / Nemotron-NAS checkpoints use too), contiguous fp32 copies; no lm_head for a
+    tied model (transformers ties it to the embedding)."""
+    cfg = model.config
+    hd = cfg.head_dim
+    state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    out = {
+        "model.embed_tokens.weight": state["embed.weight"],
+        "model.norm.weight": state["norm.weight"],
+    }
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = state["lm_head.weight"]
+    for i in range(cfg.n_layers):
+        p, b = f"model.layers.{i}.", f"blocks.{i}."
+        out |= {p + theirs + ".weight": state[b + ours + ".weight"] for ours, theirs in _NORMS}
+        q, kv = cfg.attention_heads(i)
+        qw, kw, vw = state[b + "mixer.qkv.weight"].split([q * hd, kv * hd, kv * hd])
+        a = p + "self_attn."
+        out |= {a + "q_proj.weight": qw, a + "k_proj.weight": kw, a + "v_proj.weight": vw}
+        out[a + "o_proj.weight"] = state[b + "mixer.out.weight"]
+        gate, up = state[b + "mlp.w_in.weight"].chunk(2)
+        m = p + "mlp."
+        out |= {m + "gate_proj.weight": gate, m + "up_proj.weight": up}
+        out[m + "down_proj.weight"] = state[b + "mlp.w_out.weight"]
+    return {k: v.contiguous().clone() for k, v in out.items()}
+
+
+def llama_config(cfg: ModelConfig) -> dict[str, Any]:
+    """The config.json of a plain `LlamaForCausalLM` equal to a uniform Transformer++ model
+    (every layer the same MLP width and heads); ConfigError naming what differs otherwise."""
+    if cfg.family != "transformer":
+        raise ConfigError(
+            f"a LlamaForCausalLM has Llama blocks (Transformer++); model family {cfg.family!r} "
+            "has other blocks: export --format hf"
+        )
+    shapes = {(w, cfg.attention_heads(i)) for i, w in enumerate(cfg.mlp_widths or [])}
+    if len(shapes) != 1:
+        raise ConfigError(
+            "a LlamaForCausalLM has one MLP width and one head count for all layers, and this "
+            f"model's differ per layer (widths {cfg.mlp_widths}); export its per-layer widths "
+            "with --format block-configs (DeciLM), or --format hf / gguf"
+        )
+    ((width, (heads, kv)),) = shapes
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": cfg.d_model,
+        "intermediate_size": width,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": cfg.head_dim,
+        "vocab_size": cfg.vocab_size,
+        "max_position_embeddings": cfg.context_length,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": None,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "torch_dtype": "float32",
+        "use_cache": True,
+    }

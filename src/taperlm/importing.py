@@ -1,0 +1,122 @@
+"""`taperlm import`: a Llama-architecture Hugging Face checkpoint folder becomes a taperlm run.
+
+The folder is a stranger's: config.json is parsed strictly (`taperlm.hf.llama`), safetensors
+headers are bounded and checked before a byte of data is read (`taperlm.hf.safetensors_file`),
+tokenizer files are read through `taperlm.io.read_text`, a shard name from the index is a plain
+file name of the folder, no code is ever run (no `auto_map`, no pickle). The run (`taperlm.training.start_run`)
+is a Transformer++ model whose resolved per-layer widths are the checkpoint's, whose step-0
+checkpoint holds its weights, and whose tokenizer is the folder's tokenizer.json (when it has
+one): its logits equal transformers' on the same ids, and `train --out RUN --data DATA`
+continues training it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer as Backend
+
+from taperlm.config import RunConfig, apply_overrides, run_config_from_dict, to_dict
+from taperlm.config.train import TrainConfig
+from taperlm.data.tokenizer import Tokenizer
+from taperlm.errors import ConfigError, DataError
+from taperlm.hf import llama
+from taperlm.io import read_text, strict_json_loads
+from taperlm.training.start_run import write_start_run
+
+MAX_TOKENIZER_BYTES = 256 << 20  # tokenizer.json of a 256k vocabulary is ~20 MiB
+MAX_SIDE_FILE_BYTES = 4 << 20  # tokenizer_config.json, special_tokens_map.json
+
+
+def import_checkpoint(
+    folder: str | Path, out: str | Path, overrides: list[str] | None = None
+) -> tuple[RunConfig, Tokenizer | None]:
+    """Import the checkpoint folder `folder` as run directory `out`; `overrides` (`train.*` and
+    `data.*` KEY=VALUE, as `--set`) set how `taperlm train` continues it. Returns the run's
+    config and tokenizer (None when the folder has no tokenizer.json)."""
+    folder = Path(folder)
+    data = llama.read_config(folder)
+    model = llama.model_config(folder, data)
+    run = _run_config(model, overrides or [])
+    weights = llama.read_weights(folder, model)
+    tokenizer = read_tokenizer(folder, data, model.vocab_size)
+    write_start_run(out, run, weights, tokenizer)
+    return run, tokenizer
+
+
+def _run_config(model: Any, overrides: list[str]) -> RunConfig:
+    """The run's config: the checkpoint's model, training settings from `overrides` (the
+    defaults otherwise, with seq_len no longer than the model's context)."""
+    fixed = [o for o in overrides if o.split("=", 1)[0].strip().startswith("model.")]
+    if fixed:
+        raise ConfigError(
+            f"--set {fixed[0]}: the model of an imported run is the checkpoint's; set train.* "
+            "and data.* only"
+        )
+    data = to_dict(RunConfig(model=model))
+    data["train"]["seq_len"] = min(TrainConfig().seq_len, model.context_length)
+    apply_overrides(data, overrides)
+    run = run_config_from_dict(data, "import").resolve()
+    if to_dict(run.model) != to_dict(model):  # a bare key that --set looked up in model
+        raise ConfigError(
+            "--set changed the model of the imported run; the model is the checkpoint's: set "
+            "train.* and data.* keys (with their section) only"
+        )
+    return run
+
+
+def _json_file(path: Path) -> dict[str, Any]:
+    if not path.exists():  # anything else there (a FIFO, a folder) is refused by read_text
+        return {}
+    try:
+        data = strict_json_loads(read_text(path, MAX_SIDE_FILE_BYTES, path.name))
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path} is not valid JSON ({err.msg})") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _token(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or {"content": ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) and value else None
+
+
+def read_tokenizer(folder: Path, config: dict[str, Any], vocab_size: int) -> Tokenizer | None:
+    """The folder's tokenizer.json as a taperlm tokenizer (EOS/BOS from tokenizer_config.json,
+    else config.json's eos_token_id/bos_token_id); None when the folder has none. DataError when
+    its ids exceed the model's vocabulary or no EOS token is named."""
+    path = folder / "tokenizer.json"
+    if not path.exists():
+        return None
+    text = read_text(path, MAX_TOKENIZER_BYTES, "tokenizer.json")
+    try:
+        backend = Backend.from_str(text)
+    except Exception as err:  # the tokenizers library raises its own exception type
+        raise DataError(f"{path} is not a Hugging Face tokenizers file ({err})") from None
+    size = backend.get_vocab_size(with_added_tokens=True)
+    if size > vocab_size:
+        raise DataError(
+            f"{path} has {size} ids but the model's vocab_size is {vocab_size}: the tokenizer is "
+            "not this model's"
+        )
+    side = _json_file(folder / "tokenizer_config.json")
+    special = _json_file(folder / "special_tokens_map.json")
+
+    def named(key: str) -> str | None:
+        token = _token(side.get(key)) or _token(special.get(key))
+        ids = config.get(f"{key}_id")
+        ids = ids[:1] if isinstance(ids, list) else [ids]  # Llama 3 lists several EOS ids
+        if token is None and ids and isinstance(ids[0], int) and not isinstance(ids[0], bool):
+            token = backend.id_to_token(ids[0])
+        return token if token is not None and backend.token_to_id(token) is not None else None
+
+    eos, bos = named("eos_token"), named("bos_token")
+    if eos is None:
+        raise DataError(
+            f"{folder} names no EOS token that its tokenizer.json has (tokenizer_config.json "
+            "eos_token, or config.json eos_token_id); taperlm needs one to separate documents"
+        )
+    return Tokenizer(backend, kind="import", spec=str(folder), eos_token=eos, bos_token=bos)
