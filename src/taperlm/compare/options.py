@@ -65,12 +65,14 @@ def option(
     default: Any = None,
     domain: str | None = None,
     type: Any = None,
+    kind: type = int,
     **argparse_kwargs: Any,
 ) -> Any:
-    """A `CompareOptions` field and its command-line option: `domain` (an integer range) makes
-    the option's type `number(int, domain)` and is checked by `check_option_ranges`."""
+    """A `CompareOptions` field and its command-line option: `domain` (a range of `kind`, int
+    unless said) makes the option's type `number(kind, domain)` and is checked by
+    `check_option_ranges`."""
     if domain is not None:
-        type = number(int, domain)
+        type = number(kind, domain)
     kwargs = {"help": help, **argparse_kwargs}
     if type is not None:
         kwargs["type"] = type
@@ -151,7 +153,8 @@ class CompareOptions:
         "--stop: error rate of each comparison's anytime-valid interval, however often it is "
         f"looked at [{DEFAULT_STOP_ALPHA:g}]",
         default=DEFAULT_STOP_ALPHA,
-        type=float,
+        domain="(0, 1)",
+        kind=float,
     )
     min_seeds: int = option(  # no stop before this many seeds
         "--min-seeds",
