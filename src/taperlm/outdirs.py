@@ -10,14 +10,13 @@ again where a library caller reaches the writer directly (the trainer).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from taperlm.errors import ConfigError
-from taperlm.io import atomic_write_json, sha256_file
+from taperlm.errors import ConfigError, UnsafeFileError
+from taperlm.io import MAX_RECORD_BYTES, atomic_write_json, read_json, sha256_file
 from taperlm.runlock import LOCK_FILE
 
 
@@ -31,8 +30,8 @@ class FolderKind:
 
 def _json_field(path: Path, key: str) -> object:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_json(path, MAX_RECORD_BYTES, path.name)
+    except (OSError, UnsafeFileError):
         return None
     return data.get(key) if isinstance(data, dict) else None
 
@@ -162,8 +161,8 @@ def written_files(path: Path, kind: str) -> dict[str, list[str]]:
     """{relative path: [sha256, ...]} that `kind`'s command recorded in `path`'s marker (a
     file whose content is one of these is its own); {} for a marker without a record."""
     try:
-        data = json.loads((Path(path) / KINDS[kind].marker).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_json(Path(path) / KINDS[kind].marker, MAX_RECORD_BYTES, "folder marker")
+    except (OSError, UnsafeFileError):
         return {}
     files = data.get("files") if isinstance(data, dict) else None
     if not isinstance(files, dict):

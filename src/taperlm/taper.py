@@ -18,7 +18,6 @@ given to `register_schedule` (docs/tapers.md, "Adding a schedule").
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -26,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from taperlm.domains import MAX_WIDTH, Domain, setting, up_to
-from taperlm.errors import TaperError
-from taperlm.io import strict_json_loads
+from taperlm.errors import TaperError, UnsafeFileError
+from taperlm.io import MAX_RECORD_BYTES, read_json
 
 DEFAULT_START = 1.5
 DEFAULT_END = 0.5
@@ -525,11 +524,9 @@ def read_rho_mlp(source: str | Path) -> list[float]:
             "JSON from `taperlm novelty --json`, a run dir, or `pilot` in taperlm compare)"
         )
     try:
-        data = strict_json_loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise TaperError(f"novelty source {path} is not JSON: {err.msg}") from None
-    except (ValueError, UnicodeDecodeError) as err:
-        raise TaperError(f"novelty source {path} is not JSON: {err}") from None
+        data = read_json(path, MAX_RECORD_BYTES, "novelty source", strict=True)
+    except UnsafeFileError as err:  # not a file, too large, not UTF-8 or JSON, too deep
+        raise TaperError(str(err)) from None
     values = rho_mlp_of(data.get("novelty", data) if isinstance(data, dict) else data)
     if values is None:
         raise TaperError(

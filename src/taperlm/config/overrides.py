@@ -8,15 +8,14 @@ import shlex
 import typing
 from typing import Any
 
-import yaml
-
 from taperlm.config.convert import closest_key, coerce_value, config_keys, section_of
-from taperlm.config.loading import DuplicateKeyError, strict_yaml_load
+from taperlm.config.loading import strict_yaml_load
 from taperlm.config.model import ModelConfig
 from taperlm.config.train import DataConfig, TrainConfig
 from taperlm.domains import check_field
-from taperlm.errors import ConfigError
+from taperlm.errors import ConfigError, MalformedFileError
 from taperlm.families import FAMILIES
+from taperlm.io import YAMLSyntaxError, quoted
 
 
 def parse_override(text: str, origin: str = "--set") -> tuple[str, Any]:
@@ -25,11 +24,11 @@ def parse_override(text: str, origin: str = "--set") -> tuple[str, Any]:
     if not sep or not key.strip():
         raise ConfigError(f"{origin} {text!r}: expected key=value, e.g. model.n_layers=12")
     try:
-        value = strict_yaml_load(raw) if raw.strip() else ""
-    except DuplicateKeyError as err:
-        raise ConfigError(f"--set {text!r}: {err.problem}") from None
-    except yaml.YAMLError:
-        value = raw
+        value = strict_yaml_load(raw, what=f"{origin} {quoted(key.strip())}") if raw.strip() else ""
+    except YAMLSyntaxError:
+        value = raw  # not YAML: the text itself (a string)
+    except MalformedFileError as err:  # a key given twice, too deep, an alias bomb
+        raise ConfigError(str(err)) from None
     return key.strip(), value
 
 

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 from taperlm.config import to_dict
 from taperlm.errors import ConfigError, DataError
 from taperlm.hf.model_card import model_card
-from taperlm.io import sha256_file
+from taperlm.io import MAX_RECORD_BYTES, read_json, sha256_file
 from taperlm.outdirs import record_written_files, unchanged_own_file, written_files
 
 CONFIG_FILE = "configuration_taperlm.py"
@@ -147,7 +147,7 @@ def _write(
         tok.save_pretrained(out)
     # Make sure auto_map survived (older/newer transformers may drop unknown attributes).
     cfg_path = out / "config.json"
-    data = json.loads(cfg_path.read_text(encoding="utf-8"))
+    data = read_json(cfg_path, MAX_RECORD_BYTES, "exported config.json")
     if data.get("auto_map") != AUTO_MAP:
         data["auto_map"] = dict(AUTO_MAP)
         cfg_path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
