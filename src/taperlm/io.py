@@ -382,6 +382,8 @@ def parse_json(
         ) from None
     except RecursionError:  # unreachable after the scan; a clear error all the same
         raise MalformedFileError(f"{where} nests too deeply to be read") from None
+    except ValueError as err:  # an integer of more digits than Python converts (4,300)
+        raise MalformedFileError(f"{where} is not JSON taperlm reads: {quoted(str(err))}") from None
 
 
 def strict_json_loads(text: str, name: str | Path | None = None, what: str = "JSON") -> Any:

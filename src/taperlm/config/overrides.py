@@ -22,7 +22,7 @@ def parse_override(text: str, origin: str = "--set") -> tuple[str, Any]:
     """`model.d_model=512` -> ("model.d_model", 512); the value is parsed as YAML."""
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
-        raise ConfigError(f"{origin} {text!r}: expected key=value, e.g. model.n_layers=12")
+        raise ConfigError(f"{origin} {quoted(text)}: expected key=value, e.g. model.n_layers=12")
     try:
         value = strict_yaml_load(raw, what=f"{origin} {quoted(key.strip())}") if raw.strip() else ""
     except YAMLSyntaxError:
@@ -65,20 +65,20 @@ def apply_overrides(
             section = section_of(parts[0])
             if section is None:
                 raise ConfigError(
-                    f"{origin} {text!r}: unknown key {parts[0]!r}; use model.KEY, train.KEY or "
+                    f"{origin} {quoted(text)}: unknown key {parts[0]!r}; use model.KEY, train.KEY or "
                     "data.KEY"
                 )
             parts = [section, *parts]
         dotted = ".".join(parts)
-        _check_override(data, parts, value, f"{origin} {text!r}")
+        _check_override(data, parts, value, f"{origin} {quoted(text)}")
         node = data
         for p in parts[:-1]:
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"{origin} {text!r}: {p!r} is not a section")
+                raise ConfigError(f"{origin} {quoted(text)}: {p!r} is not a section")
         old = node.get(parts[-1], value)
         if notes is not None and old != value:
-            notes.append(f"{origin} {dotted}={value!r} replaces {old!r}")
+            notes.append(f"{origin} {dotted}={quoted(value)} replaces {old!r}")
         node[parts[-1]] = value
         if parts[0] == "model" and _affects_sizes(parts[1:]):
             clear_resolved_sizes(data["model"])
