@@ -10,7 +10,9 @@ and FLOPs of its baseline (the paper's principle and schedules):
    layers whose rounding error points the same way (largest remainder first), never breaking the
    monotone order of a monotone schedule and never dropping a width to <= 0.
 
-A spec that gives its sizes outright (custom widths) is checked instead of solved.
+A spec that gives its sizes outright (custom widths) is checked instead of solved. A schedule
+whose layers come in blocks of one size (`groups`: `Schedule.blocks`) is solved block by block
+instead (`_solve_blocks`): its groups stay equal.
 """
 
 from __future__ import annotations
