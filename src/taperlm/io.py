@@ -376,7 +376,7 @@ def parse_json(
         return json.loads(text, object_pairs_hook=_unique_pairs if strict else None)
     except json.JSONDecodeError as err:
         raise MalformedFileError(
-            f"{where} is not valid JSON ({err.msg}, line {err.lineno} column {err.colno})"
+            f"{where}: not valid JSON ({err.msg}, line {err.lineno} column {err.colno})"
             if err.doc
             else f"{where}: {err.msg}"
         ) from None
