@@ -42,7 +42,7 @@ from taperlm.config import load_run_config, to_dict
 from taperlm.data.identity import check_run_data
 from taperlm.data.tokenizer import load_tokenizer
 from taperlm.device import resolve_device
-from taperlm.errors import ConfigError, DataError, MalformedFileError
+from taperlm.errors import ConfigError, DataError, MalformedFileError, UnsafeFileError
 from taperlm.evaluation import niah
 from taperlm.evaluation.registry import get_task, load_task, needs_haystack
 from taperlm.io import (
@@ -230,7 +230,7 @@ def read_result(run_dir: Path) -> dict[str, Any] | None:
         return None
     try:
         data = read_json(path, MAX_RECORD_BYTES, RESULT_FILE)
-    except MalformedFileError:
+    except UnsafeFileError:  # not UTF-8, not JSON, too deep, too large
         return None  # a damaged result is recomputed (write is atomic, so this is rare)
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
         return None  # damaged: recomputed like a missing one
