@@ -309,8 +309,10 @@ MAX_CONFIG_BYTES = 4 << 20  # a config YAML; one with per-layer lists for 1,000 
 MAX_RECORD_BYTES = 64 << 20  # a JSON record taperlm writes (manifest, meta.json, result.json, ...)
 MAX_QUOTED = 200  # characters of a value from a file or flag that a message quotes
 
-# a string (escapes skipped; unrolled so that a long string is one C-level match) or a bracket
-_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+# a JSON string (escapes skipped; unrolled so that a long string is one C-level match)
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_INNERMOST = re.compile(r"\[\]|\{\}")  # once strings and values are cut out
 
 
 def quoted(value: Any, limit: int = MAX_QUOTED) -> str:
@@ -330,23 +332,26 @@ def _where(name: str | Path | None, what: str) -> str:
 
 
 def json_depth(text: str, limit: int = MAX_DEPTH) -> int:
-    """How deep `text`'s JSON arrays/objects nest, counted up to `limit + 1` (the scan stops
-    there): brackets inside strings do not count. Exact for every prefix json.loads accepts, so
-    a text within `limit` cannot make the parser recurse deeper than that."""
-    if text.count("[") + text.count("{") <= limit:
-        return min(text.count("[") + text.count("{"), limit)  # cannot nest deeper than this
-    depth = deepest = 0
-    for match in _JSON_TOKEN.finditer(text):
-        char = text[match.start()]
-        if char in "[{":
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if deepest > limit:
-                    break
-        elif char in "]}":
-            depth -= 1
-    return deepest
+    """An upper bound of how deep `text`'s JSON arrays/objects nest, exact once it passes
+    `limit` (it returns `limit + 1` then): brackets inside strings do not count. Exact for every
+    prefix json.loads accepts, so a text within `limit` cannot make the parser recurse deeper.
+
+    Done in C-speed passes: strings and everything but brackets are cut out, then each pass
+    removes the innermost bracket pairs (one level), at most `limit + 1` passes. Brackets left
+    unpaired (text that is not JSON) count as levels: the safe side."""
+    brackets = text.count("[") + text.count("{")
+    if brackets <= limit:
+        return brackets
+    rest = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    if re.search(r"[\[{]{" + str(limit + 1) + "}", rest):  # a run of openers: too deep at once
+        return limit + 1
+    depth = 0
+    while rest and depth <= limit:
+        rest, pairs = _INNERMOST.subn("", rest)
+        if not pairs:
+            break
+        depth += 1
+    return min(depth + rest.count("[") + rest.count("{"), limit + 1)
 
 
 def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
