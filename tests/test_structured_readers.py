@@ -27,6 +27,7 @@ from taperlm.cli import main as cli_main
 from taperlm.errors import ConfigError, MalformedFileError
 from taperlm.io import (
     MAX_DEPTH,
+    MAX_MESSAGE,
     json_depth,
     parse_json,
     parse_yaml,
@@ -216,7 +217,7 @@ def _fails_cleanly(argv: list[str], capsys, *needles: str) -> str:
     err = capsys.readouterr().err
     assert rc == 2, err
     assert "Traceback" not in err and "RecursionError" not in err, err
-    assert err.count("\n") == 1 and len(err) < 2000, err
+    assert err.count("\n") == 1 and len(err) < MAX_MESSAGE + 100, err
     for needle in needles:
         assert needle in err, err
     return err
@@ -336,3 +337,17 @@ def test_a_vocabulary_above_the_maximum_is_not_advised(data, tmp_path, capsys):
     err = _fails_cleanly(H.train_argv(copy, tmp_path / "run"), capsys, "100000000")
     assert "set model.vocab_size=100000000" not in err
     assert "no setting of model.vocab_size fits it" in err and "16777216" in err, err
+
+
+def test_an_unbounded_value_in_a_message_is_cut(data, tmp_path, capsys):
+    """Issue 41, class 5: no error line prints an unbounded value. A meta.json whose
+    format_version is 100,000 characters is quoted by its reader as is; the CLI, where every
+    TaperlmError is printed, cuts the middle and keeps the start and the fix."""
+    copy = tmp_path / "data"
+    shutil.copytree(data, copy)
+    meta = read_json(copy / "meta.json")
+    meta["format_version"] = "9" * 100_000
+    (copy / "meta.json").write_text(json.dumps(meta))
+    err = _fails_cleanly(H.train_argv(copy, tmp_path / "run"), capsys, "meta.json")
+    assert len(err) < MAX_MESSAGE + 200 and "characters ...]" in err, len(err)
+    assert err.rstrip().endswith("`taperlm prepare`"), err[-200:]

@@ -325,6 +325,19 @@ def quoted(value: Any, limit: int = MAX_QUOTED) -> str:
     return shown if len(shown) <= limit else shown[:limit] + f"... ({len(shown):,} characters)"
 
 
+MAX_MESSAGE = 2000  # characters of one error line; the CLI cuts the middle of a longer one
+
+
+def bounded_message(text: str, limit: int = MAX_MESSAGE) -> str:
+    """`text` if it fits in `limit` characters, else its start and its end (what went wrong,
+    and what to do) with the middle cut out and counted: a message that quotes a value of a
+    stranger's file, which no reader bounded, still prints as one readable line."""
+    if len(text) <= limit:
+        return text
+    head, tail = limit * 2 // 3, limit // 3
+    return f"{text[:head]} [... {len(text) - head - tail:,} characters ...] {text[-tail:]}"
+
+
 def _where(name: str | Path | None, what: str) -> str:
     if name is None:
         return what
