@@ -226,9 +226,11 @@ def test_set_replacing_a_file_value_prints_a_note(tmp_path, capsys):
     assert err == "taperlm plan: note: --set train.lr=0.01 replaces 0.001\n"
 
 
-def test_another_familys_section_prints_a_note(tmp_path, capsys):
+def test_another_familys_section_of_defaults_prints_a_note(tmp_path, capsys):
+    """A section that holds only the other family's defaults (as every 0.1 config did) changes
+    nothing: a note. One that sets anything is an error (test_other_family_options)."""
     text = TINY.replace(
-        "  context_length: 64\n", "  context_length: 64\n  titans: {chunk_size: 8}\n"
+        "  context_length: 64\n", "  context_length: 64\n  titans: {chunk_size: 16}\n"
     )
     err = _plan(tmp_path, text, capsys=capsys)
     assert "note: model.titans: ignored -- model.family is 'transformer'" in err
@@ -268,3 +270,108 @@ def test_data_option_replacing_the_files_data_dir_prints_a_note(tmp_path, capsys
         f"taperlm train: note: --data {tmp_path / 'new'} replaces {path}'s data.dir "
         f"{tmp_path / 'old'}"
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# an option of another family is an error on every path (issue 41, class 6)
+
+
+def _other_value(cls: type, name: str, default: object) -> object:
+    """A valid value of option `name` other than its default."""
+    import typing
+
+    from taperlm.domains import domain_of_field
+
+    hint = typing.get_type_hints(cls)[name]
+    if hint is bool or isinstance(default, bool):
+        return not default
+    if isinstance(default, str):
+        try:
+            choices = domain_of_field(cls, name).allowed()
+        except (AttributeError, TypeError):
+            return None
+        return next((c for c in choices if c != default), None)
+    if isinstance(default, int):
+        return default * 2 if default else 1
+    if isinstance(default, float):
+        return default / 2 if default else 0.5
+    return None
+
+
+def _other_family_cases() -> list[tuple[str, str, str, object]]:
+    """(model family, other family, option, non-default value) for every option field of every
+    family with options, given to every other family."""
+    import dataclasses
+
+    from taperlm.families import FAMILIES
+
+    cases = []
+    for other in FAMILIES.values():
+        if other.options is None:
+            continue
+        for f in dataclasses.fields(other.options):
+            if f.name in other.resolved:
+                continue
+            value = _other_value(other.options, f.name, getattr(other.options(), f.name))
+            if value is None:
+                continue
+            cases += [(fam, other.name, f.name, value) for fam in FAMILIES if fam != other.name]
+    return cases
+
+
+OTHER_FAMILY_CASES = _other_family_cases()
+
+
+def test_the_other_family_cases_cover_every_family_option():
+    from taperlm.families import FAMILIES
+
+    with_options = {f.name for f in FAMILIES.values() if f.options is not None}
+    assert {other for _, other, _, _ in OTHER_FAMILY_CASES} == with_options
+    assert len(OTHER_FAMILY_CASES) >= 3 * len(with_options)
+
+
+def _assert_names_the_fix(err: str, fam: str, other: str, key: str) -> None:
+    assert f"model.{other}.{key}" in err, err
+    assert f"model.family is {fam!r}" in err or f"this model is {fam!r}" in err, err
+    assert f"set model.family={other}" in err and f"delete model.{other}" in err, err
+
+
+@pytest.mark.parametrize(
+    "fam,other,key,value", OTHER_FAMILY_CASES, ids=lambda v: str(v) if isinstance(v, str) else ""
+)
+def test_other_family_options_are_an_error_on_every_path(
+    fam, other, key, value, tmp_path, monkeypatch, capsys
+):
+    """`--set model.gated.gate=headwise` on a Transformer++ was dropped without a word unless a
+    config file was involved: the same error on --set, $TAPERLM_SET, a config file and
+    compare's base config."""
+    from taperlm.compare.options import CompareOptions
+    from taperlm.compare.recipe import base_config
+    from taperlm.presets import preset_names
+
+    preset = next(p for p in preset_names() if "tiny" in p and get_preset(p).family == fam)
+    shown = str(value).lower() if isinstance(value, bool) else value
+    setting = f"model.{other}.{key}={shown}"
+    assert cli_main(["plan", "--preset", preset, "--set", setting]) == 2
+    _assert_names_the_fix(capsys.readouterr().err, fam, other, key)
+    monkeypatch.setenv("TAPERLM_SET", setting)
+    assert cli_main(["plan", "--preset", preset]) == 2
+    _assert_names_the_fix(capsys.readouterr().err, fam, other, key)
+    monkeypatch.delenv("TAPERLM_SET")
+    path = tmp_path / "c.yaml"
+    data = to_dict_of(preset)
+    data["model"][other] = {key: value}
+    path.write_text(yaml.safe_dump(data))
+    assert cli_main(["plan", "--config", str(path)]) == 2
+    _assert_names_the_fix(capsys.readouterr().err, fam, other, key)
+    with pytest.raises(ConfigError) as err:
+        base_config(
+            CompareOptions(out=tmp_path / "cmp", preset=preset, overrides=[setting]), None, None
+        )
+    _assert_names_the_fix(str(err.value), fam, other, key)
+
+
+def to_dict_of(preset: str) -> dict:
+    from taperlm.config import to_dict
+
+    return {"model": to_dict(get_preset(preset))}

@@ -323,3 +323,82 @@ def test_programmatic_configs_are_checked_too():
     bad = ModelConfig(family="transformer", n_layers=2, mlp_width=64, mlp_widths=[64, 0])
     with pytest.raises(ConfigError, match=r"model\.mlp_widths\[1\] must be >= 1, got 0"):
         bad.validate()
+
+
+# ----------------------------------------------------------------------------------------------
+# issue 41, class 5: advice to set a value never names one outside the value's domain
+
+
+def _advice_fstrings(source: str) -> list[str]:
+    """The literal text before each `{...}` of every f-string in `source` that advises setting a
+    config key to a computed value (`set model.vocab_size={vocab}`, `--set train.x={n}`)."""
+    import ast
+    import re
+
+    advice = re.compile(r"(?:\bset|--set) (?:model|train|data)\.[\w.]+ ?= ?$")
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.JoinedStr):
+            for a, b in zip(node.values, node.values[1:]):
+                advises = isinstance(a, ast.Constant) and isinstance(b, ast.FormattedValue)
+                if advises and advice.search(str(a.value)):
+                    found.append(str(a.value))
+    return found
+
+
+# (module, advice text) -> why the value is inside its domain by construction
+ADVICE_ALLOWED = {
+    ("domains.py", "set "): "set_advice itself: after check_field accepted the value",
+    ("domains.py", " (e.g. --set "): "set_advice itself",
+    ("config/convert.py", "set model.family="): "a registered family's name",
+}
+
+
+def test_every_set_advice_is_checked_against_its_domain():
+    """A vocabulary of 10^8 ids was answered with `set model.vocab_size=100000000`, above the
+    2^24 the field accepts. Every advice to set a key to a computed value goes through
+    `domains.set_advice` (which checks the domain first): the walk fails on any other."""
+    src = Path(__file__).resolve().parents[1] / "src" / "taperlm"
+    found = {
+        (path.relative_to(src).as_posix(), text.strip()[-40:])
+        for path in src.rglob("*.py")
+        for text in _advice_fstrings(path.read_text(encoding="utf-8"))
+    }
+    unexplained = {
+        (mod, text)
+        for mod, text in found
+        if not any(mod == m and text.endswith(t.strip()) for m, t in ADVICE_ALLOWED)
+    }
+    assert not unexplained, f"advice not built by domains.set_advice: {unexplained}"
+    assert _advice_fstrings('f"set model.vocab_size={v}"') == ["set model.vocab_size="]
+
+
+def _config_int_fields() -> list[tuple[type, str, str]]:
+    """(config class, field, section) of every field whose domain has a finite upper end."""
+    from taperlm.config import DataConfig
+
+    classes = [ModelConfig, TrainConfig, DataConfig]
+    return [
+        (cls, f.name, section)
+        for cls, section in zip(classes, ("model", "train", "data"))
+        for f in dataclasses.fields(cls)
+        if (dom := field_domain(f)) is not None and dom.hi < math.inf
+    ]
+
+
+@pytest.mark.parametrize(
+    ("cls", "name", "section"), _config_int_fields(), ids=lambda v: v if isinstance(v, str) else ""
+)
+def test_set_advice_names_only_values_inside_the_domain(cls, name, section):
+    """For every bounded field: one past its upper end is never advised (the advice says no
+    setting fits and names the end); its upper end itself is."""
+    from taperlm.domains import set_advice
+
+    dom = field_domain(next(f for f in dataclasses.fields(cls) if f.name == name))
+    integer = typing.get_type_hints(cls)[name] in (int, int | None)
+    top = int(dom.hi) if integer else dom.hi
+    key = f"{section}.{name}"
+    over = top + 1 if integer else top * 2 + 1
+    assert set_advice(cls, name, over, key).startswith(f"no setting of {key} fits it")
+    if dom.hi_closed:
+        assert set_advice(cls, name, top, key) == f"set {key}={top} (e.g. --set {key}={top})"

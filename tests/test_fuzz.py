@@ -13,6 +13,7 @@ the solver moves one width step per iteration (see docs/reliability.md, "open is
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import string
@@ -327,3 +328,52 @@ def test_hellaswag_and_wikitext_text_readers(tmp_path_factory, lines):
 
 def test_fuzz_example_count_is_configurable():
     assert FUZZ.max_examples == N and Path(__file__).name == "test_fuzz.py"
+
+
+# ----------------------------------------------------------------------------------------------
+# the bounded reader of structured text (issue 41, class 4)
+
+JSON_LEAVES = st.one_of(st.none(), st.booleans(), st.integers(), st.text('a[]{}"\\:,', max_size=6))
+
+
+def _nested(value: object, depth: int, kinds: list[bool]) -> object:
+    for i in range(depth):
+        value = [value] if kinds[i % len(kinds)] else {"k": value}
+    return value
+
+
+def _depth(value: object) -> int:
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    return 0
+
+
+@FUZZ
+@given(
+    leaf=JSON_LEAVES,
+    depth=st.integers(0, 80),
+    kinds=st.lists(st.booleans(), min_size=1, max_size=4),
+    siblings=st.lists(JSON_LEAVES, max_size=3),
+)
+def test_structured_text_parsers(leaf, depth, kinds, siblings):
+    """parse_json reads a value exactly as json does when it nests at most MAX_DEPTH deep and
+    refuses it otherwise (brackets inside strings never count); parse_yaml agrees on the same
+    text (JSON is YAML); random text is read or refused with a MalformedFileError only."""
+    from taperlm.errors import MalformedFileError
+    from taperlm.io import MAX_DEPTH, parse_json, parse_yaml
+
+    value = _nested([leaf, *siblings], depth, kinds)
+    text = json.dumps(value)
+    if _depth(value) <= MAX_DEPTH:
+        assert parse_json(text) == value
+    else:
+        with pytest.raises(MalformedFileError, match="nests deeper"):
+            parse_json(text)
+        with pytest.raises(MalformedFileError, match="nest"):
+            parse_yaml(text)
+    noise = text[: len(text) // 2] + "".join(str(s) for s in siblings)
+    for parse in (parse_json, parse_yaml):
+        with contextlib.suppress(MalformedFileError):
+            parse(noise)

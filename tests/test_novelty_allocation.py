@@ -114,7 +114,7 @@ def test_spec_from_files_and_run_dirs(tmp_path):
         ("novelty:", "needs a source"),
         ("novelty:nowhere.json", "neither a file nor a run dir"),
         ("novelty:{tmp}", "holds no novelty measurement"),
-        ("novelty:{tmp}/bad.json", "is not JSON"),
+        ("novelty:{tmp}/bad.json", "bad.json: not valid JSON"),
         ("novelty:{tmp}/other.json", "has no per-layer rho_mlp"),
         ("novelty:{tmp}/n.json:1.5", r"strength must be in \(0, 1\)"),
     ],

@@ -292,3 +292,45 @@ def test_export_records_its_files_and_force_replaces_only_those(trained, tmp_pat
     assert cli_main(["export", str(trained), "--out", str(out), "--force"]) == 2
     assert "config.json" in capsys.readouterr().err
     assert _snapshot(out) == before
+
+
+# ----------------------------------------------------------------------------------------------
+# issue 41, class 7: a rerun replaces only the files it wrote that nobody edited since
+
+
+def test_every_folder_kind_says_how_a_rerun_treats_its_files():
+    """Every kind of folder a command writes is in REWRITES: either its files are installed
+    (`install_files`, replaced only while unchanged) or it is the command's own state."""
+    from taperlm.outdirs import REWRITES
+
+    assert set(REWRITES) == set(KINDS)
+    assert {k for k, v in REWRITES.items() if v == "install"} == {"export", "lm-eval-tasks"}
+
+
+def _write_tasks(out: Path, data_dir: Path, tasks: list[str]) -> int:
+    argv = ["eval", "--write-lm-eval-tasks", str(out), "--tasks", ",".join(tasks)]
+    return cli_main([*argv, "--data-dir", str(data_dir)])
+
+
+def test_lm_eval_tasks_rerun_keeps_edited_files(tmp_path, capsys, monkeypatch):
+    """A task YAML the user edited is refused by name on a rerun, nothing is written; an
+    unedited folder is rewritten; tasks written earlier (not in this run's --tasks) are kept."""
+    from test_eval_helpers import write_eval_files
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    data_dir = write_eval_files(tmp_path / "data")
+    out = tmp_path / "tasks"
+    assert _write_tasks(out, data_dir, ["piqa", "arc_easy"]) == 0
+    yaml_file = out / "taperlm_piqa.yaml"
+    assert yaml_file.is_file() and (out / "data" / "arc_easy.jsonl").is_file()
+    assert _write_tasks(out, data_dir, ["piqa"]) == 0  # unchanged: rewritten
+    assert (out / "taperlm_arc_easy.yaml").is_file()  # an earlier task is kept
+    yaml_file.write_text(yaml_file.read_text() + "# tuned by the user\n")
+    before = _snapshot(out)
+    capsys.readouterr()
+    assert _write_tasks(out, data_dir, ["piqa"]) == 2
+    err = capsys.readouterr().err
+    assert "taperlm_piqa.yaml" in err and "--write-lm-eval-tasks" in err, err
+    assert _snapshot(out) == before
+    assert _write_tasks(out, data_dir, ["arc_easy"]) == 0  # other files are still replaceable
+    assert yaml_file.read_text().endswith("# tuned by the user\n")

@@ -173,3 +173,67 @@ def test_generic_over_quantities():
     # e.g. attention heads per layer: any per-layer integer quantity works with multiple_of=1.
     heads = solve_sizes(TaperSpec.parse("linear:1.5:0.5", multiple_of=1), 4, 8, what="heads")
     assert sum(heads) == 32 and heads[0] == 12 and heads[-1] == 4
+
+
+# ----------------------------------------------------------------------------------------------
+# groups stay equal (docs/tapers.md: "n equal groups of consecutive layers"), at every depth
+
+
+GROUP_LISTS = [
+    [1.5, 1.0, 0.5],
+    [1.0, 1.5, 0.5],
+    [0.5, 1.0, 1.5],
+    [1.2, 0.8],
+    [1.3, 1.1, 0.9, 0.7],
+    [1.0],
+    [1.25, 1.25, 0.75, 0.75, 1.0],
+    [1.4, 1.2, 1.0, 0.8, 0.6, 1.0],
+]
+
+
+@pytest.mark.parametrize("groups", GROUP_LISTS, ids=lambda g: ",".join(map(str, g)))
+def test_groups_stay_equal_at_every_depth(groups):
+    """Every depth from the number of groups to 40 layers, at two baselines: the layers of each
+    group get one width, the budget is exact, a monotone list stays monotone, and each group is
+    within MAX_BLOCK_MOVE steps of m of its ideal (the multipliers scaled to a mean of 1: blocks
+    of c and c + 1 layers may need several steps to meet the budget exactly), or the solver
+    refuses with a TaperError that says so. Fails for the old solver, which pinned the end layers and moved
+    the rounding deficit onto single interior layers (4 layers: four different widths)."""
+    from taperlm.solver import MAX_BLOCK_MOVE, solve_sizes
+    from taperlm.taper import TaperSpec
+
+    spec = TaperSpec.parse("groups:" + ",".join(map(str, groups)))
+    tolerance = (MAX_BLOCK_MOVE + 0.5) * spec.multiple_of
+    monotone = groups in (sorted(groups), sorted(groups, reverse=True))
+    n = len(groups)
+    for n_layers in range(n, 41):
+        sizes = [n_layers // n + (1 if g < n_layers % n else 0) for g in range(n)]
+        mean = sum(c * x for c, x in zip(sizes, groups)) / n_layers
+        if abs(mean - 1) > 0.25:
+            continue  # refused by the mean check (tested elsewhere)
+        for baseline in (352, 1024):
+            try:
+                widths = solve_sizes(spec, n_layers, baseline)
+            except TaperError as err:
+                assert "groups equal" in str(err), err
+                continue
+            assert sum(widths) == n_layers * baseline
+            if monotone:
+                assert widths in (sorted(widths), sorted(widths, reverse=True)), widths
+            start = 0
+            for g, c in enumerate(sizes):
+                block = widths[start : start + c]
+                assert len(set(block)) == 1, (n_layers, baseline, widths)
+                ideal = groups[g] / mean * baseline
+                assert abs(block[0] - ideal) <= tolerance, (n_layers, widths)
+                start += c
+
+
+def test_groups_over_four_layers_is_three_equal_groups():
+    """The issue's case: groups:1.5,1.0,0.5 over 4 layers gives groups of 2, 1, 1 layers."""
+    from taperlm.solver import solve_sizes
+    from taperlm.taper import TaperSpec
+
+    widths = solve_sizes(TaperSpec.parse("groups:1.5,1.0,0.5"), 4, 352)
+    assert widths[0] == widths[1] > widths[2] > widths[3]
+    assert sum(widths) == 4 * 352

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from taperlm.errors import ConfigError
+from taperlm.io import quoted
 from taperlm.outdirs import OUTPUT_FOLDERS, check_folder
 from taperlm.outfiles import FORCE_TO_REPLACE, OUTPUT_FILES, check_output_file
 
@@ -152,7 +153,7 @@ class Domain:
                 self.check(v, f"{key}[{i}]")
             return
         if not self.contains(value):
-            raise ConfigError(f"{key} must be {self.describe(value)}, got {value!r}")
+            raise ConfigError(f"{key} must be {self.describe(value)}, got {quoted(value)}")
 
     def outside(self, integer: bool) -> list[Any]:
         """Values just outside the domain, one beyond each finite end (and NaN, +-inf for
@@ -234,6 +235,19 @@ def check_field(cls: type, name: str, value: Any, key: str) -> None:
             return
 
 
+def set_advice(cls: type, name: str, value: Any, key: str) -> str:
+    """The advice to set `key` (field `name` of `cls`) to a `value` a check computed, as
+    "set KEY=VALUE (e.g. --set KEY=VALUE)", only when `value` is in the field's declared domain.
+    Otherwise the advice would fail in turn: it says instead that no setting fits and why
+    (e.g. a vocabulary of 10^8 ids, above MAX_VOCAB). Every "set KEY={value}" advice with a
+    computed value is built here (tests/test_bad_input.py walks src/ for others)."""
+    try:
+        check_field(cls, name, value, key)
+    except ConfigError as err:
+        return f"no setting of {key} fits it ({err})"
+    return f"set {key}={value} (e.g. --set {key}={value})"
+
+
 # ----------------------------------------------------------------------------------------------
 # command-line options
 
@@ -275,9 +289,11 @@ class Count(Number):
         try:
             value = float(clean)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"expected a whole number, got {quoted(text)}"
+            ) from None
         if not value.is_integer():
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {quoted(text)}")
         return int(value)
 
     def __repr__(self) -> str:

@@ -42,3 +42,10 @@ class UnsafeFileError(TaperlmError):
     """A file we were asked to read is not a regular file (a FIFO or device would block or never
     end), lies outside the folder that names it, or is larger than its format can hold. Its
     contents are a stranger's data: we refuse it before reading."""
+
+
+class MalformedFileError(UnsafeFileError, ValueError):
+    """A structured file (JSON, YAML) whose contents cannot be taken as they are: not valid,
+    nested deeper than any file taperlm reads, expanding past its bound through YAML aliases, or
+    giving a key twice. A ValueError too, so a reader that treats a damaged file of its own as
+    absent (a result recomputed, a checkpoint passed over) does so for these."""

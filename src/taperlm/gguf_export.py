@@ -29,7 +29,7 @@ import numpy as np
 
 from taperlm.errors import ConfigError, DataError
 from taperlm.families import FAMILIES, family
-from taperlm.io import atomic_output
+from taperlm.io import atomic_output, parse_json
 from taperlm.outfiles import GGUF_KEY, WRITTEN_BY
 
 DTYPES = ("f16", "f32")
@@ -104,7 +104,7 @@ def gguf_vocab(tokenizer: Any, vocab_size: int) -> dict[str, Any]:
     for a tokenizer llama.cpp would split differently."""
     backend = getattr(tokenizer, "backend", tokenizer)
     spec = getattr(tokenizer, "spec", type(tokenizer).__name__)
-    data = json.loads(backend.to_str())
+    data = parse_json(backend.to_str(), what="the tokenizer's JSON")
     model, pre = data.get("model") or {}, data.get("pre_tokenizer") or {}
     problems = []
     if model.get("type") != "BPE" or model.get("byte_fallback"):

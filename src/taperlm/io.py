@@ -1,4 +1,5 @@
-"""Files that a reader never sees half-written, their hashes, and JSON without NaN (no torch).
+"""Files that a reader never sees half-written, their hashes, JSON without NaN, and the bounded
+readers of a stranger's files and of the JSON and YAML in them (no torch).
 
 Every write goes to `<name>.tmp-<pid>` in the same folder and is renamed into place with
 `os.replace` (atomic on POSIX), so a crash or a concurrent reader sees the old file or the new
@@ -14,13 +15,16 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from taperlm.errors import UnsafeFileError
+import yaml
+
+from taperlm.errors import MalformedFileError, UnsafeFileError
 
 
 def temp_path(path: str | Path) -> Path:
@@ -145,21 +149,6 @@ def os_error_cause(err: OSError, path: str | Path) -> str:
     if code == errno.EIO:
         return "The disk or network file system reported an I/O error: check it"
     return f"Fix the cause above at {p}"
-
-
-def strict_json_loads(text: str) -> Any:
-    """`json.loads` that rejects an object giving one key twice (plain json keeps the last one
-    silently), as a JSONDecodeError whose `msg` names the key."""
-
-    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in out:
-                raise json.JSONDecodeError(f"key {key!r} is given twice; keep one", text, 0)
-            out[key] = value
-        return out
-
-    return json.loads(text, object_pairs_hook=unique)
 
 
 FULL_HASH_BYTES = 16 << 20  # files up to this size are hashed whole
@@ -304,3 +293,309 @@ def read_text(path: str | Path, max_bytes: int, what: str = "file") -> str:
             f"the {what} {path} is not UTF-8 text (byte {err.start}): it is not one taperlm "
             "wrote, or it is damaged"
         ) from None
+
+
+# ----------------------------------------------------------------------------------------------
+# The one reader of structured files (JSON, JSON lines, YAML). Python's json and PyYAML parse by
+# recursion, so a file nested 200,000 deep is a RecursionError from deep inside them; YAML's
+# aliases let 400 bytes stand for a billion nodes that every later walk (checks, copies, dumps)
+# expands. So the depth and the expanded size are measured before anything is built: JSON by a
+# scan of its brackets outside strings, YAML by its parser's events (an iterative state
+# machine). No file taperlm writes or reads legitimately nests deeper than about 8.
+
+MAX_DEPTH = 64
+MAX_YAML_NODES = 100_000  # after expanding aliases; a full run config has about 150
+MAX_CONFIG_BYTES = 4 << 20  # a config YAML; one with per-layer lists for 1,000 layers is 60 KiB
+MAX_RECORD_BYTES = 64 << 20  # a JSON record taperlm writes (manifest, meta.json, result.json, ...)
+MAX_QUOTED = 200  # characters of a value from a file or flag that a message quotes
+
+# a JSON string (escapes skipped; unrolled so that a long string is one C-level match)
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_INNERMOST = re.compile(r"\[\]|\{\}")  # once strings and values are cut out
+
+
+def quoted(value: Any, limit: int = MAX_QUOTED) -> str:
+    """`repr(value)` cut to `limit` characters (with how much was left out), for a message that
+    quotes a value from a file or a flag: no message prints an unbounded value."""
+    text = value if isinstance(value, str) else None
+    if text is not None and len(text) > limit:
+        return repr(text[:limit]) + f"... ({len(text):,} characters)"
+    shown = repr(value)
+    return shown if len(shown) <= limit else shown[:limit] + f"... ({len(shown):,} characters)"
+
+
+MAX_MESSAGE = 2000  # characters of one error line; the CLI cuts the middle of a longer one
+
+
+def bounded_message(text: str, limit: int = MAX_MESSAGE) -> str:
+    """`text` if it fits in `limit` characters, else its start and its end (what went wrong,
+    and what to do) with the middle cut out and counted: a message that quotes a value of a
+    stranger's file, which no reader bounded, still prints as one readable line."""
+    if len(text) <= limit:
+        return text
+    head, tail = limit * 2 // 3, limit // 3
+    return f"{text[:head]} [... {len(text) - head - tail:,} characters ...] {text[-tail:]}"
+
+
+def _where(name: str | Path | None, what: str) -> str:
+    if name is None:
+        return what
+    return str(name) if Path(name).name == what else f"{what} {name}"
+
+
+def json_depth(text: str, limit: int = MAX_DEPTH) -> int:
+    """An upper bound of how deep `text`'s JSON arrays/objects nest, exact once it passes
+    `limit` (it returns `limit + 1` then): brackets inside strings do not count. Exact for every
+    prefix json.loads accepts, so a text within `limit` cannot make the parser recurse deeper.
+
+    Done in C-speed passes: strings and everything but brackets are cut out, then each pass
+    removes the innermost bracket pairs (one level), at most `limit + 1` passes. Brackets left
+    unpaired (text that is not JSON) count as levels: the safe side."""
+    brackets = text.count("[") + text.count("{")
+    if brackets <= limit:
+        return brackets
+    rest = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    if re.search(r"[\[{]{" + str(limit + 1) + "}", rest):  # a run of openers: too deep at once
+        return limit + 1
+    depth = 0
+    while rest and depth <= limit:
+        rest, pairs = _INNERMOST.subn("", rest)
+        if not pairs:
+            break
+        depth += 1
+    return min(depth + rest.count("[") + rest.count("{"), limit + 1)
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise json.JSONDecodeError(f"key {quoted(key)} is given twice; keep one", "", 0)
+        out[key] = value
+    return out
+
+
+def parse_json(
+    text: str, name: str | Path | None = None, what: str = "JSON", strict: bool = False
+) -> Any:
+    """`json.loads(text)` with its nesting bounded before parsing (MAX_DEPTH); `strict` also
+    refuses an object that gives one key twice (plain json keeps the last one silently).
+
+    Every failure is a MalformedFileError (a ValueError too) naming `what` and `name`: not JSON,
+    nested too deeply, a key given twice."""
+    where = _where(name, what)
+    if json_depth(text) > MAX_DEPTH:
+        raise MalformedFileError(
+            f"{where} nests deeper than {MAX_DEPTH} levels: no file taperlm reads is nested like "
+            "that, so it was not written by taperlm, or it is damaged"
+        )
+    try:
+        return json.loads(text, object_pairs_hook=_unique_pairs if strict else None)
+    except json.JSONDecodeError as err:
+        raise MalformedFileError(
+            f"{where}: not valid JSON ({err.msg}, line {err.lineno} column {err.colno})"
+            if err.doc
+            else f"{where}: {err.msg}"
+        ) from None
+    except RecursionError:  # unreachable after the scan; a clear error all the same
+        raise MalformedFileError(f"{where} nests too deeply to be read") from None
+    except ValueError as err:  # an integer of more digits than Python converts (4,300)
+        raise MalformedFileError(f"{where} is not JSON taperlm reads: {quoted(str(err))}") from None
+
+
+def strict_json_loads(text: str, name: str | Path | None = None, what: str = "JSON") -> Any:
+    """`parse_json` that also refuses a key given twice in one object."""
+    return parse_json(text, name, what, strict=True)
+
+
+def read_json(
+    path: str | Path,
+    max_bytes: int = MAX_RECORD_BYTES,
+    what: str = "JSON file",
+    strict: bool = False,
+) -> Any:
+    """The JSON in the regular file `path` of at most `max_bytes`: the size checked before
+    reading (`read_text`), the nesting before parsing (`parse_json`). UnsafeFileError for a file
+    that is not a regular one or too large, MalformedFileError (a ValueError) for its contents."""
+    return parse_json(read_text(path, max_bytes, what), path, what, strict)
+
+
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping that gives one key twice (YAML forbids it; PyYAML keeps the last silently), or
+    two `<<:` merges that bring one key with different values."""
+
+
+class YAMLSyntaxError(MalformedFileError):
+    """Text that is not YAML at all (a `--set` value that is not YAML is taken as a string)."""
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class StrictLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` (builds no objects) that rejects a key given twice in one mapping, at
+    every depth: with the plain loader a second `train:` replaces the whole first section
+    without a word. A key written explicitly may override one brought in by a `<<:` merge (the
+    purpose of merges); two merges that bring one key with different values are refused (which
+    one wins is a rule of YAML few know), naming the key and both lines."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        if isinstance(node, yaml.MappingNode):
+            self._check_merges(node)
+            seen: dict[Any, yaml.Node] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == _MERGE_TAG:
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node)
+                except TypeError:
+                    continue  # an unhashable key: the base class reports it
+                if first is not key_node:
+                    raise DuplicateKeyError(
+                        None,
+                        None,
+                        f"key {quoted(key)} is given twice (first at line "
+                        f"{first.start_mark.line + 1}); the later one would silently replace "
+                        "the earlier -- keep one",
+                        key_node.start_mark,
+                    )
+        return super().construct_mapping(node, deep=deep)
+
+    def _merged_pairs(self, node: yaml.MappingNode) -> dict[Any, yaml.Node]:
+        """{key: value node} that the mapping `node` holds once its own merges are applied."""
+        self._check_merges(node)
+        out: dict[Any, yaml.Node] = {}
+        own = []
+        for key_node, value_node in node.value:
+            if key_node.tag == _MERGE_TAG:
+                for source in self._sources(value_node):
+                    out.update(self._merged_pairs(source))
+            else:
+                own.append((key_node, value_node))
+        for key_node, value_node in own:
+            try:
+                out[self.construct_object(key_node, deep=True)] = value_node
+            except TypeError:
+                continue
+        return out
+
+    @staticmethod
+    def _sources(value_node: yaml.Node) -> list[yaml.MappingNode]:
+        if isinstance(value_node, yaml.MappingNode):
+            return [value_node]
+        if isinstance(value_node, yaml.SequenceNode):
+            return [n for n in value_node.value if isinstance(n, yaml.MappingNode)]
+        return []  # the base class reports a merge of a scalar
+
+    def _check_merges(self, node: yaml.MappingNode) -> None:
+        merges = [v for k, v in node.value if k.tag == _MERGE_TAG]
+        sources = [s for v in merges for s in self._sources(v)]
+        if len(sources) < 2:
+            return
+        own = set()
+        for key_node, _ in node.value:
+            if key_node.tag != _MERGE_TAG:
+                try:
+                    own.add(self.construct_object(key_node, deep=True))
+                except TypeError:
+                    continue
+        brought: dict[Any, yaml.Node] = {}
+        for source in sources:
+            for key, value_node in self._merged_pairs(source).items():
+                if key in own:
+                    continue  # written explicitly: it overrides every merge, on purpose
+                first = brought.setdefault(key, value_node)
+                if first is value_node:
+                    continue
+                if self.construct_object(first, deep=True) != self.construct_object(
+                    value_node, deep=True
+                ):
+                    raise DuplicateKeyError(
+                        None,
+                        None,
+                        f"key {quoted(key)} is brought in by two `<<:` merges with different "
+                        f"values (lines {first.start_mark.line + 1} and "
+                        f"{value_node.start_mark.line + 1}); which one wins is easy to get "
+                        "wrong -- write the key explicitly in this mapping, or merge only one",
+                        value_node.start_mark,
+                    )
+
+
+_YAML_EVENTS_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def yaml_shape_problem(text: str) -> str | None:
+    """Why `text` may not be built as YAML, from its parser's events alone (nothing is built):
+    collections nested deeper than MAX_DEPTH, or more than MAX_YAML_NODES nodes once every alias
+    is expanded (an "alias bomb": each level of anchors multiplies the nodes). None when fine;
+    a syntax error is left to the loader, which reports it with its line."""
+    anchors: dict[str, tuple[int, int]] = {}  # anchor -> (expanded nodes, depth below)
+    stack: list[list[Any]] = []  # per open collection: [anchor, nodes, depth below]
+    total = 0
+    try:
+        for event in yaml.parse(text, Loader=_YAML_EVENTS_LOADER):
+            if isinstance(event, yaml.CollectionStartEvent):
+                stack.append([event.anchor, 1, 0])
+                total += 1
+                if len(stack) > MAX_DEPTH:
+                    return f"it nests deeper than {MAX_DEPTH} levels"
+                continue
+            if isinstance(event, yaml.CollectionEndEvent):
+                anchor, size, below = stack.pop()
+                depth = below + 1  # its nodes are already in `total`
+                if anchor is not None:
+                    anchors[anchor] = (size, depth)
+            elif isinstance(event, yaml.ScalarEvent):
+                size, depth = 1, 0
+                total += 1
+                if event.anchor is not None:
+                    anchors[event.anchor] = (1, 0)
+            elif isinstance(event, yaml.AliasEvent):
+                size, depth = anchors.get(event.anchor, (1, 0))
+                total += size
+            else:
+                continue
+            if stack:
+                stack[-1][1] += size
+                stack[-1][2] = max(stack[-1][2], depth)
+                if len(stack) + depth > MAX_DEPTH:
+                    return f"an alias (*name) makes it nest deeper than {MAX_DEPTH} levels"
+            if total > MAX_YAML_NODES:
+                return (
+                    f"it expands to more than {MAX_YAML_NODES:,} values once its aliases (*name) "
+                    "are expanded (an alias bomb?): a config needs a few hundred; write the "
+                    "values out, or use fewer levels of anchors"
+                )
+    except yaml.YAMLError:
+        return None
+    return None
+
+
+def parse_yaml(text: str, name: str | Path | None = None, what: str = "YAML") -> Any:
+    """The YAML in `text`, built by `StrictLoader` only after `yaml_shape_problem` found its depth
+    and expanded size within bounds. Every failure is a MalformedFileError naming `what`,
+    `name` and the line: not YAML, too deep, an alias bomb, a key given twice."""
+    where = _where(name, what)
+    problem = yaml_shape_problem(text)
+    if problem:
+        raise MalformedFileError(f"{where} is refused: {problem}")
+    try:
+        return yaml.load(text, Loader=StrictLoader)  # a SafeLoader subclass: builds no objects
+    except DuplicateKeyError as err:
+        mark = err.problem_mark
+        raise MalformedFileError(f"{where}, line {mark.line + 1}: {err.problem}") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise YAMLSyntaxError(
+            f"{where} is not valid YAML{at}: {getattr(err, 'problem', None) or err}"
+        ) from None
+    except RecursionError:  # unreachable after the shape check; a clear error all the same
+        raise MalformedFileError(f"{where} nests too deeply to be read") from None
+
+
+def read_yaml(path: str | Path, max_bytes: int = MAX_CONFIG_BYTES, what: str = "YAML file") -> Any:
+    """The YAML in the regular file `path` of at most `max_bytes` (`read_text`, `parse_yaml`)."""
+    return parse_yaml(read_text(path, max_bytes, what), path, what)

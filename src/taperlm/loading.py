@@ -7,7 +7,6 @@ The checkpoint files are read through `taperlm.training.checkpoint.store`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,8 @@ from taperlm.config import (
 from taperlm.data.identity import run_tokenizer_dir
 from taperlm.data.tokenizer import load_tokenizer
 from taperlm.device import out_of_memory
-from taperlm.errors import CheckpointError, ConfigError, DataError
+from taperlm.errors import CheckpointError, ConfigError, DataError, UnsafeFileError
+from taperlm.io import MAX_RECORD_BYTES, read_json
 from taperlm.training.checkpoint import store
 from taperlm.training.config_diff import config_differences, format_differences
 
@@ -64,16 +64,22 @@ def is_hf_export(path: Path) -> bool:
     if not cfg.is_file():
         return False
     try:
-        return json.loads(cfg.read_text(encoding="utf-8")).get("model_type") == "taperlm"
-    except ValueError:
+        data = read_json(cfg, MAX_RECORD_BYTES, "config.json")
+    except (OSError, UnsafeFileError):
         return False
+    return isinstance(data, dict) and data.get("model_type") == "taperlm"
 
 
 def load_export(path: str | Path, device: str = "cpu"):
     """(TaperedLM, tokenizer, None) from a directory written by `taperlm export` (no transformers
     needed: the config's `taperlm` dict rebuilds the model, safetensors holds the weights)."""
     path = Path(path)
-    data = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    try:
+        data = read_json(path / "config.json", MAX_RECORD_BYTES, "config.json")
+    except UnsafeFileError as err:
+        raise CheckpointError(f"export {path}: {err}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}/config.json holds no JSON object; re-run `taperlm export`")
     try:
         cfg = from_dict(ModelConfig, dict(data.get("taperlm") or {}), "config.json:taperlm")
         cfg.validate()

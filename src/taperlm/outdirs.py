@@ -10,14 +10,13 @@ again where a library caller reaches the writer directly (the trainer).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from taperlm.errors import ConfigError
-from taperlm.io import atomic_write_json, sha256_file
+from taperlm.errors import ConfigError, UnsafeFileError
+from taperlm.io import MAX_RECORD_BYTES, atomic_write_json, read_json, sha256_file
 from taperlm.runlock import LOCK_FILE
 
 
@@ -31,8 +30,8 @@ class FolderKind:
 
 def _json_field(path: Path, key: str) -> object:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_json(path, MAX_RECORD_BYTES, path.name)
+    except (OSError, UnsafeFileError):
         return None
     return data.get(key) if isinstance(data, dict) else None
 
@@ -163,8 +162,8 @@ def written_files(path: Path, kind: str) -> dict[str, list[str]]:
     """{relative path: [sha256, ...]} that `kind`'s command recorded in `path`'s marker (a
     file whose content is one of these is its own); {} for a marker without a record."""
     try:
-        data = json.loads((Path(path) / KINDS[kind].marker).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_json(Path(path) / KINDS[kind].marker, MAX_RECORD_BYTES, "folder marker")
+    except (OSError, UnsafeFileError):
         return {}
     files = data.get("files") if isinstance(data, dict) else None
     if not isinstance(files, dict):
@@ -191,3 +190,58 @@ def unchanged_own_file(path: Path, record: dict[str, list[str]], rel: str) -> bo
         return sha256_file(p) in record[rel]
     except OSError:
         return False
+
+
+def install_files(
+    staging: Path, out: Path, kind: str, option: str, elsewhere: str, keep_others: bool = False
+) -> None:
+    """Move the files of `staging` (a folder inside `out` that only this command wrote) into
+    `out`, `kind`'s folder, replacing only files an earlier run of the command wrote and nobody
+    changed since (checked for all before any is moved: else ConfigError naming them, with
+    `option` and the advice `elsewhere`, and nothing is written), and removing that run's files
+    this one no longer writes (unless `keep_others`: a folder filled in parts, such as task
+    files written a few tasks at a time, keeps them and their record). The marker's record is updated around the moves so that a crash
+    between them leaves every file recognisable. Every command that rewrites files in a folder
+    it wrote on a rerun installs them through here (REWRITES)."""
+    staging, out = Path(staging), Path(out)
+    new = {p.relative_to(staging).as_posix(): p for p in sorted(staging.rglob("*")) if p.is_file()}
+    record = written_files(out, kind)
+    hashes = {rel: sha256_file(p) for rel, p in new.items()}
+    taken = [
+        rel
+        for rel in new
+        if ((out / rel).exists() or (out / rel).is_symlink())
+        and not unchanged_own_file(out, record, rel)
+    ]
+    if taken:
+        shown = ", ".join(taken[:10]) + (f" and {len(taken) - 10} more" if len(taken) > 10 else "")
+        raise ConfigError(
+            f"{option} {out} already holds {shown}, which this command would replace but which "
+            "taperlm did not write there (or which was changed since); nothing was written. "
+            f"Move it out of the folder, or {elsewhere}"
+        )
+    others = {r: record[r] for r in record if r not in new and unchanged_own_file(out, record, r)}
+    both = {rel: sorted({*record.get(rel, []), h}) for rel, h in hashes.items()}
+    record_written_files(out, kind, {**others, **both})
+    for rel, p in new.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(p, out / rel)
+    if not keep_others:
+        for rel in others:
+            (out / rel).unlink(missing_ok=True)
+    kept = others if keep_others else {}
+    record_written_files(out, kind, {**kept, **{rel: [h] for rel, h in hashes.items()}})
+
+
+# How a rerun of each folder's command treats the files already there (issue 41, class 7).
+# "install": the files are outputs a user may edit or use as they are (an export, lm-eval task
+# files): replaced only while unchanged since the command wrote them (`install_files`). The
+# others hold the command's own state, continued, not rewritten, by a rerun; their reports and
+# plots are regenerated from that state by design.
+REWRITES: dict[str, str] = {
+    "run": "state: a rerun resumes the run (checkpoints, metrics); plots regenerated",
+    "data": "state: a rerun continues or re-prepares the data dir; shards are its own",
+    "compare": "state: a rerun resumes the grid; report.md/report.json/plots regenerated",
+    "export": "install",
+    "lm-eval-tasks": "install",
+}

@@ -16,12 +16,12 @@ replaced.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from pathlib import Path
 
-from taperlm.errors import ConfigError
+from taperlm.errors import ConfigError, UnsafeFileError
+from taperlm.io import MAX_RECORD_BYTES, read_json
 
 WRITTEN_BY = "written by taperlm"
 JSON_KEY = "written_by"
@@ -70,8 +70,8 @@ def _json_ours(path: Path) -> bool:
     if _head(path, 1) != b"{":  # cheap refusal of anything not a JSON object
         return False
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_json(path, MAX_RECORD_BYTES, path.name)
+    except (OSError, UnsafeFileError):
         return False
     return isinstance(data, dict) and str(data.get(JSON_KEY, "")).startswith(WRITTEN_BY)
 

@@ -24,10 +24,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from taperlm.errors import ConfigError, RunInUseError
-from taperlm.io import not_a_file, os_error_cause
+from taperlm.errors import ConfigError, RunInUseError, UnsafeFileError
+from taperlm.io import not_a_file, os_error_cause, parse_json, read_text
 
 LOCK_FILE = ".lock"
+LOCK_BYTES = 64 << 10  # what a holder records (pid, host, command) is a few hundred bytes
 
 try:  # POSIX; elsewhere runs are not locked (taperlm trains on Linux and macOS)
     import fcntl
@@ -41,9 +42,10 @@ _HELD: dict[str, list[Any]] = {}
 def holder_of(directory: str | Path) -> dict[str, Any] | None:
     """What the holder of `directory`'s lock recorded (None if nothing readable)."""
     try:
-        text = (Path(directory) / LOCK_FILE).read_text(encoding="utf-8")
-        info = json.loads(text) if text.strip() else None
-    except (OSError, ValueError):
+        path = Path(directory) / LOCK_FILE
+        text = read_text(path, LOCK_BYTES, "lock file")
+        info = parse_json(text, path, "lock file") if text.strip() else None
+    except (OSError, UnsafeFileError):
         return None
     return info if isinstance(info, dict) else None
 

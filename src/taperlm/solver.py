@@ -10,7 +10,9 @@ and FLOPs of its baseline (the paper's principle and schedules):
    layers whose rounding error points the same way (largest remainder first), never breaking the
    monotone order of a monotone schedule and never dropping a width to <= 0.
 
-A spec that gives its sizes outright (custom widths) is checked instead of solved.
+A spec that gives its sizes outright (custom widths) is checked instead of solved. A schedule
+whose layers come in blocks of one size (`groups`: `Schedule.blocks`) is solved block by block
+instead (`_solve_blocks`): its groups stay equal.
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ def solve_sizes(
     direction, enforce = _order(spec, r)
     _check_mean(spec, r)
     unit = target / (n_layers * m)  # the mean size in steps of m
+    blocks = spec.record.blocks(spec, n_layers)
+    if blocks is not None:
+        return _solve_blocks(spec, r, blocks, unit, target // m, (direction, enforce), budget)
     exact = [x * unit for x in r]  # ideal size in steps
     steps = _rounded_steps(exact, r, baseline, m, what)
     deficit = target // m - sum(steps)
@@ -166,6 +171,87 @@ def _meet_budget(
             )
         steps[best] += sign
         deficit -= sign
+
+
+def _solve_blocks(
+    spec: TaperSpec,
+    r: list[float],
+    blocks: list[int],
+    unit: float,
+    total_steps: int,
+    order: tuple[int, bool],
+    budget: str,
+) -> list[int]:
+    """Sizes for a schedule whose layers come in blocks that keep one size (groups): every block
+    is solved as a whole, so its layers stay equal (docs/tapers.md promises equal groups).
+
+    The multipliers are first scaled to a layer-weighted mean of exactly 1 (uneven blocks, e.g.
+    3 groups over 4 layers, give a mean of 1.125 as written): the ratios between blocks stay as
+    written. Rounding leaves a deficit that whole blocks absorb (a block of c layers moves the
+    total by c steps), chosen to stay closest to the ideal sizes (`_block_moves`)."""
+    m = spec.multiple_of
+    direction, enforce = order
+    starts = [sum(blocks[:b]) for b in range(len(blocks))]
+    rb = [r[s] for s in starts]
+    mean = sum(c * x for c, x in zip(blocks, rb)) / sum(blocks)
+    exact = [x / mean * unit for x in rb]
+    steps = [math.floor(x + 0.5) for x in exact]
+    if min(steps) <= 0:
+        raise TaperError(
+            f"taper {spec.to_string()}: group {steps.index(min(steps)) + 1} rounds to a width of "
+            f"{min(steps) * m}; every group needs a positive width: raise its multiplier or "
+            "lower multiple_of"
+        )
+    deficit = total_steps - sum(c * s for c, s in zip(blocks, steps))
+    best = _block_moves(blocks, exact, steps, deficit, direction if enforce else None)
+    if best is None:
+        raise TaperError(
+            f"taper {spec.to_string()} cannot keep its groups equal at the budget {budget} "
+            f"with multiple_of={m}: {abs(deficit)} step(s) of {m} cannot be "
+            f"{'added' if deficit > 0 else 'removed'} by whole groups"
+            + (" without breaking the monotone order" if enforce else "")
+            + "; use a depth divisible by the number of groups, or a smaller multiple_of"
+        )
+    steps = best
+    return [s * m for s, c in zip(steps, blocks) for _ in range(c)]
+
+
+MAX_BLOCK_MOVE = 4  # steps of m a block may move from its rounded size to meet the budget
+
+
+def _block_moves(
+    blocks: list[int],
+    exact: list[float],
+    rounded: list[int],
+    deficit: int,
+    direction: int | None,
+) -> list[int] | None:
+    """Block sizes (in steps) within MAX_BLOCK_MOVE of `rounded` whose layer-weighted sum moves
+    by exactly `deficit`, positive, in `direction`'s order when given (-1 non-increasing, +1
+    non-decreasing, 0 constant), closest to `exact` (least sum of c * error^2): a dynamic
+    programme over the blocks, its state (the sum moved so far, the last block's size). None
+    when there is none."""
+    # (moved, last size) -> (cost, sizes so far)
+    states: dict[tuple[int, int], tuple[float, list[int]]] = {(0, 0): (0.0, [])}
+    for b, c in enumerate(blocks):
+        nxt: dict[tuple[int, int], tuple[float, list[int]]] = {}
+        for (moved, last), (cost, sizes) in states.items():
+            for d in range(-MAX_BLOCK_MOVE, MAX_BLOCK_MOVE + 1):
+                new = rounded[b] + d
+                if new <= 0:
+                    continue
+                ordered = not b or direction is None or direction == 2
+                if not ordered and (
+                    (direction <= 0 and new > last) or (direction >= 0 and new < last)
+                ):
+                    continue
+                key = (moved + c * d, new)
+                total = cost + c * (new - exact[b]) ** 2
+                if key not in nxt or total < nxt[key][0] - 1e-12:
+                    nxt[key] = (total, [*sizes, new])
+        states = nxt
+    done = [v for (moved, _), v in states.items() if moved == deficit]
+    return min(done, key=lambda v: v[0])[1] if done else None
 
 
 def _keeps_order(steps: list[int], i: int, new: int, direction: int) -> bool:

@@ -18,7 +18,6 @@ given to `register_schedule` (docs/tapers.md, "Adding a schedule").
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -26,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from taperlm.domains import MAX_WIDTH, Domain, setting, up_to
-from taperlm.errors import TaperError
-from taperlm.io import strict_json_loads
+from taperlm.errors import TaperError, UnsafeFileError
+from taperlm.io import MAX_RECORD_BYTES, quoted, read_json
 
 DEFAULT_START = 1.5
 DEFAULT_END = 0.5
@@ -65,6 +64,9 @@ class Schedule:
             instead of rounding multipliers; None when it gives multipliers.
         measured: its multipliers are measured on the MLP (novelty's rho_mlp): they allocate MLP
             widths only, never heads or KV heads, and their order across depth is not enforced.
+        blocks: (spec, n_layers) -> the lengths of the runs of consecutive layers that keep one
+            size (groups: its equal groups), which the solver moves as wholes; None: any layer
+            may move on its own.
     """
 
     name: str
@@ -76,6 +78,7 @@ class Schedule:
     describe: Callable[[TaperSpec], str]
     sizes: Callable[[TaperSpec], list[int] | None] = lambda spec: None
     measured: bool = False
+    blocks: Callable[[TaperSpec, int], list[int] | None] = lambda spec, n_layers: None
 
 
 # name -> record, in the order error messages list them.
@@ -145,7 +148,7 @@ class TaperSpec:
         m = DEFAULT_MULTIPLE_OF if multiple_of is None else multiple_of
         if name not in SCHEDULES:
             raise TaperError(
-                f"unknown taper schedule {name!r} in {text!r}; choose one of {', '.join(SCHEDULES)} "
+                f"unknown taper schedule {name!r} in {quoted(text)}; choose one of {', '.join(SCHEDULES)} "
                 "(e.g. cosine:1.5:0.5, groups:1.5,1.0,0.5, custom:4224,3840,..., novelty:pilot)"
             )
         return SCHEDULES[name].parse(cls(schedule=name, multiple_of=m), args, text)
@@ -219,7 +222,7 @@ def _number(text: str, spec: str) -> float:
     try:
         return float(text)
     except ValueError:
-        raise TaperError(f"taper {spec!r}: {text!r} is not a number") from None
+        raise TaperError(f"taper {spec!r}: {quoted(text)} is not a number") from None
 
 
 def _fmt(x: float) -> str:
@@ -237,7 +240,7 @@ def _exact(x: float) -> str:
 
 def _parse_uniform(spec: TaperSpec, args: str, text: str) -> TaperSpec:
     if _split_args(args):
-        raise TaperError(f"taper 'uniform' takes no arguments, got {text!r}")
+        raise TaperError(f"taper 'uniform' takes no arguments, got {quoted(text)}")
     return spec
 
 
@@ -262,7 +265,7 @@ def _parse_ends(spec: TaperSpec, args: str, text: str, steepness: bool = False) 
     max_args = 3 if steepness else 2
     if len(parts) not in (0, 2) and not (steepness and len(parts) == 3):
         raise TaperError(
-            f"taper {text!r}: expected {name} or {name}:START:END"
+            f"taper {quoted(text)}: expected {name} or {name}:START:END"
             + (":K" if steepness else "")
             + f" (at most {max_args} numbers)"
         )
@@ -349,10 +352,10 @@ def _parse_list(spec: TaperSpec, args: str, text: str) -> list[str]:
     name, parts = spec.schedule, _split_args(args)
     if not parts or not parts[0]:
         raise TaperError(
-            f"taper {text!r}: {name} needs a comma-separated list, e.g. {name}:1.5,1.0,0.5"
+            f"taper {quoted(text)}: {name} needs a comma-separated list, e.g. {name}:1.5,1.0,0.5"
         )
     if len(parts) > 1:
-        raise TaperError(f"taper {text!r}: use commas between {name} values, not colons")
+        raise TaperError(f"taper {quoted(text)}: use commas between {name} values, not colons")
     return [p.strip() for p in parts[0].split(",")]
 
 
@@ -362,12 +365,16 @@ def _parse_groups(spec: TaperSpec, args: str, text: str) -> TaperSpec:
     return spec
 
 
-def _groups(spec: TaperSpec, n_layers: int) -> list[float]:
+def _group_sizes(spec: TaperSpec, n_layers: int) -> list[int]:
+    """n groups of consecutive layers, sizes differing by at most one (earlier groups larger)."""
     n, L = len(spec.groups), n_layers
     if n > L:
         raise TaperError(f"taper groups: {n} groups need at least {n} layers, the model has {L}")
-    # n groups of consecutive layers, sizes differing by at most one (earlier groups larger).
-    sizes = [L // n + (1 if g < L % n else 0) for g in range(n)]
+    return [L // n + (1 if g < L % n else 0) for g in range(n)]
+
+
+def _groups(spec: TaperSpec, n_layers: int) -> list[float]:
+    sizes = _group_sizes(spec, n_layers)
     out: list[float] = []
     for g, size in enumerate(sizes):
         out.extend([spec.groups[g]] * size)
@@ -386,6 +393,7 @@ GROUPS = Schedule(
     ),
     multipliers=_groups,
     describe=lambda spec: "groups " + "/".join(_fmt(g) for g in spec.groups),
+    blocks=_group_sizes,
 )
 
 
@@ -453,7 +461,7 @@ def _parse_novelty(spec: TaperSpec, args: str, text: str) -> TaperSpec:
             source, strength = head, float(tail)
     if not source:
         raise TaperError(
-            f"taper {text!r}: novelty needs a source, e.g. novelty:novelty.json, novelty:RUN_DIR "
+            f"taper {quoted(text)}: novelty needs a source, e.g. novelty:novelty.json, novelty:RUN_DIR "
             "or (in taperlm compare) novelty:pilot, optionally with :STRENGTH"
         )
     spec.strength, spec.source = strength, source
@@ -525,11 +533,9 @@ def read_rho_mlp(source: str | Path) -> list[float]:
             "JSON from `taperlm novelty --json`, a run dir, or `pilot` in taperlm compare)"
         )
     try:
-        data = strict_json_loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise TaperError(f"novelty source {path} is not JSON: {err.msg}") from None
-    except (ValueError, UnicodeDecodeError) as err:
-        raise TaperError(f"novelty source {path} is not JSON: {err}") from None
+        data = read_json(path, MAX_RECORD_BYTES, "novelty source", strict=True)
+    except UnsafeFileError as err:  # not a file, too large, not UTF-8 or JSON, too deep
+        raise TaperError(str(err)) from None
     values = rho_mlp_of(data.get("novelty", data) if isinstance(data, dict) else data)
     if values is None:
         raise TaperError(

@@ -42,10 +42,17 @@ from taperlm.config import load_run_config, to_dict
 from taperlm.data.identity import check_run_data
 from taperlm.data.tokenizer import load_tokenizer
 from taperlm.device import resolve_device
-from taperlm.errors import ConfigError, DataError
+from taperlm.errors import ConfigError, DataError, MalformedFileError, UnsafeFileError
 from taperlm.evaluation import niah
 from taperlm.evaluation.registry import get_task, load_task, needs_haystack
-from taperlm.io import atomic_write_json, finite_json, sha256_file
+from taperlm.io import (
+    MAX_RECORD_BYTES,
+    atomic_write_json,
+    finite_json,
+    parse_json,
+    read_json,
+    sha256_file,
+)
 from taperlm.outdirs import claim
 from taperlm.runlock import locked
 from taperlm.training.checkpoint.store import list_checkpoints
@@ -222,8 +229,8 @@ def read_result(run_dir: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError:
+        data = read_json(path, MAX_RECORD_BYTES, RESULT_FILE)
+    except UnsafeFileError:  # not UTF-8, not JSON, too deep, too large
         return None  # a damaged result is recomputed (write is atomic, so this is rare)
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
         return None  # damaged: recomputed like a missing one
@@ -416,8 +423,8 @@ def read_sessions(run_dir: Path, total_steps: int) -> list[dict[str, Any]]:
     # are left out rather than stopping the comparison.
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            session = json.loads(line)
-        except (ValueError, RecursionError):
+            session = parse_json(line)
+        except MalformedFileError:
             continue
         if isinstance(session, dict):
             out.append(session)

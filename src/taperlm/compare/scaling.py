@@ -22,7 +22,6 @@ point (1.5 -> 0.5 at 30B tokens).
 from __future__ import annotations
 
 import dataclasses
-import json
 import shlex
 import sys
 import time
@@ -38,7 +37,7 @@ from taperlm.compare.recipe import PAPER_TOKENS
 from taperlm.compare.report import diff_ci, md_table, produced_by
 from taperlm.compare.reproduce import run_arguments
 from taperlm.errors import ConfigError
-from taperlm.io import atomic_write_json, atomic_write_text
+from taperlm.io import MAX_RECORD_BYTES, atomic_write_json, atomic_write_text, read_json
 from taperlm.outdirs import check_folder, claim
 from taperlm.presets import PAPER_SHAPES, SMALL_SHAPES
 from taperlm.runlock import locked
@@ -183,7 +182,7 @@ def run_scaling(opts, plan: ScalingPlan = DEFAULT_PLAN) -> tuple[Path, Path]:
                 file=sys.stderr,
             )
             _, js = run_comparison(sub)
-            docs[key] = json.loads(js.read_text(encoding="utf-8"))
+            docs[key] = read_json(js, MAX_RECORD_BYTES, "comparison report")
             meta = {
                 "command": _command(opts, points[0][3]),
                 "wall_s": time.perf_counter() - t_start,

@@ -10,8 +10,6 @@ Configs written by taperlm 0.1, which carried every family's section, still load
 
 from taperlm.config.convert import config_keys, from_dict, from_dict_plain, section_of, to_dict
 from taperlm.config.loading import (
-    DuplicateKeyError,
-    StrictLoader,
     dump_yaml,
     file_notes,
     load_run_config,
@@ -31,6 +29,7 @@ from taperlm.config.overrides import (
 from taperlm.config.run import RUNTIME_KEYS, RunConfig, runtime_keys
 from taperlm.config.train import DataConfig, TrainConfig
 from taperlm.errors import ConfigError
+from taperlm.io import DuplicateKeyError, StrictLoader
 
 __all__ = [
     "OVERRIDES_ENV",

@@ -14,6 +14,7 @@ from taperlm.config.train import DataConfig, TrainConfig
 from taperlm.domains import check_field
 from taperlm.errors import ConfigError, TaperError
 from taperlm.families import FAMILIES
+from taperlm.io import quoted
 from taperlm.taper import TaperSpec, read_rho_mlp
 
 
@@ -44,7 +45,7 @@ def from_dict(cls: type, data: Any, where: str = "") -> Any:
         return _taper_from(data, where or "taper")
     if not isinstance(data, dict):
         raise ConfigError(
-            f"{where or 'config'} must be a mapping, got {type(data).__name__}: {data!r}"
+            f"{where or 'config'} must be a mapping, got {type(data).__name__}: {quoted(data)}"
         )
     if cls is ModelConfig:
         return _model_from(data, where)
@@ -59,7 +60,7 @@ def _dataclass_from(cls: type, data: dict, where: str, sections: tuple[str, ...]
     if unknown:
         valid = names | set(sections)
         close = {u: closest_key(str(u), valid) for u in unknown}
-        hint = "; ".join(f"{u!r}" + _did_you_mean(u, c, where) for u, c in close.items())
+        hint = "; ".join(f"{quoted(u)}" + _did_you_mean(u, c, where) for u, c in close.items())
         raise ConfigError(
             f"unknown key(s) in {where or 'config'}: {hint}. Valid keys: {', '.join(sorted(valid))}"
         )
@@ -92,10 +93,15 @@ def _model_from(data: dict, where: str) -> ModelConfig:
     at = f"{where}." if where else ""
     family = coerce_value(str, data.get("family", ModelConfig.family), f"{at}family")
     if family not in FAMILIES:
-        raise ConfigError(f"{at}family {family!r} is unknown; choose one of {', '.join(FAMILIES)}")
+        raise ConfigError(
+            f"{at}family {quoted(family)} is unknown; choose one of {', '.join(FAMILIES)}"
+        )
     for fam in FAMILIES.values():
         data = fam.upgrade(data, where)
     fam = FAMILIES[family]
+    for other in FAMILIES.values():
+        if other is not fam and other.name in data:
+            _check_other_family(other.name, data[other.name], family, at)
     shared = {k: v for k, v in data.items() if k not in FAMILIES}
     cfg = _dataclass_from(ModelConfig, shared, where, (family,) if fam.options else ())
     section = data.get(family, {}) if fam.options is not None else None
@@ -103,6 +109,33 @@ def _model_from(data: dict, where: str) -> ModelConfig:
         raise ConfigError(f"{at}{family}: the {family} family has no options; delete the section")
     cfg.options = None if section is None else from_dict(fam.options, section, f"{at}{family}")
     return cfg
+
+
+def _check_other_family(name: str, section: Any, family: str, at: str) -> None:
+    """ConfigError for options of family `name` that differ from its defaults in a model of
+    another `family`: they would be dropped without a word, whichever path gave them (a config
+    file, --set, $TAPERLM_SET, compare). A section that holds only the defaults is ignored
+    (every taperlm 0.1 config carried one for each family); so are resolved sizes."""
+    other = FAMILIES[name]
+    fix = f"set model.family={name} to use them, or delete model.{name}"
+    if other.options is None or section is None or section == {}:
+        if section not in (None, {}):
+            raise ConfigError(f"{at}{name}: the {name} family has no options; delete the section")
+        return
+    if not isinstance(section, dict):
+        raise ConfigError(f"{at}{name} must be a mapping of {name} options; {fix}")
+    try:
+        given = to_dict(other.fresh_options(from_dict(other.options, section, f"{at}{name}")))
+    except ConfigError as err:
+        raise ConfigError(f"{err} (this model is {quoted(family)}: {fix})") from None
+    default = to_dict(other.fresh_options(other.options()))
+    changed = [k for k in given if given[k] != default.get(k)]
+    if changed:
+        keys = ", ".join(f"{at}{name}.{k}" for k in changed)
+        raise ConfigError(
+            f"{keys}: an option of the {name} family, but model.family is {quoted(family)}, which "
+            f"would drop it without a word; {fix}"
+        )
 
 
 def _taper_from(data: Any, where: str) -> TaperSpec:
@@ -119,7 +152,7 @@ def _taper_from(data: Any, where: str) -> TaperSpec:
                 raise ConfigError(f"{where}: {err}") from None
         return spec
     raise ConfigError(
-        f"{where} must be a taper spec string (e.g. cosine:1.5:0.5) or a mapping, got {data!r}"
+        f"{where} must be a taper spec string (e.g. cosine:1.5:0.5) or a mapping, got {quoted(data)}"
     )
 
 
@@ -152,18 +185,18 @@ def coerce_value(tp: Any, value: Any, path: str) -> Any:
                 return coerce_value(a, value, path)
             except ConfigError as err:
                 errors.append(str(err))
-        raise ConfigError(errors[0] if errors else f"{path}: invalid value {value!r}")
+        raise ConfigError(errors[0] if errors else f"{path}: invalid value {quoted(value)}")
     if dataclasses.is_dataclass(tp) or tp is TaperSpec:
         return from_dict(tp, value, path)
     if origin is list:
         if not isinstance(value, list):
-            raise ConfigError(f"{path} must be a list, got {type(value).__name__}: {value!r}")
+            raise ConfigError(f"{path} must be a list, got {type(value).__name__}: {quoted(value)}")
         (inner,) = args
         return [coerce_value(inner, v, f"{path}[{i}]") for i, v in enumerate(value)]
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{path} must be true or false, got {value!r}")
+        raise ConfigError(f"{path} must be true or false, got {quoted(value)}")
     if tp in (int, float) and isinstance(value, str):
         # YAML 1.1 reads `1e-3` and `2e6` as strings; accept numeric strings.
         with contextlib.suppress(ValueError):
@@ -173,7 +206,7 @@ def coerce_value(tp: Any, value: Any, path: str) -> Any:
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        raise ConfigError(f"{path} must be an integer, got {type(value).__name__}: {value!r}")
+        raise ConfigError(f"{path} must be an integer, got {type(value).__name__}: {quoted(value)}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             try:
@@ -182,13 +215,13 @@ def coerce_value(tp: Any, value: Any, path: str) -> Any:
                 raise ConfigError(
                     f"{path} must be a number a float can hold, got {value}"
                 ) from None
-        raise ConfigError(f"{path} must be a number, got {type(value).__name__}: {value!r}")
+        raise ConfigError(f"{path} must be a number, got {type(value).__name__}: {quoted(value)}")
     if tp is str:
         if isinstance(value, str):
             return value
         hint = " (YAML reads unquoted yes/no/on/off/true/false as booleans: quote it)"
         raise ConfigError(
-            f"{path} must be a string, got {type(value).__name__}: {value!r}"
+            f"{path} must be a string, got {type(value).__name__}: {quoted(value)}"
             + (hint if isinstance(value, bool) else "")
         )
     return value

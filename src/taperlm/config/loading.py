@@ -1,4 +1,5 @@
-"""Config files: strict YAML (a key given twice is an error), load/save/dump of run configs, and
+"""Config files: strict, bounded YAML (`taperlm.io.parse_yaml`: a key given twice, deep nesting
+and alias bombs are errors), load/save/dump of run configs, and
 notes on what a file holds that its resolved config does not use."""
 
 from __future__ import annotations
@@ -12,46 +13,22 @@ import yaml
 from taperlm.config.convert import from_dict, to_dict
 from taperlm.config.model import ModelConfig
 from taperlm.config.run import RunConfig
-from taperlm.errors import ConfigError, TaperError
+from taperlm.errors import ConfigError, TaperError, UnsafeFileError
 from taperlm.families import FAMILIES
-from taperlm.io import atomic_write_text, not_a_file
+from taperlm.io import (
+    MAX_CONFIG_BYTES,
+    atomic_write_text,
+    not_a_file,
+    parse_yaml,
+    read_yaml,
+)
 from taperlm.solver import solve_sizes
 
 
-class DuplicateKeyError(yaml.constructor.ConstructorError):
-    """A mapping that gives one key twice (YAML forbids it; PyYAML keeps the last silently)."""
-
-
-class StrictLoader(yaml.SafeLoader):
-    """`yaml.SafeLoader` that rejects a key given twice in one mapping, at every depth: with
-    the plain loader a second `train:` replaces the whole first section without a word.
-    A key written explicitly may still override one brought in by a `<<:` merge."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[Any, yaml.Node] = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    first = seen.setdefault(key, key_node)
-                except TypeError:
-                    continue  # an unhashable key: the base class reports it
-                if first is not key_node:
-                    raise DuplicateKeyError(
-                        None,
-                        None,
-                        f"key {key!r} is given twice (first at line {first.start_mark.line + 1}); "
-                        "the later one would silently replace the earlier -- keep one",
-                        key_node.start_mark,
-                    )
-        return super().construct_mapping(node, deep=deep)
-
-
-def strict_yaml_load(text: str) -> Any:
-    """`yaml.safe_load` that raises DuplicateKeyError on a key given twice."""
-    return yaml.load(text, Loader=StrictLoader)  # a SafeLoader subclass: builds no objects
+def strict_yaml_load(text: str, name: str | Path | None = None, what: str = "YAML") -> Any:
+    """YAML text as `taperlm.io.parse_yaml` builds it: bounded depth and alias expansion, a key
+    given twice refused (DuplicateKeyError's message, as a MalformedFileError)."""
+    return parse_yaml(text, name, what)
 
 
 def load_yaml(path: str | Path) -> dict:
@@ -62,18 +39,9 @@ def load_yaml(path: str | Path) -> dict:
     if not p.is_file():
         raise ConfigError(f"config file {p} does not exist")
     try:
-        data = strict_yaml_load(p.read_text(encoding="utf-8"))
-    except DuplicateKeyError as err:
-        mark = err.problem_mark
-        raise ConfigError(f"config file {p}, line {mark.line + 1}: {err.problem}") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(
-            f"config file {p} is not valid YAML{where}: {getattr(err, 'problem', err)}"
-        ) from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"config file {p} is not UTF-8 text") from None
+        data = read_yaml(p, MAX_CONFIG_BYTES, "config file")
+    except UnsafeFileError as err:
+        raise ConfigError(str(err)) from None
     if data is None:
         raise ConfigError(f"config file {p} is empty")
     if not isinstance(data, dict):

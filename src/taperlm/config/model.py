@@ -28,6 +28,7 @@ from taperlm.domains import (
 )
 from taperlm.errors import ConfigError, TaperError
 from taperlm.families import FAMILIES, get_family
+from taperlm.io import quoted
 from taperlm.kv_taper import KVHeads, kv_heads_removed, kv_step, mlp_width_credit, solve_kv_heads
 from taperlm.solver import solve_sizes
 from taperlm.taper import TaperSpec
@@ -124,7 +125,7 @@ class ModelConfig:
                 return options
         if not name.startswith("__") and name in FAMILIES:
             raise AttributeError(
-                f"model.{name} holds the options of family {name!r}; this model is {family!r}"
+                f"model.{name} holds the options of family {name!r}; this model is {quoted(family)}"
             )
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 

@@ -8,28 +8,27 @@ import shlex
 import typing
 from typing import Any
 
-import yaml
-
 from taperlm.config.convert import closest_key, coerce_value, config_keys, section_of
-from taperlm.config.loading import DuplicateKeyError, strict_yaml_load
+from taperlm.config.loading import strict_yaml_load
 from taperlm.config.model import ModelConfig
 from taperlm.config.train import DataConfig, TrainConfig
 from taperlm.domains import check_field
-from taperlm.errors import ConfigError
+from taperlm.errors import ConfigError, MalformedFileError
 from taperlm.families import FAMILIES
+from taperlm.io import YAMLSyntaxError, quoted
 
 
 def parse_override(text: str, origin: str = "--set") -> tuple[str, Any]:
     """`model.d_model=512` -> ("model.d_model", 512); the value is parsed as YAML."""
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
-        raise ConfigError(f"{origin} {text!r}: expected key=value, e.g. model.n_layers=12")
+        raise ConfigError(f"{origin} {quoted(text)}: expected key=value, e.g. model.n_layers=12")
     try:
-        value = strict_yaml_load(raw) if raw.strip() else ""
-    except DuplicateKeyError as err:
-        raise ConfigError(f"--set {text!r}: {err.problem}") from None
-    except yaml.YAMLError:
-        value = raw
+        value = strict_yaml_load(raw, what=f"{origin} {quoted(key.strip())}") if raw.strip() else ""
+    except YAMLSyntaxError:
+        value = raw  # not YAML: the text itself (a string)
+    except MalformedFileError as err:  # a key given twice, too deep, an alias bomb
+        raise ConfigError(str(err)) from None
     return key.strip(), value
 
 
@@ -66,20 +65,20 @@ def apply_overrides(
             section = section_of(parts[0])
             if section is None:
                 raise ConfigError(
-                    f"{origin} {text!r}: unknown key {parts[0]!r}; use model.KEY, train.KEY or "
+                    f"{origin} {quoted(text)}: unknown key {parts[0]!r}; use model.KEY, train.KEY or "
                     "data.KEY"
                 )
             parts = [section, *parts]
         dotted = ".".join(parts)
-        _check_override(data, parts, value, f"{origin} {text!r}")
+        _check_override(data, parts, value, f"{origin} {quoted(text)}")
         node = data
         for p in parts[:-1]:
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"{origin} {text!r}: {p!r} is not a section")
+                raise ConfigError(f"{origin} {quoted(text)}: {p!r} is not a section")
         old = node.get(parts[-1], value)
         if notes is not None and old != value:
-            notes.append(f"{origin} {dotted}={value!r} replaces {old!r}")
+            notes.append(f"{origin} {dotted}={quoted(value)} replaces {old!r}")
         node[parts[-1]] = value
         if parts[0] == "model" and _affects_sizes(parts[1:]):
             clear_resolved_sizes(data["model"])

@@ -26,7 +26,6 @@ prepare that stops in the middle of the moves is finished by the next `taperlm p
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -34,8 +33,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from taperlm.errors import ConfigError, DataError
-from taperlm.io import fsync_dir
+from taperlm.errors import ConfigError, DataError, UnsafeFileError
+from taperlm.io import MAX_RECORD_BYTES, fsync_dir, read_json
 from taperlm.outdirs import check_folder
 
 META_FILE = "meta.json"
@@ -72,9 +71,10 @@ def is_prepare_output(directory: Path) -> bool:
     meta = directory / META_FILE
     if meta.is_file():
         try:
-            return json.loads(meta.read_text()).get("format") == META_FORMAT
-        except ValueError:
+            data = read_json(meta, MAX_RECORD_BYTES, META_FILE)
+        except (OSError, UnsafeFileError):
             return False
+        return isinstance(data, dict) and data.get("format") == META_FORMAT
     return False
 
 
@@ -113,9 +113,9 @@ def load_meta(data_dir: str | Path) -> dict[str, Any]:
             f"(an interrupted prepare leaves none); {prepare_hint(data_dir)}"
         )
     try:
-        meta = json.loads(path.read_text())
-    except ValueError as err:
-        raise DataError(f"{path}: not valid JSON ({err}); re-run `taperlm prepare`") from None
+        meta = read_json(path, MAX_RECORD_BYTES, META_FILE)
+    except UnsafeFileError as err:
+        raise DataError(f"{err}; re-run `taperlm prepare`") from None
     if not isinstance(meta, dict) or meta.get("format") != META_FORMAT:
         raise DataError(f"{path}: not a taperlm data meta file; re-run `taperlm prepare`")
     version = meta.get("format_version", 1)
@@ -168,7 +168,7 @@ def roll_forward(out: Path) -> None:
         return
     meta_path = pending / META_FILE
     if meta_path.is_file():
-        meta = json.loads(meta_path.read_text())
+        meta = read_json(meta_path, MAX_RECORD_BYTES, META_FILE)
         for name in referenced_files(meta):
             if (pending / name).exists():
                 os.replace(pending / name, out / name)
@@ -189,8 +189,8 @@ def remove_stale_shards(out: Path) -> None:
     """Delete shard files of earlier preparations that meta.json no longer names (only files
     named as prepare names them; anything else in the folder is left alone)."""
     try:
-        keep = set(referenced_files(json.loads((out / META_FILE).read_text())))
-    except (OSError, ValueError):
+        keep = set(referenced_files(read_json(out / META_FILE, MAX_RECORD_BYTES, META_FILE)))
+    except (OSError, UnsafeFileError):
         return
     for p in out.iterdir():
         if p.is_file() and _SHARD_NAME.match(p.name) and p.name not in keep:

@@ -15,15 +15,14 @@ written before this existed carry neither file and keep working with their data 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 from taperlm.data import datadir
-from taperlm.errors import DataError
-from taperlm.io import atomic_write_json, replace_dir, sha256_file
+from taperlm.errors import DataError, UnsafeFileError
+from taperlm.io import MAX_RECORD_BYTES, atomic_write_json, read_json, replace_dir, sha256_file
 from taperlm.runlock import pid_alive
 
 RECORD_FILE = "data.json"
@@ -89,10 +88,10 @@ def read_record(run_dir: str | Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = read_json(path, MAX_RECORD_BYTES, RECORD_FILE)
         why = _record_problem(record)
-    except (OSError, ValueError) as err:  # UnicodeDecodeError and JSONDecodeError included
-        why = f"{type(err).__name__}: {err}"
+    except (OSError, UnsafeFileError) as err:  # not UTF-8, not JSON, too deep, not a file
+        why = str(err)
     if why:
         raise DataError(
             f"{path} is damaged ({why}), so the data this run was trained on cannot be checked; "

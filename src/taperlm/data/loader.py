@@ -27,9 +27,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from taperlm.data.datadir import SPLITS, load_meta, resolve, split_shards
+from taperlm.config import ModelConfig
+from taperlm.data.datadir import META_FILE, SPLITS, load_meta, resolve, split_shards
 from taperlm.data.shards import TokenStream, open_shard
+from taperlm.domains import MAX_VOCAB, set_advice
 from taperlm.errors import DataError
+from taperlm.io import quoted
 
 __all__ = ["TokenBatches", "check_vocab", "load_meta", "open_split", "val_batches"]
 
@@ -77,9 +80,12 @@ def check_vocab(data_dir: str | Path, model_vocab_size: int) -> int:
     """Raise DataError when the data's token ids do not fit the model; return the data's vocab."""
     vocab = int(load_meta(data_dir)["vocab_size"])
     if vocab > model_vocab_size:
+        advice = set_advice(ModelConfig, "vocab_size", vocab, "model.vocab_size")
+        if vocab > MAX_VOCAB:
+            advice += f"; its {META_FILE} is damaged or not taperlm's: re-run `taperlm prepare`"
         raise DataError(
-            f"tokenizer of {data_dir} has {vocab} ids but model.vocab_size is {model_vocab_size}; "
-            f"set model.vocab_size={vocab} (e.g. --set model.vocab_size={vocab})"
+            f"tokenizer of {data_dir} has {quoted(vocab)} ids but model.vocab_size is "
+            f"{model_vocab_size}; " + advice
         )
     return vocab
 

@@ -29,14 +29,13 @@ import codecs
 import gzip
 import importlib
 import io
-import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from taperlm.errors import DataError
-from taperlm.io import not_a_file
+from taperlm.errors import DataError, MalformedFileError
+from taperlm.io import not_a_file, parse_json
 
 DEFAULT_MAX_DOC_CHARS = 1_000_000
 DATA_EXTRA = "pip install 'taperlm[data]'"
@@ -283,16 +282,14 @@ def _open_lines(path: Path, kind: str) -> tuple[BinaryIO, BinaryIO]:
 
 def _jsonl_text(line: bytes, where: str, field: str) -> str | None:
     try:
-        row = json.loads(line.decode("utf-8").removeprefix("\ufeff"))
+        row = parse_json(line.decode("utf-8").removeprefix("\ufeff"), what=where)
     except UnicodeDecodeError as err:
         raise DataError(
             f"{where}: not valid UTF-8 (byte {err.start} of the line: "
             f"{line[err.start : err.start + 4]!r})"
         ) from None
-    except json.JSONDecodeError as err:
-        raise DataError(f"{where}: not valid JSON ({err.msg})") from None
-    except RecursionError:
-        raise DataError(f"{where}: JSON nested too deeply to be a document") from None
+    except MalformedFileError as err:  # not JSON, or nested deeper than a document's record
+        raise DataError(str(err)) from None
     if not isinstance(row, dict) or not isinstance(row.get(field), str):
         raise DataError(f"{where}: each line must be a JSON object with a string field {field!r}")
     return _checked_text(row[field], where, field)

@@ -24,8 +24,8 @@ from tokenizers import AddedToken, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as Backend
 
 from taperlm.data.datadir import TOKENIZER_DIR, resolve
-from taperlm.errors import DataError
-from taperlm.io import atomic_write_text
+from taperlm.errors import DataError, UnsafeFileError
+from taperlm.io import MAX_RECORD_BYTES, atomic_write_text, read_json
 
 EOS_TOKEN = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"
@@ -300,9 +300,9 @@ def _read_json(path: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise DataError(f"{path}: not valid JSON ({err})") from None
+        data = read_json(path, MAX_RECORD_BYTES, "tokenizer file")
+    except UnsafeFileError as err:
+        raise DataError(str(err)) from None
     return data if isinstance(data, dict) else {}
 
 

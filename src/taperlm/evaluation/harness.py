@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -18,7 +20,7 @@ from typing import Any
 
 from taperlm.errors import DataError
 from taperlm.evaluation.registry import load_task, zero_shot_tasks
-from taperlm.outdirs import check_folder, claim
+from taperlm.outdirs import check_folder, claim, install_files
 
 PLACEHOLDER = "__TAPERLM_DATA__"
 UTILS_FILE = "taperlm_utils.py"
@@ -64,15 +66,29 @@ def write_task_dir(
     out = Path(out_dir).resolve()
     check_folder(out, "lm-eval-tasks", "--write-lm-eval-tasks")
     claim(out, "lm-eval-tasks")
-    (out / "data").mkdir(parents=True, exist_ok=True)
-    for task in zero_shot_tasks() if tasks is None else tasks:
-        data = load_task(task, data_dir, source=source, limit=limit)
-        with open(out / "data" / f"{task}.jsonl", "w", encoding="utf-8") as f:
-            for doc in data.docs:
-                f.write(json.dumps(doc, ensure_ascii=False) + "\n")
-        yaml_text = _template(task).replace(PLACEHOLDER, str(out / "data"))
-        (out / f"taperlm_{task}.yaml").write_text(yaml_text, encoding="utf-8")
-    (out / UTILS_FILE).write_text(UTILS_CODE, encoding="utf-8")
+    # Written aside and installed: a rerun replaces only the files it wrote before and nobody
+    # edited since (a task YAML the user tuned is refused by name, not overwritten).
+    staging = Path(tempfile.mkdtemp(prefix=".taperlm-tasks-tmp-", dir=out))
+    try:
+        (staging / "data").mkdir()
+        for task in zero_shot_tasks() if tasks is None else tasks:
+            data = load_task(task, data_dir, source=source, limit=limit)
+            with open(staging / "data" / f"{task}.jsonl", "w", encoding="utf-8") as f:
+                for doc in data.docs:
+                    f.write(json.dumps(doc, ensure_ascii=False) + "\n")
+            yaml_text = _template(task).replace(PLACEHOLDER, str(out / "data"))
+            (staging / f"taperlm_{task}.yaml").write_text(yaml_text, encoding="utf-8")
+        (staging / UTILS_FILE).write_text(UTILS_CODE, encoding="utf-8")
+        install_files(
+            staging,
+            out,
+            "lm-eval-tasks",
+            "--write-lm-eval-tasks",
+            "write the tasks to another folder",
+            keep_others=True,  # tasks may be written a few at a time into one folder
+        )
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return out
 
 

@@ -13,13 +13,13 @@ No torch import.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
-from taperlm.errors import DataError
+from taperlm.errors import DataError, MalformedFileError
 from taperlm.evaluation.record import Column, HubSource, Item, Task, choice_item
+from taperlm.io import parse_json
 
 # ----------------------------------------------------------------------------------------------
 # lm-eval's text transforms (facts of its task definitions, reimplemented)
@@ -172,13 +172,9 @@ class _Lines:
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise self.fail(
-                    i, f"not valid JSON ({err.msg}); each line must be one JSON object"
-                ) from None
-            except RecursionError:
-                raise self.fail(i, "JSON nested too deeply; each line must be one record") from None
+                rec = parse_json(line, what="the line")
+            except MalformedFileError as err:  # not JSON, or nested deeper than a record
+                raise self.fail(i, f"{err}; each line must be one JSON object") from None
             if not isinstance(rec, dict):
                 raise self.fail(i, f"expected a JSON object, got {type(rec).__name__}")
             out.append((i, rec))

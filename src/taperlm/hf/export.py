@@ -22,12 +22,12 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
 from taperlm.config import to_dict
-from taperlm.errors import ConfigError, DataError
+from taperlm.errors import DataError
 from taperlm.hf.decilm import decilm_config
 from taperlm.hf.llama import from_taperlm, llama_config
 from taperlm.hf.model_card import model_card
-from taperlm.io import sha256_file
-from taperlm.outdirs import record_written_files, unchanged_own_file, written_files
+from taperlm.io import MAX_RECORD_BYTES, read_json
+from taperlm.outdirs import install_files
 
 CONFIG_FILE = "configuration_taperlm.py"
 MODELING_FILE = "modeling_taperlm.py"
@@ -106,7 +106,7 @@ def export_model(
     try:
         _write(model, staging, out.resolve().name, tokenizer, generation, run_config)
         _default_modes(staging)
-        _install(staging, out)
+        install_files(staging, out, "export", "--out", "export to another folder")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out
@@ -145,7 +145,7 @@ def _export_llama_named(
         text = json.dumps(config, indent=2) + "\n"
         (staging / "config.json").write_text(text, encoding="utf-8")
         _default_modes(staging)
-        _install(staging, out)
+        install_files(staging, out, "export", "--out", "export to another folder")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out
@@ -189,43 +189,11 @@ def _write(
         tok.save_pretrained(out)
     # Make sure auto_map survived (older/newer transformers may drop unknown attributes).
     cfg_path = out / "config.json"
-    data = json.loads(cfg_path.read_text(encoding="utf-8"))
+    data = read_json(cfg_path, MAX_RECORD_BYTES, "exported config.json")
     if data.get("auto_map") != AUTO_MAP:
         data["auto_map"] = dict(AUTO_MAP)
         cfg_path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     (out / "README.md").write_text(model_card(model.config, run_config, name=card_name), "utf-8")
-
-
-def _install(staging: Path, out: Path) -> None:
-    """Move the files of `staging` into `out`, replacing only unchanged files of an earlier
-    export (checked for all before any is moved) and removing that export's files that this
-    one no longer writes; the marker's record is updated around the moves so that a crash
-    between them leaves every file recognisable."""
-
-    new = {p.relative_to(staging).as_posix(): p for p in sorted(staging.rglob("*")) if p.is_file()}
-    record = written_files(out, "export")
-    taken = [
-        rel
-        for rel in new
-        if ((out / rel).exists() or (out / rel).is_symlink())
-        and not unchanged_own_file(out, record, rel)
-    ]
-    if taken:
-        raise ConfigError(
-            f"--out {out} already holds {', '.join(taken)}, which the export would replace but "
-            "which taperlm did not write there (or which was changed since); nothing was "
-            "written. Move it out of the folder, or export to another folder"
-        )
-    stale = [r for r in record if r not in new and unchanged_own_file(out, record, r)]
-    hashes = {rel: sha256_file(p) for rel, p in new.items()}
-    both = {rel: sorted({*record.get(rel, []), h}) for rel, h in hashes.items()}
-    record_written_files(out, "export", {**{r: record[r] for r in stale}, **both})
-    for rel, p in new.items():
-        (out / rel).parent.mkdir(parents=True, exist_ok=True)
-        os.replace(p, out / rel)
-    for rel in stale:
-        (out / rel).unlink(missing_ok=True)
-    record_written_files(out, "export", {rel: [h] for rel, h in hashes.items()})
 
 
 def _default_modes(folder: Path) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import os
 import queue
 import re
@@ -38,7 +37,8 @@ import torch
 import yaml
 
 from taperlm.config import to_dict
-from taperlm.io import atomic_write_json
+from taperlm.errors import UnsafeFileError
+from taperlm.io import MAX_RECORD_BYTES, atomic_write_json, read_json
 from taperlm.training.warning import TrainingWarning
 
 # The package each logger needs and the extra that installs it.
@@ -152,8 +152,8 @@ class RunInfo:
 def read_state(run_dir: Path) -> dict[str, Any]:
     """RUN/loggers.json ({} when absent or unreadable: a new logged run is started)."""
     try:
-        data = json.loads((run_dir / STATE_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_json(run_dir / STATE_FILE, MAX_RECORD_BYTES, "logger state")
+    except (OSError, UnsafeFileError):
         return {}
     return data if isinstance(data, dict) else {}
 

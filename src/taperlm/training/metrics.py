@@ -19,8 +19,8 @@ from typing import Any
 
 from taperlm.budget import flops_per_token
 from taperlm.config import RunConfig
-from taperlm.errors import TrainingError
-from taperlm.io import atomic_write_text
+from taperlm.errors import MalformedFileError, TrainingError
+from taperlm.io import atomic_write_text, parse_json
 
 # Dense bf16 peak FLOP/s per device, matched as a substring of torch.cuda.get_device_name().
 PEAK_FLOPS: dict[str, float] = {
@@ -137,9 +137,9 @@ def read_metrics(path: str | Path, strict: bool = False) -> list[dict[str, Any]]
         if not raw.strip():
             continue
         try:
-            record = json.loads(raw.decode("utf-8"))
+            record = parse_json(raw.decode("utf-8"), what="the line")
             bad = None if _is_record(record) else "not an object with integer 'step' and 'tokens'"
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        except (UnicodeDecodeError, MalformedFileError) as err:
             if number - 1 == last and not raw.endswith(b"}"):
                 continue  # torn by a kill in the middle of the write
             bad = f"{type(err).__name__}: {err}"

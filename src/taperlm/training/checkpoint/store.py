@@ -34,8 +34,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from taperlm.errors import CheckpointError
-from taperlm.io import atomic_write_text, fsync_dir, os_error_cause, replace_dir, sha256_file
+from taperlm.errors import CheckpointError, UnsafeFileError
+from taperlm.io import (
+    MAX_RECORD_BYTES,
+    atomic_write_text,
+    fsync_dir,
+    os_error_cause,
+    read_json,
+    replace_dir,
+    sha256_file,
+)
 from taperlm.runlock import pid_alive
 from taperlm.training.warning import TrainingWarning
 
@@ -214,8 +222,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
             "interrupted); delete it or resume from an earlier checkpoint"
         )
     try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        manifest = read_json(mpath, MAX_RECORD_BYTES, MANIFEST_FILE)
+    except UnsafeFileError as err:  # not a regular file, too large, not JSON, too deep
         raise CheckpointError(
             f"checkpoint {path}: {MANIFEST_FILE} is corrupt ({err}); delete this checkpoint or "
             "resume from an earlier one"
