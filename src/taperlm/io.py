@@ -16,6 +16,8 @@ import math
 import os
 import shutil
 import stat
+import struct
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -182,7 +184,7 @@ def file_identity(path: str | Path, content: bool = True) -> list[Any]:
     if not content:
         return ident
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path, what="file") as f:
         if st.st_size <= FULL_HASH_BYTES:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
@@ -195,9 +197,10 @@ def file_identity(path: str | Path, content: bool = True) -> list[Any]:
 
 
 def sha256_file(path: str | Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB blocks."""
+    """Hex sha256 of a regular file (a FIFO or device is refused, see `open_regular`), read in
+    1 MiB blocks."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path, what="file") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -208,6 +211,12 @@ def sha256_file(path: str | Path) -> str:
 # stranger. Every reader of a user-supplied or file-named path goes through these, so that
 # nothing we open can block (a FIFO, a device), reach outside the folder that names it, or be
 # read past what its format can legitimately hold.
+
+
+# The most a JSON or text record taperlm writes beside its data can hold (a data dir's meta.json
+# with thousands of shards, a checkpoint manifest, a folder's record of written files are far
+# smaller): a larger one is not ours, and is refused before it is read.
+MAX_RECORD_BYTES = 64 << 20
 
 
 def _size_text(n: int) -> str:
@@ -304,3 +313,135 @@ def read_text(path: str | Path, max_bytes: int, what: str = "file") -> str:
             f"the {what} {path} is not UTF-8 text (byte {err.start}): it is not one taperlm "
             "wrote, or it is damaged"
         ) from None
+
+
+def links_leading_out(root: str | Path, limit: int = 100_000) -> list[tuple[Path, Path]]:
+    """(link, where it leads) for every symlink below the folder `root` (links are not followed
+    into) whose target, resolved, is outside `root` resolved, or is a loop or dangling.
+
+    For every folder a command writes in: a file written, appended to or deleted through such a
+    link (`RUN/tensorboard -> ~/thesis`) would change a file outside the folder. At most `limit`
+    entries are looked at (a folder taperlm wrote holds far fewer); past that, the walk stops
+    with an UnsafeFileError rather than taking unbounded time."""
+    base = Path(root).resolve()
+    found: list[tuple[Path, Path]] = []
+    seen = 0
+    for folder, dirs, files in os.walk(base, followlinks=False):
+        for name in [*dirs, *files]:
+            seen += 1
+            if seen > limit:
+                raise UnsafeFileError(
+                    f"{root} holds more than {limit} entries: it is not a folder taperlm wrote "
+                    "(or not one it can check); choose another folder"
+                )
+            entry = Path(folder) / name
+            if not entry.is_symlink():
+                continue
+            try:
+                target = entry.resolve(strict=True)
+            except (OSError, RuntimeError):
+                found.append((entry, Path(os.readlink(entry))))
+                continue
+            if target != base and base not in target.parents:
+                found.append((entry, target))
+    return found
+
+
+def refuse_links_leading_out(root: str | Path, what: str) -> None:
+    """UnsafeFileError naming the first symlink below `root` that leads outside it (see
+    `links_leading_out`); `what` names the folder (`the run dir`)."""
+    bad = links_leading_out(root)
+    if bad:
+        link, target = bad[0]
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise UnsafeFileError(
+            f"{what} {root} holds a symbolic link {link.relative_to(Path(root).resolve())} that "
+            f"leads outside it (to {target}){more}: taperlm would write or delete through it. "
+            "Remove the link (or replace it with a real folder or file) and rerun"
+        )
+
+
+def is_link(path: str | Path) -> bool:
+    """Whether `path` itself is a symbolic link (whatever it points at)."""
+    return os.path.islink(path)
+
+
+_ZIP_LOCAL_HEADER = struct.Struct("<4sHHH")  # signature, version, flags, method
+
+
+def check_stored_zip(f: BinaryIO, size: int, what: str) -> None:
+    """Refuse a zip archive (a `torch.save` file or one item of a checkpoint shard) unless every
+    member is stored uncompressed and fits inside its `size` bytes.
+
+    torch writes its archives uncompressed; its reader also inflates DEFLATE members, so a
+    crafted 1 MB file could expand to gigabytes while it is loaded. Both the central directory
+    and each member's local header (which torch's reader may use instead) are checked. `f` is
+    seekable and positioned at the archive's start; it is left there."""
+    start = f.tell()
+    try:
+        with zipfile.ZipFile(f) as z:
+            members = z.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
+        raise UnsafeFileError(
+            f"{what} is not an archive torch wrote ({err}): it is damaged or crafted"
+        ) from None
+    try:
+        total = 0
+        for m in members:
+            f.seek(start + m.header_offset)
+            head = f.read(_ZIP_LOCAL_HEADER.size)
+            local = _ZIP_LOCAL_HEADER.unpack(head) if len(head) == _ZIP_LOCAL_HEADER.size else None
+            stored = local is not None and local[0] == b"PK\x03\x04" and local[3] == 0
+            if m.compress_type != zipfile.ZIP_STORED or not stored:
+                raise UnsafeFileError(
+                    f"{what} holds a compressed member ({m.filename[:100]!r}); torch writes its "
+                    "files uncompressed, so this one was crafted (it could expand past any "
+                    "bound while it is read). It was not loaded: use a file from a source you "
+                    "trust"
+                )
+            total += m.file_size
+        if total > size:
+            raise UnsafeFileError(
+                f"{what} declares {_size_text(total)} of members in {_size_text(size)}: it is "
+                "damaged or crafted. It was not loaded"
+            )
+    finally:
+        f.seek(start)
+
+
+def bounded_line(stream: BinaryIO, max_bytes: int, where: str, hint: str) -> bytes:
+    """The next line of a binary stream (b"" at its end), read no further than `max_bytes`: a
+    longer line (one 2 GB line of a 60 KB compressed file) is an UnsafeFileError naming
+    `where` and what to do (`hint`), raised before more than `max_bytes` are held."""
+    line = stream.readline(max_bytes + 1)
+    if len(line) > max_bytes and not line.endswith(b"\n"):
+        raise UnsafeFileError(
+            f"{where}: a line is longer than {_size_text(max_bytes)}, more than any document "
+            f"this reads can need; {hint}"
+        )
+    return line
+
+
+def check_regular(path: str | Path, max_bytes: int | None = None, what: str = "file") -> Path:
+    """`path`, after `open_regular` found it a regular file (of at most `max_bytes`): for a
+    library that opens the file by name itself (safetensors, numpy.memmap, pyarrow), so that a
+    FIFO or device there is refused instead of blocking it. (A file swapped between this check
+    and the library's open is out of its reach; every reader we own opens through
+    `open_regular` itself.)"""
+    with open_regular(path, max_bytes, what):
+        return Path(path)
+
+
+_TORCH_ADVICE = ("weights only load failed", "weights_only", "check the documentation of torch")
+
+
+def error_text(err: BaseException, limit: int = 300) -> str:
+    """`Type: first line` of an exception from a library, for a one-line message: at most
+    `limit` characters (a crafted file can put anything in an error), and never torch's advice
+    to retry with `weights_only=False` (which would run the code a hostile file carries)."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    kept = [ln for ln in lines if not any(a in ln.lower() for a in _TORCH_ADVICE)]
+    text = kept[0] if kept else ("refused by torch's safe loader" if lines else "")
+    if len(text) > limit:
+        text = text[:limit] + "..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
