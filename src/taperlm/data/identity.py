@@ -22,8 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from taperlm.data import datadir
-from taperlm.errors import DataError
-from taperlm.io import atomic_write_json, replace_dir, sha256_file
+from taperlm.errors import DataError, UnsafeFileError
+from taperlm.io import (
+    MAX_RECORD_BYTES,
+    atomic_write_json,
+    error_text,
+    read_text,
+    replace_dir,
+    sha256_file,
+)
 from taperlm.runlock import pid_alive
 
 RECORD_FILE = "data.json"
@@ -89,10 +96,12 @@ def read_record(run_dir: str | Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = json.loads(read_text(path, MAX_RECORD_BYTES, "data record"))
         why = _record_problem(record)
-    except (OSError, ValueError) as err:  # UnicodeDecodeError and JSONDecodeError included
-        why = f"{type(err).__name__}: {err}"
+    except UnsafeFileError as err:
+        why = str(err)
+    except (OSError, ValueError) as err:  # JSONDecodeError included
+        why = error_text(err)
     if why:
         raise DataError(
             f"{path} is damaged ({why}), so the data this run was trained on cannot be checked; "

@@ -75,8 +75,8 @@ from taperlm.data.tokenizer import (
     parse_bpe_spec,
     train_bpe,
 )
-from taperlm.errors import DataError
-from taperlm.io import atomic_write_text, fsync_dir
+from taperlm.errors import DataError, UnsafeFileError
+from taperlm.io import MAX_RECORD_BYTES, atomic_write_text, fsync_dir, read_text
 
 __all__ = ["MARKER_FILE", "META_FILE", "META_FORMAT", "doc_hash", "prepare"]
 
@@ -270,8 +270,8 @@ class _Preparation:
     def _load_state(self) -> dict[str, Any] | None:
         path = self.work / STATE_FILE
         try:
-            state = json.loads(path.read_text())
-        except (OSError, ValueError):
+            state = json.loads(read_text(path, MAX_RECORD_BYTES, "prepare state"))
+        except (OSError, ValueError, UnsafeFileError):  # a FIFO there too: start over
             return None
         if not isinstance(state, dict) or state.get("key") != self.key:
             changed = _changed_files(

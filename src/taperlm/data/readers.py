@@ -35,14 +35,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from taperlm.errors import DataError
-from taperlm.io import not_a_file
+from taperlm.errors import DataError, UnsafeFileError
+from taperlm.io import bounded_line, check_regular, not_a_file, open_regular
 
 DEFAULT_MAX_DOC_CHARS = 1_000_000
 DATA_EXTRA = "pip install 'taperlm[data]'"
 _BLOCK = 1 << 20  # bytes per read of a .txt file
 _SNIFF = 1 << 16  # bytes checked for NUL (binary files)
 _HF_SNAPSHOT_ROWS = 1000  # rows between saved positions of a streamed Hugging Face dataset
+
+
+def max_line_bytes(cap: int) -> int:
+    """The longest .jsonl line read when documents are cut at `cap` characters: a line whose
+    text field holds `cap` characters is at most 12 bytes per character (a character outside
+    the BMP written as two \\uXXXX escapes) plus 1 MiB for the other fields, so every document
+    that fits `--max-doc-chars` is read, and a longer line (a 60 KB .zst holding one 2 GB line)
+    is refused after that many bytes instead of being decompressed whole."""
+    return 12 * cap + (1 << 20)
+
 
 # name suffix -> kind; the longest matching suffix wins (".jsonl.gz" before ".gz").
 KINDS = {
@@ -195,8 +205,11 @@ def check_file(path: Path) -> None:
         require_module("zstandard", f"{path} (.zst)")
     if kind == "parquet":
         require_module("pyarrow", f"{path} (Parquet)")
-    with open(path, "rb") as f:
-        head = f.read(_SNIFF)
+    try:
+        with open_regular(path, what="source file") as f:
+            head = f.read(_SNIFF)
+    except UnsafeFileError as err:
+        raise DataError(str(err)) from None
     if not head.strip() and len(head) < _SNIFF:
         raise DataError(f"{path}: file is empty; remove it or add text")
     magic = _MAGIC.get(kind or "")
@@ -257,7 +270,7 @@ def _text_blocks(raw: BinaryIO, path: Path) -> Iterator[str]:
 
 
 def _txt_documents(path: Path, name: str, index: int, cap: int, start: Cursor, count: ByteCounter):
-    with open(path, "rb") as raw:
+    with open_source_file(path) as raw:
         count.current = raw.tell
         pieces = 0
         for k, piece in enumerate(split_stream(_text_blocks(raw, path), cap)):
@@ -270,8 +283,9 @@ def _txt_documents(path: Path, name: str, index: int, cap: int, start: Cursor, c
 
 
 def _open_lines(path: Path, kind: str) -> tuple[BinaryIO, BinaryIO]:
-    """(raw file, binary line stream) of a .jsonl / .jsonl.gz / .jsonl.zst file."""
-    raw = open(path, "rb")  # noqa: SIM115 (closed by the caller)
+    """(raw file, binary line stream) of a .jsonl / .jsonl.gz / .jsonl.zst file (read a line at
+    a time with `bounded_line`, so decompression never runs past one line's bound)."""
+    raw = open_source_file(path)
     if kind == "jsonl.gz":
         return raw, gzip.GzipFile(fileobj=raw, mode="rb")
     if kind == "jsonl.zst":
@@ -279,6 +293,30 @@ def _open_lines(path: Path, kind: str) -> tuple[BinaryIO, BinaryIO]:
         reader = zstd.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
         return raw, io.BufferedReader(reader, _BLOCK)
     return raw, raw
+
+
+def open_source_file(path: Path) -> BinaryIO:
+    """A source file opened for reading: a regular file only (a FIFO would block the reader)."""
+    try:
+        return open_regular(path, what="source file")
+    except UnsafeFileError as err:
+        raise DataError(str(err)) from None
+
+
+def _lines(stream: BinaryIO, path: Path, cap: int) -> Iterator[bytes]:
+    limit = max_line_bytes(cap)
+    hint = (
+        f"split the document, or raise --max-doc-chars (lines up to 12 x it + 1 MiB are read; "
+        f"now {cap:,})"
+    )
+    while True:
+        try:
+            line = bounded_line(stream, limit, str(path), hint)
+        except UnsafeFileError as err:
+            raise DataError(str(err)) from None
+        if not line:
+            return
+        yield line
 
 
 def _jsonl_text(line: bytes, where: str, field: str) -> str | None:
@@ -329,7 +367,7 @@ def _jsonl_documents(
     count.current = raw.tell
     found = start.row > 0 or start.piece > 0
     try:
-        for row, line in enumerate(lines):
+        for row, line in enumerate(_lines(lines, path, cap)):
             if row < start.row:
                 continue
             if not line.strip():
@@ -363,7 +401,9 @@ def _parquet_documents(
 ):
     pq = require_module("pyarrow.parquet", f"{path} (Parquet)")
     try:
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(check_regular(path, what="source file"))
+    except UnsafeFileError as err:
+        raise DataError(str(err)) from None
     except Exception as err:
         raise DataError(f"{path}: not a readable Parquet file ({err})") from None
     schema = pf.schema_arrow
