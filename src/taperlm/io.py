@@ -317,7 +317,8 @@ def read_text(path: str | Path, max_bytes: int, what: str = "file") -> str:
 
 def links_leading_out(root: str | Path, limit: int = 100_000) -> list[tuple[Path, Path]]:
     """(link, where it leads) for every symlink below the folder `root` (links are not followed
-    into) whose target, resolved, is outside `root` resolved, or is a loop or dangling.
+    into) whose target, resolved, is outside `root` resolved (a dangling one too: a write
+    through it creates its target; a loop leads nowhere and is left to the writer's error).
 
     For every folder a command writes in: a file written, appended to or deleted through such a
     link (`RUN/tensorboard -> ~/thesis`) would change a file outside the folder. At most `limit`
@@ -337,10 +338,9 @@ def links_leading_out(root: str | Path, limit: int = 100_000) -> list[tuple[Path
             entry = Path(folder) / name
             if not entry.is_symlink():
                 continue
-            try:
-                target = entry.resolve(strict=True)
-            except (OSError, RuntimeError):
-                found.append((entry, Path(os.readlink(entry))))
+            try:  # a dangling link is followed by a write too (it creates its target)
+                target = entry.resolve(strict=False)
+            except (OSError, RuntimeError):  # a loop: no write gets through it (ELOOP)
                 continue
             if target != base and base not in target.parents:
                 found.append((entry, target))
@@ -445,3 +445,34 @@ def error_text(err: BaseException, limit: int = 300) -> str:
     if len(text) > limit:
         text = text[:limit] + "..."
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def open_append(path: str | Path, what: str = "file") -> Any:
+    """Open `path` for appending UTF-8 text (created if missing) only if it is a regular file
+    and not a symbolic link: appending to a FIFO would block until someone reads it, and a link
+    would put our lines into a file outside the folder (every folder we append in is ours; its
+    files are never links)."""
+    p = Path(path)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(p, flags | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.ENXIO):  # a link, or a FIFO nobody reads
+            kind = "a symbolic link" if os.path.islink(p) else (not_a_file(p) or "not a file")
+            raise UnsafeFileError(
+                f"the {what} {p} is {kind}, not a regular file: taperlm appends only to its own "
+                "files; remove it and rerun"
+            ) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeFileError(
+                f"the {what} {p} is {not_a_file(p) or 'not a regular file'}, not a regular "
+                "file: taperlm appends only to its own files; remove it and rerun"
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "a", encoding="utf-8")
+    except BaseException:
+        os.close(fd)
+        raise

@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from taperlm.errors import ConfigError, RunInUseError
-from taperlm.io import not_a_file, os_error_cause
+from taperlm.errors import ConfigError, RunInUseError, UnsafeFileError
+from taperlm.io import MAX_RECORD_BYTES, not_a_file, os_error_cause, read_text
 
 LOCK_FILE = ".lock"
 
@@ -41,9 +41,9 @@ _HELD: dict[str, list[Any]] = {}
 def holder_of(directory: str | Path) -> dict[str, Any] | None:
     """What the holder of `directory`'s lock recorded (None if nothing readable)."""
     try:
-        text = (Path(directory) / LOCK_FILE).read_text(encoding="utf-8")
+        text = read_text(Path(directory) / LOCK_FILE, MAX_RECORD_BYTES, "lock file")
         info = json.loads(text) if text.strip() else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, UnsafeFileError):
         return None
     return info if isinstance(info, dict) else None
 

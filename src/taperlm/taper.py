@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from taperlm.domains import MAX_WIDTH, Domain, setting, up_to
-from taperlm.errors import TaperError
-from taperlm.io import strict_json_loads
+from taperlm.errors import TaperError, UnsafeFileError
+from taperlm.io import MAX_RECORD_BYTES, read_text, strict_json_loads
 
 DEFAULT_START = 1.5
 DEFAULT_END = 0.5
@@ -525,7 +525,9 @@ def read_rho_mlp(source: str | Path) -> list[float]:
             "JSON from `taperlm novelty --json`, a run dir, or `pilot` in taperlm compare)"
         )
     try:
-        data = strict_json_loads(path.read_text(encoding="utf-8"))
+        data = strict_json_loads(read_text(path, MAX_RECORD_BYTES, "novelty source"))
+    except UnsafeFileError as err:
+        raise TaperError(str(err)) from None
     except json.JSONDecodeError as err:
         raise TaperError(f"novelty source {path} is not JSON: {err.msg}") from None
     except (ValueError, UnicodeDecodeError) as err:

@@ -35,6 +35,7 @@ from taperlm.compare.reproduce import run_arguments
 from taperlm.config import parse_override
 from taperlm.errors import ConfigError
 from taperlm.families import FAMILIES
+from taperlm.io import MAX_RECORD_BYTES, read_text
 from taperlm.outdirs import check_folder, claim
 from taperlm.presets import PAPER_SHAPES, SMALL_SHAPES, preset_families
 from taperlm.runlock import locked
@@ -146,7 +147,7 @@ def _run_all(opts, subs, t_start: float, cpu_start: float) -> tuple[Path, Path]:
         t0 = time.perf_counter()
         _, js = run_comparison(sub)
         walls[prefix] = time.perf_counter() - t0
-        docs[prefix] = json.loads(js.read_text(encoding="utf-8"))
+        docs[prefix] = json.loads(read_text(js, MAX_RECORD_BYTES, "report"))
         meta = {
             "command": _command(opts, subs, docs[prefix]["meta"]["settings"]["tokens"]),
             "preset_size": size,

@@ -42,10 +42,19 @@ from taperlm.config import load_run_config, to_dict
 from taperlm.data.identity import check_run_data
 from taperlm.data.tokenizer import load_tokenizer
 from taperlm.device import resolve_device
-from taperlm.errors import ConfigError, DataError
+from taperlm.errors import ConfigError, DataError, UnsafeFileError
 from taperlm.evaluation import niah
 from taperlm.evaluation.registry import get_task, load_task, needs_haystack
-from taperlm.io import atomic_write_json, finite_json, sha256_file
+from taperlm.io import (
+    MAX_RECORD_BYTES,
+    atomic_write_json,
+    finite_json,
+    not_a_file,
+    open_append,
+    open_regular,
+    read_text,
+    sha256_file,
+)
 from taperlm.outdirs import claim
 from taperlm.runlock import locked
 from taperlm.training.checkpoint.store import list_checkpoints
@@ -219,11 +228,11 @@ class SharedInputs:
 
 def read_result(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / RESULT_FILE
-    if not path.is_file():
+    if not path.is_file() and not_a_file(path) is None:
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError:
+        data = json.loads(read_text(path, MAX_RECORD_BYTES, "cell result"))
+    except (ValueError, UnsafeFileError):  # damaged, or a FIFO/folder: recomputed
         return None  # a damaged result is recomputed (write is atomic, so this is rare)
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
         return None  # damaged: recomputed like a missing one
@@ -401,7 +410,7 @@ def _log_session(run_dir: Path, phase: str, from_step: int, runtime: dict[str, A
     evaluation) with which settings."""
     run_dir.mkdir(parents=True, exist_ok=True)
     line = {"phase": phase, "from_step": from_step, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    with open(run_dir / SESSIONS_FILE, "a", encoding="utf-8") as f:
+    with open_append(run_dir / SESSIONS_FILE, "sessions file") as f:
         f.write(json.dumps({**line, **runtime}) + "\n")
 
 
@@ -411,10 +420,12 @@ def read_sessions(run_dir: Path, total_steps: int) -> list[dict[str, Any]]:
     path = run_dir / SESSIONS_FILE
     if not path.is_file():
         return []
+    with open_regular(path, MAX_RECORD_BYTES, "sessions file") as f:
+        text = f.read().decode("utf-8", errors="replace")
     out = []
     # A record of how the cell ran: damaged lines (cut by a crash, not UTF-8, not an object)
     # are left out rather than stopping the comparison.
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    for line in text.splitlines():
         try:
             session = json.loads(line)
         except (ValueError, RecursionError):

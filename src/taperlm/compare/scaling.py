@@ -38,7 +38,7 @@ from taperlm.compare.recipe import PAPER_TOKENS
 from taperlm.compare.report import diff_ci, md_table, produced_by
 from taperlm.compare.reproduce import run_arguments
 from taperlm.errors import ConfigError
-from taperlm.io import atomic_write_json, atomic_write_text
+from taperlm.io import MAX_RECORD_BYTES, atomic_write_json, atomic_write_text, read_text
 from taperlm.outdirs import check_folder, claim
 from taperlm.presets import PAPER_SHAPES, SMALL_SHAPES
 from taperlm.runlock import locked
@@ -180,7 +180,7 @@ def run_scaling(opts, plan: ScalingPlan = DEFAULT_PLAN) -> tuple[Path, Path]:
                 file=sys.stderr,
             )
             _, js = run_comparison(sub)
-            docs[key] = json.loads(js.read_text(encoding="utf-8"))
+            docs[key] = json.loads(read_text(js, MAX_RECORD_BYTES, "report"))
             meta = {
                 "command": _command(opts, points[0][3]),
                 "wall_s": time.perf_counter() - t_start,

@@ -14,7 +14,7 @@ from taperlm.config.model import ModelConfig
 from taperlm.config.run import RunConfig
 from taperlm.errors import ConfigError, TaperError
 from taperlm.families import FAMILIES
-from taperlm.io import atomic_write_text, not_a_file
+from taperlm.io import MAX_RECORD_BYTES, atomic_write_text, not_a_file, read_text
 from taperlm.solver import solve_sizes
 
 
@@ -62,7 +62,7 @@ def load_yaml(path: str | Path) -> dict:
     if not p.is_file():
         raise ConfigError(f"config file {p} does not exist")
     try:
-        data = strict_yaml_load(p.read_text(encoding="utf-8"))
+        data = strict_yaml_load(read_text(p, MAX_RECORD_BYTES, "config file"))
     except DuplicateKeyError as err:
         mark = err.problem_mark
         raise ConfigError(f"config file {p}, line {mark.line + 1}: {err.problem}") from None

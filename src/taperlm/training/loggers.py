@@ -38,7 +38,8 @@ import torch
 import yaml
 
 from taperlm.config import to_dict
-from taperlm.io import atomic_write_json
+from taperlm.errors import UnsafeFileError
+from taperlm.io import MAX_RECORD_BYTES, atomic_write_json, read_text
 from taperlm.training.warning import TrainingWarning
 
 # The package each logger needs and the extra that installs it.
@@ -152,8 +153,8 @@ class RunInfo:
 def read_state(run_dir: Path) -> dict[str, Any]:
     """RUN/loggers.json ({} when absent or unreadable: a new logged run is started)."""
     try:
-        data = json.loads((run_dir / STATE_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(read_text(run_dir / STATE_FILE, MAX_RECORD_BYTES, "loggers state"))
+    except (OSError, ValueError, UnsafeFileError):  # a FIFO there too: a new logged run
         return {}
     return data if isinstance(data, dict) else {}
 
