@@ -30,7 +30,7 @@ def restore_training(
     manifest = store.read_manifest(path)
     try:
         if store.is_sharded(manifest):
-            load_training_state(path, model, optimizer, periodic, manifest)
+            load_training_state(path, model, optimizer, periodic, store.shard_sizes(manifest))
             return store.load_train_state(path, manifest)
         return _restore_full(path, model, optimizer)
     except CheckpointError:

@@ -38,7 +38,6 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from taperlm.errors import CheckpointError, UnsafeFileError
 from taperlm.io import MAX_RECORD_BYTES, check_stored_zip, error_text, open_regular
-from taperlm.training.checkpoint import store
 
 METADATA_FILE = ".metadata"
 
@@ -163,11 +162,10 @@ class SafeReader(FileSystemReader):
     """DCP's file-system reader with `read_metadata` through the allow-list and the index
     checked against the checkpoint's `manifest` (module doc)."""
 
-    def __init__(self, path: str | Path, manifest: dict[str, Any]) -> None:
+    def __init__(self, path: str | Path, shards: dict[str, int]) -> None:
         super().__init__(str(path))
         self._root = Path(path)
-        skip = {METADATA_FILE, store.STATE_FILE, store.MANIFEST_FILE}
-        self._sizes = {n: int(i["bytes"]) for n, i in manifest["files"].items() if n not in skip}
+        self._sizes = dict(shards)
         self.fs = _RegularFiles(self._sizes)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
@@ -215,7 +213,6 @@ def check_storage(root: Path, meta: Metadata, sizes: dict[str, int]) -> None:
                 f"checkpoint index {root / METADATA_FILE} {problem}: it was edited or crafted. "
                 "Nothing was loaded from it; delete this checkpoint or resume from an earlier one"
             )
-        store.checkpoint_file(root, name)
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
@@ -229,10 +226,10 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
-def reader(path: str | Path, manifest: dict[str, Any] | None = None) -> SafeReader:
-    """The safe DCP reader of checkpoint `path`, reading only files its manifest names (the
-    manifest is read here when the caller has not verified and passed it already)."""
-    return SafeReader(path, store.read_manifest(Path(path)) if manifest is None else manifest)
+def reader(path: str | Path, shards: dict[str, int]) -> SafeReader:
+    """The safe DCP reader of checkpoint `path`, reading only the shard files `shards` (name ->
+    bytes, from its checked manifest: `store.shard_sizes`) names."""
+    return SafeReader(path, shards)
 
 
 def planner() -> SafeLoadPlanner:

@@ -275,6 +275,13 @@ def checkpoint_file(path: Path, name: str) -> Path:
         raise CheckpointError(f"{err}; or resume from an earlier checkpoint") from None
 
 
+def shard_sizes(manifest: dict[str, Any]) -> dict[str, int]:
+    """{name: bytes} of the tensor shard files a checked manifest names: the only files DCP may
+    read (`safe_load.SafeReader`)."""
+    skip = {".metadata", STATE_FILE, MANIFEST_FILE}
+    return {n: int(i["bytes"]) for n, i in manifest["files"].items() if n not in skip}
+
+
 def _reason(err: BaseException) -> str:
     if isinstance(err, UnsafeFileError):
         return str(err)
@@ -413,7 +420,7 @@ def load_model_state(path: str | Path, verify: bool = True) -> dict[str, Any]:
             return load_file(str(weights), device="cpu")
         from taperlm.training.checkpoint import dcp  # lazy: torch-free module (see _write_state)
 
-        return dcp.load_model_state(path, manifest)
+        return dcp.load_model_state(path, shard_sizes(manifest))
     except CheckpointError:
         raise  # already says which file and what to do
     except Exception as err:  # safetensors / DCP raise their own error types on bad files
