@@ -436,6 +436,32 @@ def test_a_deflated_state_pt_is_refused_before_torch_reads_it(trained, tmp_path)
         store.load_train_state(ckpt)
 
 
+def test_a_deflated_shard_item_is_refused_before_torch_reads_it(trained, tmp_path):
+    """The same inside a DCP shard: one model tensor's item re-zipped with DEFLATE, appended to
+    its shard and pointed at by the index (the hashes rewritten): refused, not inflated."""
+    from taperlm.training.checkpoint import store
+
+    run = _copy(trained, tmp_path)
+    ckpt = _newest(run)
+    done: list[str] = []
+
+    def deflate(info: Any, index: Any) -> None:
+        if done:
+            return
+        shard = ckpt / info.relative_path
+        raw = shard.read_bytes()
+        item = _deflated_copy(raw[info.offset : info.offset + info.length])
+        shard.write_bytes(raw + item)
+        info.offset, info.length = len(raw), len(item)
+        done.append(index.fqn)
+
+    _edit_index(ckpt, deflate)
+    assert done
+    store.verify_checkpoint(ckpt)
+    with pytest.raises(CheckpointError, match="compressed member"):
+        store.load_model_state(ckpt)
+
+
 def test_check_stored_zip_accepts_torch_and_refuses_the_rest():
     import torch
 

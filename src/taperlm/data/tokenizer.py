@@ -39,7 +39,7 @@ TOKENIZER_FILE = "tokenizer.json"
 META_FILE = "tokenizer_meta.json"
 # EOS spellings recognised in tokenizers that do not say which token ends a document.
 _EOS_CANDIDATES = (EOS_TOKEN, "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
-MAX_TOKENIZER_BYTES = 1 << 30  # a tokenizer.json of a 10^6-id vocabulary is ~100 MB
+MAX_TOKENIZER_BYTES = 256 << 20  # a 256K-id tokenizer.json is ~35 MB; 10^6 ids ~100 MB
 MIN_BPE_VOCAB = 258  # 256 byte symbols + EOS + at least one merge
 
 
