@@ -675,6 +675,62 @@ def test_a_fifo_never_blocks_and_is_named(case, data, trained, tmp_path):
     assert "\n" not in text
 
 
+def _input_options() -> list[tuple[str, str]]:
+    from taperlm.cli import COMMANDS, build_parser, subcommand_parser
+    from taperlm.domains import PathArg
+
+    parser = build_parser()
+    found = []
+    for name in COMMANDS:
+        for action in subcommand_parser(parser, name)._actions:
+            if isinstance(action.type, PathArg) and action.type.role == "input":
+                found.append(
+                    (name, action.option_strings[0] if action.option_strings else action.dest)
+                )
+    return found
+
+
+INPUT_OPTIONS = _input_options()
+
+
+def test_the_input_options_are_enumerated():
+    assert ("novelty", "--data") in INPUT_OPTIONS and ("train", "--config") in INPUT_OPTIONS
+    assert len(INPUT_OPTIONS) >= 15
+
+
+@pytest.mark.parametrize("command,option", INPUT_OPTIONS)
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_every_input_option_refuses_a_special_file(tmp_path, command, option, kind):
+    """Class 3, every open of a user-supplied path: each input path option of each command
+    (found in the parsers) given a FIFO or a device is one ConfigError naming the option and
+    the kind, before the command reads anything."""
+    import argparse
+
+    from taperlm.cli import build_parser, subcommand_parser
+    from taperlm.domains import check_arguments
+
+    sub = subcommand_parser(build_parser(), command)
+    args = argparse.Namespace(**{a.dest: a.default for a in sub._actions})
+    path = _fifo(tmp_path / "special") if kind == "fifo" else Path("/dev/zero")
+    action = next(a for a in sub._actions if option in (a.dest, *a.option_strings))
+    setattr(args, action.dest, action.type(str(path)))
+    err = _no_block(lambda: check_arguments(sub, args))
+    assert isinstance(err, ConfigError), repr(err)
+    shown = option if option.startswith("-") else option.upper()  # a positional: RUN
+    assert str(err).startswith(f"{shown} {path} is "), str(err)
+    assert ("FIFO" in str(err)) == (kind == "fifo") and "device" in str(err), str(err)
+
+
+def test_novelty_data_fifo_through_the_cli(trained, tmp_path, capsys):
+    """The issue's sample: `novelty RUN --data FIFO` hung; now one line, exit 2."""
+    fifo = _fifo(tmp_path / "text.txt")
+    box: dict[str, Any] = {}
+    argv = ["novelty", str(trained), "--data", str(fifo), "--tokens", "64"]
+    assert _no_block(lambda: box.update(out=_run_cli(argv, capsys)), 60) is None
+    rc, text = box["out"]
+    assert rc == 2 and "FIFO" in text and text.count("\n") == 1, text
+
+
 def test_a_fifo_run_file_fails_the_resume_clearly(data, trained, tmp_path, capsys):
     """A FIFO where a run file should be (metrics.jsonl) hangs no resume: a one-line error."""
     run = _copy(trained, tmp_path)
