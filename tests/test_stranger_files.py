@@ -522,6 +522,19 @@ def test_error_text_is_bounded_and_never_advises_weights_only():
     assert len(error_text(ValueError("x" * 100_000))) < 400
 
 
+def test_no_printed_message_is_unbounded(monkeypatch, capsys):
+    """Whatever a message quotes from a file (a 10 MB key name), the CLI prints a bounded line."""
+    from taperlm.commands import plan
+    from taperlm.errors import MAX_MESSAGE_CHARS
+
+    def crafted(args):
+        raise CheckpointError("checkpoint X does not fit: " + "k" * (10 << 20))
+
+    monkeypatch.setattr(plan, "run", crafted)
+    rc, err = _run_cli(["plan", "--preset", "transformer-micro"], capsys)
+    assert rc == 2 and len(err) < MAX_MESSAGE_CHARS + 200 and "more characters" in err
+
+
 # ----------------------------------------------------------------------------------------------
 # class 3: nothing we open blocks; class 5: messages
 

@@ -16,7 +16,7 @@ from taperlm import __version__
 from taperlm.commands.common import resume_command
 from taperlm.device import is_out_of_memory, memory_error
 from taperlm.domains import check_arguments
-from taperlm.errors import TaperlmError
+from taperlm.errors import TaperlmError, shown
 from taperlm.training.interrupt import interrupted_message
 
 # name -> one-line help; the module taperlm.commands.<name> implements it.
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         check_arguments(subcommand_parser(parser, args._command), args)
         return int(_module(args._command).run(args) or 0)
     except TaperlmError as err:
-        print(f"taperlm {args._command}: error: {err}", file=sys.stderr)
+        print(f"taperlm {args._command}: error: {shown(err)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading: not an error
         # (before `except Exception`, which would re-raise it); stdout goes to /dev/null so that

@@ -3,6 +3,18 @@ wrong and what to do; the CLI prints it without a traceback."""
 
 from __future__ import annotations
 
+MAX_MESSAGE_CHARS = 8000  # far above any message taperlm writes (the longest list valid keys)
+
+
+def shown(err: BaseException) -> str:
+    """The text of an error as the CLI prints it: at most MAX_MESSAGE_CHARS characters. A
+    message may quote what a file holds (a key, a name, a value); a crafted file must not make
+    it print megabytes."""
+    text = str(err)
+    if len(text) <= MAX_MESSAGE_CHARS:
+        return text
+    return f"{text[:MAX_MESSAGE_CHARS]}... ({len(text) - MAX_MESSAGE_CHARS:,} more characters)"
+
 
 class TaperlmError(Exception):
     """Base class for errors the user can fix (bad config, bad file, bad argument)."""
