@@ -522,6 +522,24 @@ def test_error_text_is_bounded_and_never_advises_weights_only():
     assert len(error_text(ValueError("x" * 100_000))) < 400
 
 
+def test_a_parquet_page_declaring_too_much_is_refused_from_its_footer(tmp_path):
+    """The Parquet form of the line bomb: one 20 MB value compressed to a few KB is refused
+    from the footer's declared sizes, before a page is decompressed; a document above the cap
+    but within the bound is still read and cut."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from taperlm.data.readers import read_local
+
+    path = tmp_path / "bomb.parquet"
+    pq.write_table(pa.table({"text": ["a" * (20 << 20)]}), path, compression="zstd")
+    assert path.stat().st_size < 100_000
+    with pytest.raises(DataError, match="declares"):
+        list(read_local([path], tmp_path, cap=1000))
+    ok = tmp_path / "ok.parquet"
+    pq.write_table(pa.table({"text": ["b " * 4000]}), ok, compression="zstd")
+    assert len(list(read_local([ok], tmp_path, cap=1000))) >= 8
+
+
 def test_no_printed_message_is_unbounded(monkeypatch, capsys):
     """Whatever a message quotes from a file (a 10 MB key name), the CLI prints a bounded line."""
     from taperlm.commands import plan

@@ -417,6 +417,7 @@ def _parquet_documents(
     ):
         raise DataError(f"{path}: column {field!r} holds {schema.field(field).type}, not strings")
     meta = pf.metadata
+    _check_parquet_sizes(path, meta, field, cap)
     total_rows = max(1, meta.num_rows)
     size = path.stat().st_size
     first_row, groups = 0, []  # skip whole row groups before the start row
@@ -442,6 +443,25 @@ def _parquet_documents(
                 row += 1
     if not found:
         raise DataError(f"{path}: no non-empty {field!r} values")
+
+
+def _check_parquet_sizes(path: Path, meta: Any, field: str, cap: int) -> None:
+    """DataError when a row group declares more bytes for the text column than its rows can
+    hold at `max_line_bytes(cap)` each (a tiny compressed page that would decode to gigabytes):
+    checked from the footer, before a page is decompressed."""
+    limit = max_line_bytes(cap)
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for c in range(group.num_columns):
+            column = group.column(c)
+            if column.path_in_schema != field:
+                continue
+            if column.total_uncompressed_size > limit * max(1, group.num_rows):
+                raise DataError(
+                    f"{path}: row group {g} declares {column.total_uncompressed_size:,} bytes of "
+                    f"{field!r} for {group.num_rows} rows, more than {limit:,} per row (12 x "
+                    "--max-doc-chars + 1 MiB); split the documents, or raise --max-doc-chars"
+                )
 
 
 def read_local(
