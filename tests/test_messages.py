@@ -83,7 +83,11 @@ def _prepare_folder_entry(tmp: Path, data: Path):
 
 def _config_file(tmp: Path, data: Path):
     p = tmp / "c.yaml"
-    return ["plan", "--config", str(p)], p, "config file {p} is {kind}, not a file"
+    return (
+        ["plan", "--config", str(p)],
+        p,
+        "{p} is {kind}, not a file",
+    )  # --config P (a FIFO...) or config file P
 
 
 ROLES = {

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from taperlm.errors import ConfigError
-from taperlm.io import quoted
+from taperlm.io import not_a_file, quoted
 from taperlm.outdirs import OUTPUT_FOLDERS, check_folder
 from taperlm.outfiles import FORCE_TO_REPLACE, OUTPUT_FILES, check_output_file
 
@@ -350,6 +350,21 @@ def _name(action: argparse.Action) -> str:
     return action.option_strings[0] if action.option_strings else action.dest.upper()
 
 
+_BLOCKING_KINDS = ("a FIFO (named pipe)", "a socket", "a device")
+
+
+def _check_input_kind(name: str, path: Path) -> None:
+    """ConfigError when an input path is a FIFO, socket or device: every input of every command
+    is a file or a folder, and reading a pipe or device could block or never end (the readers
+    refuse them too, through `taperlm.io.open_regular`; this names the option first)."""
+    kind = not_a_file(path)
+    if kind in _BLOCKING_KINDS:
+        raise ConfigError(
+            f"{name} {path} is {kind}, not a file or folder: taperlm reads only regular files "
+            "and folders (a pipe or device could block or never end); point it at a file"
+        )
+
+
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """ConfigError for the first numeric value outside its domain, or output path that cannot
     be written (see `check_output`), naming the option."""
@@ -357,6 +372,8 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     for action in parser._actions:
         if isinstance(action.type, PathArg) and action.type.role == "input":
             value = getattr(args, action.dest, None)
+            if value not in (None, ""):
+                _check_input_kind(_name(action), Path(str(value)).expanduser())
             if value not in (None, "") and Path(value).exists():
                 inputs.append((_name(action), Path(value)))
     for action in parser._actions:

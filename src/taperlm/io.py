@@ -18,6 +18,8 @@ import os
 import re
 import shutil
 import stat
+import struct
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -171,7 +173,7 @@ def file_identity(path: str | Path, content: bool = True) -> list[Any]:
     if not content:
         return ident
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path, what="file") as f:
         if st.st_size <= FULL_HASH_BYTES:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
@@ -184,9 +186,10 @@ def file_identity(path: str | Path, content: bool = True) -> list[Any]:
 
 
 def sha256_file(path: str | Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB blocks."""
+    """Hex sha256 of a regular file (a FIFO or device is refused, see `open_regular`), read in
+    1 MiB blocks."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path, what="file") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -197,6 +200,12 @@ def sha256_file(path: str | Path) -> str:
 # stranger. Every reader of a user-supplied or file-named path goes through these, so that
 # nothing we open can block (a FIFO, a device), reach outside the folder that names it, or be
 # read past what its format can legitimately hold.
+
+
+# The most a JSON or text record taperlm writes beside its data can hold (a data dir's meta.json
+# with thousands of shards, a checkpoint manifest, a folder's record of written files are far
+# smaller): a larger one is not ours, and is refused before it is read.
+MAX_RECORD_BYTES = 64 << 20
 
 
 def _size_text(n: int) -> str:
@@ -306,7 +315,6 @@ def read_text(path: str | Path, max_bytes: int, what: str = "file") -> str:
 MAX_DEPTH = 64
 MAX_YAML_NODES = 100_000  # after expanding aliases; a full run config has about 150
 MAX_CONFIG_BYTES = 4 << 20  # a config YAML; one with per-layer lists for 1,000 layers is 60 KiB
-MAX_RECORD_BYTES = 64 << 20  # a JSON record taperlm writes (manifest, meta.json, result.json, ...)
 MAX_QUOTED = 200  # characters of a value from a file or flag that a message quotes
 
 # a JSON string (escapes skipped; unrolled so that a long string is one C-level match)
@@ -599,3 +607,166 @@ def parse_yaml(text: str, name: str | Path | None = None, what: str = "YAML") ->
 def read_yaml(path: str | Path, max_bytes: int = MAX_CONFIG_BYTES, what: str = "YAML file") -> Any:
     """The YAML in the regular file `path` of at most `max_bytes` (`read_text`, `parse_yaml`)."""
     return parse_yaml(read_text(path, max_bytes, what), path, what)
+
+
+def links_leading_out(root: str | Path, limit: int = 100_000) -> list[tuple[Path, Path]]:
+    """(link, where it leads) for every symlink below the folder `root` (links are not followed
+    into) whose target, resolved, is outside `root` resolved (a dangling one too: a write
+    through it creates its target; a loop leads nowhere and is left to the writer's error).
+
+    For every folder a command writes in: a file written, appended to or deleted through such a
+    link (`RUN/tensorboard -> ~/thesis`) would change a file outside the folder. At most `limit`
+    entries are looked at (a folder taperlm wrote holds far fewer); past that, the walk stops
+    with an UnsafeFileError rather than taking unbounded time."""
+    base = Path(root).resolve()
+    found: list[tuple[Path, Path]] = []
+    seen = 0
+    for folder, dirs, files in os.walk(base, followlinks=False):
+        for name in [*dirs, *files]:
+            seen += 1
+            if seen > limit:
+                raise UnsafeFileError(
+                    f"{root} holds more than {limit} entries: it is not a folder taperlm wrote "
+                    "(or not one it can check); choose another folder"
+                )
+            entry = Path(folder) / name
+            if not entry.is_symlink():
+                continue
+            try:  # a dangling link is followed by a write too (it creates its target)
+                target = entry.resolve(strict=False)
+            except (OSError, RuntimeError):  # a loop: no write gets through it (ELOOP)
+                continue
+            if target != base and base not in target.parents:
+                found.append((entry, target))
+    return found
+
+
+def refuse_links_leading_out(root: str | Path, what: str) -> None:
+    """UnsafeFileError naming the first symlink below `root` that leads outside it (see
+    `links_leading_out`); `what` names the folder (`the run dir`)."""
+    bad = links_leading_out(root)
+    if bad:
+        link, target = bad[0]
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise UnsafeFileError(
+            f"{what} {root} holds a symbolic link {link.relative_to(Path(root).resolve())} that "
+            f"leads outside it (to {target}){more}: taperlm would write or delete through it. "
+            "Remove the link (or replace it with a real folder or file) and rerun"
+        )
+
+
+def is_link(path: str | Path) -> bool:
+    """Whether `path` itself is a symbolic link (whatever it points at)."""
+    return os.path.islink(path)
+
+
+_ZIP_LOCAL_HEADER = struct.Struct("<4sHHH")  # signature, version, flags, method
+
+
+def check_stored_zip(f: BinaryIO, size: int, what: str) -> None:
+    """Refuse a zip archive (a `torch.save` file or one item of a checkpoint shard) unless every
+    member is stored uncompressed and fits inside its `size` bytes.
+
+    torch writes its archives uncompressed; its reader also inflates DEFLATE members, so a
+    crafted 1 MB file could expand to gigabytes while it is loaded. Both the central directory
+    and each member's local header (which torch's reader may use instead) are checked. `f` is
+    seekable and positioned at the archive's start; it is left there."""
+    start = f.tell()
+    try:
+        with zipfile.ZipFile(f) as z:
+            members = z.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
+        raise UnsafeFileError(
+            f"{what} is not an archive torch wrote ({err}): it is damaged or crafted"
+        ) from None
+    try:
+        total = 0
+        for m in members:
+            f.seek(start + m.header_offset)
+            head = f.read(_ZIP_LOCAL_HEADER.size)
+            local = _ZIP_LOCAL_HEADER.unpack(head) if len(head) == _ZIP_LOCAL_HEADER.size else None
+            stored = local is not None and local[0] == b"PK\x03\x04" and local[3] == 0
+            if m.compress_type != zipfile.ZIP_STORED or not stored:
+                raise UnsafeFileError(
+                    f"{what} holds a compressed member ({m.filename[:100]!r}); torch writes its "
+                    "files uncompressed, so this one was crafted (it could expand past any "
+                    "bound while it is read). It was not loaded: use a file from a source you "
+                    "trust"
+                )
+            total += m.file_size
+        if total > size:
+            raise UnsafeFileError(
+                f"{what} declares {_size_text(total)} of members in {_size_text(size)}: it is "
+                "damaged or crafted. It was not loaded"
+            )
+    finally:
+        f.seek(start)
+
+
+def bounded_line(stream: BinaryIO, max_bytes: int, where: str, hint: str) -> bytes:
+    """The next line of a binary stream (b"" at its end), read no further than `max_bytes`: a
+    longer line (one 2 GB line of a 60 KB compressed file) is an UnsafeFileError naming
+    `where` and what to do (`hint`), raised before more than `max_bytes` are held."""
+    line = stream.readline(max_bytes + 1)
+    if len(line) > max_bytes and not line.endswith(b"\n"):
+        raise UnsafeFileError(
+            f"{where}: a line is longer than {_size_text(max_bytes)}, more than any document "
+            f"this reads can need; {hint}"
+        )
+    return line
+
+
+def check_regular(path: str | Path, max_bytes: int | None = None, what: str = "file") -> Path:
+    """`path`, after `open_regular` found it a regular file (of at most `max_bytes`): for a
+    library that opens the file by name itself (safetensors, numpy.memmap, pyarrow), so that a
+    FIFO or device there is refused instead of blocking it. (A file swapped between this check
+    and the library's open is out of its reach; every reader we own opens through
+    `open_regular` itself.)"""
+    with open_regular(path, max_bytes, what):
+        return Path(path)
+
+
+_TORCH_ADVICE = ("weights only load failed", "weights_only", "check the documentation of torch")
+
+
+def error_text(err: BaseException, limit: int = 300) -> str:
+    """`Type: first line` of an exception from a library, for a one-line message: at most
+    `limit` characters (a crafted file can put anything in an error), and never torch's advice
+    to retry with `weights_only=False` (which would run the code a hostile file carries)."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    kept = [ln for ln in lines if not any(a in ln.lower() for a in _TORCH_ADVICE)]
+    text = kept[0] if kept else ("refused by torch's safe loader" if lines else "")
+    if len(text) > limit:
+        text = text[:limit] + "..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def open_append(path: str | Path, what: str = "file") -> Any:
+    """Open `path` for appending UTF-8 text (created if missing) only if it is a regular file
+    and not a symbolic link: appending to a FIFO would block until someone reads it, and a link
+    would put our lines into a file outside the folder (every folder we append in is ours; its
+    files are never links)."""
+    p = Path(path)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(p, flags | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.ENXIO):  # a link, or a FIFO nobody reads
+            kind = "a symbolic link" if os.path.islink(p) else (not_a_file(p) or "not a file")
+            raise UnsafeFileError(
+                f"the {what} {p} is {kind}, not a regular file: taperlm appends only to its own "
+                "files; remove it and rerun"
+            ) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeFileError(
+                f"the {what} {p} is {not_a_file(p) or 'not a regular file'}, not a regular "
+                "file: taperlm appends only to its own files; remove it and rerun"
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "a", encoding="utf-8")
+    except BaseException:
+        os.close(fd)
+        raise

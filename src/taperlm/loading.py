@@ -21,7 +21,7 @@ from taperlm.data.identity import run_tokenizer_dir
 from taperlm.data.tokenizer import load_tokenizer
 from taperlm.device import out_of_memory
 from taperlm.errors import CheckpointError, ConfigError, DataError, UnsafeFileError
-from taperlm.io import MAX_RECORD_BYTES, read_json
+from taperlm.io import MAX_RECORD_BYTES, check_regular, error_text, not_a_file, read_json
 from taperlm.training.checkpoint import store
 from taperlm.training.config_diff import config_differences, format_differences
 
@@ -86,13 +86,22 @@ def load_export(path: str | Path, device: str = "cpu"):
     except ConfigError as err:
         raise CheckpointError(f"{path}/config.json: {err}") from None
     weights = path / "model.safetensors"
-    if not weights.is_file():
+    if not weights.is_file() and not not_a_file(weights):
         raise CheckpointError(f"{path} has no model.safetensors; re-run `taperlm export`")
+    try:
+        check_regular(weights, what="weights file")
+    except UnsafeFileError as err:
+        raise CheckpointError(str(err)) from None
     from safetensors.torch import load_file  # lazy: torch; eval/generate --help stay torch-free
 
     from taperlm.models import TaperedLM  # lazy: torch
 
-    state = {k.removeprefix("model."): v for k, v in load_file(str(weights)).items()}
+    try:
+        state = {k.removeprefix("model."): v for k, v in load_file(str(weights)).items()}
+    except Exception as err:  # safetensors' own error types on a damaged file
+        raise CheckpointError(
+            f"{weights} cannot be read ({error_text(err)}); re-run `taperlm export`"
+        ) from None
     model = TaperedLM(cfg)
     if cfg.tie_embeddings:
         state.setdefault("lm_head.weight", state.get("embed.weight"))

@@ -16,7 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from taperlm.errors import ConfigError, UnsafeFileError
-from taperlm.io import MAX_RECORD_BYTES, atomic_write_json, read_json, sha256_file
+from taperlm.io import (
+    MAX_RECORD_BYTES,
+    atomic_write_json,
+    path_inside,
+    read_json,
+    refuse_links_leading_out,
+    sha256_file,
+)
 from taperlm.runlock import LOCK_FILE
 
 
@@ -122,9 +129,11 @@ def check_folder(path: Path, kind: str, option: str, force_clashes: tuple[str, .
     except OSError as err:
         raise ConfigError(f"{option} {p} cannot be listed: {err.strerror or err}") from None
     if set(names) <= {LOCK_FILE}:  # empty but for a writer's lock: the lock decides who writes
+        _no_links_out(p, own)
         return
     found = kind_of(p)
     if found == kind:
+        _no_links_out(p, own)
         return
     shown = ", ".join(names[:5]) + (f", ... ({len(names)} in all)" if len(names) > 5 else "")
     if found is not None:
@@ -147,6 +156,17 @@ def check_folder(path: Path, kind: str, option: str, force_clashes: tuple[str, .
     )
 
 
+def _no_links_out(path: Path, kind: FolderKind) -> None:
+    """ConfigError if a symlink inside our own folder leads outside it: every file the command
+    writes, appends to, replaces or deletes there (`RUN/tensorboard`, `RUN/metrics.jsonl`, a
+    checkpoint, a shard, an exported file) would reach through it. (Under --force into a user's
+    folder only names that do not exist yet are written, so there is nothing to follow.)"""
+    try:
+        refuse_links_leading_out(path, kind.what.removeprefix("a ").capitalize())
+    except UnsafeFileError as err:
+        raise ConfigError(str(err)) from None
+
+
 def claim(path: Path, kind: str) -> None:
     """Create `path` if needed and mark it as `kind`'s (before anything else is written)."""
     p = Path(path)
@@ -160,7 +180,11 @@ def claim(path: Path, kind: str) -> None:
 # its marker the sha256 of every file it wrote; only those files, unchanged since, are replaced.
 def written_files(path: Path, kind: str) -> dict[str, list[str]]:
     """{relative path: [sha256, ...]} that `kind`'s command recorded in `path`'s marker (a
-    file whose content is one of these is its own); {} for a marker without a record."""
+    file whose content is one of these is its own); {} for a marker without a record.
+
+    The record is a stranger's data: a name that leads outside `path` (`../victim.txt`, an
+    absolute path, through a link) is an UnsafeFileError, so no file outside the folder is ever
+    replaced or deleted as "our own"."""
     try:
         data = read_json(Path(path) / KINDS[kind].marker, MAX_RECORD_BYTES, "folder marker")
     except (OSError, UnsafeFileError):
@@ -168,7 +192,10 @@ def written_files(path: Path, kind: str) -> dict[str, list[str]]:
     files = data.get("files") if isinstance(data, dict) else None
     if not isinstance(files, dict):
         return {}
-    return {str(k): [str(h) for h in v] for k, v in files.items() if isinstance(v, list) and v}
+    record = {str(k): [str(h) for h in v] for k, v in files.items() if isinstance(v, list) and v}
+    for rel in record:
+        path_inside(path, rel, f"a file recorded in {KINDS[kind].marker}")
+    return record
 
 
 def record_written_files(path: Path, kind: str, files: dict[str, list[str]]) -> None:
@@ -182,10 +209,11 @@ def record_written_files(path: Path, kind: str, files: dict[str, list[str]]) -> 
 
 def unchanged_own_file(path: Path, record: dict[str, list[str]], rel: str) -> bool:
     """Whether `path / rel` is a regular file (not a link) whose content is still one that
-    was recorded for it."""
+    was recorded for it (and stays inside `path`)."""
     p = Path(path) / rel
     if p.is_symlink() or not p.is_file() or rel not in record:
         return False
+    path_inside(path, rel, "a file named in the folder's record")
     try:
         return sha256_file(p) in record[rel]
     except OSError:

@@ -21,7 +21,7 @@ import struct
 from pathlib import Path
 
 from taperlm.errors import ConfigError, UnsafeFileError
-from taperlm.io import MAX_RECORD_BYTES, read_json
+from taperlm.io import MAX_RECORD_BYTES, open_regular, read_json
 
 WRITTEN_BY = "written by taperlm"
 JSON_KEY = "written_by"
@@ -62,7 +62,7 @@ def png_metadata() -> dict[str, str]:
 
 
 def _head(path: Path, n: int) -> bytes:
-    with open(path, "rb") as f:
+    with open_regular(path, what="output file") as f:
         return f.read(n)
 
 
@@ -82,7 +82,7 @@ def _yaml_ours(path: Path) -> bool:
 
 def _png_ours(path: Path) -> bool:
     """A tEXt chunk `taperlm` before the image data (matplotlib writes metadata first)."""
-    with open(path, "rb") as f:
+    with open_regular(path, what="output file") as f:
         if f.read(8) != b"\x89PNG\r\n\x1a\n":
             return False
         while True:
@@ -104,7 +104,7 @@ _GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12:
 
 def _gguf_ours(path: Path) -> bool:
     """A scan of the GGUF header's key/value pairs for `GGUF_KEY` (no tensor data read)."""
-    with open(path, "rb") as f:
+    with open_regular(path, what="output file") as f:
         if f.read(4) != b"GGUF":
             return False
 
@@ -164,7 +164,7 @@ def written_by_taperlm(path: str | Path, fmt: str) -> bool:
     reader = _READERS.get(fmt)
     try:
         return reader is not None and reader(Path(path))
-    except OSError:
+    except (OSError, UnsafeFileError):
         return False
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,8 @@ import torch
 
 from taperlm.data.identity import check_run_data
 from taperlm.data.loader import open_split
-from taperlm.errors import ConfigError, DataError
+from taperlm.errors import ConfigError, DataError, UnsafeFileError
+from taperlm.io import error_text, open_regular
 from taperlm.loading import load_run, resolve_data_dir, run_root
 
 
@@ -129,14 +131,23 @@ def _load_hf(
     return LoadedModel(model, encode, spec, "hf", ctx)
 
 
+MAX_BYTES_PER_TOKEN = 64  # generous: a BPE token of natural text covers a few bytes
+
+
 def first_tokens(path: Path, encode: Callable[[str], list[int]], n_tokens: int) -> list[int]:
     """The first `n_tokens` token ids of a text file. Encodes a growing prefix (cut at a line
     end) instead of the whole file, with a margin of tokens past `n_tokens` so that the cut
     never changes a kept token; raises DataError when the file has fewer tokens."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
+    limit = max(1 << 20, MAX_BYTES_PER_TOKEN * (n_tokens + 64))
+    try:  # only the prefix that can hold the tokens is read, whatever the file's size
+        with open_regular(path, what="--data file") as f:
+            raw = f.read(limit)
+            whole = not f.read(1)
+        text = codecs.getincrementaldecoder("utf-8")("strict").decode(raw, final=whole)
+    except UnsafeFileError as err:
+        raise DataError(str(err)) from None
     except (OSError, UnicodeDecodeError) as err:
-        raise DataError(f"cannot read --data {path}: {err}") from None
+        raise DataError(f"cannot read --data {path}: {error_text(err)}") from None
     n_chars = max(4096, 8 * n_tokens)
     while True:
         end = text.find("\n", n_chars)
@@ -146,8 +157,9 @@ def first_tokens(path: Path, encode: Callable[[str], list[int]], n_tokens: int) 
             break
         n_chars *= 2
     if len(ids) < n_tokens:
+        where = "" if whole else f" in its first {limit:,} bytes (all that is read for them)"
         raise DataError(
-            f"{path} has only {len(ids)} tokens, fewer than the {n_tokens} asked for; "
+            f"{path} has only {len(ids)} tokens{where}, fewer than the {n_tokens} asked for; "
             "pass a smaller --tokens or a longer file"
         )
     return ids[:n_tokens]

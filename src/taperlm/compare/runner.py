@@ -49,6 +49,9 @@ from taperlm.io import (
     MAX_RECORD_BYTES,
     atomic_write_json,
     finite_json,
+    not_a_file,
+    open_append,
+    open_regular,
     parse_json,
     read_json,
     sha256_file,
@@ -226,7 +229,7 @@ class SharedInputs:
 
 def read_result(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / RESULT_FILE
-    if not path.is_file():
+    if not path.is_file() and not_a_file(path) is None:
         return None
     try:
         data = read_json(path, MAX_RECORD_BYTES, RESULT_FILE)
@@ -408,7 +411,7 @@ def _log_session(run_dir: Path, phase: str, from_step: int, runtime: dict[str, A
     evaluation) with which settings."""
     run_dir.mkdir(parents=True, exist_ok=True)
     line = {"phase": phase, "from_step": from_step, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    with open(run_dir / SESSIONS_FILE, "a", encoding="utf-8") as f:
+    with open_append(run_dir / SESSIONS_FILE, "sessions file") as f:
         f.write(json.dumps({**line, **runtime}) + "\n")
 
 
@@ -418,10 +421,12 @@ def read_sessions(run_dir: Path, total_steps: int) -> list[dict[str, Any]]:
     path = run_dir / SESSIONS_FILE
     if not path.is_file():
         return []
+    with open_regular(path, MAX_RECORD_BYTES, "sessions file") as f:
+        text = f.read().decode("utf-8", errors="replace")
     out = []
     # A record of how the cell ran: damaged lines (cut by a crash, not UTF-8, not an object)
     # are left out rather than stopping the comparison.
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    for line in text.splitlines():
         try:
             session = parse_json(line)
         except MalformedFileError:

@@ -27,7 +27,7 @@ from taperlm.data import readers
 from taperlm.data.markup import pod_to_text, rst_to_text
 from taperlm.data.readers import ByteCounter, Cursor, Document
 from taperlm.errors import DataError
-from taperlm.io import file_identity
+from taperlm.io import file_identity, open_regular
 
 DEFAULT_PACKAGES = ("python3.11-doc", "perl-doc", "linux-doc-6.1")
 INSTALL_COMMAND = "sudo apt-get update && sudo apt-get install -y " + " ".join(DEFAULT_PACKAGES)
@@ -37,6 +37,7 @@ INSTALL_COMMAND = "sudo apt-get update && sudo apt-get install -y " + " ".join(D
 # cleaning (index pages, stubs) are dropped.
 DEDUP_MIN_PARAGRAPH_CHARS = 64
 MIN_DOC_CHARS = 200
+MAX_DOC_FILE_BYTES = 64 << 20  # a documentation page (or its .gz) is far smaller
 
 
 @dataclass(frozen=True)
@@ -114,11 +115,17 @@ def default_corpus_files(root: str | Path = "/") -> list[tuple[str, Path, str]]:
 
 def extract_file(path: Path, markup: str) -> str:
     """Plain prose of one documentation file."""
-    if markup == "rst.gz":
-        with gzip.open(path, "rb") as f:
-            raw = f.read()
-    else:
-        raw = path.read_bytes()
+    with open_regular(path, MAX_DOC_FILE_BYTES, "documentation file") as f:
+        if markup == "rst.gz":
+            with gzip.GzipFile(fileobj=f, mode="rb") as z:
+                raw = z.read(MAX_DOC_FILE_BYTES + 1)  # decompression bounded too
+        else:
+            raw = f.read(MAX_DOC_FILE_BYTES + 1)
+    if len(raw) > MAX_DOC_FILE_BYTES:
+        raise DataError(
+            f"{path} holds more than {MAX_DOC_FILE_BYTES >> 20} MiB of text, more than any "
+            "documentation page: it is not one of the package's files; reinstall the package"
+        )
     src = raw.decode("utf-8", errors="replace")
     return pod_to_text(src) if markup == "pod" else rst_to_text(src)
 
@@ -301,10 +308,19 @@ def cap_chars(docs: Iterable[Document], max_chars: int) -> Iterator[Document]:
         yield doc
 
 
-def read_text_file(path: str | Path) -> str:
-    """The whole UTF-8 text of a (small) file, e.g. a NIAH haystack: the streaming readers'
-    checks and decoding (empty, binary, not UTF-8 with the byte offset; BOM and CRLF removed)."""
+def read_text_file(path: str | Path, max_chars: int | None = None) -> str:
+    """The UTF-8 text of a file, e.g. a NIAH haystack, up to `max_chars` characters (the read
+    stops there, whatever the file's size): the streaming readers' checks and decoding (empty,
+    binary, not UTF-8 with the byte offset; BOM and CRLF removed)."""
     path = Path(path)
     readers.check_file(path)
-    with open(path, "rb") as raw:
-        return "".join(readers._text_blocks(raw, path))
+    parts: list[str] = []
+    have = 0
+    with readers.open_source_file(path) as raw:
+        for block in readers._text_blocks(raw, path):
+            parts.append(block)
+            have += len(block)
+            if max_chars is not None and have >= max_chars:
+                break
+    text = "".join(parts)
+    return text if max_chars is None else text[:max_chars]

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from taperlm.errors import ConfigError, DataError, UnsafeFileError
-from taperlm.io import MAX_RECORD_BYTES, fsync_dir, read_json
+from taperlm.io import MAX_RECORD_BYTES, fsync_dir, not_a_file, parse_json, path_inside, read_text
 from taperlm.outdirs import check_folder
 
 META_FILE = "meta.json"
@@ -48,6 +48,7 @@ TOKENIZER_DIR = "tokenizer"
 SPLITS = ("train", "val")
 # Shard files a prepare may have written (current and format_version 1 names, and temporaries).
 _SHARD_NAME = re.compile(r"^(train|val)(-\d{5})?\.bin(\.tmp)?$")
+_SHARD_FILE = re.compile(r"^(train|val)(-\d{5})?\.bin$")  # a name meta.json may give
 
 
 def prepare_hint(data_dir: Path) -> str:
@@ -60,8 +61,25 @@ def resolve(data_dir: str | Path, name: str) -> Path:
     data_dir = Path(data_dir)
     pending = data_dir / COMMIT_DIR
     if (pending / META_FILE).is_file() and (pending / name).exists():
-        return pending / name
-    return data_dir / name
+        return _inside(pending, name)
+    return _inside(data_dir, name)
+
+
+def _inside(folder: Path, name: str) -> Path:
+    """`folder / name`, refused (DataError) when a link there leads outside the folder."""
+    try:
+        path_inside(folder, name, "data file")
+    except UnsafeFileError as err:
+        raise DataError(f"{err}; or re-run `taperlm prepare` into a new folder") from None
+    return folder / name
+
+
+def read_meta_text(path: Path) -> str:
+    """The text of a meta.json: a regular file of a sane size (a FIFO would block the read)."""
+    try:
+        return read_text(path, MAX_RECORD_BYTES, "data meta file")
+    except UnsafeFileError as err:
+        raise DataError(f"{err}; re-run `taperlm prepare`") from None
 
 
 def is_prepare_output(directory: Path) -> bool:
@@ -71,8 +89,8 @@ def is_prepare_output(directory: Path) -> bool:
     meta = directory / META_FILE
     if meta.is_file():
         try:
-            data = read_json(meta, MAX_RECORD_BYTES, META_FILE)
-        except (OSError, UnsafeFileError):
+            data = parse_json(read_meta_text(meta), meta, META_FILE)
+        except (OSError, UnsafeFileError, DataError):
             return False
         return isinstance(data, dict) and data.get("format") == META_FORMAT
     return False
@@ -101,6 +119,12 @@ def load_meta(data_dir: str | Path) -> dict[str, Any]:
     if not any(data_dir.iterdir()):
         raise DataError(f"data dir {data_dir} is empty; {prepare_hint(data_dir)}")
     path = resolve(data_dir, META_FILE)
+    kind = not_a_file(path)
+    if kind is not None:
+        raise DataError(
+            f"{path} is {kind}, not a regular file: this is not a data dir `taperlm prepare` "
+            f"wrote, or it was altered; {prepare_hint(data_dir)}"
+        )
     if not path.is_file():
         if (data_dir / WORK_DIR).is_dir():
             raise DataError(
@@ -113,7 +137,7 @@ def load_meta(data_dir: str | Path) -> dict[str, Any]:
             f"(an interrupted prepare leaves none); {prepare_hint(data_dir)}"
         )
     try:
-        meta = read_json(path, MAX_RECORD_BYTES, META_FILE)
+        meta = parse_json(read_meta_text(path), path, META_FILE)
     except UnsafeFileError as err:
         raise DataError(f"{err}; re-run `taperlm prepare`") from None
     if not isinstance(meta, dict) or meta.get("format") != META_FORMAT:
@@ -131,17 +155,37 @@ def load_meta(data_dir: str | Path) -> dict[str, Any]:
 
 
 def split_shards(meta: dict[str, Any], split: str) -> list[dict[str, Any]]:
-    """The shards of a split as [{"file", "tokens", "crc32"}], for both meta.json layouts."""
+    """The shards of a split as [{"file", "tokens", "crc32"}], for both meta.json layouts.
+
+    Every file name is one prepare writes (`train-00000.bin`, `val.bin`, ...): meta.json is a
+    stranger's data, and a name such as `../victim.txt` would be read, or (by a prepare that
+    finishes an interrupted commit) moved over a file outside the data dir."""
     info = meta["splits"][split]
+    if not isinstance(info, dict):
+        raise DataError(f"meta.json: split {split!r} is not a mapping; re-run `taperlm prepare`")
     if "shards" in info:
-        return list(info["shards"])
-    return [  # format_version 1: one file per split
-        {
-            "file": info.get("file", f"{split}.bin"),
-            "tokens": info.get("tokens"),
-            "crc32": info.get("crc32"),
-        }
-    ]
+        shards = info["shards"]
+        if not isinstance(shards, list) or not all(isinstance(s, dict) for s in shards):
+            raise DataError(f"meta.json: the shards of {split!r} are not a list of records")
+        shards = list(shards)
+    else:
+        shards = [  # format_version 1: one file per split
+            {
+                "file": info.get("file", f"{split}.bin"),
+                "tokens": info.get("tokens"),
+                "crc32": info.get("crc32"),
+            }
+        ]
+    for shard in shards:
+        name = shard.get("file")
+        if not isinstance(name, str) or not _SHARD_FILE.match(name):
+            shown = repr(name)[:100]
+            raise DataError(
+                f"meta.json names the shard {shown}, which is not a shard name `taperlm "
+                "prepare` writes (train-00000.bin, val-00000.bin, ...): the data dir was "
+                "edited or crafted. Nothing was read or moved; re-run `taperlm prepare` into a new folder"
+            )
+    return shards
 
 
 def referenced_files(meta: dict[str, Any]) -> list[str]:
@@ -168,10 +212,10 @@ def roll_forward(out: Path) -> None:
         return
     meta_path = pending / META_FILE
     if meta_path.is_file():
-        meta = read_json(meta_path, MAX_RECORD_BYTES, META_FILE)
+        meta = parse_json(read_meta_text(meta_path), meta_path, META_FILE)
         for name in referenced_files(meta):
             if (pending / name).exists():
-                os.replace(pending / name, out / name)
+                os.replace(_inside(pending, name), _inside(out, name))
         if (pending / TOKENIZER_DIR).is_dir():
             old = pending / (TOKENIZER_DIR + ".old")
             shutil.rmtree(old, ignore_errors=True)
@@ -189,8 +233,8 @@ def remove_stale_shards(out: Path) -> None:
     """Delete shard files of earlier preparations that meta.json no longer names (only files
     named as prepare names them; anything else in the folder is left alone)."""
     try:
-        keep = set(referenced_files(read_json(out / META_FILE, MAX_RECORD_BYTES, META_FILE)))
-    except (OSError, UnsafeFileError):
+        keep = set(referenced_files(parse_json(read_meta_text(out / META_FILE))))
+    except (OSError, UnsafeFileError, DataError):
         return
     for p in out.iterdir():
         if p.is_file() and _SHARD_NAME.match(p.name) and p.name not in keep:
@@ -205,7 +249,19 @@ def exclusive(out: Path) -> Iterator[None]:
     except ImportError:  # not POSIX: no lock
         yield
         return
-    with open(out / LOCK_FILE, "a+") as f:
+    lock = out / LOCK_FILE
+    kind = not_a_file(lock)
+    if kind is not None:
+        raise DataError(
+            f"{lock} is {kind}, not the lock file `taperlm prepare` keeps there: remove it and "
+            "rerun"
+        )
+    try:
+        path_inside(out, LOCK_FILE, "lock file")
+    except UnsafeFileError as err:
+        raise DataError(str(err)) from None
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o644)
+    with os.fdopen(fd, "a+") as f:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

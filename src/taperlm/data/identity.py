@@ -22,7 +22,13 @@ from typing import Any
 
 from taperlm.data import datadir
 from taperlm.errors import DataError, UnsafeFileError
-from taperlm.io import MAX_RECORD_BYTES, atomic_write_json, read_json, replace_dir, sha256_file
+from taperlm.io import (
+    MAX_RECORD_BYTES,
+    atomic_write_json,
+    read_json,
+    replace_dir,
+    sha256_file,
+)
 from taperlm.runlock import pid_alive
 
 RECORD_FILE = "data.json"

@@ -34,14 +34,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from taperlm.errors import DataError, MalformedFileError
-from taperlm.io import not_a_file, parse_json
+from taperlm.errors import DataError, MalformedFileError, UnsafeFileError
+from taperlm.io import bounded_line, check_regular, not_a_file, open_regular, parse_json
 
 DEFAULT_MAX_DOC_CHARS = 1_000_000
 DATA_EXTRA = "pip install 'taperlm[data]'"
 _BLOCK = 1 << 20  # bytes per read of a .txt file
 _SNIFF = 1 << 16  # bytes checked for NUL (binary files)
 _HF_SNAPSHOT_ROWS = 1000  # rows between saved positions of a streamed Hugging Face dataset
+
+
+def max_line_bytes(cap: int) -> int:
+    """The longest .jsonl line read when documents are cut at `cap` characters: a line whose
+    text field holds `cap` characters is at most 12 bytes per character (a character outside
+    the BMP written as two \\uXXXX escapes) plus 1 MiB for the other fields, so every document
+    that fits `--max-doc-chars` is read, and a longer line (a 60 KB .zst holding one 2 GB line)
+    is refused after that many bytes instead of being decompressed whole."""
+    return 12 * cap + (1 << 20)
+
 
 # name suffix -> kind; the longest matching suffix wins (".jsonl.gz" before ".gz").
 KINDS = {
@@ -194,8 +204,11 @@ def check_file(path: Path) -> None:
         require_module("zstandard", f"{path} (.zst)")
     if kind == "parquet":
         require_module("pyarrow", f"{path} (Parquet)")
-    with open(path, "rb") as f:
-        head = f.read(_SNIFF)
+    try:
+        with open_regular(path, what="source file") as f:
+            head = f.read(_SNIFF)
+    except UnsafeFileError as err:
+        raise DataError(str(err)) from None
     if not head.strip() and len(head) < _SNIFF:
         raise DataError(f"{path}: file is empty; remove it or add text")
     magic = _MAGIC.get(kind or "")
@@ -256,7 +269,7 @@ def _text_blocks(raw: BinaryIO, path: Path) -> Iterator[str]:
 
 
 def _txt_documents(path: Path, name: str, index: int, cap: int, start: Cursor, count: ByteCounter):
-    with open(path, "rb") as raw:
+    with open_source_file(path) as raw:
         count.current = raw.tell
         pieces = 0
         for k, piece in enumerate(split_stream(_text_blocks(raw, path), cap)):
@@ -269,8 +282,9 @@ def _txt_documents(path: Path, name: str, index: int, cap: int, start: Cursor, c
 
 
 def _open_lines(path: Path, kind: str) -> tuple[BinaryIO, BinaryIO]:
-    """(raw file, binary line stream) of a .jsonl / .jsonl.gz / .jsonl.zst file."""
-    raw = open(path, "rb")  # noqa: SIM115 (closed by the caller)
+    """(raw file, binary line stream) of a .jsonl / .jsonl.gz / .jsonl.zst file (read a line at
+    a time with `bounded_line`, so decompression never runs past one line's bound)."""
+    raw = open_source_file(path)
     if kind == "jsonl.gz":
         return raw, gzip.GzipFile(fileobj=raw, mode="rb")
     if kind == "jsonl.zst":
@@ -278,6 +292,30 @@ def _open_lines(path: Path, kind: str) -> tuple[BinaryIO, BinaryIO]:
         reader = zstd.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
         return raw, io.BufferedReader(reader, _BLOCK)
     return raw, raw
+
+
+def open_source_file(path: Path) -> BinaryIO:
+    """A source file opened for reading: a regular file only (a FIFO would block the reader)."""
+    try:
+        return open_regular(path, what="source file")
+    except UnsafeFileError as err:
+        raise DataError(str(err)) from None
+
+
+def _lines(stream: BinaryIO, path: Path, cap: int) -> Iterator[bytes]:
+    limit = max_line_bytes(cap)
+    hint = (
+        f"split the document, or raise --max-doc-chars (lines up to 12 x it + 1 MiB are read; "
+        f"now {cap:,})"
+    )
+    while True:
+        try:
+            line = bounded_line(stream, limit, str(path), hint)
+        except UnsafeFileError as err:
+            raise DataError(str(err)) from None
+        if not line:
+            return
+        yield line
 
 
 def _jsonl_text(line: bytes, where: str, field: str) -> str | None:
@@ -326,7 +364,7 @@ def _jsonl_documents(
     count.current = raw.tell
     found = start.row > 0 or start.piece > 0
     try:
-        for row, line in enumerate(lines):
+        for row, line in enumerate(_lines(lines, path, cap)):
             if row < start.row:
                 continue
             if not line.strip():
@@ -360,7 +398,9 @@ def _parquet_documents(
 ):
     pq = require_module("pyarrow.parquet", f"{path} (Parquet)")
     try:
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(check_regular(path, what="source file"))
+    except UnsafeFileError as err:
+        raise DataError(str(err)) from None
     except Exception as err:
         raise DataError(f"{path}: not a readable Parquet file ({err})") from None
     schema = pf.schema_arrow
@@ -374,6 +414,7 @@ def _parquet_documents(
     ):
         raise DataError(f"{path}: column {field!r} holds {schema.field(field).type}, not strings")
     meta = pf.metadata
+    _check_parquet_sizes(path, meta, field, cap)
     total_rows = max(1, meta.num_rows)
     size = path.stat().st_size
     first_row, groups = 0, []  # skip whole row groups before the start row
@@ -399,6 +440,25 @@ def _parquet_documents(
                 row += 1
     if not found:
         raise DataError(f"{path}: no non-empty {field!r} values")
+
+
+def _check_parquet_sizes(path: Path, meta: Any, field: str, cap: int) -> None:
+    """DataError when a row group declares more bytes for the text column than its rows can
+    hold at `max_line_bytes(cap)` each (a tiny compressed page that would decode to gigabytes):
+    checked from the footer, before a page is decompressed."""
+    limit = max_line_bytes(cap)
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for c in range(group.num_columns):
+            column = group.column(c)
+            if column.path_in_schema != field:
+                continue
+            if column.total_uncompressed_size > limit * max(1, group.num_rows):
+                raise DataError(
+                    f"{path}: row group {g} declares {column.total_uncompressed_size:,} bytes of "
+                    f"{field!r} for {group.num_rows} rows, more than {limit:,} per row (12 x "
+                    "--max-doc-chars + 1 MiB); split the documents, or raise --max-doc-chars"
+                )
 
 
 def read_local(

@@ -32,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from taperlm.errors import DataError
+from taperlm.errors import DataError, UnsafeFileError
+from taperlm.io import not_a_file, open_regular
 
 MAGIC = b"TAPERTOK"
 VERSION = 1
@@ -178,11 +179,19 @@ def write_shard(
 def read_header(path: str | Path) -> ShardHeader:
     """Header of a shard, checked against the file size."""
     path = Path(path)
+    kind = not_a_file(path)
+    if kind is not None:
+        raise DataError(
+            f"{path}: the shard is {kind}, not a regular file; re-run `taperlm prepare`"
+        )
     if not path.is_file():
         raise DataError(f"{path}: shard not found; run `taperlm prepare`")
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        header = parse_header(f.read(HEADER_SIZE), path)
+    try:
+        with open_regular(path, what="shard") as f:
+            size = os.fstat(f.fileno()).st_size
+            header = parse_header(f.read(HEADER_SIZE), path)
+    except UnsafeFileError as err:
+        raise DataError(f"{err}; re-run `taperlm prepare`") from None
     expected = HEADER_SIZE + header.count * header.dtype.itemsize
     if size < expected:
         raise DataError(
@@ -238,7 +247,7 @@ def payload_crc32(path: str | Path, dtype: np.dtype, count: int) -> int:
     """zlib.crc32 of the first `count` tokens of a shard file (bounded memory)."""
     crc = 0
     left = count * dtype.itemsize
-    with open(path, "rb") as f:
+    with open_regular(path, what="shard") as f:
         f.seek(HEADER_SIZE)
         while left > 0:
             data = f.read(min(left, _CRC_CHUNK))

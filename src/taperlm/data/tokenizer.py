@@ -25,13 +25,22 @@ from tokenizers import Tokenizer as Backend
 
 from taperlm.data.datadir import TOKENIZER_DIR, resolve
 from taperlm.errors import DataError, UnsafeFileError
-from taperlm.io import MAX_RECORD_BYTES, atomic_write_text, read_json
+from taperlm.io import (
+    MAX_RECORD_BYTES,
+    atomic_write_text,
+    check_regular,
+    error_text,
+    not_a_file,
+    read_json,
+    read_text,
+)
 
 EOS_TOKEN = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"
 META_FILE = "tokenizer_meta.json"
 # EOS spellings recognised in tokenizers that do not say which token ends a document.
 _EOS_CANDIDATES = (EOS_TOKEN, "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
+MAX_TOKENIZER_BYTES = 256 << 20  # a 256K-id tokenizer.json is ~35 MB; 10^6 ids ~100 MB
 MIN_BPE_VOCAB = 258  # 256 byte symbols + EOS + at least one merge
 
 
@@ -222,8 +231,8 @@ def load_tokenizer(path: str | Path, spec: str | None = None) -> Tokenizer:
             path = tokenizer_dir  # a data dir written by `taperlm prepare`
     if path.is_file():
         file, folder = path, path.parent
-    elif (path / TOKENIZER_FILE).is_file():
-        file, folder = path / TOKENIZER_FILE, path
+    elif (path / TOKENIZER_FILE).is_file() or not_a_file(path / TOKENIZER_FILE):
+        file, folder = path / TOKENIZER_FILE, path  # a FIFO there is named, not skipped
     elif (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
         return _from_gpt2_files(path, spec)
     else:
@@ -232,9 +241,13 @@ def load_tokenizer(path: str | Path, spec: str | None = None) -> Tokenizer:
             "dir from `taperlm prepare` (with tokenizer/)"
         )
     try:
-        backend = Backend.from_file(str(file))
+        backend = Backend.from_str(read_text(file, MAX_TOKENIZER_BYTES, "tokenizer file"))
+    except UnsafeFileError as err:
+        raise DataError(str(err)) from None
     except Exception as err:
-        raise DataError(f"{file}: not a valid Hugging Face tokenizers file ({err})") from None
+        raise DataError(
+            f"{file}: not a valid Hugging Face tokenizers file ({error_text(err)})"
+        ) from None
     meta = _read_json(folder / META_FILE) if file.name == TOKENIZER_FILE else {}
     _check_meta_types(folder / META_FILE, meta)
     if meta.get("eos_token"):
@@ -278,7 +291,11 @@ def _check_meta_types(path: Path, meta: dict[str, Any]) -> None:
 
 def _from_gpt2_files(folder: Path, spec: str) -> Tokenizer:
     try:
-        model = models.BPE.from_file(str(folder / "vocab.json"), str(folder / "merges.txt"))
+        vocab = check_regular(folder / "vocab.json", MAX_TOKENIZER_BYTES, "tokenizer vocabulary")
+        merges = check_regular(folder / "merges.txt", MAX_TOKENIZER_BYTES, "tokenizer merges")
+        model = models.BPE.from_file(str(vocab), str(merges))
+    except UnsafeFileError as err:
+        raise DataError(str(err)) from None
     except Exception as err:
         raise DataError(f"{folder}: cannot read vocab.json + merges.txt ({err})") from None
     backend = Backend(model)
@@ -297,7 +314,7 @@ def _token_str(value: Any) -> str | None:
 
 
 def _read_json(path: Path) -> dict:
-    if not path.is_file():
+    if not path.is_file() and not_a_file(path) is None:
         return {}
     try:
         data = read_json(path, MAX_RECORD_BYTES, "tokenizer file")

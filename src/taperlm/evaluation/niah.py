@@ -299,7 +299,7 @@ def load_haystack(spec: str, data_dir: str | Path | None, max_chars: int) -> Hay
                 "out like ../shared/data or pass --niah-haystack PATH|default|hf:NAME"
             )
         return Haystack.from_texts(
-            wikitext_prose(read_text_file(path)[:max_chars]),
+            wikitext_prose(read_text_file(path, max_chars)),
             {"spec": spec, "path": str(path.resolve())},
         )
     source = open_source(spec)

@@ -17,9 +17,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from taperlm.errors import DataError, MalformedFileError
+from taperlm.errors import DataError, MalformedFileError, UnsafeFileError
 from taperlm.evaluation.record import Column, HubSource, Item, Task, choice_item
-from taperlm.io import parse_json
+from taperlm.io import parse_json, read_text
 
 # ----------------------------------------------------------------------------------------------
 # lm-eval's text transforms (facts of its task definitions, reimplemented)
@@ -146,6 +146,9 @@ def _boolq_prompt(doc: dict[str, Any]) -> tuple[str, list[str], int]:
 # local readers
 
 
+MAX_TASK_FILE_BYTES = 1 << 30  # the largest evaluation file (LAMBADA, HellaSwag) is ~50 MB
+
+
 class _Lines:
     """Reads a UTF-8 text file and produces DataErrors that name the file and line."""
 
@@ -157,7 +160,9 @@ class _Lines:
                 "TAPERLM_EVAL_DATA) at a folder laid out like ../shared/data, or use --source hf"
             )
         try:
-            self.text = path.read_text(encoding="utf-8")
+            self.text = read_text(path, MAX_TASK_FILE_BYTES, "evaluation file")
+        except UnsafeFileError as err:
+            raise DataError(str(err)) from None
         except UnicodeDecodeError as err:
             raise DataError(f"{path}: not UTF-8 text ({err}); re-download the file") from None
         if not self.text.strip():

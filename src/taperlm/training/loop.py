@@ -35,6 +35,7 @@ from taperlm.config import RunConfig, to_dict
 from taperlm.data.loader import TokenBatches
 from taperlm.device import is_out_of_memory, memory_error, out_of_memory
 from taperlm.errors import CheckpointError, DataError, TrainingError
+from taperlm.io import error_text
 from taperlm.progress import progress_bar
 from taperlm.training import distributed as D
 from taperlm.training import fault_injection
@@ -249,6 +250,21 @@ class Trainer:
 
     def _restore(self, path: Path) -> None:
         state = restore_training(path, self.model, self.optimizer, self.periodic)
+        try:
+            self._continue_from(state, path)
+        except CheckpointError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as err:
+            # state.pt is a stranger's data too: a missing or mistyped entry is a damaged
+            # checkpoint, not a traceback.
+            what = f"has no {err.args[0]!r} entry" if isinstance(err, KeyError) else "is damaged"
+            raise CheckpointError(
+                f"checkpoint {path}: its {ckpt.STATE_FILE} {what} ({error_text(err)}); it was not "
+                "written by this taperlm or was altered. Delete this checkpoint to resume from "
+                "an earlier one"
+            ) from None
+
+    def _continue_from(self, state: dict[str, Any], path: Path) -> None:
         loaders = state["loader"]
         # The loader's position is a global sample index, so a run may resume on another number
         # of processes: rank 0's state then continues every rank.

@@ -20,7 +20,7 @@ from typing import Any
 from taperlm.budget import flops_per_token
 from taperlm.config import RunConfig
 from taperlm.errors import MalformedFileError, TrainingError
-from taperlm.io import atomic_write_text, parse_json
+from taperlm.io import atomic_write_text, open_append, open_regular, parse_json
 
 # Dense bf16 peak FLOP/s per device, matched as a substring of torch.cuda.get_device_name().
 PEAK_FLOPS: dict[str, float] = {
@@ -109,7 +109,7 @@ class MetricsWriter:
 
     def write(self, record: dict[str, Any]) -> None:
         line = json.dumps({k: _clean(v) for k, v in record.items()})
-        with open(self.path, "a", encoding="utf-8") as f:
+        with open_append(self.path, "metrics file") as f:
             f.write(line + "\n")
             f.flush()
 
@@ -131,7 +131,8 @@ def read_metrics(path: str | Path, strict: bool = False) -> list[dict[str, Any]]
     p = Path(path)
     if not p.exists():
         return records
-    lines = p.read_bytes().split(b"\n")
+    with open_regular(p, what="metrics file") as f:  # a FIFO there would block the resume
+        lines = f.read().split(b"\n")
     last = max((i for i, x in enumerate(lines) if x.strip()), default=-1)
     for number, raw in enumerate(lines, 1):
         if not raw.strip():

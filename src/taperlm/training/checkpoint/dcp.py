@@ -42,7 +42,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from taperlm.errors import CheckpointError
-from taperlm.io import sha256_file
+from taperlm.io import error_text, sha256_file
 from taperlm.training.checkpoint import safe_load
 from taperlm.training.distributed import load_optimizer_state
 
@@ -84,7 +84,7 @@ def training_state(
     }
 
 
-def _dcp_load(state: dict[str, Any], path: Path, no_dist: bool) -> None:
+def _dcp_load(state: dict[str, Any], path: Path, no_dist: bool, shards: dict[str, int]) -> None:
     """`dcp.load` of checkpoint `path` into `state` in place, through the safe reader and
     planner. DCP reports a failure as a `CheckpointException`, a BaseException that escapes
     `except Exception`: it becomes a CheckpointError naming its first cause."""
@@ -92,7 +92,7 @@ def _dcp_load(state: dict[str, Any], path: Path, no_dist: bool) -> None:
         with _quiet():
             torch_dcp.load(
                 state,
-                storage_reader=safe_load.reader(path),
+                storage_reader=safe_load.reader(path, shards),
                 planner=safe_load.planner(),
                 no_dist=no_dist,
             )
@@ -102,9 +102,8 @@ def _dcp_load(state: dict[str, Any], path: Path, no_dist: bool) -> None:
         if ours is not None:
             raise ours from None
         cause = causes[0] if causes else err
-        first = str(cause).splitlines()[0] if str(cause) else ""
         raise CheckpointError(
-            f"checkpoint {path} cannot be read ({type(cause).__name__}: {first}); delete this "
+            f"checkpoint {path} cannot be read ({error_text(cause)}); delete this "
             "checkpoint or resume from an earlier one"
         ) from None
 
@@ -119,9 +118,11 @@ def load_training_state(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     periodic: Iterable[tuple[str, nn.Parameter]],
+    shards: dict[str, int],
 ) -> None:
     """Load weights, optimizer state and pending gradients of checkpoint `path` into this rank's
-    (possibly sharded) model and optimizer. Every rank reads only the pieces it holds."""
+    (possibly sharded) model and optimizer. Every rank reads only the pieces it holds, and only
+    from the shard files `shards` (name -> bytes, from the checked manifest) names."""
     meta = safe_load.read_metadata(path).state_dict_metadata
     keys = set(meta)
     model_state = get_model_state_dict(model)
@@ -141,7 +142,7 @@ def load_training_state(
     optim["state"] = {k: v for k, v in optim["state"].items() if k in with_state}
     pending = {name: torch.zeros_like(p) for name, p in periodic if f"{PENDING_KEY}.{name}" in keys}
     state = {MODEL_KEY: model_state, OPTIMIZER_KEY: optim, PENDING_KEY: pending}
-    _dcp_load(state, path, no_dist=_no_dist())
+    _dcp_load(state, path, no_dist=_no_dist(), shards=shards)
     set_model_state_dict(model, state[MODEL_KEY])
     load_optimizer_state(model, optimizer, state[OPTIMIZER_KEY], full=False)
     params = dict(periodic)
@@ -149,9 +150,9 @@ def load_training_state(
         params[name].grad = grad
 
 
-def load_model_state(path: Path) -> dict[str, torch.Tensor]:
+def load_model_state(path: Path, shards: dict[str, int]) -> dict[str, torch.Tensor]:
     """Full (unsharded) model weights of checkpoint `path` in one process, on CPU; reads only the
-    model's byte ranges of the shards (not the optimizer state)."""
+    model's byte ranges of the shards (not the optimizer state), of the files `shards` names."""
     meta = safe_load.read_metadata(path).state_dict_metadata
     prefix = f"{MODEL_KEY}."
     template = {
@@ -160,7 +161,7 @@ def load_model_state(path: Path) -> dict[str, torch.Tensor]:
         if k.startswith(prefix) and isinstance(v, TensorStorageMetadata)
     }
     state = {MODEL_KEY: template}
-    _dcp_load(state, path, no_dist=True)
+    _dcp_load(state, path, no_dist=True, shards=shards)
     return state[MODEL_KEY]
 
 

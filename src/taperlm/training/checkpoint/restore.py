@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from taperlm.errors import CheckpointError
+from taperlm.io import error_text
 from taperlm.training import distributed as D
 from taperlm.training.checkpoint import store
 from taperlm.training.checkpoint.dcp import load_training_state
@@ -29,12 +30,14 @@ def restore_training(
     manifest = store.read_manifest(path)
     try:
         if store.is_sharded(manifest):
-            load_training_state(path, model, optimizer, periodic)
-            return store.load_train_state(path)
+            load_training_state(path, model, optimizer, periodic, store.shard_sizes(manifest))
+            return store.load_train_state(path, manifest)
         return _restore_full(path, model, optimizer)
-    except (RuntimeError, KeyError, ValueError) as err:
+    except CheckpointError:
+        raise
+    except (RuntimeError, KeyError, ValueError, TypeError) as err:
         raise CheckpointError(
-            f"checkpoint {path} does not fit this model: {str(err).splitlines()[0]}"
+            f"checkpoint {path} does not fit this model: {error_text(err)}"
         ) from None
 
 

@@ -38,8 +38,14 @@ from taperlm.errors import CheckpointError, UnsafeFileError
 from taperlm.io import (
     MAX_RECORD_BYTES,
     atomic_write_text,
+    check_regular,
+    check_stored_zip,
+    error_text,
     fsync_dir,
+    not_a_file,
+    open_regular,
     os_error_cause,
+    path_inside,
     read_json,
     replace_dir,
     sha256_file,
@@ -215,18 +221,26 @@ def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest of checkpoint `path`, checked: every file it names is a plain name of a file
+    inside the checkpoint (a manifest is a stranger's data: `../step_12/__0_0.distcp` or an
+    absolute path would make the checkpoint load files nobody verified with it)."""
     mpath = path / MANIFEST_FILE
-    if not mpath.is_file():
+    if not mpath.is_file() and not_a_file(mpath) is None:
         raise CheckpointError(
             f"checkpoint {path} is incomplete: {MANIFEST_FILE} is missing (the write was "
             "interrupted); delete it or resume from an earlier checkpoint"
         )
     try:
         manifest = read_json(mpath, MAX_RECORD_BYTES, MANIFEST_FILE)
-    except UnsafeFileError as err:  # not a regular file, too large, not JSON, too deep
+    except (UnsafeFileError, OSError) as err:  # not a regular file, too large, not JSON, too deep
         raise CheckpointError(
-            f"checkpoint {path}: {MANIFEST_FILE} is corrupt ({err}); delete this checkpoint or "
-            "resume from an earlier one"
+            f"checkpoint {path}: {_reason(err)}; delete this checkpoint or resume from an "
+            "earlier one"
+        ) from None
+    except ValueError as err:  # JSONDecodeError
+        raise CheckpointError(
+            f"checkpoint {path}: {MANIFEST_FILE} is corrupt ({error_text(err)}); delete this "
+            "checkpoint or resume from an earlier one"
         ) from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
         raise CheckpointError(f"checkpoint {path}: {MANIFEST_FILE} has no file list; it is corrupt")
@@ -237,10 +251,43 @@ def read_manifest(path: Path) -> dict[str, Any]:
     if bad or missing:
         what = f"entries without sha256 and size: {bad[:4]}" if bad else f"no entry for {missing}"
         raise CheckpointError(
-            f"checkpoint {path}: {MANIFEST_FILE} is corrupt ({what}); delete this checkpoint "
-            "or resume from an earlier one"
+            f"checkpoint {path}: {MANIFEST_FILE} is corrupt ({what[:400]}); delete this "
+            "checkpoint or resume from an earlier one"
         )
+    for name in files:
+        checkpoint_file(path, name)
     return manifest
+
+
+def checkpoint_file(path: Path, name: str) -> Path:
+    """`path / name` for a file name read from checkpoint `path`'s manifest or index: a plain
+    name (no folder part) of an entry that stays inside the checkpoint, else CheckpointError."""
+    shown = name if len(name) <= 100 else name[:100] + "..."
+    if not name or "/" in name or "\\" in name or name in (".", "..") or "\x00" in name:
+        raise CheckpointError(
+            f"checkpoint {path} names the file {shown!r}, which is not a file of the checkpoint "
+            "(taperlm writes plain names inside it): it was edited or crafted; delete this "
+            "checkpoint or resume from an earlier one"
+        )
+    try:
+        return path_inside(path, name, "checkpoint file")
+    except UnsafeFileError as err:
+        raise CheckpointError(f"{err}; or resume from an earlier checkpoint") from None
+
+
+def shard_sizes(manifest: dict[str, Any]) -> dict[str, int]:
+    """{name: bytes} of the tensor shard files a checked manifest names: the only files DCP may
+    read (`safe_load.SafeReader`)."""
+    skip = {".metadata", STATE_FILE, MANIFEST_FILE}
+    return {n: int(i["bytes"]) for n, i in manifest["files"].items() if n not in skip}
+
+
+def _reason(err: BaseException) -> str:
+    if isinstance(err, UnsafeFileError):
+        return str(err)
+    if isinstance(err, OSError):
+        return f"cannot read {err.filename or 'a file'}: {err.strerror or err}"
+    return error_text(err)
 
 
 def _is_file_entry(info: dict[str, Any]) -> bool:
@@ -260,6 +307,12 @@ def _check_files(path: Path, part: tuple[int, int]) -> dict[str, Any]:
     rank, world = part
     for i, (name, info) in enumerate(sorted(manifest["files"].items())):
         f = path / name
+        kind = not_a_file(f)
+        if kind is not None:
+            raise CheckpointError(
+                f"checkpoint file {f} is {kind}, not a regular file; delete this checkpoint or "
+                "resume from an earlier one"
+            )
         if not f.is_file():
             raise CheckpointError(f"checkpoint {path} is missing {name}; it is incomplete")
         size = f.stat().st_size
@@ -268,12 +321,22 @@ def _check_files(path: Path, part: tuple[int, int]) -> dict[str, Any]:
                 f"checkpoint file {f} is truncated or altered: {size} bytes, the manifest says "
                 f"{info.get('bytes')}; delete this checkpoint or resume from an earlier one"
             )
-        if i % world == rank and sha256_file(f) != info.get("sha256"):
+        if i % world == rank and _sha256(f) != info.get("sha256"):
             raise CheckpointError(
                 f"checkpoint file {f} is corrupted: its sha256 does not match the manifest; "
                 "delete this checkpoint or resume from an earlier one"
             )
     return manifest
+
+
+def _sha256(f: Path) -> str:
+    try:
+        return sha256_file(f)
+    except (UnsafeFileError, OSError) as err:
+        raise CheckpointError(
+            f"checkpoint file {f} cannot be read: {_reason(err)}; delete this checkpoint or "
+            "resume from an earlier one"
+        ) from None
 
 
 def verify_checkpoint(
@@ -345,37 +408,49 @@ def is_sharded(manifest: dict[str, Any]) -> bool:
 
 def load_model_state(path: str | Path, verify: bool = True) -> dict[str, Any]:
     """Full (unsharded) weights of one checkpoint directory on CPU, keyed by parameter name,
-    converted from the shards in this one process (what eval, export and tests read)."""
+    converted from the shards in this one process (what eval, export and tests read). Only
+    files the manifest names are read (`dcp.load_model_state` holds the index to them)."""
     path = Path(path)
     manifest = verify_checkpoint(path) if verify else read_manifest(path)
     try:
         if not is_sharded(manifest):
             from safetensors.torch import load_file  # lazy: torch-free module (see _write_state)
 
-            return load_file(str(path / MODEL_FILE), device="cpu")
+            weights = check_regular(path / MODEL_FILE, what="checkpoint weights file")
+            return load_file(str(weights), device="cpu")
         from taperlm.training.checkpoint import dcp  # lazy: torch-free module (see _write_state)
 
-        return dcp.load_model_state(path)
+        return dcp.load_model_state(path, shard_sizes(manifest))
+    except CheckpointError:
+        raise  # already says which file and what to do
     except Exception as err:  # safetensors / DCP raise their own error types on bad files
         raise CheckpointError(
-            f"checkpoint {path}: the model weights cannot be read ({type(err).__name__}: "
-            f"{str(err).splitlines()[0] if str(err) else ''}); delete this checkpoint or resume "
-            "from an earlier one"
+            f"checkpoint {path}: the model weights cannot be read ({_reason(err)}); delete this "
+            "checkpoint or resume from an earlier one"
         ) from None
 
 
-def load_train_state(path: str | Path) -> dict[str, Any]:
-    """The small non-tensor state (`state.pt`) of a checkpoint ({} if absent)."""
+def load_train_state(path: str | Path, manifest: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The small non-tensor state (`state.pt`) of a checkpoint ({} if absent): a regular file
+    of the size its manifest gives, an uncompressed torch archive (a DEFLATE member could
+    inflate past any bound while torch reads it), read with `weights_only=True`."""
     import torch  # lazy: torch-free module (see _write_state)
 
     path = Path(path)
-    if not (path / STATE_FILE).is_file():
+    state_path = path / STATE_FILE
+    if not state_path.is_file() and not_a_file(state_path) is None:
         return {}
+    manifest = read_manifest(path) if manifest is None else manifest
+    info = manifest["files"].get(STATE_FILE)
+    size = info["bytes"] if isinstance(info, dict) else None
     try:
-        return torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+        with open_regular(state_path, size, "checkpoint state file") as f:
+            check_stored_zip(f, os.fstat(f.fileno()).st_size, f"checkpoint file {state_path}")
+            return torch.load(f, map_location="cpu", weights_only=True)
     except Exception as err:
         raise CheckpointError(
-            f"checkpoint file {path / STATE_FILE} cannot be read: {err}"
+            f"checkpoint file {state_path} cannot be read ({_reason(err)}); delete this "
+            "checkpoint or resume from an earlier one"
         ) from None
 
 
@@ -383,4 +458,4 @@ def load_checkpoint(path: str | Path, verify: bool = True) -> tuple[dict, dict, 
     """(model_state, train_state, manifest) of one checkpoint directory, on CPU."""
     path = Path(path)
     manifest = verify_checkpoint(path) if verify else read_manifest(path)
-    return load_model_state(path, verify=False), load_train_state(path), manifest
+    return load_model_state(path, verify=False), load_train_state(path, manifest), manifest
