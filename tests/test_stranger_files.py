@@ -78,8 +78,6 @@ RAW_OPENS: dict[tuple[str, str], str] = {
     ("evaluation/harness.py", "read_text"): "a task YAML inside the installed package",
     ("evaluation/harness.py", "open()"): "writes data/<task>.jsonl into the lm-eval tasks "
     "folder, whose links check_folder refused",
-    ("hf/export.py", "read_text"): "config.json that this export just wrote into its own "
-    "private staging folder",
     ("data/shards.py", "open()"): "the writer's own temporary shard in a data dir whose links "
     "check_folder refused",
     ("data/datadir.py", "open()"): "os.open of .prepare.lock (O_NONBLOCK) after not_a_file "
@@ -153,7 +151,12 @@ REMOVALS: dict[str, str] = {
     "training/run_dir.py": "the lock and marker it created in a run dir it created",
     "training/checkpoint/store.py": "checkpoints/ of a run dir (check_folder walked it): temp "
     "dirs named by pid, step_* dirs renamed aside then removed",
-    "hf/export.py": "its staging folder; stale files of the record (path_inside checked)",
+    "hf/export.py": "its own staging folder inside the export folder",
+    "outdirs.py": "install_files: its staged files moved in, and stale files of the folder's "
+    "record (each name path_inside checked, and unchanged since it wrote them)",
+    "evaluation/harness.py": "its own staging folder inside the lm-eval tasks folder",
+    "training/start_run.py": "after a failed import, what it created in the run dir it claimed "
+    "(checkpoints/, the tokenizer copy, config.yaml, its lock and marker)",
     "compare/inputs.py": "its own temporary and target folders inside the compare folder",
     "data/val_split.py": "shards of the prepare's own work folder",
     "data/identity.py": "its own temporary and stale copies of the run's tokenizer",
@@ -264,7 +267,7 @@ def test_a_symlinked_tensorboard_folder_gets_nothing(trained, data, tmp_path, ca
 def test_export_record_cannot_delete_outside(tmp_path):
     """An edited `.taperlm-export` record listing `../victim/thesis.txt` with its hash: the
     install refuses it, the file stays."""
-    from taperlm.hf.export import _install  # lazy: needs the hf extra's module only
+    from taperlm.outdirs import install_files
 
     out = tmp_path / "out"
     claim(out, "export")
@@ -277,7 +280,7 @@ def test_export_record_cannot_delete_outside(tmp_path):
         staging.mkdir(exist_ok=True)
         (staging / "config.json").write_text("{}")
         with pytest.raises(UnsafeFileError, match="leads outside"):
-            _install(staging, out)
+            install_files(staging, out, "export", "--out", "export to another folder")
         assert thesis.read_text() == "years of work\n"
 
 
