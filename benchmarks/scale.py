@@ -166,7 +166,8 @@ def run_row(
             out["dcp_save_s"] = time.perf_counter() - t0
             out["dcp_GB"] = sum((tmp / f).stat().st_size for f in files) / 1e9
             t0 = time.perf_counter()
-            dcp.load_training_state(tmp, model, opt, [])
+            shards = {f: (tmp / f).stat().st_size for f in files}  # what a manifest would list
+            dcp.load_training_state(tmp, model, opt, [], shards)
             sync(device)
             out["dcp_load_s"] = time.perf_counter() - t0
         finally:

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from taperlm.errors import CheckpointError, UnsafeFileError
+from taperlm.errors import CheckpointError, MalformedFileError, UnsafeFileError
 from taperlm.io import (
     MAX_RECORD_BYTES,
     atomic_write_text,
@@ -232,7 +232,12 @@ def read_manifest(path: Path) -> dict[str, Any]:
         )
     try:
         manifest = read_json(mpath, MAX_RECORD_BYTES, MANIFEST_FILE)
-    except (UnsafeFileError, OSError) as err:  # not a regular file, too large, not JSON, too deep
+    except MalformedFileError as err:  # not JSON, too deep, a key twice
+        raise CheckpointError(
+            f"checkpoint {path}: {MANIFEST_FILE} is corrupt ({err}); delete this "
+            "checkpoint or resume from an earlier one"
+        ) from None
+    except (UnsafeFileError, OSError) as err:  # not a regular file, too large, not UTF-8
         raise CheckpointError(
             f"checkpoint {path}: {_reason(err)}; delete this checkpoint or resume from an "
             "earlier one"
