@@ -129,3 +129,33 @@ def test_branch_equals_the_run_trained_directly(data_dir, tmp_path):
     cosine = config(data_dir, 8, "train.schedule=cosine")
     with pytest.raises(ConfigError, match=r"train\.schedule: wsd"):
         train(cosine, tmp_path / "cos", progress=False, branch=(long_run, 6))
+
+
+def test_train_budgets_gives_every_budget_as_if_trained_alone(data_dir, tmp_path):
+    """train_budgets with 6, 10 and 16 steps: one 16-step WSD run stopped at each branch step,
+    a branch per shorter budget; every budget's final weights equal that budget trained from
+    step 0, and a second call trains nothing more (every budget done)."""
+    from taperlm.training.cooldowns import budget_dir, train_budgets
+
+    run = config(data_dir, 16, "train.checkpoint_every=4", "train.keep_checkpoints=1")
+    budgets = [6 * 256, 10 * 256, 16 * 256]
+    res = train_budgets(run, budgets, tmp_path / "chain", progress=False)
+    assert sorted(res) == budgets and all(r.finished for r in res.values())
+    for tokens in budgets:
+        alone = tmp_path / f"alone-{tokens}"
+        train(config(data_dir, tokens // 256, "train.checkpoint_every=4"), alone, progress=False)
+        steps = tokens // 256
+        a, b = weights(alone, steps), weights(budget_dir(tmp_path / "chain", tokens), steps)
+        assert all(torch.equal(a[k], b[k]) for k in a), tokens
+        if tokens < 16 * 256:  # a branch: only its decay was trained (not a run from step 0)
+            here = budget_dir(tmp_path / "chain", tokens)
+            k = branch_step(config(data_dir, steps))
+            assert json.loads((here / BRANCH_FILE).read_text())["step"] == k
+            trained = [r["step"] for r in read_metrics(here / "metrics.jsonl") if "loss" in r]
+            assert trained == list(range(k + 1, steps + 1))
+    # the long run kept only its newest checkpoint, yet every branch found its step
+    assert [s for s, _ in ckpt.list_checkpoints(budget_dir(tmp_path / "chain", 16 * 256))] == [16]
+    again = train_budgets(run, budgets, tmp_path / "chain", progress=False)
+    assert {t: r.step for t, r in again.items()} == {t: t // 256 for t in budgets}
+    with pytest.raises(ConfigError, match=r"train\.schedule: wsd"):
+        train_budgets(config(data_dir, 16, "train.schedule=cosine"), budgets, tmp_path / "c")

@@ -69,10 +69,12 @@ PAPER_BEST = 1.5
 TREND_BOOT = 4000
 ADVANTAGE_PLOT = "advantage.png"
 BEST_RATIO_PLOT = "best_ratio.png"
-# Measured single-thread training speed (tokens/s) of one compare cell, compare's recipe: nano
-# 14,157 and micro MICRO_TPS on 1 thread while the 2-core machine ran at load ~2 (contended, so
-# an idle core is faster; docs/compare.md, "Long training"). The --help estimates use them.
-CELL_TOKENS_PER_S = {"nano": 14_157, "micro": 5_850}
+# Training speed (tokens per core-second) of one compare cell, compare's recipe, 1 torch thread:
+# nano measured here as the marginal CPU time of a 307,200- against a 102,400-token run (startup
+# and evaluation excluded) on the shared 2-core machine at load 8-10; micro the marginal speed of
+# its `--paper scaling` runs on idle cores (docs/compare.md, "--paper tokens"). The --help
+# estimates use them.
+CELL_TOKENS_PER_S = {"nano": 17_520, "micro": 5_850}
 TUNE_LRS, TUNE_SEEDS = 4, 2  # tuning runs per point: uniform at 4 lrs x 2 seeds (the defaults)
 
 

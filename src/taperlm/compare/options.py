@@ -110,9 +110,9 @@ class CompareOptions:
         "paper's 760M table (§6); scaling = the cosine ratio sweep at 3 sizes x 2 token budgets, "
         "each at its uniform model's tuned lr, with the fitted best ratio per point "
         "(docs/compare.md); tokens = that sweep at nano (0.5-68 tokens/param) and micro "
-        "(0.5-10): does the advantage survive long training (estimated ~20 h on 2 idle "
+        "(0.5-10): does the advantage survive long training (estimated ~18 h on 2 idle "
         "cores at 5 seeds, from measured per-run speed); ratios = the sweep past 1.9->0.1 "
-        "(1.95->0.05, 2.0->0.0) at nano 0.5/8/68 and micro 0.5/10 (estimated ~18 h); both "
+        "(1.95->0.05, 2.0->0.0) at nano 0.5/8/68 and micro 0.5/10 (estimated ~16 h); both "
         "write trend.md with the fitted trends (docs/compare.md, 'Long training')",
         choices=PAPER_MODES,
     )
