@@ -223,3 +223,41 @@ def test_ratio_mode_end_to_end_at_toy_scale_with_a_zero_width(
     assert "--paper ratios" in md.read_text() and (out / longrun.ADVANTAGE_PLOT).is_file()
     longrun.run_longrun(opts)  # resumes: everything is there
     assert json.loads(js.read_text())["points"][0]["fit"] == rep["points"][0]["fit"]
+
+
+def test_extended_lrs_adds_one_step_beyond_each_edge_chosen():
+    from taperlm.compare.tuning import extended_lrs
+
+    grid = [1e-3, 2e-3, 4e-3, 8e-3]
+    assert extended_lrs(grid, {"u": {"chosen_lr": 8e-3}}) == [*grid, 16e-3]
+    assert extended_lrs(grid, {"u": {"chosen_lr": 1e-3}}) == [5e-4, *grid]
+    both = extended_lrs(grid, {"u": {"chosen_lr": 1e-3}, "t": {"chosen_lr": 8e-3}})
+    assert both == [5e-4, *grid, 16e-3]
+    assert extended_lrs(grid, {"u": {"chosen_lr": 2e-3}}) is None
+    assert extended_lrs([1e-3, 3e-3], {"u": {"chosen_lr": 3e-3}}) == pytest.approx(
+        [1e-3, 3e-3, 9e-3]
+    )
+    assert extended_lrs([1e-3], {"u": {"chosen_lr": 1e-3}}) == [5e-4, 1e-3, 2e-3]
+
+
+def test_a_chosen_lr_at_the_edge_extends_the_grid(data_dir, tmp_path):  # noqa: F811
+    """--lr-grid-extend 2 with a grid far below any useful lr (1e-5, 2e-5): the choice sits at the
+    upper edge, so 4e-5 and then 8e-5 join the grid (two extensions, the limit), the report says
+    so and still flags the edge; without --tune-lr the option is refused; the reproducing command
+    carries it."""
+    from test_compare import TINY, _cli
+
+    out = tmp_path / "o"
+    args = ["compare", *TINY, "--tapers", "uniform;cosine:1.5:0.5", "--tune-lr",
+            "--tune-lr-scope", "uniform", "--lr-grid", "1e-5,2e-5", "--tune-seeds", "1",
+            "--lr-grid-extend", "2", "--seeds", "1", "--data", str(data_dir)]  # fmt: skip
+    rc, _, err = _cli([*args, "--out", str(out)])
+    assert rc == 0, err
+    rep = json.loads((out / "report.json").read_text())
+    tuning = rep["lr_tuning"]
+    assert tuning["lrs"] == pytest.approx([1e-5, 2e-5, 4e-5, 8e-5]) and tuning["extended"] == 2
+    assert tuning["chosen_lr"]["uniform"] == pytest.approx(8e-5)
+    assert tuning["curves"]["uniform"]["at_edge"] is True
+    assert "--lr-grid-extend 2" in rep["meta"]["command"]
+    rc, _, err = _cli(["compare", *TINY, "--lr-grid-extend", "2", "--out", str(tmp_path / "x")])
+    assert rc != 0 and "--lr-grid-extend" in err and "--tune-lr" in err

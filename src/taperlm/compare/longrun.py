@@ -76,6 +76,9 @@ BEST_RATIO_PLOT = "best_ratio.png"
 # estimates use them.
 CELL_TOKENS_PER_S = {"nano": 17_520, "micro": 5_850}
 TUNE_LRS, TUNE_SEEDS = 4, 2  # tuning runs per point: uniform at 4 lrs x 2 seeds (the defaults)
+# A chosen lr at the grid's edge extends the grid (--lr-grid-extend) up to this many times: the
+# optimum lr moves with the budget, so a grid centred on the short runs' lr may not hold it.
+LONGRUN_EXTEND = 3
 
 
 def budget_tokens(size: str, tokens_per_param: float) -> int:
@@ -127,7 +130,8 @@ def run_longrun(opts) -> tuple[Path, Path]:
     """`--paper tokens` or `--paper ratios`: the scaling sweep over the mode's points, the trend
     report rewritten after each point; returns (report.md, report.json)."""
     plan = plan_of(opts.paper, opts.preset_size)
-    sub = dataclasses.replace(opts, preset_size=None)
+    extend = LONGRUN_EXTEND if opts.lr_grid_extend is None else opts.lr_grid_extend
+    sub = dataclasses.replace(opts, preset_size=None, lr_grid_extend=extend)
     return run_scaling(
         sub, plan, mode=opts.paper, on_report=lambda js: write_trend_report(js, opts.paper)
     )

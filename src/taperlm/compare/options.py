@@ -215,6 +215,13 @@ class CompareOptions:
         "--lr-grid",
         "--tune-lr: the peak lrs to try, e.g. 1e-3,2e-3,4e-3,8e-3 [the recipe's lr x 0.5, 1, 2, 4]",
     )
+    lr_grid_extend: int | None = option(  # None: 0 (--paper tokens/ratios: LONGRUN_EXTEND)
+        "--lr-grid-extend",
+        "--tune-lr: when an allocation's chosen lr is at the grid's edge, add the lr one grid "
+        "step beyond that edge and tune again, at most N times (the optimum lr moves with the "
+        "budget) [0; --paper tokens/ratios: 3]",
+        domain=up_to(MAX_COUNT, 0),
+    )
     tune_seeds: int | None = option(  # None: tuning.DEFAULT_TUNE_SEEDS
         "--tune-seeds",
         f"--tune-lr: tuning seeds per allocation and lr [{DEFAULT_TUNE_SEEDS}]",
