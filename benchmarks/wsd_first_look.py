@@ -5,7 +5,7 @@ final validation loss per budget. Compare's CPU recipe (128-token sequences, 1,0
 init_std 0.1) at one shared, untuned lr; widths step by 8 as in the modes.
 
     python3 benchmarks/wsd_first_look.py --data DATA --out OUT [--tpp 0.5,2,4] [--seeds 3]
-        [--jobs 2] [--lr 2e-3]
+        [--jobs 2] [--lr 2e-3] [--schedule wsd|cosine]
 
 DATA: the built-in corpus at bpe:512 (`taperlm prepare --tokenizer bpe:512 --out DATA`). Writes
 OUT/<allocation>-s<seed>/tokens-<N>/ (resumable) and OUT/summary.json; prints the table.
@@ -32,29 +32,42 @@ ALLOCATIONS = {"uniform": "uniform", "cosine-1.5-0.5": "cosine:1.5:0.5"}
 BATCH = 1024
 
 
-def run_config(data: str, taper: str, seed: int, lr: float, tokens: int) -> RunConfig:
+def run_config(
+    data: str, taper: str, seed: int, lr: float, tokens: int, schedule: str = "wsd"
+) -> RunConfig:
     model = get_preset("transformer-nano", TaperSpec.parse(taper, 8), resolve=False)
     model.init_std = 0.1
     run = RunConfig(model=model.resolve())
     run.data.dir = data
     t = run.train
     t.seed, t.tokens, t.batch_tokens, t.seq_len, t.micro_batch_size = seed, tokens, BATCH, 128, 8
-    t.lr, t.min_lr_ratio, t.schedule, t.decay_fraction = lr, 0.1, "wsd", 0.2
+    t.lr, t.min_lr_ratio, t.schedule, t.decay_fraction = lr, 0.1, schedule, 0.2
     t.warmup_tokens = 8 * BATCH  # fixed: every budget shares the long run's warmup
     t.eval_every, t.eval_tokens, t.log_every = 0, 131_072, 50
     t.checkpoint_every, t.keep_checkpoints, t.device = 0, 1, "cpu"
     return run
 
 
-def chain(args: tuple[str, str, int, float, list[int], str]) -> dict[int, float]:
+def chain(args: tuple[str, str, int, float, list[int], str, str]) -> dict[int, float]:
+    """One (allocation, seed): every budget from one WSD run, or (cosine) each on its own."""
     import torch  # lazy: each worker sets its own thread count first
 
     torch.set_num_threads(1)
-    from taperlm.training.cooldowns import train_budgets  # lazy: torch, in the worker
+    from taperlm.training.cooldowns import budget_dir, train_budgets  # lazy: torch, in the worker
+    from taperlm.training.loop import train  # lazy: torch, in the worker
 
-    data, taper, seed, lr, budgets, out = args
-    run = run_config(data, taper, seed, lr, max(budgets))
-    res = train_budgets(run, budgets, out, progress=False)
+    data, taper, seed, lr, budgets, out, schedule = args
+    if schedule == "wsd":
+        res = train_budgets(run_config(data, taper, seed, lr, max(budgets)), budgets, out, False)
+    else:
+        res = {
+            t: train(
+                run_config(data, taper, seed, lr, t, schedule),
+                budget_dir(Path(out), t),
+                progress=False,
+            )
+            for t in budgets
+        }
     return {t: r.val_loss for t, r in res.items()}
 
 
@@ -66,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument(
+        "--schedule",
+        choices=("wsd", "cosine"),
+        default="wsd",
+        help="wsd: one run per (allocation, seed) with a cooldown branch per budget; cosine: "
+        "each budget its own cosine run (to check that both give the same verdict)",
+    )
     a = p.parse_args(argv)
     problem = folder_problem(a.out)
     if problem:
@@ -76,7 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     params = total_params(model.resolve())
     budgets = [max(1, round(float(x) * params / BATCH)) * BATCH for x in a.tpp.split(",")]
     jobs = [
-        (str(Path(a.data).resolve()), spec, s, a.lr, budgets, str(a.out / f"{name}-s{s}"))
+        (
+            str(Path(a.data).resolve()),
+            spec,
+            s,
+            a.lr,
+            budgets,
+            str(a.out / f"{name}-s{s}"),
+            a.schedule,
+        )
         for s in range(a.seeds)
         for name, spec in ALLOCATIONS.items()
     ]
@@ -85,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     table = {}
     for tokens in budgets:
         per: dict[str, dict[int, float]] = {name: {} for name in ALLOCATIONS}
-        for (_, spec, seed, _, _, _), got in zip(jobs, losses):
+        for (_, spec, seed, *_), got in zip(jobs, losses):
             name = next(n for n, v in ALLOCATIONS.items() if v == spec)
             per[name][seed] = got[tokens]
         d = paired_difference(per["cosine-1.5-0.5"], per["uniform"])
@@ -103,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             f"diff {d['mean']:+.4f}{ci} ({sum(x < 0 for x in d['per_seed'])}/{d['n']} seeds < 0)"
         )
     summary = {"written_by": STAMP, "params": params, "lr": a.lr, "seeds": a.seeds,
-               "budgets": table}  # fmt: skip
+               "schedule": a.schedule, "budgets": table}  # fmt: skip
     write_output(a.out / "summary.json", json.dumps(summary, indent=1))
     return 0
 
