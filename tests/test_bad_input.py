@@ -128,14 +128,14 @@ def test_run_config_yaml_corrupt_when_continuing(run_copy, capsys):
 @pytest.mark.parametrize(
     ("taper", "needles"),
     [
-        ("linear:1.99:0.01", ("rounds to 0", "raise the end multiplier")),
+        ("linear:2.5:-0.5", ("end multiplier must be >= 0", "-0.5")),
         ("wedge", ("unknown taper schedule 'wedge'", "choose one of")),
         ("cosine:a:b", ("'a' is not a number",)),
         ("cosine:1.5", ("expected cosine or cosine:START:END",)),
         ("custom:96,96,96", ("3 widths but the model has 2 layers",)),
         ("sigmoid:1.5:0.5:-3", ("sigmoid steepness k must be > 0",)),
     ],
-    ids=["rounds_to_zero", "unknown", "not_a_number", "wrong_arity", "wrong_count", "negative_k"],
+    ids=["negative_end", "unknown", "not_a_number", "wrong_arity", "wrong_count", "negative_k"],
 )
 def test_taper(data, tmp_path, capsys, taper, needles):
     args = [*train_args(data, tmp_path / "run"), "--taper", taper]

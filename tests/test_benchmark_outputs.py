@@ -68,10 +68,11 @@ def test_every_output_option_is_checked_when_parsed():
         for option, kind in _output_options(name).items():
             seen[(name, option)] = kind
     assert seen, "no output options found: the scan is broken"
-    folders = {("compare_precision", "--out")}
+    folders = {("compare_precision", "--out"), ("wsd_first_look", "--out")}
     for key, kind in seen.items():
         assert kind == ("Path" if key in folders else "output_file"), key
-    assert any(called == "folder_problem" for _, called, _, _ in _calls("compare_precision"))
+    for name, _ in folders:
+        assert any(called == "folder_problem" for _, called, _, _ in _calls(name)), name
 
 
 # Every other write or delete in a script, and why it cannot touch a user's file.

@@ -320,8 +320,8 @@ def test_programmatic_configs_are_checked_too():
     run = RunConfig(model=get_preset("transformer-tiny"), train=TrainConfig(beta2=1.5))
     with pytest.raises(ConfigError, match=r"train\.beta2 must be in \[0, 1\), got 1\.5"):
         run.validate()
-    bad = ModelConfig(family="transformer", n_layers=2, mlp_width=64, mlp_widths=[64, 0])
-    with pytest.raises(ConfigError, match=r"model\.mlp_widths\[1\] must be >= 1, got 0"):
+    bad = ModelConfig(family="transformer", n_layers=2, mlp_width=64, mlp_widths=[64, -1])
+    with pytest.raises(ConfigError, match=r"model\.mlp_widths\[1\] must be >= 0, got -1"):
         bad.validate()
 
 

@@ -53,7 +53,7 @@ def test_list_presets_says_what_the_size_depends_on(capsys):
     (2,048 tokens): the listing shows the vocabulary, the size without embeddings, and why."""
     assert main(["plan", "--list-presets"]) == 0
     out = capsys.readouterr().out
-    header, micro = out.splitlines()[:2]
+    header, nano, micro = out.splitlines()[:3]
     assert header.split() == [
         "preset",
         "layers",
@@ -63,6 +63,7 @@ def test_list_presets_says_what_the_size_depends_on(capsys):
         "params",
         "non-emb",
     ]
+    assert nano.split() == ["transformer-nano", "4", "64", "176", "512", "0.27M", "0.20M"]
     assert micro.split() == ["transformer-micro", "6", "96", "256", "8,192", "2.24M", "0.66M"]
     assert "sizes the vocabulary to its data's tokenizer" in " ".join(out.split())
     # non-emb is the total less the embedding and output rows (untied): the main job's 1.06M

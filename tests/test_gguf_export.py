@@ -31,6 +31,7 @@ MODELS = {
     "uniform": dict(taper="uniform"),
     "mlp-taper": dict(taper="cosine"),
     "head-taper": dict(taper="uniform", head_taper="cosine"),
+    "zero-mlp": dict(taper="cosine:2:0"),  # the last layer attention only: widths 128/96/32/0
     "both-gqa-tied": dict(
         taper="linear:1.5:0.5", head_taper="linear:1.5:0.5", n_kv_heads=2, tie_embeddings=True
     ),
@@ -95,16 +96,20 @@ def test_file_has_every_tensor_and_the_per_layer_metadata(tmp_path: Path, kind: 
             f"blk.{i}.attn_k.weight": (kv * hd, d),
             f"blk.{i}.attn_v.weight": (kv * hd, d),
             f"blk.{i}.attn_output.weight": (d, h * hd),
-            f"blk.{i}.ffn_norm.weight": (d,),
-            f"blk.{i}.ffn_gate.weight": (w, d),
-            f"blk.{i}.ffn_up.weight": (w, d),
-            f"blk.{i}.ffn_down.weight": (d, w),
         }
+        if w > 0:  # an FFN-free layer (width 0) has no ffn_* tensors, as llama.cpp's deci
+            want |= {
+                f"blk.{i}.ffn_norm.weight": (d,),
+                f"blk.{i}.ffn_gate.weight": (w, d),
+                f"blk.{i}.ffn_up.weight": (w, d),
+                f"blk.{i}.ffn_down.weight": (d, w),
+            }
     assert {k: v.shape for k, v in tensors.items()} == want
     for name, arr in tensors.items():  # llama.cpp wants norms in f32
         assert arr.dtype == (np.float32 if arr.ndim == 1 else np.float16), name
     if kind != "uniform":
         assert len(set(cfg.mlp_widths)) > 1 or len(set(heads)) > 1
+    assert (kind == "zero-mlp") == (0 in cfg.mlp_widths)
 
 
 def test_tokenizer_is_gpt2_bpe_with_our_ids(tmp_path: Path) -> None:
@@ -173,6 +178,7 @@ def llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray:
         return v if isinstance(v, list) else [v] * n
 
     heads, kv_heads = per_layer("attention.head_count"), per_layer("attention.head_count_kv")
+    n_ff = per_layer("feed_forward_length")
     hd, eps = meta[f"{arch}.attention.key_length"], meta[f"{arch}.attention.layer_norm_rms_epsilon"]
     base = meta[f"{arch}.rope.freq_base"]
     x = t["token_embd.weight"][ids]
@@ -190,6 +196,8 @@ def llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray:
         a /= a.sum(-1, keepdims=True)
         y = np.einsum("hts,shd->thd", a, v).reshape(T, H * hd)
         x = x + y @ t[p + "attn_output.weight"].T
+        if n_ff[i] == 0:  # llama.cpp's deci graph: an FFN-free layer skips the FFN
+            continue
         h = _rms(x, t[p + "ffn_norm.weight"], eps)
         g = h @ t[p + "ffn_gate.weight"].T
         x = x + (g / (1 + np.exp(-g)) * (h @ t[p + "ffn_up.weight"].T)) @ t[p + "ffn_down.weight"].T

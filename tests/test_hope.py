@@ -134,7 +134,7 @@ def test_config_errors() -> None:
 
 def test_presets() -> None:
     names = preset_names()
-    for size in ("micro", "tiny", "small", "440m", "760m", "1.3b"):
+    for size in ("nano", "micro", "tiny", "small", "440m", "760m", "1.3b"):
         assert f"hope-{size}" in names
     cfg = get_preset("hope-tiny")
     assert budget.total_params(cfg) == TaperedLM(cfg).num_params()

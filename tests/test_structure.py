@@ -51,9 +51,9 @@ def plainmlp(tmp_path, monkeypatch):
 
 def test_toy_family_from_the_docs_works_everywhere(plainmlp, capsys):
     names = preset_names()
-    assert [f"plainmlp-{s}" for s in ("micro", "tiny", "small", "440m", "760m", "1.3b")] == [
-        n for n in names if n.startswith("plainmlp-")
-    ]
+    assert [
+        f"plainmlp-{s}" for s in ("nano", "micro", "tiny", "small", "440m", "760m", "1.3b")
+    ] == [n for n in names if n.startswith("plainmlp-")]
     cfg = get_preset("plainmlp-tiny", TaperSpec.parse("cosine"))
     assert cfg.family == "plainmlp" and cfg.plainmlp.activation == "gelu"
     # exact budgets: the formula equals numel, tapered equals uniform

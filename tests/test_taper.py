@@ -133,7 +133,7 @@ def test_specific_errors(spec, layers, baseline, message):
         ("cosinus", "unknown taper schedule"),
         ("cosine:1.5", "expected cosine or cosine:START:END"),
         ("cosine:a:b", "is not a number"),
-        ("cosine:1.5:-0.5", "must be > 0"),
+        ("cosine:1.5:-0.5", "must be >= 0"),
         ("sigmoid:1.5:0.5:0", "steepness"),
         ("uniform:2", "takes no arguments"),
         ("groups:", "needs a comma-separated list"),

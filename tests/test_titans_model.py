@@ -207,7 +207,7 @@ def test_config_errors_name_the_key() -> None:
 def test_presets_exist_and_budgets_are_exact() -> None:
     names = [n for n in preset_names() if n.startswith("titans-")]
     for v in VARIANTS:
-        for size in ("micro", "tiny", "small", "440m", "760m", "1.3b"):
+        for size in ("nano", "micro", "tiny", "small", "440m", "760m", "1.3b"):
             assert f"titans-{v}-{size}" in names
     for v in VARIANTS:
         cfg = get_preset(f"titans-{v}-tiny")

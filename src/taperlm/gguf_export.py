@@ -8,6 +8,11 @@ Which llama.cpp architecture:
       builds both its tensors and its compute graph from the per-layer arrays
       `deci.feed_forward_length`, `deci.attention.head_count` and `.head_count_kv`.
 
+A layer of MLP width 0 (attention only, docs/tapers.md "Zero widths") is written as llama.cpp's
+`deci` writes Nemotron's FFN-free layers: `feed_forward_length` 0 at that layer and no `ffn_*`
+tensors (its graph skips the FFN where n_ff is 0; our layer's MLP norm feeds nothing, so
+leaving it out changes no output).
+
 Layout: tensors keep our (out, in) row-major shapes (GGUF stores them reversed, as ggml
 expects). Our RoPE rotates the two halves of each head (rotate-half); llama.cpp's `llama`/`deci`
 RoPE rotates adjacent pairs, so the rows of Q and K are permuted within each head, as llama.cpp's
@@ -87,11 +92,14 @@ def gguf_tensors(model: Any, dtype: str = "f16") -> dict[str, Any]:
             p + "attn_k.weight": _permute_rope(arr(k), kv_heads),
             p + "attn_v.weight": arr(v),
             p + "attn_output.weight": arr(block.mixer.out.weight),
-            p + "ffn_norm.weight": arr(block.mlp_norm.weight, matrix=False),
-            p + "ffn_gate.weight": arr(gate),
-            p + "ffn_up.weight": arr(up),
-            p + "ffn_down.weight": arr(block.mlp.w_out.weight),
         }
+        if block.mlp.width > 0:  # an FFN-free layer has no ffn_* tensors (see the docstring)
+            out |= {
+                p + "ffn_norm.weight": arr(block.mlp_norm.weight, matrix=False),
+                p + "ffn_gate.weight": arr(gate),
+                p + "ffn_up.weight": arr(up),
+                p + "ffn_down.weight": arr(block.mlp.w_out.weight),
+            }
     out["output_norm.weight"] = arr(model.norm.weight, matrix=False)
     if not cfg.tie_embeddings:
         out["output.weight"] = arr(model.lm_head.weight)

@@ -17,7 +17,11 @@ d_model raised from 1024 (374M) to 1152, the nearest width with a whole head dim
 shrinking the MLP, as in Qiu et al.; the options of each family's presets (Hope levels, Titans
 memory) are defined by the family (`Family.presets` in `taperlm.families`).
 
-The small sizes train on 2 CPU cores in minutes: `*-micro` (6 layers, d_model 96, 3 heads of 32,
+The small sizes train on 2 CPU cores in minutes: `*-nano` (4 layers, d_model 64, 2 heads of 32,
+SwiGLU width 176 = 8d/3 rounded up to 16, a 512-token vocabulary: 0.27M parameters, sized so that
+a run of 68 tokens per parameter, the paper's 440M regime, takes ~17 minutes on one core
+(measured: docs/compare.md, "--paper tokens"); its comparisons read the built-in corpus at
+bpe:512, `taperlm.compare.inputs`), `*-micro` (6 layers, d_model 96, 3 heads of 32,
 SwiGLU width 256; `transformer-micro` is the default of `taperlm compare`, about 1.5x cheaper per
 token than tiny), `*-tiny` (6 layers, d_model 128, 4 heads) and `*-small` (12 layers, d_model 192,
 about 2.3x slower than tiny); all with an 8K BPE vocabulary (a run follows its data's tokenizer)
@@ -42,6 +46,9 @@ PAPER_SHAPES: dict[str, dict] = {
 PAPER_COMMON = dict(vocab_size=32000, context_length=4096, tie_embeddings=False)
 
 SMALL_SHAPES: dict[str, dict] = {
+    "nano": dict(
+        n_layers=4, d_model=64, n_heads=2, mlp_width=176, vocab_size=512, context_length=256
+    ),
     "micro": dict(
         n_layers=6, d_model=96, n_heads=3, mlp_width=256, vocab_size=8192, context_length=256
     ),

@@ -8,7 +8,12 @@ and FLOPs of its baseline (the paper's principle and schedules):
 2. the first and last layers stay pinned at their rounded values;
 3. the remaining difference L*B - sum(w) is removed one step of m at a time from the interior
    layers whose rounding error points the same way (largest remainder first), never breaking the
-   monotone order of a monotone schedule and never dropping a width to <= 0.
+   monotone order of a monotone schedule and never dropping a width below 1 step (nor a layer
+   that rounded to 0 below 0).
+
+Zero sizes: the MLP widths (`zero_ok=True`) may be 0 where the schedule asks for it (its
+multiplier x baseline rounds to 0 steps of m, e.g. cosine:2:0's last layer, or a custom width 0):
+that layer is attention only. Heads and memory widths must stay >= 1 (`zero_ok=False`).
 
 A spec that gives its sizes outright (custom widths) is checked instead of solved. A schedule
 whose layers come in blocks of one size (`groups`: `Schedule.blocks`) is solved block by block
@@ -35,12 +40,14 @@ def solve_sizes(
     *,
     what: str = "mlp width",
     total: int | None = None,
+    zero_ok: bool = False,
 ) -> list[int]:
     """Resolve `spec` to one integer size per layer with sum exactly n_layers * baseline, or
     `total` when given (a multiple of multiple_of: e.g. the MLP widths that take up the
     parameters a KV taper saves); the multipliers then scale the mean size total / n_layers.
 
-    `what` names the quantity in error messages (the solver is generic over per-layer sizes).
+    `what` names the quantity in error messages (the solver is generic over per-layer sizes);
+    `zero_ok`: a layer may get size 0 where its multiplier rounds to 0 (MLP widths).
     """
     spec.validate()
     m = spec.multiple_of
@@ -52,7 +59,7 @@ def solve_sizes(
     budget = f"{n_layers} x {baseline} = {target}" if total is None else f"{total} in total"
     given = spec.given_sizes()
     if given is not None:
-        return _checked_given_sizes(spec, given, n_layers, target, budget, what)
+        return _checked_given_sizes(spec, given, n_layers, target, budget, what, zero_ok)
     if total is not None and (total % m or total < n_layers * m):
         raise TaperError(
             f"the {what}s' total {total} is not a positive multiple of multiple_of={m} per layer"
@@ -70,7 +77,7 @@ def solve_sizes(
     if blocks is not None:
         return _solve_blocks(spec, r, blocks, unit, target // m, (direction, enforce), budget)
     exact = [x * unit for x in r]  # ideal size in steps
-    steps = _rounded_steps(exact, r, baseline, m, what)
+    steps = _rounded_steps(exact, r, baseline, m, what, zero_ok)
     deficit = target // m - sum(steps)
     if deficit:
         _meet_budget(steps, exact, deficit, (direction, enforce), spec, r, budget)
@@ -78,10 +85,23 @@ def solve_sizes(
 
 
 def _checked_given_sizes(
-    spec: TaperSpec, sizes: list[int], n_layers: int, target: int, budget: str, what: str
+    spec: TaperSpec,
+    sizes: list[int],
+    n_layers: int,
+    target: int,
+    budget: str,
+    what: str,
+    zero_ok: bool = False,
 ) -> list[int]:
-    """Sizes given outright (custom widths), checked against the depth, budget and order."""
+    """Sizes given outright (custom widths), checked against the depth, budget, order and
+    positivity (0 allowed with `zero_ok`)."""
     name = spec.schedule
+    low = 0 if zero_ok else 1
+    if any(s < low for s in sizes):
+        raise TaperError(
+            f"{name} {what}s {sizes}: every layer needs a {what} >= {low}"
+            + ("" if zero_ok else " (only MLP widths may be 0)")
+        )
     if len(sizes) != n_layers:
         raise TaperError(
             f"{name} taper has {len(sizes)} widths but the model has {n_layers} layers; give exactly one per layer"
@@ -120,12 +140,13 @@ def _check_mean(spec: TaperSpec, r: list[float]) -> None:
 
 
 def _rounded_steps(
-    exact: list[float], r: list[float], baseline: int, m: int, what: str
+    exact: list[float], r: list[float], baseline: int, m: int, what: str, zero_ok: bool = False
 ) -> list[int]:
-    """Every layer's ideal size rounded to whole steps of m (half up); each must be > 0."""
+    """Every layer's ideal size rounded to whole steps of m (half up); each must be > 0
+    (>= 0 with `zero_ok`)."""
     steps = [math.floor(x + 0.5) for x in exact]
     for i, s in enumerate(steps):
-        if s <= 0:
+        if s < 0 or (s == 0 and not zero_ok):
             raise TaperError(
                 f"layer {i} {what} rounds to {s * m} (multiplier {r[i]:.4f} x {baseline}); "
                 f"every layer needs a positive width — raise the end multiplier or lower multiple_of"
@@ -153,7 +174,7 @@ def _meet_budget(
         best, best_key = -1, None
         for i in interior:
             new = steps[i] + sign
-            if new <= 0:
+            if new <= 0:  # a width the schedule gave is never moved to 0 (nor below)
                 continue
             if enforce and not _keeps_order(steps, i, new, direction):
                 continue

@@ -97,12 +97,13 @@ def register_schedule(schedule: Schedule) -> Schedule:
 
 
 def _check_positive(values: list[float], if_empty: str, what: str) -> None:
-    """TaperError `if_empty` for no values, or naming the values that are not finite and > 0."""
+    """TaperError `if_empty` for no values, or naming the values that are not finite and >= 0
+    (a multiplier or width of 0 is a layer without an MLP: `solve_sizes(zero_ok=True)`)."""
     if not values:
         raise TaperError(if_empty)
-    bad = [v for v in values if not math.isfinite(v) or v <= 0]
+    bad = [v for v in values if not math.isfinite(v) or v < 0]
     if bad:
-        raise TaperError(f"{what} must be > 0, got {bad}")
+        raise TaperError(f"{what} must be >= 0, got {bad}")
 
 
 @dataclass
@@ -112,8 +113,11 @@ class TaperSpec:
     Fields:
         schedule: the name of a registered schedule (`SCHEDULES`): uniform | cosine | linear |
             sigmoid | groups | custom | novelty.
-        start: multiplier of the baseline at the first layer (cosine/linear/sigmoid).
-        end: multiplier at the last layer; start < end gives the wider-late mirror.
+        start: multiplier of the baseline at the first layer (cosine/linear/sigmoid); >= 0.
+        end: multiplier at the last layer; start < end gives the wider-late mirror. A
+            multiplier of 0 (here, in `groups` or `values`) or one that rounds to 0 steps of
+            multiple_of gives an MLP width of 0: that layer is attention only (docs/tapers.md,
+            "Zero widths"); head and memory tapers refuse it.
         steepness: k of the sigmoid schedule.
         groups: multipliers of n equal groups of consecutive layers (schedule `groups`).
         values: explicit per-layer multipliers or widths (schedule `custom`).
@@ -127,11 +131,11 @@ class TaperSpec:
     """
 
     schedule: str = setting("uniform", Domain.choice_of(lambda: SCHEDULES, "{schedules}"))
-    start: float = setting(DEFAULT_START, "(0, inf)")
-    end: float = setting(DEFAULT_END, "(0, inf)")
+    start: float = setting(DEFAULT_START, "[0, inf)")
+    end: float = setting(DEFAULT_END, "[0, inf)")
     steepness: float = setting(DEFAULT_STEEPNESS, "(0, inf)")
-    groups: list[float] = setting([], "(0, inf)")
-    values: list[float] = setting([], "(0, inf)")
+    groups: list[float] = setting([], "[0, inf)")
+    values: list[float] = setting([], "[0, inf)")
     values_are_widths: bool = False
     multiple_of: int = setting(DEFAULT_MULTIPLE_OF, up_to(MAX_WIDTH))
     monotone: bool | None = None
@@ -279,9 +283,11 @@ def _parse_ends(spec: TaperSpec, args: str, text: str, steepness: bool = False) 
 
 
 def _check_ends(spec: TaperSpec) -> None:
+    # 0 is allowed: cosine:2:0 gives the last layer no MLP (`solve_sizes(zero_ok=True)`; head
+    # and memory tapers refuse a zero there)
     for name, v in (("start", spec.start), ("end", spec.end)):
-        if not math.isfinite(v) or v <= 0:
-            raise TaperError(f"taper {spec.schedule} {name} multiplier must be > 0, got {v}")
+        if not math.isfinite(v) or v < 0:
+            raise TaperError(f"taper {spec.schedule} {name} multiplier must be >= 0, got {v}")
 
 
 def endpoint_schedule(name: str, multipliers: Callable[[TaperSpec, int], list[float]]) -> Schedule:

@@ -4,7 +4,10 @@ paired statistics and plots.
 
 - `job`: the options of `taperlm compare`, the base config, the default corpus, evaluation
   settings, and `run_comparison`, which runs the whole job; `families`: `--paper families`, one
-  comparison per family and the family table (`family_table`).
+  comparison per family and the family table (`family_table`); `scaling`: `--paper scaling`,
+  the cosine ratio sweep at several (size, tokens) points with the fitted best ratio;
+  `longrun`: `--paper tokens` / `--paper ratios`, that sweep over tokens per parameter and past
+  1.9 -> 0.1, with the trends across tokens per parameter.
 - `grid`: allocations (taper specs, paper modes), seeds, the per-cell run configs and the budget
   checks (equal parameters and FLOPs/token; same data order and init seed per seed).
 - `runner`: brings one cell to done (train or resume, evaluate, measure), resumably, and records

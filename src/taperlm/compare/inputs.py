@@ -25,6 +25,17 @@ from taperlm.evaluation.registry import needs_haystack, task_names, zero_shot_ta
 from taperlm.evaluation.suite import parse_task_list
 
 DEFAULT_CORPUS_TOKENIZER = "bpe:2048"
+# A preset size whose own vocabulary is smaller reads the built-in corpus through its own
+# tokenizer: nano's 512 tokens (at bpe:2048 its embeddings would be 2/3 of the model). At bpe:512
+# the corpus has 13.1M training tokens: nano's 68 tokens per parameter (18.1M) is 1.4 epochs.
+SIZE_CORPUS_TOKENIZERS = {"nano": "bpe:512"}
+
+
+def corpus_tokenizer(opts: CompareOptions) -> str:
+    """The tokenizer of the built-in corpus for `opts`' preset (its size's own, else the
+    default)."""
+    size = None if opts.config else (opts.preset or "").rpartition("-")[2]
+    return SIZE_CORPUS_TOKENIZERS.get(size or "", DEFAULT_CORPUS_TOKENIZER)
 
 
 def cache_root() -> Path:
@@ -35,15 +46,15 @@ def cache_root() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "taperlm"
 
 
-def default_corpus_dir(progress: bool) -> Path:
-    """The default corpus, prepared once into the cache (atomic: a temp dir renamed into place,
-    so concurrent or interrupted runs never see a half-written data dir)."""
+def default_corpus_dir(progress: bool, tokenizer: str = DEFAULT_CORPUS_TOKENIZER) -> Path:
+    """The default corpus at `tokenizer`, prepared once into the cache (atomic: a temp dir
+    renamed into place, so concurrent or interrupted runs never see a half-written data dir)."""
     meta_file = data_prepare.META_FILE
     # Keyed by what it is built from (the installed files, the pipeline): an upgraded package
     # or taperlm gets a fresh corpus rather than a stale one under the same name.
     inputs = json.dumps([data_prepare.PIPELINE_VERSION, data_corpus.default_corpus_identity()])
     digest = hashlib.sha256(inputs.encode()).hexdigest()[:12]
-    target = cache_root() / f"default-{DEFAULT_CORPUS_TOKENIZER.replace(':', '')}-{digest}"
+    target = cache_root() / f"default-{tokenizer.replace(':', '')}-{digest}"
     if (target / meta_file).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -53,7 +64,7 @@ def default_corpus_dir(progress: bool) -> Path:
         file=sys.stderr,
     )
     try:
-        data_prepare.prepare("default", tmp, DEFAULT_CORPUS_TOKENIZER, workers=2, progress=progress)
+        data_prepare.prepare("default", tmp, tokenizer, workers=2, progress=progress)
         if target.exists() and not (target / meta_file).is_file():
             shutil.rmtree(target)  # an incomplete leftover
         if not target.exists():
@@ -71,14 +82,15 @@ def data_dir_of(opts: CompareOptions, provisional: RunConfig) -> Path:
     elif provisional.data.dir:
         data_dir = Path(provisional.data.dir).expanduser().resolve()
     else:
-        target = default_corpus_dir(not opts.no_progress)
-        print(default_corpus_note(target), file=sys.stderr)
+        tokenizer = corpus_tokenizer(opts)
+        target = default_corpus_dir(not opts.no_progress, tokenizer)
+        print(default_corpus_note(target, tokenizer), file=sys.stderr)
         return target
     load_meta(data_dir)  # DataError naming `taperlm prepare` when missing or incomplete
     return data_dir
 
 
-def default_corpus_note(target: Path) -> str:
+def default_corpus_note(target: Path, tokenizer: str = DEFAULT_CORPUS_TOKENIZER) -> str:
     """Which data a compare without --data trains on, and the prepared folders it leaves alone
     (its own corpus keeps the main job's numbers reproducible: another tokenizer would change
     the models' size)."""
@@ -86,7 +98,7 @@ def default_corpus_note(target: Path) -> str:
     other = f"; {', '.join(here)} (prepared here) is used only with --data" if here else ""
     return (
         f"taperlm compare: data: the built-in corpus (Debian's Python, Perl and Linux "
-        f"documentation) with its {DEFAULT_CORPUS_TOKENIZER} tokenizer, cached in {target}; "
+        f"documentation) with its {tokenizer} tokenizer, cached in {target}; "
         f"--data DIR trains on other data{other}"
     )
 

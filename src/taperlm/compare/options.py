@@ -40,7 +40,7 @@ DEFAULT_VAL_TOKENS = 131_072  # the built-in corpus's val split has 134,528 at b
 DEFAULT_NOVELTY_TOKENS = 2048
 DEFAULT_EVAL_LIMIT = 200
 DEFAULT_THREADS = 1  # torch threads per cell (worker); cells run in parallel instead
-PAPER_MODES = ("controlled", "sweep", "families", "scaling")
+PAPER_MODES = ("controlled", "sweep", "families", "scaling", "tokens", "ratios")
 # --paper families: the families compared (taperlm.compare.families)
 DEFAULT_FAMILIES = ("transformer", "gated", "hope", "titans-mag")
 # Sequential seeds (taperlm.compare.sequential; docs/compare.md, "Stopping when decided"): the
@@ -119,7 +119,11 @@ class CompareOptions:
         "families = uniform vs cosine 1.5->0.5 for every family's preset, reported like the "
         "paper's 760M table (§6); scaling = the cosine ratio sweep at 3 sizes x 2 token budgets, "
         "each at its uniform model's tuned lr, with the fitted best ratio per point "
-        "(docs/compare.md)",
+        "(docs/compare.md); tokens = that sweep at nano (0.5-68 tokens/param) and micro "
+        "(0.5-10): does the advantage survive long training (estimated ~18 h on 2 idle "
+        "cores at 5 seeds, from measured per-run speed); ratios = the sweep past 1.9->0.1 "
+        "(1.95->0.05, 2.0->0.0) at nano 0.5/8/68 and micro 0.5/10 (estimated ~16 h); both "
+        "write trend.md with the fitted trends (docs/compare.md, 'Long training')",
         choices=PAPER_MODES,
     )
     preset_size: str | None = option(  # --paper families / scaling: the size(s) of the presets
@@ -127,7 +131,7 @@ class CompareOptions:
         "--paper families: size of every family's preset (micro, tiny, small, 440m, 760m, 1.3b; "
         "the paper's sizes train with its recipe) [micro]; --paper scaling: a list of sizes "
         "[micro,tiny,small] (440m,760m,1.3b: the GPU experiment, at half and all of the "
-        "paper's tokens)",
+        "paper's tokens); --paper tokens/ratios: nano, micro or both [nano,micro]",
     )
     families: str | None = option(  # --paper families: preset prefixes (None: the default list)
         "--families",
@@ -251,6 +255,13 @@ class CompareOptions:
     lr_grid: str | None = option(  # None: the recipe's lr x tuning.DEFAULT_LR_FACTORS
         "--lr-grid",
         "--tune-lr: the peak lrs to try, e.g. 1e-3,2e-3,4e-3,8e-3 [the recipe's lr x 0.5, 1, 2, 4]",
+    )
+    lr_grid_extend: int | None = option(  # None: 0 (--paper tokens/ratios: LONGRUN_EXTEND)
+        "--lr-grid-extend",
+        "--tune-lr: when an allocation's chosen lr is at the grid's edge, add the lr one grid "
+        "step beyond that edge and tune again, at most N times (the optimum lr moves with the "
+        "budget) [0; --paper tokens/ratios: 3]",
+        domain=up_to(MAX_COUNT, 0),
     )
     tune_seeds: int | None = option(  # None: tuning.DEFAULT_TUNE_SEEDS
         "--tune-seeds",

@@ -57,6 +57,8 @@ def run_arguments(
             parts += ["--lr-grid", ",".join(f"{x:g}" for x in lr_grid(opts.lr_grid, 1.0))]
         parts += ["--tune-seeds", str(opts.tune_seeds or DEFAULT_TUNE_SEEDS)]
         parts += ["--tune-lr-scope", opts.tune_scope or "each"]
+        if opts.lr_grid_extend:
+            parts += ["--lr-grid-extend", str(opts.lr_grid_extend)]
     parts += ["--stop", opts.stop.strip(), "--stop-alpha", f"{opts.stop_alpha:g}"]
     parts += ["--min-seeds", str(opts.min_seeds), "--stop-on", opts.stop_on]
     parts += ["--out", str(opts.out)]  # --jobs/--threads change the speed, never the numbers

@@ -25,6 +25,7 @@ import dataclasses
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,7 @@ class ScalingSize:
     preset: str
     overrides: tuple[str, ...] = ()
     tokens: tuple[int, ...] = ()  # empty: the plan's token budgets
+    multiple_of: int | None = None  # the tapers' width step at this size (None: --multiple-of)
 
 
 @dataclass
@@ -120,24 +122,26 @@ def start_of(taper: str) -> float:
 
 def point_options(opts, plan: ScalingPlan) -> list[tuple[str, ScalingSize, int, Any]]:
     """(key, size, tokens, CompareOptions) of every point of the sweep."""
+    mode = f"--paper {opts.paper or 'scaling'}"
     if opts.preset or opts.config:
         raise ConfigError(
-            "--paper scaling builds its sizes from presets (micro, tiny, small); give no "
-            "--preset/--config"
+            f"{mode} builds its sizes from presets "
+            f"({', '.join(s.name for s in plan.sizes)}); give no --preset/--config"
         )
     if opts.tapers or opts.taper_list:
         raise ConfigError("give either --paper MODE or --tapers/--taper, not both")
     if opts.tokens is not None:
-        raise ConfigError("--paper scaling sets the token budgets itself; give no --tokens")
+        raise ConfigError(f"{mode} sets the token budgets itself; give no --tokens")
     if opts.families:
         raise ConfigError("--families belongs to --paper families")
     if opts.tune_scope == "each":
         raise ConfigError(
-            "--paper scaling tunes each point's uniform lr (--tune-lr-scope uniform); "
+            f"{mode} tunes each point's uniform lr (--tune-lr-scope uniform); "
             "--tune-lr-scope each would train every ratio at every lr"
         )
-    if any(not 1.0 < s < 2.0 for s in plan.starts) or len(plan.starts) < 2:
-        raise ConfigError("a scaling sweep needs >= 2 start ratios in (1, 2)")
+    # 2.0 -> 0.0 is the steepest: its last layer has no MLP (a zero width, docs/tapers.md)
+    if any(not 1.0 < s <= 2.0 for s in plan.starts) or len(plan.starts) < 2:
+        raise ConfigError("a scaling sweep needs >= 2 start ratios in (1, 2]")
     if not plan.sizes or not plan.tokens or min(plan.tokens) < 1:
         raise ConfigError("a scaling sweep needs >= 1 size and token budgets >= 1")
     out = []
@@ -159,16 +163,23 @@ def point_options(opts, plan: ScalingPlan) -> list[tuple[str, ScalingSize, int, 
                 # each point stops on its own question: the comparisons its best ratio rests
                 # on (it vs uniform and vs its neighbouring ratios; taperlm.compare.sequential)
                 stop_on="best",
+                multiple_of=size.multiple_of or opts.multiple_of,
             )
             out.append((key, size, tokens, sub))
     return out
 
 
-def run_scaling(opts, plan: ScalingPlan = DEFAULT_PLAN) -> tuple[Path, Path]:
+def run_scaling(
+    opts,
+    plan: ScalingPlan = DEFAULT_PLAN,
+    mode: str = "scaling",
+    on_report: Callable[[Path], None] | None = None,
+) -> tuple[Path, Path]:
     """Check every point, run them one after the other (each resumable), writing the scaling
-    report after each; returns (report.md, report.json)."""
+    report after each (and calling `on_report(report.json)`: a mode that builds on this one,
+    `taperlm.compare.longrun`, adds its own report); returns (report.md, report.json)."""
     t_start = time.perf_counter()
-    points = point_options(opts, plan_for(opts, plan))
+    points = point_options(opts, plan_for(opts, plan) if mode == "scaling" else plan)
     for *_, sub in points:  # nothing trains before every point is known to be valid
         check_options(sub)
     check_folder(opts.out, "compare", "--out")
@@ -177,26 +188,29 @@ def run_scaling(opts, plan: ScalingPlan = DEFAULT_PLAN) -> tuple[Path, Path]:
         docs: dict[str, dict[str, Any]] = {}
         for i, (key, size, tokens, sub) in enumerate(points, 1):
             print(
-                f"taperlm compare --paper scaling: point {i}/{len(points)}: {size.name} "
+                f"taperlm compare --paper {mode}: point {i}/{len(points)}: {size.name} "
                 f"({size.preset}), {tokens:,} tokens, into {sub.out}",
                 file=sys.stderr,
             )
             _, js = run_comparison(sub)
             docs[key] = read_json(js, MAX_RECORD_BYTES, "comparison report")
             meta = {
-                "command": _command(opts, points[0][3]),
+                "command": _command(opts, points[0][3], mode),
+                "mode": mode,
                 "wall_s": time.perf_counter() - t_start,
                 "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                 "done": len(docs),
                 "total": len(points),
             }
             md, js_all = write_scaling_report(points, docs, opts.out, meta)
+            if on_report is not None:
+                on_report(js_all)
     print(f"wrote {md} and {js_all} ({(time.perf_counter() - t_start) / 60:.1f} min)")
     return md, js_all
 
 
-def _command(opts, sub) -> str:
-    parts = ["taperlm", "compare", "--paper", "scaling"]
+def _command(opts, sub, mode: str = "scaling") -> str:
+    parts = ["taperlm", "compare", "--paper", mode]
     if opts.preset_size:
         parts += ["--preset-size", opts.preset_size]
     args = run_arguments(
@@ -390,7 +404,10 @@ def _run_seconds(doc: dict[str, Any]) -> float:
 
 
 def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any], plot: str | None) -> str:
-    title = "# taperlm compare — paper scaling: the best cosine ratio against size and tokens"
+    title = (
+        f"# taperlm compare — paper {meta.get('mode', 'scaling')}: the best cosine ratio "
+        "against size and tokens"
+    )
     if meta["done"] < meta["total"]:
         title += f" (PARTIAL: {meta['done']}/{meta['total']} points done)"
     lines = [

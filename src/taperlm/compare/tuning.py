@@ -17,6 +17,11 @@ tokens are the same fixed text for both; with a handful of lrs per allocation th
 fit that text measurably, while the seed-to-seed spread it would otherwise pick up is the
 report's whole error bar.)
 
+`--lr-grid-extend N`: while an allocation's chosen lr sits at an edge of the grid, the lr one grid
+step beyond that edge (x or / the ratio of the grid's two outermost lrs on that side) joins the
+grid and the new tuning cells train (the others are reused), at most N times; the report keeps
+`at_edge` when the last grid still ends at the choice.
+
 `--tune-lr-scope uniform` tunes the uniform allocation only and trains every allocation at its
 lr (the baseline tuned, the others at the same lr): the scaling sweep's choice, at a fraction of
 the cost.
@@ -179,6 +184,23 @@ def choose(
     return out
 
 
+def extended_lrs(lrs: list[float], curves: dict[str, Any]) -> list[float] | None:
+    """`lrs` with one more lr beyond each edge some allocation's choice sits at (a grid step
+    further: x or / the ratio of the two outermost lrs on that side, 2 for a one-lr grid), or
+    None when no choice is at an edge."""
+    chosen = {c["chosen_lr"] for c in curves.values()}
+    if len(lrs) == 1:
+        up = down = 2.0
+    else:
+        up, down = lrs[-1] / lrs[-2], lrs[1] / lrs[0]
+    more = []
+    if lrs[-1] in chosen:
+        more.append(lrs[-1] * up)
+    if lrs[0] in chosen:
+        more.append(lrs[0] / down)
+    return sorted([*lrs, *more]) if more else None
+
+
 def _interval(s: dict[str, Any]) -> list[float] | None:
     """The 95% Student-t interval of a mean (None below two values)."""
     if s["n"] < 2 or s["std"] is None:
@@ -232,6 +254,7 @@ def check_tuning_options(opts, reported: list[int], allocs: list[Allocation]) ->
             ("--lr-grid", opts.lr_grid is not None),
             ("--tune-seeds", opts.tune_seeds is not None),
             ("--tune-lr-scope", opts.tune_scope is not None),
+            ("--lr-grid-extend", bool(getattr(opts, "lr_grid_extend", None))),
         )
         if on
     ]
@@ -261,15 +284,22 @@ def run_tuning(opts, base, allocs, seeds, data_dir: Path, settings) -> dict[str,
     recipe = base.train.lr
     lrs = lr_grid(opts.lr_grid, recipe)
     tseeds = tuning_seeds(opts.tune_seeds or DEFAULT_TUNE_SEEDS, seeds)
-    grid, names = tuning_grid(base, allocs, tseeds, lrs, scope)
-    print(
-        f"taperlm compare: --tune-lr: {len(grid.cells)} tuning runs ("
-        f"{'every allocation' if scope == 'each' else 'uniform'} x lr "
-        f"{', '.join(f'{x:g}' for x in lrs)} x tuning seeds {tseeds})",
-        file=sys.stderr,
-    )
-    results = train_cells(opts, grid, data_dir, settings)
-    curves = choose(allocs, lrs, names, grid, results, recipe)
+    extend = getattr(opts, "lr_grid_extend", None) or 0
+    extended = 0
+    while True:
+        grid, names = tuning_grid(base, allocs, tseeds, lrs, scope)
+        print(
+            f"taperlm compare: --tune-lr: {len(grid.cells)} tuning runs ("
+            f"{'every allocation' if scope == 'each' else 'uniform'} x lr "
+            f"{', '.join(f'{x:g}' for x in lrs)} x tuning seeds {tseeds})",
+            file=sys.stderr,
+        )
+        results = train_cells(opts, grid, data_dir, settings)
+        curves = choose(allocs, lrs, names, grid, results, recipe)
+        wider = extended_lrs(lrs, curves)
+        if wider is None or extended >= extend:
+            break
+        lrs, extended = wider, extended + 1
     for c in curves.values():
         print(
             f"taperlm compare: --tune-lr: {c['label']}: lr {c['chosen_lr']:g}"
@@ -279,6 +309,7 @@ def run_tuning(opts, base, allocs, seeds, data_dir: Path, settings) -> dict[str,
     return {
         "scope": scope,
         "lrs": lrs,
+        "extended": extended,
         "recipe_lr": recipe,
         "tuning_seeds": tseeds,
         "reported_seeds": list(seeds),

@@ -90,7 +90,7 @@ def file_notes(data: dict, cfg: RunConfig) -> list[str]:
     m = cfg.model
     if model.get("mlp_widths") is not None and not m.taper.needs_pilot:
         with contextlib.suppress(TaperError, ConfigError):
-            if solve_sizes(m.taper, m.n_layers, m.mlp_width) != m.mlp_widths:
+            if solve_sizes(m.taper, m.n_layers, m.mlp_width, zero_ok=True) != m.mlp_widths:
                 notes.append(
                     f"model.mlp_widths are used as written, not the widths its taper "
                     f"({m.taper.schedule}) gives; delete mlp_widths to resolve them from it"

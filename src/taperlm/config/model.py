@@ -92,7 +92,7 @@ class ModelConfig:
     n_kv_heads: int | None = setting(None, up_to(MAX_HEADS))
     mlp_width: int = setting(2816, up_to(MAX_WIDTH))
     taper: TaperSpec = field(default_factory=TaperSpec)
-    mlp_widths: list[int] | None = setting(None, up_to(MAX_WIDTH))
+    mlp_widths: list[int] | None = setting(None, up_to(MAX_WIDTH, 0))
     head_taper: str = setting("uniform", "text")
     layer_heads: list[int] | None = setting(None, up_to(MAX_HEADS))
     kv_taper: str = setting("uniform", "text")
@@ -333,7 +333,7 @@ class ModelConfig:
             total = self.n_layers * self.mlp_width + mlp_width_credit(self)
             try:
                 self.mlp_widths = solve_sizes(
-                    self.taper, self.n_layers, self.mlp_width, total=total
+                    self.taper, self.n_layers, self.mlp_width, total=total, zero_ok=True
                 )
             except TaperError as err:
                 if not mlp_width_credit(self):

@@ -44,7 +44,15 @@ class TrainConfig:
         micro_batch_size: sequences per forward pass per rank (accumulation fills the global batch).
         seq_len: training sequence length (<= model.context_length).
         lr: peak learning rate.
-        min_lr_ratio: cosine decay floor as a fraction of lr.
+        schedule: the LR schedule after the linear warmup: cosine (decay from lr to
+            min_lr_ratio x lr over the rest of the run) | wsd (warmup-stable-decay: lr held until
+            the last decay_fraction of the steps, then a linear decay to min_lr_ratio x lr; the
+            LR before the decay does not depend on train.tokens, so a checkpoint of a longer run
+            taken before this run's decay starts is this run's own state there: one run serves
+            several budgets, each a short cooldown branch, `taperlm.training.branch`).
+        decay_fraction: wsd: the share of the steps in the final decay (rounded up to whole
+            steps).
+        min_lr_ratio: the decay's floor as a fraction of lr.
         warmup_tokens: linear warmup length in tokens.
         weight_decay: AdamW decay on matrices (embeddings, norms and biases get none).
         beta1, beta2, eps: AdamW moments.
@@ -96,6 +104,8 @@ class TrainConfig:
     micro_batch_size: int = setting(8, up_to(MAX_BATCH))
     seq_len: int = setting(256, up_to(MAX_CONTEXT))
     lr: float = setting(4e-4, "(0, inf)")
+    schedule: str = setting("cosine", "{cosine, wsd}")
+    decay_fraction: float = setting(0.2, "(0, 1]")
     min_lr_ratio: float = setting(0.1, "[0, 1]")
     warmup_tokens: int = setting(100_000, up_to(MAX_TOKENS, 0))
     weight_decay: float = setting(0.1, "[0, inf)")

@@ -102,9 +102,12 @@ def _resolve(cfg: ModelFields) -> None:
         return
     assert cfg.mlp_widths is not None
     if any(w < h.levels for w in cfg.mlp_widths):
+        zero = " (a zero MLP width, an attention-only layer, has no CMS to split)"
         raise ConfigError(
             f"model.hope.levels = {h.levels} but some layer's MLP width is smaller "
-            f"({min(cfg.mlp_widths)}); every level needs a width >= 1"
+            f"({min(cfg.mlp_widths)}); every CMS level needs a width >= 1"
+            + (zero if min(cfg.mlp_widths) == 0 else "")
+            + ": raise the taper's end multiplier or use fewer levels"
         )
     m = cfg.taper.multiple_of
     h.level_widths = [split_width(w, h.level_fractions, m) for w in cfg.mlp_widths]

@@ -224,6 +224,7 @@ def _block(cfg: ModelFields, layer: int, rotary: Any) -> Any:
 # Per size: chunk 16 (micro/tiny/small) or 64 (paper sizes, GPU throughput); sliding window 64 /
 # 128 / 1024 (MAG, MAL); MAC segments 64 / 128 / 512; persistent tokens 4 (micro/tiny/small) or 16.
 _PRESET_SIZES: dict[str, dict[str, int]] = {
+    "nano": dict(chunk_size=16, window=64, segment_len=64, persistent_tokens=4),
     "micro": dict(chunk_size=16, window=64, segment_len=64, persistent_tokens=4),
     "tiny": dict(chunk_size=16, window=64, segment_len=64, persistent_tokens=4),
     "small": dict(chunk_size=16, window=128, segment_len=128, persistent_tokens=4),

@@ -16,6 +16,7 @@ TRAIN_SETTINGS = (
     "seq_len",
     "micro_batch_size",
     "lr",
+    "schedule",
     "min_lr_ratio",
     "warmup_tokens",
     "weight_decay",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -101,14 +102,19 @@ class SwiGLU(nn.Module):
     """SwiGLU MLP of one layer's own width: down(silu(gate(x)) * up(x)).
 
     The gate and up projections are one fused [2*width, d] matrix (one matmul instead of two);
-    its first half is the gate.
+    its first half is the gate. Width 0 (a layer the taper gives no MLP, docs/tapers.md) keeps
+    the same two parameters with zero rows / columns, so every layer has the same keys in a
+    checkpoint: the update it returns is exactly 0, through the same code path.
     """
 
     def __init__(self, d_model: int, width: int) -> None:
         super().__init__()
         self.width = width
-        self.w_in = nn.Linear(d_model, 2 * width, bias=False)
-        self.w_out = nn.Linear(width, d_model, bias=False)
+        with warnings.catch_warnings():
+            if width == 0:  # torch warns that initializing a zero-element tensor does nothing
+                warnings.filterwarnings("ignore", "Initializing zero-element tensors")
+            self.w_in = nn.Linear(d_model, 2 * width, bias=False)
+            self.w_out = nn.Linear(width, d_model, bias=False)
         self.w_out.residual_out = True  # type: ignore[attr-defined]  # depth-scaled init
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -281,6 +287,8 @@ def init_weights(
     `normal_(tensor, mean, std)` draws the values (a sharded model passes its own, which draws
     the full tensor and keeps its shard)."""
     for m in module.modules():
+        if isinstance(m, nn.Linear) and m.weight.numel() == 0:
+            continue  # a zero-width MLP's matrices: nothing to draw (and no fan-in to scale by)
         if isinstance(m, nn.Linear):
             residual = getattr(m, "residual_out", False)
             s = matrix_std(std, n_layers, residual, m.in_features, scheme, d_model)
@@ -337,7 +345,9 @@ def paired_init(
     write = write or (lambda t, full: t.copy_(full))
     done: set[int] = set()
     for name, m in module.named_modules():
-        if isinstance(m, SwiGLU):
+        if isinstance(m, SwiGLU) and m.width == 0:  # zero rows: nothing drawn
+            done |= {id(m.w_in.weight), id(m.w_out.weight)}
+        elif isinstance(m, SwiGLU):
             d = m.w_in.weight.shape[1]
             s_in = matrix_std(std, n_layers, False, d, scheme, d_model)
             gate = _unit_blocks(seed, f"{name}.gate", m.width, d, s_in)

@@ -40,6 +40,7 @@ from taperlm.progress import progress_bar
 from taperlm.training import distributed as D
 from taperlm.training import fault_injection
 from taperlm.training import run_dir as R
+from taperlm.training.branch import check_branch, record_branch
 from taperlm.training.checkpoint import store as ckpt
 from taperlm.training.checkpoint.dcp import training_state
 from taperlm.training.checkpoint.restore import restore_training
@@ -91,7 +92,13 @@ class TrainResult:
 class Trainer:
     """Holds the state of one run; `fit()` trains to the end (or to `stop_after`)."""
 
-    def __init__(self, run: RunConfig, out_dir: str | Path, resume: str = "auto") -> None:
+    def __init__(
+        self,
+        run: RunConfig,
+        out_dir: str | Path,
+        resume: str = "auto",
+        branch: tuple[Path, int] | None = None,
+    ) -> None:
         self._run_dir: R.RunDir | None = None
         self._prev_deterministic: bool | None = None
         try:
@@ -103,16 +110,20 @@ class Trainer:
                 "use a smaller model, another device, or shard it (train.parallel fsdp under "
                 "torchrun)",
             ):
-                self._setup(run, out_dir, resume)
+                self._setup(run, out_dir, resume, branch)
         except BaseException:
             self.close()
             if self._run_dir is not None:
                 self._run_dir.discard_if_unused()
             raise
 
-    def _setup(self, run: RunConfig, out_dir: str | Path, resume: str) -> None:
+    def _setup(
+        self, run: RunConfig, out_dir: str | Path, resume: str, branch: tuple[Path, int] | None
+    ) -> None:
         """Check everything, then take the run dir, build the model and optimizer, and restore
-        a checkpoint to resume; in an order that fails before any work that would be lost."""
+        a checkpoint to resume (its own, else `branch`'s: (source run dir, step), a WSD
+        cooldown branch, `taperlm.training.branch`); in an order that fails before any work
+        that would be lost."""
         self.run = run.resolve()
         self.cfg = run.train
         self.out = Path(out_dir)
@@ -131,6 +142,9 @@ class Trainer:
         resume_from = R.checkpoint_to_resume(self.run, self.out, resume, self.info)
         if resume_from is not None:
             R.check_resume_data(self.out, self.data_dir)
+        elif branch is not None:
+            resume_from = check_branch(self.run, branch[0], branch[1], self.info)
+            R.check_resume_data(Path(branch[0]), self.data_dir)
         self._build()
         self.step = 0
         self.tokens = 0
@@ -142,6 +156,8 @@ class Trainer:
         if resume_from is not None:
             self._restore(resume_from)
         R.write_run_record(self.run, self.out, self.data_dir, resume_from is not None, self.info)
+        if branch is not None and self.info.is_main:
+            record_branch(self.out, branch[0], branch[1])
         if self.info.is_main:
             self._guard_metrics(self.metrics.truncate_after, self.step)
         self.loggers = Loggers.open(self.run, self.out, self.info.is_main, self.step)
@@ -601,14 +617,16 @@ def train(
     progress: bool = True,
     stop_after: int | None = None,
     on_step: StepHook | None = None,
+    branch: tuple[Path, int] | None = None,
 ) -> TrainResult:
     """Train `run_config` into run directory `out_dir` (resuming per `resume`: auto | never |
-    must); returns what was reached. Works in-process and under torchrun. `stop_after` stops
+    must; a fresh run dir with `branch` = (run dir, step) starts from that run's checkpoint at
+    that step, a WSD cooldown branch: `taperlm.training.branch`); returns what was reached. Works in-process and under torchrun. `stop_after` stops
     (with a checkpoint) after that many completed steps, e.g. to split a run into sessions.
     `on_step(step, total_steps, loss)` is called after every step of a single-process run and
     returns None, "checkpoint" (save one now) or "stop" (save one and return unfinished), e.g.
     for progress shown elsewhere and a clean stop on a signal."""
-    trainer = Trainer(run_config, out_dir, resume)
+    trainer = Trainer(run_config, out_dir, resume, branch)
     try:
         return trainer.fit(progress=progress, stop_after=stop_after, on_step=on_step)
     finally:

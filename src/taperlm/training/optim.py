@@ -1,4 +1,5 @@
-"""AdamW parameter groups, per-parameter update periods, and the warmup + cosine LR schedule.
+"""AdamW parameter groups, per-parameter update periods, and the LR schedules (warmup + cosine,
+warmup-stable-decay).
 
 Weight decay applies to matrices (parameters with >= 2 dimensions) except embeddings; embeddings,
 norm gains, biases and every other 1-D parameter get none. Embedding weights are recognised by
@@ -104,39 +105,69 @@ def groups_due(optimizer: torch.optim.Optimizer, step: int) -> list[dict]:
     return [g for g in optimizer.param_groups if (step + 1) % g.get("period", 1) == 0]
 
 
+SCHEDULE_KINDS = {"cosine": "warmup_cosine", "wsd": "warmup_stable_decay"}
+
+
 @dataclass(frozen=True)
 class LRSchedule:
-    """Linear warmup from 0 to `lr` over `warmup_steps`, then cosine decay to `min_lr_ratio*lr`
-    at `total_steps` (and flat after). A pure function of the step, so resuming needs only the
-    step count; the fields are saved for provenance."""
+    """Linear warmup from 0 to `lr` over `warmup_steps`, then (`kind` warmup_cosine) cosine
+    decay to `min_lr_ratio*lr` at `total_steps`, or (warmup_stable_decay) `lr` held until the
+    last `decay_steps`, which decay linearly to `min_lr_ratio*lr` at the last step; flat after.
+    A pure function of the step, so resuming needs only the step count; the fields are saved
+    for provenance. A WSD schedule's LR before `decay_start` does not depend on `total_steps`:
+    a longer run's state there is this run's (`taperlm.training.branch`)."""
 
     lr: float
     warmup_steps: int
     total_steps: int
     min_lr_ratio: float
+    kind: str = "warmup_cosine"
+    decay_steps: int = 0
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, total_steps: int) -> LRSchedule:
         warmup = min(total_steps, math.ceil(cfg.warmup_tokens / cfg.batch_tokens))
-        return cls(cfg.lr, warmup, total_steps, cfg.min_lr_ratio)
+        kind = SCHEDULE_KINDS[cfg.schedule]
+        decay = 0
+        if cfg.schedule == "wsd":
+            # the decay never eats into the warmup: at least one step, at most what follows it
+            decay = min(max(1, math.ceil(cfg.decay_fraction * total_steps)), total_steps - warmup)
+        return cls(cfg.lr, warmup, total_steps, cfg.min_lr_ratio, kind, max(0, decay))
+
+    @property
+    def decay_start(self) -> int:
+        """The first step whose LR is below the plateau (cosine: the end of the warmup)."""
+        if self.kind == "warmup_stable_decay":
+            return self.total_steps - self.decay_steps
+        return self.warmup_steps
 
     def __call__(self, step: int) -> float:
         """LR used by optimizer step `step` (0-based)."""
         if self.warmup_steps > 0 and step < self.warmup_steps:
             return self.lr * (step + 1) / self.warmup_steps
         floor = self.min_lr_ratio * self.lr
+        if self.kind == "warmup_stable_decay":
+            if step < self.decay_start or self.decay_steps == 0:
+                return self.lr
+            # step decay_start + k uses (k + 1) / decay_steps of the way down: the last step
+            # trains at the floor
+            done = min(1.0, (step - self.decay_start + 1) / self.decay_steps)
+            return self.lr - (self.lr - floor) * done
         span = max(1, self.total_steps - self.warmup_steps)
         progress = min(1.0, (step - self.warmup_steps) / span)
         return floor + 0.5 * (self.lr - floor) * (1.0 + math.cos(math.pi * progress))
 
     def state_dict(self) -> dict:
-        return {
-            "kind": "warmup_cosine",
+        out = {
+            "kind": self.kind,
             "lr": self.lr,
             "warmup_steps": self.warmup_steps,
             "total_steps": self.total_steps,
             "min_lr_ratio": self.min_lr_ratio,
         }
+        if self.kind == "warmup_stable_decay":
+            out["decay_steps"] = self.decay_steps
+        return out
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -1,0 +1,493 @@
+"""`taperlm compare --paper tokens` and `--paper ratios`: does the taper's advantage survive long
+training, and where is the best ratio at the paper's 68 tokens per parameter?
+
+Both are `--paper scaling` sweeps (`taperlm.compare.scaling`: every point a complete, resumable
+`taperlm compare` in OUT/<size>-<tokens>/ with uniform's lr tuned at that point, the cosine ratio
+sweep at that lr, the best ratio fitted with its bootstrap interval), over other points:
+
+- `tokens`: the token axis. nano (0.27M parameters, bpe:512) at 0.5, 2, 8, 32 and 68 tokens per
+  parameter, micro (1.06M, bpe:2048) at 0.5, 2 and 10; the sweep uniform and cosine 1.25, 1.5,
+  1.75, 1.9 (end = 2 - start). Uniform's lr is tuned per budget (the optimum lr moves with the
+  length of training).
+- `ratios`: the ratio axis past the old edge: uniform and cosine 1.5, 1.75, 1.9, 1.95, 2.0
+  (2.0 -> 0.0: the last layer's MLP vanishes, a zero width) at nano 0.5, 8 and 68 and micro 0.5
+  and 10 tokens per parameter.
+
+nano's widths step by 8 (`--multiple-of 8` for its points): at 16, 1.9 -> 0.1 and 1.95 -> 0.05
+give the same four widths at its baseline of 176.
+
+On top of the scaling report (OUT/report.md, report.json, scaling.png) each mode writes the
+reading across tokens per parameter (`write_trend_report`): OUT/trend.md and trend.json with, per
+point, the difference at 1.5 -> 0.5, at the best measured ratio and the fitted best ratio; the
+figures advantage.png (difference against tokens per parameter, one line per size, the paper's
+440M point: 15.96 -> 15.64 perplexity at 68 tokens per parameter) and best_ratio.png; and the
+trend of each fitted per size (y = a + b log10(tokens/param), weighted by the points' intervals)
+and across sizes (y = a + b log10(tokens/param) + c log10(params)), extrapolated to the paper's
+440M at 68 tokens per parameter with a parametric-bootstrap interval, or the plain reason why it
+cannot be.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from taperlm.analysis.plots import _figure, _save
+from taperlm.budget import total_params
+from taperlm.compare.recipe import COMPARE_TRAIN
+from taperlm.compare.report import md_table
+from taperlm.compare.scaling import (
+    SCALING_STARTS,
+    ScalingPlan,
+    ScalingSize,
+    run_scaling,
+)
+from taperlm.errors import ConfigError
+from taperlm.io import atomic_write_json, atomic_write_text
+from taperlm.presets import get_preset
+
+# The sizes of the long-training sweeps: preset, the vocabulary of its built-in corpus
+# (`taperlm.compare.inputs.SIZE_CORPUS_TOKENIZERS`) and its width step.
+SIZES = {
+    "nano": ("transformer-nano", 512, 8),
+    "micro": ("transformer-micro", 2048, None),
+}
+TOKENS_PER_PARAM = {"nano": (0.5, 2.0, 8.0, 32.0, 68.0), "micro": (0.5, 2.0, 10.0)}
+RATIO_TOKENS_PER_PARAM = {"nano": (0.5, 8.0, 68.0), "micro": (0.5, 10.0)}
+RATIO_STARTS = (1.5, 1.75, 1.9, 1.95, 2.0)
+MODES = ("tokens", "ratios")
+# The paper's 440M Transformer at 30B tokens (68 tokens per parameter): uniform 15.96, cosine
+# 1.5 -> 0.5 15.64 validation perplexity; its best ratio is 1.5.
+PAPER_440M = {"params": 440e6, "tokens_per_param": 30e9 / 440e6, "ppl": (15.96, 15.64)}
+PAPER_DIFF = math.log(PAPER_440M["ppl"][1]) - math.log(PAPER_440M["ppl"][0])  # -0.0203 nats
+PAPER_BEST = 1.5
+TREND_BOOT = 4000
+ADVANTAGE_PLOT = "advantage.png"
+BEST_RATIO_PLOT = "best_ratio.png"
+# Training speed (tokens per core-second) of one compare cell, compare's recipe, 1 torch thread:
+# nano measured here as the marginal CPU time of a 307,200- against a 102,400-token run (startup
+# and evaluation excluded) on the shared 2-core machine at load 8-10; micro the marginal speed of
+# its `--paper scaling` runs on idle cores (docs/compare.md, "--paper tokens"). The --help
+# estimates use them.
+CELL_TOKENS_PER_S = {"nano": 17_520, "micro": 5_850}
+TUNE_LRS, TUNE_SEEDS = 4, 2  # tuning runs per point: uniform at 4 lrs x 2 seeds (the defaults)
+# A chosen lr at the grid's edge extends the grid (--lr-grid-extend) up to this many times: the
+# optimum lr moves with the budget, so a grid centred on the short runs' lr may not hold it.
+LONGRUN_EXTEND = 3
+
+
+def budget_tokens(size: str, tokens_per_param: float) -> int:
+    """Training tokens of `size` at `tokens_per_param`: parameters at its corpus's vocabulary,
+    rounded to whole steps of compare's batch (at least one)."""
+    preset, vocab, _ = SIZES[size]
+    cfg = get_preset(preset, resolve=False)
+    cfg.vocab_size = vocab
+    params = total_params(cfg.resolve())
+    batch = COMPARE_TRAIN.batch_tokens
+    return max(1, round(tokens_per_param * params / batch)) * batch
+
+
+def plan_of(mode: str, sizes: str | None = None) -> ScalingPlan:
+    """The points of `mode` (tokens | ratios), at `sizes` (a comma list of nano, micro; None:
+    both)."""
+    if mode not in MODES:
+        raise ConfigError(f"--paper {mode!r}: the long-training modes are {', '.join(MODES)}")
+    table = TOKENS_PER_PARAM if mode == "tokens" else RATIO_TOKENS_PER_PARAM
+    names = [s.strip() for s in (sizes or ",".join(SIZES)).split(",") if s.strip()]
+    unknown = [n for n in names if n not in SIZES]
+    if unknown or not names:
+        raise ConfigError(
+            f"--preset-size: --paper {mode} runs at {', '.join(SIZES)}; got {sizes!r}"
+        )
+    out = []
+    for name in names:
+        preset, _, step = SIZES[name]
+        budgets = tuple(budget_tokens(name, t) for t in table[name])
+        out.append(ScalingSize(name, preset, tokens=budgets, multiple_of=step))
+    every = sorted({t for s in out for t in s.tokens})
+    starts = SCALING_STARTS if mode == "tokens" else RATIO_STARTS
+    return ScalingPlan(sizes=out, tokens=every, starts=starts)
+
+
+def estimated_hours(mode: str, seeds: int = 5, cores: int = 2) -> float:
+    """Hours on `cores` idle cores, estimated from the measured per-cell speed: every point
+    trains (1 + starts) x seeds runs and TUNE_LRS x TUNE_SEEDS tuning runs of its tokens (the
+    final validation and curve points add ~2%, left out)."""
+    plan = plan_of(mode)
+    core_s = 0.0
+    for size in plan.sizes:
+        runs = (1 + len(plan.starts)) * seeds + TUNE_LRS * TUNE_SEEDS
+        core_s += sum(runs * t / CELL_TOKENS_PER_S[size.name] for t in size.tokens)
+    return core_s / cores / 3600
+
+
+def run_longrun(opts) -> tuple[Path, Path]:
+    """`--paper tokens` or `--paper ratios`: the scaling sweep over the mode's points, the trend
+    report rewritten after each point; returns (report.md, report.json)."""
+    plan = plan_of(opts.paper, opts.preset_size)
+    extend = LONGRUN_EXTEND if opts.lr_grid_extend is None else opts.lr_grid_extend
+    sub = dataclasses.replace(opts, preset_size=None, lr_grid_extend=extend)
+    return run_scaling(
+        sub, plan, mode=opts.paper, on_report=lambda js: write_trend_report(js, opts.paper)
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# the reading across tokens per parameter
+
+
+def _se(d: dict[str, Any] | None) -> float | None:
+    """Standard error of a paired difference from its 95% t interval (None without one)."""
+    if not d or d.get("mean") is None or not d.get("ci"):
+        return None
+    return (d["ci"][1] - d["ci"][0]) / (2 * 1.96)
+
+
+def trend_rows(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per point of a scaling report: size, params, tokens per parameter, the difference at
+    1.5 -> 0.5 and at the ratio with the lowest mean loss (each {mean, ci, se}), and the fitted
+    best ratio (best, ci, at_upper_edge)."""
+    rows = []
+    for p in points:
+        diffs = p["diffs"]
+        fit = p["fit"]
+        tapers = [t for t in diffs if t != "uniform"]
+        at_15 = diffs.get("cosine:1.5:0.5")
+        lowest = fit.get("lowest")
+        best_taper = next(
+            (t for t in tapers if lowest is not None and _start(t) == _ratio_key(lowest)), None
+        )
+        rows.append(
+            {
+                "point": p["point"],
+                "size": p["size"],
+                "params": p["params"],
+                "tokens": p["tokens"],
+                "tokens_per_param": p["tokens_per_param"],
+                "diff_1.5": _diff(at_15),
+                "best_measured": best_taper,
+                "diff_best": _diff(diffs.get(best_taper)) if best_taper else None,
+                "best_ratio": {
+                    "best": fit.get("best"),
+                    "ci": fit.get("ci"),
+                    "at_upper_edge": fit.get("at_upper_edge"),
+                },
+            }
+        )
+    return rows
+
+
+def _ratio_key(x: float | str) -> float:
+    """A start ratio rounded as the sweep writes it (e.g. 1.95 from 1.9500000000000002)."""
+    return round(float(x), 6)
+
+
+def _start(taper: str) -> float:
+    return _ratio_key(taper.split(":")[1]) if taper.startswith("cosine:") else 1.0
+
+
+def _diff(d: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not d or d.get("mean") is None:
+        return None
+    return {"mean": d["mean"], "ci": d.get("ci"), "se": _se(d)}
+
+
+def fit_trend(
+    xs: list[tuple[float, ...]],
+    ys: list[float],
+    ses: list[float | None],
+    at: tuple[float, ...],
+    n_boot: int = TREND_BOOT,
+    seed: int = 0,
+) -> dict[str, Any] | None:
+    """Weighted least squares y = a + b . x (x: a row of regressors, e.g. (log10 tokens/param,)
+    or with log10 params), weights 1/se^2, and the prediction at `at` with a 95% interval from a
+    parametric bootstrap (each y redrawn from Normal(y, se), refitted). None when the points
+    cannot determine the coefficients (fewer points than coefficients + 1, or a singular design)
+    or any point lacks an interval."""
+    n, k = len(ys), len(at) + 1
+    if n < k + 1 or any(s is None or s <= 0 for s in ses):
+        return None
+    design = np.array([[1.0, *x] for x in xs])
+    if np.linalg.matrix_rank(design) < k:
+        return None
+    y, se = np.array(ys), np.array(ses, dtype=float)
+    w = 1 / se**2
+    target = np.array([1.0, *at])
+
+    def solve(values: np.ndarray) -> np.ndarray:
+        sw = np.sqrt(w)
+        coef, *_ = np.linalg.lstsq(design * sw[:, None], values * sw, rcond=None)
+        return coef
+
+    coef = solve(y)
+    rng = np.random.default_rng(seed)
+    draws = y + rng.standard_normal((n_boot, n)) * se
+    boots = np.array([solve(d) for d in draws])
+    preds = boots @ target
+    return {
+        "coefficients": [float(c) for c in coef],
+        "coefficient_ci": [
+            [float(np.percentile(boots[:, j], 2.5)), float(np.percentile(boots[:, j], 97.5))]
+            for j in range(k)
+        ],
+        "at": list(at),
+        "prediction": float(coef @ target),
+        "prediction_ci": [float(np.percentile(preds, 2.5)), float(np.percentile(preds, 97.5))],
+        "n_points": n,
+    }
+
+
+def _regressors(row: dict[str, Any], with_size: bool) -> tuple[float, ...]:
+    x = (math.log10(row["tokens_per_param"]),)
+    return (*x, math.log10(row["params"])) if with_size else x
+
+
+def trends(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The trend of the difference at 1.5 -> 0.5 and of the fitted best ratio: per size (against
+    log10 tokens per parameter, predicted at 68) and across sizes (also against log10 params,
+    predicted at the paper's 440M and 68), each with the reason when it cannot be fitted."""
+    tpp, params = PAPER_440M["tokens_per_param"], PAPER_440M["params"]
+    out: dict[str, Any] = {"diff_1.5": {}, "best_ratio": {}}
+    sizes = sorted(
+        {r["size"] for r in rows}, key=lambda s: min(r["params"] for r in rows if r["size"] == s)
+    )
+    for key, value in (("diff_1.5", _diff_value), ("best_ratio", _ratio_value)):
+        usable = [(r, *value(r)) for r in rows if value(r)[0] is not None]
+        for size in sizes:
+            mine = [u for u in usable if u[0]["size"] == size]
+            out[key][size] = _fit_or_reason(mine, False, (math.log10(tpp),), key)
+        across = (math.log10(tpp), math.log10(params))
+        if len(sizes) < 2:
+            out[key]["440m"] = {"reason": "one size gives no trend with size: run >= 2 sizes"}
+        else:
+            out[key]["440m"] = _fit_or_reason(usable, True, across, key)
+    return out
+
+
+def _diff_value(row: dict[str, Any]) -> tuple[float | None, float | None]:
+    d = row["diff_1.5"]
+    return (None, None) if not d else (d["mean"], d["se"])
+
+
+def _ratio_value(row: dict[str, Any]) -> tuple[float | None, float | None]:
+    b = row["best_ratio"]
+    if b["best"] is None:
+        return None, None
+    se = (b["ci"][1] - b["ci"][0]) / (2 * 1.96) if b["ci"] else None
+    return b["best"], se
+
+
+def _fit_or_reason(usable: list, with_size: bool, at: tuple[float, ...], key: str) -> dict:
+    edge = [u[0]["point"] for u in usable if (u[0]["best_ratio"]["at_upper_edge"] or 0) > 0.5]
+    if key == "best_ratio" and edge:
+        return {
+            "reason": f"the best ratio is at the sweep's steepest in most resamples at "
+            f"{', '.join(edge)}: its interval is a lower bound there, a trend through it is not "
+            "a fit (extend the sweep: --paper ratios)"
+        }
+    # a zero-width interval (a best that never moves) carries no weight information
+    usable = [u for u in usable if u[2] is not None and u[2] > 0]
+    fit = fit_trend(
+        [_regressors(u[0], with_size) for u in usable],
+        [u[1] for u in usable],
+        [u[2] for u in usable],
+        at,
+    )
+    if fit is None:
+        need = len(at) + 2
+        return {
+            "reason": f"{len(usable)} point(s) with an interval; a trend with an interval needs "
+            f">= {need}" + (" at >= 2 sizes" if with_size else "")
+        }
+    return fit
+
+
+def write_trend_report(report_json: Path, mode: str) -> tuple[Path, Path]:
+    """trend.md, trend.json, advantage.png and best_ratio.png beside a scaling report."""
+    out = report_json.parent
+    doc = json.loads(report_json.read_text(encoding="utf-8"))
+    rows = trend_rows(doc["points"])
+    fitted = trends(rows)
+    plots = []
+    if any(r["diff_1.5"] for r in rows):
+        plot_advantage(rows, fitted, out / ADVANTAGE_PLOT)
+        plots.append(ADVANTAGE_PLOT)
+    if any(r["best_ratio"]["best"] is not None for r in rows):
+        plot_best_ratio(rows, out / BEST_RATIO_PLOT)
+        plots.append(BEST_RATIO_PLOT)
+    trend = {
+        "meta": {
+            "mode": mode,
+            "command": doc["meta"]["command"],
+            "done": doc["meta"]["done"],
+            "total": doc["meta"]["total"],
+            "paper_440m": {**PAPER_440M, "diff": PAPER_DIFF, "best": PAPER_BEST},
+            "plots": plots,
+        },
+        "points": rows,
+        "trends": fitted,
+    }
+    atomic_write_json(out / "trend.json", trend)
+    atomic_write_text(out / "trend.md", trend_markdown(trend))
+    return out / "trend.md", out / "trend.json"
+
+
+def _ci(d: dict[str, Any] | None, fmt: str = "+.4f") -> str:
+    if not d:
+        return "–"
+    text = format(d["mean"], fmt)
+    return text + (f" [{d['ci'][0]:{fmt}}, {d['ci'][1]:{fmt}}]" if d.get("ci") else "")
+
+
+def trend_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The markdown table of the points (the docs copy it)."""
+    head = ["point", "params", "tokens/param", "Δ 1.5→0.5 [95% CI]", "best measured",
+            "Δ there [95% CI]", "fitted best start [95% bootstrap]"]  # fmt: skip
+    table = []
+    for r in rows:
+        b = r["best_ratio"]
+        best = "–" if b["best"] is None else f"{b['best']:.2f}"
+        if b["ci"]:
+            best += f" [{b['ci'][0]:.2f}, {b['ci'][1]:.2f}]"
+        if (b["at_upper_edge"] or 0) > 0.5:
+            best += " (edge)"
+        table.append(
+            [
+                r["point"],
+                f"{r['params']:,}",
+                f"{r['tokens_per_param']:.2f}",
+                _ci(r["diff_1.5"]),
+                r["best_measured"] or "–",
+                _ci(r["diff_best"]),
+                best,
+            ]
+        )
+    return md_table(head, table)
+
+
+def _trend_line(name: str, fit: dict[str, Any], what: str, at: str) -> str:
+    if "reason" in fit:
+        return f"- {name}: no trend: {fit['reason']}."
+    b, (lo, hi) = fit["coefficients"][1], fit["coefficient_ci"][1]
+    p, (plo, phi) = fit["prediction"], fit["prediction_ci"]
+    return (
+        f"- {name}: {what} changes by {b:+.4f} [{lo:+.4f}, {hi:+.4f}] per decade of tokens per "
+        f"parameter; at {at}: {p:+.4f} [{plo:+.4f}, {phi:+.4f}]"
+    )
+
+
+def trend_markdown(trend: dict[str, Any]) -> str:
+    meta = trend["meta"]
+    title = f"# taperlm compare — paper {meta['mode']}: the taper against tokens per parameter"
+    if meta["done"] < meta["total"]:
+        title += f" (PARTIAL: {meta['done']}/{meta['total']} points done)"
+    lines = [title, "", f"Produced by `{meta['command']}` (per point: report.md).", ""]
+    lines += trend_table(trend["points"])
+    lines += [
+        "",
+        "Δ = cosine START:2−START minus uniform validation loss, paired over seeds (95% t "
+        "interval); best measured: the swept ratio with the lowest mean loss; fitted best: the "
+        "local-parabola vertex with its bootstrap interval (`--paper scaling`), '(edge)' when "
+        "most resamples put it at the steepest ratio swept. The paper's 440M point: "
+        f"Δ = ln(15.64/15.96) = {PAPER_DIFF:+.4f} at 1.5→0.5, best 1.5, "
+        f"{PAPER_440M['tokens_per_param']:.0f} tokens/param.",
+        "",
+        "## Trends",
+        "",
+        "Weighted least squares on log10(tokens/param) (per size) and also log10(params) "
+        f"(across sizes), 95% intervals from {TREND_BOOT} parametric-bootstrap refits.",
+        "",
+    ]
+    tpp = PAPER_440M["tokens_per_param"]
+    for key, what in (("diff_1.5", "Δ at 1.5→0.5"), ("best_ratio", "the best start ratio")):
+        for name, fit in trend["trends"][key].items():
+            at = f"440M, {tpp:.0f} tokens/param" if name == "440m" else f"{tpp:.0f} tokens/param"
+            label = "across sizes, extrapolated" if name == "440m" else name
+            lines.append(_trend_line(f"{what}, {label}", fit, what, at))
+    lines.append("")
+    for plot in meta["plots"]:
+        lines += [f"![{plot}]({plot})", ""]
+    return "\n".join(lines)
+
+
+def plot_advantage(rows: list[dict[str, Any]], fitted: dict[str, Any], path: Path) -> None:
+    """Δ at 1.5 -> 0.5 (and at the best measured ratio) against tokens per parameter, one colour
+    per size, each size's fitted trend, and the paper's 440M point."""
+    fig, axes = _figure(1, width=8.0)
+    ax = axes[0]
+    for i, size in enumerate(dict.fromkeys(r["size"] for r in rows)):
+        pts = sorted(
+            (r["tokens_per_param"], r) for r in rows if r["size"] == size and r["diff_1.5"]
+        )
+        if not pts:
+            continue
+        xs = [x for x, _ in pts]
+        for key, marker, style, label in (
+            ("diff_1.5", "o", "-", "1.5→0.5"),
+            ("diff_best", "s", ":", "best measured ratio"),
+        ):
+            ds = [(x, r[key]) for x, r in pts if r[key]]
+            if not ds:
+                continue
+            ys = [d["mean"] for _, d in ds]
+            err = [[y - (d["ci"] or [y, y])[0] for (_, d), y in zip(ds, ys)],
+                   [(d["ci"] or [y, y])[1] - y for (_, d), y in zip(ds, ys)]]  # fmt: skip
+            ax.errorbar([x for x, _ in ds], ys, yerr=err, marker=marker, linestyle=style,
+                        capsize=3, color=f"C{i}", label=f"{size}: {label}")  # fmt: skip
+        fit = fitted["diff_1.5"].get(size, {})
+        if "coefficients" in fit:
+            grid = np.geomspace(min(xs), PAPER_440M["tokens_per_param"], 50)
+            a, b = fit["coefficients"]
+            ax.plot(grid, a + b * np.log10(grid), color=f"C{i}", alpha=0.4, linestyle="--",
+                    label=f"{size}: trend (1.5→0.5)")  # fmt: skip
+    ax.plot([PAPER_440M["tokens_per_param"]], [PAPER_DIFF], marker="*", markersize=14,
+            color="k", linestyle="none", label="paper, 440M: 15.96 → 15.64 ppl")  # fmt: skip
+    ax.axhline(0.0, color="grey", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens per parameter")
+    ax.set_ylabel("Δ val loss, tapered − uniform (nats)")
+    ax.set_title("The taper's advantage against training length (below 0: taper better)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    _save(fig, path)
+
+
+def plot_best_ratio(rows: list[dict[str, Any]], path: Path) -> None:
+    """The fitted best start ratio (bootstrap interval) against tokens per parameter, one
+    colour per size; hollow where most resamples sit at the steepest ratio; the paper's
+    point."""
+    fig, axes = _figure(1, width=8.0)
+    ax = axes[0]
+    for i, size in enumerate(dict.fromkeys(r["size"] for r in rows)):
+        pts = sorted(
+            (r["tokens_per_param"], r["best_ratio"])
+            for r in rows
+            if r["size"] == size and r["best_ratio"]["best"] is not None
+        )
+        if not pts:
+            continue
+        xs, ys = [x for x, _ in pts], [b["best"] for _, b in pts]
+        err = [[y - (b["ci"] or [y, y])[0] for (_, b), y in zip(pts, ys)],
+               [(b["ci"] or [y, y])[1] - y for (_, b), y in zip(pts, ys)]]  # fmt: skip
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color=f"C{i}", label=size)
+        edge = [(x, y) for (x, b), y in zip(pts, ys) if (b["at_upper_edge"] or 0) > 0.5]
+        if edge:
+            ax.plot([x for x, _ in edge], [y for _, y in edge], marker="o", markersize=12,
+                    fillstyle="none", linestyle="none", color=f"C{i}",
+                    label=f"{size}: at the sweep's edge")  # fmt: skip
+    ax.plot([PAPER_440M["tokens_per_param"]], [PAPER_BEST], marker="*", markersize=14,
+            color="k", linestyle="none", label="paper, 440M")  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_ylim(0.95, 2.05)
+    ax.set_xlabel("training tokens per parameter")
+    ax.set_ylabel("best cosine start ratio (end = 2 − start)")
+    ax.set_title("Best taper ratio against training length")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    _save(fig, path)

@@ -1,0 +1,263 @@
+"""`taperlm compare --paper tokens` and `--paper ratios`: the plans meet the issue's brief (budgets
+in tokens per parameter, the ratio sweep past 1.9 -> 0.1 with distinct widths), every point is a
+valid comparison, the trend fits recover known trends from synthetic points and say when they
+cannot extrapolate, the report pieces are written, and a toy sweep with a zero-width ratio runs
+end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from taperlm.compare import longrun
+from taperlm.compare.job import check_options
+from taperlm.compare.options import CompareOptions, declared_options
+from taperlm.errors import ConfigError
+from taperlm.taper import TaperSpec
+from test_compare import data_dir  # noqa: F401 (fixture)
+from test_compare_scaling import TOY_ARGS
+
+
+def test_token_axis_plan_meets_the_brief():
+    """nano: budgets spanning >= 2 orders of magnitude up to >= 68 tokens per parameter; micro
+    up to >= 10; every budget within one batch of its tokens per parameter, at the parameters
+    of the size's own corpus vocabulary (nano 512, micro 2048)."""
+    from taperlm.budget import total_params
+    from taperlm.presets import get_preset
+
+    plan = longrun.plan_of("tokens")
+    sizes = {s.name: s for s in plan.sizes}
+    assert set(sizes) == {"nano", "micro"}
+    for name, vocab, lo_span, top in (("nano", 512, 100, 68), ("micro", 2048, 19.9, 10)):
+        cfg = get_preset(sizes[name].preset, resolve=False)
+        cfg.vocab_size = vocab
+        params = total_params(cfg.resolve())
+        tpp = [t / params for t in sizes[name].tokens]
+        assert max(tpp) >= top - 0.01 and max(tpp) / min(tpp) >= lo_span
+        for t, want in zip(sizes[name].tokens, longrun.TOKENS_PER_PARAM[name]):
+            assert abs(t - want * params) <= 512 and t % 1024 == 0
+    assert 1.5 in plan.starts and len(plan.starts) >= 4
+    assert longrun.budget_tokens("nano", 68) == sizes["nano"].tokens[-1]
+    params = total_params(get_preset("transformer-nano", resolve=False).resolve())
+    assert params == 266_816  # 0.27M at its 512-token vocabulary
+
+
+def test_ratio_axis_goes_past_the_old_edge_with_distinct_widths():
+    """1.95 -> 0.05 and 2.0 -> 0.0 (a zero last width) are swept; at nano's width step of 8 every
+    swept ratio gives its own widths (at 16, 1.9 and 1.95 coincide)."""
+    plan = longrun.plan_of("ratios")
+    assert max(plan.starts) == 2.0 and 1.95 in plan.starts and 1.5 in plan.starts
+    nano = next(s for s in plan.sizes if s.name == "nano")
+    from taperlm.solver import solve_sizes
+
+    widths = {
+        s: tuple(solve_sizes(TaperSpec.parse(f"cosine:{s}:{2 - s:g}", 8), 4, 176, zero_ok=True))
+        for s in plan.starts
+    }
+    assert len(set(widths.values())) == len(plan.starts), widths
+    assert widths[2.0][-1] == 0 and nano.multiple_of == 8
+    coarse = [
+        solve_sizes(TaperSpec.parse(f"cosine:{s}:{2 - s:g}", 16), 4, 176, zero_ok=True)
+        for s in (1.9, 1.95)
+    ]
+    assert coarse[0] == coarse[1]  # why nano steps by 8
+
+
+@pytest.mark.parametrize("mode", longrun.MODES)
+def test_every_point_is_a_valid_comparison(mode):
+    """Checked without training or data: the allocations, the tokens, nano's width step and
+    bpe:512 corpus; the sizes can be chosen with --preset-size."""
+    from taperlm.compare import scaling
+    from taperlm.compare.inputs import corpus_tokenizer
+
+    opts = CompareOptions(out=Path("x"), paper=mode)
+    points = scaling.point_options(opts, longrun.plan_of(mode))
+    assert len(points) == sum(len(v) for v in longrun.TOKENS_PER_PARAM.values()) or mode == "ratios"
+    for _key, size, tokens, sub in points:
+        allocs, base = check_options(sub)
+        assert len(allocs) == 1 + len(longrun.plan_of(mode).starts)
+        assert base.train.tokens == tokens
+        assert sub.multiple_of == (8 if size.name == "nano" else None)
+        assert corpus_tokenizer(sub) == ("bpe:512" if size.name == "nano" else "bpe:2048")
+    only = longrun.plan_of(mode, "micro")
+    assert [s.name for s in only.sizes] == ["micro"]
+    with pytest.raises(ConfigError, match="nano, micro"):
+        longrun.plan_of(mode, "huge")
+
+
+def test_help_states_each_modes_estimated_time():
+    """The --paper help's hours are estimated_hours' (from the measured per-run speed)."""
+    text = next(f for f in declared_options() if f.name == "paper").metadata["argparse"]["help"]
+    for mode in longrun.MODES:
+        stated = re.search(rf"{mode} = .*?estimated ~(\d+) h", text)
+        assert stated, text
+        assert int(stated.group(1)) == round(longrun.estimated_hours(mode))
+
+
+def test_fit_trend_recovers_a_known_slope_and_prediction():
+    rng = random.Random(0)
+    xs = [(math.log10(t),) for t in (0.5, 2, 8, 32, 68)]
+    ys = [-0.08 + 0.05 * x[0] + rng.gauss(0, 0.002) for x in xs]
+    fit = longrun.fit_trend(xs, ys, [0.004] * 5, (math.log10(68),))
+    assert fit["coefficients"][1] == pytest.approx(0.05, abs=0.01)
+    lo, hi = fit["coefficient_ci"][1]
+    assert lo < 0.05 < hi and hi - lo < 0.03
+    want = -0.08 + 0.05 * math.log10(68)
+    assert fit["prediction_ci"][0] < want < fit["prediction_ci"][1]
+    # noisier points: a wider interval
+    wide = longrun.fit_trend(xs, ys, [0.04] * 5, (math.log10(68),))
+    assert wide["prediction_ci"][1] - wide["prediction_ci"][0] > 5 * (hi - lo) / 3
+    # too few points, a missing interval, or a design that cannot separate the coefficients
+    assert longrun.fit_trend(xs[:2], ys[:2], [0.004] * 2, (1.0,)) is None
+    assert longrun.fit_trend(xs, ys, [0.004, None, 0.004, 0.004, 0.004], (1.0,)) is None
+    same = [(x[0], 6.0) for x in xs]  # one size: log10(params) is constant
+    assert longrun.fit_trend(same, ys, [0.004] * 5, (1.0, 8.6)) is None
+
+
+def _point(size: str, params: int, tpp: float, d15: float, best: float, edge: float) -> dict:
+    ci = [d15 - 0.01, d15 + 0.01]
+    return {
+        "point": f"{size}-{int(tpp * params)}",
+        "size": size,
+        "params": params,
+        "tokens": int(tpp * params),
+        "tokens_per_param": tpp,
+        "diffs": {
+            "uniform": None,
+            "cosine:1.5:0.5": {"mean": d15, "ci": ci, "excludes_zero": True},
+            "cosine:1.9:0.1": {"mean": d15 - 0.02, "ci": [d15 - 0.03, d15 - 0.01]},
+        },
+        "fit": {
+            "best": best,
+            "ci": [best - 0.05, best + 0.05],
+            "at_upper_edge": edge,
+            "lowest": 1.9,
+        },
+    }
+
+
+def _report(tmp_path: Path, points: list[dict]) -> Path:
+    path = tmp_path / "report.json"
+    meta = {"command": "taperlm compare --paper tokens", "done": len(points), "total": 8}
+    path.write_text(json.dumps({"meta": meta, "points": points}))
+    return path
+
+
+def test_trend_report_from_synthetic_points(tmp_path):
+    """Two sizes whose advantage shrinks by 0.04 per decade: the per-size slopes recover it, the
+    extrapolation to 440M at 68 tokens/param has an interval, the figures and table are
+    written; trend.json holds every number the markdown shows."""
+    pts = []
+    for size, params, level in (("nano", 266_816, -0.05), ("micro", 1_058_016, -0.07)):
+        for tpp in (0.5, 2, 8, 32):
+            d = level + 0.04 * math.log10(tpp)
+            pts.append(_point(size, params, tpp, d, 1.8 - 0.1 * math.log10(tpp), 0.0))
+    md, js = longrun.write_trend_report(_report(tmp_path, pts), "tokens")
+    trend = json.loads(js.read_text())
+    at = math.log10(longrun.PAPER_440M["tokens_per_param"])  # 68.2
+    for size, level in (("nano", -0.05), ("micro", -0.07)):
+        fit = trend["trends"]["diff_1.5"][size]
+        assert fit["coefficients"][1] == pytest.approx(0.04, abs=1e-6)
+        assert fit["prediction"] == pytest.approx(level + 0.04 * at, abs=1e-6)
+    ext = trend["trends"]["diff_1.5"]["440m"]
+    assert "prediction_ci" in ext and ext["prediction_ci"][0] < ext["prediction_ci"][1]
+    assert trend["trends"]["best_ratio"]["nano"]["coefficients"][1] == pytest.approx(-0.1)
+    for plot in (longrun.ADVANTAGE_PLOT, longrun.BEST_RATIO_PLOT):
+        assert (tmp_path / plot).stat().st_size > 1000
+    text = md.read_text()
+    assert "PARTIAL: 8/8" not in text and "| nano-133408 |" in text
+    assert f"{ext['prediction']:+.4f}" in text and f"{longrun.PAPER_DIFF:+.4f}" in text
+    assert trend["points"][0]["best_measured"] == "cosine:1.9:0.1"
+
+
+def test_trend_report_says_why_it_cannot_extrapolate(tmp_path):
+    """One size: no trend with size; a best ratio at the sweep's edge: no best-ratio trend
+    (a lower bound is not a fit); two points: too few for an interval."""
+    pts = [_point("nano", 266_816, t, -0.05, 1.9, 0.9) for t in (0.5, 8)]
+    _, js = longrun.write_trend_report(_report(tmp_path, pts), "tokens")
+    trend = json.loads(js.read_text())["trends"]
+    assert "one size" in trend["diff_1.5"]["440m"]["reason"]
+    assert "needs >= 3" in trend["diff_1.5"]["nano"]["reason"]
+    assert "steepest" in trend["best_ratio"]["nano"]["reason"]
+    text = (tmp_path / "trend.md").read_text()
+    assert "no trend: one size" in text and "(edge)" in text
+
+
+@pytest.mark.slow  # ~30 s of CPU: 2 points x 8 toy runs
+def test_ratio_mode_end_to_end_at_toy_scale_with_a_zero_width(
+    data_dir,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    """The ratios mode's machinery on a toy plan whose steepest ratio 2.0 -> 0.0 gives the last
+    layer no MLP: every point trains, the scaling report and the trend report are written, a
+    rerun trains nothing."""
+    from taperlm.cli import build_parser
+    from taperlm.compare import scaling
+
+    toy = scaling.ScalingPlan(
+        sizes=[scaling.ScalingSize("a", "transformer-tiny", ("model.d_model=32",), (128, 192))],
+        tokens=[128, 192],
+        starts=(1.5, 2.0),
+    )
+    monkeypatch.setattr(longrun, "plan_of", lambda mode, sizes=None: toy)
+    out = tmp_path / "r"
+    argv = ["compare", *TOY_ARGS, "--paper", "ratios", "--seeds", "2", "--lr-grid", "2e-3,8e-3",
+            "--tune-seeds", "1", "--data", str(data_dir), "--out", str(out)]  # fmt: skip
+    args = build_parser().parse_args(argv)
+    opts = CompareOptions(**{f: getattr(args, f) for f in CompareOptions.__dataclass_fields__})
+    md, js = longrun.run_longrun(opts)
+    rep = json.loads(js.read_text())
+    assert [p["point"] for p in rep["points"]] == ["a-128", "a-192"]
+    assert set(rep["points"][0]["diffs"]) == {"uniform", "cosine:1.5:0.5", "cosine:2.0:0.0"}
+    sub = json.loads((out / "a-128" / "report.json").read_text())
+    zero = next(a for a in sub["allocations"] if a["taper"] == "cosine:2.0:0.0")
+    assert zero["widths"][-1] == 0
+    trend = json.loads((out / "trend.json").read_text())
+    assert trend["meta"]["mode"] == "ratios" and len(trend["points"]) == 2
+    assert "--paper ratios" in md.read_text() and (out / longrun.ADVANTAGE_PLOT).is_file()
+    longrun.run_longrun(opts)  # resumes: everything is there
+    assert json.loads(js.read_text())["points"][0]["fit"] == rep["points"][0]["fit"]
+
+
+def test_extended_lrs_adds_one_step_beyond_each_edge_chosen():
+    from taperlm.compare.tuning import extended_lrs
+
+    grid = [1e-3, 2e-3, 4e-3, 8e-3]
+    assert extended_lrs(grid, {"u": {"chosen_lr": 8e-3}}) == [*grid, 16e-3]
+    assert extended_lrs(grid, {"u": {"chosen_lr": 1e-3}}) == [5e-4, *grid]
+    both = extended_lrs(grid, {"u": {"chosen_lr": 1e-3}, "t": {"chosen_lr": 8e-3}})
+    assert both == [5e-4, *grid, 16e-3]
+    assert extended_lrs(grid, {"u": {"chosen_lr": 2e-3}}) is None
+    assert extended_lrs([1e-3, 3e-3], {"u": {"chosen_lr": 3e-3}}) == pytest.approx(
+        [1e-3, 3e-3, 9e-3]
+    )
+    assert extended_lrs([1e-3], {"u": {"chosen_lr": 1e-3}}) == [5e-4, 1e-3, 2e-3]
+
+
+def test_a_chosen_lr_at_the_edge_extends_the_grid(data_dir, tmp_path):  # noqa: F811
+    """--lr-grid-extend 2 with a grid far below any useful lr (1e-5, 2e-5): the choice sits at the
+    upper edge, so 4e-5 and then 8e-5 join the grid (two extensions, the limit), the report says
+    so and still flags the edge; without --tune-lr the option is refused; the reproducing command
+    carries it."""
+    from test_compare import TINY, _cli
+
+    out = tmp_path / "o"
+    args = ["compare", *TINY, "--tapers", "uniform;cosine:1.5:0.5", "--tune-lr",
+            "--tune-lr-scope", "uniform", "--lr-grid", "1e-5,2e-5", "--tune-seeds", "1",
+            "--lr-grid-extend", "2", "--seeds", "1", "--data", str(data_dir)]  # fmt: skip
+    rc, _, err = _cli([*args, "--out", str(out)])
+    assert rc == 0, err
+    rep = json.loads((out / "report.json").read_text())
+    tuning = rep["lr_tuning"]
+    assert tuning["lrs"] == pytest.approx([1e-5, 2e-5, 4e-5, 8e-5]) and tuning["extended"] == 2
+    assert tuning["chosen_lr"]["uniform"] == pytest.approx(8e-5)
+    assert tuning["curves"]["uniform"]["at_edge"] is True
+    assert "--lr-grid-extend 2" in rep["meta"]["command"]
+    rc, _, err = _cli(["compare", *TINY, "--lr-grid-extend", "2", "--out", str(tmp_path / "x")])
+    assert rc != 0 and "--lr-grid-extend" in err and "--tune-lr" in err
