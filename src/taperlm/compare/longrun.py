@@ -30,7 +30,6 @@ cannot be.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -48,7 +47,7 @@ from taperlm.compare.scaling import (
     run_scaling,
 )
 from taperlm.errors import ConfigError
-from taperlm.io import atomic_write_json, atomic_write_text
+from taperlm.io import MAX_RECORD_BYTES, atomic_write_json, atomic_write_text, read_json
 from taperlm.presets import get_preset
 
 # The sizes of the long-training sweeps: preset, the vocabulary of its built-in corpus
@@ -311,7 +310,7 @@ def _fit_or_reason(usable: list, with_size: bool, at: tuple[float, ...], key: st
 def write_trend_report(report_json: Path, mode: str) -> tuple[Path, Path]:
     """trend.md, trend.json, advantage.png and best_ratio.png beside a scaling report."""
     out = report_json.parent
-    doc = json.loads(report_json.read_text(encoding="utf-8"))
+    doc = read_json(report_json, MAX_RECORD_BYTES, "scaling report")
     rows = trend_rows(doc["points"])
     fitted = trends(rows)
     plots = []
