@@ -41,8 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--params",
         type=number(float, "(0, inf)"),
-        required=True,
-        help="target size: a fraction (< 1) of the source's parameters, or a count",
+        default=0.5,
+        help="target size: a fraction (< 1) of the source's parameters, or a count [0.5]",
     )
     parser.add_argument(
         "--params-of",
@@ -61,10 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--score",
         choices=SCORES,
-        default="act",
-        help="importance of a unit on the calibration text: act (mean |activation|, default), "
-        "flap (activation variance x squared output-weight norm), weight_act (activation "
-        "norm x output-weight norm)",
+        default="weight_act",
+        help="importance of a unit on the calibration text: weight_act (activation norm x "
+        "output-weight norm, default), act (mean |activation|), flap (activation variance x "
+        "squared output-weight norm)",
     )
     parser.add_argument(
         "--calibration-tokens",
@@ -125,6 +125,12 @@ def run(args: argparse.Namespace) -> int:
 
     args.device = resolve_device(args.device)
     spec = _spec(args.taper)
+    model_keys = [o for o in args.overrides if o.split("=", 1)[0].strip().startswith("model.")]
+    if model_keys:
+        raise ConfigError(
+            f"--set {model_keys[0]}: the pruned model's shape comes from --params and --taper; "
+            "--set may change the pruned run's train: and data: settings only"
+        )
     model, src_run = _source(args)
     P.check_prunable(src_run.model, model)
     data_dir = args.data or require_data_dir(_run_root(Path(args.source)), src_run)
@@ -144,8 +150,6 @@ def run(args: argparse.Namespace) -> int:
     data["data"]["dir"] = str(data_dir)
     apply_overrides(data, args.overrides)
     run_cfg = run_config_from_dict(data, "taperlm prune").resolve()
-    if to_dict(run_cfg.model) != to_dict(target):
-        raise ConfigError("--set may change the pruned run's train: and data: settings only")
     P.write_run(copy.deepcopy(run_cfg), args.out, pruned.model)
     cfg = run_cfg.train
     device = torch.device(args.device)

@@ -26,7 +26,7 @@ import torch
 from taperlm.models.layers import SwiGLU
 
 SCORES = ("act", "flap", "weight_act")
-DEFAULT_SCORE = "act"
+DEFAULT_SCORE = "weight_act"  # lowest loss right after pruning (docs/compress.md)
 
 
 @dataclass

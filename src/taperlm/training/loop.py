@@ -262,7 +262,8 @@ class Trainer:
         state = restore_training(path, self.model, self.optimizer, self.periodic)
         teacher = None if self.teacher is None else self.teacher.identity
         where = "" if self.teacher is None else str(self.teacher.checkpoint)
-        check_same_teacher(state.get("distill_teacher"), teacher, path, where)
+        if int(state["step"]) > 0:  # step 0 has made no update: any teacher may continue it
+            check_same_teacher(state.get("distill_teacher"), teacher, path, where)
         self.init_identity = state.get("init_from")
         loaders = state["loader"]
         # The loader's position is a global sample index, so a run may resume on another number
