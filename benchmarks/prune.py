@@ -242,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     perf = speed(contestants, 16, new, 1 if args.smoke else 5)
     healed: dict[str, dict[int, float]] = {}
     context = (args, source, src_cfg, shapes, after, perf, t_start, argv)
+    # healing first, seed by seed over every pruned model (the seeds the brief asks for), then the
+    # far costlier scratch runs, seed by seed over both sizes; the report is rewritten after each
+    # round, so a stopped benchmark reports the same seeds for every contestant of a kind
+    data = report(context, healed)
     for s in range(args.seeds):
         for (f, shape), (pdir, run_cfg) in pruned_dirs.items():
             name = f"heal-{f}-{shape}-s{s}"
@@ -253,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
 
             healed.setdefault(f"{f}/{shape}", {})[s] = cached(work, name, heal)["val_loss"]
             print(f"{name}: {healed[f'{f}/{shape}'][s]:.4f}", file=sys.stderr)
+        data = report(context, healed)
+    for s in range(args.seeds):
         for f in args.fractions:
             name = f"scratch-{f}-s{s}"
             sdir = work / name
@@ -263,15 +269,16 @@ def main(argv: list[str] | None = None) -> int:
 
             healed.setdefault(f"{f}/scratch", {})[s] = cached(work, name, scratch)["val_loss"]
             print(f"{name}: {healed[f'{f}/scratch'][s]:.4f}", file=sys.stderr)
-        data = report(context, healed, s + 1)
+        data = report(context, healed)
     print(markdown(data))
     return 0
 
 
-def report(context: tuple, healed: dict[str, dict[int, float]], seeds_done: int) -> dict:
+def report(context: tuple, healed: dict[str, dict[int, float]]) -> dict:
     """Write the results JSON and the figure from the seeds finished so far."""
     args, source, src_cfg, shapes, after, perf, t_start, argv = context
     rows = []
+    healed = {f"{f}/{c}": healed.get(f"{f}/{c}", {}) for f in args.fractions for c in CONTESTANTS}
     for f in args.fractions:
         for c in CONTESTANTS:
             key = f"{f}/{c}"
@@ -304,7 +311,10 @@ def report(context: tuple, healed: dict[str, dict[int, float]], seeds_done: int)
             if k not in ("json", "plot")
         }
         | {"cosine": COSINE, "params_of": "non-embedding", "score_default": DEFAULT_SCORE},
-        "seeds_done": seeds_done,
+        "seeds_done": {
+            "heal": min(len(v) for k, v in healed.items() if not k.endswith("/scratch")),
+            "scratch": min(len(v) for k, v in healed.items() if k.endswith("/scratch")),
+        },
         "rows": rows,
         "machine": machine_info(),
         "wall_s_this_session": time.perf_counter() - t_start,
@@ -332,6 +342,8 @@ def markdown(data: dict[str, Any]) -> str:
     ]
     for r in data["rows"]:
         h = r["healed"]
+        if h["mean"] is None:
+            continue
         after = "-" if r["after_prune"] is None else f"{r['after_prune'][score]:.4f}"
         sp = "-" if r["speed"] is None else f"{r['speed']['decode_tokens_per_cpu_s']:.0f}"
         lines.append(
@@ -369,6 +381,8 @@ def plot(data: dict[str, Any], path: Path) -> None:
         rows = [r for r in data["rows"] if r["fraction"] == f]
         for i, r in enumerate(rows):
             vals = r["healed"]["values"]
+            if not vals:
+                continue
             ax.plot([i] * len(vals), vals, "o", color="C0", alpha=0.4, ms=4)
             ax.errorbar(
                 i,
