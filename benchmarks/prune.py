@@ -212,18 +212,23 @@ def main(argv: list[str] | None = None) -> int:
     rho = measure_novelty(model, windows, seq_len=seq).means("rho_mlp")
     shapes = targets(src_cfg, args.fractions, rho, src_dir)
 
-    # 2. right after pruning: every score, every shape and size
-    after: dict[str, dict[str, float]] = {}
-    pruned_models = {}
-    for (f, shape), cfg in shapes.items():
-        for score in SCORES:
-            pr = P.prune(model, cfg, stats, score)
-            after.setdefault(f"{f}/{shape}", {})[score] = val(
-                pr.model, data_dir, seq, args.val_tokens
-            )
-            if score == DEFAULT_SCORE:
-                pruned_models[f, shape] = pr
-        print(f"{f}/{shape}: after pruning {after[f'{f}/{shape}']}", file=sys.stderr)
+    # 2. right after pruning: every score, every shape and size (kept as a cell: deterministic)
+    pruned_models = {
+        (f, shape): P.prune(model, cfg, stats, DEFAULT_SCORE) for (f, shape), cfg in shapes.items()
+    }
+
+    def after_pruning() -> dict[str, Any]:
+        out: dict[str, dict[str, float]] = {}
+        for (f, shape), cfg in shapes.items():
+            for score in SCORES:
+                pr = P.prune(model, cfg, stats, score)
+                out.setdefault(f"{f}/{shape}", {})[score] = val(
+                    pr.model, data_dir, seq, args.val_tokens
+                )
+            print(f"{f}/{shape}: after pruning {out[f'{f}/{shape}']}", file=sys.stderr)
+        return {"val_loss": out}
+
+    after = cached(work, "after-pruning", after_pruning)["val_loss"]
 
     # 3. healing by distillation, 4. scratch: seed by seed, every contestant, so that a stopped
     # benchmark has the same seeds for all (the report is rewritten after each round)
@@ -239,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     contestants = {"source": model}
     contestants |= {f"{f}/{shape}": pr.model for (f, shape), pr in pruned_models.items()}
     new = 8 if args.smoke else 128
-    perf = speed(contestants, 16, new, 1 if args.smoke else 5)
+    perf = cached(work, "speed", lambda: speed(contestants, 16, new, 1 if args.smoke else 5))
     healed: dict[str, dict[int, float]] = {}
     context = (args, source, src_cfg, shapes, after, perf, t_start, argv)
     # healing first, seed by seed over every pruned model (the seeds the brief asks for), then the
