@@ -48,6 +48,7 @@ from taperlm.compress import prune as P
 from taperlm.compress.importance import DEFAULT_SCORE, SCORES
 from taperlm.config import RunConfig
 from taperlm.data.loader import open_split
+from taperlm.errors import RunInUseError
 from taperlm.loading import load_run_model
 from taperlm.stats import paired_difference, summary
 from taperlm.taper import DEFAULT_STRENGTH, TaperSpec
@@ -179,6 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calibration-tokens", type=int, default=16_384)
     ap.add_argument("--val-tokens", type=int, default=16_384)
     ap.add_argument("--threads", type=int, default=1, help="torch threads [1]")
+    ap.add_argument(
+        "--phase",
+        choices=("all", "heal", "scratch"),
+        default="all",
+        help="all (default), or only the healing or only the scratch runs (the scratch phase "
+        "goes from the last seed backwards, so it can run beside the rest)",
+    )
     ap.add_argument("--data", type=Path, help="data dir [the built-in default corpus]")
     ap.add_argument("--smoke", action="store_true", help="a tiny model, seconds")
     ap.add_argument("--json", type=output_file, help="results [results/prune.json]")
@@ -245,26 +253,26 @@ def main(argv: list[str] | None = None) -> int:
     contestants |= {f"{f}/{shape}": pr.model for (f, shape), pr in pruned_models.items()}
     new = 8 if args.smoke else 128
     perf = cached(work, "speed", lambda: speed(contestants, 16, new, 1 if args.smoke else 5))
-    healed: dict[str, dict[int, float]] = {}
     context = (args, source, src_cfg, shapes, after, perf, t_start, argv)
     # healing first, seed by seed over every pruned model (the seeds the brief asks for), then the
     # far costlier scratch runs, seed by seed over both sizes; the report is rewritten after each
     # round, so a stopped benchmark reports the same seeds for every contestant of a kind
-    data = report(context, healed)
-    for s in range(args.seeds):
-        for (f, shape), (pdir, run_cfg) in pruned_dirs.items():
-            name = f"heal-{f}-{shape}-s{s}"
-            hdir = work / name
+    data = report(context, work)
+    if args.phase in ("all", "heal"):
+        for s in range(args.seeds):
+            for (f, shape), (pdir, run_cfg) in pruned_dirs.items():
+                name = f"heal-{f}-{shape}-s{s}"
+                hdir = work / name
 
-            def heal(hdir=hdir, s=s, run_cfg=run_cfg, pdir=pdir) -> dict[str, Any]:
-                train(heal_config(run_cfg, pdir, src_dir, args, s), hdir, progress=False)
-                return {"val_loss": final_val(hdir, data_dir, seq, args.val_tokens)}
+                def heal(hdir=hdir, s=s, run_cfg=run_cfg, pdir=pdir) -> dict[str, Any]:
+                    train(heal_config(run_cfg, pdir, src_dir, args, s), hdir, progress=False)
+                    return {"val_loss": final_val(hdir, data_dir, seq, args.val_tokens)}
 
-            healed.setdefault(f"{f}/{shape}", {})[s] = cached(work, name, heal)["val_loss"]
-            print(f"{name}: {healed[f'{f}/{shape}'][s]:.4f}", file=sys.stderr)
-        data = report(context, healed)
-    for s in range(args.seeds):
-        for f in args.fractions:
+                print(f"{name}: {cell(work, name, heal)}", file=sys.stderr)
+            data = report(context, work)
+    if args.phase in ("all", "scratch"):
+        order = [(s, f) for s in range(args.seeds) for f in args.fractions]
+        for s, f in reversed(order) if args.phase == "scratch" else order:
             name = f"scratch-{f}-s{s}"
             sdir = work / name
 
@@ -272,18 +280,42 @@ def main(argv: list[str] | None = None) -> int:
                 train(scratch_config(src_cfg, shapes[f, "cosine"], args, s), sdir, progress=False)
                 return {"val_loss": final_val(sdir, data_dir, seq, args.val_tokens)}
 
-            healed.setdefault(f"{f}/scratch", {})[s] = cached(work, name, scratch)["val_loss"]
-            print(f"{name}: {healed[f'{f}/scratch'][s]:.4f}", file=sys.stderr)
-        data = report(context, healed)
+            print(f"{name}: {cell(work, name, scratch)}", file=sys.stderr)
+            data = report(context, work)
     print(markdown(data))
     return 0
 
 
-def report(context: tuple, healed: dict[str, dict[int, float]]) -> dict:
-    """Write the results JSON and the figure from the seeds finished so far."""
+def cell(work: Path, name: str, compute: Any) -> str:
+    """Run one training cell (its validation loss), or say that another process holds it (the
+    scratch phase may run beside the healing one: each run dir has one writer)."""
+    try:
+        return f"{cached(work, name, compute)['val_loss']:.4f}"
+    except RunInUseError:
+        return "running in another process; skipped here"
+
+
+def finished(work: Path) -> dict[str, dict[int, float]]:
+    """Every finished heal/scratch cell in --work: 'FRACTION/SHAPE' -> {seed: val loss}."""
+    out: dict[str, dict[int, float]] = {}
+    for path in sorted((work / "cells").glob("*-s*.json")):
+        kind, rest = path.stem.split("-", 1)
+        if kind not in ("heal", "scratch"):
+            continue
+        parts = rest.split("-")
+        f, seed = parts[0], int(parts[-1][1:])
+        shape = "scratch" if kind == "scratch" else parts[1]
+        out.setdefault(f"{float(f)}/{shape}", {})[seed] = json.loads(path.read_text())["val_loss"]
+    return out
+
+
+def report(context: tuple, work: Path) -> dict:
+    """Write the results JSON and the figure from the cells finished so far (in --work: by
+    this process or another)."""
     args, source, src_cfg, shapes, after, perf, t_start, argv = context
     rows = []
-    healed = {f"{f}/{c}": healed.get(f"{f}/{c}", {}) for f in args.fractions for c in CONTESTANTS}
+    done = finished(work)
+    healed = {f"{f}/{c}": done.get(f"{f}/{c}", {}) for f in args.fractions for c in CONTESTANTS}
     for f in args.fractions:
         for c in CONTESTANTS:
             key = f"{f}/{c}"
@@ -370,6 +402,28 @@ def scores_markdown(data: dict[str, Any]) -> str:
         if r["after_prune"] is not None:
             vals = " | ".join(f"{r['after_prune'][s]:.4f}" for s in scores)
             lines.append(f"| {r['fraction']:g}x | {r['shape']} | {vals} |")
+    return "\n".join(lines)
+
+
+def speed_markdown(data: dict[str, Any]) -> str:
+    """Decoding speed and memory of the source and every pruned model."""
+    rows = [("source (uniform)", data["source"]["total_params"], data["source"]["speed"])]
+    rows += [
+        (f"{r['fraction']:g}x {r['shape']}", r["total_params"], r["speed"])
+        for r in data["rows"]
+        if r["speed"] is not None
+    ]
+    base = data["source"]["speed"]["decode_tokens_per_cpu_s"]
+    lines = [
+        "| model | parameters | weights (fp32) | KV cache per token (fp32) | decode tok/CPU-s | vs source |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, n, sp in rows:
+        lines.append(
+            f"| {name} | {n:,} | {sp['param_bytes_fp32'] / 2**20:.2f} MiB | "
+            f"{sp['kv_cache_bytes_per_token_fp32']:,} B | {sp['decode_tokens_per_cpu_s']:.0f} | "
+            f"{sp['decode_tokens_per_cpu_s'] / base:.2f}x |"
+        )
     return "\n".join(lines)
 
 
