@@ -246,6 +246,14 @@ def test_prune_writes_a_normal_run(base, tmp_path, capsys):
     capsys.readouterr()
     assert cli_main(["train", "--out", str(out), "--no-progress", "--stop-after-steps", "1"]) == 0
     assert "step 1/8" in capsys.readouterr().out
+    # healed from it, then pruned again: the new run starts afresh (no start weights, no teacher)
+    healed, again = tmp_path / "healed", tmp_path / "again"
+    argv = ["train", "--init-from", str(out), "--distill-from", str(run), "--out", str(healed)]
+    assert cli_main([*argv, "--set", "train.tokens=256", "--no-progress"]) == 0
+    argv = ["prune", str(healed), "--out", str(again), "--taper", "cosine:1.5:0.5"]
+    assert cli_main([*argv, "--params", "0.8", "--params-of", "non-embedding"]) == 0
+    _, cfg = load_run_model(again)
+    assert cfg.train.init_from == cfg.train.distill_from == ""
 
 
 def test_prune_to_the_measured_novelty(base, tmp_path, capsys):

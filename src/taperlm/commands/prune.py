@@ -148,6 +148,9 @@ def run(args: argparse.Namespace) -> int:
     data = to_dict(src_run)
     data["model"] = to_dict(target)
     data["data"]["dir"] = str(data_dir)
+    # the pruned model is a new start: not the source's start weights or teacher (a healed
+    # source names both)
+    data["train"]["init_from"] = data["train"]["distill_from"] = ""
     apply_overrides(data, args.overrides)
     run_cfg = run_config_from_dict(data, "taperlm prune").resolve()
     P.write_run(copy.deepcopy(run_cfg), args.out, pruned.model)
