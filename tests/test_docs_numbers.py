@@ -188,3 +188,21 @@ def test_scaling_table_matches_its_report():
         # we can make; 1e-9 is far below the 2 decimals the table prints.
         assert fit["best"] == pytest.approx(vertex, rel=1e-9, abs=1e-12)
         assert fit["n_seeds"] >= 5
+
+
+def test_compress_tables_are_the_benchmarks_own():
+    """docs/compress.md's tables are benchmarks/prune.py's own rendering (markdown,
+    scores_markdown, speed_markdown) of results/prune.json, the run the page describes: every
+    contestant, healing over at least 5 seeds of data order."""
+    import json
+
+    import prune
+
+    data = json.loads((ROOT / "benchmarks/results/prune.json").read_text())
+    page = (ROOT / "docs/compress.md").read_text(encoding="utf-8")
+    assert data["seeds_done"]["heal"] >= 5
+    assert len(data["rows"]) == 8 and {r["shape"] for r in data["rows"]} == {
+        "cosine", "uniform", "novelty", "scratch"
+    }  # fmt: skip
+    for table in (prune.markdown(data), prune.scores_markdown(data), prune.speed_markdown(data)):
+        assert table in page

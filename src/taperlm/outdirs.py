@@ -81,6 +81,7 @@ KINDS: dict[str, FolderKind] = {
 # here (tests/test_outdirs.py checks the parsers against this table).
 OUTPUT_FOLDERS: dict[tuple[str, str], str] = {
     ("train", "--out"): "run",
+    ("prune", "--out"): "run",  # the pruned model is a run dir
     ("prepare", "--out"): "data",
     ("compare", "--out"): "compare",
     ("export", "--out"): "export",
