@@ -173,10 +173,10 @@ def measure(
     return collect(source, calibration_windows(data_dir, seq_len, tokens, seed=seed))
 
 
-def write_run(run: RunConfig, out: Path, model: torch.nn.Module) -> Path:
+def write_run(run: RunConfig, out: Path, model: torch.nn.Module) -> None:
     """Write `model` as run dir `out` of config `run`: the trainer creates and locks it, writes
     config.yaml and the data record, and checkpoints step 0 with these weights (a fresh
-    optimizer), exactly as a run it started itself. Returns the checkpoint."""
+    optimizer), exactly as a run it started itself."""
     trainer = Trainer(run, out, resume="never")
     try:
         with torch.no_grad():
@@ -184,7 +184,6 @@ def write_run(run: RunConfig, out: Path, model: torch.nn.Module) -> Path:
         trainer.save(use_async=False)
     finally:
         trainer.close()
-    return out / "checkpoints"
 
 
 def prune_record(
