@@ -450,23 +450,29 @@ def plot(data: dict[str, Any], path: Path) -> None:
                 fmt="s",
                 color="C0",
                 capsize=4,
-                label="healed (seeds, mean ± sd)" if i == 0 else None,
+                label="healed / scratch-trained (seeds; mean ± sd)" if i == 0 else None,
             )
-            if r["after_prune"] is not None:
+            if r["after_prune"] is not None:  # right after pruning: far above, written as text
                 ax.annotate(
-                    f"pruned: {r['after_prune'][score]:.2f}",
-                    (i, r["healed"]["mean"]),
+                    f"right after\npruning {r['after_prune'][score]:.2f}",
+                    (i, max(vals)),
                     textcoords="offset points",
-                    xytext=(0, 12),
+                    xytext=(0, 8),
                     ha="center",
-                    fontsize=8,
+                    fontsize=7,
                 )
         ax.axhline(data["source"]["val_loss"], color="k", ls="--", lw=1, label="source (uniform)")
-        ax.set_xticks(range(len(rows)), [r["shape"] for r in rows])
+        names = {"scratch": "cosine from\nscratch"}
+        ax.set_xticks(range(len(rows)), [names.get(r["shape"], r["shape"]) for r in rows])
+        ax.margins(y=0.15)
         ax.set_title(f"{f:g}x non-embedding parameters")
         ax.set_ylabel("validation loss")
         ax.legend(fontsize=8)
-    fig.suptitle("Pruning a trained uniform transformer-micro: shape vs validation loss")
+    heal = data["settings"]["heal_tokens"]
+    fig.suptitle(
+        "Pruning a trained uniform transformer-micro to a shape, healed by distillation "
+        f"({heal:,} tokens)"
+    )
     fig.tight_layout()
     save_figure(fig, path)
     plt.close(fig)
