@@ -187,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         help="all (default), or only the healing or only the scratch runs (the scratch phase "
         "goes from the last seed backwards, so it can run beside the rest)",
     )
+    ap.add_argument(
+        "--backwards",
+        action="store_true",
+        help="walk the phase's cells from the last (to run beside another process on --work)",
+    )
     ap.add_argument("--data", type=Path, help="data dir [the built-in default corpus]")
     ap.add_argument("--smoke", action="store_true", help="a tiny model, seconds")
     ap.add_argument("--json", type=output_file, help="results [results/prune.json]")
@@ -254,25 +259,26 @@ def main(argv: list[str] | None = None) -> int:
     new = 8 if args.smoke else 128
     perf = cached(work, "speed", lambda: speed(contestants, 16, new, 1 if args.smoke else 5))
     context = (args, source, src_cfg, shapes, after, perf, t_start, argv)
-    # healing first, seed by seed over every pruned model (the seeds the brief asks for), then the
-    # far costlier scratch runs, seed by seed over both sizes; the report is rewritten after each
-    # round, so a stopped benchmark reports the same seeds for every contestant of a kind
+    # healing first, seed by seed over every pruned model, then the far costlier scratch runs,
+    # seed by seed over both sizes; the report (the seeds every contestant of a kind has) is
+    # rewritten after each cell
     data = report(context, work)
     if args.phase in ("all", "heal"):
-        for s in range(args.seeds):
-            for (f, shape), (pdir, run_cfg) in pruned_dirs.items():
-                name = f"heal-{f}-{shape}-s{s}"
-                hdir = work / name
+        cells = [(s, k) for s in range(args.seeds) for k in pruned_dirs]
+        for s, (f, shape) in reversed(cells) if args.backwards else cells:
+            pdir, run_cfg = pruned_dirs[f, shape]
+            name = f"heal-{f}-{shape}-s{s}"
+            hdir = work / name
 
-                def heal(hdir=hdir, s=s, run_cfg=run_cfg, pdir=pdir) -> dict[str, Any]:
-                    train(heal_config(run_cfg, pdir, src_dir, args, s), hdir, progress=False)
-                    return {"val_loss": final_val(hdir, data_dir, seq, args.val_tokens)}
+            def heal(hdir=hdir, s=s, run_cfg=run_cfg, pdir=pdir) -> dict[str, Any]:
+                train(heal_config(run_cfg, pdir, src_dir, args, s), hdir, progress=False)
+                return {"val_loss": final_val(hdir, data_dir, seq, args.val_tokens)}
 
-                print(f"{name}: {cell(work, name, heal)}", file=sys.stderr)
+            print(f"{name}: {cell(work, name, heal)}", file=sys.stderr)
             data = report(context, work)
     if args.phase in ("all", "scratch"):
         order = [(s, f) for s in range(args.seeds) for f in args.fractions]
-        for s, f in reversed(order) if args.phase == "scratch" else order:
+        for s, f in reversed(order) if args.backwards or args.phase == "scratch" else order:
             name = f"scratch-{f}-s{s}"
             sdir = work / name
 
@@ -316,6 +322,11 @@ def report(context: tuple, work: Path) -> dict:
     rows = []
     done = finished(work)
     healed = {f"{f}/{c}": done.get(f"{f}/{c}", {}) for f in args.fractions for c in CONTESTANTS}
+    # only the seeds every contestant of a kind has (cells finish out of order with --backwards)
+    for kind in (lambda k: not k.endswith("/scratch"), lambda k: k.endswith("/scratch")):
+        common = set.intersection(*(set(v) for k, v in healed.items() if kind(k)))
+        for k in [k for k in healed if kind(k)]:
+            healed[k] = {s: v for s, v in healed[k].items() if s in common}
     for f in args.fractions:
         for c in CONTESTANTS:
             key = f"{f}/{c}"
