@@ -190,7 +190,8 @@ def _format(r: dict, out: Path) -> str:
             f"units kept by score {r['score']} on {r['calibration_tokens']:,} calibration tokens",
             f"validation loss on {r['val_tokens']:,} tokens: {r['source_val_loss']:.4f} -> "
             f"{r['val_loss']:.4f}",
-            f"run dir {out}; heal it by distillation with:",
+            f"run dir {out}; heal it by distillation (the source's training settings; "
+            "--set train.tokens=N says how long) with:",
             f"  taperlm train --init-from {out} --distill-from {r['source']} --out {out}-healed",
         ]
     )
