@@ -133,16 +133,17 @@ def run(args: argparse.Namespace) -> int:
         )
     model, src_run = _source(args)
     P.check_prunable(src_run.model, model)
+    width = P.target_width(src_run.model, args.params, args.params_of)
+    # a shape given outright is checked before any measuring (novelty needs the measurement)
+    target = None if spec is None else P.pruned_config(src_run.model, width, spec)
     data_dir = args.data or require_data_dir(_run_root(Path(args.source)), src_run)
     seq_len = src_run.train.seq_len
     stats = P.measure(model, data_dir, seq_len, args.calibration_tokens)
-    if spec is None:
+    if target is None:
         windows = torch.cat(list(P.calibration_windows(data_dir, seq_len, args.calibration_tokens)))
         rho = measure_novelty(model, windows, seq_len=seq_len).means("rho_mlp")
         spec = TaperSpec(schedule="novelty", strength=DEFAULT_STRENGTH, source=str(args.source))
-        spec = spec.with_novelty(rho)
-    width = P.target_width(src_run.model, args.params, args.params_of)
-    target = P.pruned_config(src_run.model, width, spec)
+        target = P.pruned_config(src_run.model, width, spec.with_novelty(rho))
     pruned = P.prune(model, target, stats, args.score)
 
     data = to_dict(src_run)
