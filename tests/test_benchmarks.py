@@ -575,3 +575,47 @@ def test_titans_compile_smoke(tmp_path):
     (row,) = json.loads(out.read_text())["rows"]
     assert row["tree"] == "after" and row["chunks"] == 2 and "error" not in row, row
     assert row["kernels"] > 0 and row["warmup_s"] > 0
+
+
+def test_prune_smoke(tmp_path):
+    """benchmarks/prune.py --smoke: source, pruning at two sizes and three shapes with every score,
+    healing by distillation and scratch runs over two seeds, speed, the report and its tables;
+    a rerun reads every finished cell back and writes the same tables."""
+    import fault_harness
+    from taperlm.cli import main as cli_main
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        import prune
+    finally:
+        sys.path.remove(str(BENCH))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(fault_harness.corpus_text(12000, 0), encoding="utf-8")
+    data = tmp_path / "data"
+    assert (
+        cli_main(["prepare", "--source", str(corpus), "--tokenizer", "bpe:512", "--out", str(data)])
+        == 0
+    )
+    out, png = tmp_path / "prune.json", tmp_path / "prune.png"
+    argv = [
+        "--smoke",
+        "--data",
+        str(data),
+        "--work",
+        str(tmp_path / "w"),
+        "--json",
+        str(out),
+        "--plot",
+        str(png),
+    ]
+    assert prune.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["seeds_done"] == {"heal": 2, "scratch": 2} and len(result["rows"]) == 8
+    for row in result["rows"]:
+        assert row["healed"]["n"] == 2
+        if row["shape"] != "scratch":
+            assert set(row["after_prune"]) == {"act", "flap", "weight_act"}
+    first = prune.markdown(result)
+    assert prune.main(argv) == 0  # resumed: every cell read back
+    assert prune.markdown(json.loads(out.read_text())) == first
+    assert png.stat().st_size > 1000

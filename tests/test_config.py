@@ -194,7 +194,7 @@ def test_runtime_keys_come_from_the_fields_metadata():
         *("max_bad_steps", "compile", "compile_scope", "activation_checkpointing", "parallel"),
         *("fsdp_param_dtype", "fsdp_reduce_dtype", "async_checkpoint", "device", "precision"),
         *("peak_flops", "restore_nonfinite", "loggers", "log_grads_every", "log_project"),
-        *("log_group", "log_name"),
+        *("log_group", "log_name", "distill_from"),
     }
     assert RUNTIME_KEYS == runtime_keys() == {"data.dir"} | {f"train.{k}" for k in train}
 

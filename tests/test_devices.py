@@ -77,6 +77,7 @@ def test_bad_device_is_one_clear_line(cmd, kind, trained, tmp_path, capsys, monk
             "novelty": ["--data", str(H.HERE)],
             "allocate": ["--data", str(H.HERE)],  # measures the run's novelty first
             "eval": ["--tasks", "val"],
+            "prune": ["--out", str(out)],
         }.get(cmd, [])
         source = ["--from"] if cmd == "allocate" else []
         argv = [cmd, *source, str(run), "--device", device, *extra]

@@ -188,3 +188,22 @@ def test_scaling_table_matches_its_report():
         # we can make; 1e-9 is far below the 2 decimals the table prints.
         assert fit["best"] == pytest.approx(vertex, rel=1e-9, abs=1e-12)
         assert fit["n_seeds"] >= 5
+
+
+def test_compress_tables_are_the_benchmarks_own():
+    """docs/compress.md's tables are benchmarks/prune.py's own rendering (markdown,
+    scores_markdown, speed_markdown) of results/prune.json and prune_heal131k.json, the runs the
+    page describes: every contestant, at least 5 seeds of healing data order."""
+    import json
+
+    import prune
+
+    page = (ROOT / "docs/compress.md").read_text(encoding="utf-8")
+    for name in ("prune", "prune_heal131k"):
+        data = json.loads((ROOT / f"benchmarks/results/{name}.json").read_text())
+        assert data["seeds_done"]["heal"] >= 5 and data["seeds_done"]["scratch"] >= 5
+        assert len(data["rows"]) == 8 and {r["shape"] for r in data["rows"]} == {
+            "cosine", "uniform", "novelty", "scratch"
+        }  # fmt: skip
+        assert prune.markdown(data) in page
+    assert prune.scores_markdown(data) in page and prune.speed_markdown(data) in page

@@ -26,7 +26,14 @@ _MEASURE |= {"--device", "--dtype", "--layers", "--mlp", "--trust-remote-code"}
 
 # option -> the config field it sets (the value the field's domain checks)
 CONFIG_OPTIONS: dict[str, dict[str, tuple[type, str]]] = {
-    "train": {**_MODEL, "--data": (DataConfig, "dir"), "--logger": (TrainConfig, "loggers")},
+    "train": {
+        **_MODEL,
+        "--data": (DataConfig, "dir"),
+        "--logger": (TrainConfig, "loggers"),
+        "--init-from": (TrainConfig, "init_from"),
+        "--distill-from": (TrainConfig, "distill_from"),
+    },
+    "prune": {"--taper": (ModelConfig, "taper"), "--data": (DataConfig, "dir")},
     "plan": {
         **_MODEL,
         "--seq-len": (TrainConfig, "seq_len"),
@@ -61,6 +68,8 @@ COMMAND_OPTIONS: dict[str, set[str]] = {
     | {"--seed", "--step", "--device", "--no-cache", "--out"},
     "export": {"run", "--out", "--format", "--dtype", "--step", "--force"},
     "import": {"folder", "--out", "--set"},
+    "prune": {"source", "--out", "--params", "--params-of", "--score", "--calibration-tokens"}
+    | {"--step", "--device", "--set", "--json"},
     "novelty": {"model", "--json", "--plot", "--out"} | _MEASURE,
     "eval": {"run", "--tasks", "--data-dir", "--source", "--limit", "--niah-lengths"}
     | {"--niah-haystack", "--niah-extrapolate", "--batch-size", "--max-length", "--step"}

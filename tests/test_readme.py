@@ -38,13 +38,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 # $TAPERLM_SET for the lines that train (matched by their first words): tiny models, few tokens,
 # and compare on the corpus `taperlm prepare` made (instead of preparing its own once more).
+QUICK_TRAIN_SET = (
+    "train.tokens=8192 train.batch_tokens=2048 train.micro_batch_size=8 train.seq_len=64 "
+    "train.eval_every=2 train.eval_tokens=1024 data.dir=data/default"
+)
 QUICK_SET = (
-    "model.n_layers=3 model.d_model=64 model.n_heads=2 model.mlp_width=128 train.tokens=8192 "
-    "train.batch_tokens=2048 train.micro_batch_size=8 train.seq_len=64 train.eval_every=2 "
-    "train.eval_tokens=1024 data.dir=data/default"
+    "model.n_layers=3 model.d_model=64 model.n_heads=2 model.mlp_width=128 " + QUICK_TRAIN_SET
 )
 QUICK: dict[str, dict[str, str]] = {
-    first: {"TAPERLM_SET": QUICK_SET} for first in ("taperlm train", "torchrun", "taperlm compare")
+    # a run from a pruned model's weights keeps that model: the training settings only
+    "taperlm train --init-from": {"TAPERLM_SET": QUICK_TRAIN_SET},
+    **{f: {"TAPERLM_SET": QUICK_SET} for f in ("taperlm train", "torchrun", "taperlm compare")},
 }
 NEEDS_INTERNET = "(needs internet)"
 

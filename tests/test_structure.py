@@ -347,7 +347,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("specification", ("taper", "solver", "kv_taper", "families", "budget", "config", "presets")),
     ("model", ("models", "generation", "hf", "gguf_export")),
     ("data", ("data",)),
-    ("runs", ("training", "evaluation", "analysis", "loading", "importing")),
+    ("runs", ("training", "evaluation", "analysis", "loading", "importing", "compress")),
     ("compare", ("compare",)),
     ("commands", ("commands",)),
     ("cli", ("cli",)),

@@ -205,6 +205,39 @@ def test_sharded_checkpoints_resume_across_fsdp_and_ddp_bitwise(data_dir, ddp_ru
     assert _max_weight_diff(out, ddp_run, 6) < FSDP_TOL
 
 
+def test_distillation_under_ddp_and_fsdp_matches_one_process(data_dir, single_run, tmp_path):
+    """A distilled run (train.distill_from, every rank loading the teacher itself) under DDP and
+    FSDP2 on 2 ranks: the same losses and weights as in one process (the DDP tolerance), the
+    teacher's identity in the checkpoint, and a resume under FSDP2 of a DDP-started distilled
+    run ends where the uninterrupted one does."""
+    teach = (
+        f"train.distill_from={single_run}",
+        "train.distill_mix=0.7",
+        "train.distill_temperature=2",
+    )
+    one, ddp, fsdp = tmp_path / "one", tmp_path / "ddp", tmp_path / "fsdp"
+    r = subprocess.run(
+        [sys.executable, "-m", "taperlm.cli", *_args(data_dir, one, *teach)],
+        env=_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    _torchrun(data_dir, ddp, *teach, flags=("--stop-after-steps", "3"))
+    _torchrun(data_dir, ddp, *teach, "train.parallel=fsdp")
+    _torchrun(data_dir, fsdp, *teach, "train.parallel=fsdp")
+    plain = _losses(single_run)
+    for run in (ddp, fsdp):
+        a, b = _losses(one), _losses(run)
+        assert len(b) == 6 and max(abs(x - y) for x, y in zip(a, b)) < TOL, (a, b)
+        assert _max_weight_diff(one, run, 6) < TOL
+    assert max(abs(x - y) for x, y in zip(_losses(one), plain)) > 1e-2  # the teacher mattered
+    state = ckpt.load_train_state(ckpt.find_checkpoint(fsdp))
+    assert (
+        state["distill_teacher"]
+        == ckpt.load_train_state(ckpt.find_checkpoint(one))["distill_teacher"]
+        is not None
+    )
+
+
 def test_single_process_checkpoint_resumes_on_two_ranks(data_dir, single_run, tmp_path):
     """1 -> 2: a one-process checkpoint continued by FSDP2 on 2 ranks ends where the one-process
     run ends (within the DDP tolerance: the later steps sum gradients in another order)."""

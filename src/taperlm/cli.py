@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "generate": "sample text from a run",
     "novelty": "layer-wise novelty (rho_block, rho_mlp) of a model",
     "allocate": "MLP widths from a pilot's measured novelty, at the same budget",
+    "prune": "prune a trained model's MLP widths to a smaller tapered, uniform or novelty shape",
     "compare": "train and compare tapers at one budget over seeds (the main job)",
 }
 

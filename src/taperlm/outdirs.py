@@ -88,6 +88,7 @@ KINDS: dict[str, FolderKind] = {
 OUTPUT_FOLDERS: dict[tuple[str, str], str] = {
     ("train", "--out"): "run",
     ("import", "--out"): "run",
+    ("prune", "--out"): "run",  # the pruned model is a run dir
     ("prepare", "--out"): "data",
     ("compare", "--out"): "compare",
     ("export", "--out"): "export",

@@ -34,6 +34,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("--data", type=input_path(), help="data dir written by `taperlm prepare`")
     parser.add_argument(
+        "--init-from",
+        type=input_path(),
+        help="start from the weights of this run dir or checkpoint (e.g. `taperlm prune`'s); "
+        "without --preset/--config its config is the model's (train.init_from)",
+    )
+    parser.add_argument(
+        "--distill-from",
+        type=input_path(),
+        help="distil from this teacher (a run dir or checkpoint of the same vocabulary): "
+        "train.distill_mix x KL at train.distill_temperature + the rest LM loss "
+        "(train.distill_from)",
+    )
+    parser.add_argument(
         "--out", type=output_path("dir"), required=True, help="run directory (created)"
     )
     parser.add_argument(
@@ -56,13 +69,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _resolve_config(args: argparse.Namespace):
     if not args.preset and not args.config:
         saved = args.out / "config.yaml"
-        if not saved.is_file():
+        start = args.init_from and _run_root(args.init_from) / "config.yaml"
+        if not saved.is_file() and start and start.is_file():
+            saved = start  # a new run from another run's weights: its model and settings
+        elif not saved.is_file():
             raise ConfigError(
                 f"give a model with --preset NAME or --config FILE ({saved} does not exist, so "
                 "there is no run to continue)"
             )
         args.config = saved
         args.implicit_config = True  # the run's own config: the resume checks report changes
+    for option, key in (("init_from", "train.init_from"), ("distill_from", "train.distill_from")):
+        path = getattr(args, option)
+        if path is not None:  # before --set: a later --set of the same key wins
+            args.overrides = [f"{key}={path.resolve()}", *args.overrides]
     names = logger_names(args.loggers)
     if names is not None:  # after --set: the option named on the command line wins
         args.overrides = [*args.overrides, f"train.loggers=[{','.join(names)}]"]
@@ -78,6 +98,11 @@ def _resolve_config(args: argparse.Namespace):
     elif cfg.data.dir:
         cfg.data.dir = str(Path(cfg.data.dir).expanduser())
     return cfg
+
+
+def _run_root(path: Path) -> Path:
+    """The run dir of RUN or of its checkpoint RUN/checkpoints/step_N."""
+    return path.parent.parent if path.parent.name == "checkpoints" else path
 
 
 def run(args: argparse.Namespace) -> int:

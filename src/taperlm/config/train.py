@@ -91,6 +91,20 @@ class TrainConfig:
         log_project: the W&B project.
         log_group: the W&B group of the run (empty = none; `taperlm compare` groups its cells).
         log_name: the logged run's name (empty = the run dir's name).
+        init_from: a run dir or checkpoint whose weights the run starts from instead of the
+            seed's initialisation (e.g. a model written by `taperlm prune`); its model config
+            must equal this run's. Read at step 0 only (a resume reads its own checkpoint).
+        distill_from: a teacher to distil from (a run dir, its newest checkpoint, or a
+            checkpoint dir) with the same vocabulary; empty = plain language-model loss. The
+            loss is distill_mix x T^2 x KL(teacher || student, both at temperature T =
+            distill_temperature) + (1 - distill_mix) x the LM loss, on the same tokens; the
+            teacher runs in eval mode without gradients, one copy per rank. The path may change
+            between resumes (`runtime=True`); the teacher's identity (the sha256 of its
+            checkpoint's manifest, which pins every file) is saved in each checkpoint and a
+            resume with another teacher is refused.
+        distill_temperature: T of the distillation loss (both distributions softened by T; the
+            KL term is scaled by T^2 so its gradient keeps its size as T changes).
+        distill_mix: weight of the KL term, in [0, 1] (1 = distillation only, 0 = LM loss only).
 
     Every field declares its allowed values beside it (`taperlm.domains.setting`), and a
     field marked `runtime=True` may change when a run is resumed: it affects speed, logging or
@@ -135,6 +149,10 @@ class TrainConfig:
     log_project: str = setting("taperlm", "text", runtime=True)
     log_group: str = setting("", "text", runtime=True)
     log_name: str = setting("", "text", runtime=True)
+    init_from: str = setting("", "text")
+    distill_from: str = setting("", "text", runtime=True)
+    distill_temperature: float = setting(1.0, "(0, inf)")
+    distill_mix: float = setting(0.5, "[0, 1]")
 
     @property
     def steps(self) -> int:

@@ -62,3 +62,29 @@ def chunked_cross_entropy(
     never traced or re-fused into a whole-tensor upcast."""
     rows = _rows(logits.shape[-1], chunk_elements)
     return _ChunkedCrossEntropy.apply(logits, targets, rows)
+
+
+def distillation_kl(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+) -> torch.Tensor:
+    """T^2 x mean over positions with targets != -100 of KL(p_teacher || p_student), both
+    softmaxes at temperature T (Hinton et al. 2015), in fp32 (or the logits' wider dtype). The T^2 keeps the gradient's size
+    independent of T: d/dz_student = T (softmax(z_s / T) - softmax(z_t / T)) / N per position.
+    The teacher's logits carry no gradient (detached here: the teacher is never trained)."""
+    vocab = student_logits.shape[-1]
+    if teacher_logits.shape[-1] != vocab:
+        raise ValueError(
+            f"teacher vocabulary {teacher_logits.shape[-1]} != student vocabulary {vocab}"
+        )
+    valid = (targets != -100).reshape(-1)
+    dtype = torch.promote_types(student_logits.dtype, torch.float32)  # fp32 at least
+    s = student_logits.reshape(-1, vocab)[valid].to(dtype) / temperature
+    t = teacher_logits.detach().reshape(-1, vocab)[valid].to(dtype) / temperature
+    log_p_t = torch.log_softmax(t, dim=-1)
+    log_p_s = torch.log_softmax(s, dim=-1)
+    kl = (log_p_t.exp() * (log_p_t - log_p_s)).sum(-1)
+    n = max(int(valid.sum()), 1)
+    return kl.sum() * (temperature * temperature / n)

@@ -46,6 +46,7 @@ from taperlm.training.checkpoint.dcp import training_state
 from taperlm.training.checkpoint.restore import restore_training
 from taperlm.training.checkpoint.saver import ShardedCheckpointer
 from taperlm.training.compile import compile_forward, is_compile_error, uncompile
+from taperlm.training.distill import Teacher, check_same_teacher, load_initial_weights
 from taperlm.training.guard import StepGuard, divergence_cause, first_nonfinite
 from taperlm.training.loggers import Loggers, layer_grad_norms
 from taperlm.training.metrics import (
@@ -146,6 +147,11 @@ class Trainer:
             resume_from = check_branch(self.run, branch[0], branch[1], self.info)
             R.check_resume_data(Path(branch[0]), self.data_dir)
         self._build()
+        # The teacher (one full copy per rank) and, for a new run, the weights it starts from.
+        self.teacher = Teacher.load(self.run, self.device) if self.cfg.distill_from else None
+        self.init_identity: str | None = None
+        if resume_from is None and self.cfg.init_from:
+            self.init_identity = load_initial_weights(self.run, self.model)
         self.step = 0
         self.tokens = 0
         self.skipped = 0
@@ -197,7 +203,10 @@ class Trainer:
 
     def _forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with autocast(self.device, self.cfg.precision):
-            return self.forward(x, targets=y).loss
+            out = self.forward(x, targets=y)
+            if self.teacher is None:
+                return out.loss
+            return self.teacher.loss(out.logits, out.loss, x, y)
 
     def _fall_back_to_eager(self, err: Exception) -> None:
         warn(f"torch.compile failed ({type(err).__name__}: {err}); training eagerly")
@@ -243,6 +252,8 @@ class Trainer:
             "world_size": self.info.world_size,
             "last_loss": self.last_loss,
             "last_val_loss": self.last_val,
+            "distill_teacher": None if self.teacher is None else self.teacher.identity,
+            "init_from": self.init_identity,
         }
 
     def save(self, use_async: bool | None = None) -> None:
@@ -281,6 +292,11 @@ class Trainer:
             ) from None
 
     def _continue_from(self, state: dict[str, Any], path: Path) -> None:
+        teacher = None if self.teacher is None else self.teacher.identity
+        where = "" if self.teacher is None else str(self.teacher.checkpoint)
+        if int(state["step"]) > 0:  # step 0 has made no update: any teacher may continue it
+            check_same_teacher(state.get("distill_teacher"), teacher, path, where)
+        self.init_identity = state.get("init_from")
         loaders = state["loader"]
         # The loader's position is a global sample index, so a run may resume on another number
         # of processes: rank 0's state then continues every rank.
