@@ -90,18 +90,12 @@ def block_configs(cfg: Any) -> list[dict[str, Any]]:
     return out
 
 
-def decilm_config(cfg: Any) -> dict[str, Any]:
-    """The config.json of a `DeciLMForCausalLM` with this model's per-layer widths and heads."""
-    blocks = block_configs(cfg)
+def llama_shared_config(cfg: Any) -> dict[str, Any]:
+    """The config.json keys a Llama block model has whatever its per-layer sizes (shared by the
+    plain Llama export and the DeciLM per-layer one)."""
     return {
-        "architectures": ["DeciLMForCausalLM"],
-        "model_type": "nemotron-nas",
-        "block_configs": blocks,
         "hidden_size": cfg.d_model,
         "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads,
-        "num_key_value_heads": None,  # per layer, in block_configs
-        "intermediate_size": None,  # per layer, in block_configs
         "head_dim": cfg.head_dim,
         "vocab_size": cfg.vocab_size,
         "max_position_embeddings": cfg.context_length,
@@ -114,4 +108,18 @@ def decilm_config(cfg: Any) -> dict[str, Any]:
         "tie_word_embeddings": cfg.tie_embeddings,
         "torch_dtype": "float32",
         "use_cache": True,
+    }
+
+
+def decilm_config(cfg: Any) -> dict[str, Any]:
+    """The config.json of a `DeciLMForCausalLM` with this model's per-layer widths and heads."""
+    blocks = block_configs(cfg)
+    return {
+        "architectures": ["DeciLMForCausalLM"],
+        "model_type": "nemotron-nas",
+        "block_configs": blocks,
+        **llama_shared_config(cfg),
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": None,  # per layer, in block_configs
+        "intermediate_size": None,  # per layer, in block_configs
     }

@@ -30,7 +30,7 @@ import torch
 
 from taperlm.config import ModelConfig
 from taperlm.errors import CheckpointError, ConfigError, UnsafeFileError
-from taperlm.hf.decilm import ffn_mult_width
+from taperlm.hf.decilm import ffn_mult_width, llama_shared_config
 from taperlm.hf.safetensors_file import read_header, read_tensors
 from taperlm.io import read_text, strict_json_loads
 from taperlm.taper import TaperSpec
@@ -583,21 +583,8 @@ def llama_config(cfg: ModelConfig) -> dict[str, Any]:
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "hidden_size": cfg.d_model,
+        **llama_shared_config(cfg),
         "intermediate_size": width,
-        "num_hidden_layers": cfg.n_layers,
         "num_attention_heads": heads,
         "num_key_value_heads": kv,
-        "head_dim": cfg.head_dim,
-        "vocab_size": cfg.vocab_size,
-        "max_position_embeddings": cfg.context_length,
-        "rms_norm_eps": cfg.norm_eps,
-        "rope_theta": cfg.rope_theta,
-        "rope_scaling": None,
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
-        "tie_word_embeddings": cfg.tie_embeddings,
-        "torch_dtype": "float32",
-        "use_cache": True,
     }
