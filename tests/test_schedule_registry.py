@@ -44,7 +44,7 @@ def test_toy_schedule_from_the_docs_is_a_whole_schedule(step_schedule):
     # the YAML mapping reads back to the same spec, checked by its own record
     assert spec.to_dict() == {"schedule": "step", "multiple_of": 16, "start": 1.25, "end": 0.75}
     assert from_dict(TaperSpec, spec.to_dict()) == spec
-    with pytest.raises(TaperError, match=r"^taper step start multiplier must be > 0, got -1.0$"):
+    with pytest.raises(TaperError, match=r"^taper step start multiplier must be >= 0, got -1.0$"):
         TaperSpec(schedule="step", start=-1.0).validate()
     with pytest.raises(TaperError, match=r"expected step or step:START:END \(at most 2 numbers\)"):
         TaperSpec.parse("step:1.5")
