@@ -27,6 +27,21 @@ from taperlm.taper import TaperSpec
 TINY_SHAPE = dict(vocab_size=64, d_model=32, n_layers=4, n_heads=4, mlp_width=64, context_length=64)
 
 
+# The shape of the tiny training runs the trainer's tests share (2 layers, d_model 32, steps of
+# 256 tokens in two micro-batches of 4 x 32); each test adds its own schedule and budget.
+TINY_RUN_SETS = [
+    "model.n_layers=2",
+    "model.d_model=32",
+    "model.n_heads=2",
+    "model.mlp_width=96",
+    "model.vocab_size=512",
+    "model.context_length=64",
+    "train.seq_len=32",
+    "train.micro_batch_size=4",
+    "train.batch_tokens=256",
+]
+
+
 def tiny_config(
     family: str = "transformer",
     taper: str | TaperSpec = "uniform",

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import fault_harness
+from conftest import TINY_RUN_SETS
 from taperlm.cli import main as cli_main
 from taperlm.config import RunConfig, apply_overrides, run_config_from_dict, to_dict
 from taperlm.data.loader import TokenBatches
@@ -73,15 +74,7 @@ def test_kl_is_zero_for_the_teacher_itself_and_never_trains_it():
 # runs
 
 TINY = [
-    "model.n_layers=2",
-    "model.d_model=32",
-    "model.n_heads=2",
-    "model.mlp_width=96",
-    "model.vocab_size=512",
-    "model.context_length=64",
-    "train.seq_len=32",
-    "train.micro_batch_size=4",
-    "train.batch_tokens=256",
+    *TINY_RUN_SETS,
     "train.tokens=1536",  # 6 steps
     "train.warmup_tokens=256",
     "train.lr=0.003",
