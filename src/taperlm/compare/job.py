@@ -44,7 +44,7 @@ from taperlm.device import resolve_device
 from taperlm.errors import ConfigError
 from taperlm.outdirs import check_folder, claim
 from taperlm.runlock import locked
-from taperlm.training.train_checks import validate_train_config
+from taperlm.training.settings import validate_train_config
 
 Results = dict[str, dict[str, Any]]
 

@@ -105,7 +105,7 @@ class MemoryPlan:
 def parameter_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """{name: shape} of every distinct parameter (a tied head counted once), from a model built
     on the meta device (no memory)."""
-    from taperlm.training.meta_init import build_on_meta  # lazy: plan stays torch-free
+    from taperlm.training.model import build_on_meta  # lazy: plan stays torch-free
 
     model = build_on_meta(cfg)
     return {n: tuple(p.shape) for n, p in model.named_parameters()}
