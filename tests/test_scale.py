@@ -196,7 +196,7 @@ def test_format_1_checkpoint_still_loads_and_resumes(data_dir, tmp_path):  # noq
         trainer.fit(progress=False, stop_after=4)
         path = run / "checkpoints" / ckpt.checkpoint_name(4)
         state = ckpt.load_train_state(path)
-        state["optimizer"] = full_optimizer_state(trainer.model, trainer.optimizer)
+        state["optimizer"] = full_optimizer_state(trainer.model, trainer.optimizer.inner)
         state["pending_grads"] = {}
         model_state = full_model_state(trainer.model)
     finally:
