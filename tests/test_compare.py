@@ -27,12 +27,12 @@ from taperlm import cpus
 from taperlm.cli import main
 from taperlm.compare import runner, scheduler
 from taperlm.compare.grid import (
-    PAPER_SWEEP,
     build_grid,
     paper_allocations,
     parse_allocations,
     split_taper_list,
 )
+from taperlm.compare.paper import PAPER_SWEEP
 from taperlm.config import RunConfig, TrainConfig
 from taperlm.errors import ConfigError
 from taperlm.presets import get_preset

@@ -33,32 +33,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from taperlm.budget import flops_per_token, kv_cache_bytes, total_params
+from taperlm.compare.paper import (
+    PAPER_CONTROLLED,
+    PAPER_SIGMOID_K,
+    PAPER_SWEEP,
+    PAPER_UNIFORM_PPL,
+    SWEEP_SCHEDULES,
+)
 from taperlm.config import RunConfig, to_dict
 from taperlm.errors import ConfigError, TaperError
 from taperlm.families import FAMILIES
 from taperlm.taper import TaperSpec
-
-PAPER_MODES = ("controlled", "sweep", "families")
-PAPER_UNIFORM_PPL = 16.28
-
-# The paper's controlled experiment: (label, groups multipliers, val ppl of the 440M Transformer).
-PAPER_CONTROLLED: list[tuple[str, list[float] | None, float]] = [
-    ("uniform", None, 16.28),
-    ("wider-early", [1.5, 1.0, 0.5], 15.96),
-    ("wider-middle", [1.0, 1.5, 0.5], 16.61),
-    ("wider-late", [0.5, 1.0, 1.5], 17.29),
-]
-
-# The paper's schedule x ratio sweep: (start, end) -> {schedule: val ppl}; 440M Transformer, 30B tokens.
-PAPER_SWEEP: dict[tuple[float, float], dict[str, float]] = {
-    (1.25, 0.75): {"cosine": 15.18, "linear": 15.96, "sigmoid": 16.44},
-    (1.375, 0.625): {"cosine": 14.59, "linear": 15.80, "sigmoid": 16.44},
-    (1.5, 0.5): {"cosine": 14.44, "linear": 15.96, "sigmoid": 16.12},
-    (1.625, 0.375): {"cosine": 14.59, "linear": 15.64, "sigmoid": 15.96},
-    (1.75, 0.25): {"cosine": 15.49, "linear": 16.28, "sigmoid": 17.12},
-}
-SWEEP_SCHEDULES = ("cosine", "linear", "sigmoid")
-PAPER_SIGMOID_K = 10.0
 
 DEFAULT_TAPERS = ("uniform", "cosine:1.5:0.5")
 HEADS = "heads:"  # an allocation's head-taper component: SPEC+heads:HEAD_SPEC or heads:HEAD_SPEC
@@ -279,7 +264,8 @@ def paper_allocations(mode: str, multiple_of: int | None = None) -> list[Allocat
         return out
     if mode == "families":
         return parse_allocations(list(FAMILIES_TAPERS), multiple_of)
-    raise ConfigError(f"--paper {mode!r} is unknown; choose {' or '.join(PAPER_MODES)}")
+    # the modes that are one comparison's allocations (the others are studies of comparisons)
+    raise ConfigError(f"--paper {mode!r} is unknown; choose controlled or sweep or families")
 
 
 def paper_ppl_of(spec: TaperSpec) -> float | None:

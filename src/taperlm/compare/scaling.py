@@ -34,6 +34,7 @@ import numpy as np
 
 from taperlm.analysis.plots import _figure, _save
 from taperlm.compare.job import check_options, run_comparison
+from taperlm.compare.paper import PAPER_POINT
 from taperlm.compare.recipe import PAPER_TOKENS
 from taperlm.compare.report import diff_ci, md_table, produced_by
 from taperlm.compare.reproduce import run_arguments
@@ -46,11 +47,6 @@ from taperlm.taper import TaperSpec
 
 # Start ratios of the cosine sweep (end = 2 - start); 1.0 is uniform.
 SCALING_STARTS = (1.25, 1.5, 1.75, 1.9)
-PAPER_POINT = {
-    "params": 440e6,
-    "tokens": 30e9,
-    "best_start": 1.5,
-}  # the paper's ratio sweep at 440M (docs/compare.md)
 BOOTSTRAP = 2000
 BOOTSTRAP_SEED = 0
 SCALING_PLOT = "scaling.png"

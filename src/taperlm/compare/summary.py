@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from taperlm import stats
-from taperlm.compare.grid import PAPER_SWEEP, SWEEP_SCHEDULES, Grid
+from taperlm.compare.grid import Grid
+from taperlm.compare.paper import PAPER_BEST_SWEEP_RATIO, PAPER_SWEEP, SWEEP_SCHEDULES
 from taperlm.evaluation.suite import at_chance, chance_columns, paper_columns
 from taperlm.taper import TaperSpec
 
@@ -291,5 +292,5 @@ def _sweep_claims(have: list[dict[str, Any]]) -> dict[str, Any]:
         "ordering_holds_at": sum(v["cosine<linear<sigmoid"] for v in per_ratio.values()),
         "ratios": len(per_ratio),
         "best_cosine_ratio_ours": None if best is None else f"{best[0]}->{best[1]}",
-        "best_cosine_ratio_paper": "1.5->0.5",
+        "best_cosine_ratio_paper": PAPER_BEST_SWEEP_RATIO,
     }
