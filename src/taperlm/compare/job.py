@@ -95,13 +95,13 @@ class Inputs:
 
 def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
     """Validate, prepare the data if needed, train and evaluate every cell (resumably) and write
-    the report; returns (report.md, report.json). `--paper families` is one comparison per
-    family: `taperlm.compare.families.run_families` (which calls this for each)."""
+    the report; returns (report.md, report.json). A study of several comparisons (`--paper
+    families`, ...) calls this for each: `taperlm.compare.studies.run_study`."""
     for mode, per in (("families", "family"), ("scaling", "(size, tokens)")):
         if opts.paper == mode:
             raise ConfigError(
                 f"--paper {mode} runs one comparison per {per}: call "
-                f"taperlm.compare.{mode}.run_{mode} (what `taperlm compare` does)"
+                "taperlm.compare.studies.run_study (what `taperlm compare` does)"
             )
     clock = _Clock()
     allocs, provisional = check_options(opts)

@@ -45,8 +45,9 @@ from taperlm.compare.scaling import (
     SCALING_STARTS,
     ScalingPlan,
     ScalingSize,
-    run_scaling,
+    scaling_plan,
 )
+from taperlm.compare.study import StudyPlan, run_plan
 from taperlm.errors import ConfigError
 from taperlm.io import MAX_RECORD_BYTES, atomic_write_json, atomic_write_text, read_json
 from taperlm.presets import get_preset
@@ -121,15 +122,20 @@ def estimated_hours(mode: str, seeds: int = 5, cores: int = 2) -> float:
     return core_s / cores / 3600
 
 
-def run_longrun(opts) -> tuple[Path, Path]:
-    """`--paper tokens` or `--paper ratios`: the scaling sweep over the mode's points, the trend
-    report rewritten after each point; returns (report.md, report.json)."""
+def longrun_plan(opts) -> StudyPlan:
+    """`--paper tokens` or `--paper ratios`: the scaling study over the mode's points, the trend
+    report rewritten after each point."""
     plan = plan_of(opts.paper, opts.preset_size)
     extend = LONGRUN_EXTEND if opts.lr_grid_extend is None else opts.lr_grid_extend
     sub = dataclasses.replace(opts, preset_size=None, lr_grid_extend=extend)
-    return run_scaling(
+    return scaling_plan(
         sub, plan, mode=opts.paper, on_report=lambda js: write_trend_report(js, opts.paper)
     )
+
+
+def run_longrun(opts) -> tuple[Path, Path]:
+    """Run the study of `longrun_plan`; returns (report.md, report.json)."""
+    return run_plan(opts, longrun_plan)
 
 
 # ----------------------------------------------------------------------------------------------
