@@ -21,9 +21,10 @@ one skeleton, `study.run_plan`. The modules, by what they own:
   checks); `pilots` (the novelty:pilot runs, extra cells before the grid); `tuning` (--tune-lr:
   the lr grid as extra cells, the chosen lr).
 - running cells: `runner` (one cell to done: train or resume, evaluate, measure, its
-  result.json); `scheduler` (the grid's cells here one after the other or `--jobs` at a time,
-  progress, Ctrl-C); `workers` (the spawned worker processes); `cells` (how many at a time, the
-  call every stage makes, and `train_reported`, which adds seeds by `sequential`'s rule);
+  result.json); `executor` (the one executor: a grid's cells `--jobs` at a time on workers, or
+  here when one runs at a time, with progress and Ctrl-C; how many at a time; the call every
+  stage makes and `train_reported`, which adds seeds by `sequential`'s rule); `workers` (the
+  spawned worker processes, whose entry point sets torch's threads before importing it);
   `sequential` (--stop: seeds added in order until the question is settled).
 - the reading: `summary` (means, paired differences with t-based CIs, agreement with the
   paper); `report` (report.md, report.json); `plots`; `tuning_report` (--tune-lr's section and

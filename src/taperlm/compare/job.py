@@ -21,7 +21,7 @@ import torch
 from taperlm import __version__
 from taperlm.compare import sequential, tuning_report
 from taperlm.compare import tuning as tune
-from taperlm.compare.cells import choose_jobs, train_reported
+from taperlm.compare.executor import choose_jobs, train_reported
 from taperlm.compare.grid import (
     DEFAULT_TAPERS,
     Allocation,

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from taperlm.compare.cells import train_cells
+from taperlm.compare.executor import train_cells
 from taperlm.compare.grid import Grid, pilot_cells
 from taperlm.compare.options import CompareOptions
 from taperlm.compare.recipe import base_config
