@@ -28,6 +28,7 @@ validation perplexities are attached to the allocations they belong to.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,8 +117,7 @@ class Grid:
     base: RunConfig  # the uniform config of seed seeds[0]
     budget: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> params, flops, widths
     paper: str | None = None
-    # the pilots of novelty:pilot allocations: tokens per pilot and, per seed, its cost and rho
-    pilot: dict[str, Any] | None = None
+    pilot: Pilots | None = None  # the pilots of novelty:pilot allocations (None: no such)
 
     def cell(self, alloc_name: str, seed: int) -> Cell:
         for c in self.cells:
@@ -316,6 +316,35 @@ ALLOCATION_KEYS = (
     "model.layer_kv_heads",
     *(f"model.{fam.name}.{key}" for fam in FAMILIES.values() for key in fam.resolved),
 )
+
+
+@dataclass(frozen=True)
+class PilotRun:
+    """One seed's pilot, as report.json's `pilot.per_seed[seed]` records it."""
+
+    run: str  # its folder, runs/pilot-s<seed>
+    tokens: int  # the tokens it trained
+    train_s: float | None  # its training seconds, as its run recorded them
+    novelty_s: float | None  # the seconds its novelty measurement took
+    val_loss: float  # its validation loss
+    rho_mlp: list[float]  # per layer: the widths of that seed's novelty:pilot allocations
+
+
+@dataclass(frozen=True)
+class Pilots:
+    """The pilots of a grid's novelty:pilot allocations: one short uniform run per seed."""
+
+    tokens: int  # training tokens of each pilot
+    per_seed: dict[int, PilotRun]  # seed -> its pilot, in the seeds' order
+
+    @property
+    def rho_mlp(self) -> dict[int, list[float]]:
+        """seed -> its pilot's per-layer rho_mlp (what `build_grid(..., pilots=)` takes)."""
+        return {seed: run.rho_mlp for seed, run in self.per_seed.items()}
+
+    def per_seed_record(self) -> dict[str, dict[str, Any]]:
+        """report.json's `pilot.per_seed`: {"<seed>": the run's fields}."""
+        return {str(seed): dataclasses.asdict(run) for seed, run in self.per_seed.items()}
 
 
 def pilot_cells(pilot_base: RunConfig, seeds: list[int]) -> list[Cell]:

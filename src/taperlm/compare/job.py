@@ -143,7 +143,7 @@ def _run_locked(
     pilot = None
     if any(a.needs_pilot for a in allocs):
         pilot = run_pilots(opts, base, seeds, data_dir, int(inputs.meta["vocab_size"]), settings)
-    grid = build_grid(base, allocs, seeds, opts.paper, pilot and pilot.pop("rho_mlp"))
+    grid = build_grid(base, allocs, seeds, opts.paper, pilot and pilot.rho_mlp)
     grid.pilot = pilot
     print(
         f"taperlm compare: {len(grid.allocations)} allocations x {len(seeds)} seeds = "

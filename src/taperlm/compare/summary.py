@@ -177,15 +177,15 @@ def _pilot_summary(grid: Grid) -> dict[str, Any] | None:
     tokens, and mean training / novelty seconds per seed."""
     if grid.pilot is None:
         return None
-    per_seed = grid.pilot["per_seed"]
-    train_s = [v["train_s"] for v in per_seed.values() if v.get("train_s") is not None]
-    novelty_s = [v["novelty_s"] for v in per_seed.values() if v.get("novelty_s") is not None]
+    runs = grid.pilot.per_seed.values()
+    train_s = [r.train_s for r in runs if r.train_s is not None]
+    novelty_s = [r.novelty_s for r in runs if r.novelty_s is not None]
     return {
-        "tokens": grid.pilot["tokens"],
-        "fraction_of_run": grid.pilot["tokens"] / grid.base.train.tokens,
+        "tokens": grid.pilot.tokens,
+        "fraction_of_run": grid.pilot.tokens / grid.base.train.tokens,
         "train_s": stats.summary(train_s),
         "novelty_s": stats.summary(novelty_s),
-        "per_seed": per_seed,
+        "per_seed": grid.pilot.per_seed_record(),
     }
 
 
