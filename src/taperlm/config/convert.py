@@ -139,6 +139,9 @@ def _check_other_family(name: str, section: Any, family: str, at: str) -> None:
 
 
 def _taper_from(data: Any, where: str) -> TaperSpec:
+    if isinstance(data, TaperSpec):  # parsed already (an option such as --taper): checked here
+        check_taper_spec(data, where)
+        return data
     if isinstance(data, str):
         return TaperSpec.parse(data)
     if isinstance(data, dict):
