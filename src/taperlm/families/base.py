@@ -159,8 +159,6 @@ class Family:
         cached_kv: (cfg, layer, tokens) -> key/value entries per KV head that layer l's decoding
             cache holds after `tokens` tokens (every token for global attention; a window or
             segment for Titans), so `taperlm plan`'s cache bytes equal the tensors allocated.
-        compare_lr: peak learning rate of `taperlm compare`'s small-scale (CPU) recipe for this
-            family, where the recipe's own (2e-3) does not train it stably; None: the recipe's.
         llama_cpp: whether every block is a Llama block (RMSNorm, RoPE attention, SwiGLU, no
             biases), which `taperlm export --format gguf` can write for llama.cpp.
     """
@@ -180,7 +178,6 @@ class Family:
     upgrade: Callable[[dict[str, Any], str], dict[str, Any]] = _unchanged
     attention: bool = True
     cached_kv: Callable[[ModelFields, int, int], int] = _every_token
-    compare_lr: float | None = None
     llama_cpp: bool = False
 
     def fresh_options(self, options: Any) -> Any:

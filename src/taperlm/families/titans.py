@@ -287,8 +287,4 @@ FAMILY = Family(
     presets={f"titans-{v}": _preset(v) for v in VARIANTS},
     plan_column=_plan_column,
     upgrade=_upgrade,
-    # At compare's 2e-3, titans-mag-tiny tapered 1.5 -> 0.5 diverged (NaN loss from step ~17 of
-    # 64, seed 0; measured before max_inner_grad_norm existed) while its uniform twin trained;
-    # at 1e-3 both train (docs/compare.md).
-    compare_lr=1e-3,
 )
