@@ -65,8 +65,13 @@ class Assembly:
         """The base layer: the config file (`Layer.FILE`) or else the preset's unresolved model
         (`Layer.PRESET`), each of its keys recorded as set by that layer."""
         data, source = config_data(config, preset)
+        return cls.of(data, source, Layer.FILE if config else Layer.PRESET, notes)
+
+    @classmethod
+    def of(cls, data: dict[str, Any], source: str, layer: Layer, notes: bool = False) -> Assembly:
+        """The base layer `data` (a config's dict form, e.g. a run's own config), each of its
+        keys recorded as set by `layer`."""
         asm = cls(data, source, notes=[] if notes else None)
-        layer = Layer.FILE if config else Layer.PRESET
         for section, values in data.items():
             for key in values if isinstance(values, dict) else ():
                 asm.origins[f"{section}.{key}"] = layer
