@@ -282,3 +282,10 @@ def test_a_model_changes_family_only_explicitly():
     assert plain.options is None and plain.mlp_widths == hope.mlp_widths
     titans = hope.as_family("titans", None)
     assert type(titans.options).__name__ == "TitansConfig"
+
+
+def test_a_null_model_section_with_a_taper_option_is_a_config_error(tmp_path, capsys):
+    path = tmp_path / "null.yaml"
+    path.write_text("model: null\n")
+    assert main(["plan", "--config", str(path), "--taper", "cosine"]) == 2
+    assert "model must be a mapping, got NoneType" in capsys.readouterr().err

@@ -25,6 +25,8 @@ from typing import Any
 from taperlm.config.loading import run_config_from_dict
 from taperlm.config.overrides import apply_override, clear_resolved_sizes
 from taperlm.config.run import RunConfig
+from taperlm.errors import ConfigError
+from taperlm.io import quoted
 from taperlm.presets import config_data
 from taperlm.taper import TaperSpec
 
@@ -111,6 +113,11 @@ class Assembly:
         the model's and clears the resolved sizes. --taper is parsed here, once, into the
         `TaperSpec` the model gets; --multiple-of alone re-rounds the base layer's taper."""
         model = self.data.setdefault("model", {})
+        if not isinstance(model, dict) and (taper or head_taper or kv_taper or multiple_of):
+            raise ConfigError(
+                f"{self.source}: model must be a mapping, got {type(model).__name__}: "
+                f"{quoted(model)}"
+            )
         if self.notes is not None:
             for option, key, value in (
                 ("--taper", "taper", taper),
