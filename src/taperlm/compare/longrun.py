@@ -20,7 +20,7 @@ On top of the scaling report (OUT/report.md, report.json, scaling.png) each mode
 reading across tokens per parameter (`write_trend_report`): OUT/trend.md and trend.json with, per
 point, the difference at 1.5 -> 0.5, at the best measured ratio and the fitted best ratio; the
 figures advantage.png (difference against tokens per parameter, one line per size, the paper's
-440M point: 15.96 -> 15.64 perplexity at 68 tokens per parameter) and best_ratio.png; and the
+440M point: 16.28 -> 14.44 perplexity at 68 tokens per parameter) and best_ratio.png; and the
 trend of each fitted per size (y = a + b log10(tokens/param), weighted by the points' intervals)
 and across sizes (y = a + b log10(tokens/param) + c log10(params)), extrapolated to the paper's
 440M at 68 tokens per parameter with a parametric-bootstrap interval, or the plain reason why it
