@@ -101,9 +101,10 @@ TIME_KEYS = re.compile(
 # Markdown table columns holding times or rates (their cells become "<dropped>").
 TIME_COLUMNS = re.compile(r"tokens/s|tok/s|items/s|seconds|\btime\b|wall|min/run", re.I)
 
-# Text files longer than this (characters, normalised) are recorded by hash (the tokenizer's
-# vocabulary, copied into every run dir).
-LARGE_TEXT = 20_000
+# Text files recorded by the hash of their normalised text: longer than LARGE_TEXT characters,
+# or a tokenizer's vocabulary (copied into every run dir; its bytes are what matters).
+LARGE_TEXT = 100_000
+HASHED_TEXT = {"tokenizer.json", "vocab.json", "merges.txt"}
 
 TEXT_SUFFIXES = {".json", ".jsonl", ".yaml", ".yml", ".md", ".txt", ".csv", ".lst", ".raw", ""}
 
@@ -120,6 +121,18 @@ def normalise_text(text: str, roots: list[tuple[str, str]]) -> str:
     for pattern, replacement in NORMALISE:
         text = pattern.sub(replacement, text)
     return _drop_time_columns(text)
+
+
+def normalise_output(text: str, roots: list[tuple[str, str]]) -> str:
+    """A command's stdout: a JSON document (`--json`) normalised as JSON (TIME_KEYS dropped) and
+    printed with indent 2 in its own key order, anything else as text."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return normalise_text(text, roots)
+    if not isinstance(value, (dict, list)):
+        return normalise_text(text, roots)
+    return json.dumps(normalise_json(value, roots), indent=2, ensure_ascii=False) + "\n"
 
 
 def _drop_time_columns(text: str) -> str:
@@ -167,14 +180,15 @@ def describe_file(path: Path, rel: str, roots: list[tuple[str, str]]) -> list[st
         if path.suffix == ".json":
             value = json.loads(text)
             if name == "manifest.json" and ".metadata" in value.get("files", {}):
-                value["files"][".metadata"]["sha256"] = "<DCP index, see .metadata>"
+                # its size varies with the temporary path's length too
+                value["files"][".metadata"] = "<DCP index, see .metadata>"
             body = json.dumps(normalise_json(value, roots), indent=1, ensure_ascii=False)
         elif path.suffix == ".jsonl":
             rows = [json.loads(line) for line in text.splitlines() if line.strip()]
             body = "\n".join(json.dumps(normalise_json(r, roots)) for r in rows)
         else:
             body = normalise_text(text, roots)
-        if len(body) > LARGE_TEXT:
+        if len(body) > LARGE_TEXT or name in HASHED_TEXT:
             digest = sha256_bytes(body.encode())
             return [f"== {rel}: text, normalised, {body.count(chr(10)) + 1} lines, sha256 {digest}"]
         return [f"== {rel}: text, normalised", body]
@@ -295,7 +309,7 @@ class Snapshot:
             "$ taperlm " + normalise_text(" ".join(argv), self.roots),
             f"exit code: {proc.returncode}",
             "--- stdout",
-            normalise_text(proc.stdout, self.roots),
+            normalise_output(proc.stdout, self.roots),
             "--- stderr",
             normalise_text(proc.stderr, self.roots),
         ]
