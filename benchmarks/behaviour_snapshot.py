@@ -76,6 +76,8 @@ NORMALISE: list[tuple[re.Pattern[str], str]] = [
         (r"(\.tmp-[\w.-]*?)-\d+\b", r"\1-<PID>"),
         # throughput
         (r"[\d,]+(\.\d+)? ?(tokens/s|tok/s|items/s|it/s|steps/s)", r"<RATE> \2"),
+        # progress bars of other libraries (tqdm): "[00:00<00:00, 9.1 it/s]", "[00:00<?, ?it/s]"
+        (r"\[\d+:\d{2}(:\d{2})?<[^\]\n]*\]", "[<TIME>]"),
         # durations: "0.4 min", "8 s elapsed", "(0.1s)", "ETA 0.2 min", "0.1 CPU-min"
         (r"\b\d[\d,]*(\.\d+)? ?(ms|s|sec|seconds|min|CPU-min|h)\b", r"<TIME> \2"),
         # prepare's phase breakdown: "(tokenizer 0.1, tokenize 0.1, finish 0.0, commit 0.0)"
@@ -306,7 +308,7 @@ class Snapshot:
             text=True,
         )
         lines = [
-            "$ taperlm " + normalise_text(" ".join(argv), self.roots),
+            "$ taperlm " + normalise_text(shlex.join(argv), self.roots),
             f"exit code: {proc.returncode}",
             "--- stdout",
             normalise_output(proc.stdout, self.roots),
