@@ -13,7 +13,7 @@ run to the next on the same machine and torch; what is inherently not reproducib
 by a placeholder (NORMALISE and the JSON keys in TIME_KEYS): wall-clock times, throughput, dates,
 absolute paths, process ids, versions, and the pickled DCP index (`.metadata`: it holds the
 temporary path and a random save id, so it is summarised by its entries instead).
-Run time: about 4 minutes on one busy core. benchmarks/README.md, "Behaviour snapshot".
+Run time: about 4 CPU-minutes (8-20 minutes of wall time on a loaded 2-core machine). benchmarks/README.md, "Behaviour snapshot".
 """
 
 from __future__ import annotations
@@ -205,11 +205,53 @@ def _is_text(data: bytes) -> bool:
     return b"\0" not in data
 
 
+# The globals a DCP index (`.metadata`, a pickle) holds: plain dataclasses and enums of DCP,
+# torch.Size and dtypes, paths, OrderedDict. The index is unpickled with only these allowed
+# (no plain pickle load), although every checkpoint read here was written by this snapshot.
+DCP_GLOBALS = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+        "TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING",
+    },
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.distributed.checkpoint.planner": {"LoadItemType", "WriteItemType"},
+    "torch": {"Size"},
+    "torch.serialization": {"_get_layout"},
+    "pathlib": {"Path", "PosixPath", "PurePosixPath"},
+    "collections": {"OrderedDict"},
+}  # fmt: skip
+
+
+def dcp_reader(checkpoint: Path) -> Any:
+    """torch's DCP file-system reader of `checkpoint` whose index is read with DCP_GLOBALS only."""
+    import pickle
+
+    import torch
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class Index(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            if name in DCP_GLOBALS.get(module, ()) or (
+                module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+            ):
+                return super().find_class(module, name)
+            raise pickle.UnpicklingError(f"{checkpoint}/.metadata holds {module}.{name}")
+
+    class Reader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            with open(checkpoint / ".metadata", "rb") as f:
+                meta = Index(f).load()
+            meta.storage_meta = meta.storage_meta or StorageMeta()
+            meta.storage_meta.load_id = self.load_id
+            return meta
+
+    return Reader(str(checkpoint))
+
+
 def dcp_index(checkpoint: Path) -> list[str]:
     """The entries of a DCP checkpoint's index (name, shape/type, where in which shard)."""
-    from torch.distributed.checkpoint import FileSystemReader
-
-    meta = FileSystemReader(str(checkpoint)).read_metadata()
+    meta = dcp_reader(checkpoint).read_metadata()
     lines = []
     for key, item in meta.state_dict_metadata.items():
         size = getattr(item, "size", None)
@@ -229,12 +271,11 @@ def tensor_hashes(checkpoint: Path) -> list[str]:
     import warnings
 
     import torch
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "no process group: loading in one process"
-        state = _load_state_dict_from_keys(storage_reader=FileSystemReader(str(checkpoint)))
+        state = _load_state_dict_from_keys(storage_reader=dcp_reader(checkpoint))
     lines = []
     for key, value in _flatten(state):
         if isinstance(value, torch.Tensor):
