@@ -171,30 +171,36 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def describe_file(path: Path, rel: str, roots: list[tuple[str, str]]) -> list[str]:
-    """The lines that record one written file: its normalised text, or size and sha256."""
+def describe_file(path: Path, rel: str, roots: list[tuple[str, str]]) -> tuple[list[str], bool]:
+    """The lines that record one written file (its normalised text, or size and sha256), and
+    whether normalising changed it (then its bytes vary from run to run)."""
     data = path.read_bytes()
     name = path.name
     if name == ".metadata":  # DCP's pickled index: temp path and a random save id inside
-        return [f"== {rel}: DCP index", *dcp_index(path.parent)]
+        return [f"== {rel}: DCP index", *dcp_index(path.parent)], True
     if path.suffix in TEXT_SUFFIXES and _is_text(data):
         text = data.decode("utf-8")
         if path.suffix == ".json":
             value = json.loads(text)
+            plain = json.dumps(value, indent=1, ensure_ascii=False)
             if name == "manifest.json" and ".metadata" in value.get("files", {}):
                 # its size varies with the temporary path's length too
                 value["files"][".metadata"] = "<DCP index, see .metadata>"
             body = json.dumps(normalise_json(value, roots), indent=1, ensure_ascii=False)
         elif path.suffix == ".jsonl":
             rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+            plain = "\n".join(json.dumps(r) for r in rows)
             body = "\n".join(json.dumps(normalise_json(r, roots)) for r in rows)
         else:
-            body = normalise_text(text, roots)
+            plain, body = text, normalise_text(text, roots)
         if len(body) > LARGE_TEXT or name in HASHED_TEXT:
             digest = sha256_bytes(body.encode())
-            return [f"== {rel}: text, normalised, {body.count(chr(10)) + 1} lines, sha256 {digest}"]
-        return [f"== {rel}: text, normalised", body]
-    return [f"== {rel}: {len(data)} bytes, sha256 {sha256_bytes(data)}"]
+            lines = [
+                f"== {rel}: text, normalised, {body.count(chr(10)) + 1} lines, sha256 {digest}"
+            ]
+            return lines, body != plain
+        return [f"== {rel}: text, normalised", body], body != plain
+    return [f"== {rel}: {len(data)} bytes, sha256 {sha256_bytes(data)}"], False
 
 
 def _is_text(data: bytes) -> bool:
@@ -309,6 +315,9 @@ class Snapshot:
         self.src = src  # the source tree on PYTHONPATH
         self.work = work  # the temporary working folder every command runs in
         self.index: list[dict[str, Any]] = []  # what INDEX lists
+        # sha256 of written files whose bytes vary from run to run (their text is recorded
+        # normalised) -> a placeholder, for the records that cite them (an export's file list)
+        self.varying: dict[str, str] = {}
         real = os.path.realpath(work)
         self.roots = [(p, "<WORK>") for p in dict.fromkeys([real, str(work)])]
         self.roots += [(str(src), "<SRC>"), (str(REPO), "<REPO>"), (sys.executable, "<PYTHON>")]
@@ -369,7 +378,11 @@ class Snapshot:
         lines = [f"--- files under {rel}: {len(paths)}"]
         lines += [f"{p.relative_to(self.work)}" for p in paths]
         for p in paths:
-            lines += describe_file(p, str(p.relative_to(self.work)), self.roots)
+            described, varies = describe_file(p, str(p.relative_to(self.work)), self.roots)
+            lines += described
+            if varies:
+                digest = sha256_bytes(p.read_bytes())
+                self.varying[digest] = f"<sha256 of {p.relative_to(self.work)}: it varies>"
         if hashes:
             for ckpt in sorted({p.parent for p in paths if p.name == ".metadata"}):
                 lines += [f"== {ckpt.relative_to(self.work)}: tensors", *tensor_hashes(ckpt)]
@@ -380,7 +393,10 @@ class Snapshot:
         self._write(name, lines, 0, 0.0)
 
     def _write(self, name: str, lines: list[str], rc: int, seconds: float) -> None:
-        write_output(self.out / f"{name}.txt", "\n".join(lines).rstrip("\n") + "\n")
+        text = "\n".join(lines).rstrip("\n") + "\n"
+        for digest, placeholder in self.varying.items():
+            text = text.replace(digest, placeholder)
+        write_output(self.out / f"{name}.txt", text)
         self.index.append({"item": name, "exit_code": rc})
         print(f"{name}: exit {rc}, {seconds:.1f} s", file=sys.stderr, flush=True)
 
