@@ -13,7 +13,8 @@ run to the next on the same machine and torch; what is inherently not reproducib
 by a placeholder (NORMALISE and the JSON keys in TIME_KEYS): wall-clock times, throughput, dates,
 absolute paths, process ids, versions, and the pickled DCP index (`.metadata`: it holds the
 temporary path and a random save id, so it is summarised by its entries instead).
-Run time: about 4 CPU-minutes (8-20 minutes of wall time on a loaded 2-core machine). benchmarks/README.md, "Behaviour snapshot".
+Run time: about 3 CPU-minutes, 70 commands (15 minutes of wall time on 2 cores at load average
+10-12). benchmarks/README.md, "Behaviour snapshot".
 """
 
 from __future__ import annotations
