@@ -68,7 +68,11 @@ def test_every_output_option_is_checked_when_parsed():
         for option, kind in _output_options(name).items():
             seen[(name, option)] = kind
     assert seen, "no output options found: the scan is broken"
-    folders = {("compare_precision", "--out"), ("wsd_first_look", "--out")}
+    folders = {
+        ("compare_precision", "--out"),
+        ("wsd_first_look", "--out"),
+        ("behaviour_snapshot", "--out"),
+    }
     for key, kind in seen.items():
         assert kind == ("Path" if key in folders else "output_file"), key
     for name, _ in folders:
@@ -77,6 +81,8 @@ def test_every_output_option_is_checked_when_parsed():
 
 # Every other write or delete in a script, and why it cannot touch a user's file.
 ALLOWED_WRITES = {
+    ("behaviour_snapshot", "prepare_items", "write_text"): "corpora in its temporary folder",
+    ("behaviour_snapshot", "eval_files", "write_text"): "task files in its temporary folder",
     ("compare_precision", "_smoke_args", "write_text"): "the toy corpus, in its claimed --out",
     ("docs_numbers", "write", "write_text"): "regenerates the numbers in the repository's docs",
     ("families", "_reset_peak_rss", "open"): "/proc/self/clear_refs (a kernel control file)",

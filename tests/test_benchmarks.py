@@ -619,3 +619,41 @@ def test_prune_smoke(tmp_path):
     assert prune.main(argv) == 0  # resumed: every cell read back
     assert prune.markdown(json.loads(out.read_text())) == first
     assert png.stat().st_size > 1000
+
+
+# ---------------------------------------------------------------------------------------------
+# the behaviour snapshot's pieces that need no commands run (the snapshot itself takes minutes)
+
+
+def test_behaviour_snapshot_normalises_and_compares(tmp_path, capsys):
+    sys.path.insert(0, str(BENCH))
+    try:
+        import behaviour_snapshot as snap
+    finally:
+        sys.path.remove(str(BENCH))
+    from taperlm.cli import build_parser, subcommand_parser
+
+    # subcommands are found in the top-level help as argparse prints it
+    top = build_parser(only="").format_help()
+    assert snap.subcommands(top)[:3] == ["plan", "prepare", "train"]
+    plan = subcommand_parser(build_parser(only="plan"), "plan")
+    assert snap.subcommands(plan.format_help()) == []
+    roots = [("/tmp/xyz", "<WORK>")]
+    line = "done: 6,426 tokens/s in 0.4 min (0.2 s), 2026-12-02 13:39:58 UTC, /tmp/xyz/run"
+    assert snap.normalise_text(line, roots) == (
+        "done: <RATE> tokens/s in <TIME> min (<TIME> s), <DATE>, <WORK>/run"
+    )
+    table = "| a | tokens/s | loss |\n|---|---|---|\n| x | 3,052 | 4.69 |"
+    assert snap.normalise_text(table, roots).splitlines()[-1] == "| x | <dropped> | 4.69 |"
+    value = {"loss": 4.5, "wall_s": 3.2, "times": {"val_s": 1}, "path": "/tmp/xyz/a"}
+    assert snap.normalise_json(value, roots) == {
+        "loss": 4.5, "wall_s": "<dropped>", "times": "<dropped>", "path": "<WORK>/a"
+    }  # fmt: skip
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d, loss in ((a, "4.5"), (b, "4.5")):
+        d.mkdir()
+        (d / "train-x.txt").write_text(f"loss {loss}\n")
+    assert snap.compare(a, b) == 0
+    (b / "train-x.txt").write_text("loss 4.6\n")
+    assert snap.compare(a, b) == 1
+    assert "train-x.txt: differs" in capsys.readouterr().out
