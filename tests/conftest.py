@@ -24,6 +24,16 @@ from taperlm.config import OVERRIDES_ENV, ModelConfig
 from taperlm.evaluation.locate import EVAL_DATA_ENV, NO_EVAL_DATA, eval_data_dir
 from taperlm.taper import TaperSpec
 
+# Tests live in one folder per feature (tests/model, tests/training, ...) and share fixtures and
+# helpers across them by module name (`from test_compare import TINY`, `import fault_harness`), as
+# pytest's default import mode allows for modules that sit on sys.path. Every area's folder goes
+# there, so a file imports the same way whichever file or folder is run; hence the basenames of
+# test modules are unique across tests/ (tests/repo/test_structure.py checks).
+TESTS = Path(__file__).resolve().parent
+for _area in sorted(p for p in TESTS.iterdir() if p.is_dir() and p.name[0] not in "._"):
+    if str(_area) not in sys.path:
+        sys.path.append(str(_area))
+
 TINY_SHAPE = dict(vocab_size=64, d_model=32, n_layers=4, n_heads=4, mlp_width=64, context_length=64)
 
 
@@ -76,7 +86,7 @@ def import_docs_example(
 ) -> Any:
     """The first ```python block after `heading` in docs/`page`, written to a file and imported
     as module `name` (in sys.modules until the test ends): the docs' example run as written."""
-    text = (Path(__file__).resolve().parents[1] / "docs" / page).read_text(encoding="utf-8")
+    text = (TESTS.parent / "docs" / page).read_text(encoding="utf-8")
     source = text.split(heading, 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     path = tmp_path / f"{name}.py"
     path.write_text(source, encoding="utf-8")

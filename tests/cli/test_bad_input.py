@@ -550,9 +550,9 @@ def test_eval_unknown_task(trained, capsys):
 # ----------------------------------------------------------------------------------------------
 # the catalogue in docs/reliability.md and the tests agree
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
-TESTS = Path(__file__).resolve().parent
-REF = re.compile(r"`(?:tests/(test_\w+\.py)::)?(test_\w+)(\[[^\]`]*\])?`")
+REPO = Path(__file__).resolve().parents[2]
+DOC = REPO / "docs" / "reliability.md"
+REF = re.compile(r"`(?:tests/(\w+/test_\w+\.py)::)?(test_\w+)(\[[^\]`]*\])?`")
 
 
 def _collect(files: list[str]) -> list[str]:
@@ -560,7 +560,7 @@ def _collect(files: list[str]) -> list[str]:
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
          "-m", "slow or not slow", *files],
-        capture_output=True, text=True, cwd=TESTS.parent, timeout=300,
+        capture_output=True, text=True, cwd=REPO, timeout=300,
     )  # fmt: skip
     ids = [line.strip() for line in out.stdout.splitlines() if "::" in line]
     assert ids, out.stdout[-2000:] + out.stderr[-2000:]
@@ -623,10 +623,10 @@ def test_catalogue_table_lists_every_test():
     marked xfail; the class tables list exactly the cases their tests enumerate; and every test
     of the files the doc lists is named in it."""
     doc = DOC.read_text(encoding="utf-8")
-    files = sorted({f"tests/{m}" for m in re.findall(r"tests/(test_\w+\.py)", doc)})
+    files = sorted({f"tests/{m}" for m in re.findall(r"tests/(\w+/test_\w+\.py)", doc)})
     ids = set(_collect(files))
     funcs = {i.split("[")[0] for i in ids}
-    here = "tests/test_bad_input.py"
+    here = "tests/cli/test_bad_input.py"
 
     # every reference resolves (bad-input rows name this file's tests without a path)
     refs = []
@@ -671,7 +671,7 @@ def test_catalogue_table_lists_every_test():
     run = set()
     for i in ids:
         m = re.match(
-            r"tests/test_domains.py::test_out_of_domain_(?:config_value|option)_is_named\[(.*)\]$",
+            r"tests/config/test_domains.py::test_out_of_domain_(?:config_value|option)_is_named\[(.*)\]$",
             i,
         )
         if m:
@@ -703,8 +703,8 @@ def test_catalogue_table_lists_every_test():
             )
 
     for heading, make, test in (
-        ("### 3. Every output path", outputs, "tests/test_outputs.py::test_bad_output_path_stops_before_work"),
-        ("### 8. Device and resource errors", devices, "tests/test_devices.py::test_bad_device_is_one_clear_line"),
+        ("### 3. Every output path", outputs, "tests/cli/test_outputs.py::test_bad_output_path_stops_before_work"),
+        ("### 8. Device and resource errors", devices, "tests/cli/test_devices.py::test_bad_device_is_one_clear_line"),
     ):  # fmt: skip
         run = {i[len(test) + 1 : -1] for i in ids if i.startswith(test + "[")}
         listed = matrix(heading, make)
@@ -713,7 +713,7 @@ def test_catalogue_table_lists_every_test():
         )
 
     # every test of every file in the doc's table of test files is named somewhere in it
-    listed_files = set(re.findall(r"^\| `(tests/test_\w+\.py)`", doc, flags=re.M))
+    listed_files = set(re.findall(r"^\| `(tests/\w+/test_\w+\.py)`", doc, flags=re.M))
     unnamed = sorted(
         f for f in funcs if f.split("::")[0] in listed_files and f.split("::")[1] not in doc
     )

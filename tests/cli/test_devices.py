@@ -112,7 +112,7 @@ def test_a_run_that_needs_more_memory_than_there_is(trained, tmp_path, capsys, m
 
 def test_a_run_that_cannot_fit_is_refused_before_allocating(trained, tmp_path, capsys):
     """The same run where the free memory is known: refused with the numbers before anything
-    is allocated (tests/test_resources.py proves the order)."""
+    is allocated (tests/config/test_resources.py proves the order)."""
     data, _ = trained
     out = tmp_path / "run"
     rc = cli_main(H.train_argv(data, out, *HUGE))

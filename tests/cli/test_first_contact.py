@@ -14,7 +14,7 @@ import pytest
 from taperlm.cli import COMMANDS, main
 from taperlm.progress import progress_bar
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_progress_in_a_log_has_no_terminal_escapes():
@@ -122,7 +122,7 @@ def test_output_piped_into_a_reader_that_stopped_is_not_an_error(argv):
     read_end, write_end = os.pipe()
     os.close(read_end)
     code = "import sys; from taperlm.cli import main; sys.exit(main(sys.argv[1:]))"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
     try:
         done = subprocess.run(
             [sys.executable, "-c", code, *argv], stdout=write_end, stderr=subprocess.PIPE,

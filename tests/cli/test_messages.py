@@ -21,7 +21,7 @@ import fault_harness as H
 from taperlm.cli import main as cli_main
 from taperlm.io import not_a_file, os_error_cause
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "taperlm"
+SRC = Path(__file__).resolve().parents[2] / "src" / "taperlm"
 
 
 def make_kind(path: Path, kind: str) -> None:

@@ -34,7 +34,7 @@ import pytest
 
 from taperlm.cli import build_parser
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # $TAPERLM_SET for the lines that train (matched by their first words): tiny models, few tokens,
 # and compare on the corpus `taperlm prepare` made (instead of preparing its own once more).

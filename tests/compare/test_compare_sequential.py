@@ -101,7 +101,7 @@ def _run_s(entry: dict) -> float:
 
 
 def _replay(report: dict, stop: str) -> dict:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import sequential_replay
 
     args = argparse.Namespace(stop=stop, alpha=0.05, min_seeds=3, stop_on="each")

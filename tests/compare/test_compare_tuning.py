@@ -146,7 +146,7 @@ def test_robustness_summary_reads_the_reports_numbers(tuned, tmp_path, capsys):
     the reports: a --tune-lr report gives a shared-lr and an own-lr row per tapered allocation."""
     import sys
 
-    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
     sys.path.insert(0, str(bench))
     try:
         import robustness

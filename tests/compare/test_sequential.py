@@ -259,7 +259,7 @@ def test_the_replay_table_in_the_docs_is_the_scripts_rendering_of_the_stored_run
     import json
     import sys
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     sys.path.insert(0, str(root / "benchmarks"))
     import sequential_replay as R
 

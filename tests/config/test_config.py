@@ -27,7 +27,7 @@ from taperlm.models import TaperedLM
 from taperlm.presets import get_preset, preset_names
 from taperlm.taper import TaperSpec
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_yaml_round_trip_keeps_resolved_widths(tmp_path):

@@ -358,7 +358,7 @@ def test_every_set_advice_is_checked_against_its_domain():
     """A vocabulary of 10^8 ids was answered with `set model.vocab_size=100000000`, above the
     2^24 the field accepts. Every advice to set a key to a computed value goes through
     `domains.set_advice` (which checks the domain first): the walk fails on any other."""
-    src = Path(__file__).resolve().parents[1] / "src" / "taperlm"
+    src = Path(__file__).resolve().parents[2] / "src" / "taperlm"
     found = {
         (path.relative_to(src).as_posix(), text.strip()[-40:])
         for path in src.rglob("*.py")

@@ -1,9 +1,9 @@
-"""SIGKILL `taperlm prepare` at chosen moments (used by tests/test_data_prepare_kill.py).
+"""SIGKILL `taperlm prepare` at chosen moments (used by tests/data/test_data_prepare_kill.py).
 
 Child mode runs the real CLI in a fresh interpreter with one function wrapped, so that at the
 named moment the child writes FLAG and sleeps; the parent then kills it with SIGKILL:
 
-    python tests/prepare_faults.py MOMENT FLAG -- prepare --source ... --out ...
+    python tests/data/prepare_faults.py MOMENT FLAG -- prepare --source ... --out ...
 
 Moments:
     tokenizer-saved     tokenizer/ written in the work dir, no state.json yet

@@ -1,4 +1,4 @@
-"""SIGKILL during `taperlm prepare` (real processes, tests/prepare_faults.py), re-preparing over an
+"""SIGKILL during `taperlm prepare` (real processes, tests/data/prepare_faults.py), re-preparing over an
 existing data dir: until the commit point the old data dir loads exactly as before, after it the
 new one does, and rerunning the same command (with another --workers) finishes with bytes
 identical to an uninterrupted run.

@@ -3,7 +3,7 @@
 The resumable things and the inputs each one is keyed by (RESUMABLE below, checked against the
 code where it can be): a changed input makes it start over (prepare, the default corpus cache),
 re-evaluate (compare cells whose evaluation inputs changed) or refuse with a message (train and
-compare cells on other data or another config: tests/test_run_data.py, tests/test_bad_input.py
+compare cells on other data or another config: tests/data/test_run_data.py, tests/cli/test_bad_input.py
 rows 45-46). The edits tried are the hard ones: same size, and the modification time put back
 (`touch -r`, `cp -p`, `rsync -t` all do that), so size + mtime alone would resume.
 """
@@ -30,9 +30,9 @@ RESUMABLE = {
     "prepare (default corpus)": ("every installed file: name, size, mtime",
                                  "test_default_corpus_fingerprint_follows_its_files"),
     "prepare (settings, tokenizer)": ("every argument, a fixed tokenizer's sha256",
-                                      "tests/test_data_prepare.py::test_resume_after_an_interrupt_is_byte_identical"),
-    "train": ("config (tests/test_bad_input.py row 45), data identity and tokenizer (row 46)",
-              "tests/test_run_data.py"),
+                                      "tests/data/test_data_prepare.py::test_resume_after_an_interrupt_is_byte_identical"),
+    "train": ("config (tests/cli/test_bad_input.py row 45), data identity and tokenizer (row 46)",
+              "tests/data/test_run_data.py"),
     "compare cells": ("config, data identity, evaluation settings and the content (not the path) "
                       "of the novelty text and the task files",
                       "test_compare_cells_know_their_inputs_by_content_not_by_path"),
@@ -54,7 +54,7 @@ def same_size_edit(path: Path, offset: int = 0) -> None:
 def test_every_resumable_thing_names_a_test():
     here = {n for n in globals() if n.startswith("test_")}
     for _inputs, test in RESUMABLE.values():
-        assert test in here or Path(test.split("::")[0]).name in os.listdir(Path(__file__).parent)
+        assert test in here or (Path(__file__).resolve().parents[2] / test.split("::")[0]).is_file()
 
 
 @pytest.mark.parametrize("size", [1000, FULL_HASH_BYTES + 5 * SAMPLE_BLOCK])

@@ -55,7 +55,7 @@ def niah_tokenizer():
 
 def niah_model(family: str = "transformer", context_length: int = 512, seed: int = 0):
     """A tiny random model (2 layers, d_model 32) over `niah_tokenizer()`'s vocabulary."""
-    from test_eval_helpers import tiny_model
+    from eval_helpers import tiny_model
 
     return tiny_model(
         family,

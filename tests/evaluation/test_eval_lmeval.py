@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from eval_helpers import tiny_model, tiny_tokenizer, write_eval_files
 from taperlm.evaluation.registry import load_task, zero_shot_tasks
 from taperlm.evaluation.scoring import Scorer
 from taperlm.evaluation.suite import run_task
-from test_eval_helpers import tiny_model, tiny_tokenizer, write_eval_files
 
 pytestmark = pytest.mark.lmeval
 TASKS = tuple(zero_shot_tasks())

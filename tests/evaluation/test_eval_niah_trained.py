@@ -1,5 +1,5 @@
 """A model that can pass S-NIAH: a 2-layer Transformer++ trained here on a synthetic retrieval
-corpus (niah_single_1 items with their answers, plus digit copy drills; tests/niah_helpers.py)
+corpus (niah_single_1 items with their answers, plus digit copy drills; tests/evaluation/niah_helpers.py)
 scores >= 90% on niah_single_1 at 256 and 512 tokens through `run_niah` (what `taperlm eval`
 runs), and ~0 on the same items with the needle taken out, while still answering with a number.
 Slow: ~2-3 minutes of training on one core."""

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from eval_helpers import tiny_model, tiny_tokenizer, write_eval_files
 from taperlm.evaluation.record import Item
 from taperlm.evaluation.registry import TaskData, load_task
 from taperlm.evaluation.scoring import Scorer, rolling_windows
 from taperlm.evaluation.suite import argmax, mean_stderr, ratio_stderr, run_task
-from test_eval_helpers import tiny_model, tiny_tokenizer, write_eval_files
 
 
 def naive_ll(model, ctx: list[int], cont: list[int], max_length: int) -> tuple[float, bool]:

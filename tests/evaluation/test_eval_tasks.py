@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from eval_helpers import COUNTS, write_eval_files
 from taperlm.errors import DataError
 from taperlm.evaluation.registry import load_task, zero_shot_tasks
 from taperlm.evaluation.tasks import (
@@ -15,7 +16,6 @@ from taperlm.evaluation.tasks import (
     wikitext_counts,
     wikitext_detokenize,
 )
-from test_eval_helpers import COUNTS, write_eval_files
 
 TASKS = tuple(zero_shot_tasks())
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from test_eval_helpers import tiny_tokenizer
+from eval_helpers import tiny_tokenizer
 
 pytest.importorskip("transformers")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_eval_helpers import tiny_model, tiny_tokenizer
+from eval_helpers import tiny_model, tiny_tokenizer
 
 transformers = pytest.importorskip("transformers")
 

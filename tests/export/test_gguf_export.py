@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from test_eval_helpers import tiny_tokenizer
+from eval_helpers import tiny_tokenizer
 
 gguf = pytest.importorskip("gguf")
 
@@ -328,7 +328,9 @@ def test_export_command_writes_a_file_llama_cpp_reads(tapered_run: Path, tmp_pat
     before = out.read_bytes()
     assert main(["export", str(tapered_run), "--format", "gguf", "--out", str(out)]) == 2
     assert "add --force" in capsys.readouterr().err and out.read_bytes() == before
-    assert written_by_taperlm(out, "gguf")  # what --force may replace (tests/test_outfiles.py)
+    assert written_by_taperlm(
+        out, "gguf"
+    )  # what --force may replace (tests/safety/test_outfiles.py)
     argv = ["export", str(tapered_run), "--format", "gguf", "--out", str(out), "--dtype", "f32"]
     assert main([*argv, "--force"]) == 0
     assert read(out)[1]["blk.0.attn_q.weight"].dtype == np.float32

@@ -62,8 +62,8 @@ def test_card_without_a_run_config_has_no_training_section(tmp_path: Path) -> No
 
 def test_export_command_writes_the_card_with_the_runs_settings(tmp_path: Path, monkeypatch):
     import taperlm.loading
+    from eval_helpers import tiny_tokenizer
     from taperlm.cli import main
-    from test_eval_helpers import tiny_tokenizer
 
     tok = tiny_tokenizer()
     model = _model(vocab_size=tok.vocab_size)

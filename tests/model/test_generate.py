@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from eval_helpers import tiny_model, tiny_tokenizer
 from taperlm.errors import ConfigError
 from taperlm.generation import SamplingConfig, filter_logits, generate_tokens, stream_text
-from test_eval_helpers import tiny_model, tiny_tokenizer
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """MLP width 0 as a first-class width: a layer the taper gives no MLP (cosine:2:0's last layer,
 a custom width 0) is attention only, at the exact budget, in every family that can carry it (Hope
 refuses: its CMS levels each need a width), forward and backward, through init (plain and
-paired; fixed and fan-in schemes), checkpoints, resume and the Hugging Face export (GGUF: tests/test_gguf_export.py, zero-mlp)."""
+paired; fixed and fan-in schemes), checkpoints, resume and the Hugging Face export (GGUF: tests/export/test_gguf_export.py, zero-mlp)."""
 
 from __future__ import annotations
 
@@ -85,9 +85,9 @@ def test_a_zero_width_model_trains_and_exports(tmp_path: Path):
     """A run with an attention-only last layer trains (paired init), its checkpoint reloads to
     the same logits, and the Hugging Face export gives the same logits."""
     transformers = pytest.importorskip("transformers")
+    from eval_helpers import tiny_tokenizer
     from taperlm.hf.export import export_model
     from taperlm.models.layers import paired_init
-    from test_eval_helpers import tiny_tokenizer
 
     tok = tiny_tokenizer()
     cfg = tiny_config(taper="cosine:2:0", vocab_size=tok.vocab_size)

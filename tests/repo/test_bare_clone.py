@@ -18,7 +18,7 @@ import pytest
 
 from taperlm.evaluation.locate import EVAL_DATA_ENV, NO_EVAL_DATA, eval_data_dir, wikitext_test
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 OUTSIDE = re.compile(r"\b(PAPER|DESIGN)\.md\b|shared/data/README|shared/reference")
 # How a test could reach ../shared other than through the fixture.
 REACH = re.compile(r"[\"']shared[\"']|eval_data_dir\(|wikitext_test\(|_default_dirs\(")
@@ -45,7 +45,7 @@ def test_tests_reach_shared_data_only_through_the_fixture():
     allowed = {"conftest.py", "test_readme.py", Path(__file__).name}
     reach = [
         f"{p.name}:{i}"
-        for p in sorted((REPO / "tests").glob("*.py"))
+        for p in sorted((REPO / "tests").rglob("*.py"))
         if p.name not in allowed
         for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
         if REACH.search(line)

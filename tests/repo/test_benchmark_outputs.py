@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in ("common", "outputs"))
 OUTPUT_OPTIONS = ("--json", "--plot", "--png", "--md", "--csv", "--out", "--report-file")
 

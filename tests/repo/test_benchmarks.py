@@ -18,7 +18,7 @@ from taperlm.models import TaperedLM, cpu_kernels
 from taperlm.models.layers import RMSNorm, Rotary, cross_entropy
 from taperlm.presets import get_preset
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from taperlm.models import TaperedLM
 from taperlm.presets import get_preset, preset_names
 from taperlm.taper import TaperSpec
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src" / "taperlm"
 
 # ----------------------------------------------------------------------------------------------

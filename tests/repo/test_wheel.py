@@ -25,7 +25,7 @@ import pytest
 import taperlm
 from taperlm.cli import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _pyproject() -> dict:

@@ -5,7 +5,7 @@ readers. The property: on any input they return or raise one of the documented e
 
 Example counts are small by default so the file runs in seconds; for a long run:
 
-    TAPERLM_FUZZ_EXAMPLES=5000 python -m pytest -q tests/test_fuzz.py
+    TAPERLM_FUZZ_EXAMPLES=5000 python -m pytest -q tests/safety/test_fuzz.py
 
 Bounds: numbers fed to `solve_sizes` are kept small (<= 64 layers, multipliers <= 50), because
 the solver moves one width step per iteration (see docs/reliability.md, "open issues").

@@ -26,7 +26,7 @@ import pytest
 import fault_harness as H
 from taperlm.cli import main as cli_main
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "taperlm"
+SRC = Path(__file__).resolve().parents[2] / "src" / "taperlm"
 
 
 class Payload:

@@ -315,7 +315,7 @@ def _write_tasks(out: Path, data_dir: Path, tasks: list[str]) -> int:
 def test_lm_eval_tasks_rerun_keeps_edited_files(tmp_path, capsys, monkeypatch):
     """A task YAML the user edited is refused by name on a rerun, nothing is written; an
     unedited folder is rewritten; tasks written earlier (not in this run's --tasks) are kept."""
-    from test_eval_helpers import write_eval_files
+    from eval_helpers import write_eval_files
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     data_dir = write_eval_files(tmp_path / "data")

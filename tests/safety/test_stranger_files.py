@@ -46,7 +46,7 @@ from taperlm.io import (
 from taperlm.outdirs import KINDS, OUTPUT_FOLDERS, check_folder, claim
 from test_hostile_files import code_lines
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "taperlm"
+SRC = Path(__file__).resolve().parents[2] / "src" / "taperlm"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from taperlm.io import (
     read_yaml,
 )
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "taperlm"
+SRC = Path(__file__).resolve().parents[2] / "src" / "taperlm"
 DEEP = 200_000
 
 # ----------------------------------------------------------------------------------------------

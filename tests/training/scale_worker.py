@@ -1,4 +1,4 @@
-"""torchrun worker for tests/test_train_distributed.py: FSDP2 checks that need several
+"""torchrun worker for tests/training/test_train_distributed.py: FSDP2 checks that need several
 processes but not a whole training run. Writes one JSON object per rank to argv[1]-<rank>.json.
 
 * meta init: each family's model built on meta, sharded with fully_shard, materialised: every

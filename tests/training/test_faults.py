@@ -1,6 +1,6 @@
 """Crash safety, corruption, numerics and storage faults of `taperlm train` (issue 8, items 1-4).
 
-Already covered elsewhere (not repeated here): tests/test_train.py -- one SIGKILL after step 4
+Already covered elsewhere (not repeated here): tests/training/test_train.py -- one SIGKILL after step 4
 (test_sigkill_then_resume_is_exact), a bit-flipped weight shard falls back
 (test_corrupt_newest_checkpoint_falls_back), truncated state.pt / missing manifest are detected
 (test_truncated_and_incomplete_checkpoints_are_detected), NaN loss+gradients skipped and repeated
@@ -350,7 +350,7 @@ def _all_checkpoints_finite(run: Path) -> list[int]:
 def train_with_a_non_finite_update(data: Path, run: Path, where: str, value: float, *sets: str):
     """Train the harness run with `value` written into `where` by step 3's update; check that
     the step was undone bitwise (weights and optimizer state), train to the end and return the
-    result (tests/test_gpu_reliability.py runs it on a GPU)."""
+    result (tests/training/test_gpu_reliability.py runs it on a GPU)."""
     trainer = _trainer(data, run, *sets)
     try:
         trainer.fit(progress=False, stop_after=2)

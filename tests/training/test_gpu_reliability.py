@@ -6,7 +6,7 @@
   allocator's real CUDA out-of-memory error, not a simulated one);
 * a CUDA index beyond the GPUs present names the devices there are.
 
-Run on a machine with a GPU: `python -m pytest -q tests/test_gpu_reliability.py` (about a
+Run on a machine with a GPU: `python -m pytest -q tests/training/test_gpu_reliability.py` (about a
 minute).
 """
 
@@ -32,7 +32,7 @@ def data(tmp_path_factory):
     ("where", "value"), [("param", float("nan")), ("exp_avg_sq", float("inf"))]
 )
 def test_guard_undoes_a_non_finite_update_with_fused_adamw(data, tmp_path, where, value):
-    """As tests/test_faults.py::test_non_finite_update_is_undone_and_skipped, on the GPU."""
+    """As tests/training/test_faults.py::test_non_finite_update_is_undone_and_skipped, on the GPU."""
     run = tmp_path / "run"
     res = train_with_a_non_finite_update(data, run, where, value, "train.device=cuda")
     assert res.step == 16 and res.skipped_steps == 1

@@ -5,7 +5,7 @@ on 1 node. scripts/train.sbatch (docs/scaling.md's Slurm script) is run as Slurm
 2 nodes (`srun` and `scontrol` stand-ins start one launcher per node here), so the launch command
 it assembles is the one tested.
 
-Tolerance as in tests/test_train_distributed.py (TOL: fp32 summation order). Default suite: the
+Tolerance as in tests/training/test_train_distributed.py (TOL: fp32 summation order). Default suite: the
 Slurm script's 2-node DDP run against one process (one launch of 2 x 1 processes, ~10 s on 2
 cores); the direct 2-node DDP and FSDP2 runs against single-node runs and the 2 -> 1 node resume
 are slow (8 launches, ~1.5 min).
@@ -29,7 +29,7 @@ from test_train_distributed import TOL, _args, _env, _losses, data_dir  # noqa: 
 
 pytestmark = pytest.mark.distributed
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HAVE_TB = importlib.util.find_spec("tensorboard") is not None
 SBATCH = REPO / "scripts" / "train.sbatch"
 GRADS = "train.log_grads_every=2"  # per-layer gradient norms: a collective under FSDP2

@@ -1,7 +1,7 @@
 """The memory and time planner (`taperlm plan --gpus`, training/planner.py).
 
 Its parameter, gradient and optimizer figures are checked against the tensors FSDP2 allocates
-on 2 gloo ranks in tests/test_train_distributed.py (and the 440M dry run, docs/scaling.md);
+on 2 gloo ranks in tests/training/test_train_distributed.py (and the 440M dry run, docs/scaling.md);
 here: one process, the activation trace, the formulas and the command line."""
 
 from __future__ import annotations

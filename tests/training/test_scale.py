@@ -3,7 +3,7 @@ verification, meta-device init, chunked cross-entropy, activation checkpointing,
 compile, Hope's update periods under a wrapper, and the mixed-precision policy.
 
 Their multi-process counterparts (FSDP2 / DDP on 2 gloo processes) are in
-tests/test_scale_distributed.py; the memory planner's checks in tests/test_planner.py.
+tests/training/test_train_distributed.py; the memory planner's checks in tests/training/test_planner.py.
 """
 
 from __future__ import annotations

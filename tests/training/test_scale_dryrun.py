@@ -1,4 +1,4 @@
-"""The CPU dry run at a real shape (opt-in: `pytest -m slow tests/test_scale_dryrun.py`, about
+"""The CPU dry run at a real shape (opt-in: `pytest -m slow tests/training/test_scale_dryrun.py`, about
 10 minutes and up to ~10 GiB of RAM on 2 cores; numbers in docs/scaling.md).
 
 For `transformer-440m` and `titans-mag-440m` (short sequences: 128 tokens, micro-batch 1; two

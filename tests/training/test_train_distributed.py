@@ -284,7 +284,7 @@ def test_hope_update_periods_survive_fsdp(data_dir, tmp_path):
 
 
 def test_fsdp_meta_init_mixed_precision_and_planned_memory(tmp_path):
-    """tests/scale_worker.py on 2 ranks: models built on meta and sharded are bitwise the CPU
+    """tests/training/scale_worker.py on 2 ranks: models built on meta and sharded are bitwise the CPU
     build (every family, tied or not); the bf16 policy computes with bf16 weights while the
     sharded weights and gradients stay fp32 and gradients are reduced in fp32; the parameter,
     gradient, AdamW and step-guard bytes each rank holds are the planner's per-GPU figures

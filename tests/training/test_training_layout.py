@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "taperlm"
+SRC = Path(__file__).resolve().parents[2] / "src" / "taperlm"
 
 
 def _sources(root: Path) -> dict[str, str]:
