@@ -190,6 +190,7 @@ def test_set_override(data, tmp_path, capsys, override, needles):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.unit
 def test_negative_stop_after_steps(data, tmp_path, capsys):
     """--stop-after-steps must be positive; -1 used to be ignored (the whole run trained)."""
     args = [*train_args(data, tmp_path / "run"), "--stop-after-steps", "-1"]
@@ -353,6 +354,7 @@ def _prepare(src: Path, out: Path, *extra: str) -> list[str]:
     ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("name", "content", "needles"),
     [
@@ -373,6 +375,7 @@ def test_corpus_file(tmp_path, capsys, name, content, needles):
     assert not (out / "meta.json").exists()
 
 
+@pytest.mark.unit
 def test_prepare_bad_tokenizer_spec(tmp_path, capsys):
     src = tmp_path / "c.txt"
     src.write_text(H.corpus_text(200))
@@ -381,12 +384,14 @@ def test_prepare_bad_tokenizer_spec(tmp_path, capsys):
     )
 
 
+@pytest.mark.unit
 def test_prepare_missing_source(tmp_path, capsys):
     expect_error(
         _prepare(tmp_path / "nope", tmp_path / "out"), capsys, "does not exist", "--source"
     )
 
 
+@pytest.mark.unit
 def test_prepare_keeps_existing_data_dir_on_bad_source(data_copy, tmp_path, capsys):
     """A failing re-prepare into an existing data dir must not destroy the old shards."""
     src = tmp_path / "empty.txt"
@@ -487,6 +492,7 @@ def test_eval_run_without_usable_checkpoint(run_copy, capsys):
     )
 
 
+@pytest.mark.unit
 def test_out_is_a_file(data, tmp_path, capsys):
     f = tmp_path / "run"
     f.write_text("precious")

@@ -17,6 +17,7 @@ from taperlm.progress import progress_bar
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.unit
 def test_progress_in_a_log_has_no_terminal_escapes():
     """Not a terminal: the main bar prints whole lines (no carriage returns, no cursor moves),
     transient bars (nested, `leave=False`) print nothing."""
@@ -35,6 +36,7 @@ def test_progress_in_a_log_has_no_terminal_escapes():
     assert "worker" not in text and "eval" not in text
 
 
+@pytest.mark.unit
 def test_every_preset_and_example_config_trains_its_own_tokens_without_a_note():
     """A preset's (and every configs/ example's) own train.tokens is whole steps: the trainer's
     rounding note is for tokens the user asked for."""
@@ -48,6 +50,7 @@ def test_every_preset_and_example_config_trains_its_own_tokens_without_a_note():
         assert load_run_config(path).resolve().train.rounding_note() is None, path.name
 
 
+@pytest.mark.unit
 def test_list_presets_says_what_the_size_depends_on(capsys):
     """transformer-micro is 2.24M with its own 8,192-token vocabulary and 1.06M in the main job
     (2,048 tokens): the listing shows the vocabulary, the size without embeddings, and why."""
@@ -88,6 +91,7 @@ def test_every_help_starts_fast_and_says_what_the_command_does():
         assert purpose in " ".join(done.stdout.split()), argv
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("command", ["train", "compare"])
 def test_set_help_names_the_environment_overrides(command, capsys):
     with pytest.raises(SystemExit):

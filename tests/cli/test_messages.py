@@ -45,6 +45,7 @@ def make_kind(path: Path, kind: str) -> None:
 KINDS = ["a folder", "a FIFO (named pipe)", "a socket", "a symlink loop", "a broken symlink"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("kind", KINDS)
 def test_not_a_file_names_every_kind(tmp_path, kind):
     path = tmp_path / "x"
@@ -113,6 +114,7 @@ def test_every_path_names_the_kind_it_found(role, kind, data, tmp_path, capsys):
     assert not_a_file(path) == kind  # left as it was
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("code", "expected"),
     [
@@ -133,6 +135,7 @@ def test_os_errors_are_explained_by_their_errno(tmp_path, code, expected):
     assert expected.format(parent=path.parent, path=path) in text
 
 
+@pytest.mark.unit
 def test_only_a_full_disk_is_called_a_full_disk():
     """The guess this class was about: no message outside os_error_cause's errno table advises
     freeing disk space."""

@@ -21,6 +21,8 @@ from taperlm.cli import COMMANDS, build_parser, subcommand_parser
 from taperlm.cli import main as cli_main
 from taperlm.domains import PathArg
 
+pytestmark = pytest.mark.unit
+
 
 def _options(role: str) -> list[tuple[str, str, str]]:
     """(command, option, kind) of every path option with `role` (output | input)."""

@@ -52,12 +52,14 @@ TEXT = yaml.safe_dump(full_config(), sort_keys=False, default_flow_style=False)
 KEY_LINES = _key_lines(TEXT)
 
 
+@pytest.mark.unit
 def test_the_walk_sees_every_depth():
     keys = {k for _, k in KEY_LINES}
     assert {"model", "train", "data", "taper", "titans", "schedule", "chunk_size", "lr"} <= keys
     assert len(KEY_LINES) > 60
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("line", "key"), KEY_LINES, ids=[f"{k}@{i + 1}" for i, k in KEY_LINES])
 def test_duplicate_key_at_any_depth_is_an_error(line, key, tmp_path):
     """The key's line written twice: PyYAML would keep the second silently (a section given
@@ -74,6 +76,7 @@ def test_duplicate_key_at_any_depth_is_an_error(line, key, tmp_path):
     )
 
 
+@pytest.mark.unit
 def test_duplicate_key_through_the_cli(tmp_path, capsys):
     path = tmp_path / "c.yaml"
     path.write_text("model:\n  d_model: 64\ntrain:\n  lr: 0.1\ntrain:\n  seq_len: 32\n")
@@ -85,6 +88,7 @@ def test_duplicate_key_through_the_cli(tmp_path, capsys):
     )
 
 
+@pytest.mark.unit
 def test_duplicate_key_in_a_set_value_and_a_novelty_json(tmp_path, capsys):
     rc = cli_main(["plan", "--preset", "transformer-tiny", "--set", "model.taper={a: 1, a: 2}"])
     assert rc == 2 and "key 'a' is given twice" in capsys.readouterr().err
@@ -95,6 +99,7 @@ def test_duplicate_key_in_a_set_value_and_a_novelty_json(tmp_path, capsys):
     assert rc == 2 and "key 'rho_mlp' is given twice" in err, err
 
 
+@pytest.mark.unit
 def test_a_merge_key_may_still_be_overridden(tmp_path):
     """`<<:` merges are YAML's way to override on purpose: not a duplicate."""
     path = tmp_path / "c.yaml"
@@ -114,6 +119,7 @@ WRONG_SECTION = [
 ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("key", "home", "other"), WRONG_SECTION, ids=[f"{k}-in-{o}" for k, _, o in WRONG_SECTION]
 )
@@ -127,6 +133,7 @@ def test_key_in_the_wrong_section_names_its_section(key, home, other):
     )
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("section", ["", "model", "model.taper", "model.titans", "train", "data"])
 def test_unknown_key_at_every_depth(section):
     data = full_config()
@@ -139,6 +146,7 @@ def test_unknown_key_at_every_depth(section):
     assert "no_such_key" in str(err.value) and (section or "config") in str(err.value)
 
 
+@pytest.mark.unit
 def test_top_level_key_names_its_section():
     with pytest.raises(ConfigError, match=r"'lr' \(it belongs in train:\)"):
         run_config_from_dict({"model": {"d_model": 64}, "lr": 0.1}, "F")
@@ -156,6 +164,7 @@ NULL_CASES = [
 ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("section", "key"), NULL_CASES, ids=[f"{s}.{k}" for s, k in NULL_CASES])
 def test_null_never_silently_means_default(section, key):
     """`key:` with nothing after it reads as null: an error, not the default (only the
@@ -167,6 +176,7 @@ def test_null_never_silently_means_default(section, key):
     assert f"{section}.{key}" in str(err.value)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("key", "text", "outcome"),
     [
@@ -219,6 +229,7 @@ def _plan(tmp_path: Path, text: str, *extra: str, capsys) -> str:
     return capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_set_replacing_a_file_value_prints_a_note(tmp_path, capsys):
     err = _plan(
         tmp_path, TINY, "--set", "train.lr=0.01", "--set", "model.rope_theta=5", capsys=capsys
@@ -226,6 +237,7 @@ def test_set_replacing_a_file_value_prints_a_note(tmp_path, capsys):
     assert err == "taperlm plan: note: --set train.lr=0.01 replaces 0.001\n"
 
 
+@pytest.mark.unit
 def test_another_familys_section_of_defaults_prints_a_note(tmp_path, capsys):
     """A section that holds only the other family's defaults (as every 0.1 config did) changes
     nothing: a note. One that sets anything is an error (test_other_family_options)."""
@@ -236,6 +248,7 @@ def test_another_familys_section_of_defaults_prints_a_note(tmp_path, capsys):
     assert "note: model.titans: ignored -- model.family is 'transformer'" in err
 
 
+@pytest.mark.unit
 def test_written_widths_that_disagree_with_the_taper_print_a_note(tmp_path, capsys):
     text = TINY.replace("  context_length: 64\n", "  context_length: 64\n  taper: linear:1.5:0.5\n")
     assert _plan(tmp_path, text, capsys=capsys) == ""  # widths resolved from the taper
@@ -243,6 +256,7 @@ def test_written_widths_that_disagree_with_the_taper_print_a_note(tmp_path, caps
     assert "note: model.mlp_widths are used as written, not the widths its taper (linear)" in err
 
 
+@pytest.mark.unit
 def test_taper_options_replacing_the_files_print_notes(tmp_path, capsys):
     text = TINY.replace(
         "  context_length: 64\n",
@@ -322,6 +336,7 @@ def _other_family_cases() -> list[tuple[str, str, str, object]]:
 OTHER_FAMILY_CASES = _other_family_cases()
 
 
+@pytest.mark.unit
 def test_the_other_family_cases_cover_every_family_option():
     from taperlm.families import FAMILIES
 
@@ -336,6 +351,7 @@ def _assert_names_the_fix(err: str, fam: str, other: str, key: str) -> None:
     assert f"set model.family={other}" in err and f"delete model.{other}" in err, err
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "fam,other,key,value", OTHER_FAMILY_CASES, ids=lambda v: str(v) if isinstance(v, str) else ""
 )

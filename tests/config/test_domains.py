@@ -95,6 +95,7 @@ def numeric_options() -> list[tuple[str, argparse.Action]]:
     ]
 
 
+@pytest.mark.unit
 def test_discovery_finds_every_section_and_option():
     """The walks see what they must (so the tests below cannot pass by seeing nothing)."""
     sections = config_sections()
@@ -108,6 +109,7 @@ def test_discovery_finds_every_section_and_option():
     assert {c for c, _ in opts} == set(COMMANDS) - {"import"}
 
 
+@pytest.mark.unit
 def test_every_field_declares_a_domain():
     missing = [
         f"{where}.{name}"
@@ -122,6 +124,7 @@ def test_every_field_declares_a_domain():
     assert not wrong, f"numeric domain on a string field or the reverse: {wrong}"
 
 
+@pytest.mark.unit
 def test_every_numeric_option_declares_a_domain():
     missing = [
         f"{cmd} {a.option_strings or a.dest}"
@@ -135,6 +138,7 @@ def test_every_numeric_option_declares_a_domain():
 # the domains admit what taperlm itself writes
 
 
+@pytest.mark.unit
 def test_defaults_and_every_preset_are_inside_their_domains():
     RunConfig().validate()
     for where, cls in config_sections().items():
@@ -151,12 +155,14 @@ def test_defaults_and_every_preset_are_inside_their_domains():
             check_domains(cfg.options, f"model.{cfg.family}")
 
 
+@pytest.mark.unit
 def test_option_defaults_are_inside_their_domains():
     for cmd, a in numeric_options():
         if a.default is not None:
             assert a.type.domain.contains(a.default), (cmd, a.option_strings, a.default)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("spec", "inside", "outside"),
     [
@@ -268,6 +274,7 @@ OPTION_CASES = [
 ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("cmd", "option", "bad"), OPTION_CASES, ids=[f"{c} {o}={b!r}" for c, o, b in OPTION_CASES]
 )
@@ -298,6 +305,7 @@ class _no_exit:
         return False
 
 
+@pytest.mark.unit
 def test_zero_does_not_silently_mean_default(tmp_path, capsys):
     """The issue's examples: 0 for --seq-len / --batch-size / --max-length used to fall back to
     the default without a word."""
@@ -311,6 +319,7 @@ def test_zero_does_not_silently_mean_default(tmp_path, capsys):
         assert argv[-2] in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_programmatic_configs_are_checked_too():
     """Configs built in Python (not read from YAML) meet the same domains in validate()."""
     cfg = get_preset("titans-mag-tiny")
@@ -354,6 +363,7 @@ ADVICE_ALLOWED = {
 }
 
 
+@pytest.mark.unit
 def test_every_set_advice_is_checked_against_its_domain():
     """A vocabulary of 10^8 ids was answered with `set model.vocab_size=100000000`, above the
     2^24 the field accepts. Every advice to set a key to a computed value goes through
@@ -386,6 +396,7 @@ def _config_int_fields() -> list[tuple[type, str, str]]:
     ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("cls", "name", "section"), _config_int_fields(), ids=lambda v: v if isinstance(v, str) else ""
 )

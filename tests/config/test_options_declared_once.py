@@ -15,6 +15,8 @@ from taperlm.config import DataConfig, ModelConfig, TrainConfig
 from taperlm.domains import Number, PathArg, domain_of_field
 from taperlm.taper import TaperSpec
 
+pytestmark = pytest.mark.unit
+
 _MODEL = {
     "--taper": (ModelConfig, "taper"),
     "--head-taper": (ModelConfig, "head_taper"),

@@ -47,6 +47,7 @@ INT_OPTIONS = [
 ]
 
 
+@pytest.mark.unit
 def test_the_walks_see_the_sizes():
     names = {f"{w}.{n}" for w, n, _, _ in INT_FIELDS}
     assert {"model.n_layers", "model.d_model", "model.vocab_size", "train.tokens"} <= names
@@ -58,6 +59,7 @@ def test_the_walks_see_the_sizes():
     }
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("where", "name", "depth", "dom"), INT_FIELDS, ids=[f"{w}.{n}" for w, n, _, _ in INT_FIELDS]
 )
@@ -66,6 +68,7 @@ def test_every_integer_field_has_a_finite_upper_end(where, name, depth, dom):
     assert dom.hi < 2**63  # an int64 holds every value inside
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("cmd", "action"), INT_OPTIONS, ids=[f"{c} {a.option_strings[0]}" for c, a in INT_OPTIONS]
 )
@@ -74,6 +77,7 @@ def test_every_integer_option_has_a_finite_upper_end(cmd, action):
     assert dom.hi < 2**63 and dom.hi_closed, f"{cmd} {action.option_strings[0]}: {dom.spec}"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("where", "name", "depth", "dom"), INT_FIELDS, ids=[f"{w}.{n}" for w, n, _, _ in INT_FIELDS]
 )
@@ -89,6 +93,7 @@ def test_absurd_size_is_refused_fast(where, name, depth, dom, tmp_path, capsys):
     assert f"{key}{suffix} must be <= {dom.hi:.0f}, got {ABSURD}\n" in err
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("cmd", "action"), INT_OPTIONS, ids=[f"{c} {a.option_strings[0]}" for c, a in INT_OPTIONS]
 )
@@ -103,6 +108,7 @@ def test_absurd_count_option_is_refused_fast(cmd, action, tmp_path, capsys):
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.unit
 def test_issue_example_plan_with_a_hundred_million_layers(capsys):
     with deadline(FAST_S):
         rc = cli_main(["plan", "--preset", "transformer-tiny", "--set", "model.n_layers=100000000"])
@@ -134,6 +140,7 @@ def test_a_model_too_large_to_train_is_refused_before_any_allocation(tmp_path, c
     assert not out.exists()
 
 
+@pytest.mark.unit
 def test_fsdp_shards_divide_the_floor():
     from taperlm.budget import memory_floor, total_params
 
@@ -167,6 +174,7 @@ def test_building_a_model_checks_the_memory_it_needs(monkeypatch):
     TaperedLM(cfg)
 
 
+@pytest.mark.unit
 def test_available_memory_reads_this_machine():
     from taperlm.device import available_memory
 

@@ -36,6 +36,7 @@ def make_text(n_words: int, seed: int) -> str:
 # --- shards ----------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_shard_round_trip_uint16_and_uint32(tmp_path: Path) -> None:
     small = np.arange(1000, dtype=np.int64) % 500
     h = write_shard(tmp_path / "a.bin", small, vocab_size=500)
@@ -51,6 +52,7 @@ def test_shard_round_trip_uint16_and_uint32(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.tmp"))  # atomic writes leave no temp files
 
 
+@pytest.mark.unit
 def test_shard_writer_streams_chunks_and_aborts_on_error(tmp_path: Path) -> None:
     with ShardWriter(tmp_path / "s.bin", vocab_size=10) as w:
         w.write([1, 2, 3])
@@ -77,18 +79,21 @@ def _patch(path: Path, offset: int, data: bytes) -> None:
     path.write_bytes(bytes(raw))
 
 
+@pytest.mark.unit
 def test_wrong_magic(shard: Path) -> None:
     _patch(shard, 0, b"NOTTAPER")
     with pytest.raises(DataError, match="not a taperlm token shard"):
         open_shard(shard)
 
 
+@pytest.mark.unit
 def test_corrupt_header_field(shard: Path) -> None:
     _patch(shard, 16, struct.pack("<Q", 99))  # token count changed, header crc now wrong
     with pytest.raises(DataError, match="corrupt shard header"):
         open_shard(shard)
 
 
+@pytest.mark.unit
 def test_unsupported_version(shard: Path) -> None:
     raw = bytearray(shard.read_bytes())
     raw[8:12] = struct.pack("<I", 7)
@@ -98,6 +103,7 @@ def test_unsupported_version(shard: Path) -> None:
         open_shard(shard)
 
 
+@pytest.mark.unit
 def test_truncated_shard(shard: Path) -> None:
     shard.write_bytes(shard.read_bytes()[:-10])
     with pytest.raises(DataError, match="truncated shard: header says 100 tokens"):
@@ -107,6 +113,7 @@ def test_truncated_shard(shard: Path) -> None:
         open_shard(shard)
 
 
+@pytest.mark.unit
 def test_bit_flip_detected_only_when_verifying(shard: Path) -> None:
     raw = bytearray(shard.read_bytes())
     raw[HEADER_SIZE + 10] ^= 0x01
@@ -116,6 +123,7 @@ def test_bit_flip_detected_only_when_verifying(shard: Path) -> None:
         open_shard(shard, verify=True)
 
 
+@pytest.mark.unit
 def test_token_id_above_vocab_detected(shard: Path) -> None:
     raw = bytearray(shard.read_bytes())
     raw[HEADER_SIZE : HEADER_SIZE + 2] = struct.pack("<H", 60)  # id 60 >= vocab 50
@@ -131,6 +139,7 @@ def test_token_id_above_vocab_detected(shard: Path) -> None:
 # --- tokenizers ------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_bpe_round_trip_and_determinism(tmp_path: Path) -> None:
     texts = [make_text(400, seed) for seed in range(5)]
     tok = train_bpe(texts, 300)
@@ -152,6 +161,7 @@ def test_bpe_round_trip_and_determinism(tmp_path: Path) -> None:
         build_tokenizer("bpe:100", texts)
 
 
+@pytest.mark.unit
 def test_gpt2_files(shared_data: Path, tmp_path: Path) -> None:
     tok = build_tokenizer(str(shared_data / "tokenizers" / "gpt2"))
     assert tok.encode("Hello world") == [15496, 995]
@@ -174,6 +184,7 @@ def test_to_hf_matches(tmp_path: Path) -> None:
     assert hf.eos_token_id == tok.eos_id
 
 
+@pytest.mark.unit
 def test_missing_tokenizer_path(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="no such file or folder"):
         build_tokenizer(str(tmp_path / "nope"))
@@ -225,6 +236,7 @@ row    row2
 """
 
 
+@pytest.mark.unit
 def test_rst_to_text() -> None:
     text = rst_to_text(RST)
     assert text.split("\n\n") == [
@@ -268,6 +280,7 @@ sub not_pod { }
 """
 
 
+@pytest.mark.unit
 def test_pod_to_text() -> None:
     assert pod_inline("X<index>I<it> C<<< a >> b >>>") == "it a >> b"
     assert pod_to_text(POD).split("\n\n") == [
@@ -282,6 +295,7 @@ def test_pod_to_text() -> None:
 # --- corpus sources ------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_local_sources_and_order(tmp_path: Path) -> None:
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "z.txt").write_text("zed text\r\n")
@@ -298,6 +312,7 @@ def test_local_sources_and_order(tmp_path: Path) -> None:
     assert [d.text for d in capped] == ["one", "tw"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("content", "message"),
     [
@@ -318,6 +333,7 @@ def test_bad_source_files_name_the_file(tmp_path: Path, content: bytes, message:
     assert str(bad) in str(err.value)
 
 
+@pytest.mark.unit
 def test_bad_jsonl_lines(tmp_path: Path) -> None:
     f = tmp_path / "x.jsonl"
     f.write_text('{"text": "ok"}\n{not json}\n')
@@ -331,6 +347,7 @@ def test_bad_jsonl_lines(tmp_path: Path) -> None:
         list(corpus.iter_local(f))
 
 
+@pytest.mark.unit
 def test_missing_source_and_empty_folder(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="does not exist"):
         corpus.open_source(str(tmp_path / "nope"))
@@ -341,6 +358,7 @@ def test_missing_source_and_empty_folder(tmp_path: Path) -> None:
         corpus.open_source(str(tmp_path / "x.csv"))
 
 
+@pytest.mark.unit
 def test_hf_source_spec() -> None:
     assert readers.parse_hf_spec("hf:HuggingFaceFW/fineweb-edu:sample-10BT") == (
         "HuggingFaceFW/fineweb-edu",
@@ -351,6 +369,7 @@ def test_hf_source_spec() -> None:
         readers.parse_hf_spec("hf:")
 
 
+@pytest.mark.unit
 def test_hf_source_streams_rows_with_fake_datasets(monkeypatch) -> None:
     calls = []
 
@@ -382,6 +401,7 @@ def test_hf_source_streams_rows_with_fake_datasets(monkeypatch) -> None:
         list(readers.read_hf("hf:org/set", cap=100))
 
 
+@pytest.mark.unit
 def test_default_corpus_missing_packages_names_install_command(tmp_path: Path) -> None:
     with pytest.raises(DataError) as err:
         corpus.open_source("default", root=tmp_path)
@@ -410,6 +430,7 @@ def fake_debian_root(root: Path) -> Path:
     return root
 
 
+@pytest.mark.unit
 def test_default_corpus_layout_order_dedupe_and_workers(tmp_path: Path) -> None:
     root = fake_debian_root(tmp_path)
     docs = list(corpus.iter_default_corpus(root))
@@ -425,6 +446,7 @@ def test_default_corpus_layout_order_dedupe_and_workers(tmp_path: Path) -> None:
     assert docs == list(corpus.iter_default_corpus(root, workers=2))
 
 
+@pytest.mark.unit
 def test_default_corpus_installed_extracts_prose() -> None:
     try:
         files = corpus.default_corpus_files()

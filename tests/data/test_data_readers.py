@@ -22,6 +22,7 @@ from test_data import make_text
 # --- cutting long documents --------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_split_rule() -> None:
     # Paragraph break first, then a line break, then a space, then a hard cut; the separator at
     # the cut is dropped and whitespace-only pieces are skipped.
@@ -34,6 +35,7 @@ def test_split_rule() -> None:
     assert list(split_long("   \n  ", 100)) == []
 
 
+@pytest.mark.unit
 @settings(max_examples=300, deadline=None)
 @given(
     text=st.text(alphabet=st.sampled_from("ab \n\u00e9\U0001f600"), max_size=400),
@@ -98,6 +100,7 @@ def mixed_folder(root: Path) -> tuple[Path, list[str]]:
     return root, expected
 
 
+@pytest.mark.unit
 def test_every_kind_in_one_folder(tmp_path: Path) -> None:
     folder, expected = mixed_folder(tmp_path / "src")
     src = corpus.open_source(str(folder), max_doc_chars=600)
@@ -110,6 +113,7 @@ def test_every_kind_in_one_folder(tmp_path: Path) -> None:
     assert src.total_bytes() == sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
+@pytest.mark.unit
 def test_restart_at_every_cursor_gives_the_rest(tmp_path: Path) -> None:
     """The class behind resuming a prepare: from any cursor a reader yields exactly the
     documents after it, for every kind of file and across file boundaries."""
@@ -122,6 +126,7 @@ def test_restart_at_every_cursor_gives_the_rest(tmp_path: Path) -> None:
         assert rest == full[i + 1 :], f"restart after document {i} ({full[i][0].name})"
 
 
+@pytest.mark.unit
 def test_text_files_are_read_in_bounded_memory(tmp_path: Path, monkeypatch) -> None:
     """Peak memory follows the block and piece sizes, not the file (here 64 KiB blocks and
     100,000-character pieces of a 9 MB file)."""
@@ -140,6 +145,7 @@ def test_text_files_are_read_in_bounded_memory(tmp_path: Path, monkeypatch) -> N
     assert peak < size / 10, f"peak {peak} bytes for a {size}-byte file"
 
 
+@pytest.mark.unit
 def test_parquet_is_read_one_row_group_at_a_time(tmp_path: Path) -> None:
     """Arrow's memory while reading follows one row group, not the file (here 160 row groups;
     one reader over all of them held half the file's text)."""
@@ -155,6 +161,7 @@ def test_parquet_is_read_one_row_group_at_a_time(tmp_path: Path) -> None:
     assert peak < 10 * group, f"peak {peak} bytes of Arrow memory for {group}-byte row groups"
 
 
+@pytest.mark.unit
 def test_compressed_and_parquet_errors_name_the_file(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "x.jsonl.gz").write_bytes(b"not gzip at all")
     with pytest.raises(DataError, match=r"x\.jsonl\.gz: not a jsonl\.gz file"):
@@ -172,6 +179,7 @@ def test_compressed_and_parquet_errors_name_the_file(tmp_path: Path, monkeypatch
         list(readers.read_local([tmp_path / "p.parquet"], tmp_path, cap=10, field="id"))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("name", "module"), [("a.jsonl.zst", "zstandard"), ("a.parquet", "pyarrow")]
 )
@@ -237,6 +245,7 @@ def test_hf_restart_at_every_cursor(monkeypatch, stateful: bool) -> None:
     assert calls[0] == ("org/set", None, "train", True)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("value", "error"),
     [

@@ -18,6 +18,8 @@ from taperlm.data.shards import (
     write_shard,
 )
 
+pytestmark = pytest.mark.unit
+
 VOCAB = 1000
 
 

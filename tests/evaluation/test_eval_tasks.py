@@ -17,6 +17,8 @@ from taperlm.evaluation.tasks import (
     wikitext_detokenize,
 )
 
+pytestmark = pytest.mark.unit
+
 TASKS = tuple(zero_shot_tasks())
 
 

@@ -59,6 +59,7 @@ def _output_options(name: str) -> dict[str, str | None]:
     return out
 
 
+@pytest.mark.unit
 def test_every_output_option_is_checked_when_parsed():
     """Enumerated from the sources: every output file option of every script (and of
     common.add_gpu_benchmark_arguments) has type=output_file; the one output folder option
@@ -102,6 +103,7 @@ def _is_write(called: str | None, node: ast.Call) -> bool:
     return called in WRITERS
 
 
+@pytest.mark.unit
 def test_every_other_write_is_listed_with_its_reason():
     found = {
         (name, func, called)
@@ -179,6 +181,7 @@ def test_what_a_benchmark_writes_it_may_replace(bench, tmp_path):
     assert (tmp_path / "ours.json").is_symlink() and json.loads(p.read_text())["rows"] == [4]
 
 
+@pytest.mark.unit
 def test_compare_precision_fills_only_its_own_folders(bench, tmp_path):
     outputs, cp = bench("outputs"), bench("compare_precision")
     assert outputs.folder_problem(tmp_path / "new") is None

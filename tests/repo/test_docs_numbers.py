@@ -32,6 +32,7 @@ def _fail_message(name: str) -> str:
     )
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", FAST)
 def test_block_matches_the_code(name):
     assert D.current(name) == D.BLOCKS[name].render(), _fail_message(name)
@@ -45,6 +46,7 @@ def test_planner_block_matches_the_code(name):
     assert D.current(name) == D.BLOCKS[name].render(), _fail_message(name)
 
 
+@pytest.mark.unit
 def test_every_block_has_its_markers_and_the_check_catches_drift(tmp_path, capsys):
     for name in D.BLOCKS:
         assert D.current(name)  # raises when a page lost its markers
@@ -133,6 +135,7 @@ def readme_table(heading_row: str) -> list[list[str]]:
     return rows
 
 
+@pytest.mark.unit
 def test_taper_overhead_table_matches_its_json():
     import json
 

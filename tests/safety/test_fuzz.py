@@ -41,6 +41,8 @@ from taperlm.evaluation.registry import get_task, load_task
 from taperlm.solver import solve_sizes
 from taperlm.taper import TaperSpec
 
+pytestmark = pytest.mark.unit
+
 N = int(os.environ.get("TAPERLM_FUZZ_EXAMPLES", "40"))
 FUZZ = settings(
     max_examples=N,

@@ -326,6 +326,7 @@ def _hits() -> set[tuple[str, str]]:
     return found
 
 
+@pytest.mark.unit
 def test_every_deserialisation_path_is_allowed():
     hits = _hits()
     unknown = sorted(hits - set(ALLOWED))
@@ -336,6 +337,7 @@ def test_every_deserialisation_path_is_allowed():
     assert not stale, f"ALLOWED names uses that no longer exist: {stale}"
 
 
+@pytest.mark.unit
 def test_torch_load_is_weights_only_everywhere():
     calls = [
         (path, line)
@@ -348,6 +350,7 @@ def test_torch_load_is_weights_only_everywhere():
         assert "weights_only=True" in line, f"{path}: {line}"
 
 
+@pytest.mark.unit
 def test_the_walk_would_catch_a_new_use(monkeypatch):
     """The walk is not vacuous: a plain pickle.load in a new module is reported."""
     assert PATTERNS["pickle"].search("    data = pickle.load(f)")

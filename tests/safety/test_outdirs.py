@@ -34,6 +34,7 @@ FOLDERS = sorted(
 )
 
 
+@pytest.mark.unit
 def test_every_folder_output_has_a_kind():
     assert sorted(OUTPUT_FOLDERS) == FOLDERS
 
@@ -124,6 +125,7 @@ def _expected(kind: str, own: str) -> bool:
 CASES = [(c, o, k) for c, o in FOLDERS for k in FOLDER_KINDS + LINKS]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("cmd", "option", "kind"), CASES, ids=[f"{c} {o} {k}" for c, o, k in CASES]
 )
@@ -155,6 +157,7 @@ def test_command_x_folder_kind(cmd, option, kind, tmp_path, capsys):
     assert _snapshot(root) == before
 
 
+@pytest.mark.unit
 def test_the_check_refuses_what_it_should(tmp_path):
     """check_folder is not vacuous: every kind refuses a user's folder and every other kind."""
     for own in KINDS:
@@ -189,6 +192,7 @@ def _corpus(tmp: Path) -> Path:
     return p
 
 
+@pytest.mark.unit
 def test_prepare_force_adds_beside_user_files_but_replaces_none(tmp_path, capsys):
     corpus = _corpus(tmp_path)
     user = make_folder(tmp_path, "user")  # holds meta.json: prepare would replace it
@@ -298,6 +302,7 @@ def test_export_records_its_files_and_force_replaces_only_those(trained, tmp_pat
 # issue 41, class 7: a rerun replaces only the files it wrote that nobody edited since
 
 
+@pytest.mark.unit
 def test_every_folder_kind_says_how_a_rerun_treats_its_files():
     """Every kind of folder a command writes is in REWRITES: either its files are installed
     (`install_files`, replaced only while unchanged) or it is the command's own state."""

@@ -47,6 +47,7 @@ def _file_options() -> list[tuple[str, str]]:
 FILES = _file_options()
 
 
+@pytest.mark.unit
 def test_every_file_output_has_a_format():
     assert sorted(OUTPUT_FILES) == FILES
 
@@ -91,6 +92,7 @@ def write_own(path: Path, fmt: str, mark: bool = True) -> None:
 OTHER = {"json": "yaml", "yaml": "json", "png": "json", "gguf": "png", "text": "json"}
 
 
+@pytest.mark.unit
 def test_the_marks_are_read_by_format(tmp_path):
     """Each reader finds its mark and nothing else: the same file without it, another format's
     marked file, a user's bytes."""
@@ -106,6 +108,7 @@ def test_the_marks_are_read_by_format(tmp_path):
         assert not written_by_taperlm(tmp_path / "user", fmt)
 
 
+@pytest.mark.unit
 def test_the_real_writers_mark_their_files(tmp_path):
     from taperlm.analysis.plots import plot_width_profiles
 

@@ -12,6 +12,8 @@ import pytest
 from taperlm.errors import UnsafeFileError
 from taperlm.io import open_regular, path_inside, read_bytes, read_text
 
+pytestmark = pytest.mark.unit
+
 
 def _special_files(tmp_path):
     fifo = tmp_path / "fifo"

@@ -114,6 +114,7 @@ def _open_hits() -> set[tuple[str, str]]:
     return found
 
 
+@pytest.mark.unit
 def test_every_open_is_a_safe_one():
     """Class 3 and 2, enumerated: a module that opens a file by name without the primitives
     (a FIFO would block it, a device never end, a huge file be read whole) must say why here."""
@@ -127,6 +128,7 @@ def test_every_open_is_a_safe_one():
     assert not stale, f"RAW_OPENS names uses that no longer exist: {stale}"
 
 
+@pytest.mark.unit
 def test_the_open_walk_would_catch_a_new_reader():
     assert OPEN_PATTERNS["open()"].search('with open(path, "rb") as f:')
     assert not OPEN_PATTERNS["open()"].search("with open_regular(path) as f:")
@@ -167,6 +169,7 @@ REMOVALS: dict[str, str] = {
 }
 
 
+@pytest.mark.unit
 def test_every_deletion_and_replace_is_listed():
     """Class 1, enumerated: every module that deletes or replaces a path says in which folder
     (so a new one must show that a file named by a stranger cannot be reached)."""
@@ -192,6 +195,7 @@ def _outside(tmp_path: Path) -> Path:
     return victim
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("kind", sorted(KINDS))
 @pytest.mark.parametrize("where", ["sub", "file", "deep", "dangling"])
 def test_every_output_folder_refuses_a_link_leading_out(tmp_path, kind, where):
@@ -221,6 +225,7 @@ def test_every_output_folder_refuses_a_link_leading_out(tmp_path, kind, where):
     check_folder(folder, kind, "--out")
 
 
+@pytest.mark.unit
 def test_links_leading_out_finds_each_link(tmp_path):
     root = tmp_path / "root"
     (root / "a" / "b").mkdir(parents=True)
@@ -264,6 +269,7 @@ def test_a_symlinked_tensorboard_folder_gets_nothing(trained, data, tmp_path, ca
     assert sorted(p.name for p in victim.iterdir()) == ["thesis.txt"]
 
 
+@pytest.mark.unit
 def test_export_record_cannot_delete_outside(tmp_path):
     """An edited `.taperlm-export` record listing `../victim/thesis.txt` with its hash: the
     install refuses it, the file stays."""
@@ -284,6 +290,7 @@ def test_export_record_cannot_delete_outside(tmp_path):
         assert thesis.read_text() == "years of work\n"
 
 
+@pytest.mark.unit
 def test_an_unfinished_commit_cannot_move_a_file_outside(data, tmp_path):
     """A data dir whose unfinished commit names a shard `../victim.txt`: finishing the commit
     (what the next prepare does first) refuses, and the file beside the data dir stays."""
@@ -483,6 +490,7 @@ def test_check_stored_zip_accepts_torch_and_refuses_the_rest():
         check_stored_zip(io.BytesIO(bytes(lying)), len(raw), "x")
 
 
+@pytest.mark.unit
 def test_a_zst_with_one_huge_line_is_refused_within_its_bound(tmp_path):
     """A 20 MB line compressed to a few KB with --max-doc-chars 1000: refused after at most
     12 x 1000 + 1 MiB bytes (the bound), not decompressed whole."""
@@ -525,6 +533,7 @@ def test_error_text_is_bounded_and_never_advises_weights_only():
     assert len(error_text(ValueError("x" * 100_000))) < 400
 
 
+@pytest.mark.unit
 def test_a_parquet_page_declaring_too_much_is_refused_from_its_footer(tmp_path):
     """The Parquet form of the line bomb: one 20 MB value compressed to a few KB is refused
     from the footer's declared sizes, before a page is decompressed; a document above the cap
@@ -543,6 +552,7 @@ def test_a_parquet_page_declaring_too_much_is_refused_from_its_footer(tmp_path):
     assert len(list(read_local([ok], tmp_path, cap=1000))) >= 8
 
 
+@pytest.mark.unit
 def test_no_printed_message_is_unbounded(monkeypatch, capsys):
     """Whatever a message quotes from a file (a 10 MB key name), the CLI prints a bounded line."""
     from taperlm.commands import plan
@@ -727,11 +737,13 @@ def _input_options() -> list[tuple[str, str]]:
 INPUT_OPTIONS = _input_options()
 
 
+@pytest.mark.unit
 def test_the_input_options_are_enumerated():
     assert ("novelty", "--data") in INPUT_OPTIONS and ("train", "--config") in INPUT_OPTIONS
     assert len(INPUT_OPTIONS) >= 15
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("command,option", INPUT_OPTIONS)
 @pytest.mark.parametrize("kind", ["fifo", "device"])
 def test_every_input_option_refuses_a_special_file(tmp_path, command, option, kind):

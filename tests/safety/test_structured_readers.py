@@ -75,6 +75,7 @@ def parse_calls(source: str) -> list[str]:
     return found
 
 
+@pytest.mark.unit
 def test_every_structured_parse_goes_through_the_bounded_reader():
     """Only taperlm/io.py parses JSON or YAML; every other module reads through it."""
     offenders = {
@@ -90,6 +91,7 @@ def test_every_structured_parse_goes_through_the_bounded_reader():
     assert parse_calls((SRC / "io.py").read_text(encoding="utf-8"))  # the walk sees io.py's
 
 
+@pytest.mark.unit
 def test_the_walk_would_catch_a_new_reader():
     assert parse_calls("import json\nx = json.loads(t)\n") == ["json.loads"]
     assert parse_calls("from json import load as L\nL(f)\n") == ["json.load"]
@@ -121,6 +123,7 @@ BOMB = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
 ALIAS_DEPTH = "a0: &a0 [x]\n" + "".join(f"a{i + 1}: &a{i + 1} [*a{i}]\n" for i in range(200))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("shape", DEEP_JSON)
 def test_deep_json_is_refused_before_parsing(shape):
     t0 = time.perf_counter()
@@ -129,6 +132,7 @@ def test_deep_json_is_refused_before_parsing(shape):
     assert time.perf_counter() - t0 < 2
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("shape", DEEP_YAML)
 def test_deep_yaml_is_refused_before_parsing(shape):
     t0 = time.perf_counter()
@@ -137,6 +141,7 @@ def test_deep_yaml_is_refused_before_parsing(shape):
     assert time.perf_counter() - t0 < 5
 
 
+@pytest.mark.unit
 def test_an_alias_bomb_is_refused_at_once():
     assert len(BOMB) < 500
     t0 = time.perf_counter()
@@ -145,11 +150,13 @@ def test_an_alias_bomb_is_refused_at_once():
     assert time.perf_counter() - t0 < 1
 
 
+@pytest.mark.unit
 def test_aliases_that_nest_deep_are_refused():
     with pytest.raises(MalformedFileError, match="alias"):
         parse_yaml(ALIAS_DEPTH)
 
 
+@pytest.mark.unit
 def test_depth_and_aliases_within_bounds_still_read():
     ok = "[" * MAX_DEPTH + "]" * MAX_DEPTH
     assert json_depth(ok) == MAX_DEPTH and parse_json(ok) is not None
@@ -160,11 +167,13 @@ def test_depth_and_aliases_within_bounds_still_read():
     assert parse_yaml(text)["train"] == {"lr": 0.2, "seq_len": 32}
 
 
+@pytest.mark.unit
 def test_a_huge_integer_is_a_clear_error():
     with pytest.raises(MalformedFileError, match="not JSON taperlm reads"):
         parse_json('{"vocab_size": ' + "9" * 5000 + "}")
 
 
+@pytest.mark.unit
 def test_strict_json_and_yaml_refuse_a_key_twice():
     with pytest.raises(MalformedFileError, match="given twice"):
         parse_json('{"a": 1, "a": 2}', strict=True)
@@ -179,6 +188,7 @@ MERGES = {
 }
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("case", MERGES)
 def test_merges_that_disagree_are_refused(case):
     """Which of two merges wins is a rule of YAML few know: refused, naming the key."""
@@ -186,6 +196,7 @@ def test_merges_that_disagree_are_refused(case):
         parse_yaml(MERGES[case])
 
 
+@pytest.mark.unit
 def test_merges_that_agree_or_are_overridden_are_fine():
     agree = "x: &x {p: 1, q: 2}\ny: &y {p: 1}\nz:\n  <<: [*x, *y]\n"
     assert parse_yaml(agree)["z"] == {"p": 1, "q": 2}
@@ -193,6 +204,7 @@ def test_merges_that_agree_or_are_overridden_are_fine():
     assert parse_yaml(override)["z"] == {"p": 5, "q": 2}
 
 
+@pytest.mark.unit
 def test_the_readers_bound_the_size_before_reading(tmp_path):
     path = tmp_path / "big.json"
     path.write_text("[" + "1," * 1000 + "1]")
@@ -237,6 +249,7 @@ def trained(data, tmp_path_factory) -> Path:
     return run
 
 
+@pytest.mark.unit
 def test_config_file(tmp_path, capsys):
     path = tmp_path / "c.yaml"
     _deep(path, "yaml")
@@ -247,6 +260,7 @@ def test_config_file(tmp_path, capsys):
     assert time.perf_counter() - t0 < 5
 
 
+@pytest.mark.unit
 def test_set_and_the_environment(monkeypatch, capsys):
     value = "[" * DEEP + "]" * DEEP
     argv = ["plan", "--preset", "transformer-tiny", "--set", f"model.taper={value}"]
@@ -257,6 +271,7 @@ def test_set_and_the_environment(monkeypatch, capsys):
     _fails_cleanly(["plan", "--preset", "transformer-tiny"], capsys, "TAPERLM_SET", "aliases")
 
 
+@pytest.mark.unit
 def test_novelty_json(tmp_path, capsys):
     path = tmp_path / "novelty.json"
     _deep(path)

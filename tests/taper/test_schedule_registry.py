@@ -16,6 +16,8 @@ from taperlm.errors import TaperError
 from taperlm.solver import solve_sizes
 from taperlm.taper import SCHEDULES, TaperSpec, describe, multipliers, register_schedule
 
+pytestmark = pytest.mark.unit
+
 BUILT_IN = "uniform, cosine, linear, sigmoid, groups, custom, novelty"
 
 

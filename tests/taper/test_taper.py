@@ -12,6 +12,8 @@ from taperlm.errors import TaperError
 from taperlm.solver import solve_sizes
 from taperlm.taper import TaperSpec, multipliers
 
+pytestmark = pytest.mark.unit
+
 PAIRS = [(1.25, 0.75), (1.375, 0.625), (1.5, 0.5), (1.625, 0.375), (1.75, 0.25)]
 
 
