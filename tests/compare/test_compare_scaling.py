@@ -37,7 +37,10 @@ def test_fit_recovers_a_known_optimum(best):
     assert lo - 0.02 <= best <= hi + 0.02 and hi - lo < 0.2  # a 95% interval may just miss
     assert fit["at_upper_edge"] == 0.0
     vertex, _, used = scaling.local_parabola(np.array(fit["starts"]), np.array(fit["mean_loss"]))
-    assert vertex == fit["best"] and list(used) == fit["parabola"]["starts"]
+    # The vertex comes from a LAPACK solve (np.polyfit): its last bits may differ with the CPU
+    # and the BLAS build, so it is the fit's best to 1e-9, not bit for bit.
+    assert vertex == pytest.approx(fit["best"], rel=1e-9, abs=1e-12)
+    assert list(used) == fit["parabola"]["starts"]
     nearest = min(STARTS, key=lambda r: abs(r - best))  # the swept ratio nearest the optimum
     assert fit["lowest"] == nearest and fit["lowest_share"][f"{nearest:g}"] > 0.9
     assert sum(fit["lowest_share"].values()) == pytest.approx(1.0)
