@@ -18,6 +18,7 @@ imports cost nothing.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.abc
 import importlib.machinery
@@ -106,6 +107,17 @@ def import_docs_example(
     monkeypatch.setitem(sys.modules, name, module)
     spec.loader.exec_module(module)
     return module
+
+
+@contextlib.contextmanager
+def raises_naming(error: type[BaseException], *tokens: str) -> Iterator[pytest.ExceptionInfo]:
+    """`pytest.raises(error)` whose message names every token: the file, key, flag, value or fix
+    a reader acts on. The facts are the contract, not the wording around them, so a message may
+    be rephrased without touching the tests that check it."""
+    with pytest.raises(error) as info:
+        yield info
+    missing = [t for t in tokens if t not in str(info.value)]
+    assert not missing, f"{missing} not named in: {info.value}"
 
 
 def torchrun_command(*args: str, nproc: int = 2) -> list[str]:
