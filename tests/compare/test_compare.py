@@ -289,6 +289,10 @@ def test_changed_eval_settings_reevaluate_without_training(finished):
     assert rc == 0 and stderr.count(": re-evaluated;") == 6
 
 
+# Slow (three evaluations of the whole grid, ~40 s on 2 cores): the default lane proves the same
+# property on the cells' keys, without training (test_resume_inputs.py::
+# test_compare_cells_know_their_inputs_by_content_not_by_path).
+@pytest.mark.slow
 def test_same_novelty_text_at_another_path_keeps_cells_cached(finished, tmp_path):
     """Cells know their novelty text by content: the same file moved (a re-install, another
     ../shared) re-evaluates nothing; the fixture's own settings then re-evaluate again."""

@@ -149,6 +149,10 @@ def test_resume_in_process_is_exact(data_dir, reference, tmp_path):
     assert_same_weights(weights(out, 8), weights(reference, 8))
 
 
+# Slow (three 96-step CLI runs, ~90 s on 2 cores): the default lane kills real `taperlm train`
+# processes at random moments and mid-write and resumes them bit for bit in test_faults.py
+# (test_sigkill_trials_resume_exactly, test_kill_in_the_middle_of_a_checkpoint_write).
+@pytest.mark.slow
 def test_sigkill_then_resume_is_exact(data_dir, tmp_path):
     """The CLI killed with SIGKILL soon after its step-4 checkpoint, resumed: same losses and
     weights as an uninterrupted CLI run (both single-threaded subprocesses)."""
