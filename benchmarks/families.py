@@ -84,7 +84,7 @@ def _compiled(model, scope: str):
     """The model as `train.compile` runs it (compiled in the warm-up step): whole (`model`), or
     each block's forward (`blocks`: one graph per distinct layer shape, so Titans' unrolled chunk
     loop compiles once per shape instead of once per layer)."""
-    from taperlm.training.compile import compile_forward
+    from taperlm.training.model import compile_forward
 
     shapes = len({(b.__class__, *(p.shape for p in b.parameters())) for b in model.blocks})
     fwd, compiled = compile_forward(model, model, scope, shapes)

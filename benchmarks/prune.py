@@ -53,7 +53,7 @@ from taperlm.loading import load_run_model
 from taperlm.stats import paired_difference, summary
 from taperlm.taper import DEFAULT_STRENGTH, TaperSpec
 from taperlm.training.loop import train
-from taperlm.training.validation import validation_loss
+from taperlm.training.metrics import validation_loss
 
 COSINE = "cosine:1.5:0.5"  # the paper's taper
 SHAPES = ("cosine", "uniform", "novelty")

@@ -103,7 +103,7 @@ def run_row(
     from taperlm.models.layers import set_activation_checkpointing
     from taperlm.training import distributed as D
     from taperlm.training.checkpoint import dcp
-    from taperlm.training.meta_init import build_on_meta, materialize
+    from taperlm.training.model import build_on_meta, materialize
     from taperlm.training.optim import build_optimizer, parameter_periods
 
     spec = TaperSpec.parse(taper, multiple_of=args.multiple_of)

@@ -29,7 +29,7 @@ from taperlm.device import resolve_device
 from taperlm.presets import get_preset, preset_families
 from taperlm.training import distributed as D
 from taperlm.training.guard import StepGuard
-from taperlm.training.validation import autocast
+from taperlm.training.model import autocast
 
 FAMILIES = tuple(preset_families())
 

@@ -152,6 +152,29 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
+def inject_nan(monkeypatch: Any, steps: str) -> None:
+    """Make the chosen optimizer steps non-finite (loss and every gradient NaN) in this process's
+    trainers, so the tests of skipped steps, divergence stops and checkpoints that refuse NaN run
+    the real trainer. `steps` (1-based): "3" | "3,5" | "3-" (from step 3 on)."""
+    from taperlm.training import loop
+
+    chosen = {int(p) for p in steps.split(",") if p.strip() and not p.strip().endswith("-")}
+    start = next((int(p.strip()[:-1]) for p in steps.split(",") if p.strip().endswith("-")), None)
+    real = loop.Trainer.forward_backward
+
+    def poisoned(self, batches):
+        loss = real(self, batches)
+        n = self.step + 1
+        if n in chosen or (start is not None and n >= start):
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.fill_(float("nan"))
+            loss = loss * float("nan")
+        return loss
+
+    monkeypatch.setattr(loop.Trainer, "forward_backward", poisoned)
+
+
 # ----------------------------------------------------------------------------------------------
 # the child: the real CLI plus a restore logger and an optional injected rank death
 
@@ -224,15 +247,15 @@ def install_hooks() -> None:
     die_rank = int(os.environ.get(DIE_RANK_ENV, "1") or 1)
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") in ("", "0")
     if die_at and first_attempt:
-        real_micro = loop.Trainer._micro_steps
+        real_forward_backward = loop.Trainer.forward_backward
 
-        def micro_steps(self, poison):
+        def forward_backward(self, batches):
             if self.step + 1 == die_at and self.info.rank == die_rank:
                 _log({"event": "die", "step": die_at})
                 os._exit(DIE_CODE)
-            return real_micro(self, poison)
+            return real_forward_backward(self, batches)
 
-        loop.Trainer._micro_steps = micro_steps  # type: ignore[method-assign]
+        loop.Trainer.forward_backward = forward_backward  # type: ignore[method-assign]
 
 
 def _tensor_bytes(tensors) -> int:
@@ -259,15 +282,17 @@ def install_measurements() -> None:
             return out
 
         setattr(loop.Trainer, name, timed)
-    real_step = loop.Trainer._optimizer_step
+    from taperlm.training import optim
+
+    real_step = optim.PeriodicOptimizer.step
 
     def step(self):
-        params = list(self.model.parameters())
+        params = [p for g in self.param_groups for p in g["params"]]
         grads = _tensor_bytes(p.grad for p in params)
         out = real_step(self)
         if not getattr(self, "_measured", False):
             self._measured = True
-            state = [v for s in self.optimizer.state.values() for k, v in s.items() if k != "step"]
+            state = [v for s in self.state.values() for k, v in s.items() if k != "step"]
             _log(
                 {
                     "event": "tensors",
@@ -278,7 +303,7 @@ def install_measurements() -> None:
             )
         return out
 
-    loop.Trainer._optimizer_step = step  # type: ignore[method-assign]
+    optim.PeriodicOptimizer.step = step  # type: ignore[method-assign]
 
 
 def child_main(argv: list[str]) -> int:
@@ -391,8 +416,8 @@ def preload() -> None:
     import taperlm.data.loader
     import taperlm.models
     import taperlm.training.loop
+    import taperlm.training.metrics
     import taperlm.training.optim
-    import taperlm.training.plots
 
     # Import every taperlm module a training child would import lazily, so forked children never
     # read source files (other engineers may be editing the working tree while trials run).

@@ -33,11 +33,13 @@ from typing import Any
 import numpy as np
 
 from taperlm.errors import ConfigError, DataError
-from taperlm.families import FAMILIES, family
 from taperlm.io import atomic_output, parse_json
 from taperlm.outfiles import GGUF_KEY, WRITTEN_BY
 
 DTYPES = ("f16", "f32")
+# The model families (`model.family`) whose every block is a Llama block (RMSNorm, RoPE
+# attention, SwiGLU, no biases): the only ones llama.cpp has an architecture for.
+LLAMA_CPP_FAMILIES = ("transformer",)
 # llama.cpp token types (gguf.TokenType): normal, user-defined, control, unused
 _NORMAL, _CONTROL, _USER_DEFINED, _UNUSED = 1, 3, 4, 5
 
@@ -45,8 +47,8 @@ _NORMAL, _CONTROL, _USER_DEFINED, _UNUSED = 1, 3, 4, 5
 def check_supported(cfg: Any) -> None:
     """ConfigError unless llama.cpp can run a model of this config (Transformer++ only)."""
 
-    if not family(cfg).llama_cpp:
-        runs = ", ".join(name for name, f in FAMILIES.items() if f.llama_cpp)
+    if cfg.family not in LLAMA_CPP_FAMILIES:
+        runs = ", ".join(LLAMA_CPP_FAMILIES)
         raise ConfigError(
             f"GGUF export: model family {cfg.family!r} is not supported by llama.cpp (it has no "
             f"architecture for its blocks); only these families run there: {runs}. Export a "

@@ -3,11 +3,11 @@
 The folder is a stranger's: config.json is parsed strictly (`taperlm.hf.llama`), safetensors
 headers are bounded and checked before a byte of data is read (`taperlm.hf.safetensors_file`),
 tokenizer files are read through `taperlm.io.read_text`, a shard name from the index is a plain
-file name of the folder, no code is ever run (no `auto_map`, no pickle). The run (`taperlm.training.start_run`)
-is a Transformer++ model whose resolved per-layer widths are the checkpoint's, whose step-0
-checkpoint holds its weights, and whose tokenizer is the folder's tokenizer.json (when it has
-one): its logits equal transformers' on the same ids, and `train --out RUN --data DATA`
-continues training it.
+file name of the folder, no code is ever run (no `auto_map`, no pickle). The run
+(`taperlm.training.run_dir.write_start_run`) is a Transformer++ model whose resolved per-layer
+widths are the checkpoint's, whose step-0 checkpoint holds its weights, and whose tokenizer is
+the folder's tokenizer.json (when it has one): its logits equal transformers' on the same ids,
+and `train --out RUN --data DATA` continues training it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from taperlm.data.tokenizer import Tokenizer
 from taperlm.errors import ConfigError, DataError
 from taperlm.hf import llama
 from taperlm.io import read_text, strict_json_loads
-from taperlm.training.start_run import write_start_run
+from taperlm.training.run_dir import write_start_run
 
 MAX_TOKENIZER_BYTES = 256 << 20  # tokenizer.json of a 256k vocabulary is ~20 MiB
 MAX_SIDE_FILE_BYTES = 4 << 20  # tokenizer_config.json, special_tokens_map.json

@@ -23,7 +23,7 @@ from taperlm.device import out_of_memory
 from taperlm.errors import CheckpointError, ConfigError, DataError, UnsafeFileError
 from taperlm.io import MAX_RECORD_BYTES, check_regular, error_text, not_a_file, read_json
 from taperlm.training.checkpoint import store
-from taperlm.training.config_diff import config_differences, format_differences
+from taperlm.training.settings import config_differences, format_differences
 
 
 def resolve_data_dir(run_dir: Path, run_config: Any) -> Path | None:

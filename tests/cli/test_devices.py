@@ -133,14 +133,14 @@ def test_out_of_memory_in_the_middle_of_training(trained, tmp_path, capsys, monk
     from taperlm.training import loop
 
     data, _ = trained
-    real = loop.Trainer._micro_steps
+    real = loop.Trainer.forward_backward
 
-    def micro(self, poison):
+    def forward_backward(self, batches):
         if self.step + 1 == 3:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
-        return real(self, poison)
+        return real(self, batches)
 
-    monkeypatch.setattr(loop.Trainer, "_micro_steps", micro)
+    monkeypatch.setattr(loop.Trainer, "forward_backward", forward_backward)
     out = tmp_path / "run"
     rc = cli_main(H.train_argv(data, out))
     err = capsys.readouterr().err

@@ -169,9 +169,7 @@ def test_rope_theta_that_breaks_the_tables_is_named():
 def test_divergence_advice_follows_what_the_run_shows(
     nan_from, expected, data, tmp_path, monkeypatch, capsys
 ):
-    from taperlm.training.fault_injection import NAN_ENV
-
-    monkeypatch.setenv(NAN_ENV, nan_from)
+    H.inject_nan(monkeypatch, nan_from)
     run = tmp_path / "run"
     argv = [*H.train_argv(data, run, "train.max_bad_steps=2", "train.restore_nonfinite=false")]
     assert cli_main(argv) == 2

@@ -25,14 +25,14 @@ import pytest
 
 from taperlm import cpus
 from taperlm.cli import main
-from taperlm.compare import runner, scheduler
+from taperlm.compare import executor, runner
 from taperlm.compare.grid import (
-    PAPER_SWEEP,
     build_grid,
     paper_allocations,
     parse_allocations,
     split_taper_list,
 )
+from taperlm.compare.paper import PAPER_SWEEP
 from taperlm.config import RunConfig, TrainConfig
 from taperlm.errors import ConfigError
 from taperlm.presets import get_preset
@@ -719,7 +719,7 @@ def test_a_blip_is_not_a_job(monkeypatch):
     ],
 )
 def test_default_jobs_never_oversubscribe(monkeypatch, usable, busy, threads, cells, want, capsys):
-    from taperlm.compare.cells import choose_jobs
+    from taperlm.compare.executor import choose_jobs
     from taperlm.compare.options import CompareOptions
 
     monkeypatch.setattr(cpus, "usable_cpus", lambda: usable)
@@ -762,7 +762,7 @@ def test_ctrl_c_stops_at_the_next_step_and_names_the_command(data_dir, tmp_path,
         "compare", *TINY, *ALLOCS, "--seeds", "1", "--set", "train.checkpoint_every=100",
         "--data", str(data_dir), "--out", str(out),
     ]  # fmt: skip
-    real_step = scheduler.GridDisplay.step
+    real_step = executor.GridDisplay.step
     sent = []
 
     def step(self, slot, cell, step, total, loss):
@@ -771,7 +771,7 @@ def test_ctrl_c_stops_at_the_next_step_and_names_the_command(data_dir, tmp_path,
             sent.append(1)
             os.kill(os.getpid(), signal.SIGINT)
 
-    monkeypatch.setattr(scheduler.GridDisplay, "step", step)
+    monkeypatch.setattr(executor.GridDisplay, "step", step)
     rc, _, stderr = _cli(args)
     assert rc == 130
     assert "stopping" in stderr and "late-s0 stopped at step 1/4 (checkpointed)" in stderr
@@ -780,7 +780,7 @@ def test_ctrl_c_stops_at_the_next_step_and_names_the_command(data_dir, tmp_path,
     assert ckpts == ["step_00000001"]
     assert (out / "runs" / "uniform-s0" / "result.json").is_file()
     assert not (out / "runs" / "late-s0" / "result.json").exists()
-    monkeypatch.setattr(scheduler.GridDisplay, "step", real_step)
+    monkeypatch.setattr(executor.GridDisplay, "step", real_step)
     rc, _, stderr = _cli(args)
     assert rc == 0, stderr
     assert "uniform-s0: cached;" in stderr and "late-s0: resumed;" in stderr

@@ -4,7 +4,6 @@ scale: every point a tuned comparison, the report and figure written, a rerun tr
 
 from __future__ import annotations
 
-import functools
 import json
 import random
 from pathlib import Path
@@ -225,15 +224,14 @@ INTERRUPTED_MODES = {
 
 @pytest.mark.parametrize("mode", sorted(INTERRUPTED_MODES))
 def test_a_compare_stopped_in_its_first_cell_resumes(mode, data_dir, tmp_path, monkeypatch):  # noqa: F811
-    from taperlm.compare import scheduler
+    from taperlm.compare import executor
     from taperlm.outdirs import check_folder, kind_of
 
     def stop(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(scheduler, "run_cell", stop)
-    toy = functools.partial(scaling.run_scaling, plan=TOY)  # the CLI's sweep, at toy sizes
-    monkeypatch.setattr(scaling, "run_scaling", toy)
+    monkeypatch.setattr(executor, "run_cell", stop)
+    monkeypatch.setattr(scaling, "DEFAULT_PLAN", TOY)  # the CLI's sweep, at toy sizes
     out = tmp_path / "o"
     args = ["compare", *INTERRUPTED_MODES[mode], "--seeds", "1", "--data", str(data_dir)]
     if mode != "scaling":

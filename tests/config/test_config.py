@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -248,3 +249,43 @@ def test_tapered_lm_takes_a_resolved_config_and_resolves_a_loaded_one_once(monke
     assert loaded.is_resolved() and checks == ["model.taper"]
     with pytest.raises(ConfigError, match=r"no resolved mlp_widths; call cfg\.resolve"):
         TaperedLM(ModelConfig(d_model=32, n_layers=2, n_heads=2, mlp_width=64))
+
+
+def test_assembly_records_which_layer_set_each_key():
+    """One assembly for every command: a higher layer's value wins whatever the order the
+    layers are applied in, and the record says which layer set each key."""
+    from taperlm.config.assembly import Assembly, Layer
+
+    asm = Assembly.start(None, "transformer-tiny")
+    assert asm.layer_of("model.d_model") is Layer.PRESET and not asm.given("model.d_model")
+    asm.taper_options("cosine:1.5:0.5", None, None, 32)
+    asm.overrides(["train.lr=1e-3", "n_layers=4"], Layer.SET, "--set")
+    asm.overrides(["train.lr=2e-3"], Layer.ENV, "TAPERLM_SET")
+    assert asm.layer_of("model.taper") is Layer.OPTIONS
+    assert asm.layer_of("model.n_layers") is Layer.SET and asm.layer_of("train.lr") is Layer.ENV
+    assert not asm.put("train.lr", 5e-3, Layer.RECIPE)  # below what the user gave
+    assert asm.put("train.seq_len", 128, Layer.RECIPE) and not asm.given("train.seq_len")
+    cfg = asm.resolve()
+    assert cfg.train.lr == 2e-3 and cfg.train.seq_len == 128 and cfg.model.n_layers == 4
+    assert cfg.model.taper == TaperSpec.parse("cosine:1.5:0.5", multiple_of=32)
+    assert cfg.model.mlp_widths is not None and sum(cfg.model.mlp_widths) == 4 * 352
+
+
+def test_a_model_changes_family_only_explicitly():
+    """Options of another family are refused by name, never swapped for defaults silently."""
+    from taperlm.presets import get_preset
+
+    hope = get_preset("hope-tiny")
+    with pytest.raises(ConfigError, match="has no options, but HopeConfig"):
+        dataclasses.replace(hope, family="transformer").validate()
+    plain = hope.as_family("transformer").resolve()
+    assert plain.options is None and plain.mlp_widths == hope.mlp_widths
+    titans = hope.as_family("titans", None)
+    assert type(titans.options).__name__ == "TitansConfig"
+
+
+def test_a_null_model_section_with_a_taper_option_is_a_config_error(tmp_path, capsys):
+    path = tmp_path / "null.yaml"
+    path.write_text("model: null\n")
+    assert main(["plan", "--config", str(path), "--taper", "cosine"]) == 2
+    assert "model must be a mapping, got NoneType" in capsys.readouterr().err

@@ -119,12 +119,12 @@ def test_issue_example_plan_with_a_hundred_million_layers(capsys):
 def test_a_model_too_large_to_train_is_refused_before_any_allocation(tmp_path, capsys, monkeypatch):
     """A 550B-parameter model (inside every domain) on this machine: refused with the numbers
     before the model is built (building it is made to fail) or the data is read."""
-    import taperlm.training.model_setup as model_setup
+    import taperlm.training.model as training_model
 
     def never(*a, **k):
         raise AssertionError("the model was built before the memory check")
 
-    monkeypatch.setattr(model_setup, "build_on_meta", never)
+    monkeypatch.setattr(training_model, "build_on_meta", never)
     big = ["--set", "model.d_model=16384", "--set", "model.n_heads=128"]
     big += ["--set", "model.mlp_width=65536", "--set", "model.n_layers=128"]
     out = tmp_path / "run"

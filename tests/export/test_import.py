@@ -319,7 +319,7 @@ def test_the_start_checkpoint_resumes_as_a_fresh_adamw(tmp_path, data):
     """What `train` restores from the imported step-0 checkpoint is the state a fresh AdamW
     takes its first step from (step 0, zero moments), so the first update is a first update;
     and the weights are the checkpoint's."""
-    from taperlm.training.checkpoint.restore import restore_training
+    from taperlm.training.checkpoint.checkpointer import restore_training
     from taperlm.training.optim import build_optimizer
 
     folder = make_hf(tmp_path / "hf", data, tied=True)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -29,7 +27,7 @@ def hope_cfg(taper: str = "uniform", **hope) -> ModelConfig:
 def test_one_level_period_one_is_exactly_transformer() -> None:
     torch.manual_seed(0)
     hope = hope_cfg("cosine:1.5:0.5", levels=1, level_fractions=[1.0], update_periods=[1])
-    tr = dataclasses.replace(hope, family="transformer")
+    tr = hope.as_family("transformer")
     m_h, m_t = TaperedLM(hope), TaperedLM(tr)
     assert m_h.num_params() == m_t.num_params() == budget.total_params(hope)
     assert budget.total_params(hope) == budget.total_params(tr)

@@ -15,7 +15,7 @@ from taperlm.models import TaperedLM
 from taperlm.models.layers import SwiGLU
 from taperlm.presets import get_preset
 from taperlm.taper import TaperSpec
-from taperlm.training.meta_init import build_on_meta, materialize
+from taperlm.training.model import build_on_meta, materialize
 
 STEEP = "cosine:1.9:0.1"  # widths from ~1.9x to ~0.1x the baseline: a 10x+ spread
 

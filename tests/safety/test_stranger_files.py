@@ -150,15 +150,15 @@ REMOVALS: dict[str, str] = {
     "io.py": "atomic_output / replace_dir: a temporary beside the target, renamed over it "
     "(os.replace replaces a link itself, never its target)",
     "domains.py": "its own O_EXCL probe file",
-    "training/run_dir.py": "the lock and marker it created in a run dir it created",
+    "training/run_dir.py": "the lock and marker it created in a run dir it created; after a "
+    "failed import, what it created in the run dir it claimed (checkpoints/, the tokenizer copy, "
+    "config.yaml, its lock and marker)",
     "training/checkpoint/store.py": "checkpoints/ of a run dir (check_folder walked it): temp "
     "dirs named by pid, step_* dirs renamed aside then removed",
     "hf/export.py": "its own staging folder inside the export folder",
     "outdirs.py": "install_files: its staged files moved in, and stale files of the folder's "
     "record (each name path_inside checked, and unchanged since it wrote them)",
     "evaluation/harness.py": "its own staging folder inside the lm-eval tasks folder",
-    "training/start_run.py": "after a failed import, what it created in the run dir it claimed "
-    "(checkpoints/, the tokenizer copy, config.yaml, its lock and marker)",
     "compare/inputs.py": "its own temporary and target folders inside the compare folder",
     "data/val_split.py": "shards of the prepare's own work folder",
     "data/identity.py": "its own temporary and stale copies of the run's tokenizer",
@@ -393,7 +393,7 @@ def test_the_index_reads_only_what_the_manifest_verified(trained, tmp_path, case
 
         from taperlm.config import load_run_config
         from taperlm.models import TaperedLM
-        from taperlm.training.checkpoint.restore import restore_training
+        from taperlm.training.checkpoint.checkpointer import restore_training
 
         cfg = load_run_config(run / "config.yaml")
         cfg.resolve()

@@ -24,7 +24,7 @@ def meta_init_checks() -> dict[str, bool]:
     from taperlm.models import TaperedLM
     from taperlm.presets import get_preset
     from taperlm.training import distributed as D
-    from taperlm.training.meta_init import build_on_meta, materialize
+    from taperlm.training.model import build_on_meta, materialize
 
     info = D.DistInfo(dist.get_rank(), dist.get_rank(), dist.get_world_size())
     configs = {}
@@ -62,7 +62,7 @@ def meta_init_checks() -> dict[str, bool]:
 def mixed_precision_checks() -> dict[str, object]:
     from taperlm.presets import get_preset
     from taperlm.training import distributed as D
-    from taperlm.training.meta_init import build_on_meta, materialize
+    from taperlm.training.model import build_on_meta, materialize
 
     info = D.DistInfo(dist.get_rank(), dist.get_rank(), dist.get_world_size())
     out: dict[str, object] = {}
@@ -106,7 +106,7 @@ def memory_checks() -> dict[str, dict[str, list[int]]]:
     from taperlm.presets import get_preset
     from taperlm.training import distributed as D
     from taperlm.training.guard import StepGuard
-    from taperlm.training.meta_init import build_on_meta, materialize
+    from taperlm.training.model import build_on_meta, materialize
     from taperlm.training.planner import GiB, plan_training
 
     info = D.DistInfo(dist.get_rank(), dist.get_rank(), dist.get_world_size())

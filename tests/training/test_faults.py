@@ -222,16 +222,16 @@ def _poison_grads(monkeypatch, steps: set[int] | None, value: float, start: int 
     """Make one gradient non-finite (the loss stays finite) at the given optimizer steps."""
     from taperlm.training import loop
 
-    real = loop.Trainer._micro_steps
+    real = loop.Trainer.forward_backward
 
-    def micro(self, poison):
-        loss = real(self, poison)
+    def forward_backward(self, batches):
+        loss = real(self, batches)
         n = self.step + 1
         if (steps and n in steps) or (start is not None and n >= start):
             self.model.blocks[0].mlp.w_in.weight.grad[0, 0] = value
         return loss
 
-    monkeypatch.setattr(loop.Trainer, "_micro_steps", micro)
+    monkeypatch.setattr(loop.Trainer, "forward_backward", forward_backward)
 
 
 @pytest.mark.parametrize(("value", "clip"), [(float("nan"), "1.0"), (float("inf"), "0")])

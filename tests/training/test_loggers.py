@@ -22,10 +22,10 @@ from taperlm.commands.common import logger_names
 from taperlm.config import apply_overrides, run_config_from_dict, to_dict
 from taperlm.errors import ConfigError
 from taperlm.presets import get_preset
+from taperlm.training import TrainingWarning
 from taperlm.training import loggers as L
 from taperlm.training.loop import train
 from taperlm.training.metrics import read_metrics
-from taperlm.training.warning import TrainingWarning
 
 SETS = [
     "model.n_layers=2",

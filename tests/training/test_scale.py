@@ -19,10 +19,8 @@ from taperlm.models import TaperedLM
 from taperlm.models.loss import chunked_cross_entropy
 from taperlm.presets import get_preset
 from taperlm.training.checkpoint import store as ckpt
-from taperlm.training.compile import uncompile
 from taperlm.training.loop import Trainer, train
-from taperlm.training.meta_init import build_on_meta, materialize
-from taperlm.training.model_setup import fsdp_mixed_precision
+from taperlm.training.model import build_on_meta, fsdp_mixed_precision, materialize, uncompile
 from taperlm.training.optim import param_groups, parameter_periods
 from test_train import data_dir, losses, tiny_config, weights  # noqa: F401 (fixture)
 
@@ -198,7 +196,7 @@ def test_format_1_checkpoint_still_loads_and_resumes(data_dir, tmp_path):  # noq
         trainer.fit(progress=False, stop_after=4)
         path = run / "checkpoints" / ckpt.checkpoint_name(4)
         state = ckpt.load_train_state(path)
-        state["optimizer"] = full_optimizer_state(trainer.model, trainer.optimizer)
+        state["optimizer"] = full_optimizer_state(trainer.model, trainer.optimizer.inner)
         state["pending_grads"] = {}
         model_state = full_model_state(trainer.model)
     finally:
@@ -272,7 +270,7 @@ def test_regional_compile_compiles_each_block(data_dir, tmp_path, monkeypatch): 
         names = [n for n, _ in trainer.model.named_parameters()]
         assert len(compiled) == len(trainer.model.blocks)
         assert all("forward" in vars(b) for b in trainer.model.blocks)
-        assert trainer.forward is trainer.wrapped
+        assert trainer.forward.compiled and trainer.forward.call is trainer.wrapped
         uncompile(trainer.model)
         assert not any("forward" in vars(b) for b in trainer.model.blocks)
         assert names == [n for n, _ in trainer.model.named_parameters()]
@@ -403,7 +401,7 @@ def test_paired_init_has_the_default_distribution():
 
 def test_trainer_uses_paired_init(data_dir, tmp_path, monkeypatch):  # noqa: F811
     """train.paired_init reaches the model build (with the run's seed); off by default."""
-    import taperlm.training.model_setup as model_setup
+    import taperlm.training.model as training_model
 
     seen = []
 
@@ -411,7 +409,7 @@ def test_trainer_uses_paired_init(data_dir, tmp_path, monkeypatch):  # noqa: F81
         seen.append(paired_seed)
         return materialize(model, device, paired_seed)
 
-    monkeypatch.setattr(model_setup, "materialize", spy)
+    monkeypatch.setattr(training_model, "materialize", spy)
     one_step = ("train.tokens=256", "train.eval_every=0", "train.checkpoint_every=0")
     train(tiny_config(data_dir, *one_step), tmp_path / "a", progress=False)
     cfg = tiny_config(data_dir, *one_step, "train.paired_init=true", "train.seed=7")

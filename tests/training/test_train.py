@@ -23,11 +23,11 @@ from taperlm.config import RunConfig, apply_overrides, run_config_from_dict, to_
 from taperlm.errors import CheckpointError, ConfigError, DataError
 from taperlm.loading import load_run_model
 from taperlm.presets import get_preset
+from taperlm.training import TrainingWarning
 from taperlm.training.checkpoint import store as ckpt
 from taperlm.training.loop import TrainingError, train
 from taperlm.training.metrics import read_metrics
 from taperlm.training.optim import LRSchedule, param_groups
-from taperlm.training.warning import TrainingWarning
 
 TINY = [
     "model.n_layers=2",
@@ -246,7 +246,7 @@ def test_nan_step_is_skipped(data_dir, reference, tmp_path, monkeypatch):
         trainer.fit(progress=False, stop_after=2)
         before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
         adam_steps = {id(p): int(s["step"]) for p, s in trainer.optimizer.state.items()}
-        monkeypatch.setenv("TAPERLM_INJECT_NAN_AT_STEP", "3")
+        fault_harness.inject_nan(monkeypatch, "3")
         trainer.fit(progress=False, stop_after=3)
         # the skipped step changed neither the weights nor the optimizer
         assert_same_weights(trainer.model.state_dict(), before)
@@ -265,7 +265,7 @@ def test_nan_step_is_skipped(data_dir, reference, tmp_path, monkeypatch):
 
 
 def test_repeated_nan_stops_with_last_good_checkpoint(data_dir, tmp_path, monkeypatch):
-    monkeypatch.setenv("TAPERLM_INJECT_NAN_AT_STEP", "3-")
+    fault_harness.inject_nan(monkeypatch, "3-")
     out = tmp_path / "run"
     cfg = tiny_config(data_dir, "train.max_bad_steps=3", "train.checkpoint_every=1")
     with pytest.raises(TrainingError, match=r"3 consecutive steps .* non-finite") as e:

@@ -16,11 +16,11 @@ from taperlm.cli import main as cli_main
 from taperlm.config import RunConfig, apply_overrides, run_config_from_dict, to_dict
 from taperlm.errors import ConfigError
 from taperlm.presets import get_preset
-from taperlm.training.branch import BRANCH_FILE, branch_step
 from taperlm.training.checkpoint import store as ckpt
 from taperlm.training.loop import train
 from taperlm.training.metrics import read_metrics
 from taperlm.training.optim import LRSchedule
+from taperlm.training.run_dir import BRANCH_FILE, branch_step
 
 TINY = [
     *TINY_RUN_SETS,

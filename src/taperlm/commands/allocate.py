@@ -25,15 +25,8 @@ from typing import Any
 from taperlm.budget import plan
 from taperlm.commands.common import add_model_arguments, build_run_config
 from taperlm.commands.novelty import add_measure_arguments, measure_model
-from taperlm.config import (
-    OVERRIDES_ENV,
-    apply_overrides,
-    dump_yaml,
-    env_overrides,
-    load_run_config,
-    run_config_from_dict,
-    to_dict,
-)
+from taperlm.config import OVERRIDES_ENV, dump_yaml, env_overrides, load_run_config, to_dict
+from taperlm.config.assembly import Assembly, Layer
 from taperlm.domains import domain_of_field, input_path, number, output_path
 from taperlm.errors import ConfigError
 from taperlm.io import atomic_write_text
@@ -134,10 +127,10 @@ def _target(args: argparse.Namespace):
             f"--from {args.source} has no config.yaml to allocate; name the model with "
             "--preset NAME or --config FILE"
         )
-    data = to_dict(load_run_config(own))
-    apply_overrides(data, args.overrides)
-    apply_overrides(data, env_overrides(), OVERRIDES_ENV)
-    return run_config_from_dict(data, str(own)).resolve()
+    asm = Assembly.of(to_dict(load_run_config(own)), str(own), Layer.FILE)
+    asm.overrides(args.overrides, Layer.SET, "--set")
+    asm.overrides(env_overrides(), Layer.ENV, OVERRIDES_ENV)
+    return asm.resolve()
 
 
 def _as_dict(cfg, p, how: str, out: Path | None) -> dict[str, Any]:

@@ -10,19 +10,10 @@ import os
 import shlex
 import sys
 
-from taperlm.config import (
-    OVERRIDES_ENV,
-    RunConfig,
-    TrainConfig,
-    apply_overrides,
-    clear_resolved_sizes,
-    env_overrides,
-    file_notes,
-    run_config_from_dict,
-)
+from taperlm.config import OVERRIDES_ENV, RunConfig, TrainConfig, env_overrides, file_notes
+from taperlm.config.assembly import Assembly, Layer
 from taperlm.domains import domain_of_field, input_path, number
 from taperlm.errors import ConfigError
-from taperlm.presets import config_data
 from taperlm.taper import TaperSpec
 
 
@@ -76,44 +67,24 @@ def add_model_arguments(
 
 
 def build_run_config(args: argparse.Namespace) -> RunConfig:
-    """preset/config file < --taper/--multiple-of < --set, resolved (widths computed)."""
-    data, source = config_data(getattr(args, "config", None), getattr(args, "preset", None))
-    model = data.setdefault("model", {})
-    notes: list[str] = []
+    """The run config of the command line, resolved once: --preset or --config < --taper,
+    --head-taper, --kv-taper, --multiple-of < --set < $TAPERLM_SET (`taperlm.config.assembly`)."""
     # Notes for what replaces a config file the user gave (not a continued run's own config,
     # whose changes the resume checks report).
     from_file = bool(getattr(args, "config", None)) and not getattr(args, "implicit_config", False)
-    for option, key, value in (
-        ("--taper", "taper", args.taper),
-        ("--head-taper", "head_taper", getattr(args, "head_taper", None)),
-    ):
-        if from_file and value and key in model:
-            notes.append(f"{option} {value} replaces the config file's model.{key}")
-    if from_file and (args.taper or getattr(args, "head_taper", None)) and "mlp_widths" in model:
-        notes.append(
-            "the config file's resolved per-layer sizes are re-resolved from the new taper"
-        )
-    if args.taper or args.multiple_of:
-        current = model.get("taper", {"schedule": "uniform"})
-        if args.taper:
-            spec = TaperSpec.parse(args.taper, multiple_of=args.multiple_of)
-        else:
-            spec = run_config_from_dict({"model": {"taper": current}}, source).model.taper
-        if args.multiple_of:
-            spec.multiple_of = args.multiple_of
-        model["taper"] = spec.to_dict()
-        clear_resolved_sizes(model)
-    if getattr(args, "head_taper", None):
-        model["head_taper"] = args.head_taper
-        clear_resolved_sizes(model)
-    if getattr(args, "kv_taper", None):
-        model["kv_taper"] = args.kv_taper
-        clear_resolved_sizes(model)
-    apply_overrides(data, args.overrides, notes=notes if from_file else None)
-    apply_overrides(data, env_overrides(), OVERRIDES_ENV, notes if from_file else None)
-    cfg = run_config_from_dict(data, source).resolve()
+    asm = Assembly.start(getattr(args, "config", None), getattr(args, "preset", None), from_file)
+    asm.taper_options(
+        args.taper,
+        getattr(args, "head_taper", None),
+        getattr(args, "kv_taper", None),
+        args.multiple_of,
+    )
+    asm.overrides(args.overrides, Layer.SET, "--set")
+    asm.overrides(env_overrides(), Layer.ENV, OVERRIDES_ENV)
+    cfg = asm.resolve()
+    notes = asm.notes or []
     if from_file:
-        notes += file_notes(data, cfg)
+        notes += file_notes(asm.data, cfg)
     print_notes(args, notes)
     return cfg
 

@@ -11,11 +11,9 @@
     taperlm compare --paper tokens --out cmp-tokens             # advantage vs training length
     taperlm compare --paper ratios --out cmp-ratios             # the sweep past 1.9 -> 0.1
 
-Parses the arguments and calls `taperlm.compare.job.run_comparison` (`--paper families`:
-`taperlm.compare.families.run_families`, one comparison per family; `--paper scaling`:
-`taperlm.compare.scaling.run_scaling`; `--paper tokens|ratios`:
-`taperlm.compare.longrun.run_longrun`). The options, their domains and defaults are declared once
-in `taperlm.compare.options`; the training recipe and the precedence of settings in
+Parses the arguments and runs the study of `--paper` (none: the plain comparison) with
+`taperlm.compare.studies.run_study`: every mode is a study registered there. The options, their
+domains and defaults are declared once in `taperlm.compare.options`; the training recipe and the precedence of settings in
 `taperlm.compare.recipe`; the default corpus cache in `taperlm.compare.inputs`. No torch import
 here.
 """
@@ -36,20 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from taperlm.compare.families import run_families  # lazy: torch only once a job runs
-    from taperlm.compare.job import run_comparison  # lazy: torch only once a job runs
-    from taperlm.compare.longrun import run_longrun  # lazy: torch only once a job runs
-    from taperlm.compare.scaling import run_scaling  # lazy: torch only once a job runs
+    from taperlm.compare.studies import run_study  # lazy: torch only once a job runs
 
     args.loggers = logger_names(args.loggers)
     opts = options_from(args)
     # $TAPERLM_SET joins --set: the report's reproducing command then shows it as --set.
     opts.overrides = [*opts.overrides, *env_overrides()]
-    modes = {
-        "families": run_families,
-        "scaling": run_scaling,
-        "tokens": run_longrun,
-        "ratios": run_longrun,
-    }
-    modes.get(opts.paper or "", run_comparison)(opts)
+    run_study(opts)  # every mode is a study (taperlm.compare.studies)
     return 0

@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     from taperlm.compress import prune as P  # lazy: torch
     from taperlm.device import resolve_device  # lazy: as above
     from taperlm.loading import require_data_dir  # lazy: torch
-    from taperlm.training.validation import validation_loss  # lazy: torch
+    from taperlm.training.metrics import validation_loss  # lazy: torch
 
     args.device = resolve_device(args.device)
     spec = _spec(args.taper)

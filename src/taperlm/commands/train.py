@@ -26,8 +26,8 @@ from taperlm.commands.common import (
 )
 from taperlm.domains import MAX_COUNT, input_path, number, output_path, up_to
 from taperlm.errors import ConfigError
+from taperlm.training import TrainingWarning
 from taperlm.training.interrupt import SignalStop, interrupted_message
-from taperlm.training.warning import TrainingWarning
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -21,23 +21,19 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from taperlm.compare.family_table import write_family_report
 from taperlm.compare.grid import FAMILIES_TAPERS
-from taperlm.compare.job import check_options, run_comparison
 from taperlm.compare.options import DEFAULT_FAMILIES, CompareOptions
 from taperlm.compare.reproduce import run_arguments
+from taperlm.compare.study import Part, StudyPlan, StudyProgress
 from taperlm.config import parse_override
 from taperlm.errors import ConfigError
 from taperlm.families import FAMILIES
-from taperlm.io import MAX_RECORD_BYTES, read_json
-from taperlm.outdirs import check_folder, claim
 from taperlm.presets import PAPER_SHAPES, SMALL_SHAPES, preset_families
-from taperlm.runlock import locked
 
 # The main job's size: the default table (4 families x 5 seeds) fits about half an hour on 2 cores.
 DEFAULT_PRESET_SIZE = "micro"
@@ -120,47 +116,29 @@ def family_options(opts: CompareOptions) -> list[tuple[str, CompareOptions]]:
     return out
 
 
-def run_families(opts: CompareOptions) -> tuple[Path, Path]:
-    """Check every family's comparison, then run them one after the other (each resumable like
-    any comparison) and write the family table after each; returns (report.md, report.json)."""
-    t_start, cpu_start = time.perf_counter(), time.process_time()
+def families_plan(opts: CompareOptions) -> StudyPlan:
+    """The families study: every family's comparison, one after the other, and the family table
+    rewritten after each (`taperlm.compare.studies.run_study` runs it)."""
     subs = family_options(opts)
-    for _, sub in subs:  # nothing trains before every family's grid is known to be valid
-        check_options(sub)
-    check_folder(opts.out, "compare", "--out")
-    claim(opts.out, "compare")
-    with locked(opts.out, "families folder"):  # one families run writes the folder at a time
-        return _run_all(opts, subs, t_start, cpu_start)
-
-
-def _run_all(opts, subs, t_start: float, cpu_start: float) -> tuple[Path, Path]:
     size = preset_size(opts)
-    docs: dict[str, dict[str, Any]] = {}
-    walls: dict[str, float] = {}
-    for i, (prefix, sub) in enumerate(subs, 1):
-        print(
-            f"taperlm compare --paper families: family {i}/{len(subs)}: {sub.preset} "
-            f"into {sub.out}",
-            file=sys.stderr,
-        )
-        t0 = time.perf_counter()
-        _, js = run_comparison(sub)
-        walls[prefix] = time.perf_counter() - t0
-        docs[prefix] = read_json(js, MAX_RECORD_BYTES, "comparison report")
+
+    def report(done: StudyProgress) -> tuple[Path, Path]:
+        latest = done.reports[next(reversed(done.reports))]
         meta = {
-            "command": _command(opts, subs, docs[prefix]["meta"]["settings"]["tokens"]),
+            "command": _command(opts, subs, latest["meta"]["settings"]["tokens"]),
             "preset_size": size,
             "families": [p for p, _ in subs],
-            "family_wall_s": dict(walls),
-            "wall_s": time.perf_counter() - t_start,
-            "cpu_s": time.process_time() - cpu_start,
+            "family_wall_s": dict(done.walls),
+            "wall_s": done.wall(),
+            "cpu_s": done.cpu(),
             "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "done": len(docs),
-            "total": len(subs),
+            "done": len(done.reports),
+            "total": done.total,
         }
-        md, js_all = write_family_report(docs, opts.out, meta)
-    print(f"wrote {md} and {js_all} ({(time.perf_counter() - t_start) / 60:.1f} min)")
-    return md, js_all
+        return write_family_report(done.reports, opts.out, meta)
+
+    parts = [Part(prefix, sub, "family", sub.preset or prefix) for prefix, sub in subs]
+    return StudyPlan(parts, report, mode="families", folder="families folder")
 
 
 def _command(opts, subs: list[tuple[str, Any]], tokens: int) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 
 from taperlm import stats
 from taperlm.analysis.plots import plot_intervals
+from taperlm.compare.paper import PAPER_760M_CLAIM, PAPER_760M_COLUMNS, paper_760m
 from taperlm.compare.report import (
     CHANCE_NOTE,
     diff_ci,
@@ -28,54 +29,7 @@ from taperlm.compare.report import (
 )
 from taperlm.io import atomic_write_json, atomic_write_text
 
-# The paper's family table, 760M parameters / 50B tokens: family -> (the paper's name, uniform, + tapered).
-PAPER_760M_COLUMNS = (
-    "Wiki ppl",
-    "LMB ppl",
-    "LMB acc",
-    "PIQA",
-    "Hella",
-    "Wino",
-    "ARC-e",
-    "ARC-c",
-    "SIQA",
-    "BoolQ",
-    "Avg",
-)
-PAPER_760M: dict[str, tuple[str, tuple[float, ...], tuple[float, ...]]] = {
-    "transformer": (
-        "Transformer++",
-        (21.86, 22.29, 39.0, 68.7, 46.3, 57.1, 66.8, 35.3, 42.5, 62.3, 52.25),
-        (21.42, 21.25, 40.1, 69.3, 47.0, 57.3, 66.7, 35.9, 43.0, 63.4, 52.84),
-    ),
-    "gated": (
-        "Gated Attention",
-        (20.74, 21.85, 39.7, 69.2, 46.3, 57.9, 68.4, 35.5, 41.8, 62.1, 52.61),
-        (19.98, 21.44, 40.0, 69.3, 46.8, 57.8, 69.1, 35.8, 41.6, 62.6, 52.88),
-    ),
-    "hope": (
-        "Hope-attention",
-        (20.62, 21.29, 40.2, 70.1, 50.6, 56.8, 69.9, 37.1, 41.3, 63.5, 53.69),
-        (20.50, 21.07, 40.3, 70.7, 51.0, 57.4, 69.2, 38.1, 41.8, 63.9, 54.05),
-    ),
-    "titans": (
-        "Titans",
-        (21.58, 23.09, 39.2, 67.7, 50.0, 52.8, 68.0, 35.6, 41.4, 63.7, 52.30),
-        (20.77, 22.92, 39.9, 69.0, 51.6, 54.5, 67.9, 36.1, 42.5, 64.8, 53.29),
-    ),
-}
 PLOT = "families.png"
-
-
-def _paper(family: str) -> dict[str, Any] | None:
-    row = PAPER_760M.get(family)
-    if row is None:
-        return None
-    name, uniform, tapered = row
-    u, t = dict(zip(PAPER_760M_COLUMNS, uniform)), dict(zip(PAPER_760M_COLUMNS, tapered))
-    change = {c: 100.0 * (t[c] - u[c]) / u[c] for c in ("Wiki ppl", "LMB ppl")}
-    change["Avg"] = t["Avg"] - u["Avg"]  # accuracy points
-    return {"name": name, "uniform": u, "tapered": t, "change": change}
 
 
 def _column_by_seed(entry: dict[str, Any], col: str) -> dict[int, float]:
@@ -108,7 +62,7 @@ def family_entry(prefix: str, size: str, doc: dict[str, Any]) -> dict[str, Any]:
     t = next(a for a in allocs if a["diff_vs_uniform"] is not None)
     model = doc["base_config"]["model"]
     fam = model["family"]
-    paper = _paper(fam)
+    paper = paper_760m(fam)
     label = paper["name"] if paper else fam
     if prefix != fam:
         label += f" ({prefix})"
@@ -282,8 +236,7 @@ def _reading(summary: dict[str, Any]) -> list[str]:
         "",
         f"Tapered lower in {summary['better']} of {n} families; the 95% interval excludes 0 in "
         f"favour of tapering in {summary['significantly_better']}, against it in "
-        f"{summary['significantly_worse']} (the paper: tapered better in every family, single "
-        "runs at 760M / 50B tokens).",
+        f"{summary['significantly_worse']} (the paper: {PAPER_760M_CLAIM} at 760M / 50B tokens).",
         "",
     ]
     return lines

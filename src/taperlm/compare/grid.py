@@ -28,37 +28,23 @@ validation perplexities are attached to the allocations they belong to.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from taperlm.budget import flops_per_token, kv_cache_bytes, total_params
+from taperlm.compare.paper import (
+    PAPER_CONTROLLED,
+    PAPER_SIGMOID_K,
+    PAPER_SWEEP,
+    PAPER_UNIFORM_PPL,
+    SWEEP_SCHEDULES,
+)
 from taperlm.config import RunConfig, to_dict
 from taperlm.errors import ConfigError, TaperError
 from taperlm.families import FAMILIES
 from taperlm.taper import TaperSpec
-
-PAPER_MODES = ("controlled", "sweep", "families")
-PAPER_UNIFORM_PPL = 16.28
-
-# The paper's controlled experiment: (label, groups multipliers, val ppl of the 440M Transformer).
-PAPER_CONTROLLED: list[tuple[str, list[float] | None, float]] = [
-    ("uniform", None, 16.28),
-    ("wider-early", [1.5, 1.0, 0.5], 15.96),
-    ("wider-middle", [1.0, 1.5, 0.5], 16.61),
-    ("wider-late", [0.5, 1.0, 1.5], 17.29),
-]
-
-# The paper's schedule x ratio sweep: (start, end) -> {schedule: val ppl}; 440M Transformer, 30B tokens.
-PAPER_SWEEP: dict[tuple[float, float], dict[str, float]] = {
-    (1.25, 0.75): {"cosine": 15.18, "linear": 15.96, "sigmoid": 16.44},
-    (1.375, 0.625): {"cosine": 14.59, "linear": 15.80, "sigmoid": 16.44},
-    (1.5, 0.5): {"cosine": 14.44, "linear": 15.96, "sigmoid": 16.12},
-    (1.625, 0.375): {"cosine": 14.59, "linear": 15.64, "sigmoid": 15.96},
-    (1.75, 0.25): {"cosine": 15.49, "linear": 16.28, "sigmoid": 17.12},
-}
-SWEEP_SCHEDULES = ("cosine", "linear", "sigmoid")
-PAPER_SIGMOID_K = 10.0
 
 DEFAULT_TAPERS = ("uniform", "cosine:1.5:0.5")
 HEADS = "heads:"  # an allocation's head-taper component: SPEC+heads:HEAD_SPEC or heads:HEAD_SPEC
@@ -131,8 +117,7 @@ class Grid:
     base: RunConfig  # the uniform config of seed seeds[0]
     budget: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> params, flops, widths
     paper: str | None = None
-    # the pilots of novelty:pilot allocations: tokens per pilot and, per seed, its cost and rho
-    pilot: dict[str, Any] | None = None
+    pilot: Pilots | None = None  # the pilots of novelty:pilot allocations (None: no such)
 
     def cell(self, alloc_name: str, seed: int) -> Cell:
         for c in self.cells:
@@ -279,7 +264,8 @@ def paper_allocations(mode: str, multiple_of: int | None = None) -> list[Allocat
         return out
     if mode == "families":
         return parse_allocations(list(FAMILIES_TAPERS), multiple_of)
-    raise ConfigError(f"--paper {mode!r} is unknown; choose {' or '.join(PAPER_MODES)}")
+    # the modes that are one comparison's allocations (the others are studies of comparisons)
+    raise ConfigError(f"--paper {mode!r} is unknown; choose controlled or sweep or families")
 
 
 def paper_ppl_of(spec: TaperSpec) -> float | None:
@@ -330,6 +316,35 @@ ALLOCATION_KEYS = (
     "model.layer_kv_heads",
     *(f"model.{fam.name}.{key}" for fam in FAMILIES.values() for key in fam.resolved),
 )
+
+
+@dataclass(frozen=True)
+class PilotRun:
+    """One seed's pilot, as report.json's `pilot.per_seed[seed]` records it."""
+
+    run: str  # its folder, runs/pilot-s<seed>
+    tokens: int  # the tokens it trained
+    train_s: float | None  # its training seconds, as its run recorded them
+    novelty_s: float | None  # the seconds its novelty measurement took
+    val_loss: float  # its validation loss
+    rho_mlp: list[float]  # per layer: the widths of that seed's novelty:pilot allocations
+
+
+@dataclass(frozen=True)
+class Pilots:
+    """The pilots of a grid's novelty:pilot allocations: one short uniform run per seed."""
+
+    tokens: int  # training tokens of each pilot
+    per_seed: dict[int, PilotRun]  # seed -> its pilot, in the seeds' order
+
+    @property
+    def rho_mlp(self) -> dict[int, list[float]]:
+        """seed -> its pilot's per-layer rho_mlp (what `build_grid(..., pilots=)` takes)."""
+        return {seed: run.rho_mlp for seed, run in self.per_seed.items()}
+
+    def per_seed_record(self) -> dict[str, dict[str, Any]]:
+        """report.json's `pilot.per_seed`: {"<seed>": the run's fields}."""
+        return {str(seed): dataclasses.asdict(run) for seed, run in self.per_seed.items()}
 
 
 def pilot_cells(pilot_base: RunConfig, seeds: list[int]) -> list[Cell]:

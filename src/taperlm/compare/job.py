@@ -21,7 +21,7 @@ import torch
 from taperlm import __version__
 from taperlm.compare import sequential, tuning_report
 from taperlm.compare import tuning as tune
-from taperlm.compare.cells import choose_jobs, train_reported
+from taperlm.compare.executor import choose_jobs, train_reported
 from taperlm.compare.grid import (
     DEFAULT_TAPERS,
     Allocation,
@@ -44,7 +44,7 @@ from taperlm.device import resolve_device
 from taperlm.errors import ConfigError
 from taperlm.outdirs import check_folder, claim
 from taperlm.runlock import locked
-from taperlm.training.train_checks import validate_train_config
+from taperlm.training.settings import validate_train_config
 
 Results = dict[str, dict[str, Any]]
 
@@ -95,13 +95,13 @@ class Inputs:
 
 def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
     """Validate, prepare the data if needed, train and evaluate every cell (resumably) and write
-    the report; returns (report.md, report.json). `--paper families` is one comparison per
-    family: `taperlm.compare.families.run_families` (which calls this for each)."""
+    the report; returns (report.md, report.json). A study of several comparisons (`--paper
+    families`, ...) calls this for each: `taperlm.compare.studies.run_study`."""
     for mode, per in (("families", "family"), ("scaling", "(size, tokens)")):
         if opts.paper == mode:
             raise ConfigError(
                 f"--paper {mode} runs one comparison per {per}: call "
-                f"taperlm.compare.{mode}.run_{mode} (what `taperlm compare` does)"
+                "taperlm.compare.studies.run_study (what `taperlm compare` does)"
             )
     clock = _Clock()
     allocs, provisional = check_options(opts)
@@ -143,7 +143,7 @@ def _run_locked(
     pilot = None
     if any(a.needs_pilot for a in allocs):
         pilot = run_pilots(opts, base, seeds, data_dir, int(inputs.meta["vocab_size"]), settings)
-    grid = build_grid(base, allocs, seeds, opts.paper, pilot and pilot.pop("rho_mlp"))
+    grid = build_grid(base, allocs, seeds, opts.paper, pilot and pilot.rho_mlp)
     grid.pilot = pilot
     print(
         f"taperlm compare: {len(grid.allocations)} allocations x {len(seeds)} seeds = "

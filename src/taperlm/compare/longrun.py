@@ -20,7 +20,7 @@ On top of the scaling report (OUT/report.md, report.json, scaling.png) each mode
 reading across tokens per parameter (`write_trend_report`): OUT/trend.md and trend.json with, per
 point, the difference at 1.5 -> 0.5, at the best measured ratio and the fitted best ratio; the
 figures advantage.png (difference against tokens per parameter, one line per size, the paper's
-440M point: 15.96 -> 15.64 perplexity at 68 tokens per parameter) and best_ratio.png; and the
+440M point: 16.28 -> 14.44 perplexity at 68 tokens per parameter) and best_ratio.png; and the
 trend of each fitted per size (y = a + b log10(tokens/param), weighted by the points' intervals)
 and across sizes (y = a + b log10(tokens/param) + c log10(params)), extrapolated to the paper's
 440M at 68 tokens per parameter with a parametric-bootstrap interval, or the plain reason why it
@@ -38,14 +38,16 @@ import numpy as np
 
 from taperlm.analysis.plots import _figure, _save
 from taperlm.budget import total_params
+from taperlm.compare.paper import PAPER_440M, PAPER_BEST, PAPER_DIFF
 from taperlm.compare.recipe import COMPARE_TRAIN
 from taperlm.compare.report import md_table
 from taperlm.compare.scaling import (
     SCALING_STARTS,
     ScalingPlan,
     ScalingSize,
-    run_scaling,
+    scaling_plan,
 )
+from taperlm.compare.study import StudyPlan, run_plan
 from taperlm.errors import ConfigError
 from taperlm.io import MAX_RECORD_BYTES, atomic_write_json, atomic_write_text, read_json
 from taperlm.presets import get_preset
@@ -60,11 +62,6 @@ TOKENS_PER_PARAM = {"nano": (0.5, 2.0, 8.0, 32.0, 68.0), "micro": (0.5, 2.0, 10.
 RATIO_TOKENS_PER_PARAM = {"nano": (0.5, 8.0, 68.0), "micro": (0.5, 10.0)}
 RATIO_STARTS = (1.5, 1.75, 1.9, 1.95, 2.0)
 MODES = ("tokens", "ratios")
-# The paper's 440M Transformer at 30B tokens (68 tokens per parameter): uniform 15.96, cosine
-# 1.5 -> 0.5 15.64 validation perplexity; its best ratio is 1.5.
-PAPER_440M = {"params": 440e6, "tokens_per_param": 30e9 / 440e6, "ppl": (15.96, 15.64)}
-PAPER_DIFF = math.log(PAPER_440M["ppl"][1]) - math.log(PAPER_440M["ppl"][0])  # -0.0203 nats
-PAPER_BEST = 1.5
 TREND_BOOT = 4000
 ADVANTAGE_PLOT = "advantage.png"
 BEST_RATIO_PLOT = "best_ratio.png"
@@ -125,15 +122,20 @@ def estimated_hours(mode: str, seeds: int = 5, cores: int = 2) -> float:
     return core_s / cores / 3600
 
 
-def run_longrun(opts) -> tuple[Path, Path]:
-    """`--paper tokens` or `--paper ratios`: the scaling sweep over the mode's points, the trend
-    report rewritten after each point; returns (report.md, report.json)."""
+def longrun_plan(opts) -> StudyPlan:
+    """`--paper tokens` or `--paper ratios`: the scaling study over the mode's points, the trend
+    report rewritten after each point."""
     plan = plan_of(opts.paper, opts.preset_size)
     extend = LONGRUN_EXTEND if opts.lr_grid_extend is None else opts.lr_grid_extend
     sub = dataclasses.replace(opts, preset_size=None, lr_grid_extend=extend)
-    return run_scaling(
+    return scaling_plan(
         sub, plan, mode=opts.paper, on_report=lambda js: write_trend_report(js, opts.paper)
     )
+
+
+def run_longrun(opts) -> tuple[Path, Path]:
+    """Run the study of `longrun_plan`; returns (report.md, report.json)."""
+    return run_plan(opts, longrun_plan)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -383,6 +385,7 @@ def _trend_line(name: str, fit: dict[str, Any], what: str, at: str) -> str:
 
 def trend_markdown(trend: dict[str, Any]) -> str:
     meta = trend["meta"]
+    uniform, tapered = PAPER_440M["ppl"]
     title = f"# taperlm compare — paper {meta['mode']}: the taper against tokens per parameter"
     if meta["done"] < meta["total"]:
         title += f" (PARTIAL: {meta['done']}/{meta['total']} points done)"
@@ -394,7 +397,7 @@ def trend_markdown(trend: dict[str, Any]) -> str:
         "interval); best measured: the swept ratio with the lowest mean loss; fitted best: the "
         "local-parabola vertex with its bootstrap interval (`--paper scaling`), '(edge)' when "
         "most resamples put it at the steepest ratio swept. The paper's 440M point: "
-        f"Δ = ln(15.64/15.96) = {PAPER_DIFF:+.4f} at 1.5→0.5, best 1.5, "
+        f"Δ = ln({tapered:.2f}/{uniform:.2f}) = {PAPER_DIFF:+.4f} at 1.5→0.5, best {PAPER_BEST:g}, "
         f"{PAPER_440M['tokens_per_param']:.0f} tokens/param.",
         "",
         "## Trends",
@@ -418,6 +421,7 @@ def trend_markdown(trend: dict[str, Any]) -> str:
 def plot_advantage(rows: list[dict[str, Any]], fitted: dict[str, Any], path: Path) -> None:
     """Δ at 1.5 -> 0.5 (and at the best measured ratio) against tokens per parameter, one colour
     per size, each size's fitted trend, and the paper's 440M point."""
+    uniform, tapered = PAPER_440M["ppl"]
     fig, axes = _figure(1, width=8.0)
     ax = axes[0]
     for i, size in enumerate(dict.fromkeys(r["size"] for r in rows)):
@@ -446,7 +450,7 @@ def plot_advantage(rows: list[dict[str, Any]], fitted: dict[str, Any], path: Pat
             ax.plot(grid, a + b * np.log10(grid), color=f"C{i}", alpha=0.4, linestyle="--",
                     label=f"{size}: trend (1.5→0.5)")  # fmt: skip
     ax.plot([PAPER_440M["tokens_per_param"]], [PAPER_DIFF], marker="*", markersize=14,
-            color="k", linestyle="none", label="paper, 440M: 15.96 → 15.64 ppl")  # fmt: skip
+            color="k", linestyle="none", label=f"paper, 440M: {uniform:.2f} → {tapered:.2f} ppl")  # fmt: skip
     ax.axhline(0.0, color="grey", linewidth=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("training tokens per parameter")

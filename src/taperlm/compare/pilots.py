@@ -6,10 +6,9 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Any
 
-from taperlm.compare.cells import train_cells
-from taperlm.compare.grid import Grid, pilot_cells
+from taperlm.compare.executor import train_cells
+from taperlm.compare.grid import Grid, PilotRun, Pilots, pilot_cells
 from taperlm.compare.options import CompareOptions
 from taperlm.compare.recipe import base_config
 from taperlm.compare.runner import EvalSettings
@@ -42,9 +41,9 @@ def run_pilots(
     data_dir: Path,
     vocab: int,
     settings: EvalSettings,
-) -> dict[str, Any]:
+) -> Pilots:
     """Train (or reuse) the pilot of every seed, a short uniform run, and measure its novelty
-    like any cell; returns {"tokens", "per_seed": {seed: cost}, "rho_mlp": {seed: [...]}}."""
+    like any cell."""
     tokens = pilot_tokens(opts, base)
     pilot_base = base_config(dataclasses.replace(opts, tokens=tokens), data_dir, vocab)
     cells = pilot_cells(pilot_base, seeds)
@@ -56,19 +55,18 @@ def run_pilots(
     pilots = Grid([cells[0].allocation], list(seeds), cells, pilot_base)
     # a pilot needs its novelty (and gets a val loss); zero-shot tasks would be wasted on it
     results = train_cells(opts, pilots, data_dir, dataclasses.replace(settings, eval_tasks=[]))
-    out: dict[str, Any] = {"tokens": tokens, "per_seed": {}, "rho_mlp": {}}
+    per_seed: dict[int, PilotRun] = {}
     for c in cells:
         r = results[c.name]
         rho = rho_mlp_of(r["novelty"])
         if rho is None or len(rho) != base.model.n_layers:
             raise ConfigError(f"pilot {c.name} has no per-layer rho_mlp in its result.json")
-        out["rho_mlp"][c.seed] = rho
-        out["per_seed"][str(c.seed)] = {
-            "run": f"runs/{c.name}",
-            "tokens": r["train"]["tokens"],
-            "train_s": r["train"].get("wall_s"),
-            "novelty_s": (r.get("times") or {}).get("novelty_s"),
-            "val_loss": r["val"]["loss"],
-            "rho_mlp": rho,
-        }
-    return out
+        per_seed[c.seed] = PilotRun(
+            run=f"runs/{c.name}",
+            tokens=r["train"]["tokens"],
+            train_s=r["train"].get("wall_s"),
+            novelty_s=(r.get("times") or {}).get("novelty_s"),
+            val_loss=r["val"]["loss"],
+            rho_mlp=rho,
+        )
+    return Pilots(tokens, per_seed)

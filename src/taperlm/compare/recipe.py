@@ -1,10 +1,11 @@
 """The training recipe of `taperlm compare` and the base config every cell starts from.
 
-Precedence of settings: compare's recipe < the config file's train: section < `--tokens` <
-`--set` (`overrides`) < `--logger`. The user's settings are read as the config file's sections
-(the config module's dict form, as `--set` edits it); compare's recipe and what it derives (whole
-steps, warmup, evaluation and checkpoint intervals, the data's vocabulary, the logged group) are
-then applied to the typed config, each only where the user chose nothing.
+The base config is assembled like every command's (`taperlm.config.assembly`): compare's recipe
+and what it derives (whole steps, warmup, evaluation and checkpoint intervals, the data's
+vocabulary, the logged group) are the `Layer.RECIPE` between the preset and the user's settings,
+so each applies only where the user chose nothing: recipe < the config file < `--tokens` <
+`--set` (with $TAPERLM_SET) < `--logger`. Which keys the user gave is read from the assembly's
+record (`Assembly.given`).
 """
 
 from __future__ import annotations
@@ -12,22 +13,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from taperlm.compare.options import DEFAULT_PRESET, DEFAULT_TOKENS, CompareOptions
-from taperlm.config import (
-    ModelConfig,
-    RunConfig,
-    TrainConfig,
-    apply_overrides,
-    clear_resolved_sizes,
-    parse_override,
-    run_config_from_dict,
-    section_of,
-)
+from taperlm.config import ModelConfig, RunConfig, TrainConfig
+from taperlm.config.assembly import Assembly, Layer
 from taperlm.errors import ConfigError
-from taperlm.families import get_family
-from taperlm.presets import config_data
 
 # Compare's CPU recipe (docs/compare.md, "Precision of the main job"). What made the main job
 # precise: runs past the unigram plateau (320 steps of 1,024 tokens instead of 160 of 2,048; the
@@ -35,7 +26,7 @@ from taperlm.presets import config_data
 # an init of about 1/sqrt(d_model) for these small widths (GPT-2's 0.02 suits d_model ~768+; at
 # 128 it kept the models on the plateau longer and less predictably), validation on ~all of the
 # built-in corpus's val split, and the cheaper 2,048-token vocabulary (more seeds per minute).
-# Only the fields it sets differ from TrainConfig's defaults; a family's compare_lr replaces lr.
+# Only the fields it sets differ from TrainConfig's defaults; a family's FAMILY_LR replaces lr.
 COMPARE_TRAIN = TrainConfig(
     tokens=DEFAULT_TOKENS,
     seq_len=128,
@@ -47,6 +38,11 @@ COMPARE_TRAIN = TrainConfig(
     keep_checkpoints=1,
     log_every=4,
 )
+# Peak learning rate of the CPU recipe for a family (by `model.family`) that the recipe's own lr
+# does not train stably. Titans: at 2e-3, titans-mag-tiny tapered 1.5 -> 0.5 diverged (NaN loss
+# from step ~17 of 64, seed 0; measured before max_inner_grad_norm existed) while its uniform
+# twin trained; at 1e-3 both train (docs/compare.md).
+FAMILY_LR: dict[str, float] = {"titans": 1e-3}
 # Model settings of compare's CPU recipe for a preset of a small size (micro, tiny, small); a config
 # file's model section and --set win. Not applied at the paper's sizes (their init is the paper's).
 COMPARE_MODEL = ModelConfig(init_std=0.1)
@@ -72,8 +68,6 @@ WARMUP_FRACTION = 0.05
 CURVE_POINTS = 16
 CHECKPOINTS_PER_RUN = 4
 
-Section = TypeVar("Section", ModelConfig, TrainConfig)
-
 
 def base_config(
     opts: CompareOptions,
@@ -83,20 +77,30 @@ def base_config(
 ) -> RunConfig:
     """The uniform run config every cell starts from (before taper and seed); what it had to
     change (train.tokens rounded up to whole steps) is appended to `notes`."""
-    loaded, source = config_data(opts.config, opts.preset or DEFAULT_PRESET)
-    file_data = loaded if opts.config else {}  # a preset's values are no choice of the user's
-    explicit = _explicit_keys(opts, file_data)
-    cfg = run_config_from_dict(_user_settings(opts, loaded, file_data), source)
-    family = (loaded.get("model") or {}).get("family")  # the recipe's: before any --set
-    cfg.model = with_recipe(cfg.model, _model_recipe(opts), explicit, "model")
-    cfg.train = with_recipe(cfg.train, _train_recipe(opts, family), explicit, "train")
-    if data_dir is not None and "data.dir" not in explicit:
-        cfg.data.dir = str(data_dir)
-    if data_vocab is not None and not opts.config and "model.vocab_size" not in explicit:
-        cfg.model.vocab_size = data_vocab  # a preset follows the data's tokenizer
-    if cfg.train.loggers and "train.log_group" not in explicit:
+    asm = Assembly.start(opts.config, opts.preset or DEFAULT_PRESET)
+    family = (asm.data.get("model") or {}).get("family")  # the recipe's: before any --set
+    # Compare reads the model, data and train sections only; every cell gets its own taper.
+    asm.data = {key: dict(asm.data.get(key) or {}) for key in ("model", "data", "train")}
+    asm.data["model"].pop("taper", None)
+    asm.clear_sizes()
+    if opts.tokens is not None:
+        asm.put("train.tokens", opts.tokens, Layer.OPTIONS)
+    asm.overrides(opts.overrides, Layer.SET, "--set")
+    if opts.loggers is not None:  # after --set: the option named on the command line wins
+        asm.put("train.loggers", opts.loggers, Layer.SET)
+    # The recipe below every key the user gave; put last, where a --set of a whole section
+    # (`train={...}`) records only the section, so the recipe still fills its keys.
+    for section, recipe in (("model", _model_recipe(opts)), ("train", _train_recipe(opts, family))):
+        for key, value in recipe_changes(recipe).items():
+            asm.put(f"{section}.{key}", value, Layer.RECIPE)
+    if data_dir is not None:
+        asm.put("data.dir", str(data_dir), Layer.OPTIONS)
+    if data_vocab is not None and not opts.config:
+        asm.put("model.vocab_size", data_vocab, Layer.RECIPE)  # a preset follows the data's
+    cfg = asm.build()
+    if cfg.train.loggers and not asm.given("train.log_group"):
         cfg.train.log_group = _log_group(opts.out)
-    note = _derive_schedule(cfg.train, explicit)
+    note = _derive_schedule(cfg.train, asm)
     if note and notes is not None:
         notes.append(note)
     if cfg.model.taper.schedule != "uniform":
@@ -108,52 +112,16 @@ def base_config(
     return cfg.resolve()
 
 
-def _user_settings(opts: CompareOptions, loaded: dict, file_data: dict) -> dict[str, Any]:
-    """The settings the user chose, in the config's dict form: the preset's (or file's) model,
-    the file's data and train sections, --tokens, --set, then --logger."""
-    model = dict(loaded.get("model") or {})
-    clear_resolved_sizes(model)
-    model.pop("taper", None)
-    train = dict(file_data.get("train") or {})
-    if opts.tokens is not None:
-        train["tokens"] = opts.tokens
-    settings = {"model": model, "data": dict(file_data.get("data") or {}), "train": train}
-    apply_overrides(settings, opts.overrides)
-    if opts.loggers is not None:
-        settings["train"]["loggers"] = opts.loggers
-    return settings
-
-
-def _explicit_keys(opts: CompareOptions, file_data: dict[str, Any]) -> set[str]:
-    """`section.key` of every setting the user gave (config file, --tokens or --set), which
-    compare's recipe and derived values must not override."""
-    keys = {f"train.{k}" for k in (file_data.get("train") or {})}
-    keys |= {f"model.{k}" for k in (file_data.get("model") or {})}
-    if opts.tokens is not None:
-        keys.add("train.tokens")
-    for text in opts.overrides:
-        key, _ = parse_override(text)
-        parts = key.split(".")
-        if parts[0] not in ("model", "train", "data"):
-            parts = [section_of(parts[0]) or "?", *parts]
-        keys.add(".".join(parts[:2]))
-    return keys
-
-
-def with_recipe(cfg: Section, recipe: Section | None, explicit: set[str], section: str) -> Section:
-    """`cfg` with every field where `recipe` departs from its class's defaults, unless the user
-    set that field (`section.field` in `explicit`)."""
+def recipe_changes(recipe: ModelConfig | TrainConfig | None) -> dict[str, Any]:
+    """The fields where `recipe` departs from its class's defaults (what the recipe sets)."""
     if recipe is None:
-        return cfg
+        return {}
     plain = type(recipe)()
-    changes = {
+    return {
         f.name: getattr(recipe, f.name)
         for f in dataclasses.fields(recipe)
-        if not f.metadata.get("section")
-        and getattr(recipe, f.name) != getattr(plain, f.name)
-        and f"{section}.{f.name}" not in explicit
+        if not f.metadata.get("section") and getattr(recipe, f.name) != getattr(plain, f.name)
     }
-    return dataclasses.replace(cfg, **changes)
 
 
 def _log_group(out: Path) -> str:
@@ -175,8 +143,8 @@ def _train_recipe(opts: CompareOptions, family_name: str | None) -> TrainConfig:
     size = _preset_size(opts)
     if size in PAPER_TOKENS:
         return dataclasses.replace(PAPER_TRAIN, tokens=PAPER_TOKENS[size])
-    lr = get_family(family_name or "transformer").compare_lr
-    return dataclasses.replace(COMPARE_TRAIN, lr=COMPARE_TRAIN.lr if lr is None else lr)
+    lr = FAMILY_LR.get(family_name or "transformer", COMPARE_TRAIN.lr)
+    return dataclasses.replace(COMPARE_TRAIN, lr=lr)
 
 
 def _model_recipe(opts: CompareOptions) -> ModelConfig | None:
@@ -186,7 +154,7 @@ def _model_recipe(opts: CompareOptions) -> ModelConfig | None:
     return None if size is None or size in PAPER_TOKENS else COMPARE_MODEL
 
 
-def _derive_schedule(train: TrainConfig, explicit: set[str]) -> str | None:
+def _derive_schedule(train: TrainConfig, asm: Assembly) -> str | None:
     """Whole steps (train.tokens rounded up, said once here rather than by every cell), then
     warmup, evaluation and checkpoint intervals from them, unless given."""
     tokens, batch = int(train.tokens), int(train.batch_tokens)
@@ -195,10 +163,10 @@ def _derive_schedule(train: TrainConfig, explicit: set[str]) -> str | None:
     note = rounding.rounding_note() if tokens >= batch >= 1 else None
     if note:
         train.tokens = tokens = steps * batch
-    if "train.warmup_tokens" not in explicit:
+    if not asm.given("train.warmup_tokens"):
         train.warmup_tokens = int(WARMUP_FRACTION * tokens) // batch * batch
-    if "train.eval_every" not in explicit:
+    if not asm.given("train.eval_every"):
         train.eval_every = max(1, steps // CURVE_POINTS)
-    if "train.checkpoint_every" not in explicit:
+    if not asm.given("train.checkpoint_every"):
         train.checkpoint_every = max(1, steps // CHECKPOINTS_PER_RUN)
     return note

@@ -27,7 +27,7 @@ def canonical_command(opts: CompareOptions, grid: Grid) -> str:
         parts += ["--tapers", ";".join(specs)]
     if opts.multiple_of:
         parts += ["--multiple-of", str(opts.multiple_of)]
-    pilot = grid.pilot and grid.pilot["tokens"]
+    pilot = grid.pilot and grid.pilot.tokens
     return shlex.join(parts + run_arguments(opts, len(grid.seeds), grid.base.train.tokens, pilot))
 
 

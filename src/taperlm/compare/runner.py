@@ -59,8 +59,8 @@ from taperlm.io import (
 from taperlm.outdirs import claim
 from taperlm.runlock import locked
 from taperlm.training.checkpoint.store import list_checkpoints
-from taperlm.training.config_diff import format_differences
 from taperlm.training.metrics import read_metrics
+from taperlm.training.settings import format_differences
 
 if TYPE_CHECKING:
     from taperlm.training.loop import StepHook
@@ -262,7 +262,7 @@ def data_order_fingerprint(cell: Cell, data_dir: Path, steps: int = 1) -> dict[s
     trainer's loader with the cell's seed), and the first ids: equal for every allocation of one
     seed, different across seeds."""
     from taperlm.data.loader import TokenBatches  # lazy: torch; compare --help torch-free
-    from taperlm.training.train_checks import accumulation_steps  # lazy: torch
+    from taperlm.training.settings import accumulation_steps  # lazy: torch
 
     t = cell.config.train
     batches = TokenBatches(data_dir, "train", t.seq_len, t.micro_batch_size, seed=t.seed)
@@ -325,7 +325,7 @@ def evaluate_cell(cell: Cell, run_dir: Path, shared: SharedInputs) -> dict[str, 
     """Validation loss, zero-shot tasks and novelty of a trained cell (its final checkpoint)."""
     from taperlm.analysis.novelty import measure  # lazy: torch; compare --help stays torch-free
     from taperlm.loading import load_run_model  # lazy: loads torch models
-    from taperlm.training.validation import validation_loss  # lazy: torch
+    from taperlm.training.metrics import validation_loss  # lazy: torch
 
     # Evaluated where it trained (train.device).
     model, _ = load_run_model(run_dir, device=resolve_device(cell.config.train.device))

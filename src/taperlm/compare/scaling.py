@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,24 +32,18 @@ from typing import Any
 import numpy as np
 
 from taperlm.analysis.plots import _figure, _save
-from taperlm.compare.job import check_options, run_comparison
+from taperlm.compare.paper import PAPER_POINT
 from taperlm.compare.recipe import PAPER_TOKENS
 from taperlm.compare.report import diff_ci, md_table, produced_by
 from taperlm.compare.reproduce import run_arguments
+from taperlm.compare.study import Part, StudyPlan, StudyProgress, run_plan
 from taperlm.errors import ConfigError
-from taperlm.io import MAX_RECORD_BYTES, atomic_write_json, atomic_write_text, read_json
-from taperlm.outdirs import check_folder, claim
+from taperlm.io import atomic_write_json, atomic_write_text
 from taperlm.presets import PAPER_SHAPES, SMALL_SHAPES
-from taperlm.runlock import locked
 from taperlm.taper import TaperSpec
 
 # Start ratios of the cosine sweep (end = 2 - start); 1.0 is uniform.
 SCALING_STARTS = (1.25, 1.5, 1.75, 1.9)
-PAPER_POINT = {
-    "params": 440e6,
-    "tokens": 30e9,
-    "best_start": 1.5,
-}  # the paper's ratio sweep at 440M (docs/compare.md)
 BOOTSTRAP = 2000
 BOOTSTRAP_SEED = 0
 SCALING_PLOT = "scaling.png"
@@ -169,44 +162,45 @@ def point_options(opts, plan: ScalingPlan) -> list[tuple[str, ScalingSize, int, 
     return out
 
 
-def run_scaling(
+def scaling_plan(
     opts,
-    plan: ScalingPlan = DEFAULT_PLAN,
+    plan: ScalingPlan | None = None,
     mode: str = "scaling",
     on_report: Callable[[Path], None] | None = None,
-) -> tuple[Path, Path]:
-    """Check every point, run them one after the other (each resumable), writing the scaling
-    report after each (and calling `on_report(report.json)`: a mode that builds on this one,
-    `taperlm.compare.longrun`, adds its own report); returns (report.md, report.json)."""
-    t_start = time.perf_counter()
-    points = point_options(opts, plan_for(opts, plan) if mode == "scaling" else plan)
-    for *_, sub in points:  # nothing trains before every point is known to be valid
-        check_options(sub)
-    check_folder(opts.out, "compare", "--out")
-    claim(opts.out, "compare")  # its own from the first file on: an interrupted sweep resumes
-    with locked(opts.out, "scaling folder"):
-        docs: dict[str, dict[str, Any]] = {}
-        for i, (key, size, tokens, sub) in enumerate(points, 1):
-            print(
-                f"taperlm compare --paper {mode}: point {i}/{len(points)}: {size.name} "
-                f"({size.preset}), {tokens:,} tokens, into {sub.out}",
-                file=sys.stderr,
-            )
-            _, js = run_comparison(sub)
-            docs[key] = read_json(js, MAX_RECORD_BYTES, "comparison report")
-            meta = {
-                "command": _command(opts, points[0][3], mode),
-                "mode": mode,
-                "wall_s": time.perf_counter() - t_start,
-                "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                "done": len(docs),
-                "total": len(points),
-            }
-            md, js_all = write_scaling_report(points, docs, opts.out, meta)
-            if on_report is not None:
-                on_report(js_all)
-    print(f"wrote {md} and {js_all} ({(time.perf_counter() - t_start) / 60:.1f} min)")
-    return md, js_all
+) -> StudyPlan:
+    """The scaling study: every point of `plan` (None: `DEFAULT_PLAN`, or the sizes of
+    --preset-size) one after the other, the scaling report rewritten after each (then
+    `on_report(report.json)`: a mode that builds on this one, `taperlm.compare.longrun`, adds
+    its own report)."""
+    if mode == "scaling":
+        plan = plan_for(opts, plan or DEFAULT_PLAN)
+    points = point_options(opts, plan or DEFAULT_PLAN)
+
+    def report(done: StudyProgress) -> tuple[Path, Path]:
+        meta = {
+            "command": _command(opts, points[0][3], mode),
+            "mode": mode,
+            "wall_s": done.wall(),
+            "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "done": len(done.reports),
+            "total": done.total,
+        }
+        md, js = write_scaling_report(points, done.reports, opts.out, meta)
+        if on_report is not None:
+            on_report(js)
+        return md, js
+
+    parts = [
+        Part(key, sub, "point", f"{size.name} ({size.preset}), {tokens:,} tokens,")
+        for key, size, tokens, sub in points
+    ]
+    return StudyPlan(parts, report, mode=mode, folder="scaling folder")
+
+
+def run_scaling(opts, plan: ScalingPlan | None = None) -> tuple[Path, Path]:
+    """Run the scaling study of `plan` (None: as `--paper scaling` does); returns (report.md,
+    report.json). The Python API for a plan of one's own (e.g. toy sizes)."""
+    return run_plan(opts, lambda o: scaling_plan(o, plan))
 
 
 def _command(opts, sub, mode: str = "scaling") -> str:

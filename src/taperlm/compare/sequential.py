@@ -24,9 +24,9 @@ stop at their next step with a checkpoint (or, done first, stay cached) and take
 same command gives the same stop on any number of workers, under any load and after any
 interruption, and a stopped comparison resumed with a tighter rule continues from its cache.
 
-`Monitor` is what the scheduler consults (`taperlm.compare.scheduler.run_grid`); `record` is
+`Monitor` is what the executor consults (`taperlm.compare.executor.run_grid`); `record` is
 report.json's `stopping`; `section` and `with_plot` its part of report.md and `sequence.png`.
-Every stage that trains reported seeds goes through `taperlm.compare.cells.train_reported`,
+Every stage that trains reported seeds goes through `taperlm.compare.executor.train_reported`,
 which ties these together, so a new compare mode that does the same stops the same way.
 """
 

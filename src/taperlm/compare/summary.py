@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from taperlm import stats
-from taperlm.compare.grid import PAPER_SWEEP, SWEEP_SCHEDULES, Grid
+from taperlm.compare.grid import Grid
+from taperlm.compare.paper import PAPER_BEST_SWEEP_RATIO, PAPER_SWEEP, SWEEP_SCHEDULES
 from taperlm.evaluation.suite import at_chance, chance_columns, paper_columns
 from taperlm.taper import TaperSpec
 
@@ -176,15 +177,15 @@ def _pilot_summary(grid: Grid) -> dict[str, Any] | None:
     tokens, and mean training / novelty seconds per seed."""
     if grid.pilot is None:
         return None
-    per_seed = grid.pilot["per_seed"]
-    train_s = [v["train_s"] for v in per_seed.values() if v.get("train_s") is not None]
-    novelty_s = [v["novelty_s"] for v in per_seed.values() if v.get("novelty_s") is not None]
+    runs = grid.pilot.per_seed.values()
+    train_s = [r.train_s for r in runs if r.train_s is not None]
+    novelty_s = [r.novelty_s for r in runs if r.novelty_s is not None]
     return {
-        "tokens": grid.pilot["tokens"],
-        "fraction_of_run": grid.pilot["tokens"] / grid.base.train.tokens,
+        "tokens": grid.pilot.tokens,
+        "fraction_of_run": grid.pilot.tokens / grid.base.train.tokens,
         "train_s": stats.summary(train_s),
         "novelty_s": stats.summary(novelty_s),
-        "per_seed": per_seed,
+        "per_seed": grid.pilot.per_seed_record(),
     }
 
 
@@ -291,5 +292,5 @@ def _sweep_claims(have: list[dict[str, Any]]) -> dict[str, Any]:
         "ordering_holds_at": sum(v["cosine<linear<sigmoid"] for v in per_ratio.values()),
         "ratios": len(per_ratio),
         "best_cosine_ratio_ours": None if best is None else f"{best[0]}->{best[1]}",
-        "best_cosine_ratio_paper": "1.5->0.5",
+        "best_cosine_ratio_paper": PAPER_BEST_SWEEP_RATIO,
     }

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from taperlm import stats
-from taperlm.compare.cells import train_cells, train_reported
+from taperlm.compare.executor import train_cells, train_reported
 from taperlm.compare.grid import Allocation, Cell, Grid, build_grid
 from taperlm.compare.options import DEFAULT_TUNE_SEEDS, TUNE_SCOPES
 from taperlm.compare.summary import summarize

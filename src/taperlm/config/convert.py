@@ -14,6 +14,7 @@ from taperlm.config.train import DataConfig, TrainConfig
 from taperlm.domains import check_field
 from taperlm.errors import ConfigError, TaperError
 from taperlm.families import FAMILIES
+from taperlm.families.gated import check_gate
 from taperlm.io import quoted
 from taperlm.taper import TaperSpec, read_rho_mlp
 
@@ -89,15 +90,14 @@ def _did_you_mean(key: Any, close: str | None, where: str) -> str:
 def _model_from(data: dict, where: str) -> ModelConfig:
     """A ModelConfig: the shared keys, plus the section named after its family read into the
     family's options. Sections of other families (every 0.1 config carried all of them) are
-    ignored, and each family may upgrade keys of older layouts first (`Family.upgrade`)."""
+    ignored, and keys of older layouts are upgraded first (`upgrade_model`)."""
     at = f"{where}." if where else ""
     family = coerce_value(str, data.get("family", ModelConfig.family), f"{at}family")
     if family not in FAMILIES:
         raise ConfigError(
             f"{at}family {quoted(family)} is unknown; choose one of {', '.join(FAMILIES)}"
         )
-    for fam in FAMILIES.values():
-        data = fam.upgrade(data, where)
+    data = upgrade_model(data, where)
     fam = FAMILIES[family]
     for other in FAMILIES.values():
         if other is not fam and other.name in data:
@@ -109,6 +109,34 @@ def _model_from(data: dict, where: str) -> ModelConfig:
         raise ConfigError(f"{at}{family}: the {family} family has no options; delete the section")
     cfg.options = None if section is None else from_dict(fam.options, section, f"{at}{family}")
     return cfg
+
+
+def upgrade_model(model: dict[str, Any], where: str) -> dict[str, Any]:
+    """A model dict of an older taperlm layout rewritten to the current one (a copy; `model`
+    itself when nothing changes), so that stored configs (run dirs, checkpoints, exports) load
+    with the meaning they were written with:
+
+    - taperlm 0.1 wrote `gate:` at the top level of every model (used only by the gated
+      family): checked as before, and moved into the `gated:` section of a gated model;
+    - a titans section the library wrote (its resolved `memory_widths` are there) before
+      `max_inner_grad_norm` existed had no inner-gradient clip: it gets 0 (no clip), so an old
+      run resumes, evaluates and exports as the model it trained.
+    """
+    if "gate" in model:
+        model = dict(model)
+        gate = model.pop("gate")
+        check_gate(gate, f"{where}.gate" if where else "gate")
+        section = model.get("gated", {})
+        if model.get("family") == "gated" and isinstance(section, dict):
+            model["gated"] = {"gate": gate, **section}
+    titans = model.get("titans")
+    if (
+        isinstance(titans, dict)
+        and titans.get("memory_widths") is not None
+        and "max_inner_grad_norm" not in titans
+    ):
+        model = {**model, "titans": {**titans, "max_inner_grad_norm": 0.0}}
+    return model
 
 
 def _check_other_family(name: str, section: Any, family: str, at: str) -> None:
@@ -139,6 +167,9 @@ def _check_other_family(name: str, section: Any, family: str, at: str) -> None:
 
 
 def _taper_from(data: Any, where: str) -> TaperSpec:
+    if isinstance(data, TaperSpec):  # parsed already (an option such as --taper): checked here
+        check_taper_spec(data, where)
+        return data
     if isinstance(data, str):
         return TaperSpec.parse(data)
     if isinstance(data, dict):

@@ -80,8 +80,8 @@ class ModelConfig:
             depend on that layer's width (docs/compare.md, "Initialisation schemes").
         options: the family's own options (e.g. `taperlm.families.hope.HopeConfig`), written as
             the section named after the family (`hope:`) and read as `cfg.hope`; None for a
-            family without options. Built without them (or with another family's, e.g. when the
-            family is replaced), a config gets its family's defaults.
+            family without options. Built without them, a config gets its family's defaults;
+            another family's are refused by `validate` (change the family with `as_family`).
     """
 
     family: str = setting("transformer", Domain.choice_of(lambda: FAMILIES, "{families}"))
@@ -106,14 +106,16 @@ class ModelConfig:
     options: Any = field(default=None, metadata={"section": True})
 
     def __post_init__(self) -> None:
-        # No options, or another family's (e.g. after dataclasses.replace(cfg, family=...)):
-        # this family's defaults, just as a YAML section of another family is ignored.
+        # Built without options: this family's defaults. Options of another family are kept as
+        # given, for validate() to refuse by name; a model changes family through as_family().
         fam = FAMILIES.get(self.family) if isinstance(self.family, str) else None
-        if fam is None:
-            return
-        others = tuple(f.options for f in FAMILIES.values() if f.options and f is not fam)
-        if self.options is None or (others and isinstance(self.options, others)):
-            self.options = fam.options() if fam.options else None
+        if fam is not None and fam.options is not None and self.options is None:
+            self.options = fam.options()
+
+    def as_family(self, name: str, options: Any = None) -> ModelConfig:
+        """A copy of this model as family `name` with `options` (None: that family's
+        defaults); every shared field, resolved sizes included, is kept."""
+        return dataclasses.replace(self, family=name, options=options)
 
     def __getattr__(self, name: str) -> Any:
         # `cfg.hope`, `cfg.titans`, ...: the options under their YAML section name. Only called

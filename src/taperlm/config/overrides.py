@@ -8,7 +8,7 @@ import shlex
 import typing
 from typing import Any
 
-from taperlm.config.convert import closest_key, coerce_value, config_keys, section_of
+from taperlm.config.convert import closest_key, coerce_value, config_keys, section_of, to_dict
 from taperlm.config.loading import strict_yaml_load
 from taperlm.config.model import ModelConfig
 from taperlm.config.train import DataConfig, TrainConfig
@@ -49,40 +49,49 @@ def env_overrides() -> list[str]:
 def apply_overrides(
     data: dict, overrides: list[str], origin: str = "--set", notes: list[str] | None = None
 ) -> dict:
-    """Apply dotted `key=value` overrides to a nested config dict (in place, returned).
-
-    A key without a section prefix (`d_model=512`) is looked up in model, then train, then data.
-    Each key and value is checked as it is applied (`_check_override`), so that a typo is blamed
-    on `origin` (the option or variable that gave it), not on the config file or preset.
-    A later override of a key wins (scripts append to a base list); a value that replaces a
-    different one already in `data` (a config file's, an earlier --set's) is appended to
-    `notes` when it is given.
-    """
+    """Apply dotted `key=value` overrides to a nested config dict (in place, returned), in
+    order: a later override of a key wins (scripts append to a base list). See `apply_override`."""
     for text in overrides:
-        key, value = parse_override(text, origin)
-        parts = key.split(".")
-        if parts[0] not in ("model", "data", "train"):
-            section = section_of(parts[0])
-            if section is None:
-                raise ConfigError(
-                    f"{origin} {quoted(text)}: unknown key {parts[0]!r}; use model.KEY, train.KEY or "
-                    "data.KEY"
-                )
-            parts = [section, *parts]
-        dotted = ".".join(parts)
-        _check_override(data, parts, value, f"{origin} {quoted(text)}")
-        node = data
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"{origin} {quoted(text)}: {p!r} is not a section")
-        old = node.get(parts[-1], value)
-        if notes is not None and old != value:
-            notes.append(f"{origin} {dotted}={quoted(value)} replaces {old!r}")
-        node[parts[-1]] = value
-        if parts[0] == "model" and _affects_sizes(parts[1:]):
-            clear_resolved_sizes(data["model"])
+        apply_override(data, text, origin, notes)
     return data
+
+
+def apply_override(
+    data: dict, text: str, origin: str = "--set", notes: list[str] | None = None
+) -> str:
+    """Apply one dotted `key=value` override to a nested config dict (in place); return the
+    dotted key it set, with its section (`d_model=512` sets `model.d_model`).
+
+    A key without a section prefix is looked up in model, then train, then data. The key and
+    value are checked as they are applied (`_check_override`), so that a typo is blamed on
+    `origin` (the option or variable that gave it), not on the config file or preset. A value
+    that replaces a different one already in `data` (a config file's, an earlier --set's) is
+    appended to `notes` when it is given.
+    """
+    key, value = parse_override(text, origin)
+    parts = key.split(".")
+    if parts[0] not in ("model", "data", "train"):
+        section = section_of(parts[0])
+        if section is None:
+            raise ConfigError(
+                f"{origin} {quoted(text)}: unknown key {parts[0]!r}; use model.KEY, train.KEY or "
+                "data.KEY"
+            )
+        parts = [section, *parts]
+    dotted = ".".join(parts)
+    _check_override(data, parts, value, f"{origin} {quoted(text)}")
+    node = data
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{origin} {quoted(text)}: {p!r} is not a section")
+    old = to_dict(node.get(parts[-1], value))  # a spec an option parsed: as a file writes it
+    if notes is not None and old != value:
+        notes.append(f"{origin} {dotted}={quoted(value)} replaces {old!r}")
+    node[parts[-1]] = value
+    if parts[0] == "model" and _affects_sizes(parts[1:]):
+        clear_resolved_sizes(data["model"])
+    return dotted
 
 
 def _check_override(data: dict, parts: list[str], value: Any, where: str) -> None:

@@ -49,7 +49,7 @@ class TrainConfig:
             the last decay_fraction of the steps, then a linear decay to min_lr_ratio x lr; the
             LR before the decay does not depend on train.tokens, so a checkpoint of a longer run
             taken before this run's decay starts is this run's own state there: one run serves
-            several budgets, each a short cooldown branch, `taperlm.training.branch`).
+            several budgets, each a short cooldown branch, `taperlm.training.run_dir`).
         decay_fraction: wsd: the share of the steps in the final decay (rounded up to whole
             steps).
         min_lr_ratio: the decay's floor as a fraction of lr.

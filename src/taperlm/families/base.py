@@ -122,10 +122,6 @@ def _no_column(cfg: ModelFields) -> tuple[str, list[str]] | None:
     return None
 
 
-def _unchanged(model: dict[str, Any], where: str) -> dict[str, Any]:
-    return model
-
-
 def _every_token(cfg: ModelFields, layer: int, seq_len: int) -> int:
     return seq_len
 
@@ -153,16 +149,11 @@ class Family:
         untapered: the options of the uniform baseline (turns off a family's own tapers).
         presets: preset name prefix -> options of `<prefix>-<size>` for every shared size.
         plan_column: (header, one value per layer) that `taperlm plan` adds, or None.
-        upgrade: rewrites a model dict from an older taperlm layout (before it is read).
         attention: whether the blocks have softmax attention whose heads follow
             `cfg.attention_heads(layer)` (the head taper); False rejects a head taper.
         cached_kv: (cfg, layer, tokens) -> key/value entries per KV head that layer l's decoding
             cache holds after `tokens` tokens (every token for global attention; a window or
             segment for Titans), so `taperlm plan`'s cache bytes equal the tensors allocated.
-        compare_lr: peak learning rate of `taperlm compare`'s small-scale (CPU) recipe for this
-            family, where the recipe's own (2e-3) does not train it stably; None: the recipe's.
-        llama_cpp: whether every block is a Llama block (RMSNorm, RoPE attention, SwiGLU, no
-            biases), which `taperlm export --format gguf` can write for llama.cpp.
     """
 
     name: str
@@ -177,11 +168,8 @@ class Family:
     untapered: Callable[[Any], Any] = _same
     presets: Mapping[str, PresetOptions] = field(default_factory=dict)
     plan_column: Callable[[ModelFields], tuple[str, list[str]] | None] = _no_column
-    upgrade: Callable[[dict[str, Any], str], dict[str, Any]] = _unchanged
     attention: bool = True
     cached_kv: Callable[[ModelFields, int, int], int] = _every_token
-    compare_lr: float | None = None
-    llama_cpp: bool = False
 
     def fresh_options(self, options: Any) -> Any:
         """A copy of `options` with the resolved sizes cleared (to be re-resolved)."""

@@ -26,13 +26,14 @@ class GatedConfig:
     gate: str = setting("elementwise", "{" + ", ".join(GATE_KINDS) + "}")
 
 
-def _check_gate(gate: Any, key: str) -> None:
+def check_gate(gate: Any, key: str) -> None:
+    """ConfigError unless `gate` (read for `key`) is a gate kind."""
     if gate not in GATE_KINDS:
         raise ConfigError(f"{key} {gate!r} is unknown; choose elementwise or headwise")
 
 
 def _validate(cfg: ModelFields) -> None:
-    _check_gate(cfg.options.gate, "model.gated.gate")
+    check_gate(cfg.options.gate, "model.gated.gate")
 
 
 def _block(cfg: ModelFields, layer: int, rotary: Any) -> Any:
@@ -53,20 +54,6 @@ def _preset(size: str, shape: Mapping[str, int]) -> GatedConfig:
     return GatedConfig(gate="elementwise")
 
 
-def _upgrade(model: dict[str, Any], where: str) -> dict[str, Any]:
-    """taperlm 0.1 configs carried `gate:` at the top level of every model (used only by this
-    family): check it as before, and move it into the `gated:` section of gated models."""
-    if "gate" not in model:
-        return model
-    model = dict(model)
-    gate = model.pop("gate")
-    _check_gate(gate, f"{where}.gate" if where else "gate")
-    section = model.get("gated", {})
-    if model.get("family") == "gated" and isinstance(section, dict):
-        model["gated"] = {"gate": gate, **section}
-    return model
-
-
 FAMILY = Family(
     name="gated",
     build_block=_block,
@@ -74,5 +61,4 @@ FAMILY = Family(
     options=GatedConfig,
     validate=_validate,
     presets={"gated": _preset},
-    upgrade=_upgrade,
 )

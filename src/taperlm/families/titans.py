@@ -254,20 +254,6 @@ def _preset(variant: str):
     return options
 
 
-def _upgrade(model: dict[str, Any], where: str) -> dict[str, Any]:
-    """Models saved before `max_inner_grad_norm` existed wrote no inner-gradient clip: a titans
-    section the library wrote (its resolved `memory_widths` are there) without the key gets
-    0 (no clip), so an old run resumes, evaluates and exports as the model it trained."""
-    section = model.get("titans")
-    if (
-        isinstance(section, dict)
-        and section.get("memory_widths") is not None
-        and "max_inner_grad_norm" not in section
-    ):
-        model = {**model, "titans": {**section, "max_inner_grad_norm": 0.0}}
-    return model
-
-
 def _plan_column(cfg: ModelFields) -> tuple[str, list[str]] | None:
     widths = cfg.options.memory_widths
     return ("memory width", [str(w) for w in widths]) if widths else None
@@ -286,9 +272,4 @@ FAMILY = Family(
     untapered=_untapered,
     presets={f"titans-{v}": _preset(v) for v in VARIANTS},
     plan_column=_plan_column,
-    upgrade=_upgrade,
-    # At compare's 2e-3, titans-mag-tiny tapered 1.5 -> 0.5 diverged (NaN loss from step ~17 of
-    # 64, seed 0; measured before max_inner_grad_norm existed) while its uniform twin trained;
-    # at 1e-3 both train (docs/compare.md).
-    compare_lr=1e-3,
 )

@@ -31,5 +31,4 @@ FAMILY = Family(
     build_block=attention_block,
     mixer_params=attention_mixer_params,
     presets={"transformer": _preset},
-    llama_cpp=True,
 )

@@ -67,7 +67,7 @@ class TaperedLM(nn.Module):
     def parts(cfg: ModelConfig, rotary: Rotary) -> list[tuple[str, Callable[[], nn.Module]]]:
         """(name, builder) of every top-level part in construction order. Building them in this
         order draws the same random numbers as building the model, which is how a model made on
-        the meta device is later filled part by part (training/meta_init.py)."""
+        the meta device is later filled part by part (training/model.py)."""
         build = family(cfg).build_block
         return [
             ("embed", lambda: nn.Embedding(cfg.vocab_size, cfg.d_model)),

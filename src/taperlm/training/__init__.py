@@ -1,3 +1,19 @@
-"""Training: the trainer (`loop.train`), checkpoints (`checkpoint/`), optimizer and LR schedule,
-distributed wrapping, metrics and plots; loading a trained model for inference is
-`taperlm.loading`'s. Import the submodules directly; nothing heavy is imported here."""
+"""Training: the trainer and its step (`loop`), the model it trains (`model`), the optimizer,
+Hope's update periods and the LR schedule (`optim`), checkpoints (`checkpoint/`), the run
+directory (`run_dir`), distributed wrapping, metrics and loggers; loading a trained model for
+inference is `taperlm.loading`'s. Import the submodules directly; nothing heavy is imported
+here (the CLI and `checkpoint.store` read the warning category below torch-free)."""
+
+from __future__ import annotations
+
+import warnings
+
+
+class TrainingWarning(UserWarning):
+    """Something the user should know that did not stop the run (a checkpoint fallback, a failed
+    compile, a logger that could not start); `taperlm train` shows it as one plain line."""
+
+
+def warn(message: str) -> None:
+    """Warn on behalf of the caller's caller (the trainer method that decided to warn)."""
+    warnings.warn(message, TrainingWarning, stacklevel=3)

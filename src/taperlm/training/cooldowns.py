@@ -1,7 +1,7 @@
 """Several token budgets from one warmup-stable-decay run: `train_budgets`.
 
 The longest budget is trained as one WSD run (OUT/tokens-<longest>); every shorter budget B is a
-cooldown branch (`taperlm.training.branch`) started from that run's checkpoint at B's decay
+cooldown branch (`taperlm.training.run_dir.check_branch`) started from that run's checkpoint at B's decay
 start, trained into OUT/tokens-<B>. The long run is stopped at each branch step in turn (it saves
 a checkpoint there), the branch is trained, and the long run continues; so its checkpoint at a
 branch step is its newest until the branch has started, and `train.keep_checkpoints` never prunes
@@ -10,7 +10,7 @@ between its branch step and its decay start, none when they coincide).
 
 Resumable: a finished budget is skipped; a branch with its own checkpoints resumes from them;
 otherwise the long run must still be at (or reach) the branch step. Each budget's result equals
-that budget trained from step 0 with the same config (tests/test_wsd.py).
+that budget trained from step 0 with the same config (tests/training/test_wsd.py).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from pathlib import Path
 
 from taperlm.config import RunConfig
 from taperlm.errors import CheckpointError, ConfigError
-from taperlm.training.branch import branch_step
 from taperlm.training.checkpoint import store as ckpt
 from taperlm.training.loop import TrainResult, train
+from taperlm.training.run_dir import branch_step
 
 
 def budget_config(run: RunConfig, tokens: int) -> RunConfig:

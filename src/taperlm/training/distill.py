@@ -23,7 +23,7 @@ from taperlm.loading import load_run_model
 from taperlm.models.loss import distillation_kl
 from taperlm.training import distributed as D
 from taperlm.training.checkpoint import store
-from taperlm.training.config_diff import config_differences, format_differences
+from taperlm.training.settings import config_differences, format_differences
 
 
 def resolve_checkpoint(path: str | Path, what: str) -> Path:

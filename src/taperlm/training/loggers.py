@@ -39,7 +39,7 @@ import yaml
 from taperlm.config import to_dict
 from taperlm.errors import UnsafeFileError
 from taperlm.io import MAX_RECORD_BYTES, atomic_write_json, read_json
-from taperlm.training.warning import TrainingWarning
+from taperlm.training import TrainingWarning
 
 # The package each logger needs and the extra that installs it.
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}

@@ -11,11 +11,15 @@ data position, every RNG and any gradients still accumulating for parameters wit
 `update_period > 1`, so an interrupted run continues exactly as if it had not stopped (bitwise on
 CPU).
 
-This module is the loop (steps, accumulation, logging / validation / checkpoint cadence); what
-surrounds it lives beside it: the run directory's lifecycle (lock, resume verdict, data identity)
-in `run_dir`, the model build in `model_setup`, checkpoints in `checkpoint/`, RNG state in
-`rng_state`, throughput and MFU in `metrics`, torch.compile in `compile`, the test-only NaN
-injection in `fault_injection`.
+`Trainer.train_step` is one optimizer step, top to bottom: the step's LR, forward and backward
+of its micro-batches (`forward_backward`), the loss, the clipped gradients of the parameters due,
+the optimizer step (undone when it left NaN/inf) or a skip. The rest of this module is the loop
+around it (logging / validation / checkpoint cadence, resume). What the step calls lives beside
+it: the forward, eager or compiled with its fallback to eager, and the model build in `model`;
+AdamW, Hope's update periods (`PeriodicOptimizer`, so the step is the same for every family) and
+the LR schedule in `optim`; the undo of a non-finite update in `guard`; the run directory's
+lifecycle (lock, resume verdict, data identity) in `run_dir`; checkpoints and RNG state in
+`checkpoint/`; metrics.jsonl, throughput, MFU and the validation loss in `metrics`.
 """
 
 from __future__ import annotations
@@ -38,14 +42,17 @@ from taperlm.errors import CheckpointError, DataError, TrainingError
 from taperlm.io import error_text
 from taperlm.progress import progress_bar
 from taperlm.training import distributed as D
-from taperlm.training import fault_injection
 from taperlm.training import run_dir as R
-from taperlm.training.branch import check_branch, record_branch
+from taperlm.training import warn
 from taperlm.training.checkpoint import store as ckpt
+from taperlm.training.checkpoint.checkpointer import (
+    ShardedCheckpointer,
+    restore_training,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+)
 from taperlm.training.checkpoint.dcp import training_state
-from taperlm.training.checkpoint.restore import restore_training
-from taperlm.training.checkpoint.saver import ShardedCheckpointer
-from taperlm.training.compile import compile_forward, is_compile_error, uncompile
 from taperlm.training.distill import Teacher, check_same_teacher, load_initial_weights
 from taperlm.training.guard import StepGuard, divergence_cause, first_nonfinite
 from taperlm.training.loggers import Loggers, layer_grad_norms
@@ -55,14 +62,17 @@ from taperlm.training.metrics import (
     mfu,
     model_flops_per_token,
     peak_flops,
+    plot_run,
+    validation_loss,
 )
-from taperlm.training.model_setup import build_training_model, check_training_memory
-from taperlm.training.optim import LRSchedule, build_optimizer, groups_due, set_lr
-from taperlm.training.plots import plot_run
-from taperlm.training.rng_state import rng_state, seed_everything, set_rng_state
-from taperlm.training.train_checks import accumulation_steps, validate_train_config
-from taperlm.training.validation import autocast, validation_loss
-from taperlm.training.warning import warn
+from taperlm.training.model import (
+    TrainingForward,
+    autocast,
+    build_training_model,
+    check_training_memory,
+)
+from taperlm.training.optim import LRSchedule, PeriodicOptimizer, build_optimizer, set_lr
+from taperlm.training.settings import accumulation_steps, validate_train_config
 
 # on_step(completed steps, total steps, loss) -> None | "checkpoint" | "stop"
 StepHook = Callable[[int, int, float], "str | None"]
@@ -123,8 +133,8 @@ class Trainer:
     ) -> None:
         """Check everything, then take the run dir, build the model and optimizer, and restore
         a checkpoint to resume (its own, else `branch`'s: (source run dir, step), a WSD
-        cooldown branch, `taperlm.training.branch`); in an order that fails before any work
-        that would be lost."""
+        cooldown branch, `taperlm.training.run_dir.check_branch`); in an order that fails before
+        any work that would be lost."""
         self.run = run.resolve()
         self.cfg = run.train
         self.out = Path(out_dir)
@@ -144,7 +154,7 @@ class Trainer:
         if resume_from is not None:
             R.check_resume_data(self.out, self.data_dir)
         elif branch is not None:
-            resume_from = check_branch(self.run, branch[0], branch[1], self.info)
+            resume_from = R.check_branch(self.run, branch[0], branch[1], self.info)
             R.check_resume_data(Path(branch[0]), self.data_dir)
         self._build()
         # The teacher (one full copy per rank) and, for a new run, the weights it starts from.
@@ -163,7 +173,7 @@ class Trainer:
             self._restore(resume_from)
         R.write_run_record(self.run, self.out, self.data_dir, resume_from is not None, self.info)
         if branch is not None and self.info.is_main:
-            record_branch(self.out, branch[0], branch[1])
+            R.record_branch(self.out, branch[0], branch[1])
         if self.info.is_main:
             self._guard_metrics(self.metrics.truncate_after, self.step)
         self.loggers = Loggers.open(self.run, self.out, self.info.is_main, self.step)
@@ -173,23 +183,24 @@ class Trainer:
         self.peak = peak_flops(self.device.type, name, getattr(self.cfg, "peak_flops", None))
 
     def _build(self) -> None:
-        """The model (same initial weights on every rank, from the seed), its compiled forward,
-        the optimizer, the step guard, the checkpoint saver and the batches."""
+        """The model (same initial weights on every rank, from the seed), its forward (compiled
+        with train.compile), the optimizer (stepping each group at its update period), the step
+        guard, the checkpoint saver and the batches."""
         self._prev_deterministic = torch.are_deterministic_algorithms_enabled()
         if self.device.type == "cpu":
             torch.use_deterministic_algorithms(True, warn_only=True)
         seed_everything(self.cfg.seed)
         self.model, self.wrapped, periods = build_training_model(self.run, self.info)
-        self.forward, self.compiled = self.wrapped, False
-        if self.cfg.compile:
-            widths = set(self.run.model.mlp_widths or [])
-            self.forward, self.compiled = compile_forward(
-                self.model, self.wrapped, self.cfg.compile_scope, len(widths) + 1
-            )
-        self.optimizer = build_optimizer(self.model, self.cfg, self.device, periods)
-        self.guard = StepGuard(self.model, self.optimizer, self.cfg.restore_nonfinite)
+        n_shapes = len(set(self.run.model.mlp_widths or [])) + 1
+        self.forward = TrainingForward(
+            self.model, self.wrapped, self.cfg.compile, self.cfg.compile_scope, n_shapes
+        )
+        periodic = [(n, p) for n, p in self.model.named_parameters() if n in periods]
+        self.optimizer = PeriodicOptimizer(
+            build_optimizer(self.model, self.cfg, self.device, periods), periodic
+        )
+        self.guard = StepGuard(self.model, self.optimizer.inner, self.cfg.restore_nonfinite)
         self._bad_update: str | None = None
-        self.periodic = [(n, p) for n, p in self.model.named_parameters() if n in periods]
         self.checkpointer = ShardedCheckpointer(self.out, self.info, self.cfg.async_checkpoint)
         self.batches = TokenBatches(
             self.data_dir,
@@ -200,18 +211,6 @@ class Trainer:
             world_size=self.info.world_size,
             seed=self.cfg.seed,
         )
-
-    def _forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        with autocast(self.device, self.cfg.precision):
-            out = self.forward(x, targets=y)
-            if self.teacher is None:
-                return out.loss
-            return self.teacher.loss(out.logits, out.loss, x, y)
-
-    def _fall_back_to_eager(self, err: Exception) -> None:
-        warn(f"torch.compile failed ({type(err).__name__}: {err}); training eagerly")
-        uncompile(self.model)
-        self.forward, self.compiled = self.wrapped, False
 
     def _log(self, record: dict[str, Any]) -> None:
         self._guard_metrics(self.metrics.write, record)
@@ -260,12 +259,12 @@ class Trainer:
         """Checkpoint the current step: every rank writes its shards (checkpoint/dcp.py), rank 0 commits
         (collective; in the background with train.async_checkpoint). Never a state with a
         NaN/inf in it."""
-        bad = first_nonfinite(self.model.named_parameters(), self.optimizer, self.info)
+        bad = first_nonfinite(self.model.named_parameters(), self.optimizer.inner, self.info)
         if bad is not None:
             raise TrainingError(
                 f"refusing to checkpoint step {self.step}: {bad} holds NaN/inf; {self._last_good()}"
             )
-        tensors = training_state(self.model, self.optimizer, self.periodic)
+        tensors = training_state(self.model, self.optimizer.inner, self.optimizer.periodic)
         self.checkpointer.save(
             self.step,
             tensors,
@@ -276,7 +275,7 @@ class Trainer:
         )
 
     def _restore(self, path: Path) -> None:
-        state = restore_training(path, self.model, self.optimizer, self.periodic)
+        state = restore_training(path, self.model, self.optimizer.inner, self.optimizer.periodic)
         try:
             self._continue_from(state, path)
         except CheckpointError:
@@ -334,41 +333,80 @@ class Trainer:
             self.model.train()
         return loss if count else None
 
-    # -- training ------------------------------------------------------------------------------
+    # -- the training step ---------------------------------------------------------------------
 
-    def _micro_steps(self, poison: bool) -> torch.Tensor:
-        """Forward and backward of the step's micro-batches. Compiling happens at the first call
-        of the forward and (lazily) of the backward, and again at a recompile: if either fails,
-        the step starts over eagerly on the same micro-batches, from zero gradients (a failed
-        backward may already have accumulated some)."""
-        drawn: list[tuple[torch.Tensor, torch.Tensor]] = []
+    def train_step(self) -> tuple[float, float, float]:
+        """One optimizer step, top to bottom; (loss, lr, grad norm). A step whose loss or gradient
+        norm is not finite, or whose update left NaN/inf (undone), is skipped: no update, every
+        gradient dropped, counted in `skipped`."""
+        # the LR of this step (a function of the step count alone, so a resume needs only it)
+        lr = self.schedule(self.step)
+        set_lr(self.optimizer, lr)
+        # forward, loss and backward of the step's micro-batches, gradients summed in `.grad`
+        batches = [next(self._iter) for _ in range(self.accum)]
         try:
-            return self._accumulate(drawn, poison)
+            loss_sum = self.forward_backward(batches)
         except Exception as err:
-            if not (self.compiled and is_compile_error(err)):
+            # torch.compile failed (the forward, the lazily compiled backward, a recompile): the
+            # step starts over eagerly on the same micro-batches, from zero gradients (a failed
+            # backward may already have accumulated some)
+            if not self.forward.fall_back(err):
                 raise
-            self._fall_back_to_eager(err)
             self.optimizer.zero_grad(set_to_none=True)
-            return self._accumulate(drawn, poison)
+            loss_sum = self.forward_backward(batches)
+        loss = float(D.all_reduce_mean(loss_sum.float().reshape(1), self.info)[0])
+        # clip the gradients of the parameters this step updates (Hope: the groups due)
+        params: list[torch.Tensor] = []
+        updated, gnorm = False, float("nan")
+        if math.isfinite(loss):
+            params = self.optimizer.due(self.step)
+            self._log_layer_grads_if_due(params)
+            clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+            norm = torch.nn.utils.clip_grad_norm_(params, clip, foreach=True) if params else None
+            gnorm = float(D.full_tensor(norm)) if norm is not None else 0.0
+        # the optimizer step, guarded: an update that leaves NaN/inf is undone (or stops the run)
+        if math.isfinite(gnorm):
+            self.guard.before(params)
+            try:
+                self.optimizer.step()
+                bad = self.guard.check(params, self.info)
+            except RuntimeError as err:  # e.g. lr / (1 - beta1^t) beyond float32: half-updated
+                if "overflow" not in str(err):
+                    raise
+                bad = f"the optimizer's update ({str(err).splitlines()[0]})"
+            if bad is not None:
+                self._undo_nonfinite_update(bad, gnorm)
+            updated = bad is None
+        # the step's bookkeeping
+        if updated:
+            self.bad_streak = 0
+            self.last_loss = loss
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.skipped += 1
+            self.bad_streak += 1
+        self.step += 1
+        self.tokens += self.cfg.batch_tokens
+        return loss, lr, gnorm
 
-    def _accumulate(
-        self, drawn: list[tuple[torch.Tensor, torch.Tensor]], poison: bool
-    ) -> torch.Tensor:
-        """One pass over the step's micro-batches: those in `drawn` again, then new ones."""
+    def forward_backward(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """Forward, loss and backward of each micro-batch (x, y), each loss scaled by 1/accum;
+        the gradients are averaged across ranks on the last one. Returns this rank's loss (the
+        sum of the scaled losses)."""
         loss_sum = torch.zeros((), device=self.device)
-        for micro in range(self.accum):
-            if micro == len(drawn):
-                drawn.append(next(self._iter))
-            x, y = drawn[micro]
+        for micro, (x, y) in enumerate(batches):
             self._check_ids(x, y)
             x = x.to(self.device, non_blocking=True)
             y = y.to(self.device, non_blocking=True)
-            with D.no_sync(self.wrapped, self.model, sync=micro == self.accum - 1):
-                loss = self._forward_loss(x, y) / self.accum
+            with D.no_sync(self.wrapped, self.model, sync=micro == len(batches) - 1):
+                with autocast(self.device, self.cfg.precision):
+                    out = self.forward(x, targets=y)
+                    loss = out.loss
+                    if self.teacher is not None:
+                        loss = self.teacher.loss(out.logits, out.loss, x, y)
+                loss = loss / self.accum
                 loss.backward()
             loss_sum += loss.detach()
-        if poison:
-            loss_sum = fault_injection.poison(loss_sum, self.model)
         return loss_sum
 
     def _check_ids(self, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -383,43 +421,6 @@ class Trainer:
                 f"outside [0, model.vocab_size={vocab}); the data was tokenized with another "
                 "vocabulary: re-run `taperlm prepare` or set model.vocab_size to the tokenizer's"
             )
-
-    def _optimizer_step(self) -> tuple[bool, float]:
-        """Clip and step the groups due at this step; (finite, grad norm)."""
-        due = groups_due(self.optimizer, self.step)
-        due_ids = {id(g) for g in due}
-        params = [p for g in due for p in g["params"] if p.grad is not None]
-        clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
-        self._log_layer_grads_if_due(params)
-        norm = torch.nn.utils.clip_grad_norm_(params, clip, foreach=True) if params else None
-        gnorm = float(D.full_tensor(norm)) if norm is not None else 0.0
-        if not math.isfinite(gnorm):
-            return False, gnorm
-        # Step only the due groups: params of other groups hide their (accumulating) grads.
-        hidden = {}
-        for g in self.optimizer.param_groups:
-            if id(g) not in due_ids:
-                for p in g["params"]:
-                    if p.grad is not None:
-                        hidden[p] = p.grad
-                        p.grad = None
-        self.guard.before(params)
-        try:
-            self.optimizer.step()
-            bad = self.guard.check(params, self.info)
-        except RuntimeError as err:  # e.g. lr / (1 - beta1^t) beyond float32: half-updated
-            if "overflow" not in str(err):
-                raise
-            bad = f"the optimizer's update ({str(err).splitlines()[0]})"
-        for p, grad in hidden.items():
-            p.grad = grad
-        if bad is not None:
-            self._undo_nonfinite_update(bad, gnorm)
-            return False, gnorm
-        for g in due:
-            for p in g["params"]:
-                p.grad = None
-        return True, gnorm
 
     def _undo_nonfinite_update(self, bad: str, gnorm: float) -> None:
         """A step with a finite loss and gradient left NaN/inf in `bad`: put the weights and
@@ -467,13 +468,12 @@ class Trainer:
             desc=f"train {self.out.name}",
             disable=not (progress and self.info.is_main),
         )
-        poisoned = fault_injection.poisoned_steps()
         clock = Throughput()
         self.model.train()
         try:
             while self.step < self.total_steps and (stop_after is None or self.step < stop_after):
                 t0 = time.perf_counter()
-                loss, lr, gnorm = self._step(poison=poisoned(self.step + 1))
+                loss, lr, gnorm = self.train_step()
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 clock.step(time.perf_counter() - t0, self.cfg.batch_tokens)
@@ -516,28 +516,6 @@ class Trainer:
             skipped_steps=self.skipped,
             total_steps=self.total_steps,
         )
-
-    def _step(self, poison: bool) -> tuple[float, float, float]:
-        """One optimizer step (skipped when the loss or gradient is not finite); (loss, lr,
-        grad norm)."""
-        lr = self.schedule(self.step)
-        set_lr(self.optimizer, lr)
-        loss_sum = self._micro_steps(poison)
-        loss = float(D.all_reduce_mean(loss_sum.float().reshape(1), self.info)[0])
-        if math.isfinite(loss):
-            ok, gnorm = self._optimizer_step()
-        else:
-            ok, gnorm = False, float("nan")
-        if not ok:
-            self.optimizer.zero_grad(set_to_none=True)
-            self.skipped += 1
-            self.bad_streak += 1
-        else:
-            self.bad_streak = 0
-            self.last_loss = loss
-        self.step += 1
-        self.tokens += self.cfg.batch_tokens
-        return loss, lr, gnorm
 
     def _stop_if_diverged(self, loss: float, gnorm: float) -> None:
         if self.bad_streak < self.cfg.max_bad_steps:
@@ -637,8 +615,9 @@ def train(
 ) -> TrainResult:
     """Train `run_config` into run directory `out_dir` (resuming per `resume`: auto | never |
     must; a fresh run dir with `branch` = (run dir, step) starts from that run's checkpoint at
-    that step, a WSD cooldown branch: `taperlm.training.branch`); returns what was reached. Works in-process and under torchrun. `stop_after` stops
-    (with a checkpoint) after that many completed steps, e.g. to split a run into sessions.
+    that step, a WSD cooldown branch: `taperlm.training.run_dir.check_branch`); returns what was
+    reached. Works in-process and under torchrun. `stop_after` stops (with a checkpoint) after
+    that many completed steps, e.g. to split a run into sessions.
     `on_step(step, total_steps, loss)` is called after every step of a single-process run and
     returns None, "checkpoint" (save one now) or "stop" (save one and return unfinished), e.g.
     for progress shown elsewhere and a clean stop on a signal."""

@@ -1,10 +1,18 @@
-"""metrics.jsonl writing, the throughput clock and model-FLOPs utilisation (MFU).
+"""What a run measures: metrics.jsonl (written and read), the throughput clock, model-FLOPs
+utilisation (MFU), the validation loss, and the loss curve drawn as RUN/loss.png.
 
 MFU = tokens_per_s x flops_per_token / (world_size x peak FLOP/s per device), with
 flops_per_token from `taperlm.budget.flops_per_token` (6N + attention, forward + backward) and the
 peak from `PEAK_FLOPS` below: dense bf16 tensor-core throughput per device from the vendors' data
 sheets (no sparsity). On CPU there is no meaningful peak, so MFU is null unless
 `train.peak_flops` gives one.
+
+The validation loss is the mean next-token loss over the first tokens of a data dir's val split:
+one function for the trainer's periodic evaluations and for `taperlm compare`'s final numbers, so
+both measure the same thing (non-overlapping windows of `seq_len`, see
+`taperlm.data.loader.val_batches`).
+
+Torch-free at import: `taperlm compare` reads metrics.jsonl before it imports torch.
 """
 
 from __future__ import annotations
@@ -15,12 +23,15 @@ import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from taperlm.budget import flops_per_token
 from taperlm.config import RunConfig
 from taperlm.errors import MalformedFileError, TrainingError
-from taperlm.io import atomic_write_text, open_append, open_regular, parse_json
+from taperlm.io import atomic_output, atomic_write_text, open_append, open_regular, parse_json
+
+if TYPE_CHECKING:
+    import torch
 
 # Dense bf16 peak FLOP/s per device, matched as a substring of torch.cuda.get_device_name().
 PEAK_FLOPS: dict[str, float] = {
@@ -162,3 +173,69 @@ def _is_record(record: Any) -> bool:
         isinstance(record.get(k), int) and not isinstance(record.get(k), bool)
         for k in ("step", "tokens")
     )
+
+
+def validation_loss(
+    model: torch.nn.Module,
+    data_dir: str | Path,
+    seq_len: int,
+    batch_size: int,
+    max_tokens: int | None = None,
+    precision: str = "fp32",
+    device: torch.device | None = None,
+) -> tuple[float, int]:
+    """(mean loss, tokens scored) over the first `max_tokens` tokens of the val split (None =
+    all of it) on `device` (default: the model's); the loss is summed in float64. The model's
+    mode (eval/train) is the caller's."""
+    import torch  # lazy: this module is read torch-free (see above)
+
+    from taperlm.data.loader import val_batches  # lazy: torch, as above
+    from taperlm.training.model import autocast  # lazy: torch, as above
+
+    device = device or next(model.parameters()).device
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for x, y in val_batches(data_dir, seq_len, batch_size, max_tokens):
+            x, y = x.to(device), y.to(device)
+            with autocast(device, precision):
+                loss = model(x, targets=y).loss
+            total += float(loss.double()) * y.numel()
+            count += y.numel()
+    return (total / count if count else float("nan")), count
+
+
+def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
+    """Draw RUN/metrics.jsonl (train and validation loss vs tokens) into a PNG (default
+    RUN/loss.png, matplotlib Agg) and return its path."""
+    import matplotlib  # lazy: heavy, only at the end of a run; the backend precedes pyplot
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # lazy: after the backend is chosen
+
+    run = Path(run_dir)
+    out = Path(path) if path else run / "loss.png"
+    records = read_metrics(run / "metrics.jsonl")
+    train = [(r["tokens"], r["loss"]) for r in records if _finite(r.get("loss"))]
+    val = [(r["tokens"], r["val_loss"]) for r in records if _finite(r.get("val_loss"))]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    if train:
+        ax.plot(*zip(*train), label="train loss", lw=1.2)
+    if val:
+        ax.plot(*zip(*val), "o-", label="validation loss", lw=1.5, ms=3)
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.set_title(run.name)
+    ax.grid(alpha=0.3)
+    if train or val:
+        ax.legend()
+    fig.tight_layout()
+    try:
+        with atomic_output(out) as tmp:
+            fig.savefig(tmp, dpi=120, format="png")
+    finally:
+        plt.close(fig)
+    return out
+
+
+def _finite(v: object) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)

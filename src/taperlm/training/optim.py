@@ -1,5 +1,5 @@
-"""AdamW parameter groups, per-parameter update periods, and the LR schedules (warmup + cosine,
-warmup-stable-decay).
+"""AdamW parameter groups, per-parameter update periods (`PeriodicOptimizer`), and the LR
+schedules (warmup + cosine, warmup-stable-decay).
 
 Weight decay applies to matrices (parameters with >= 2 dimensions) except embeddings; embeddings,
 norm gains, biases and every other 1-D parameter get none. Embedding weights are recognised by
@@ -9,8 +9,9 @@ is therefore not decayed either.
 Update periods: a parameter with an integer attribute `update_period > 1` (Hope's CMS levels set
 it) is stepped only every `update_period` optimizer steps; in between its gradients keep
 accumulating in `.grad` (the sum over the period, as in Nested Learning's multi-timescale
-update). Parameters are grouped by (decay, period) so the trainer can skip stepping and zeroing
-the groups that are not due.
+update). Parameters are grouped by (decay, period), and `PeriodicOptimizer` wraps AdamW so that
+its `step()` updates only the groups due and leaves the others' gradients accumulating: the
+trainer's step is the same for every family.
 
 The attribute lives on the Parameter object, and wrappers replace Parameters (FSDP2's
 `fully_shard` swaps in DTensors; loaders build new ones). So the trainer reads the periods *by
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -99,10 +101,60 @@ def build_optimizer(
     )
 
 
-def groups_due(optimizer: torch.optim.Optimizer, step: int) -> list[dict]:
-    """Groups that take an update at (0-based) optimizer step `step`: those whose period divides
-    step + 1, so a period-4 group steps after steps 3, 7, 11, ... (4 accumulated gradients)."""
-    return [g for g in optimizer.param_groups if (step + 1) % g.get("period", 1) == 0]
+class PeriodicOptimizer:
+    """An optimizer whose parameter groups take an update every `period` optimizer steps (the
+    `period` of each group of `param_groups`; Hope's CMS levels). `due(step)` names the
+    parameters optimizer step `step` updates; `step()` then updates only those: the other groups'
+    gradients are hidden from the wrapped optimizer meanwhile and keep accumulating, and the due
+    groups' gradients are consumed (set to None). With every period 1 it is the wrapped optimizer.
+    A group with period p steps after steps p-1, 2p-1, ... (0-based), on p accumulated gradients.
+    """
+
+    def __init__(
+        self, inner: torch.optim.Optimizer, periodic: list[tuple[str, nn.Parameter]]
+    ) -> None:
+        self.inner = inner  # the optimizer that updates (AdamW): its state is what checkpoints hold
+        # (name, parameter) of every parameter with a period > 1: their gradients still
+        # accumulating are part of a checkpoint
+        self.periodic = periodic
+        self._due: list[dict[str, Any]] = list(inner.param_groups)  # groups of the next `step()`
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.inner.param_groups
+
+    @property
+    def state(self) -> dict[Any, Any]:
+        return self.inner.state
+
+    def due(self, step: int) -> list[torch.Tensor]:
+        """The parameters (those with a gradient) that optimizer step `step` (0-based) updates:
+        the groups whose period divides step + 1; `step()` updates these."""
+        self._due = [g for g in self.param_groups if (step + 1) % g.get("period", 1) == 0]
+        return [p for g in self._due for p in g["params"] if p.grad is not None]
+
+    def step(self) -> None:
+        """Update the groups `due` named; the others' gradients are left as they were."""
+        due = {id(g) for g in self._due}
+        hidden = {}
+        for g in self.param_groups:
+            if id(g) not in due:
+                for p in g["params"]:
+                    if p.grad is not None:
+                        hidden[p] = p.grad
+                        p.grad = None
+        try:
+            self.inner.step()
+        finally:
+            for p, grad in hidden.items():
+                p.grad = grad
+        for g in self._due:
+            for p in g["params"]:
+                p.grad = None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop every gradient, the accumulating ones included (a skipped step)."""
+        self.inner.zero_grad(set_to_none=set_to_none)
 
 
 SCHEDULE_KINDS = {"cosine": "warmup_cosine", "wsd": "warmup_stable_decay"}
@@ -115,7 +167,7 @@ class LRSchedule:
     last `decay_steps`, which decay linearly to `min_lr_ratio*lr` at the last step; flat after.
     A pure function of the step, so resuming needs only the step count; the fields are saved
     for provenance. A WSD schedule's LR before `decay_start` does not depend on `total_steps`:
-    a longer run's state there is this run's (`taperlm.training.branch`)."""
+    a longer run's state there is this run's (`taperlm.training.run_dir.check_branch`)."""
 
     lr: float
     warmup_steps: int

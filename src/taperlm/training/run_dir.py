@@ -1,17 +1,42 @@
 """A training run directory's lifecycle around the loop: its data dir checked before any work,
 the directory created and locked (one writer), the resume verdict (mode, config conflicts, a
 checkpoint that verifies, the same data as before), the config and data record written once a
-resume succeeded, and the one wording of a failed write in it.
+resume succeeded, and the one wording of a failed write in it. Besides resuming its own
+checkpoint, a run dir can start from another run's (a cooldown branch) or from given weights.
 
 Every check here is read-only and reaches the same verdict on every rank (rank 0's, broadcast
 where only rank 0 acts), so no rank hangs on another's error.
+
+Cooldown branches (`check_branch`): under `train.schedule: wsd` the LR of every step before a run's decay (`LRSchedule.decay_start`)
+is the warmup's or the plateau's, whatever `train.tokens` is; the data order and every RNG do
+not depend on it either. So the state of a longer run R at step k is, bit for bit, the state a
+run B of fewer tokens (and otherwise the same config) would reach at step k, as long as k is at
+or before B's decay start (and R's). A branch is B started from R's checkpoint at such a step:
+it restores the model, optimizer, data position and RNGs from it and trains only B's decay
+(and any plateau steps between k and B's decay start) into its own run dir, which then resumes
+from its own checkpoints like any run. `tests/training/test_wsd.py` shows a branch equals B trained from
+step 0.
+
+The branch's metrics.jsonl starts at step k (the steps before are R's); `branch.json` in its run
+dir names R and k.
+
+A run from given weights (`write_start_run`, used by `taperlm import`): its directory holds what
+`taperlm train` writes for a run at step 0 — config.yaml, a checkpoint `step_00000000`
+(the weights, a fresh AdamW with no moments yet, the data position at the first sample, the
+generators as the seed sets them) and the tokenizer the weights were trained with, in
+`RUN/tokenizer/` — so `eval`, `export`, `generate` and `novelty` load it like any run, and
+`taperlm train --out RUN --data DATA` continues training it from those weights (deterministically:
+everything it resumes from is a function of the config).
 """
 
 from __future__ import annotations
 
 import contextlib
+import shutil
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from taperlm.config import (
     RUNTIME_KEYS,
@@ -22,6 +47,7 @@ from taperlm.config import (
     to_dict,
 )
 from taperlm.data.identity import (
+    TOKENIZER_COPY,
     check_run_data,
     data_identity,
     read_record,
@@ -31,14 +57,24 @@ from taperlm.data.identity import (
 from taperlm.data.loader import check_data_fits, check_vocab
 from taperlm.domains import check_output
 from taperlm.errors import CheckpointError, ConfigError, DataError, RunInUseError
-from taperlm.io import os_error_cause, sha256_file
+from taperlm.io import atomic_write_json, os_error_cause, sha256_file
+from taperlm.models import TaperedLM
 from taperlm.outdirs import KINDS, check_folder, claim
 from taperlm.runlock import LOCK_FILE, RunLock
 from taperlm.training import distributed as D
 from taperlm.training.checkpoint import store as ckpt
-from taperlm.training.config_diff import config_differences, format_differences
+from taperlm.training.checkpoint.checkpointer import (
+    ShardedCheckpointer,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+)
+from taperlm.training.checkpoint.dcp import training_state
+from taperlm.training.optim import LRSchedule, build_optimizer, parameter_periods
+from taperlm.training.settings import config_differences, format_differences, validate_train_config
 
 RESUME_MODES = ("auto", "never", "must")
+BRANCH_FILE = "branch.json"
 
 
 def resume_conflicts(
@@ -244,3 +280,173 @@ def write_run_record(
     err = D.broadcast_object(err, info)
     if err is not None:
         raise CheckpointError(err)
+
+
+# ----------------------------------------------------------------------------------------------
+# cooldown branches: a run started from a longer WSD run's checkpoint
+
+
+def schedule_of(run: RunConfig) -> LRSchedule:
+    return LRSchedule.from_config(run.train, run.train.steps)
+
+
+def branch_step(run: RunConfig) -> int:
+    """The last step at which a longer WSD run's checkpoint can start `run` as a branch: its
+    decay start (ConfigError unless train.schedule is wsd)."""
+    if run.train.schedule != "wsd":
+        raise ConfigError(
+            f"a cooldown branch needs train.schedule: wsd (this run's is "
+            f"{run.train.schedule!r}: its LR before the end depends on train.tokens)"
+        )
+    return schedule_of(run).decay_start
+
+
+def check_branch(run: RunConfig, source: Path, step: int, info: D.DistInfo | None = None) -> Path:
+    """The verified checkpoint of run dir `source` at `step` from which `run` starts as a
+    branch, after checking that it is `run`'s own state there: both WSD, the same config but
+    for train.tokens, the same warmup, and `step` at or before both runs' decay start."""
+    info = info or D.DistInfo()
+    source = Path(source)
+    if not (source / "config.yaml").is_file():
+        raise ConfigError(f"branch source {source} is no run dir (it has no config.yaml)")
+    try:
+        src = load_run_config(source / "config.yaml").resolve()
+    except ConfigError as err:
+        raise ConfigError(
+            f"branch source {source}: its config.yaml is unreadable ({err})"
+        ) from None
+    mine = branch_step(run)
+    theirs = branch_step(src)
+    conflicts = [d for d in resume_conflicts(src, run) if d[0] != "train.tokens"]
+    if conflicts:
+        raise ConfigError(
+            f"cannot branch from {source}: its config differs in more than train.tokens: "
+            + format_differences(conflicts, "source", "branch")
+        )
+    a, b = schedule_of(src), schedule_of(run)
+    if a.warmup_steps != b.warmup_steps:
+        raise ConfigError(
+            f"cannot branch from {source}: the warmups differ ({a.warmup_steps} vs "
+            f"{b.warmup_steps} steps; a warmup longer than a run is cut to it): give both runs "
+            "train.warmup_tokens shorter than the shorter run"
+        )
+    if step > min(mine, theirs) or step < 0:
+        raise ConfigError(
+            f"cannot branch at step {step}: the branch's decay starts at step {mine} and the "
+            f"source's at step {theirs}; a branch starts at a step <= both"
+        )
+    found = ckpt.find_checkpoint(
+        source, step, part=(info.rank, info.world_size), agree=lambda x: D.gather_objects(x, info)
+    )
+    if found is None:  # find_checkpoint raises for a missing step; kept for the type checker
+        raise CheckpointError(f"{source} has no checkpoint at step {step}")
+    return found
+
+
+def record_branch(out: Path, source: Path, step: int) -> None:
+    """branch.json: which run and step this run branched from (provenance)."""
+    atomic_write_json(out / BRANCH_FILE, {"source": str(Path(source).resolve()), "step": step})
+
+
+# ----------------------------------------------------------------------------------------------
+# a run from given weights
+
+
+def write_start_run(
+    out: str | Path,
+    run: RunConfig,
+    weights: dict[str, torch.Tensor],
+    tokenizer: Any | None = None,
+) -> Path:
+    """Write run directory `out` (new, or empty) whose step-0 checkpoint holds `weights` (a
+    `TaperedLM` state dict of `run.model`, loaded strictly) and whose tokenizer is `tokenizer`.
+    Takes the run's lock while writing; a failure removes what this call wrote (and the folder,
+    when it created it), so no half-written run is left behind."""
+    out = Path(out)
+    run = run.resolve()
+    validate_train_config(run, 1)  # what `train` would refuse when it continues, refused now
+    # Built without drawing an initialisation (the weights replace it; a 7B draw takes minutes
+    # and would move the caller's generators): on the meta device, then given storage. Only the
+    # persistent tensors matter here (they are what the checkpoint holds), and `weights` fills
+    # every one of them (a strict load).
+    with torch.device("meta"):
+        model = TaperedLM(run.model)
+    model.to_empty(device="cpu")
+    if run.model.tie_embeddings:
+        model.lm_head.weight = model.embed.weight  # to_empty made each its own tensor
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as err:
+        raise CheckpointError(
+            f"the weights do not fit the model: {str(err).splitlines()[0]}"
+        ) from None
+    info = D.DistInfo()
+    before = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    run_dir = RunDir(out)
+    run_dir.take(info)
+    try:
+        if ckpt.list_checkpoints(out):
+            raise CheckpointError(f"{out} already holds checkpoints; choose a new --out folder")
+        periods = parameter_periods(model)
+        optimizer = build_optimizer(model, run.train, torch.device("cpu"), periods)
+        periodic = [(n, p) for n, p in model.named_parameters() if n in periods]
+        caller = rng_state()
+        seed_everything(run.train.seed)  # what a fresh run's generators start from
+        seeded = rng_state()
+        set_rng_state(caller)  # the caller's generators are left as they were
+        state = {
+            "step": 0,
+            "tokens": 0,
+            "skipped_steps": 0,
+            "bad_streak": 0,
+            "scheduler": LRSchedule.from_config(run.train, run.train.steps).state_dict(),
+            # The first sample of the seed's order; the loader checks split, seed and seq_len
+            # against the data it is given when the run continues.
+            "loader": [
+                {
+                    "split": "train",
+                    "seed": run.train.seed,
+                    "seq_len": run.train.seq_len,
+                    "sample": 0,
+                }
+            ],
+            "rng": seeded,
+            "world_size": 1,
+            "last_loss": None,
+            "last_val_loss": None,
+        }
+        tensors = training_state(model, optimizer, periodic)
+        # DCP's state dict fills an empty optimizer by one step at lr 0 (zero moments, but
+        # `step` 1, which would shrink the first real update through Adam's bias correction);
+        # step 0 with zero moments is exactly the state a fresh AdamW makes at its first step.
+        for param_state in tensors["optimizer"]["state"].values():
+            for key in ("exp_avg", "exp_avg_sq", "step"):
+                if isinstance(param_state.get(key), torch.Tensor):
+                    param_state[key].zero_()
+        saver = ShardedCheckpointer(out, info)
+        saver.save(
+            0,
+            tensors,
+            state,
+            to_dict(run),
+            run.train.keep_checkpoints,
+        )
+        saver.finish()
+        if tokenizer is not None:
+            tokenizer.save(out / TOKENIZER_COPY)
+        save_yaml(run, out / "config.yaml")
+    except BaseException:
+        for name in (ckpt.CHECKPOINT_DIR, TOKENIZER_COPY, "config.yaml"):
+            path = out / name
+            if name not in before and path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            elif name not in before:
+                path.unlink(missing_ok=True)
+        run_dir.release()
+        if not before:  # the folder was new or empty: it is left as it was
+            (out / LOCK_FILE).unlink(missing_ok=True)
+            (out / KINDS["run"].marker).unlink(missing_ok=True)
+        run_dir.discard_if_unused()
+        raise
+    run_dir.release()
+    return out

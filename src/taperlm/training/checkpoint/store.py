@@ -51,7 +51,7 @@ from taperlm.io import (
     sha256_file,
 )
 from taperlm.runlock import pid_alive
-from taperlm.training.warning import TrainingWarning
+from taperlm.training import TrainingWarning
 
 CHECKPOINT_DIR = "checkpoints"
 MODEL_FILE = "model.safetensors"  # format version 1 only

@@ -1,21 +1,40 @@
-"""The trainer's checkpoint saver: every rank writes its DCP shards (`dcp.py`), rank 0 commits
-the directory atomically with its manifest (`store.py`), synchronously or in the background.
+"""The trainer's checkpointer: the checkpoints of a live run, saved and restored.
+
+- saving: every rank writes its DCP shards (`dcp.py`), rank 0 commits the directory atomically
+  with its manifest (`store.py`), synchronously or in the background (`ShardedCheckpointer`);
+- restoring: the model's weights, the optimizer state and the gradients still accumulating, from
+  DCP shards (format 2, each rank reading its share) or from a format-1 checkpoint (full weights
+  and optimizer state in one file); the small state (step, tokens, data position, RNG) is
+  returned for the trainer to continue from (`restore_training`);
+- every random number generator a run draws from (Python, NumPy, torch, CUDA): seeded at the
+  start, saved in each checkpoint and restored on resume, so a resumed run draws what an
+  uninterrupted one would (`seed_everything`, `rng_state`, `set_rng_state`).
 """
 
 from __future__ import annotations
 
 import os
+import random
+from collections.abc import Iterable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from taperlm.errors import CheckpointError
+from taperlm.io import error_text
 from taperlm.training import distributed as D
 from taperlm.training.checkpoint import store
-from taperlm.training.checkpoint.dcp import BackgroundHasher, hash_files, write_shards
+from taperlm.training.checkpoint.dcp import (
+    BackgroundHasher,
+    hash_files,
+    load_training_state,
+    write_shards,
+)
 
 
 class _Pending:
@@ -168,3 +187,75 @@ def _find_os_error(err: BaseException | None) -> OSError | None:
         err = err.__cause__ or err.__context__
         seen += 1
     return None
+
+
+# ----------------------------------------------------------------------------------------------
+# restoring
+
+
+def restore_training(
+    path: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    periodic: Iterable[tuple[str, nn.Parameter]],
+) -> dict[str, Any]:
+    """Load checkpoint `path` (verified on lookup) into `model`, `optimizer` and the pending
+    gradients of `periodic`; its `state.pt`. CheckpointError if it does not fit the model."""
+    manifest = store.read_manifest(path)
+    try:
+        if store.is_sharded(manifest):
+            load_training_state(path, model, optimizer, periodic, store.shard_sizes(manifest))
+            return store.load_train_state(path, manifest)
+        return _restore_full(path, model, optimizer)
+    except CheckpointError:
+        raise
+    except (RuntimeError, KeyError, ValueError, TypeError) as err:
+        raise CheckpointError(
+            f"checkpoint {path} does not fit this model: {error_text(err)}"
+        ) from None
+
+
+def _restore_full(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Resume from a format-1 checkpoint (full weights and optimizer state in one file)."""
+    model_state, state, _ = store.load_checkpoint(path, verify=False)  # verified on lookup
+    D.load_full_model_state(model, model_state)
+    D.load_optimizer_state(model, optimizer, state["optimizer"], full=True)
+    params = dict(model.named_parameters())
+    for name, g in state.get("pending_grads", {}).items():
+        params[name].grad = D.like_param(g, params[name])
+    return state
+
+
+# ----------------------------------------------------------------------------------------------
+# random number generators
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    """The state of every generator, as a checkpoint's `state.pt` holds it (tensors and lists,
+    readable with weights_only=True)."""
+    py = random.getstate()
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state((n[0], n[1].numpy(), *n[2:]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

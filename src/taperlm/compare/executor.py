@@ -1,6 +1,14 @@
-"""Run the cells of a comparison grid: one after the other in this process, or `jobs` at a time
-on worker processes (`taperlm.compare.workers`), with the grid's progress display and a clean
-stop on Ctrl-C. Each cell is brought to done by `taperlm.compare.runner.run_cell` either way.
+"""Running a comparison's cells: one executor, `Executor`, runs a grid's cells `jobs` at a time
+on worker processes (`taperlm.compare.workers`) or, with one at a time, here in this process:
+the one-worker case of the same interface, which brings every cell to done with the same
+`taperlm.compare.runner.run_cell` on the same inputs, so the numbers never depend on `--jobs`.
+Around it: the grid's progress display and a clean stop on Ctrl-C (`run_grid`), how many cells
+at a time (`choose_jobs`), the one call every stage makes (`train_cells`: the reported grid,
+novelty pilots, lr tuning), and `train_reported`, the call for a grid of *reported* seeds: it
+adds the seeds in order and stops by the rule of --stop (`taperlm.compare.sequential`),
+returning the grid of the seeds it used. A stage whose seeds are reported (every mode's grid,
+--tune-lr's own-lr grid) calls `train_reported`; tuning seeds and pilots, which choose rather
+than report, call `train_cells`.
 """
 
 from __future__ import annotations
@@ -10,13 +18,17 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
+from taperlm import cpus
+from taperlm.compare import runner, sequential
 from taperlm.compare.grid import Cell, Grid
+from taperlm.compare.options import CompareOptions
 from taperlm.compare.runner import (
     CellInterrupted,
     CheckpointClock,
@@ -27,9 +39,10 @@ from taperlm.compare.runner import (
     read_result,
     run_cell,
 )
-from taperlm.compare.sequential import Monitor
 from taperlm.compare.workers import run_in_workers
 from taperlm.progress import progress_bar
+
+Results = dict[str, dict[str, Any]]  # cell name -> its result.json
 
 
 class StopRequest:
@@ -160,7 +173,7 @@ def run_grid(
     on_seed_done: Callable[[dict[str, dict[str, Any]]], None] | None = None,
     jobs: int = 1,
     threads: int = 1,
-    monitor: Monitor | None = None,
+    monitor: sequential.Monitor | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Run every cell (resuming/caching as described above); cell name -> result.
 
@@ -213,16 +226,38 @@ def run_grid(
 
     try:
         with StopRequest() as stop:
-            if jobs > 1 and len(todo) > 1:
-                run_in_workers(
-                    todo, runs, data_dir, settings, jobs, threads, display, finished, stop, wants
-                )
-            else:
-                shared = SharedInputs(data_dir, settings)
-                _run_here(todo, runs, shared, threads, display, finished, stop, wants)
+            Executor(jobs, threads, data_dir, settings).run(
+                todo, runs, display, finished, stop, wants
+            )
     finally:
         display.close()
     return {c.name: results[c.name] for c in grid.cells if c.name in results}
+
+
+@dataclass(frozen=True)
+class Executor:
+    """Where a grid's cells run: `jobs` worker processes, or this process when one cell runs at
+    a time (or only one is left). Either way each cell is brought to done by
+    `taperlm.compare.runner.run_cell` with `threads` torch threads and the same inputs: the same
+    numbers whatever `jobs` is."""
+
+    jobs: int  # cells at a time (1: here, one after the other)
+    threads: int  # torch threads per cell
+    data_dir: Path  # the comparison's data
+    settings: EvalSettings  # how every cell is evaluated
+
+    def run(self, todo: list[Cell], runs: Path, display, finished, stop, wants) -> None:
+        """Run the cells of `todo` into runs/<cell>: `display` (GridDisplay) shows progress,
+        `finished(cell, result, status)` takes each result, `stop` (StopRequest) tells of a
+        Ctrl-C, `wants(cell)` whether a cell not yet started is still wanted."""
+        if self.jobs > 1 and len(todo) > 1:
+            run_in_workers(
+                todo, runs, self.data_dir, self.settings, self.jobs, self.threads,
+                display, finished, stop, wants,
+            )  # fmt: skip
+        else:
+            shared = SharedInputs(self.data_dir, self.settings)
+            _run_here(todo, runs, shared, self.threads, display, finished, stop, wants)
 
 
 def _run_here(todo, runs, shared, threads, display, finished, stop, wants) -> None:
@@ -264,3 +299,86 @@ def _eta(done_now: int, left: int, elapsed: float) -> str:
     if done_now <= 0 or left <= 0:
         return ""
     return f", ETA {left * elapsed / done_now / 60:.1f} min"
+
+
+def choose_jobs(
+    opts: CompareOptions, grid: Grid, runs: Path, settings: EvalSettings, reported: bool = False
+) -> int:
+    """--jobs, else as many cells at a time as idle cores allow at --threads each (at least
+    one, at most the cells left to run); says what it chose and why (`reported`: a grid of
+    reported seeds, which --stop may end sooner)."""
+    # module attributes, looked up per call: tests stand in for the machine and the cells' state
+    todo = sum(
+        runner.cell_state(c, runs / c.name, settings.to_dict())[0] != "cached" for c in grid.cells
+    )
+    if todo == 0:
+        return 1
+    if opts.jobs is not None:
+        jobs, usable = opts.jobs, cpus.usable_cpus()
+        why = f"--jobs {jobs}; {usable} usable CPU(s)"
+        if jobs * opts.threads > usable:
+            why += f", OVERSUBSCRIBED: {jobs * opts.threads} threads (slower, same numbers)"
+    else:
+        idle, usable, busy = cpus.idle_cpus()
+        jobs = max(1, min(todo, idle // opts.threads))
+        why = f"{usable} usable CPU(s), {busy:.1f} busy with other processes; --jobs N to override"
+    most = "up to " if reported and opts.stop.strip() != "fixed" else ""
+    print(
+        f"taperlm compare: {most}{todo} cell(s) to run, {min(jobs, todo)} at a time with "
+        f"{opts.threads} torch thread(s) each ({why})",
+        file=sys.stderr,
+    )
+    return jobs
+
+
+def train_cells(
+    opts: CompareOptions,
+    grid: Grid,
+    data_dir: Path,
+    settings: EvalSettings,
+    jobs: int | None = None,
+    on_seed_done: Callable[[Results], None] | None = None,
+    monitor: sequential.Monitor | None = None,
+) -> Results:
+    """Train (or reuse) every cell of `grid` into OUT/runs, `jobs` at a time (None: as
+    `choose_jobs` decides); cell name -> result. With a `monitor`, no cell starts after it
+    stopped (`run_grid`)."""
+    if jobs is None:
+        jobs = choose_jobs(opts, grid, opts.out / "runs", settings)
+    return run_grid(
+        grid,
+        opts.out,
+        data_dir,
+        settings,
+        progress=not opts.no_progress,
+        on_seed_done=on_seed_done,
+        jobs=jobs,
+        threads=opts.threads,
+        monitor=monitor,
+    )
+
+
+def train_reported(
+    opts: CompareOptions,
+    grid: Grid,
+    data_dir: Path,
+    settings: EvalSettings,
+    jobs: int | None = None,
+    on_seed_done: Callable[[Results], None] | None = None,
+) -> tuple[Grid, Results, dict[str, Any]]:
+    """Train the reported seeds of `grid` in order until the rule of --stop stops them
+    (`sequential`; `--stop fixed`: all of them); returns (the grid of the seeds used, their
+    results, report.json's `stopping`). Cells of later seeds that were running (with --jobs > 1)
+    stop with a checkpoint, or stay cached when done first, and are not returned: the decision and the report read seeds 0..n-1 only."""
+    rule = sequential.rule_of(opts)
+    monitor = sequential.Monitor(rule, grid)
+    if jobs is None:
+        jobs = choose_jobs(opts, grid, opts.out / "runs", settings, reported=True)
+    results = train_cells(opts, grid, data_dir, settings, jobs, on_seed_done, monitor)
+    monitor.update(results)
+    n, reason = monitor.stopped_at, monitor.reason
+    if n is None:  # cannot happen: every cell ran unless it stopped
+        raise AssertionError("the grid finished without its monitor seeing every seed")
+    used = sequential.truncated(grid, n)
+    kept = {c.name: results[c.name] for c in used.cells}
+    return used, kept, sequential.record(rule, used, kept, n, reason, len(grid.seeds))

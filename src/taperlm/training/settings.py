@@ -1,8 +1,13 @@
-"""Checks of a run's train settings against each other and the world size, before anything is
-built: every declared domain, seq_len within the model's context, at least one batch, and a
-batch that splits into whole micro-batches on every rank."""
+"""A run's settings before anything is built: the checks between its train fields and the world
+size (every declared domain, seq_len within the model's context, at least one batch, a batch that
+splits into whole micro-batches on every rank), and the key-by-key differences between two
+configs that a resume, a cooldown branch or a checkpoint load compare, in one wording.
+
+Torch-free: `taperlm compare` checks a job and words its conflicts before it imports torch."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from taperlm.config import RunConfig, TrainConfig
 from taperlm.errors import ConfigError
@@ -37,3 +42,20 @@ def validate_train_config(run: RunConfig, world_size: int = 1) -> None:
             f"{t.batch_tokens}); raise tokens or lower batch_tokens"
         )
     accumulation_steps(t, world_size)
+
+
+def config_differences(a: dict, b: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, a's value, b's value) for every leaf that differs between two config dicts."""
+    out: list[tuple[str, Any, Any]] = []
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key), b.get(key)
+        path = f"{prefix}{key}"
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out.extend(config_differences(va, vb, path + "."))
+        elif va != vb:
+            out.append((path, va, vb))
+    return out
+
+
+def format_differences(diffs: list[tuple[str, Any, Any]], a_name: str, b_name: str) -> str:
+    return "; ".join(f"{k}: {va!r} ({a_name}) vs {vb!r} ({b_name})" for k, va, vb in diffs)
