@@ -2,7 +2,7 @@
 
 Each generated block sits between `<!-- docs_numbers:NAME -->` and `<!-- /docs_numbers:NAME -->`
 in its page and is rendered here from the code (parameter counts, FLOPs, `taperlm plan`'s
-memory and time plans), so it cannot drift from the code: tests/test_docs_numbers.py fails when a
+memory and time plans), so it cannot drift from the code: tests/repo/test_docs_numbers.py fails when a
 page's block differs from its rendering (the planner blocks in a `slow` test: the activation
 trace of a 440M Titans plan takes ~20 s).
 

@@ -28,7 +28,7 @@ spent, so the command ends in time):
 
 `--smoke` runs every section on CPU with the `*-tiny` presets, bf16 autocast on CPU, one
 warm-up and one timed step, Dynamo with the `eager` backend (tracing without Inductor's C++
-build; tests/test_gpu_paths.py runs Inductor) for the first family, and 4 taper steps.
+build; tests/training/test_gpu_paths.py runs Inductor) for the first family, and 4 taper steps.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""S-NIAH-1 retrieval of KV-tapered models: the recipe of tests/test_eval_niah_trained.py (a
+"""S-NIAH-1 retrieval of KV-tapered models: the recipe of tests/evaluation/test_eval_niah_trained.py (a
 2-layer Transformer++ trained on niah_single_1 items and digit copy drills) for each allocation
 of the KV heads at equal parameters, scored by `run_niah` at 256 and 512 tokens.
 
@@ -74,7 +74,7 @@ def model_config(text: str, vocab_size: int) -> ModelConfig:
 
 
 def train(cfg: ModelConfig, tok: Any, seed: int, steps: int) -> TaperedLM:
-    """The recipe's loop (tests/test_eval_niah_trained.py `trained`) for `steps` steps."""
+    """The recipe's loop (tests/evaluation/test_eval_niah_trained.py `trained`) for `steps` steps."""
     torch.manual_seed(seed)
     model = TaperedLM(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.0)

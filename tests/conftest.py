@@ -7,15 +7,27 @@ other test runs with the lookup off (`TAPERLM_EVAL_DATA=none`, inherited by the 
 starts), as on a fresh clone with nothing beside it. So the default suite passes without
 ../shared as long as the `shared` tests do, and CI (.ci/run) runs those a second time in a bare
 copy.
+
+The `unit` lane (`python3 -m pytest -m unit`) is the part of the suite that needs no torch: the
+spec layer (tapers, solver, budgets, domains, config parsing) and the readers of files. In that
+lane torch cannot be imported: a test module that imports it fails to collect, and a test that
+imports it (even where the code under test catches the ImportError) fails, naming the test.
+Only files that mention `mark.unit` are collected there, so the other modules' top-level torch
+imports cost nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import os
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -23,6 +35,16 @@ import pytest
 from taperlm.config import OVERRIDES_ENV, ModelConfig
 from taperlm.evaluation.locate import EVAL_DATA_ENV, NO_EVAL_DATA, eval_data_dir
 from taperlm.taper import TaperSpec
+
+# Tests live in one folder per feature (tests/model, tests/training, ...) and share fixtures and
+# helpers across them by module name (`from test_compare import TINY`, `import fault_harness`), as
+# pytest's default import mode allows for modules that sit on sys.path. Every area's folder goes
+# there, so a file imports the same way whichever file or folder is run; hence the basenames of
+# test modules are unique across tests/ (tests/repo/test_structure.py checks).
+TESTS = Path(__file__).resolve().parent
+for _area in sorted(p for p in TESTS.iterdir() if p.is_dir() and p.name[0] not in "._"):
+    if str(_area) not in sys.path:
+        sys.path.append(str(_area))
 
 TINY_SHAPE = dict(vocab_size=64, d_model=32, n_layers=4, n_heads=4, mlp_width=64, context_length=64)
 
@@ -76,7 +98,7 @@ def import_docs_example(
 ) -> Any:
     """The first ```python block after `heading` in docs/`page`, written to a file and imported
     as module `name` (in sys.modules until the test ends): the docs' example run as written."""
-    text = (Path(__file__).resolve().parents[1] / "docs" / page).read_text(encoding="utf-8")
+    text = (TESTS.parent / "docs" / page).read_text(encoding="utf-8")
     source = text.split(heading, 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     path = tmp_path / f"{name}.py"
     path.write_text(source, encoding="utf-8")
@@ -85,6 +107,17 @@ def import_docs_example(
     monkeypatch.setitem(sys.modules, name, module)
     spec.loader.exec_module(module)
     return module
+
+
+@contextlib.contextmanager
+def raises_naming(error: type[BaseException], *tokens: str) -> Iterator[pytest.ExceptionInfo]:
+    """`pytest.raises(error)` whose message names every token: the file, key, flag, value or fix
+    a reader acts on. The facts are the contract, not the wording around them, so a message may
+    be rephrased without touching the tests that check it."""
+    with pytest.raises(error) as info:
+        yield info
+    missing = [t for t in tokens if t not in str(info.value)]
+    assert not missing, f"{missing} not named in: {info.value}"
 
 
 def torchrun_command(*args: str, nproc: int = 2) -> list[str]:
@@ -99,15 +132,64 @@ def torchrun_command(*args: str, nproc: int = 2) -> list[str]:
 _REAL_EVAL_DATA = os.environ.get(EVAL_DATA_ENV)
 
 
+class _NoTorch(importlib.abc.MetaPathFinder):
+    """The unit lane's guard: torch is absent, as on an install without it, and every attempt to
+    import it is recorded, so a test that swallows the ImportError still fails."""
+
+    def __init__(self) -> None:
+        self.attempts: list[str] = []  # names of the torch modules asked for since the last check
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname == "torch" or fullname.startswith("torch."):
+            self.attempts.append(fullname)
+            raise ModuleNotFoundError(f"the unit lane runs without torch ({fullname})")
+        return None
+
+    def take(self) -> list[str]:
+        """The attempts since the last call, forgotten once read."""
+        seen, self.attempts = self.attempts, []
+        return seen
+
+
+# Installed when the session selects exactly the unit lane (`-m unit`); None otherwise.
+_NO_TORCH: _NoTorch | None = None
+
+
+def _unit_lane(config: pytest.Config) -> bool:
+    return (config.getoption("markexpr", "") or "").strip() == "unit"
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    global _NO_TORCH
     config.addinivalue_line(
         "markers",
         "shared: reads ../shared/data (given to every test that uses the `shared_data` fixture)",
     )
+    if _unit_lane(config):
+        if "torch" in sys.modules:
+            raise pytest.UsageError("the unit lane must start without torch imported")
+        _NO_TORCH = _NoTorch()
+        sys.meta_path.insert(0, _NO_TORCH)
     # For the whole session, fixtures of every scope included: no evaluation data (as on a
     # fresh clone), and none of a developer's own config overrides.
     os.environ[EVAL_DATA_ENV] = NO_EVAL_DATA
     os.environ.pop(OVERRIDES_ENV, None)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """In the unit lane, a test module without a `unit` mark is not even imported."""
+    if _NO_TORCH is None or collection_path.suffix != ".py":
+        return None
+    if not collection_path.name.startswith("test_"):
+        return None
+    return "mark.unit" not in collection_path.read_text(encoding="utf-8")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if _NO_TORCH is not None and (seen := _NO_TORCH.take()):
+        raise pytest.UsageError(f"a unit test module imports torch when collected: {seen}")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -144,8 +226,22 @@ def shared_data() -> Path:
 
 
 @pytest.fixture(autouse=True)
-def _few_threads():
-    """Tests run on 2 cores; keep torch from oversubscribing when it is imported."""
+def _torch_free_when_unit(request: pytest.FixtureRequest) -> Iterator[None]:
+    """In the unit lane, a test that tried to import torch fails (see the module's docstring)."""
+    if _NO_TORCH is not None:
+        _NO_TORCH.take()
+    yield
+    if _NO_TORCH is not None and (seen := _NO_TORCH.take()):
+        pytest.fail(f"{request.node.nodeid} is marked unit but imports torch: {seen}")
+
+
+@pytest.fixture(autouse=True)
+def _few_threads(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Tests run on 2 cores; keep torch from oversubscribing when it is imported (a unit test
+    leaves torch alone: it needs none, and in the unit lane it cannot have it)."""
+    if request.node.get_closest_marker("unit") is not None:
+        yield
+        return
     try:
         import torch
     except ImportError:  # pure-python tests

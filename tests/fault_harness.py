@@ -22,7 +22,7 @@ Opt-in long run (result in docs/reliability.md):
 
     python tests/fault_harness.py --trials 100 --seed 0 [--spawn fork|exec] [--json out.json]
 
-Child mode (also the torchrun entry point of tests/test_torchrun_restart.py):
+Child mode (also the torchrun entry point of tests/training/test_torchrun_restart.py):
 
     python tests/fault_harness.py --child train --preset ... --out RUN
     env: TAPERLM_HARNESS_LOG=FILE          append one JSON line per restore / injected death
@@ -35,7 +35,7 @@ Child mode (also the torchrun entry point of tests/test_torchrun_restart.py):
          TAPERLM_HARNESS_MEASURE=1         log checkpoint save/restore seconds, the bytes of
                                            parameters, gradients and optimizer state at the
                                            first step, and the peak RSS at exit (the 440M dry
-                                           run, tests/test_scale_dryrun.py)
+                                           run, tests/training/test_scale_dryrun.py)
          TAPERLM_HARNESS_START_AT=T        start the command at unix time T (two writers racing)
 
 Two writers (`--two-writers N`): N trials in which two processes train the same run dir, started

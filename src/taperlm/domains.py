@@ -20,7 +20,7 @@ A list field's domain applies to each element (nested lists too); None passes wh
 type allows it. `check_domains` walks a config dataclass, `check_arguments` the parsed options of
 a command; both raise ConfigError `KEY must be in DOMAIN, got VALUE` before anything is written.
 Checks that relate several fields (seq_len <= context_length, ...) stay in the validate functions.
-tests/test_domains.py finds every numeric or string field of every config section and every
+tests/config/test_domains.py finds every numeric or string field of every config section and every
 numeric option of every command by introspection and fails on one without a domain.
 """
 
@@ -240,7 +240,7 @@ def set_advice(cls: type, name: str, value: Any, key: str) -> str:
     "set KEY=VALUE (e.g. --set KEY=VALUE)", only when `value` is in the field's declared domain.
     Otherwise the advice would fail in turn: it says instead that no setting fits and why
     (e.g. a vocabulary of 10^8 ids, above MAX_VOCAB). Every "set KEY={value}" advice with a
-    computed value is built here (tests/test_bad_input.py walks src/ for others)."""
+    computed value is built here (tests/cli/test_bad_input.py walks src/ for others)."""
     try:
         check_field(cls, name, value, key)
     except ConfigError as err:

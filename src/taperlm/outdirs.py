@@ -84,7 +84,7 @@ KINDS: dict[str, FolderKind] = {
 }
 
 # (command, option) -> the kind of folder it writes. Every folder output of every command is
-# here (tests/test_outdirs.py checks the parsers against this table).
+# here (tests/safety/test_outdirs.py checks the parsers against this table).
 OUTPUT_FOLDERS: dict[tuple[str, str], str] = {
     ("train", "--out"): "run",
     ("import", "--out"): "run",

@@ -30,7 +30,7 @@ GGUF_KEY = "taperlm.written_by"
 YAML_MARK = f"# {WRITTEN_BY}"
 
 # (command, option) -> the format of the file it writes. Every file output of every command is
-# here (tests/test_outfiles.py checks the parsers against this table).
+# here (tests/safety/test_outfiles.py checks the parsers against this table).
 OUTPUT_FILES: dict[tuple[str, str], str] = {
     ("novelty", "--out"): "json",
     ("novelty", "--plot"): "png",

@@ -195,7 +195,7 @@ def confidence_sequence(
     [lo, hi]. With probability at least 1 - alpha the interval contains mu at EVERY n at once,
     so it stays valid however often it is looked at and whenever one stops, including "stop as
     soon as it excludes 0" (a fixed-n t interval does not: looked at after every seed its error
-    rate grows several-fold; tests/test_sequential.py measures both).
+    rate grows several-fold; tests/compare/test_sequential.py measures both).
 
     Assumption: the xs are independent draws from one Gaussian N(mu, sigma^2), sigma unknown —
     here the per-seed paired differences of two allocations (a seed fixes init and data order, so

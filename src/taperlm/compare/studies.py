@@ -2,7 +2,7 @@
 name (`COMPARISON`: without --paper), and `run_study`, which runs the one asked for by the
 skeleton of `taperlm.compare.study`. A new mode is one function returning a `StudyPlan`,
 registered with `@study(NAME)` and named among `--paper`'s choices
-(`taperlm.compare.options.PAPER_MODES`); tests/test_compare_studies.py registers a toy one and
+(`taperlm.compare.options.PAPER_MODES`); tests/compare/test_compare_studies.py registers a toy one and
 runs it.
 """
 

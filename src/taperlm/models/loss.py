@@ -7,7 +7,7 @@ gradient of that size again. `chunked_cross_entropy` walks the rows in chunks of
 dropped; the backward pass recomputes each chunk's softmax from the saved (bf16) logits and
 writes the gradient straight into a tensor of the logits' dtype. Extra memory: one fp32 chunk
 and two fp32 numbers per row. The value and gradient are the plain loss's up to fp32 rounding
-(tests/test_scale.py).
+(tests/training/test_scale.py).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ between its branch step and its decay start, none when they coincide).
 
 Resumable: a finished budget is skipped; a branch with its own checkpoints resumes from them;
 otherwise the long run must still be at (or reach) the branch step. Each budget's result equals
-that budget trained from step 0 with the same config (tests/test_wsd.py).
+that budget trained from step 0 with the same config (tests/training/test_wsd.py).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ is x4/3 at the same hardware utilisation. Disk: token shards (2 bytes per token 
 up to 65536, else 4), and a checkpoint = fp32 weights + AdamW moments (12 bytes per parameter).
 
 The parameter, gradient, optimizer and step guard lines are checked against the tensors a CPU
-run allocates (tests/test_train_distributed.py, 2 gloo ranks, and the 440M dry run in
+run allocates (tests/training/test_train_distributed.py, 2 gloo ranks, and the 440M dry run in
 docs/scaling.md).
 """
 

@@ -14,7 +14,7 @@ run B of fewer tokens (and otherwise the same config) would reach at step k, as 
 or before B's decay start (and R's). A branch is B started from R's checkpoint at such a step:
 it restores the model, optimizer, data position and RNGs from it and trains only B's decay
 (and any plateau steps between k and B's decay start) into its own run dir, which then resumes
-from its own checkpoints like any run. `tests/test_wsd.py` shows a branch equals B trained from
+from its own checkpoints like any run. `tests/training/test_wsd.py` shows a branch equals B trained from
 step 0.
 
 The branch's metrics.jsonl starts at step k (the steps before are R's); `branch.json` in its run

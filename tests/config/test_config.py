@@ -1,0 +1,291 @@
+"""Config parsing, YAML round trip, overrides, and `taperlm plan`."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from taperlm.cli import main
+from taperlm.config import (
+    RUNTIME_KEYS,
+    ModelConfig,
+    RunConfig,
+    apply_overrides,
+    from_dict,
+    load_run_config,
+    run_config_from_dict,
+    runtime_keys,
+    save_yaml,
+    to_dict,
+)
+from taperlm.config import model as model_module
+from taperlm.errors import ConfigError
+from taperlm.models import TaperedLM
+from taperlm.presets import get_preset, preset_names
+from taperlm.taper import TaperSpec
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_yaml_round_trip_keeps_resolved_widths(tmp_path):
+    cfg = RunConfig(model=get_preset("transformer-tiny", TaperSpec.parse("cosine")))
+    save_yaml(cfg, tmp_path / "c.yaml")
+    back = load_run_config(tmp_path / "c.yaml")
+    assert back.model.mlp_widths == cfg.model.mlp_widths
+    assert back.model.taper == cfg.model.taper
+    assert to_dict(back) == to_dict(cfg)
+
+
+def test_loaded_widths_are_authoritative(tmp_path):
+    """Widths in a saved config are never recomputed from the schedule on load."""
+    cfg = RunConfig(model=get_preset("transformer-tiny", TaperSpec.parse("cosine")))
+    d = to_dict(cfg)
+    d["model"]["mlp_widths"] = [400, 400, 352, 352, 304, 304]  # same sum, not what cosine gives
+    back = run_config_from_dict(d).resolve()
+    assert back.model.mlp_widths == [400, 400, 352, 352, 304, 304]
+
+
+def test_overrides_reresolve_widths_only_when_sizes_change():
+    d = to_dict(RunConfig(model=get_preset("transformer-tiny", TaperSpec.parse("cosine"))))
+    apply_overrides(d, ["model.context_length=128"])
+    assert "mlp_widths" in d["model"]
+    apply_overrides(d, ["model.taper=linear:1.5:0.5", "train.lr=1e-3", "n_layers=9"])
+    cfg = run_config_from_dict(d).resolve()
+    assert cfg.model.n_layers == 9 and len(cfg.model.mlp_widths) == 9
+    assert cfg.model.taper.schedule == "linear"
+    assert cfg.train.lr == 1e-3
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"model": {"d_modle": 3}}, "unknown key.*'d_modle' \\(did you mean 'd_model'\\?\\)"),
+        ({"model": {"d_model": "wide"}}, "model.d_model must be an integer"),
+        ({"model": {"tie_embeddings": "yes"}}, "model.tie_embeddings must be true or false"),
+        ({"train": {"lr": "fast"}}, "train.lr must be a number"),
+        ({"model": {"taper": "cosine:2"}}, "expected cosine or cosine:START:END"),
+        ({"model": {"taper": {"schedule": "cosine", "startt": 1}}}, "unknown key.*startt"),
+        ({"model": {"d_model": 30, "n_heads": 4}}, "must be divisible by model.n_heads"),
+        ({"model": {"n_kv_heads": 3}}, "must divide model.n_heads"),
+        ({"model": {"family": "mamba"}}, "model.family 'mamba' is unknown"),
+        ({"model": {"gate": "scalar"}}, "model.gate 'scalar' is unknown"),
+        ({"model": {"mlp_widths": [352, 352]}}, "mlp_widths has 2 entries but model.n_layers is 6"),
+        ({"model": {"mlp_widths": [352] * 5 + [368]}}, "sum to 2128 but the budget"),
+        ({"model": {"vocab_size": 0}}, "model.vocab_size must be >= 1, got 0"),
+        ({"modell": {}}, "unknown key.*'modell'"),
+        ({"model": {"rope_theta": float("nan")}}, "model.rope_theta must be > 0, got nan"),
+        ({"model": {"norm_eps": 0}}, "model.norm_eps must be > 0, got 0"),
+    ],
+)
+def test_bad_config_errors(data, message):
+    base = to_dict(RunConfig(model=get_preset("transformer-tiny", resolve=False)))
+    for section, values in data.items():
+        base.setdefault(section, {})
+        if isinstance(base[section], dict):
+            base[section].update(values)
+    with pytest.raises(ConfigError, match=message):
+        run_config_from_dict(base).resolve()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("model: [1, 2\n", "not valid YAML at line"),
+        ("", "is empty"),
+        ("- 1\n- 2\n", "must hold a mapping"),
+    ],
+)
+def test_bad_yaml_files(tmp_path, text, message):
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_run_config(p)
+
+
+def test_every_preset_resolves_with_exact_budget():
+    from taperlm.budget import total_params
+
+    for name in preset_names():
+        cfg = get_preset(name, TaperSpec.parse("cosine"))
+        assert total_params(cfg) == total_params(cfg.baseline()), name
+
+
+def test_440m_preset_is_about_440m():
+    from taperlm.budget import total_params
+
+    n = total_params(get_preset("transformer-440m"))
+    assert 420e6 < n < 470e6
+
+
+def test_plan_json_440m_cosine(capsys):
+    assert main(["plan", "--preset", "transformer-440m", "--taper", "cosine", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    widths = [layer["mlp_width"] for layer in out["layers"]]
+    base = out["baseline_mlp_width"]
+    assert widths[0] == 1.5 * base and widths[-1] == 0.5 * base
+    assert all(a >= b for a, b in itertools.pairwise(widths))
+    assert out["total_params"] == out["baseline_total_params"]
+    assert out["flops_per_token"] == out["baseline_flops_per_token"]
+    assert sum(layer["params"] for layer in out["layers"]) == sum(
+        layer["baseline_params"] for layer in out["layers"]
+    )
+
+
+def test_plan_table_and_errors(capsys, tmp_path):
+    assert main(["plan", "--preset", "gated-tiny", "--taper", "groups:1.5,1.0,0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "total parameters" in out and "+0" in out
+    assert main(["plan", "--preset", "transformer-tiny", "--taper", "cosine:1.5:1.0"]) == 2
+    assert "mean multiplier 1.25" in capsys.readouterr().err
+    assert main(["plan", "--preset", "no-such"]) == 2
+    assert "unknown preset" in capsys.readouterr().err
+    cfg = tmp_path / "m.yaml"
+    cfg.write_text(
+        "model:\n  family: transformer\n  d_model: 64\n  n_layers: 3\n  n_heads: 2\n"
+        "  mlp_width: 192\n  vocab_size: 100\n  taper: linear:1.5:0.5\n"
+    )
+    assert main(["plan", "--config", str(cfg), "--multiple-of", "32", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [x["mlp_width"] for x in out["layers"]] == [288, 192, 96]
+
+
+def test_model_config_defaults_validate():
+    ModelConfig().resolve()
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_example_configs_load_and_match_their_presets(path):
+    """configs/*.yaml are documented copies of presets: they load and resolve to the same model."""
+    cfg = load_run_config(path).resolve()
+    preset, taper = path.stem.rsplit("-", 1)
+    expected = get_preset(preset, TaperSpec.parse(taper))
+    assert to_dict(cfg.model) == to_dict(expected)
+    text = path.read_text()
+    assert text.count("\n  # ") >= 10  # fields carry their documentation
+
+
+def test_env_overrides_apply_after_set_and_are_blamed_by_name(monkeypatch, capsys):
+    """$TAPERLM_SET (documented: a way to run any command smaller without editing it) applies
+    after --set, and a mistake in it names TAPERLM_SET, not --set or the preset."""
+    import yaml
+
+    from taperlm.cli import main
+
+    monkeypatch.setenv("TAPERLM_SET", "model.n_layers=3 'train.lr=2e-3'")
+    argv = ["plan", "--preset", "transformer-tiny", "--set", "model.n_layers=5", "--dump-config"]
+    assert main(argv) == 0
+    dumped = yaml.safe_load(capsys.readouterr().out)
+    assert dumped["model"]["n_layers"] == 3 and dumped["train"]["lr"] == 2e-3
+    monkeypatch.setenv("TAPERLM_SET", "train.tokenz=5")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error: TAPERLM_SET 'train.tokenz=5': unknown key(s) in train: 'tokenz'" in err
+    assert "did you mean 'tokens'?" in err
+
+
+def test_runtime_keys_come_from_the_fields_metadata():
+    """The settings a resumed run may change are marked where they are declared; the derived
+    set is the table the trainer used before (no behaviour change)."""
+    train = {
+        *("eval_every", "eval_tokens", "checkpoint_every", "keep_checkpoints", "log_every"),
+        *("max_bad_steps", "compile", "compile_scope", "activation_checkpointing", "parallel"),
+        *("fsdp_param_dtype", "fsdp_reduce_dtype", "async_checkpoint", "device", "precision"),
+        *("peak_flops", "restore_nonfinite", "loggers", "log_grads_every", "log_project"),
+        *("log_group", "log_name", "distill_from"),
+    }
+    assert RUNTIME_KEYS == runtime_keys() == {"data.dir"} | {f"train.{k}" for k in train}
+
+
+def test_each_head_and_kv_spec_is_parsed_once_and_a_resolved_config_validated_once(monkeypatch):
+    """resolve() is where a model config is validated: the head and KV specs are parsed once
+    per config, and resolving or validating a resolved config again does no work until a field
+    changes (then the change is checked)."""
+    parsed: list[str] = []
+    checks: list[str] = []
+    parse = TaperSpec.parse.__func__
+    monkeypatch.setattr(
+        TaperSpec, "parse", classmethod(lambda cls, t, **k: parsed.append(t) or parse(cls, t, **k))
+    )
+    real_check = model_module.check_taper_spec
+    monkeypatch.setattr(
+        model_module, "check_taper_spec", lambda s, w: checks.append(w) or real_check(s, w)
+    )
+    cfg = ModelConfig(d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, mlp_width=128, vocab_size=64)
+    cfg.head_taper, cfg.kv_taper = "cosine:1.5:0.5", "groups:1,0.5"
+    assert not cfg.is_resolved()
+    cfg.resolve()
+    assert sorted(parsed) == ["cosine:1.5:0.5", "groups:1,0.5"]
+    done = len(checks)
+    for again in (cfg.resolve, cfg.validate, RunConfig(model=cfg).validate):
+        again()
+    assert cfg.is_resolved() and len(checks) == done and len(parsed) == 2
+    cfg.mlp_widths[0] += 16  # a change: not resolved any more, and checked again
+    assert not cfg.is_resolved()
+    with pytest.raises(ConfigError, match="mlp_widths sum to"):
+        cfg.validate()
+    assert len(checks) == done + 1
+
+
+def test_tapered_lm_takes_a_resolved_config_and_resolves_a_loaded_one_once(monkeypatch):
+    """TaperedLM's contract: a config resolve() wrote is used as is (no second validation); a
+    config loaded with its sizes (a run dir, an export) is resolved and validated once; one
+    without sizes is refused."""
+    checks: list[str] = []
+    real_check = model_module.check_taper_spec
+    monkeypatch.setattr(
+        model_module, "check_taper_spec", lambda s, w: checks.append(w) or real_check(s, w)
+    )
+    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=2, mlp_width=64, vocab_size=32).resolve()
+    checks.clear()
+    TaperedLM(cfg)
+    assert checks == []
+    loaded = from_dict(ModelConfig, to_dict(cfg))
+    assert not loaded.is_resolved()
+    TaperedLM(loaded)
+    assert loaded.is_resolved() and checks == ["model.taper"]
+    with pytest.raises(ConfigError, match=r"no resolved mlp_widths; call cfg\.resolve"):
+        TaperedLM(ModelConfig(d_model=32, n_layers=2, n_heads=2, mlp_width=64))
+
+
+def test_assembly_records_which_layer_set_each_key():
+    """One assembly for every command: a higher layer's value wins whatever the order the
+    layers are applied in, and the record says which layer set each key."""
+    from taperlm.config.assembly import Assembly, Layer
+
+    asm = Assembly.start(None, "transformer-tiny")
+    assert asm.layer_of("model.d_model") is Layer.PRESET and not asm.given("model.d_model")
+    asm.taper_options("cosine:1.5:0.5", None, None, 32)
+    asm.overrides(["train.lr=1e-3", "n_layers=4"], Layer.SET, "--set")
+    asm.overrides(["train.lr=2e-3"], Layer.ENV, "TAPERLM_SET")
+    assert asm.layer_of("model.taper") is Layer.OPTIONS
+    assert asm.layer_of("model.n_layers") is Layer.SET and asm.layer_of("train.lr") is Layer.ENV
+    assert not asm.put("train.lr", 5e-3, Layer.RECIPE)  # below what the user gave
+    assert asm.put("train.seq_len", 128, Layer.RECIPE) and not asm.given("train.seq_len")
+    cfg = asm.resolve()
+    assert cfg.train.lr == 2e-3 and cfg.train.seq_len == 128 and cfg.model.n_layers == 4
+    assert cfg.model.taper == TaperSpec.parse("cosine:1.5:0.5", multiple_of=32)
+    assert cfg.model.mlp_widths is not None and sum(cfg.model.mlp_widths) == 4 * 352
+
+
+def test_a_model_changes_family_only_explicitly():
+    """Options of another family are refused by name, never swapped for defaults silently."""
+    from taperlm.presets import get_preset
+
+    hope = get_preset("hope-tiny")
+    with pytest.raises(ConfigError, match="has no options, but HopeConfig"):
+        dataclasses.replace(hope, family="transformer").validate()
+    plain = hope.as_family("transformer").resolve()
+    assert plain.options is None and plain.mlp_widths == hope.mlp_widths
+    titans = hope.as_family("titans", None)
+    assert type(titans.options).__name__ == "TitansConfig"
+
+
+def test_a_null_model_section_with_a_taper_option_is_a_config_error(tmp_path, capsys):
+    path = tmp_path / "null.yaml"
+    path.write_text("model: null\n")
+    assert main(["plan", "--config", str(path), "--taper", "cosine"]) == 2
+    assert "model must be a mapping, got NoneType" in capsys.readouterr().err

@@ -1,0 +1,416 @@
+"""GGUF export for llama.cpp (`taperlm export RUN --format gguf`): the file read back with the
+`gguf` package (every tensor's shape, the per-layer widths and heads, the tokenizer), a
+forward pass computed from the file alone in llama.cpp's conventions (adjacent-pair RoPE,
+per-layer heads from the metadata) against ours, the command and its errors; and, in the slow
+test, the file run by llama.cpp itself (llama-cpp-python): next-token logits and 32 greedy
+tokens against ours, and its tokenization of texts against ours."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_config
+from eval_helpers import tiny_tokenizer
+
+gguf = pytest.importorskip("gguf")
+
+from taperlm.cli import main  # noqa: E402
+from taperlm.errors import ConfigError, DataError  # noqa: E402
+from taperlm.gguf_export import check_supported, write_gguf  # noqa: E402
+from taperlm.models import TaperedLM  # noqa: E402
+from taperlm.outfiles import written_by_taperlm  # noqa: E402
+
+# (id, model fields): uniform; MLP taper; head taper; both with grouped-query attention and tied
+# embeddings (the head taper moves whole KV groups)
+MODELS = {
+    "uniform": dict(taper="uniform"),
+    "mlp-taper": dict(taper="cosine"),
+    "head-taper": dict(taper="uniform", head_taper="cosine"),
+    "zero-mlp": dict(taper="cosine:2:0"),  # the last layer attention only: widths 128/96/32/0
+    "both-gqa-tied": dict(
+        taper="linear:1.5:0.5", head_taper="linear:1.5:0.5", n_kv_heads=2, tie_embeddings=True
+    ),
+}
+
+
+def make_model(kind: str, seed: int = 0, context_length: int = 128) -> tuple[TaperedLM, object]:
+    tok = tiny_tokenizer()
+    # a large init makes attention (and so the RoPE layout) matter and greedy tokens clear-cut
+    fields = {"n_layers": 4, "vocab_size": tok.vocab_size + 12, "context_length": context_length,
+              "init_std": 0.4}  # fmt: skip
+    cfg = tiny_config(preset="transformer-tiny", **{**fields, **MODELS[kind]})
+    torch.manual_seed(seed)
+    return TaperedLM(cfg).eval(), tok
+
+
+def read(path: Path) -> tuple[dict, dict]:
+    """(metadata key -> value, tensor name -> numpy array in our (out, in) shape)."""
+    r = gguf.GGUFReader(path)
+    meta = {k: f.contents() for k, f in r.fields.items()}
+    tensors = {t.name: np.asarray(t.data) for t in r.tensors}
+    return meta, tensors
+
+
+# ----------------------------------------------------------------------------------------------
+# the file read back
+
+
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_file_has_every_tensor_and_the_per_layer_metadata(tmp_path: Path, kind: str) -> None:
+    model, tok = make_model(kind)
+    cfg = model.config
+    meta, tensors = read(write_gguf(model, tok, tmp_path / "m.gguf", dtype="f16"))
+    heads = [cfg.attention_heads(i) for i in range(cfg.n_layers)]
+    uniform = len(set(cfg.mlp_widths)) == 1 and len(set(heads)) == 1
+    arch = "llama" if uniform else "deci"
+    assert (kind == "uniform") == uniform
+    assert meta["general.architecture"] == arch
+    expect_ff = cfg.mlp_widths[0] if uniform else cfg.mlp_widths
+    assert meta[f"{arch}.feed_forward_length"] == expect_ff
+    assert meta[f"{arch}.attention.head_count"] == (
+        heads[0][0] if uniform else [h for h, _ in heads]
+    )
+    assert meta[f"{arch}.attention.head_count_kv"] == (
+        heads[0][1] if uniform else [kv for _, kv in heads]
+    )
+    d, hd, V = cfg.d_model, cfg.head_dim, cfg.vocab_size
+    assert meta[f"{arch}.attention.key_length"] == hd == meta[f"{arch}.rope.dimension_count"]
+    assert meta[f"{arch}.block_count"] == cfg.n_layers
+    assert meta[f"{arch}.embedding_length"] == d
+    assert meta[f"{arch}.context_length"] == cfg.context_length
+    assert meta[f"{arch}.rope.freq_base"] == pytest.approx(cfg.rope_theta)
+    assert meta[f"{arch}.attention.layer_norm_rms_epsilon"] == pytest.approx(cfg.norm_eps)
+    # every tensor, with the shape the config implies (written out here, not by the exporter)
+    want = {"token_embd.weight": (V, d), "output_norm.weight": (d,)}
+    if not cfg.tie_embeddings:
+        want["output.weight"] = (V, d)
+    for i, (w, (h, kv)) in enumerate(zip(cfg.mlp_widths, heads)):
+        want |= {
+            f"blk.{i}.attn_norm.weight": (d,),
+            f"blk.{i}.attn_q.weight": (h * hd, d),
+            f"blk.{i}.attn_k.weight": (kv * hd, d),
+            f"blk.{i}.attn_v.weight": (kv * hd, d),
+            f"blk.{i}.attn_output.weight": (d, h * hd),
+        }
+        if w > 0:  # an FFN-free layer (width 0) has no ffn_* tensors, as llama.cpp's deci
+            want |= {
+                f"blk.{i}.ffn_norm.weight": (d,),
+                f"blk.{i}.ffn_gate.weight": (w, d),
+                f"blk.{i}.ffn_up.weight": (w, d),
+                f"blk.{i}.ffn_down.weight": (d, w),
+            }
+    assert {k: v.shape for k, v in tensors.items()} == want
+    for name, arr in tensors.items():  # llama.cpp wants norms in f32
+        assert arr.dtype == (np.float32 if arr.ndim == 1 else np.float16), name
+    if kind != "uniform":
+        assert len(set(cfg.mlp_widths)) > 1 or len(set(heads)) > 1
+    assert (kind == "zero-mlp") == (0 in cfg.mlp_widths)
+
+
+def test_tokenizer_is_gpt2_bpe_with_our_ids(tmp_path: Path) -> None:
+    model, tok = make_model("mlp-taper")
+    meta, _ = read(write_gguf(model, tok, tmp_path / "m.gguf"))
+    assert meta["tokenizer.ggml.model"] == "gpt2" and meta["tokenizer.ggml.pre"] == "gpt-2"
+    tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
+    assert len(tokens) == len(types) == model.config.vocab_size  # padded to the embedding rows
+    assert tokens[: tok.vocab_size] == [tok.backend.id_to_token(i) for i in range(tok.vocab_size)]
+    assert types[tok.eos_id] == gguf.TokenType.CONTROL
+    assert set(types[: tok.vocab_size]) - {gguf.TokenType.CONTROL} == {gguf.TokenType.NORMAL}
+    assert set(types[tok.vocab_size :]) == {gguf.TokenType.UNUSED}
+    merges = json.loads(tok.backend.to_str())["model"]["merges"]
+    assert meta["tokenizer.ggml.merges"] == [" ".join(m) for m in merges]
+    assert meta["tokenizer.ggml.eos_token_id"] == tok.eos_id == meta["tokenizer.ggml.bos_token_id"]
+    assert meta["tokenizer.ggml.add_bos_token"] is False
+
+
+def test_gpt2_style_files_give_the_same_tokenizer(tmp_path: Path) -> None:
+    """A tokenizer read from GPT-2 files (vocab.json + merges.txt, EOS a plain vocabulary
+    entry) exports like the BPE it was written from, EOS marked as a control token."""
+    from taperlm.data.tokenizer import load_tokenizer
+    from taperlm.gguf_export import gguf_vocab
+
+    tok = tiny_tokenizer()
+    data = json.loads(tok.backend.to_str())["model"]
+    folder = tmp_path / "gpt2"
+    folder.mkdir()
+    (folder / "vocab.json").write_text(json.dumps(tok.backend.get_vocab()), encoding="utf-8")
+    merges = "\n".join(" ".join(m) for m in data["merges"])
+    (folder / "merges.txt").write_text("#version: 0.2\n" + merges + "\n", encoding="utf-8")
+    files = load_tokenizer(folder)
+    assert files.eos_id == tok.eos_id
+    ours_, theirs = gguf_vocab(tok, tok.vocab_size), gguf_vocab(files, tok.vocab_size)
+    assert theirs == ours_ and theirs["types"][tok.eos_id] == gguf.TokenType.CONTROL
+
+
+# ----------------------------------------------------------------------------------------------
+# llama.cpp's computation, from the file alone
+
+
+def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def _rope_pairs(x: np.ndarray, base: float) -> np.ndarray:
+    """llama.cpp's "normal" RoPE: rotates adjacent pairs (2i, 2i+1); x [T, H, hd]."""
+    T, _, hd = x.shape
+    theta = np.arange(T)[:, None] * base ** (-np.arange(0, hd, 2) / hd)  # [T, hd/2]
+    cos, sin = np.cos(theta)[:, None], np.sin(theta)[:, None]
+    a, b = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2], out[..., 1::2] = a * cos - b * sin, a * sin + b * cos
+    return out
+
+
+def llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray:
+    """Logits of `ids` computed from the GGUF file the way llama.cpp's llama/deci graph does."""
+    meta, t = read(path)
+    t = {k: v.astype(np.float64) for k, v in t.items()}
+    arch = meta["general.architecture"]
+    n = meta[f"{arch}.block_count"]
+
+    def per_layer(key: str) -> list[int]:
+        v = meta[f"{arch}.{key}"]
+        return v if isinstance(v, list) else [v] * n
+
+    heads, kv_heads = per_layer("attention.head_count"), per_layer("attention.head_count_kv")
+    n_ff = per_layer("feed_forward_length")
+    hd, eps = meta[f"{arch}.attention.key_length"], meta[f"{arch}.attention.layer_norm_rms_epsilon"]
+    base = meta[f"{arch}.rope.freq_base"]
+    x = t["token_embd.weight"][ids]
+    T = len(ids)
+    mask = np.triu(np.full((T, T), -np.inf), 1)
+    for i in range(n):
+        p, H, Hkv = f"blk.{i}.", heads[i], kv_heads[i]
+        h = _rms(x, t[p + "attn_norm.weight"], eps)
+        q = _rope_pairs((h @ t[p + "attn_q.weight"].T).reshape(T, H, hd), base)
+        k = _rope_pairs((h @ t[p + "attn_k.weight"].T).reshape(T, Hkv, hd), base)
+        v = (h @ t[p + "attn_v.weight"].T).reshape(T, Hkv, hd)
+        k, v = np.repeat(k, H // Hkv, axis=1), np.repeat(v, H // Hkv, axis=1)
+        s = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd) + mask
+        a = np.exp(s - s.max(-1, keepdims=True))
+        a /= a.sum(-1, keepdims=True)
+        y = np.einsum("hts,shd->thd", a, v).reshape(T, H * hd)
+        x = x + y @ t[p + "attn_output.weight"].T
+        if n_ff[i] == 0:  # llama.cpp's deci graph: an FFN-free layer skips the FFN
+            continue
+        h = _rms(x, t[p + "ffn_norm.weight"], eps)
+        g = h @ t[p + "ffn_gate.weight"].T
+        x = x + (g / (1 + np.exp(-g)) * (h @ t[p + "ffn_up.weight"].T)) @ t[p + "ffn_down.weight"].T
+    head = t.get("output.weight", t["token_embd.weight"])
+    return _rms(x, t["output_norm.weight"], eps) @ head.T
+
+
+def ours(model: TaperedLM, ids: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].double().numpy()
+
+
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_llama_cpp_computation_from_the_file_gives_our_logits(tmp_path: Path, kind: str) -> None:
+    """Proves the Q/K row permutation (our rotate-half RoPE -> llama.cpp's pairs), the split of
+    the fused matrices and the per-layer heads: f32 agrees to rounding, f16 to f16 rounding."""
+    model, tok = make_model(kind)
+    ids = tok.encode("The cat sat on the mat, and then the dog came in.")[:24]
+    for dtype, tol in (("f32", 2e-4), ("f16", 0.15)):  # logits up to ~10
+        path = write_gguf(model, tok, tmp_path / f"{dtype}.gguf", dtype=dtype)
+        np.testing.assert_allclose(llama_cpp_logits(path, ids), ours(model, ids), atol=tol)
+
+
+def test_the_check_fails_without_the_permutation(tmp_path: Path, monkeypatch) -> None:
+    """The reference above is sensitive to the RoPE layout (it is not a tautology)."""
+    import taperlm.gguf_export as ge
+
+    monkeypatch.setattr(ge, "_permute_rope", lambda w, heads: w)
+    model, tok = make_model("head-taper")
+    ids = tok.encode("The cat sat on the mat.")
+    path = write_gguf(model, tok, tmp_path / "m.gguf", dtype="f32")
+    assert np.abs(llama_cpp_logits(path, ids) - ours(model, ids)).max() > 1.0
+
+
+# ----------------------------------------------------------------------------------------------
+# what cannot be exported
+
+
+OTHER_PRESETS = ["gated-tiny", "hope-tiny", "titans-mac-tiny", "titans-mag-tiny", "titans-mal-tiny"]
+
+
+def test_only_transformer_is_marked_for_llama_cpp() -> None:
+    """Every registered family is either written for llama.cpp or refused (one test each)."""
+    from taperlm.families import FAMILIES
+    from taperlm.gguf_export import LLAMA_CPP_FAMILIES
+    from taperlm.presets import get_preset
+
+    assert list(LLAMA_CPP_FAMILIES) == ["transformer"]
+    assert {get_preset(p, resolve=False).family for p in OTHER_PRESETS} == set(FAMILIES) - {
+        "transformer"
+    }
+
+
+@pytest.mark.parametrize("preset", OTHER_PRESETS)
+def test_other_families_are_refused_clearly(
+    tmp_path: Path, preset: str, monkeypatch, capsys
+) -> None:
+    import taperlm.loading
+
+    cfg = tiny_config(preset=preset)
+    with pytest.raises(ConfigError, match=r"not supported by llama\.cpp"):
+        check_supported(cfg)
+    torch.manual_seed(0)
+    model, tok = TaperedLM(cfg).eval(), tiny_tokenizer()
+    with pytest.raises(ConfigError, match=r"not supported by llama\.cpp"):
+        write_gguf(model, tok, tmp_path / "m.gguf")
+    # the command: one line naming the family, nothing written
+    monkeypatch.setattr(taperlm.loading, "load_run", lambda run, step=None: (model, tok, None))
+    (tmp_path / "run").mkdir()
+    argv = ["export", str(tmp_path / "run"), "--format", "gguf", "--out", str(tmp_path / "m.gguf")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"model family {cfg.family!r} is not supported by llama.cpp" in err
+    assert err.count("\n") == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]
+
+
+def test_tokenizer_llama_cpp_would_split_differently_is_refused(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, pre_tokenizers
+
+    from taperlm.data.tokenizer import Tokenizer
+
+    backend = Backend(models.BPE(vocab={"<|endoftext|>": 0, "a": 1, "b": 2}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok = Tokenizer(backend, kind="file", spec="sp.json", eos_token="<|endoftext|>")
+    torch.manual_seed(0)
+    model = TaperedLM(tiny_config(vocab_size=3))
+    with pytest.raises(DataError, match="not a byte-level BPE with GPT-2 pre-tokenization"):
+        write_gguf(model, tok, tmp_path / "m.gguf")
+    assert not list(tmp_path.iterdir())
+
+
+# ----------------------------------------------------------------------------------------------
+# the command
+
+
+@pytest.fixture(scope="module")
+def tapered_run(tmp_path_factory) -> Path:
+    """A 2-step `taperlm train` run of a 3-layer model with MLP and head tapers."""
+    import fault_harness as H
+
+    root = tmp_path_factory.mktemp("gguf_run")
+    data = H.prepare_data(root)
+    run = root / "run"
+    argv = H.train_argv(
+        data, run, "model.n_layers=3", "model.n_heads=4", "model.taper=linear:1.5:0.5",
+        "model.head_taper=linear:1.5:0.5", "train.tokens=256",
+    )  # fmt: skip
+    assert main(argv) == 0
+    return run
+
+
+def test_export_command_writes_a_file_llama_cpp_reads(tapered_run: Path, tmp_path: Path, capsys):
+    from taperlm.loading import load_run
+
+    out = tmp_path / "model.gguf"
+    assert main(["export", str(tapered_run), "--format", "gguf", "--out", str(out)]) == 0
+    assert "llama-completion -m" in capsys.readouterr().out
+    model, tok, _ = load_run(tapered_run)
+    meta, _ = read(out)
+    assert meta["general.architecture"] == "deci"
+    assert meta["deci.feed_forward_length"] == model.config.mlp_widths
+    assert meta["deci.attention.head_count"] == model.config.layer_heads
+    assert meta["general.name"] == "run"
+    ids = tok.encode("Some words of the corpus.")
+    np.testing.assert_allclose(llama_cpp_logits(out, ids), ours(model, ids), atol=0.15)
+    # an existing file is replaced only with --force; a folder is refused before any work
+    before = out.read_bytes()
+    assert main(["export", str(tapered_run), "--format", "gguf", "--out", str(out)]) == 2
+    assert "add --force" in capsys.readouterr().err and out.read_bytes() == before
+    assert written_by_taperlm(
+        out, "gguf"
+    )  # what --force may replace (tests/safety/test_outfiles.py)
+    argv = ["export", str(tapered_run), "--format", "gguf", "--out", str(out), "--dtype", "f32"]
+    assert main([*argv, "--force"]) == 0
+    assert read(out)[1]["blk.0.attn_q.weight"].dtype == np.float32
+    assert main(["export", str(tapered_run), "--format", "gguf", "--out", str(tmp_path)]) == 2
+    assert "is a folder, not a file" in capsys.readouterr().err
+    assert main(["export", str(tapered_run), "--out", str(tmp_path / "hf"), "--dtype", "f16"]) == 2
+    assert "--dtype is for --format gguf" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf"]
+    # a checkpoint directory: the file is named after its run
+    ckpt = max((tapered_run / "checkpoints").iterdir())
+    argv = ["export", str(ckpt), "--format", "gguf", "--out", str(tmp_path / "c.gguf")]
+    assert main(argv) == 0
+    assert read(tmp_path / "c.gguf")[0]["general.name"] == "run"
+
+
+# ----------------------------------------------------------------------------------------------
+# llama.cpp itself
+
+
+TEXTS = [
+    "The cat sat on the mat.",
+    "Hello, world!  Two  spaces,\ttabs\nand new lines\n\n",
+    "Numbers 12345 and 3.14159, symbols #@$%^&*() and don't we'll they're",
+    "Ünïcödé: café, naïve, 東京, Ελληνικά, emoji 🙂",
+    "   leading spaces and trailing   ",
+    "Hello , world . Is it ? Yes ! It 's a ' quoted ' word",  # no clean-up of spaces
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("kind", "dtype"), [(k, "f32") for k in MODELS] + [("both-gqa-tied", "f16")]
+)
+def test_llama_cpp_runs_the_file(tmp_path: Path, kind: str, dtype: str) -> None:
+    """llama.cpp (llama-cpp-python, built from source) loads the file with its per-layer widths
+    and heads; its logits of a prompt match ours within f32 (f16) rounding, and 32 greedy tokens
+    decoded incrementally with its KV cache are ours (f32; in f16, each is our argmax or a
+    near tie within f16 rounding)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    model, tok = make_model(kind, context_length=128)
+    path = write_gguf(model, tok, tmp_path / "m.gguf", dtype=dtype)
+    # f32 KV cache and no flash attention: llama.cpp's defaults keep K and V in f16
+    f32 = llama_cpp.GGML_TYPE_F32
+    llm = llama_cpp.Llama(
+        model_path=str(path), n_ctx=128, n_batch=128, logits_all=True, n_threads=1,
+        type_k=f32, type_v=f32, flash_attn=False, verbose=False,
+    )  # fmt: skip
+    ids = tok.encode(TEXTS[0] + " " + TEXTS[2])[:40]
+    llm.eval(ids)
+    theirs = np.asarray(llm.scores[: len(ids)], dtype=np.float64)
+    tol = 1e-3 if dtype == "f32" else 0.15  # logits up to ~10; f16 also rounds activations
+    np.testing.assert_allclose(theirs, ours(model, ids), atol=tol)
+    # greedy decoding, one token per llama.cpp eval (its KV cache) against ours
+    from taperlm.generation import greedy_batch
+
+    llm.reset()
+    prompt = ids[:8]
+    llm.eval(prompt)
+    got = []
+    for _ in range(32):
+        nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        got.append(nxt)
+        llm.eval([nxt])
+    if dtype == "f32":
+        assert got == greedy_batch(model, [prompt], max_new_tokens=32)[0]
+    else:  # f16 rounding may flip a near tie and the sequences part: check every step of
+        # llama.cpp's sequence is our argmax there, or within the f16 tolerance of it
+        logits = ours(model, prompt + got)[len(prompt) - 1 : -1]
+        picked = logits[np.arange(len(got)), got]
+        assert (picked >= logits.max(-1) - 2 * tol).all()
+
+
+@pytest.mark.slow
+def test_llama_cpp_tokenizes_text_as_we_do(tmp_path: Path) -> None:
+    llama_cpp = pytest.importorskip("llama_cpp")
+    model, tok = make_model("uniform")
+    path = write_gguf(model, tok, tmp_path / "m.gguf")
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, vocab_only=True, verbose=False)
+    for text in TEXTS:
+        theirs = llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+        assert theirs == tok.encode(text), text
+        assert llm.detokenize(theirs).decode("utf-8") == text

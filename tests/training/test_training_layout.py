@@ -1,0 +1,48 @@
+"""training/ is cut by concept (issue 40): no test hook in the library (tests inject faults from
+outside, through the trainer's public `forward_backward`), the checkpoint modules form one
+package, and loading a model for inference lives outside training/."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "taperlm"
+
+
+def _sources(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(SRC)): p.read_text(encoding="utf-8") for p in root.rglob("*.py")}
+
+
+def test_no_fault_injection_hook_in_the_library():
+    readers = [n for n, text in _sources(SRC).items() if "TAPERLM_INJECT" in text]
+    assert readers == []
+    assert not (SRC / "training" / "fault_injection.py").exists()
+
+
+def test_checkpoint_modules_are_one_package():
+    training = SRC / "training"
+    assert not [p.name for p in training.glob("*.py") if "checkpoint" in p.name or "dcp" in p.name]
+    assert {p.name for p in (training / "checkpoint").glob("*.py")} >= {
+        "store.py",
+        "dcp.py",
+        "safe_load.py",
+        "checkpointer.py",
+    }
+
+
+def test_one_training_step_reads_top_to_bottom():
+    """The step is one method of the trainer; Hope's periods are the optimizer wrapper's, the
+    compile fallback the forward wrapper's, so neither shows up as a branch of the step."""
+    from taperlm.training.loop import Trainer
+
+    step = inspect.getsource(Trainer.train_step)
+    for call in ("set_lr(", "self.forward_backward(", "clip_grad_norm_(", "self.optimizer.step()"):
+        assert call in step
+    assert "p.grad = " not in step  # the periods hide and restore gradients in the optimizer
+
+
+def test_inference_loading_lives_outside_training():
+    training = _sources(SRC / "training")
+    assert not [n for n, text in training.items() if "def load_run_model" in text]
+    assert "def load_run_model" in (SRC / "loading.py").read_text(encoding="utf-8")
