@@ -208,3 +208,27 @@ def test_command_x_file_state(cmd, option, state, force, tmp_path, capsys):
     assert refused != _allowed(state, fmt, force), err
     if refused:
         assert rc == 2, err
+
+
+def test_every_file_output_may_name_a_new_folder(tmp_path):
+    """A file output in folders that do not exist yet (`--out res/new/x.json`) passes the
+    argument checks, so every writer must create them: every writer goes through
+    `io.atomic_output` (JSON, text, YAML, PNG, GGUF), which does; none may stop with a raw
+    FileNotFoundError."""
+    from taperlm.analysis.plots import plot_width_profiles
+    from taperlm.io import atomic_output, atomic_write_json, atomic_write_text
+
+    atomic_write_text(tmp_path / "a" / "b" / "x.txt", "x\n")
+    atomic_write_json(tmp_path / "c" / "d" / "x.json", {"x": 1})
+    with atomic_output(tmp_path / "e" / "f" / "x.bin") as tmp:
+        tmp.write_bytes(b"x")
+    png = plot_width_profiles({"u": [4, 4]}, 4, tmp_path / "g" / "h" / "w.png")
+    assert written_by_taperlm(png, "png")
+    assert (tmp_path / "a/b/x.txt").read_text() == "x\n"
+    assert json.loads((tmp_path / "c/d/x.json").read_text()) == {"x": 1}
+    assert (tmp_path / "e/f/x.bin").read_bytes() == b"x"
+    new = tmp_path / "new" / "deeper" / "blocks.json"
+    argv = ["plan", "--preset", "transformer-tiny", "--multiple-of", "256"]
+    argv += ["--set", "model.mlp_width=512", "--block-configs"]
+    assert cli_main([*argv, str(new)]) == 0
+    assert written_by_taperlm(new, "json")

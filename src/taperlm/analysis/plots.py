@@ -35,7 +35,6 @@ def _figure(ncols: int = 1, width: float = 7.0, height: float = 4.5) -> tuple[Fi
 
 def _save(fig: Figure, path: str | Path) -> Path:
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_output(out) as tmp:
         fig.savefig(tmp, format="png", metadata=png_metadata())
     return out

@@ -82,7 +82,6 @@ def run(args: argparse.Namespace) -> int:
     cfg.model = cfg.model.with_taper(spec)
     p = plan(cfg.model, cfg.train.seq_len)  # asserts the budget (parameters and FLOPs/token)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(args.out, yaml_mark(dump_yaml(cfg), "allocate"))
     if args.json:
         print(json.dumps(_as_dict(cfg, p, how, args.out), indent=2))

@@ -361,7 +361,6 @@ def _report(args: argparse.Namespace, results, notes: list[str], meta: dict) -> 
 
     blob = results_json(results, meta)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(args.out, json.dumps(json_mark(blob, "eval"), indent=2) + "\n")
     if args.json:
         print(json.dumps(blob, indent=2))

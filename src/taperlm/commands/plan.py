@@ -85,7 +85,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.block_configs:
         config = decilm_config(cfg.model)  # refuses what the format cannot carry, first
-        args.block_configs.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(args.block_configs, json_mark(config, "plan"), indent=2)
     p = plan(cfg.model, args.seq_len)
     memory = _memory_plan(args, cfg) if args.gpus is not None else None

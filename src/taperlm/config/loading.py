@@ -64,7 +64,6 @@ def run_config_from_dict(data: dict, source: str = "config") -> RunConfig:
 def save_yaml(cfg: RunConfig | ModelConfig, path: str | Path) -> None:
     """Write a config as YAML atomically (write to a temporary file, then rename)."""
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(p, dump_yaml(cfg))
 
 
