@@ -262,7 +262,7 @@ def install_files(
     record_written_files(out, kind, {**kept, **{rel: [h] for rel, h in hashes.items()}})
 
 
-# How a rerun of each folder's command treats the files already there (issue 41, class 7).
+# How a rerun of each folder's command treats the files already there: never a user's edits.
 # "install": the files are outputs a user may edit or use as they are (an export, lm-eval task
 # files): replaced only while unchanged since the command wrote them (`install_files`). The
 # others hold the command's own state, continued, not rewritten, by a rerun; their reports and

@@ -94,7 +94,7 @@ def _source(args: argparse.Namespace):
     """(model, run config) of SOURCE (newest checkpoint, or --step).
 
     The one place a source is read: a Hugging Face Llama-architecture folder will be imported
-    into a run here first (`taperlm import`, issue 39 item 1), then pruned like any run."""
+    into a run here first (`taperlm import`), then pruned like any run."""
     from taperlm.loading import load_run_model  # lazy: torch; --help stays torch-free
 
     return load_run_model(args.source, step=args.step, device=args.device)

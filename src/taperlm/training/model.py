@@ -55,8 +55,8 @@ from taperlm.training.optim import parameter_periods
 
 def check_training_memory(run: RunConfig, info: D.DistInfo) -> None:
     """The weights, gradients and AdamW state this rank will hold fit on its device, checked
-    before anything is built or read (a model of 554B parameters used to allocate GBs
-    before failing)."""
+    before anything is built or read, so a model too large for the device fails at once
+    instead of after allocating gigabytes."""
     fsdp = run.train.parallel == "fsdp" and info.enabled
     need, detail = memory_floor(run.model, training=True, shards=info.world_size if fsdp else 1)
     check_memory(
