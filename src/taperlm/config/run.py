@@ -15,8 +15,11 @@ class RunConfig:
     """Everything a run needs: the model, the data and the training loop."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
+    """the model: family, shape, and the tapers that set its per-layer sizes."""
     data: DataConfig = field(default_factory=DataConfig)
+    """where the training tokens come from."""
     train: TrainConfig = field(default_factory=TrainConfig)
+    """the training loop: budget, batch, optimizer, schedule, checkpoints, logging."""
 
     def validate(self) -> None:
         """Every section's declared domains (the model's own checks included)."""
