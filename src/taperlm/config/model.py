@@ -169,13 +169,24 @@ class ModelConfig:
             specs[key] = TaperSpec.parse(text, multiple_of=multiple_of)
         return specs[key]
 
-    def _state(self) -> tuple:
-        """Every field's value, deep-copied: what a validation or a resolution was of."""
-        return dataclasses.astuple(self)
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Assigning a field makes the config unresolved again: its sizes and checks were of the
+        # old value (a copy by dataclasses.replace or from_dict starts unresolved, too).
+        self.__dict__.pop("_resolved", None)
+        super().__setattr__(name, value)
 
-    def is_resolved(self) -> bool:
-        """Whether `resolve()` wrote and validated this config, unchanged since."""
-        return self.__dict__.get("_resolved_state") == self._state()
+    def _sizes(self) -> tuple:
+        """The resolved per-layer sizes, the family's included (a copy: resolve() compares)."""
+        options = None if self.options is None else dataclasses.astuple(self.options)
+        return (self.mlp_widths, self.layer_heads, self.layer_kv_heads, options)
+
+    @property
+    def resolved(self) -> bool:
+        """Whether `resolve()` wrote and checked this config and no field was assigned since;
+        commands hand such a config on, and `TaperedLM` and the trainer use it as is. Values
+        edited in place (`cfg.mlp_widths[0] += 16`) are not noticed: edit a copy
+        (`dataclasses.replace`) or the config's dict form instead."""
+        return self.__dict__.get("_resolved", False)
 
     def solve_kv_heads(self) -> KVHeads:
         """The KV taper solved against this config's query heads (counts, asked, notes)."""
@@ -184,11 +195,7 @@ class ModelConfig:
         return solve_kv_heads(self.kv_taper_spec(), q, self.group_size, step)
 
     def validate(self) -> None:
-        """Check shapes and options; raise ConfigError naming the key and the fix. A config
-        validated before and unchanged since is not checked again."""
-        state = self._state()
-        if self.__dict__.get("_validated_state") == state:
-            return
+        """Check shapes and options; raise ConfigError naming the key and the fix."""
         fam = get_family(self.family)
         check_domains(self, "model")
         check_taper_spec(self.taper, "model.taper")
@@ -231,7 +238,6 @@ class ModelConfig:
                 f"{type(self.options).__name__}"
             )
         fam.validate(self)
-        self.__dict__["_validated_state"] = state
 
     def _check_head_spec(
         self, fam: Any, key: str, parse: Any, resolved: Any, noun: str, example: str
@@ -313,11 +319,12 @@ class ModelConfig:
         """Fill `layer_heads` from the head taper, `layer_kv_heads` from the KV taper,
         `mlp_widths` from the taper (taking up the K/V parameters the KV taper saves) and the
         family's per-layer sizes (e.g. Hope level widths, Titans memory widths) when absent,
-        validate, and return self. The one place a model config is validated: a resolved
-        config, unchanged since, is neither solved nor checked again (`is_resolved`)."""
-        if self.is_resolved():
+        validate, and return self, marked `resolved`. Every command resolves its config once,
+        in the assembly (`taperlm.config.assembly`); a resolved config is returned as is."""
+        if self.resolved:
             return self
         self.validate()
+        before = self._sizes()
         heads = self.head_taper_spec()
         if self.layer_heads is None and not heads.is_uniform:
             try:
@@ -345,8 +352,9 @@ class ModelConfig:
                     f"width the KV taper {self.kv_taper!r} frees)"
                 ) from None
         get_family(self.family).resolve(self)
-        self.validate()  # the sizes written (free when nothing was absent)
-        self.__dict__["_resolved_state"] = self._state()
+        if self._sizes() != before:  # check the sizes written
+            self.validate()
+        self.__dict__["_resolved"] = True
         return self
 
     def with_taper(
