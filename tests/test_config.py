@@ -201,9 +201,10 @@ def test_runtime_keys_come_from_the_fields_metadata():
 
 
 def test_each_head_and_kv_spec_is_parsed_once_and_a_resolved_config_validated_once(monkeypatch):
-    """resolve() is where a model config is validated: the head and KV specs are parsed once
-    per config, and a resolved config is resolved and checked as part of a run config no more
-    until a field is assigned (then it is unresolved, and the change is checked)."""
+    """The head and KV specs are parsed once, when their text is set (resolve, plan and the
+    model card read the spec); resolve() is where a model config is validated, and a resolved
+    config is resolved and checked as part of a run config no more until a field is assigned
+    (then it is unresolved, and the change is checked)."""
     parsed: list[str] = []
     checks: list[str] = []
     parse = TaperSpec.parse.__func__
@@ -215,10 +216,12 @@ def test_each_head_and_kv_spec_is_parsed_once_and_a_resolved_config_validated_on
         model_module, "check_taper_spec", lambda s, w: checks.append(w) or real_check(s, w)
     )
     cfg = ModelConfig(d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, mlp_width=128, vocab_size=64)
+    parsed.clear()  # the defaults' "uniform"
     cfg.head_taper, cfg.kv_taper = "cosine:1.5:0.5", "groups:1,0.5"
-    assert not cfg.resolved
+    assert parsed == ["cosine:1.5:0.5", "groups:1,0.5"] and not cfg.resolved
     cfg.resolve()
-    assert sorted(parsed) == ["cosine:1.5:0.5", "groups:1,0.5"]
+    assert cfg.head_taper_spec().multiple_of == 2  # the step of one KV group, not parsed again
+    assert to_dict(cfg)["head_taper"] == "cosine:1.5:0.5"
     done = len(checks)
     for again in (cfg.resolve, RunConfig(model=cfg).validate, RunConfig(model=cfg).resolve):
         again()

@@ -104,7 +104,7 @@ def test_exact_budget_by_numel_in_every_attention_family(
 ):
     cfg = kv_model(family, kv_taper, head_taper, taper, **options)
     base = cfg.baseline()
-    assert base.layer_kv_heads is None and base.kv_taper == "uniform"
+    assert base.layer_kv_heads is None and base.kv_taper.as_text() == "uniform"
     q = [cfg.attention_heads(i)[0] for i in range(6)]
     assert all(h % kv == 0 for h, kv in zip(q, cfg.layer_kv_heads))
     assert cfg.layer_kv_heads != q  # the taper changed something
@@ -301,9 +301,9 @@ def test_yaml_round_trip_and_resolved_kv_heads_are_authoritative():
     ],
 )
 def test_bad_kv_heads_are_named(changes, message):
-    cfg = dataclasses.replace(kv_model(kv_taper="uniform", resolve=False), **changes)
-    with pytest.raises((ConfigError, TaperError), match=message):
-        cfg.resolve()
+    cfg = kv_model(kv_taper="uniform", resolve=False)
+    with pytest.raises((ConfigError, TaperError), match=message):  # text is parsed when set
+        dataclasses.replace(cfg, **changes).resolve()
 
 
 def test_family_without_attention_rejects_a_kv_taper():
