@@ -257,9 +257,11 @@ def test_yaml_round_trip_and_resolved_heads_are_authoritative():
     ],
 )
 def test_bad_heads_are_named(changes, message):
-    cfg = headed(head_taper="uniform", taper="uniform", resolve=False)
-    with pytest.raises(ConfigError, match=message):  # a spec's text is parsed when it is set
-        dataclasses.replace(cfg, **changes).resolve()
+    cfg = dataclasses.replace(
+        headed(head_taper="uniform", taper="uniform", resolve=False), **changes
+    )
+    with pytest.raises(ConfigError, match=message):
+        cfg.resolve()
 
 
 def test_family_without_attention_rejects_a_head_taper():

@@ -301,9 +301,9 @@ def test_yaml_round_trip_and_resolved_kv_heads_are_authoritative():
     ],
 )
 def test_bad_kv_heads_are_named(changes, message):
-    cfg = kv_model(kv_taper="uniform", resolve=False)
-    with pytest.raises((ConfigError, TaperError), match=message):  # text is parsed when set
-        dataclasses.replace(cfg, **changes).resolve()
+    cfg = dataclasses.replace(kv_model(kv_taper="uniform", resolve=False), **changes)
+    with pytest.raises((ConfigError, TaperError), match=message):
+        cfg.resolve()
 
 
 def test_family_without_attention_rejects_a_kv_taper():

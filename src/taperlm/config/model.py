@@ -11,6 +11,7 @@ What differs between model families (their options, checks and per-layer sizes) 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,8 +72,9 @@ class ModelConfig:
         head_taper: taper spec of the query heads per layer (same language as `taper`, e.g.
             cosine:1.25:0.75) at the fixed head dim; every layer keeps the group size
             n_heads / kv_heads, so its KV heads follow its query heads (docs/tapers.md). Given
-            and written as text (the spec keeps it, `TaperSpec.as_text`), parsed once when set;
-            its step of one KV group is applied by `head_taper_spec()`.
+            and written as text (the spec keeps it, `TaperSpec.as_text`), parsed once when set
+            (a text that does not parse is kept, for `validate` to refuse); its step of one KV
+            group is applied by `head_taper_spec()`.
         layer_heads: resolved query heads per layer (sum n_layers x n_heads, multiples of the
             group size); null = n_heads in every layer. Authoritative once written.
         kv_taper: taper spec of the KV heads per layer (same language; multipliers of the
@@ -167,16 +169,19 @@ class ModelConfig:
         return q, q // self.group_size
 
     def head_taper_spec(self) -> TaperSpec:
-        """`head_taper` with steps of one KV group (ConfigError if it is no spec)."""
+        """`head_taper` with steps of one KV group (TaperError or ConfigError if it is no spec)."""
         return dataclasses.replace(self._spec("head_taper"), multiple_of=self.group_size)
 
     def kv_taper_spec(self) -> TaperSpec:
-        """`kv_taper` in steps of one KV head (ConfigError if it is no spec)."""
+        """`kv_taper` in steps of one KV head (TaperError or ConfigError if it is no spec)."""
         spec = self._spec("kv_taper")
         return spec if spec.multiple_of == 1 else dataclasses.replace(spec, multiple_of=1)
 
     def _spec(self, key: str) -> TaperSpec:
+        """The spec of `model.key`; TaperError for a text that does not parse (kept as given)."""
         spec = getattr(self, key)
+        if isinstance(spec, str):
+            return _head_spec(spec)
         if not isinstance(spec, TaperSpec):
             raise ConfigError(f"model.{key} must be a string, got {quoted(spec)}")
         return spec
@@ -186,10 +191,10 @@ class ModelConfig:
         # old value (a copy by dataclasses.replace or from_dict starts unresolved, too).
         self.__dict__.pop("_resolved", None)
         if name in ("head_taper", "kv_taper") and isinstance(value, str):
-            try:  # the one parse of a head or KV spec's text
+            # The one parse of a head or KV spec's text. A text that does not parse is kept
+            # as given: validate() refuses it with the parse error, in its order of checks.
+            with contextlib.suppress(TaperError):
                 value = _head_spec(value)
-            except TaperError as err:
-                raise ConfigError(f"model.{name}: {err}") from None
         super().__setattr__(name, value)
 
     def _sizes(self) -> tuple:
