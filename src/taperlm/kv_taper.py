@@ -20,7 +20,8 @@ import math
 from dataclasses import dataclass
 
 from taperlm.errors import TaperError
-from taperlm.families.base import ModelFields, swiglu_params
+from taperlm.families.base import swiglu_params
+from taperlm.model_fields import ModelFields
 from taperlm.taper import TaperSpec, multipliers
 
 # Bytes per cached key/value entry by dtype (what `taperlm plan` reports).

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +128,10 @@ class TaperSpec:
         strength: novelty: the largest deviation of a multiplier from 1 (0 < strength < 1).
         source: novelty: where rho_mlp was measured (a JSON file, a run dir, or `pilot`).
         rho_mlp: novelty: the measured per-layer mean rho_mlp the multipliers are made from.
+        text: the spec string `parse` read (`cosine`, not its canonical `cosine:1.5:0.5`), which
+            `as_text` writes back where a config keeps a spec as the user's text (the head and
+            KV tapers); "" for a spec built otherwise. Not a setting: never compared, never read
+            from a mapping, and a copy by `replace` drops it (its settings may differ).
     """
 
     schedule: str = setting("uniform", Domain.choice_of(lambda: SCHEDULES, "{schedules}"))
@@ -142,6 +146,7 @@ class TaperSpec:
     strength: float = setting(DEFAULT_STRENGTH, "(0, 1)")
     source: str = setting("", "text")
     rho_mlp: list[float] = setting([], "(-inf, inf)")  # finite (a cosine, measured)
+    text: str = field(default="", init=False, compare=False, repr=False)
 
     @classmethod
     def parse(cls, text: str, multiple_of: int | None = None) -> TaperSpec:
@@ -155,7 +160,9 @@ class TaperSpec:
                 f"unknown taper schedule {name!r} in {quoted(text)}; choose one of {', '.join(SCHEDULES)} "
                 "(e.g. cosine:1.5:0.5, groups:1.5,1.0,0.5, custom:4224,3840,..., novelty:pilot)"
             )
-        return SCHEDULES[name].parse(cls(schedule=name, multiple_of=m), args, text)
+        spec = SCHEDULES[name].parse(cls(schedule=name, multiple_of=m), args, text)
+        spec.text = text
+        return spec
 
     @property
     def record(self) -> Schedule:
@@ -169,6 +176,10 @@ class TaperSpec:
     def to_string(self) -> str:
         """Inverse of `parse`: `TaperSpec.parse(spec.to_string())` equals `spec` exactly."""
         return self.record.to_string(self)
+
+    def as_text(self) -> str:
+        """The spec as text: the string it was parsed from, else the canonical `to_string()`."""
+        return self.text or self.to_string()
 
     def validate(self) -> None:
         record = self.record

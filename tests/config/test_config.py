@@ -201,9 +201,10 @@ def test_runtime_keys_come_from_the_fields_metadata():
 
 
 def test_each_head_and_kv_spec_is_parsed_once_and_a_resolved_config_validated_once(monkeypatch):
-    """resolve() is where a model config is validated: the head and KV specs are parsed once
-    per config, and resolving or validating a resolved config again does no work until a field
-    changes (then the change is checked)."""
+    """The head and KV specs are parsed once, when their text is set (resolve, plan and the
+    model card read the spec); resolve() is where a model config is validated, and a resolved
+    config is resolved and checked as part of a run config no more until a field is assigned
+    (then it is unresolved, and the change is checked)."""
     parsed: list[str] = []
     checks: list[str] = []
     parse = TaperSpec.parse.__func__
@@ -215,19 +216,21 @@ def test_each_head_and_kv_spec_is_parsed_once_and_a_resolved_config_validated_on
         model_module, "check_taper_spec", lambda s, w: checks.append(w) or real_check(s, w)
     )
     cfg = ModelConfig(d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, mlp_width=128, vocab_size=64)
+    parsed.clear()  # the defaults' "uniform"
     cfg.head_taper, cfg.kv_taper = "cosine:1.5:0.5", "groups:1,0.5"
-    assert not cfg.is_resolved()
+    assert parsed == ["cosine:1.5:0.5", "groups:1,0.5"] and not cfg.resolved
     cfg.resolve()
-    assert sorted(parsed) == ["cosine:1.5:0.5", "groups:1,0.5"]
+    assert cfg.head_taper_spec().multiple_of == 2  # the step of one KV group, not parsed again
+    assert to_dict(cfg)["head_taper"] == "cosine:1.5:0.5"
     done = len(checks)
-    for again in (cfg.resolve, cfg.validate, RunConfig(model=cfg).validate):
+    for again in (cfg.resolve, RunConfig(model=cfg).validate, RunConfig(model=cfg).resolve):
         again()
-    assert cfg.is_resolved() and len(checks) == done and len(parsed) == 2
-    cfg.mlp_widths[0] += 16  # a change: not resolved any more, and checked again
-    assert not cfg.is_resolved()
+    assert cfg.resolved and len(checks) == done and len(parsed) == 2
+    cfg.mlp_widths = [w + 16 * (i == 0) for i, w in enumerate(cfg.mlp_widths)]  # a change
+    assert not cfg.resolved
     with pytest.raises(ConfigError, match="mlp_widths sum to"):
-        cfg.validate()
-    assert len(checks) == done + 1
+        cfg.resolve()
+    assert len(checks) == done + 1 and not cfg.resolved
 
 
 def test_tapered_lm_takes_a_resolved_config_and_resolves_a_loaded_one_once(monkeypatch):
@@ -244,9 +247,9 @@ def test_tapered_lm_takes_a_resolved_config_and_resolves_a_loaded_one_once(monke
     TaperedLM(cfg)
     assert checks == []
     loaded = from_dict(ModelConfig, to_dict(cfg))
-    assert not loaded.is_resolved()
+    assert not loaded.resolved
     TaperedLM(loaded)
-    assert loaded.is_resolved() and checks == ["model.taper"]
+    assert loaded.resolved and checks == ["model.taper"]
     with pytest.raises(ConfigError, match=r"no resolved mlp_widths; call cfg\.resolve"):
         TaperedLM(ModelConfig(d_model=32, n_layers=2, n_heads=2, mlp_width=64))
 

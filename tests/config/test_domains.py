@@ -60,7 +60,7 @@ def config_sections() -> dict[str, type]:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             tp, _ = _strip(hints[f.name])
-            if dataclasses.is_dataclass(tp):
+            if dataclasses.is_dataclass(tp) and not f.metadata.get("text_spec"):  # not a text
                 walk(tp, f"{where}.{f.name}" if where else f.name)
 
     walk(RunConfig, "")
@@ -80,6 +80,8 @@ def config_fields() -> list[tuple[str, str, type, int, Domain | None]]:
         for f in dataclasses.fields(cls):
             tp, depth = _strip(hints[f.name])
             if f.metadata.get("section") or dataclasses.is_dataclass(tp) or tp is bool:
+                continue
+            if not f.init:  # not read from a config (TaperSpec.text)
                 continue
             rows.append((where, f.name, tp, depth, field_domain(f)))
     return rows

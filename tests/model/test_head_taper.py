@@ -86,7 +86,7 @@ def test_gqa_rule_kv_heads_follow_query_heads():
 def test_exact_budget_in_every_attention_family(family, options, gqa):
     cfg = headed(family, n_kv_heads=2 if gqa else None, **options)
     base = cfg.baseline()
-    assert base.layer_heads is None and base.head_taper == "uniform"
+    assert base.layer_heads is None and base.head_taper.as_text() == "uniform"
     model = TaperedLM(cfg)
     # parameters: numel of the built model == the formula == the uniform model's
     assert model.num_params() == budget.total_params(cfg) == budget.total_params(base)

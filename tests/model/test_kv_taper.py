@@ -104,7 +104,7 @@ def test_exact_budget_by_numel_in_every_attention_family(
 ):
     cfg = kv_model(family, kv_taper, head_taper, taper, **options)
     base = cfg.baseline()
-    assert base.layer_kv_heads is None and base.kv_taper == "uniform"
+    assert base.layer_kv_heads is None and base.kv_taper.as_text() == "uniform"
     q = [cfg.attention_heads(i)[0] for i in range(6)]
     assert all(h % kv == 0 for h, kv in zip(q, cfg.layer_kv_heads))
     assert cfg.layer_kv_heads != q  # the taper changed something

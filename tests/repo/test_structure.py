@@ -178,6 +178,22 @@ def test_no_import_circle():
         assert not {"taperlm.config", "taperlm.presets", "taperlm.models.lm"} & graph[m], m
 
 
+def test_models_and_families_do_not_zig_zag():
+    """Families build their blocks from the torch modules of `taperlm.models`, which never import
+    a family back: the blocks read a config through `taperlm.model_fields` (not the families, the
+    config, the budget or the presets, which import the families), `TaperedLM` looks its family
+    up only in the registry (`taperlm.families`), and a family never imports `TaperedLM`."""
+    upper = ("taperlm.families", "taperlm.config", "taperlm.budget", "taperlm.presets")
+    graph = _import_graph()
+    for m, targets in graph.items():
+        if m.startswith("taperlm.models.") and m != "taperlm.models.lm":
+            assert not [t for t in targets if t.startswith(upper)], m
+        if m == "taperlm.models.lm":
+            assert {t for t in targets if t.startswith("taperlm.families")} == {"taperlm.families"}
+        if m.startswith("taperlm.families"):
+            assert not {"taperlm.models", "taperlm.models.lm"} & targets, m
+
+
 def test_config_families_and_plan_do_not_import_torch():
     code = (
         "import sys, taperlm.config, taperlm.families, taperlm.presets, taperlm.budget, "
@@ -344,7 +360,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "outfiles",
         ),
     ),
-    ("specification", ("taper", "solver", "kv_taper", "families", "budget", "config", "presets")),
+    (
+        "specification",
+        ("taper", "solver", "model_fields", "kv_taper", "families", "budget", "config", "presets"),
+    ),
     ("model", ("models", "generation", "hf", "gguf_export")),
     ("data", ("data",)),
     ("runs", ("training", "evaluation", "analysis", "loading", "importing", "compress")),

@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
             {m.taper.to_string(): list(m.mlp_widths or [])},
             m.mlp_width,
             args.plot,
-            heads={m.head_taper: heads} if m.layer_heads is not None else None,
+            heads={m.head_taper.as_text(): heads} if m.layer_heads is not None else None,
             baseline_heads=m.n_heads,
         )
         if not args.json:

@@ -30,7 +30,7 @@ from taperlm.compare.grid import FAMILIES_TAPERS
 from taperlm.compare.options import DEFAULT_FAMILIES, CompareOptions
 from taperlm.compare.reproduce import run_arguments
 from taperlm.compare.study import Part, StudyPlan, StudyProgress
-from taperlm.config import parse_override
+from taperlm.config.assembly import Assembly, Layer
 from taperlm.errors import ConfigError
 from taperlm.families import FAMILIES
 from taperlm.presets import PAPER_SHAPES, SMALL_SHAPES, preset_families
@@ -67,14 +67,11 @@ def preset_size(opts: CompareOptions) -> str:
     return size
 
 
-def override_family(text: str) -> str | None:
-    """The family whose own section a `--set` key addresses (`model.titans.window=32` ->
-    titans), or None for a key every family has."""
-    key, _ = parse_override(text)
+def override_family(key: str) -> str | None:
+    """The family whose own section the dotted key of a `--set` addresses (`model.titans.window`
+    -> titans), or None for a key every family has."""
     parts = key.split(".")
-    if parts[0] == "model":
-        parts = parts[1:]
-    return parts[0] if len(parts) > 1 and parts[0] in FAMILIES else None
+    return parts[1] if len(parts) > 2 and parts[0] == "model" and parts[1] in FAMILIES else None
 
 
 def family_options(opts: CompareOptions) -> list[tuple[str, CompareOptions]]:
@@ -91,8 +88,12 @@ def family_options(opts: CompareOptions) -> list[tuple[str, CompareOptions]]:
     size = preset_size(opts)
     known = preset_families()
     names = {known[p][0].name for p in prefixes}
+    # the key each --set text sets, as the assembly records it (checked here, as every family's
+    # own assembly would)
+    keys = Assembly.of({}, "--set", Layer.DEFAULT).overrides(opts.overrides, Layer.SET, "--set")
+    families_of = {text: override_family(key) for text, key in zip(opts.overrides, keys)}
     for text in opts.overrides:
-        fam = override_family(text)
+        fam = families_of[text]
         if fam is not None and fam not in names:
             raise ConfigError(
                 f"--set {text!r} is an option of the {fam} family, which is not among "
@@ -101,7 +102,7 @@ def family_options(opts: CompareOptions) -> list[tuple[str, CompareOptions]]:
     out = []
     for prefix in prefixes:
         fam = known[prefix][0].name
-        sets = [o for o in opts.overrides if override_family(o) in (None, fam)]
+        sets = [o for o in opts.overrides if families_of[o] in (None, fam)]
         sub = dataclasses.replace(
             opts,
             out=opts.out / f"{prefix}-{size}",

@@ -148,12 +148,17 @@ class Assembly:
         self.origins[f"model.{key}"] = Layer.OPTIONS
         self.clear_sizes()
 
-    def overrides(self, texts: list[str], layer: Layer, origin: str) -> None:
+    def overrides(self, texts: list[str], layer: Layer, origin: str) -> list[str]:
         """`key=value` overrides in order (a later one of a key wins), each checked as it is
-        applied and blamed on `origin` (`--set`, `TAPERLM_SET`); see `apply_override`."""
+        applied and blamed on `origin` (`--set`, `TAPERLM_SET`); see `apply_override`. Returns
+        the dotted key each text set, in order (`d_model=512` -> `model.d_model`)."""
+        keys = []
         for text in texts:
-            self.origins[apply_override(self.data, text, origin, self.notes)] = layer
+            key = apply_override(self.data, text, origin, self.notes)
+            self.origins[key] = layer
             self._forget_absent()
+            keys.append(key)
+        return keys
 
     def _forget_absent(self) -> None:
         """Drop the record of keys no longer in `data` (resolved sizes an override cleared)."""

@@ -25,13 +25,28 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, TaperSpec):
         return obj.to_dict()
     if dataclasses.is_dataclass(obj):
-        out = {name: to_dict(getattr(obj, name)) for name in config_keys(type(obj))}
+        texts = _text_specs(type(obj))
+        out = {
+            name: _text_of(value) if name in texts else to_dict(value)
+            for name in config_keys(type(obj))
+            for value in (getattr(obj, name),)
+        }
         if isinstance(obj, ModelConfig) and obj.options is not None:
             out[obj.family] = to_dict(obj.options)
         return out
     if isinstance(obj, (list, tuple)):
         return [to_dict(x) for x in obj]
     return obj
+
+
+def _text_specs(cls: type) -> set[str]:
+    """The fields of `cls` that hold a spec as the user's text (`ModelConfig.head_taper`)."""
+    return {f.name for f in dataclasses.fields(cls) if f.metadata.get("text_spec")}
+
+
+def _text_of(value: Any) -> Any:
+    """A text spec's field as a config file writes it: the text it was given."""
+    return value.as_text() if isinstance(value, TaperSpec) else value
 
 
 def config_keys(cls: type) -> list[str]:
@@ -65,9 +80,13 @@ def _dataclass_from(cls: type, data: dict, where: str, sections: tuple[str, ...]
         raise ConfigError(
             f"unknown key(s) in {where or 'config'}: {hint}. Valid keys: {', '.join(sorted(valid))}"
         )
+    texts = _text_specs(cls)
     kwargs = {}
     for key, value in data.items():
         path = f"{where}.{key}" if where else key
+        if key in texts and not isinstance(value, TaperSpec):  # text, parsed by the config
+            kwargs[key] = coerce_value(str, value, path)
+            continue
         kwargs[key] = coerce_value(hints[key], value, path)
         check_field(cls, key, kwargs[key], path)
     return cls(**kwargs)
@@ -189,7 +208,7 @@ def _taper_from(data: Any, where: str) -> TaperSpec:
 
 def from_dict_plain(cls: type, data: dict, where: str) -> Any:
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
     unknown = sorted((k for k in data if k not in names), key=str)
     if unknown:
         raise ConfigError(

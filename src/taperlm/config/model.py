@@ -11,6 +11,7 @@ What differs between model families (their options, checks and per-layer sizes) 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,17 @@ def check_taper_spec(spec: TaperSpec, where: str) -> None:
         raise ConfigError(f"{where}: {err}") from None
 
 
+# Field metadata of a spec that a config holds as the user's text (head and KV tapers): read from
+# a string and written back as it (`taperlm.config.convert`).
+TEXT = {"text_spec": True}
+
+
+def _head_spec(text: str) -> TaperSpec:
+    """A head or KV taper spec parsed from `text`, in steps of 1 (the head taper's step of one
+    KV group depends on the model: `ModelConfig.head_taper_spec`)."""
+    return TaperSpec.parse(text, multiple_of=1)
+
+
 @dataclass
 class ModelConfig:
     """A language model of one family with per-layer MLP widths and attention heads.
@@ -59,13 +71,17 @@ class ModelConfig:
         mlp_widths: resolved per-layer widths, one per layer; authoritative once written.
         head_taper: taper spec of the query heads per layer (same language as `taper`, e.g.
             cosine:1.25:0.75) at the fixed head dim; every layer keeps the group size
-            n_heads / kv_heads, so its KV heads follow its query heads (docs/tapers.md).
+            n_heads / kv_heads, so its KV heads follow its query heads (docs/tapers.md). Given
+            and written as text (the spec keeps it, `TaperSpec.as_text`), parsed once when set
+            (a text that does not parse is kept, for `validate` to refuse); its step of one KV
+            group is applied by `head_taper_spec()`.
         layer_heads: resolved query heads per layer (sum n_layers x n_heads, multiples of the
             group size); null = n_heads in every layer. Authoritative once written.
         kv_taper: taper spec of the KV heads per layer (same language; multipliers of the
             layer's default H_l / g KV heads, any mean; custom integers are counts). Each layer
             gets the nearest divisor of its query heads, and the MLP widths take up the K/V
-            parameters saved, at the same total (taperlm.kv_taper, docs/tapers.md).
+            parameters saved, at the same total (taperlm.kv_taper, docs/tapers.md). Given and
+            written as text, parsed once when set, like `head_taper`.
         layer_kv_heads: resolved KV heads per layer (each divides the layer's query heads);
             null = H_l / g. Authoritative once written.
         context_length: maximum sequence length (RoPE tables, evaluation windows).
@@ -93,9 +109,9 @@ class ModelConfig:
     mlp_width: int = setting(2816, up_to(MAX_WIDTH))
     taper: TaperSpec = field(default_factory=TaperSpec)
     mlp_widths: list[int] | None = setting(None, up_to(MAX_WIDTH, 0))
-    head_taper: str = setting("uniform", "text")
+    head_taper: TaperSpec = field(default_factory=lambda: _head_spec("uniform"), metadata=TEXT)
     layer_heads: list[int] | None = setting(None, up_to(MAX_HEADS))
-    kv_taper: str = setting("uniform", "text")
+    kv_taper: TaperSpec = field(default_factory=lambda: _head_spec("uniform"), metadata=TEXT)
     layer_kv_heads: list[int] | None = setting(None, up_to(MAX_HEADS))
     context_length: int = setting(4096, up_to(MAX_CONTEXT))
     rope_theta: float = setting(10000.0, "(0, inf)")
@@ -153,29 +169,46 @@ class ModelConfig:
         return q, q // self.group_size
 
     def head_taper_spec(self) -> TaperSpec:
-        """`head_taper` parsed, with steps of one KV group (TaperError if it is not valid)."""
-        return self._parsed(self.head_taper, self.group_size)
+        """`head_taper` with steps of one KV group (TaperError or ConfigError if it is no spec)."""
+        return dataclasses.replace(self._spec("head_taper"), multiple_of=self.group_size)
 
     def kv_taper_spec(self) -> TaperSpec:
-        """`kv_taper` parsed (TaperError if it is not valid)."""
-        return self._parsed(self.kv_taper, 1)
+        """`kv_taper` in steps of one KV head (TaperError or ConfigError if it is no spec)."""
+        spec = self._spec("kv_taper")
+        return spec if spec.multiple_of == 1 else dataclasses.replace(spec, multiple_of=1)
 
-    def _parsed(self, text: str, multiple_of: int) -> TaperSpec:
-        """A head or KV taper spec, parsed once per text and step: validate, resolve, plan and
-        the model card all read it. Kept beside the fields, not as one (never written)."""
-        specs = self.__dict__.setdefault("_parsed_specs", {})
-        key = (text, multiple_of)
-        if key not in specs:
-            specs[key] = TaperSpec.parse(text, multiple_of=multiple_of)
-        return specs[key]
+    def _spec(self, key: str) -> TaperSpec:
+        """The spec of `model.key`; TaperError for a text that does not parse (kept as given)."""
+        spec = getattr(self, key)
+        if isinstance(spec, str):
+            return _head_spec(spec)
+        if not isinstance(spec, TaperSpec):
+            raise ConfigError(f"model.{key} must be a string, got {quoted(spec)}")
+        return spec
 
-    def _state(self) -> tuple:
-        """Every field's value, deep-copied: what a validation or a resolution was of."""
-        return dataclasses.astuple(self)
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Assigning a field makes the config unresolved again: its sizes and checks were of the
+        # old value (a copy by dataclasses.replace or from_dict starts unresolved, too).
+        self.__dict__.pop("_resolved", None)
+        if name in ("head_taper", "kv_taper") and isinstance(value, str):
+            # The one parse of a head or KV spec's text. A text that does not parse is kept
+            # as given: validate() refuses it with the parse error, in its order of checks.
+            with contextlib.suppress(TaperError):
+                value = _head_spec(value)
+        super().__setattr__(name, value)
 
-    def is_resolved(self) -> bool:
-        """Whether `resolve()` wrote and validated this config, unchanged since."""
-        return self.__dict__.get("_resolved_state") == self._state()
+    def _sizes(self) -> tuple:
+        """The resolved per-layer sizes, the family's included (a copy: resolve() compares)."""
+        options = None if self.options is None else dataclasses.astuple(self.options)
+        return (self.mlp_widths, self.layer_heads, self.layer_kv_heads, options)
+
+    @property
+    def resolved(self) -> bool:
+        """Whether `resolve()` wrote and checked this config and no field was assigned since;
+        commands hand such a config on, and `TaperedLM` and the trainer use it as is. Values
+        edited in place (`cfg.mlp_widths[0] += 16`) are not noticed: edit a copy
+        (`dataclasses.replace`) or the config's dict form instead."""
+        return self.__dict__.get("_resolved", False)
 
     def solve_kv_heads(self) -> KVHeads:
         """The KV taper solved against this config's query heads (counts, asked, notes)."""
@@ -184,11 +217,7 @@ class ModelConfig:
         return solve_kv_heads(self.kv_taper_spec(), q, self.group_size, step)
 
     def validate(self) -> None:
-        """Check shapes and options; raise ConfigError naming the key and the fix. A config
-        validated before and unchanged since is not checked again."""
-        state = self._state()
-        if self.__dict__.get("_validated_state") == state:
-            return
+        """Check shapes and options; raise ConfigError naming the key and the fix."""
         fam = get_family(self.family)
         check_domains(self, "model")
         check_taper_spec(self.taper, "model.taper")
@@ -231,7 +260,6 @@ class ModelConfig:
                 f"{type(self.options).__name__}"
             )
         fam.validate(self)
-        self.__dict__["_validated_state"] = state
 
     def _check_head_spec(
         self, fam: Any, key: str, parse: Any, resolved: Any, noun: str, example: str
@@ -313,11 +341,12 @@ class ModelConfig:
         """Fill `layer_heads` from the head taper, `layer_kv_heads` from the KV taper,
         `mlp_widths` from the taper (taking up the K/V parameters the KV taper saves) and the
         family's per-layer sizes (e.g. Hope level widths, Titans memory widths) when absent,
-        validate, and return self. The one place a model config is validated: a resolved
-        config, unchanged since, is neither solved nor checked again (`is_resolved`)."""
-        if self.is_resolved():
+        validate, and return self, marked `resolved`. Every command resolves its config once,
+        in the assembly (`taperlm.config.assembly`); a resolved config is returned as is."""
+        if self.resolved:
             return self
         self.validate()
+        before = self._sizes()
         heads = self.head_taper_spec()
         if self.layer_heads is None and not heads.is_uniform:
             try:
@@ -325,12 +354,14 @@ class ModelConfig:
                     heads, self.n_layers, self.n_heads, what="query head count"
                 )
             except TaperError as err:
-                raise ConfigError(f"model.head_taper {self.head_taper!r}: {err}") from None
+                raise ConfigError(
+                    f"model.head_taper {self.head_taper.as_text()!r}: {err}"
+                ) from None
         if self.layer_kv_heads is None and not self.kv_taper_spec().is_uniform:
             try:
                 self.layer_kv_heads = self.solve_kv_heads().counts
             except TaperError as err:
-                raise ConfigError(f"model.kv_taper {self.kv_taper!r}: {err}") from None
+                raise ConfigError(f"model.kv_taper {self.kv_taper.as_text()!r}: {err}") from None
         if self.mlp_widths is None:
             total = self.n_layers * self.mlp_width + mlp_width_credit(self)
             try:
@@ -342,15 +373,19 @@ class ModelConfig:
                     raise
                 raise TaperError(
                     f"{err} (the MLP widths take up the {mlp_width_credit(self):+d} units of "
-                    f"width the KV taper {self.kv_taper!r} frees)"
+                    f"width the KV taper {self.kv_taper.as_text()!r} frees)"
                 ) from None
         get_family(self.family).resolve(self)
-        self.validate()  # the sizes written (free when nothing was absent)
-        self.__dict__["_resolved_state"] = self._state()
+        if self._sizes() != before:  # check the sizes written
+            self.validate()
+        self.__dict__["_resolved"] = True
         return self
 
     def with_taper(
-        self, taper: TaperSpec, head_taper: str | None = None, kv_taper: str | None = None
+        self,
+        taper: TaperSpec,
+        head_taper: str | TaperSpec | None = None,
+        kv_taper: str | TaperSpec | None = None,
     ) -> ModelConfig:
         """A copy of this config with a different taper (and head / KV taper, when given),
         sizes re-resolved at the same budget."""

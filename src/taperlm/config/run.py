@@ -22,12 +22,15 @@ class RunConfig:
     """the training loop: budget, batch, optimizer, schedule, checkpoints, logging."""
 
     def validate(self) -> None:
-        """Every section's declared domains (the model's own checks included)."""
-        self.model.validate()
+        """Every section's declared domains (the model's own checks included; a resolved model
+        was checked by its resolve())."""
+        if not self.model.resolved:
+            self.model.validate()
         check_domains(self.data, "data")
         check_domains(self.train, "train")
 
     def resolve(self) -> RunConfig:
+        """The model resolved (`ModelConfig.resolve`), the other sections checked; self."""
         self.model.resolve()
         check_domains(self.data, "data")
         check_domains(self.train, "train")

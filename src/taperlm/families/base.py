@@ -9,8 +9,9 @@ pre-norm residual blocks
 (`taperlm.models.layers.Block`) whose layer-l MLP has the tapered width `mlp_widths[l]`. The
 record says how to check and resolve the family's options, how many parameters and FLOPs each
 component has, how to build a block, which presets it has and what `taperlm plan` shows for it.
-Families read a config through `ModelFields` and never import `taperlm.config` (which imports
-them), so there is no import circle.
+Families read a config through `ModelFields` (`taperlm.model_fields`, which the torch blocks of
+`taperlm.models` read it through too) and never import `taperlm.config` (which imports them), so
+there is no import circle.
 """
 
 from __future__ import annotations
@@ -18,40 +19,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from taperlm.taper import TaperSpec
-
-
-class ModelFields(Protocol):
-    """What a family reads of a `taperlm.config.ModelConfig` (see its field documentation)."""
-
-    family: str
-    vocab_size: int
-    d_model: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int | None
-    mlp_width: int
-    taper: TaperSpec
-    mlp_widths: list[int] | None
-    head_taper: str
-    layer_heads: list[int] | None
-    kv_taper: str
-    layer_kv_heads: list[int] | None
-    context_length: int
-    rope_theta: float
-    norm_eps: float
-    options: Any  # the family's options dataclass (None for families without options)
-
-    @property
-    def head_dim(self) -> int: ...
-
-    @property
-    def kv_heads(self) -> int: ...
-
-    def attention_heads(self, layer: int) -> tuple[int, int]: ...
-
+from taperlm.model_fields import ModelFields
 
 # (cfg, layer) -> parameter count by component, e.g. {"attn_qkv": ..., "norms": ...}
 ComponentParams = Callable[[ModelFields, int], dict[str, int]]

@@ -44,7 +44,7 @@ def check_supported(cfg: Any) -> None:
     if len(heads) > 1:
         raise ConfigError(
             f"{where} keeps the query heads equal in every layer, but this model's head taper "
-            f"{cfg.head_taper!r} gives {sorted(heads)}; taper the KV heads (model.kv_taper) or "
+            f"{cfg.head_taper.as_text()!r} gives {sorted(heads)}; taper the KV heads (model.kv_taper) or "
             "the MLP widths instead, or export --format hf / gguf"
         )
     bad = [(i, w) for i, w in enumerate(cfg.mlp_widths) if w % WIDTH_MULTIPLE or w <= 0]

@@ -49,7 +49,7 @@ def model_card(model_cfg: Any, run_config: Any = None, name: str = "taperlm mode
         f"{cfg.d_model}, vocabulary {cfg.vocab_size}, context {cfg.context_length}, "
         f"{p.total_params:,} parameters. Its MLP widths follow the taper "
         f"`{cfg.taper.to_string()}` ({describe(cfg.taper)}) and its attention heads the head "
-        f"taper `{cfg.head_taper}` ({describe(cfg.head_taper_spec())}), at the parameter and FLOP budget of the uniform model "
+        f"taper `{cfg.head_taper.as_text()}` ({describe(cfg.head_taper_spec())}), at the parameter and FLOP budget of the uniform model "
         f"(MLP width {cfg.mlp_width}, {cfg.n_heads} heads in every layer).",
         "",
         "## Layers and budget",

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from taperlm.families.base import ModelFields
+from taperlm.model_fields import ModelFields
 from taperlm.models.layers import Attention, Block, RMSNorm, Rotary, SwiGLU
 
 

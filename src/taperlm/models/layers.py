@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from taperlm.errors import ConfigError
-from taperlm.families.base import ModelFields
+from taperlm.model_fields import ModelFields
 from taperlm.models import cpu_kernels
 from taperlm.models.loss import chunked_cross_entropy
 

@@ -49,9 +49,10 @@ class TaperedLM(nn.Module):
         super().__init__()
         if cfg.mlp_widths is None:
             raise ConfigError("ModelConfig has no resolved mlp_widths; call cfg.resolve() first")
-        # A config loaded with its sizes (a run dir, an export) is resolved and validated here,
-        # once; one that resolve() wrote, unchanged since, costs nothing.
-        cfg.resolve()
+        # A resolved config (every command's) is used as is; one loaded with its sizes (a run
+        # dir, an export) or built in Python is resolved and checked here, once.
+        if not cfg.resolved:
+            cfg.resolve()
         _check_fits(cfg)
         self.config = cfg
         parts = dict(self.parts(cfg, Rotary(cfg.head_dim, cfg.context_length, cfg.rope_theta)))

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from taperlm.families.base import ModelFields
+from taperlm.model_fields import ModelFields
 from taperlm.models.layers import Block, RMSNorm, Rotary, SwiGLU
 from taperlm.models.memory import MemoryState, MemoryStream, NeuralMemory
 

@@ -135,7 +135,9 @@ class Trainer:
         a checkpoint to resume (its own, else `branch`'s: (source run dir, step), a WSD
         cooldown branch, `taperlm.training.run_dir.check_branch`); in an order that fails before
         any work that would be lost."""
-        self.run = run.resolve()
+        # The commands hand over the config their assembly resolved, used as is; one built in
+        # Python is resolved here, once.
+        self.run = run if run.model.resolved else run.resolve()
         self.cfg = run.train
         self.out = Path(out_dir)
         self.info = D.init_distributed(self.cfg.device)
