@@ -48,37 +48,39 @@ DEFAULT_MULTIPLE_OF = 16
 class Schedule:
     """One taper schedule: everything taperlm knows of it. `register_schedule` makes its name a
     spec (`--taper NAME[:ARGS]`, `taper: {schedule: NAME, ...}` in YAML, head and KV tapers).
-
-    Fields:
-        name: the spec's first word (`cosine` in `cosine:1.5:0.5`).
-        parse: (spec, args, text) -> the spec with `args` (the text after `NAME:`, "" if none)
-            read into its fields; `spec` is a fresh TaperSpec of this schedule, `text` the whole
-            spec string for error messages. TaperError for bad arguments.
-        to_string: the canonical spec string; `parse` reads it back to an equal spec.
-        settings: the fields it uses, as its YAML mapping writes them after schedule and
-            multiple_of (a mapping that gives them reads back to an equal spec).
-        check: TaperError for settings out of range (TaperSpec.validate calls it).
-        multipliers: (spec, n_layers) -> the real-valued multiplier of every layer (mean 1).
-        describe: a short label for people (`taperlm plan`: 'cosine 1.5 -> 0.5').
-        sizes: integer sizes the spec gives outright (custom widths), which the solver checks
-            instead of rounding multipliers; None when it gives multipliers.
-        measured: its multipliers are measured on the MLP (novelty's rho_mlp): they allocate MLP
-            widths only, never heads or KV heads, and their order across depth is not enforced.
-        blocks: (spec, n_layers) -> the lengths of the runs of consecutive layers that keep one
-            size (groups: its equal groups), which the solver moves as wholes; None: any layer
-            may move on its own.
     """
 
     name: str
+    """the spec's first word (`cosine` in `cosine:1.5:0.5`)."""
     parse: Callable[[TaperSpec, str, str], TaperSpec]
+    """(spec, args, text) -> the spec with `args` (the text after `NAME:`, "" if none) read into its
+    fields; `spec` is a fresh TaperSpec of this schedule, `text` the whole spec string for error
+    messages. TaperError for bad arguments.
+    """
     to_string: Callable[[TaperSpec], str]
+    """the canonical spec string; `parse` reads it back to an equal spec."""
     settings: Callable[[TaperSpec], dict[str, Any]]
+    """the fields it uses, as its YAML mapping writes them after schedule and multiple_of (a mapping
+    that gives them reads back to an equal spec).
+    """
     check: Callable[[TaperSpec], None]
+    """TaperError for settings out of range (TaperSpec.validate calls it)."""
     multipliers: Callable[[TaperSpec, int], list[float]]
+    """(spec, n_layers) -> the real-valued multiplier of every layer (mean 1)."""
     describe: Callable[[TaperSpec], str]
+    """a short label for people (`taperlm plan`: 'cosine 1.5 -> 0.5')."""
     sizes: Callable[[TaperSpec], list[int] | None] = lambda spec: None
+    """integer sizes the spec gives outright (custom widths), which the solver checks instead of
+    rounding multipliers; None when it gives multipliers.
+    """
     measured: bool = False
+    """its multipliers are measured on the MLP (novelty's rho_mlp): they allocate MLP widths only,
+    never heads or KV heads, and their order across depth is not enforced.
+    """
     blocks: Callable[[TaperSpec, int], list[int] | None] = lambda spec, n_layers: None
+    """(spec, n_layers) -> the lengths of the runs of consecutive layers that keep one size (groups:
+    its equal groups), which the solver moves as wholes; None: any layer may move on its own.
+    """
 
 
 # name -> record, in the order error messages list them.
@@ -108,45 +110,46 @@ def _check_positive(values: list[float], if_empty: str, what: str) -> None:
 
 @dataclass
 class TaperSpec:
-    """How per-layer sizes are derived from a baseline size.
-
-    Fields:
-        schedule: the name of a registered schedule (`SCHEDULES`): uniform | cosine | linear |
-            sigmoid | groups | custom | novelty.
-        start: multiplier of the baseline at the first layer (cosine/linear/sigmoid); >= 0.
-        end: multiplier at the last layer; start < end gives the wider-late mirror. A
-            multiplier of 0 (here, in `groups` or `values`) or one that rounds to 0 steps of
-            multiple_of gives an MLP width of 0: that layer is attention only (docs/tapers.md,
-            "Zero widths"); head and memory tapers refuse it.
-        steepness: k of the sigmoid schedule.
-        groups: multipliers of n equal groups of consecutive layers (schedule `groups`).
-        values: explicit per-layer multipliers or widths (schedule `custom`).
-        values_are_widths: whether `values` are integer widths (True) or multipliers (False).
-        multiple_of: every resolved size is a multiple of this (16 in the paper; 64-256 on GPUs).
-        monotone: enforce a monotone result; None = enforce exactly when the multipliers are
-            monotone (never for novelty, whose order is measured, not a schedule).
-        strength: novelty: the largest deviation of a multiplier from 1 (0 < strength < 1).
-        source: novelty: where rho_mlp was measured (a JSON file, a run dir, or `pilot`).
-        rho_mlp: novelty: the measured per-layer mean rho_mlp the multipliers are made from.
-        text: the spec string `parse` read (`cosine`, not its canonical `cosine:1.5:0.5`), which
-            `as_text` writes back where a config keeps a spec as the user's text (the head and
-            KV tapers); "" for a spec built otherwise. Not a setting: never compared, never read
-            from a mapping, and a copy by `replace` drops it (its settings may differ).
-    """
+    """How per-layer sizes are derived from a baseline size."""
 
     schedule: str = setting("uniform", Domain.choice_of(lambda: SCHEDULES, "{schedules}"))
+    """the name of a registered schedule (`SCHEDULES`): uniform | cosine | linear | sigmoid | groups
+    | custom | novelty.
+    """
     start: float = setting(DEFAULT_START, "[0, inf)")
+    """multiplier of the baseline at the first layer (cosine/linear/sigmoid); >= 0."""
     end: float = setting(DEFAULT_END, "[0, inf)")
+    """multiplier at the last layer; start < end gives the wider-late mirror. A multiplier of 0
+    (here, in `groups` or `values`) or one that rounds to 0 steps of multiple_of gives an MLP
+    width of 0: that layer is attention only (docs/tapers.md, "Zero widths"); head and memory
+    tapers refuse it.
+    """
     steepness: float = setting(DEFAULT_STEEPNESS, "(0, inf)")
+    """k of the sigmoid schedule."""
     groups: list[float] = setting([], "[0, inf)")
+    """multipliers of n equal groups of consecutive layers (schedule `groups`)."""
     values: list[float] = setting([], "[0, inf)")
+    """explicit per-layer multipliers or widths (schedule `custom`)."""
     values_are_widths: bool = False
+    """whether `values` are integer widths (True) or multipliers (False)."""
     multiple_of: int = setting(DEFAULT_MULTIPLE_OF, up_to(MAX_WIDTH))
+    """every resolved size is a multiple of this (16 in the paper; 64-256 on GPUs)."""
     monotone: bool | None = None
+    """enforce a monotone result; None = enforce exactly when the multipliers are monotone (never
+    for novelty, whose order is measured, not a schedule).
+    """
     strength: float = setting(DEFAULT_STRENGTH, "(0, 1)")
+    """novelty: the largest deviation of a multiplier from 1 (0 < strength < 1)."""
     source: str = setting("", "text")
+    """novelty: where rho_mlp was measured (a JSON file, a run dir, or `pilot`)."""
     rho_mlp: list[float] = setting([], "(-inf, inf)")  # finite (a cosine, measured)
+    """novelty: the measured per-layer mean rho_mlp the multipliers are made from."""
     text: str = field(default="", init=False, compare=False, repr=False)
+    """the spec string `parse` read (`cosine`, not its canonical `cosine:1.5:0.5`), which `as_text`
+    writes back where a config keeps a spec as the user's text (the head and KV tapers); "" for a
+    spec built otherwise. Not a setting: never compared, never read from a mapping, and a copy by
+    `replace` drops it (its settings may differ).
+    """
 
     @classmethod
     def parse(cls, text: str, multiple_of: int | None = None) -> TaperSpec:

@@ -45,22 +45,22 @@ class Layer(enum.IntEnum):
 
 @dataclass
 class Assembly:
-    """A run config being assembled from its layers.
-
-    Fields:
-        data: the run config in the dict form of a config file (`model:`, `data:`, `train:`),
-            which each layer edits; `build()` reads it into the typed `RunConfig`.
-        source: what the base layer was, for error messages (`preset transformer-tiny`, a path).
-        origins: dotted key (`train.lr`, `model.hope.levels`) -> the layer that set it last;
-            a key without an entry has its default (`Layer.DEFAULT`).
-        notes: what a later layer replaced in a config file the user gave, to print; None when
-            no notes are wanted (a preset, a continued run's own config).
-    """
+    """A run config being assembled from its layers."""
 
     data: dict[str, Any]
+    """the run config in the dict form of a config file (`model:`, `data:`, `train:`), which each
+    layer edits; `build()` reads it into the typed `RunConfig`.
+    """
     source: str
+    """what the base layer was, for error messages (`preset transformer-tiny`, a path)."""
     origins: dict[str, Layer] = field(default_factory=dict)
+    """dotted key (`train.lr`, `model.hope.levels`) -> the layer that set it last; a key without an
+    entry has its default (`Layer.DEFAULT`).
+    """
     notes: list[str] | None = None
+    """what a later layer replaced in a config file the user gave, to print; None when no notes are
+    wanted (a preset, a continued run's own config).
+    """
 
     @classmethod
     def start(cls, config: str | Path | None, preset: str | None, notes: bool = False) -> Assembly:

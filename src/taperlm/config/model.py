@@ -57,69 +57,71 @@ def _head_spec(text: str) -> TaperSpec:
 
 @dataclass
 class ModelConfig:
-    """A language model of one family with per-layer MLP widths and attention heads.
-
-    Fields:
-        family: transformer | gated | hope | titans (`taperlm.families.FAMILIES`).
-        vocab_size: tokenizer vocabulary size (the embedding and head rows).
-        d_model: residual stream width.
-        n_layers: number of blocks.
-        n_heads: attention query heads of the uniform model (head dim = d_model / n_heads).
-        n_kv_heads: key/value heads (GQA); null = n_heads (plain multi-head attention).
-        mlp_width: baseline SwiGLU width of the uniform model (the budget is n_layers x mlp_width).
-        taper: the schedule that produced `mlp_widths` (provenance).
-        mlp_widths: resolved per-layer widths, one per layer; authoritative once written.
-        head_taper: taper spec of the query heads per layer (same language as `taper`, e.g.
-            cosine:1.25:0.75) at the fixed head dim; every layer keeps the group size
-            n_heads / kv_heads, so its KV heads follow its query heads (docs/tapers.md). Given
-            and written as text (the spec keeps it, `TaperSpec.as_text`), parsed once when set
-            (a text that does not parse is kept, for `validate` to refuse); its step of one KV
-            group is applied by `head_taper_spec()`.
-        layer_heads: resolved query heads per layer (sum n_layers x n_heads, multiples of the
-            group size); null = n_heads in every layer. Authoritative once written.
-        kv_taper: taper spec of the KV heads per layer (same language; multipliers of the
-            layer's default H_l / g KV heads, any mean; custom integers are counts). Each layer
-            gets the nearest divisor of its query heads, and the MLP widths take up the K/V
-            parameters saved, at the same total (taperlm.kv_taper, docs/tapers.md). Given and
-            written as text, parsed once when set, like `head_taper`.
-        layer_kv_heads: resolved KV heads per layer (each divides the layer's query heads);
-            null = H_l / g. Authoritative once written.
-        context_length: maximum sequence length (RoPE tables, evaluation windows).
-        rope_theta: RoPE base.
-        norm_eps: RMSNorm epsilon.
-        tie_embeddings: share the token embedding with the output head.
-        init_std: std of the normal init; residual output projections use init_std / sqrt(2 n_layers).
-        init: how init_std applies to each matrix: `fixed` = init_std for every matrix (the
-            residual output projections / sqrt(2 n_layers)); `fan_in` = each matrix's std
-            follows its own fan-in, init_std * sqrt(d_model / fan_in) (the same / sqrt(2
-            n_layers) for residual outputs), so a layer's MLP output variance at init does not
-            depend on that layer's width (docs/compare.md, "Initialisation schemes").
-        options: the family's own options (e.g. `taperlm.families.hope.HopeConfig`), written as
-            the section named after the family (`hope:`) and read as `cfg.hope`; None for a
-            family without options. Built without them, a config gets its family's defaults;
-            another family's are refused by `validate` (change the family with `as_family`).
-    """
+    """A language model of one family with per-layer MLP widths and attention heads."""
 
     family: str = setting("transformer", Domain.choice_of(lambda: FAMILIES, "{families}"))
+    """transformer | gated | hope | titans (`taperlm.families.FAMILIES`)."""
     vocab_size: int = setting(32000, up_to(MAX_VOCAB))
+    """tokenizer vocabulary size (the embedding and head rows)."""
     d_model: int = setting(1024, up_to(MAX_WIDTH))
+    """residual stream width."""
     n_layers: int = setting(24, up_to(MAX_LAYERS))
+    """number of blocks."""
     n_heads: int = setting(16, up_to(MAX_HEADS))
+    """attention query heads of the uniform model (head dim = d_model / n_heads)."""
     n_kv_heads: int | None = setting(None, up_to(MAX_HEADS))
+    """key/value heads (GQA); null = n_heads (plain multi-head attention)."""
     mlp_width: int = setting(2816, up_to(MAX_WIDTH))
+    """baseline SwiGLU width of the uniform model (the budget is n_layers x mlp_width)."""
     taper: TaperSpec = field(default_factory=TaperSpec)
+    """the schedule that produced `mlp_widths` (provenance)."""
     mlp_widths: list[int] | None = setting(None, up_to(MAX_WIDTH, 0))
+    """resolved per-layer widths, one per layer; authoritative once written."""
     head_taper: TaperSpec = field(default_factory=lambda: _head_spec("uniform"), metadata=TEXT)
+    """taper spec of the query heads per layer (same language as `taper`, e.g. cosine:1.25:0.75) at
+    the fixed head dim; every layer keeps the group size n_heads / kv_heads, so its KV heads
+    follow its query heads (docs/tapers.md). Given and written as text (the spec keeps it,
+    `TaperSpec.as_text`), parsed once when set (a text that does not parse is kept, for
+    `validate` to refuse); its step of one KV group is applied by `head_taper_spec()`.
+    """
     layer_heads: list[int] | None = setting(None, up_to(MAX_HEADS))
+    """resolved query heads per layer (sum n_layers x n_heads, multiples of the group size); null =
+    n_heads in every layer. Authoritative once written.
+    """
     kv_taper: TaperSpec = field(default_factory=lambda: _head_spec("uniform"), metadata=TEXT)
+    """taper spec of the KV heads per layer (same language; multipliers of the layer's default H_l /
+    g KV heads, any mean; custom integers are counts). Each layer gets the nearest divisor of its
+    query heads, and the MLP widths take up the K/V parameters saved, at the same total
+    (taperlm.kv_taper, docs/tapers.md). Given and written as text, parsed once when set, like
+    `head_taper`.
+    """
     layer_kv_heads: list[int] | None = setting(None, up_to(MAX_HEADS))
+    """resolved KV heads per layer (each divides the layer's query heads); null = H_l / g.
+    Authoritative once written.
+    """
     context_length: int = setting(4096, up_to(MAX_CONTEXT))
+    """maximum sequence length (RoPE tables, evaluation windows)."""
     rope_theta: float = setting(10000.0, "(0, inf)")
+    """RoPE base."""
     norm_eps: float = setting(1e-6, "(0, inf)")
+    """RMSNorm epsilon."""
     tie_embeddings: bool = False
+    """share the token embedding with the output head."""
     init_std: float = setting(0.02, "(0, inf)")
+    """std of the normal init; residual output projections use init_std / sqrt(2 n_layers)."""
     init: str = setting("fixed", "{fixed, fan_in}")
+    """how init_std applies to each matrix: `fixed` = init_std for every matrix (the residual output
+    projections / sqrt(2 n_layers)); `fan_in` = each matrix's std follows its own fan-in,
+    init_std * sqrt(d_model / fan_in) (the same / sqrt(2 n_layers) for residual outputs), so a
+    layer's MLP output variance at init does not depend on that layer's width (docs/compare.md,
+    "Initialisation schemes").
+    """
     options: Any = field(default=None, metadata={"section": True})
+    """the family's own options (e.g. `taperlm.families.hope.HopeConfig`), written as the section
+    named after the family (`hope:`) and read as `cfg.hope`; None for a family without options.
+    Built without them, a config gets its family's defaults; another family's are refused by
+    `validate` (change the family with `as_family`).
+    """
 
     def __post_init__(self) -> None:
         # Built without options: this family's defaults. Options of another family are kept as

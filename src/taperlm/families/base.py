@@ -98,48 +98,53 @@ def _every_token(cfg: ModelFields, layer: int, seq_len: int) -> int:
 
 @dataclass(frozen=True)
 class Family:
-    """Everything taperlm knows about one model family.
-
-    Fields:
-        name: `model.family`; also the YAML section of its options (`model.<name>:`).
-        build_block: (cfg, layer, rotary) -> the layer's `Block` (imports torch itself, so
-            that `taperlm plan` never does).
-        mixer_params / mlp_params: exact parameter counts by component of layer l's mixer and
-            MLP, equal to `numel` of the built modules. Components named `norms*`, `conv*`,
-            `bias*` or `vector*` are not matmul weights (`taperlm.budget`).
-        mixer_flops: (cfg, layer, seq_len) -> forward FLOPs per token of the mixer that are not
-            weight matmuls (attention scores and values, memory updates).
-        options: the dataclass of the family's options (None: the family has none). Its fields
-            are typed and documented like every config field.
-        validate: ConfigError (naming the key and the fix) for bad options; called after the
-            shared checks of `ModelConfig.validate`.
-        resolve: fill the family's per-layer sizes into its options from `cfg.mlp_widths`;
-            idempotent, never overwrites sizes already present (they are authoritative).
-        resolved: names of the option fields `resolve` writes (cleared when sizes change).
-        untapered: the options of the uniform baseline (turns off a family's own tapers).
-        presets: preset name prefix -> options of `<prefix>-<size>` for every shared size.
-        plan_column: (header, one value per layer) that `taperlm plan` adds, or None.
-        attention: whether the blocks have softmax attention whose heads follow
-            `cfg.attention_heads(layer)` (the head taper); False rejects a head taper.
-        cached_kv: (cfg, layer, tokens) -> key/value entries per KV head that layer l's decoding
-            cache holds after `tokens` tokens (every token for global attention; a window or
-            segment for Titans), so `taperlm plan`'s cache bytes equal the tensors allocated.
-    """
+    """Everything taperlm knows about one model family."""
 
     name: str
+    """`model.family`; also the YAML section of its options (`model.<name>:`)."""
     build_block: Callable[[ModelFields, int, Any], Any]
+    """(cfg, layer, rotary) -> the layer's `Block` (imports torch itself, so that `taperlm plan`
+    never does)."""
     mixer_params: ComponentParams
+    """exact parameter counts by component of layer l's mixer, equal to `numel` of the built
+    modules. Components named `norms*`, `conv*`, `bias*` or `vector*` are not matmul weights
+    (`taperlm.budget`).
+    """
     mlp_params: ComponentParams = swiglu_mlp_params
+    """the same for layer l's MLP."""
     mixer_flops: Callable[[ModelFields, int, int], int] = full_attention_flops
+    """(cfg, layer, seq_len) -> forward FLOPs per token of the mixer that are not weight matmuls
+    (attention scores and values, memory updates).
+    """
     options: type | None = None
+    """the dataclass of the family's options (None: the family has none). Its fields are typed and
+    documented like every config field.
+    """
     validate: Callable[[ModelFields], None] = _nothing
+    """ConfigError (naming the key and the fix) for bad options; called after the shared checks of
+    `ModelConfig.validate`.
+    """
     resolve: Callable[[ModelFields], None] = _nothing
+    """fill the family's per-layer sizes into its options from `cfg.mlp_widths`; idempotent, never
+    overwrites sizes already present (they are authoritative).
+    """
     resolved: tuple[str, ...] = ()
+    """names of the option fields `resolve` writes (cleared when sizes change)."""
     untapered: Callable[[Any], Any] = _same
+    """the options of the uniform baseline (turns off a family's own tapers)."""
     presets: Mapping[str, PresetOptions] = field(default_factory=dict)
+    """preset name prefix -> options of `<prefix>-<size>` for every shared size."""
     plan_column: Callable[[ModelFields], tuple[str, list[str]] | None] = _no_column
+    """(header, one value per layer) that `taperlm plan` adds, or None."""
     attention: bool = True
+    """whether the blocks have softmax attention whose heads follow `cfg.attention_heads(layer)`
+    (the head taper); False rejects a head taper.
+    """
     cached_kv: Callable[[ModelFields, int, int], int] = _every_token
+    """(cfg, layer, tokens) -> key/value entries per KV head that layer l's decoding cache holds
+    after `tokens` tokens (every token for global attention; a window or segment for Titans), so
+    `taperlm plan`'s cache bytes equal the tensors allocated.
+    """
 
     def fresh_options(self, options: Any) -> Any:
         """A copy of `options` with the resolved sizes cleared (to be re-resolved)."""

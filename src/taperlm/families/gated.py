@@ -17,13 +17,10 @@ GATE_KINDS = ("elementwise", "headwise")
 
 @dataclass
 class GatedConfig:
-    """Gated Attention options (`model.gated:`).
-
-    Fields:
-        gate: elementwise (d x d gate) or headwise (d x H gate).
-    """
+    """Gated Attention options (`model.gated:`)."""
 
     gate: str = setting("elementwise", "{" + ", ".join(GATE_KINDS) + "}")
+    """elementwise (d x d gate) or headwise (d x H gate)."""
 
 
 def check_gate(gate: Any, key: str) -> None:

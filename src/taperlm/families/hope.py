@@ -25,18 +25,16 @@ class HopeConfig:
     into `HopeConfig.level_widths` by the model family; see docs/architectures.md). Level i's
     parameters take an optimizer step every `update_periods[i]` optimizer steps, accumulating
     gradients in between (the multi-timescale reading of Nested Learning).
-
-    Fields:
-        levels: number of CMS levels k (k = 1 with period 1 is exactly Transformer++).
-        level_fractions: share of the layer's MLP width given to each level (sums to 1).
-        update_periods: optimizer-step period C_i of each level (1 = every step).
-        level_widths: resolved [layer][level] widths; written by the library, authoritative.
     """
 
     levels: int = setting(3, up_to(MAX_DEPTH))
+    """number of CMS levels k (k = 1 with period 1 is exactly Transformer++)."""
     level_fractions: list[float] = setting([0.5, 0.25, 0.25], "(0, 1]")
+    """share of the layer's MLP width given to each level (sums to 1)."""
     update_periods: list[int] = setting([1, 4, 16], up_to(MAX_COUNT))
+    """optimizer-step period C_i of each level (1 = every step)."""
     level_widths: list[list[int]] | None = setting(None, up_to(MAX_WIDTH))
+    """resolved [layer][level] widths; written by the library, authoritative."""
 
 
 def split_width(width: int, fractions: list[float], multiple_of: int) -> list[int]:

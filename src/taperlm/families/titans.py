@@ -28,46 +28,45 @@ VARIANTS = ("mac", "mag", "mal")
 
 @dataclass
 class TitansConfig:
-    """Titans: neural long-term memory (LMM) combined with attention, followed by a SwiGLU MLP.
-
-    Fields:
-        variant: mac (memory as context) | mag (memory as gate) | mal (memory as layer).
-        memory_heads: number of memory heads H_m.
-        memory_head_dim: per-head key/value width d_m of the memory.
-        memory_depth: layers of the memory MLP (>= 2).
-        memory_expansion: hidden width of the memory MLP as a multiple of memory_head_dim.
-        chunk_size: tokens per chunk of the chunk-wise parallel update; part of the model.
-        conv_kernel: kernel of the depthwise convolutions after the q/k/v projections.
-        persistent_tokens: learned persistent memory tokens N_p.
-        window: sliding attention window (mag, mal).
-        segment_len: segment length of mac.
-        max_inner_lr: upper bound of the data-dependent inner learning rate theta_t.
-        max_inner_grad_norm: every token's inner gradient (what it writes into the memory) is
-            clipped to this norm, so the memory cannot blow up within a sequence (0 = no clip).
-        memory_taper: second taper (spec string, e.g. cosine:1.5:0.5) on the per-layer memory
-            hidden width; baseline memory_expansion x memory_head_dim; depth 2 only (deeper
-            memories are not linear in the width, so a taper would change the budget).
-        memory_multiple_of: every resolved memory width is a multiple of this.
-        memory_widths: resolved per-layer memory hidden widths; written by the library.
-    """
+    """Titans: neural long-term memory (LMM) combined with attention, followed by a SwiGLU MLP."""
 
     variant: str = setting("mag", "{" + ", ".join(VARIANTS) + "}")
+    """mac (memory as context) | mag (memory as gate) | mal (memory as layer)."""
     memory_heads: int = setting(4, up_to(MAX_HEADS))
+    """number of memory heads H_m."""
     memory_head_dim: int = setting(64, up_to(MAX_WIDTH))
+    """per-head key/value width d_m of the memory."""
     memory_depth: int = setting(2, up_to(MAX_DEPTH, 2))
+    """layers of the memory MLP (>= 2)."""
     memory_expansion: int = setting(2, up_to(MAX_DEPTH))
+    """hidden width of the memory MLP as a multiple of memory_head_dim."""
     chunk_size: int = setting(16, up_to(MAX_CONTEXT))
+    """tokens per chunk of the chunk-wise parallel update; part of the model."""
     conv_kernel: int = setting(4, up_to(MAX_CONTEXT))
+    """kernel of the depthwise convolutions after the q/k/v projections."""
     persistent_tokens: int = setting(4, up_to(MAX_CONTEXT, 0))
+    """learned persistent memory tokens N_p."""
     window: int = setting(512, up_to(MAX_CONTEXT))
+    """sliding attention window (mag, mal)."""
     segment_len: int = setting(128, up_to(MAX_CONTEXT))
+    """segment length of mac."""
     # the inner step on ||M(k)-v||^2 diverges for large values
     max_inner_lr: float = setting(0.1, "(0, 1]")
+    """upper bound of the data-dependent inner learning rate theta_t."""
     # 0 turns the clip off
     max_inner_grad_norm: float = setting(1.0, "[0, inf)")
+    """every token's inner gradient (what it writes into the memory) is clipped to this norm, so the
+    memory cannot blow up within a sequence (0 = no clip).
+    """
     memory_taper: str = setting("uniform", "text")
+    """second taper (spec string, e.g. cosine:1.5:0.5) on the per-layer memory hidden width;
+    baseline memory_expansion x memory_head_dim; depth 2 only (deeper memories are not linear in
+    the width, so a taper would change the budget).
+    """
     memory_multiple_of: int = setting(16, up_to(MAX_WIDTH))
+    """every resolved memory width is a multiple of this."""
     memory_widths: list[int] | None = setting(None, up_to(MAX_WIDTH))
+    """resolved per-layer memory hidden widths; written by the library."""
 
 
 # ----------------------------------------------------------------------------------------------
