@@ -37,7 +37,7 @@ from taperlm.compare.pilots import pilot_tokens, run_pilots
 from taperlm.compare.recipe import base_config
 from taperlm.compare.report import write_report
 from taperlm.compare.reproduce import canonical_command
-from taperlm.compare.runner import EvalSettings, SharedInputs
+from taperlm.compare.runner import EvalSettings, Results, SharedInputs
 from taperlm.config import RunConfig
 from taperlm.data.loader import load_meta
 from taperlm.device import resolve_device
@@ -45,8 +45,6 @@ from taperlm.errors import ConfigError
 from taperlm.outdirs import check_folder, claim
 from taperlm.runlock import locked
 from taperlm.training.settings import validate_train_config
-
-Results = dict[str, dict[str, Any]]
 
 
 def allocations(opts: CompareOptions) -> list[Allocation]:
@@ -265,7 +263,7 @@ def _settings_meta(grid: Grid, results: Results, inputs: Inputs) -> dict[str, An
         "seeds": grid.seeds,
         "data_dir": str(inputs.data_dir),
         "train_tokens": int(inputs.meta["splits"]["train"]["tokens"]),
-        "val_tokens": first["val"]["tokens"],
+        "val_tokens": first.val["tokens"],
         "eval_tasks": settings.eval_tasks,
         "eval_limit": settings.eval_limit,
         "novelty_text": settings.novelty_text or f"the val split of {inputs.data_dir}",

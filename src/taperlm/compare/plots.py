@@ -4,7 +4,7 @@ difference vs uniform during training, and novelty per layer (averaged over seed
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -14,6 +14,9 @@ from taperlm.analysis.novelty import NoveltyResult, TokenStats
 from taperlm.compare.grid import Grid
 from taperlm.stats import relative_ppl_change as relative_change
 from taperlm.taper import TaperSpec
+
+if TYPE_CHECKING:
+    from taperlm.compare.runner import CellResult, Results
 
 PLOTS = {
     "widths": "widths.png",
@@ -26,11 +29,11 @@ PLOTS = {
 }
 
 
-def _averaged_novelty(results: list[dict[str, Any]], label: str):
+def _averaged_novelty(results: list[CellResult], label: str):
     """One NoveltyResult per allocation: per layer, the mean over seeds of each seed's per-layer
     mean, with the sample std over seeds as its `std` (0 for one seed), so that the plot's band
     is the seed-to-seed spread the report's statistics are about (not the spread over tokens)."""
-    per_seed = [NoveltyResult.from_dict(r["novelty"]) for r in results]
+    per_seed = [NoveltyResult.from_dict(r.novelty) for r in results]
     first = per_seed[0]
 
     def over_seeds(key: str) -> list[TokenStats]:
@@ -101,7 +104,7 @@ def _paper_rows(summary: dict[str, Any]):
 
 
 def write_plots(
-    grid: Grid, results: dict[str, dict[str, Any]], out_dir: Path, summary: dict[str, Any]
+    grid: Grid, results: Results, out_dir: Path, summary: dict[str, Any]
 ) -> dict[str, str]:
     """The PNGs (file names relative to out_dir); `summary` (taperlm.compare.summary) supplies
     the statistics shown in legends, so plots and report.md show the same numbers, and our
@@ -144,14 +147,12 @@ def _width_plot(grid: Grid, out_dir: Path) -> dict[str, str]:
 
 def _curve_plots(
     grid: Grid,
-    results: dict[str, dict[str, Any]],
-    by_alloc: dict[str, list[dict[str, Any]]],
+    results: Results,
+    by_alloc: dict[str, list[CellResult]],
     out_dir: Path,
 ) -> dict[str, str]:
     """val_loss.png (the curves during training) and val_loss_diff.png (paired vs uniform)."""
-    curves = {
-        a.label: [r["curve"] for r in by_alloc[a.name] if r["curve"]] for a in grid.allocations
-    }
+    curves = {a.label: [r.curve for r in by_alloc[a.name] if r.curve] for a in grid.allocations}
     curves = {k: v for k, v in curves.items() if v}
     if not curves:
         return {}
@@ -159,7 +160,7 @@ def _curve_plots(
     # final numbers use more tokens, so the last point need not equal the table's loss.
     # One clause per title line, so that no title runs past the figure's edge.
     every = f"each point {grid.base.train.eval_tokens:,} val tokens"
-    final = {r["val"]["tokens"] for r in results.values()}
+    final = {r.val["tokens"] for r in results.values()}
     if final:
         every += f";\nthe table's final losses: {'/'.join(f'{n:,}' for n in sorted(final))}"
     analysis_plots.plot_loss_curves(
@@ -167,9 +168,9 @@ def _curve_plots(
     )
     written = {"val_loss": PLOTS["val_loss"]}
     uniform = next(a for a in grid.allocations if a.is_uniform)
-    base = {r["seed"]: r["curve"] for r in by_alloc[uniform.name]}
+    base = {r.seed: r.curve for r in by_alloc[uniform.name]}
     diffs = {
-        a.label: _diff_curves({r["seed"]: r["curve"] for r in by_alloc[a.name]}, base)
+        a.label: _diff_curves({r.seed: r.curve for r in by_alloc[a.name]}, base)
         for a in grid.allocations
         if not a.is_uniform
     }
@@ -186,7 +187,7 @@ def _curve_plots(
 
 def _novelty_plot(
     grid: Grid,
-    by_alloc: dict[str, list[dict[str, Any]]],
+    by_alloc: dict[str, list[CellResult]],
     summary: dict[str, Any],
     out_dir: Path,
 ) -> dict[str, str]:

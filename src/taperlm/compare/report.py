@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from taperlm.compare.grid import Grid
 from taperlm.compare.plots import PLOTS, write_plots
@@ -25,6 +25,9 @@ from taperlm.compare.summary import summarize
 from taperlm.config import to_dict
 from taperlm.io import atomic_write_json, atomic_write_text
 from taperlm.stats import relative_ppl_change
+
+if TYPE_CHECKING:
+    from taperlm.compare.runner import Results
 
 # another part's report: (report.json key, its data, the lines of its report.md section)
 Extra = tuple[str, Any, Callable[[Any], list[str]]]
@@ -440,7 +443,7 @@ def _paper_section(pc: dict[str, Any], allocs: list[dict[str, Any]]) -> list[str
 
 def write_report(
     grid: Grid,
-    results: dict[str, dict[str, Any]],
+    results: Results,
     out_dir: Path,
     meta: dict[str, Any],
     extra: Extra | Sequence[Extra] | None = None,
@@ -461,7 +464,8 @@ def write_report(
         "base_config": to_dict(grid.base),
         **summary,
         "runs": {
-            name: {k: v for k, v in r.items() if k != "config"} for name, r in results.items()
+            name: {k: v for k, v in r.to_json().items() if k != "config"}
+            for name, r in results.items()
         },
     }
     md = render_markdown(summary, meta, lines)

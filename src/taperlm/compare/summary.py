@@ -5,7 +5,7 @@ correlations, zero-shot rows, the design checks and the comparison with the pape
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from taperlm import stats
 from taperlm.compare.grid import Grid
@@ -13,26 +13,29 @@ from taperlm.compare.paper import PAPER_BEST_SWEEP_RATIO, PAPER_SWEEP, SWEEP_SCH
 from taperlm.evaluation.suite import at_chance, chance_columns, paper_columns
 from taperlm.taper import TaperSpec
 
-
-def _loss(r: dict[str, Any]) -> float:
-    return r["val"]["loss"]
-
-
-def _ppl(r: dict[str, Any]) -> float:
-    return r["val"]["ppl"]
+if TYPE_CHECKING:
+    from taperlm.compare.runner import CellResult
 
 
-def _by_seed(results: list[dict[str, Any]], get) -> dict[int, float]:
+def _loss(r: CellResult) -> float:
+    return r.val["loss"]
+
+
+def _ppl(r: CellResult) -> float:
+    return r.val["ppl"]
+
+
+def _by_seed(results: list[CellResult], get) -> dict[int, float]:
     out = {}
     for r in results:
         v = get(r)
         if v is not None:
-            out[int(r["seed"])] = float(v)
+            out[int(r.seed)] = float(v)
     return out
 
 
-def _layer_means(results: list[dict[str, Any]], key: str) -> list[float | None]:
-    rows = [[(x[key] or {}).get("mean") for x in r["novelty"]["layers"]] for r in results]
+def _layer_means(results: list[CellResult], key: str) -> list[float | None]:
+    rows = [[(x[key] or {}).get("mean") for x in r.novelty["layers"]] for r in results]
     if not rows:
         return []
     out: list[float | None] = []
@@ -42,10 +45,10 @@ def _layer_means(results: list[dict[str, Any]], key: str) -> list[float | None]:
     return out
 
 
-def summarize(grid: Grid, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def summarize(grid: Grid, results: dict[str, CellResult]) -> dict[str, Any]:
     """Every number behind the report (JSON-ready)."""
     uniform = next(a for a in grid.allocations if a.is_uniform)
-    per_alloc: dict[str, list[dict[str, Any]]] = {a.name: [] for a in grid.allocations}
+    per_alloc: dict[str, list[CellResult]] = {a.name: [] for a in grid.allocations}
     for c in grid.cells:
         if c.name in results:
             per_alloc[c.allocation.name].append(results[c.name])
@@ -57,9 +60,9 @@ def summarize(grid: Grid, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     ]
     times = {"train_s": 0.0, "val_s": 0.0, "zero_shot_s": 0.0, "novelty_s": 0.0}
     for r in results.values():
-        times["train_s"] += r["train"].get("wall_s") or 0.0
+        times["train_s"] += r.train.get("wall_s") or 0.0
         for k in ("val_s", "zero_shot_s", "novelty_s"):
-            times[k] += (r.get("times") or {}).get(k) or 0.0
+            times[k] += (r.times or {}).get(k) or 0.0
     return {
         "allocations": allocations,
         "pilot": _pilot_summary(grid),
@@ -71,7 +74,7 @@ def summarize(grid: Grid, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def _allocation_entry(
-    grid: Grid, a, rs: list[dict[str, Any]], u_loss: dict[int, float], u_ppl: dict[int, float]
+    grid: Grid, a, rs: list[CellResult], u_loss: dict[int, float], u_ppl: dict[int, float]
 ) -> dict[str, Any]:
     """Budget, per-seed numbers, summaries over seeds and the paired difference vs uniform of
     one allocation (`rs`: its results)."""
@@ -96,38 +99,38 @@ def _allocation_entry(
         "val_loss": stats.summary([loss_s[s] for s in sorted(loss_s)]),
         "val_ppl": stats.summary([ppl_s[s] for s in sorted(ppl_s)]),
         "tokens_per_s": stats.summary(
-            list(_by_seed(rs, lambda r: r["train"].get("tokens_per_s")).values())
+            list(_by_seed(rs, lambda r: r.train.get("tokens_per_s")).values())
         ),
         "train_loss": stats.summary(
-            list(_by_seed(rs, lambda r: r["train"].get("train_loss")).values())
+            list(_by_seed(rs, lambda r: r.train.get("train_loss")).values())
         ),
         "diff_vs_uniform": None,
         "novelty": {
             "pearson_mlp": stats.summary(
-                list(_by_seed(rs, lambda r: r["novelty"].get("pearson_mlp")).values())
+                list(_by_seed(rs, lambda r: r.novelty.get("pearson_mlp")).values())
             ),
             "pearson_block": stats.summary(
-                list(_by_seed(rs, lambda r: r["novelty"].get("pearson_block")).values())
+                list(_by_seed(rs, lambda r: r.novelty.get("pearson_block")).values())
             ),
             "rho_mlp_per_layer": _layer_means(rs, "rho_mlp"),
             "rho_block_per_layer": _layer_means(rs, "rho_block"),
-            "tokens": rs[0]["novelty"]["n_tokens"] if rs else None,
+            "tokens": rs[0].novelty["n_tokens"] if rs else None,
         },
         "zero_shot": _zero_shot_summary(rs),
         "per_seed": {
-            str(r["seed"]): {
-                "val_loss": r["val"]["loss"],
-                "val_ppl": r["val"]["ppl"],
-                "val_tokens": r["val"]["tokens"],
-                "train_loss": r["train"].get("train_loss"),
-                "tokens_per_s": r["train"].get("tokens_per_s"),
-                "train_wall_s": r["train"].get("wall_s"),
-                "pearson_mlp": r["novelty"].get("pearson_mlp"),
-                "data_order_sha256": r["data_order"]["sha256"],
-                "zero_shot": (r.get("zero_shot") or {}).get("paper_row"),
-                "times": r.get("times"),
+            str(r.seed): {
+                "val_loss": r.val["loss"],
+                "val_ppl": r.val["ppl"],
+                "val_tokens": r.val["tokens"],
+                "train_loss": r.train.get("train_loss"),
+                "tokens_per_s": r.train.get("tokens_per_s"),
+                "train_wall_s": r.train.get("wall_s"),
+                "pearson_mlp": r.novelty.get("pearson_mlp"),
+                "data_order_sha256": r.data_order["sha256"],
+                "zero_shot": r.zero_shot.get("paper_row"),
+                "times": r.times,
             }
-            for r in sorted(rs, key=lambda r: r["seed"])
+            for r in sorted(rs, key=lambda r: r.seed)
         },
     }
     if not a.is_uniform:
@@ -142,7 +145,7 @@ def _allocation_entry(
 EXECUTION_KEYS = ("threads", "torch", "cpu_capability", "device")
 
 
-def execution(grid: Grid, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def execution(grid: Grid, results: dict[str, CellResult]) -> dict[str, Any]:
     """How the cells actually ran: every distinct (threads, torch, CPU capability, device) of
     their training and evaluation sessions with the cells (and steps) it covered, and the
     numbers of cells run at a time. `consistent` is False when cells or parts of one cell ran
@@ -153,7 +156,7 @@ def execution(grid: Grid, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         r = results.get(c.name)
         if r is None:
             continue
-        for sess in r.get("sessions") or []:
+        for sess in r.sessions:
             key = tuple(sess.get(k) for k in EXECUTION_KEYS)
             entry = combos.setdefault(
                 key, {**dict(zip(EXECUTION_KEYS, key)), "cells": [], "train_steps": 0}
@@ -189,8 +192,8 @@ def _pilot_summary(grid: Grid) -> dict[str, Any] | None:
     }
 
 
-def _zero_shot_summary(rs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    rows = [(r.get("zero_shot") or {}).get("paper_row") for r in rs]
+def _zero_shot_summary(rs: list[CellResult]) -> dict[str, Any] | None:
+    rows = [r.zero_shot.get("paper_row") for r in rs]
     rows = [x for x in rows if x]
     if not rows:
         return None
@@ -203,10 +206,10 @@ def _zero_shot_summary(rs: list[dict[str, Any]]) -> dict[str, Any] | None:
     return out
 
 
-def _mark_chance(columns: dict[str, Any], rs: list[dict[str, Any]]) -> None:
+def _mark_chance(columns: dict[str, Any], rs: list[CellResult]) -> None:
     """Adds `chance` (the no-skill accuracy, %) and `at_chance` (the mean is not significantly
     above it) to the accuracy columns whose task has a chance level."""
-    zs = next((r["zero_shot"] for r in rs if (r.get("zero_shot") or {}).get("chance")), None)
+    zs = next((r.zero_shot for r in rs if r.zero_shot.get("chance")), None)
     if zs is None:
         return  # results from before chance levels were recorded
     task_of = {col.label: task.name for task, col in paper_columns()}
@@ -218,22 +221,22 @@ def _mark_chance(columns: dict[str, Any], rs: list[dict[str, Any]]) -> None:
             entry["at_chance"] = at_chance(entry["mean"], chance, n)
 
 
-def _checks(grid: Grid, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _checks(grid: Grid, results: dict[str, CellResult]) -> dict[str, Any]:
     params = {grid.budget[a.name]["params"] for a in grid.allocations}
     flops = {grid.budget[a.name]["flops_per_token"] for a in grid.allocations}
     order_ok, init_ok = True, True
     for seed in grid.seeds:
         shas = {
-            results[c.name]["data_order"]["sha256"]
+            results[c.name].data_order["sha256"]
             for c in grid.cells
             if c.seed == seed and c.name in results
         }
         order_ok &= len(shas) <= 1
     for c in grid.cells:
         if c.name in results:
-            init_ok &= results[c.name]["config"]["train"]["seed"] == c.seed
+            init_ok &= results[c.name].config["train"]["seed"] == c.seed
     distinct = {
-        results[c.name]["data_order"]["sha256"]
+        results[c.name].data_order["sha256"]
         for c in grid.cells
         if c.allocation.is_uniform and c.name in results
     }
