@@ -5,6 +5,7 @@ correlations, zero-shot rows, the design checks and the comparison with the pape
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from taperlm import stats
@@ -15,6 +16,95 @@ from taperlm.taper import TaperSpec
 
 if TYPE_CHECKING:
     from taperlm.compare.runner import CellResult
+
+
+@dataclass
+class AllocationSummary:
+    """One allocation of a comparison over its seeds: report.json's entry of `allocations`
+    (`to_json` writes it, field for field and in that order). A statistic over seeds is
+    `taperlm.stats.summary`'s record (mean, std, n, ...); a paired difference is
+    `taperlm.stats.paired_difference`'s (mean, std, n, ci, excludes_zero)."""
+
+    name: str  # the allocation's name (its cells' folder prefix)
+    label: str  # its label (tables, plots)
+    taper: str  # its taper spec
+    widths: list[int]  # MLP width per layer
+    baseline_width: int  # the uniform model's MLP width
+    heads: list[int] | None  # attention heads per layer (None: not recorded)
+    baseline_heads: int | None  # the uniform model's heads
+    kv_heads: list[int] | None  # KV heads per layer
+    kv_cache_bytes_per_token_bf16: int | None  # its KV cache per token in bf16
+    widths_by_seed: dict[str, Any] | None  # per seed, when the widths depend on it (pilots)
+    pilot: bool  # whether its widths come from a novelty pilot
+    params: int  # parameters
+    flops_per_token: int  # training FLOPs per token
+    paper_ppl: float | None  # the paper's perplexity for it (None: not in the paper)
+    seeds: list[int]  # the seeds with a result
+    val_loss: dict[str, Any]  # statistic over seeds of the validation loss
+    val_ppl: dict[str, Any]  # ... of the validation perplexity
+    tokens_per_s: dict[str, Any]  # ... of the training throughput
+    train_loss: dict[str, Any]  # ... of the final training loss
+    # paired differences vs uniform of val_loss and val_ppl (None: uniform itself)
+    diff_vs_uniform: dict[str, Any] | None
+    # pearson_mlp, pearson_block (statistics over seeds), rho_*_per_layer (means), tokens
+    novelty: dict[str, Any]
+    zero_shot: dict[str, Any] | None  # column -> statistic over seeds (None: no tasks)
+    per_seed: dict[str, dict[str, Any]]  # seed -> its cell's numbers
+
+    def to_json(self) -> dict[str, Any]:
+        """report.json's entry."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> AllocationSummary:
+        """The entry `to_json` wrote."""
+        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
+
+
+@dataclass
+class ComparisonSummary:
+    """Every number behind a comparison's report: report.json's keys between `base_config` and
+    `runs` (`to_json` writes them in that order, the extras last)."""
+
+    allocations: list[AllocationSummary]  # per allocation, in the grid's order
+    pilot: dict[str, Any] | None  # the pilots' cost (None: no novelty:pilot allocation)
+    run_times: dict[str, float]  # seconds summed over the cells: train_s, val_s, ...
+    execution: dict[str, Any]  # how the cells ran (`execution`)
+    checks: dict[str, bool]  # the design checks (equal budgets, data orders, init seeds)
+    paper_comparison: dict[str, Any] | None  # agreement with the paper (None: < 2 in it)
+    # other parts' numbers (e.g. "stopping", "lr_tuning"), in the order they were added
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """report.json's keys of the summary."""
+        return {
+            "allocations": [a.to_json() for a in self.allocations],
+            "pilot": self.pilot,
+            "run_times": self.run_times,
+            "execution": self.execution,
+            "checks": self.checks,
+            "paper_comparison": self.paper_comparison,
+            **self.extras,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ComparisonSummary:
+        """The summary in a report.json `to_json` wrote (its other keys: meta, base_config,
+        runs, are not the summary's)."""
+        known = {"allocations", "pilot", "run_times", "execution", "checks", "paper_comparison"}
+        return cls(
+            allocations=[AllocationSummary.from_json(a) for a in data["allocations"]],
+            pilot=data.get("pilot"),
+            run_times=data["run_times"],
+            execution=data["execution"],
+            checks=data["checks"],
+            paper_comparison=data.get("paper_comparison"),
+            extras={
+                k: v
+                for k, v in data.items()
+                if k not in known and k not in ("meta", "base_config", "runs")
+            },
+        )
 
 
 def _loss(r: CellResult) -> float:
@@ -45,8 +135,8 @@ def _layer_means(results: list[CellResult], key: str) -> list[float | None]:
     return out
 
 
-def summarize(grid: Grid, results: dict[str, CellResult]) -> dict[str, Any]:
-    """Every number behind the report (JSON-ready)."""
+def summarize(grid: Grid, results: dict[str, CellResult]) -> ComparisonSummary:
+    """Every number behind the report."""
     uniform = next(a for a in grid.allocations if a.is_uniform)
     per_alloc: dict[str, list[CellResult]] = {a.name: [] for a in grid.allocations}
     for c in grid.cells:
@@ -63,19 +153,19 @@ def summarize(grid: Grid, results: dict[str, CellResult]) -> dict[str, Any]:
         times["train_s"] += r.train.get("wall_s") or 0.0
         for k in ("val_s", "zero_shot_s", "novelty_s"):
             times[k] += (r.times or {}).get(k) or 0.0
-    return {
-        "allocations": allocations,
-        "pilot": _pilot_summary(grid),
-        "run_times": times,
-        "execution": execution(grid, results),
-        "checks": _checks(grid, results),
-        "paper_comparison": _paper_comparison(allocations, grid.paper),
-    }
+    return ComparisonSummary(
+        allocations=allocations,
+        pilot=_pilot_summary(grid),
+        run_times=times,
+        execution=execution(grid, results),
+        checks=_checks(grid, results),
+        paper_comparison=_paper_comparison(allocations, grid.paper),
+    )
 
 
 def _allocation_entry(
     grid: Grid, a, rs: list[CellResult], u_loss: dict[int, float], u_ppl: dict[int, float]
-) -> dict[str, Any]:
+) -> AllocationSummary:
     """Budget, per-seed numbers, summaries over seeds and the paired difference vs uniform of
     one allocation (`rs`: its results)."""
     b = grid.budget[a.name]
@@ -138,7 +228,7 @@ def _allocation_entry(
             "val_loss": stats.paired_difference(loss_s, u_loss),
             "val_ppl": stats.paired_difference(ppl_s, u_ppl),
         }
-    return entry
+    return AllocationSummary(**entry)
 
 
 # What a cell's numbers can depend on besides its config: recorded per session, compared here.
@@ -250,14 +340,14 @@ def _checks(grid: Grid, results: dict[str, CellResult]) -> dict[str, Any]:
     }
 
 
-def _paper_comparison(allocations: list[dict[str, Any]], mode: str | None) -> dict[str, Any] | None:
-    have = [
-        a for a in allocations if a["paper_ppl"] is not None and a["val_ppl"]["mean"] is not None
-    ]
+def _paper_comparison(
+    allocations: list[AllocationSummary], mode: str | None
+) -> dict[str, Any] | None:
+    have = [a for a in allocations if a.paper_ppl is not None and a.val_ppl["mean"] is not None]
     if len(have) < 2:
         return None
-    ours = {a["name"]: a["val_ppl"]["mean"] for a in have}
-    ref = {a["name"]: a["paper_ppl"] for a in have}
+    ours = {a.name: a.val_ppl["mean"] for a in have}
+    ref = {a.name: a.paper_ppl for a in have}
     names = list(ref)
     out: dict[str, Any] = {
         "allocations": names,
@@ -273,13 +363,13 @@ def _paper_comparison(allocations: list[dict[str, Any]], mode: str | None) -> di
     return out
 
 
-def _sweep_claims(have: list[dict[str, Any]]) -> dict[str, Any]:
+def _sweep_claims(have: list[AllocationSummary]) -> dict[str, Any]:
     """The paper's §4 claims checked on our numbers."""
     table: dict[tuple[float, float], dict[str, float]] = {}
     for a in have:
-        spec = TaperSpec.parse(a["taper"])
+        spec = TaperSpec.parse(a.taper)
         if spec.schedule in SWEEP_SCHEDULES:
-            table.setdefault((spec.start, spec.end), {})[spec.schedule] = a["val_ppl"]["mean"]
+            table.setdefault((spec.start, spec.end), {})[spec.schedule] = a.val_ppl["mean"]
     per_ratio = {}
     for ratio in PAPER_SWEEP:
         row = table.get(ratio, {})

@@ -341,8 +341,8 @@ def run_tuned(
     recipe = tuning["recipe_lr"]
     tgrid = tuned_cells(cap or grid, tuning["chosen_lr"], recipe)
     tgrid, tres, tuning["tuned_stopping"] = train_reported(opts, tgrid, data_dir, settings)
-    shared = {a["name"]: a for a in summarize(grid, results)["allocations"]}
-    tuned = summarize(tgrid, tres)["allocations"]
+    shared = {a.name: a for a in summarize(grid, results).allocations}
+    tuned = summarize(tgrid, tres).allocations
     rows = []
     for a, t in zip(grid.allocations, tuned):
         used = {tres[c.name].config["train"]["lr"] for c in tgrid.cells if c.name in tres}
@@ -353,12 +353,12 @@ def run_tuned(
                 "label": a.label,
                 "lr": tuning["chosen_lr"][a.name],
                 "lr_used": sorted(used),
-                "runs": t["name"],
-                "shared_loss": s["val_loss"],
-                "tuned_loss": t["val_loss"],
-                "shared_diff": s["diff_vs_uniform"] and s["diff_vs_uniform"]["val_loss"],
-                "tuned_diff": t["diff_vs_uniform"] and t["diff_vs_uniform"]["val_loss"],
-                "tuned_per_seed": {k: v["val_loss"] for k, v in t["per_seed"].items()},
+                "runs": t.name,
+                "shared_loss": s.val_loss,
+                "tuned_loss": t.val_loss,
+                "shared_diff": s.diff_vs_uniform and s.diff_vs_uniform["val_loss"],
+                "tuned_diff": t.diff_vs_uniform and t.diff_vs_uniform["val_loss"],
+                "tuned_per_seed": {k: v["val_loss"] for k, v in t.per_seed.items()},
             }
         )
     tuning["tuned"] = rows
