@@ -15,7 +15,9 @@ Statistics (see `taperlm.stats`):
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +25,7 @@ from taperlm.compare.grid import Grid
 from taperlm.compare.plots import PLOTS, write_plots
 from taperlm.compare.summary import AllocationSummary, ComparisonSummary, summarize
 from taperlm.config import to_dict
-from taperlm.io import atomic_write_json, atomic_write_text
+from taperlm.io import atomic_write_text, finite_json
 from taperlm.stats import relative_ppl_change
 
 if TYPE_CHECKING:
@@ -439,16 +441,51 @@ def _paper_section(pc: dict[str, Any], allocs: list[AllocationSummary]) -> list[
 # writing
 
 
+@dataclass
+class ComparisonReport:
+    """A comparison's report.json, typed: what a study puts its comparisons together from."""
+
+    out: Path  # the comparison's folder (report.md, report.json and the PNGs)
+    meta: dict[str, Any]  # how it was produced: title, command, model, settings, times, plots
+    base_config: dict[str, Any]  # the config every cell started from (`taperlm.config.to_dict`)
+    summary: ComparisonSummary  # every number (other parts' under its extras)
+    runs: dict[str, dict[str, Any]]  # cell -> its result.json without the config
+
+    @property
+    def md_path(self) -> Path:
+        return self.out / "report.md"
+
+    @property
+    def json_path(self) -> Path:
+        return self.out / "report.json"
+
+    def to_json(self) -> dict[str, Any]:
+        """report.json's object."""
+        return {
+            "meta": self.meta,
+            "base_config": self.base_config,
+            **self.summary.to_json(),
+            "runs": self.runs,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], out: Path) -> ComparisonReport:
+        """The report `to_json` wrote into `out`."""
+        return cls(
+            out, data["meta"], data["base_config"], ComparisonSummary.from_json(data), data["runs"]
+        )
+
+
 def write_report(
     grid: Grid,
     results: Results,
     out_dir: Path,
     meta: dict[str, Any],
     extra: Extra | Sequence[Extra] | None = None,
-) -> tuple[Path, Path]:
+) -> ComparisonReport:
     """report.json, report.md and the PNGs in out_dir; `extra` = (key, data, render), or a list
     of them: data goes into report.json under `key`, and render(data)'s lines into report.md
-    after the validation table, in the order given."""
+    after the validation table, in the order given. Returns the report as report.json holds it."""
     summary = summarize(grid, results)
     meta = dict(meta)
     meta["plots"] = write_plots(grid, results, out_dir, summary)
@@ -457,17 +494,14 @@ def write_report(
     for key, data, render in extras:  # other parts' numbers and sections, e.g. --tune-lr's
         summary.extras[key] = data
         lines += render(data)
-    doc = {
-        "meta": meta,
-        "base_config": to_dict(grid.base),
-        **summary.to_json(),
-        "runs": {
-            name: {k: v for k, v in r.to_json().items() if k != "config"}
-            for name, r in results.items()
-        },
+    runs = {
+        name: {k: v for k, v in r.to_json().items() if k != "config"} for name, r in results.items()
     }
+    report = ComparisonReport(out_dir, meta, to_dict(grid.base), summary, runs)
     md = render_markdown(summary, meta, lines)
-    json_path, md_path = out_dir / "report.json", out_dir / "report.md"
-    atomic_write_json(json_path, doc)
-    atomic_write_text(md_path, md)
-    return md_path, json_path
+    text = json.dumps(finite_json(report.to_json()), indent=1, allow_nan=False)
+    atomic_write_text(report.json_path, text + "\n")
+    atomic_write_text(report.md_path, md)
+    # what a study reads is what the file holds (non-finite numbers null, keys strings), as a
+    # rerun that finds this comparison done would read it
+    return ComparisonReport.from_json(json.loads(text), out_dir)
