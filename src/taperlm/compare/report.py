@@ -25,7 +25,7 @@ from taperlm.compare.grid import Grid
 from taperlm.compare.plots import PLOTS, write_plots
 from taperlm.compare.summary import AllocationSummary, ComparisonSummary, summarize
 from taperlm.config import to_dict
-from taperlm.io import atomic_write_text, finite_json
+from taperlm.io import atomic_write_text, finite_json, parse_json
 from taperlm.stats import relative_ppl_change
 
 if TYPE_CHECKING:
@@ -258,7 +258,7 @@ def _zero_shot_section(allocs: list[AllocationSummary], s: dict[str, Any]) -> li
     zs = [a for a in allocs if a.zero_shot]
     if not zs:
         return []
-    cols = [c for c in zs[0]["zero_shot"] if c]
+    cols = [c for c in zs[0].zero_shot if c]
     return [
         "## Zero-shot",
         "",
@@ -504,4 +504,4 @@ def write_report(
     atomic_write_text(report.md_path, md)
     # what a study reads is what the file holds (non-finite numbers null, keys strings), as a
     # rerun that finds this comparison done would read it
-    return ComparisonReport.from_json(json.loads(text), out_dir)
+    return ComparisonReport.from_json(parse_json(text, report.json_path), out_dir)
