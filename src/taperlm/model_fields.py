@@ -3,7 +3,7 @@ config (`taperlm.config.ModelConfig`, documented field by field there).
 
 It sits below both `taperlm.families` and `taperlm.models`, so that the blocks a family builds
 never import the families (pure Python, no torch), which import the blocks only in their block
-factories: the import graph has no zig-zag between the two (tests/test_structure.py).
+factories: the import graph has no zig-zag between the two (tests/repo/test_structure.py).
 """
 
 from __future__ import annotations

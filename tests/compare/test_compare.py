@@ -643,11 +643,11 @@ def test_mixed_settings_are_reported(finished, tmp_path):
 
     out, _, _ = finished
     rep = _report(out)
-    results = {name: dict(r) for name, r in rep["runs"].items()}
+    results = {name: SimpleNamespace(**r) for name, r in rep["runs"].items()}
     first = results["uniform-s0"]
-    first["sessions"] = [
-        {**first["sessions"][0], "threads": 2, "to_step": 2},
-        {**first["sessions"][0], "from_step": 2, "to_step": 4},
+    first.sessions = [
+        {**first.sessions[0], "threads": 2, "to_step": 2},
+        {**first.sessions[0], "from_step": 2, "to_step": 4},
     ]
 
     grid = SimpleNamespace(cells=[SimpleNamespace(name=n) for n in results])

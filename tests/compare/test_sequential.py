@@ -10,6 +10,7 @@ import dataclasses
 import math
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -146,6 +147,11 @@ def _grid(seeds: int, tapers: str = "uniform;cosine:1.5:0.5;cosine:1.9:0.1"):
     return build_grid(cfg, allocs, list(range(seeds)))
 
 
+def _result(loss: float, seed: int) -> SimpleNamespace:
+    """The part of a cell's result (`taperlm.compare.runner.CellResult`) the stop rule reads."""
+    return SimpleNamespace(val={"loss": loss}, seed=seed)
+
+
 def _fake_results(grid, effects: dict[str, float], sd: float, seed: int) -> dict:
     rng = random.Random(seed)
     out = {}
@@ -153,7 +159,7 @@ def _fake_results(grid, effects: dict[str, float], sd: float, seed: int) -> dict
         base = 5.0 + rng.gauss(0, 0.05)
         for a in grid.allocations:
             loss = base + effects.get(a.name, 0.0) + rng.gauss(0, sd)
-            out[grid.cell(a.name, s).name] = {"val": {"loss": loss}, "seed": s}
+            out[grid.cell(a.name, s).name] = _result(loss, s)
     return out
 
 
@@ -192,7 +198,7 @@ def test_the_stop_depends_only_on_the_seeds_before_it_whatever_finishes_first():
     # a later seed's numbers (however extreme) take no part
     extreme = dict(results)
     for a in names:
-        extreme[grid.cell(a, want).name] = {"val": {"loss": 1e6}, "seed": want}
+        extreme[grid.cell(a, want).name] = _result(1e6, want)
     monitor = sequential.Monitor(rule, grid)
     monitor.update(extreme)
     assert monitor.stopped_at == want

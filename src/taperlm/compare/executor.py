@@ -33,6 +33,7 @@ from taperlm.compare.runner import (
     CellInterrupted,
     CheckpointClock,
     EvalSettings,
+    Results,
     SharedInputs,
     cell_state,
     fmt_signed,
@@ -41,8 +42,6 @@ from taperlm.compare.runner import (
 )
 from taperlm.compare.workers import run_in_workers
 from taperlm.progress import progress_bar
-
-Results = dict[str, dict[str, Any]]  # cell name -> its result.json
 
 
 class StopRequest:
@@ -144,11 +143,11 @@ class GridDisplay:
         self.bar.n = self.done_tokens + sum(self.running.values())
         self.bar.refresh()
         elapsed = time.perf_counter() - self.t_start
-        rate = result["train"].get("tokens_per_s") or 0.0
+        rate = result.train.get("tokens_per_s") or 0.0
         self.write(
             f"[{self.finished}/{self.n}] {cell.name}: {status}; val loss "
-            f"{result['val']['loss']:.4f} (ppl {result['val']['ppl']:.2f}), {rate:,.0f} tok/s, "
-            f"rho_mlp r={fmt_signed(result['novelty'].get('pearson_mlp'))}; "
+            f"{result.val['loss']:.4f} (ppl {result.val['ppl']:.2f}), {rate:,.0f} tok/s, "
+            f"rho_mlp r={fmt_signed(result.novelty.get('pearson_mlp'))}; "
             f"grid {self.done_tokens:,}/{self.grid.total_tokens:,} tokens, {elapsed:.0f} s "
             f"elapsed" + self.eta(elapsed)
         )
@@ -170,11 +169,11 @@ def run_grid(
     settings: EvalSettings,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
-    on_seed_done: Callable[[dict[str, dict[str, Any]]], None] | None = None,
+    on_seed_done: Callable[[Results], None] | None = None,
     jobs: int = 1,
     threads: int = 1,
     monitor: sequential.Monitor | None = None,
-) -> dict[str, dict[str, Any]]:
+) -> Results:
     """Run every cell (resuming/caching as described above); cell name -> result.
 
     `jobs` > 1 runs that many cells at a time in worker processes (`taperlm.compare.workers`),
@@ -188,7 +187,7 @@ def run_grid(
     runs = out_dir / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     settings_dict = settings.to_dict()
-    results: dict[str, dict[str, Any]] = {}
+    results: Results = {}
     todo: list[Cell] = []
     for cell in grid.cells:  # every folder is checked before anything trains
         state, cached = cell_state(cell, runs / cell.name, settings_dict)

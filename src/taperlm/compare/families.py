@@ -126,7 +126,7 @@ def families_plan(opts: CompareOptions) -> StudyPlan:
     def report(done: StudyProgress) -> tuple[Path, Path]:
         latest = done.reports[next(reversed(done.reports))]
         meta = {
-            "command": _command(opts, subs, latest["meta"]["settings"]["tokens"]),
+            "command": _command(opts, subs, latest.meta["settings"]["tokens"]),
             "preset_size": size,
             "families": [p for p, _ in subs],
             "family_wall_s": dict(done.walls),

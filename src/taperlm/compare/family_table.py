@@ -20,6 +20,7 @@ from taperlm.analysis.plots import plot_intervals
 from taperlm.compare.paper import PAPER_760M_CLAIM, PAPER_760M_COLUMNS, paper_760m
 from taperlm.compare.report import (
     CHANCE_NOTE,
+    ComparisonReport,
     diff_ci,
     md_table,
     mean_pm,
@@ -55,12 +56,13 @@ def _zero_shot_differences(u: dict[str, Any], t: dict[str, Any]) -> dict[str, An
     return out
 
 
-def family_entry(prefix: str, size: str, doc: dict[str, Any]) -> dict[str, Any]:
-    """One family's row pair from its comparison's report.json (preset `{prefix}-{size}`)."""
-    allocs = doc["allocations"]
-    u = next(a for a in allocs if a["diff_vs_uniform"] is None)
-    t = next(a for a in allocs if a["diff_vs_uniform"] is not None)
-    model = doc["base_config"]["model"]
+def family_entry(prefix: str, size: str, report: ComparisonReport) -> dict[str, Any]:
+    """One family's row pair from its comparison's report (preset `{prefix}-{size}`)."""
+    allocs = report.summary.allocations
+    # the table's rows hold the two allocations' report.json entries
+    u = next(a for a in allocs if a.diff_vs_uniform is None).to_json()
+    t = next(a for a in allocs if a.diff_vs_uniform is not None).to_json()
+    model = report.base_config["model"]
     fam = model["family"]
     paper = paper_760m(fam)
     label = paper["name"] if paper else fam
@@ -74,7 +76,7 @@ def family_entry(prefix: str, size: str, doc: dict[str, Any]) -> dict[str, Any]:
             "ci": None if d["ci"] is None else [stats.relative_ppl_change(x) for x in d["ci"]],
         }
     budget_equal = u["params"] == t["params"] and u["flops_per_token"] == t["flops_per_token"]
-    meta = doc["meta"]
+    meta = report.meta
     return {
         "preset": f"{prefix}-{size}",
         "prefix": prefix,
@@ -92,8 +94,8 @@ def family_entry(prefix: str, size: str, doc: dict[str, Any]) -> dict[str, Any]:
         "relative_ppl_change": rel,
         "zero_shot_diff": _zero_shot_differences(u, t),
         "paper_760m": paper,
-        "checks": {**doc["checks"], "budget_equal": budget_equal},
-        "run_times": doc["run_times"],
+        "checks": {**report.summary.checks, "budget_equal": budget_equal},
+        "run_times": report.summary.run_times,
         "wall_s": meta["wall_s"],
         "settings": meta["settings"],
     }
@@ -107,9 +109,9 @@ def verdict(d: dict[str, Any]) -> str:
     return "better" if hi < 0 else "worse" if lo > 0 else "undecided"
 
 
-def summarize_families(docs: dict[str, dict[str, Any]], size: str) -> dict[str, Any]:
-    """Every number of the family table (JSON-ready); docs: preset prefix -> report.json."""
-    entries = [family_entry(prefix, size, doc) for prefix, doc in docs.items()]
+def summarize_families(reports: dict[str, ComparisonReport], size: str) -> dict[str, Any]:
+    """Every number of the family table (JSON-ready); reports: preset prefix -> its report."""
+    entries = [family_entry(prefix, size, rep) for prefix, rep in reports.items()]
     verdicts = {e["prefix"]: verdict(e["diff_val_loss"]) for e in entries}
     return {
         "families": entries,
@@ -330,10 +332,10 @@ def render_family_markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str
 
 
 def write_family_report(
-    docs: dict[str, dict[str, Any]], out_dir: Path, meta: dict[str, Any]
+    reports: dict[str, ComparisonReport], out_dir: Path, meta: dict[str, Any]
 ) -> tuple[Path, Path]:
     """report.json, report.md and families.png of a families run in out_dir."""
-    summary = summarize_families(docs, meta["preset_size"])
+    summary = summarize_families(reports, meta["preset_size"])
     rows, refs = [], {}
     for e in summary["families"]:
         rel = e["relative_ppl_change"]

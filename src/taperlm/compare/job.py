@@ -35,9 +35,9 @@ from taperlm.compare.inputs import check_niah_lengths, data_dir_of, eval_setting
 from taperlm.compare.options import DEFAULT_PRESET, CompareOptions, check_option_ranges
 from taperlm.compare.pilots import pilot_tokens, run_pilots
 from taperlm.compare.recipe import base_config
-from taperlm.compare.report import write_report
+from taperlm.compare.report import ComparisonReport, write_report
 from taperlm.compare.reproduce import canonical_command
-from taperlm.compare.runner import EvalSettings, SharedInputs
+from taperlm.compare.runner import EvalSettings, Results, SharedInputs
 from taperlm.config import RunConfig
 from taperlm.data.loader import load_meta
 from taperlm.device import resolve_device
@@ -45,8 +45,6 @@ from taperlm.errors import ConfigError
 from taperlm.outdirs import check_folder, claim
 from taperlm.runlock import locked
 from taperlm.training.settings import validate_train_config
-
-Results = dict[str, dict[str, Any]]
 
 
 def allocations(opts: CompareOptions) -> list[Allocation]:
@@ -93,9 +91,9 @@ class Inputs:
     settings: EvalSettings
 
 
-def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
+def run_comparison(opts: CompareOptions) -> ComparisonReport:
     """Validate, prepare the data if needed, train and evaluate every cell (resumably) and write
-    the report; returns (report.md, report.json). A study of several comparisons (`--paper
+    the report; returns it (its report.md and report.json: `md_path`, `json_path`). A study of several comparisons (`--paper
     families`, ...) calls this for each: `taperlm.compare.studies.run_study`."""
     for mode, per in (("families", "family"), ("scaling", "(size, tokens)")):
         if opts.paper == mode:
@@ -119,9 +117,9 @@ def run_comparison(opts: CompareOptions) -> tuple[Path, Path]:
     check_folder(opts.out, "compare", "--out")
     claim(opts.out, "compare")
     with locked(opts.out, "comparison folder"):  # one comparison writes a folder at a time
-        md, js = _run_locked(opts, base, allocs, seeds, inputs, clock)
-    print(f"wrote {md} and {js} ({clock.wall() / 60:.1f} min)")
-    return md, js
+        report = _run_locked(opts, base, allocs, seeds, inputs, clock)
+    print(f"wrote {report.md_path} and {report.json_path} ({clock.wall() / 60:.1f} min)")
+    return report
 
 
 def _run_locked(
@@ -131,7 +129,7 @@ def _run_locked(
     seeds: list[int],
     inputs: Inputs,
     clock: _Clock,
-) -> tuple[Path, Path]:
+) -> ComparisonReport:
     """The comparison in its locked folder: lr tuning, pilots, the grid, the report."""
     data_dir, settings = inputs.data_dir, inputs.settings
     tuning = None
@@ -177,13 +175,13 @@ def _reporter(
     jobs: int,
     tuning: dict[str, Any] | None,
     stopping: Callable[[], dict[str, Any] | None],
-) -> Callable[[Grid, Results, str], tuple[Path, Path]]:
+) -> Callable[[Grid, Results, str], ComparisonReport]:
     """report(grid, results, title suffix): writes report.md / report.json for the results so
     far: with --tune-lr report.json's `lr_tuning`, its section and lr_tuning.png; once the seeds
     are settled (`stopping()`), `stopping`, its section and sequence.png."""
     command = canonical_command(opts, grid)
 
-    def report(used: Grid, results: Results, suffix: str) -> tuple[Path, Path]:
+    def report(used: Grid, results: Results, suffix: str) -> ComparisonReport:
         meta = _report_meta(opts, used, results, command, inputs) | {
             "wall_s": clock.wall(),
             "cpu_s": clock.cpu(),
@@ -265,7 +263,7 @@ def _settings_meta(grid: Grid, results: Results, inputs: Inputs) -> dict[str, An
         "seeds": grid.seeds,
         "data_dir": str(inputs.data_dir),
         "train_tokens": int(inputs.meta["splits"]["train"]["tokens"]),
-        "val_tokens": first["val"]["tokens"],
+        "val_tokens": first.val["tokens"],
         "eval_tasks": settings.eval_tasks,
         "eval_limit": settings.eval_limit,
         "novelty_text": settings.novelty_text or f"the val split of {inputs.data_dir}",

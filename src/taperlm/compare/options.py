@@ -40,7 +40,19 @@ DEFAULT_VAL_TOKENS = 131_072  # the built-in corpus's val split has 134,528 at b
 DEFAULT_NOVELTY_TOKENS = 2048
 DEFAULT_EVAL_LIMIT = 200
 DEFAULT_THREADS = 1  # torch threads per cell (worker); cells run in parallel instead
-PAPER_MODES = ("controlled", "sweep", "families", "scaling", "tokens", "ratios")
+# Every --paper mode, in the order --help lists them: its name -> where its study lives
+# ("module:function", a function of the options returning a `StudyPlan`). The one declaration of
+# the modes: `taperlm.compare.studies` registers each study from it, importing the function by
+# name, so that this module (the options, `taperlm compare --help`) stays torch-free.
+PAPER_STUDIES: dict[str, str] = {
+    "controlled": "taperlm.compare.study:single",  # §3's grid, one comparison
+    "sweep": "taperlm.compare.study:single",  # §4's grid, one comparison
+    "families": "taperlm.compare.families:families_plan",  # §6's table: one per family
+    "scaling": "taperlm.compare.scaling:scaling_plan",  # the ratio sweep at (size, tokens) points
+    "tokens": "taperlm.compare.longrun:longrun_plan",  # that sweep over tokens per parameter
+    "ratios": "taperlm.compare.longrun:longrun_plan",  # that sweep past 1.9 -> 0.1
+}
+PAPER_MODES = tuple(PAPER_STUDIES)  # --paper's choices
 # --paper families: the families compared (taperlm.compare.families)
 DEFAULT_FAMILIES = ("transformer", "gated", "hope", "titans-mag")
 # Sequential seeds (taperlm.compare.sequential; docs/compare.md, "Stopping when decided"): the

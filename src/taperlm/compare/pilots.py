@@ -58,15 +58,15 @@ def run_pilots(
     per_seed: dict[int, PilotRun] = {}
     for c in cells:
         r = results[c.name]
-        rho = rho_mlp_of(r["novelty"])
+        rho = rho_mlp_of(r.novelty)
         if rho is None or len(rho) != base.model.n_layers:
             raise ConfigError(f"pilot {c.name} has no per-layer rho_mlp in its result.json")
         per_seed[c.seed] = PilotRun(
             run=f"runs/{c.name}",
-            tokens=r["train"]["tokens"],
-            train_s=r["train"].get("wall_s"),
-            novelty_s=(r.get("times") or {}).get("novelty_s"),
-            val_loss=r["val"]["loss"],
+            tokens=r.train["tokens"],
+            train_s=r.train.get("wall_s"),
+            novelty_s=(r.times or {}).get("novelty_s"),
+            val_loss=r.val["loss"],
             rho_mlp=rho,
         )
     return Pilots(tokens, per_seed)

@@ -4,7 +4,7 @@ difference vs uniform during training, and novelty per layer (averaged over seed
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -14,6 +14,10 @@ from taperlm.analysis.novelty import NoveltyResult, TokenStats
 from taperlm.compare.grid import Grid
 from taperlm.stats import relative_ppl_change as relative_change
 from taperlm.taper import TaperSpec
+
+if TYPE_CHECKING:
+    from taperlm.compare.runner import CellResult, Results
+    from taperlm.compare.summary import ComparisonSummary
 
 PLOTS = {
     "widths": "widths.png",
@@ -26,11 +30,11 @@ PLOTS = {
 }
 
 
-def _averaged_novelty(results: list[dict[str, Any]], label: str):
+def _averaged_novelty(results: list[CellResult], label: str):
     """One NoveltyResult per allocation: per layer, the mean over seeds of each seed's per-layer
     mean, with the sample std over seeds as its `std` (0 for one seed), so that the plot's band
     is the seed-to-seed spread the report's statistics are about (not the spread over tokens)."""
-    per_seed = [NoveltyResult.from_dict(r["novelty"]) for r in results]
+    per_seed = [NoveltyResult.from_dict(r.novelty) for r in results]
     first = per_seed[0]
 
     def over_seeds(key: str) -> list[TokenStats]:
@@ -63,45 +67,45 @@ def _diff_curves(
 R_TITLE = "r with depth: mean ± std over seeds"
 
 
-def _r_labels(summary: dict[str, Any], labels) -> dict[str, dict[str, str]]:
-    """Legend text per allocation label: the report's r statistics (summary["allocations"])."""
+def _r_labels(summary: ComparisonSummary, labels) -> dict[str, dict[str, str]]:
+    """Legend text per allocation label: the report's r statistics (summary.allocations)."""
     out = {}
-    for a in summary["allocations"]:
-        if a["label"] not in labels:
+    for a in summary.allocations:
+        if a.label not in labels:
             continue
         texts = {}
         for key in ("pearson_mlp", "pearson_block"):
-            st = a["novelty"][key]
+            st = a.novelty[key]
             if st["mean"] is None:
                 texts[key] = "r n/a"
             elif st["std"] is None:
                 texts[key] = f"r={st['mean']:+.2f}"
             else:
                 texts[key] = f"r={st['mean']:+.2f}±{st['std']:.2f}"
-        out[a["label"]] = texts
+        out[a.label] = texts
     return out
 
 
-def _paper_rows(summary: dict[str, Any]):
+def _paper_rows(summary: ComparisonSummary):
     """Forest-plot rows (label, our ppl change %, CI) and the paper's change % per label, for
     the allocations the paper reports."""
-    allocs = summary["allocations"]
-    u = next((a for a in allocs if a["diff_vs_uniform"] is None), None)
-    if u is None or u["paper_ppl"] is None:
+    allocs = summary.allocations
+    u = next((a for a in allocs if a.diff_vs_uniform is None), None)
+    if u is None or u.paper_ppl is None:
         return [], {}
     rows, ref = [], {}
     for a in allocs:
-        d = a["diff_vs_uniform"] and a["diff_vs_uniform"]["val_loss"]
-        if not d or d["mean"] is None or a["paper_ppl"] is None:
+        d = a.diff_vs_uniform and a.diff_vs_uniform["val_loss"]
+        if not d or d["mean"] is None or a.paper_ppl is None:
             continue
         lo, hi = (relative_change(x) for x in d["ci"]) if d["ci"] else (None, None)
-        rows.append((a["label"], relative_change(d["mean"]), lo, hi))
-        ref[a["label"]] = 100.0 * (a["paper_ppl"] / u["paper_ppl"] - 1.0)
+        rows.append((a.label, relative_change(d["mean"]), lo, hi))
+        ref[a.label] = 100.0 * (a.paper_ppl / u.paper_ppl - 1.0)
     return rows, ref
 
 
 def write_plots(
-    grid: Grid, results: dict[str, dict[str, Any]], out_dir: Path, summary: dict[str, Any]
+    grid: Grid, results: Results, out_dir: Path, summary: ComparisonSummary
 ) -> dict[str, str]:
     """The PNGs (file names relative to out_dir); `summary` (taperlm.compare.summary) supplies
     the statistics shown in legends, so plots and report.md show the same numbers, and our
@@ -144,14 +148,12 @@ def _width_plot(grid: Grid, out_dir: Path) -> dict[str, str]:
 
 def _curve_plots(
     grid: Grid,
-    results: dict[str, dict[str, Any]],
-    by_alloc: dict[str, list[dict[str, Any]]],
+    results: Results,
+    by_alloc: dict[str, list[CellResult]],
     out_dir: Path,
 ) -> dict[str, str]:
     """val_loss.png (the curves during training) and val_loss_diff.png (paired vs uniform)."""
-    curves = {
-        a.label: [r["curve"] for r in by_alloc[a.name] if r["curve"]] for a in grid.allocations
-    }
+    curves = {a.label: [r.curve for r in by_alloc[a.name] if r.curve] for a in grid.allocations}
     curves = {k: v for k, v in curves.items() if v}
     if not curves:
         return {}
@@ -159,7 +161,7 @@ def _curve_plots(
     # final numbers use more tokens, so the last point need not equal the table's loss.
     # One clause per title line, so that no title runs past the figure's edge.
     every = f"each point {grid.base.train.eval_tokens:,} val tokens"
-    final = {r["val"]["tokens"] for r in results.values()}
+    final = {r.val["tokens"] for r in results.values()}
     if final:
         every += f";\nthe table's final losses: {'/'.join(f'{n:,}' for n in sorted(final))}"
     analysis_plots.plot_loss_curves(
@@ -167,9 +169,9 @@ def _curve_plots(
     )
     written = {"val_loss": PLOTS["val_loss"]}
     uniform = next(a for a in grid.allocations if a.is_uniform)
-    base = {r["seed"]: r["curve"] for r in by_alloc[uniform.name]}
+    base = {r.seed: r.curve for r in by_alloc[uniform.name]}
     diffs = {
-        a.label: _diff_curves({r["seed"]: r["curve"] for r in by_alloc[a.name]}, base)
+        a.label: _diff_curves({r.seed: r.curve for r in by_alloc[a.name]}, base)
         for a in grid.allocations
         if not a.is_uniform
     }
@@ -186,8 +188,8 @@ def _curve_plots(
 
 def _novelty_plot(
     grid: Grid,
-    by_alloc: dict[str, list[dict[str, Any]]],
-    summary: dict[str, Any],
+    by_alloc: dict[str, list[CellResult]],
+    summary: ComparisonSummary,
     out_dir: Path,
 ) -> dict[str, str]:
     """novelty.png: layer-wise novelty of every allocation, averaged over seeds."""
@@ -210,7 +212,7 @@ def _novelty_plot(
     return {"novelty": PLOTS["novelty"]}
 
 
-def _paper_plots(grid: Grid, summary: dict[str, Any], out_dir: Path) -> dict[str, str]:
+def _paper_plots(grid: Grid, summary: ComparisonSummary, out_dir: Path) -> dict[str, str]:
     """paper.png (our ppl changes beside the paper's) and, for --paper sweep, sweep.png."""
     written: dict[str, str] = {}
     rows, ref = _paper_rows(summary)
@@ -230,33 +232,31 @@ def _paper_plots(grid: Grid, summary: dict[str, Any], out_dir: Path) -> dict[str
     return written
 
 
-def _kv_pareto_plot(summary: dict[str, Any], path: Path) -> bool:
+def _kv_pareto_plot(summary: ComparisonSummary, path: Path) -> bool:
     """With KV tapers in the grid: each allocation's paired val-loss difference vs uniform
     (95% interval) against its KV-cache bytes per token (bf16); False when every allocation
     caches the same."""
-    allocs = [a for a in summary["allocations"] if a.get("kv_cache_bytes_per_token_bf16")]
-    if len({a["kv_cache_bytes_per_token_bf16"] for a in allocs}) < 2:
+    allocs = [a for a in summary.allocations if a.kv_cache_bytes_per_token_bf16]
+    if len({a.kv_cache_bytes_per_token_bf16 for a in allocs}) < 2:
         return False
     series = {}
     # Allocations with equal bytes are drawn side by side (1.5% of the range apart) so that
     # their intervals do not hide each other; the x axis still reads their bytes.
-    xs = [a["kv_cache_bytes_per_token_bf16"] for a in allocs]
+    xs = [a.kv_cache_bytes_per_token_bf16 for a in allocs]
     gap = 0.015 * (max(xs) - min(xs))
     for a in allocs:
         same = [
-            b["label"]
+            b.label
             for b in allocs
-            if b["kv_cache_bytes_per_token_bf16"] == a["kv_cache_bytes_per_token_bf16"]
+            if b.kv_cache_bytes_per_token_bf16 == a.kv_cache_bytes_per_token_bf16
         ]
-        x = a["kv_cache_bytes_per_token_bf16"] + gap * (
-            same.index(a["label"]) - (len(same) - 1) / 2
-        )
-        d = a["diff_vs_uniform"] and a["diff_vs_uniform"]["val_loss"]
-        if a["diff_vs_uniform"] is None:
-            series[a["label"]] = [(x, 0.0, None, None)]
+        x = a.kv_cache_bytes_per_token_bf16 + gap * (same.index(a.label) - (len(same) - 1) / 2)
+        d = a.diff_vs_uniform and a.diff_vs_uniform["val_loss"]
+        if a.diff_vs_uniform is None:
+            series[a.label] = [(x, 0.0, None, None)]
         elif d and d["mean"] is not None:
             lo, hi = d["ci"] if d["ci"] else (None, None)
-            series[a["label"]] = [(x, d["mean"], lo, hi)]
+            series[a.label] = [(x, d["mean"], lo, hi)]
     analysis_plots.plot_interval_series(
         series,
         path,

@@ -15,16 +15,21 @@ Statistics (see `taperlm.stats`):
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from taperlm.compare.grid import Grid
 from taperlm.compare.plots import PLOTS, write_plots
-from taperlm.compare.summary import summarize
+from taperlm.compare.summary import AllocationSummary, ComparisonSummary, summarize
 from taperlm.config import to_dict
-from taperlm.io import atomic_write_json, atomic_write_text
+from taperlm.io import atomic_write_text, finite_json, parse_json
 from taperlm.stats import relative_ppl_change
+
+if TYPE_CHECKING:
+    from taperlm.compare.runner import Results
 
 # another part's report: (report.json key, its data, the lines of its report.md section)
 Extra = tuple[str, Any, Callable[[Any], list[str]]]
@@ -57,17 +62,17 @@ def md_table(head: Sequence[str], rows: list[Sequence[str]]) -> list[str]:
 
 
 def render_markdown(
-    summary: dict[str, Any], meta: dict[str, Any], extra: Sequence[str] = ()
+    summary: ComparisonSummary, meta: dict[str, Any], extra: Sequence[str] = ()
 ) -> str:
     """report.md: how it was produced, validation with paired differences, the paper, zero-shot,
     novelty, plots and per-seed losses."""
-    allocs = summary["allocations"]
+    allocs = summary.allocations
     s = meta["settings"]
     lines = _header(summary, meta)
     lines += _validation_section(summary)
     lines += list(extra)  # e.g. --tune-lr's section
-    if summary["paper_comparison"]:
-        lines += _paper_section(summary["paper_comparison"], allocs)
+    if summary.paper_comparison:
+        lines += _paper_section(summary.paper_comparison, allocs)
     lines += _zero_shot_section(allocs, s)
     lines += _novelty_section(allocs, s)
     lines += _plots_section(meta["plots"], s)
@@ -86,7 +91,7 @@ def produced_by(command: str) -> list[str]:
     return ["Produced by:", "", "```", command, "```", ""]
 
 
-def _header(summary: dict[str, Any], meta: dict[str, Any]) -> list[str]:
+def _header(summary: ComparisonSummary, meta: dict[str, Any]) -> list[str]:
     s, m = meta["settings"], meta["model"]
     return [
         f"# taperlm compare — {meta['title']}",
@@ -99,13 +104,13 @@ def _header(summary: dict[str, Any], meta: dict[str, Any]) -> list[str]:
         f"warmup {s['warmup_tokens']:,} tokens; seeds {s['seeds']}",
         f"- data: `{s['data_dir']}` (train {s['train_tokens']:,} tokens); validation on the "
         f"first {s['val_tokens']:,} tokens of its val split (the same for every run)",
-        f"- {len(summary['allocations'])} allocations x {len(s['seeds'])} seeds = "
+        f"- {len(summary.allocations)} allocations x {len(s['seeds'])} seeds = "
         f"{meta['cells']} runs; wall time {meta['wall_s'] / 60:.1f} min this invocation, "
         f"{meta.get('cpu_s', 0) / 60:.1f} CPU-min; {meta['created']}",
-        *_execution_lines(summary["execution"]),
+        *_execution_lines(summary.execution),
         f"- summed over the runs (when each was trained/evaluated): training "
-        f"{summary['run_times']['train_s'] / 60:.1f} min, validation + zero-shot + novelty "
-        f"{sum(v for k, v in summary['run_times'].items() if k != 'train_s') / 60:.1f} min",
+        f"{summary.run_times['train_s'] / 60:.1f} min, validation + zero-shot + novelty "
+        f"{sum(v for k, v in summary.run_times.items() if k != 'train_s') / 60:.1f} min",
         "",
     ]
 
@@ -141,9 +146,9 @@ def _execution_lines(ex: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _validation_section(summary: dict[str, Any]) -> list[str]:
+def _validation_section(summary: ComparisonSummary) -> list[str]:
     head, rows = _validation_table(summary)
-    ck = summary["checks"]
+    ck = summary.checks
     return [
         "## Validation",
         "",
@@ -162,11 +167,11 @@ def _validation_section(summary: dict[str, Any]) -> list[str]:
     ]
 
 
-def _validation_table(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def _validation_table(summary: ComparisonSummary) -> tuple[list[str], list[list[str]]]:
     """The validation table's header and one row per allocation."""
-    allocs = summary["allocations"]
-    show_paper = any(a["paper_ppl"] is not None for a in allocs)
-    pilot = summary.get("pilot")
+    allocs = summary.allocations
+    show_paper = any(a.paper_ppl is not None for a in allocs)
+    pilot = summary.pilot
     head = [
         "allocation",
         "taper",
@@ -185,31 +190,31 @@ def _validation_table(summary: dict[str, Any]) -> tuple[list[str], list[list[str
         head.append("extra cost")
     rows = []
     for a in allocs:
-        d = a["diff_vs_uniform"]
+        d = a.diff_vs_uniform
         row = [
-            a["label"],
-            f"`{a['taper']}`",
-            f"{a['params']:,}",
-            f"{a['flops_per_token']:,}",
-            mean_pm(a["tokens_per_s"], ",.0f"),
-            mean_pm(a["val_loss"], ".4f"),
-            mean_pm(a["val_ppl"], ".2f"),
+            a.label,
+            f"`{a.taper}`",
+            f"{a.params:,}",
+            f"{a.flops_per_token:,}",
+            mean_pm(a.tokens_per_s, ",.0f"),
+            mean_pm(a.val_loss, ".4f"),
+            mean_pm(a.val_ppl, ".2f"),
             diff_ci(d and d["val_loss"], ".4f"),
             diff_ci(d and d["val_ppl"], ".2f"),
-            str(a["val_loss"]["n"]),
+            str(a.val_loss["n"]),
         ]
         if show_paper:
-            row.append("–" if a["paper_ppl"] is None else f"{a['paper_ppl']:.2f}")
+            row.append("–" if a.paper_ppl is None else f"{a.paper_ppl:.2f}")
         if pilot:
-            row.append(_pilot_cost(pilot) if a.get("pilot") else "–")
+            row.append(_pilot_cost(pilot) if a.pilot else "–")
         rows.append(row)
     return head, rows
 
 
-def _validation_notes(summary: dict[str, Any]) -> list[str]:
+def _validation_notes(summary: ComparisonSummary) -> list[str]:
     """Notes under the validation table: pilots, tapered query heads, tapered KV heads."""
-    allocs = summary["allocations"]
-    pilot = summary.get("pilot")
+    allocs = summary.allocations
+    pilot = summary.pilot
     notes = []
     if pilot:
         notes.append(
@@ -218,24 +223,24 @@ def _validation_notes(summary: dict[str, Any]) -> list[str]:
             "cost is that pilot's training and novelty time per seed, on top of the run itself. "
             "Its widths per seed are in report.json (`widths_by_seed`)."
         )
-    if any(a.get("heads") and len(set(a["heads"])) > 1 for a in allocs):
+    if any(a.heads and len(set(a.heads)) > 1 for a in allocs):
         notes.append(
             "Query heads per layer: "
             + "; ".join(
-                f"{a['label']} {'/'.join(map(str, a['heads']))}"
+                f"{a.label} {'/'.join(map(str, a.heads))}"
                 for a in allocs
-                if a.get("heads") and len(set(a["heads"])) > 1
+                if a.heads and len(set(a.heads)) > 1
             )
-            + f" (uniform: {allocs[0].get('baseline_heads')} in every layer); KV heads follow "
+            + f" (uniform: {allocs[0].baseline_heads} in every layer); KV heads follow "
             "the query heads at the model's group size, the head dim is fixed."
         )
-    kv_uniform = allocs[0].get("kv_cache_bytes_per_token_bf16")
-    if any(a.get("kv_cache_bytes_per_token_bf16") != kv_uniform for a in allocs):
+    kv_uniform = allocs[0].kv_cache_bytes_per_token_bf16
+    if any(a.kv_cache_bytes_per_token_bf16 != kv_uniform for a in allocs):
         notes.append(
             "KV heads per layer (KV-cache bytes per token, bf16): "
             + "; ".join(
-                f"{a['label']} {'/'.join(map(str, a.get('kv_heads') or []))} "
-                f"({a.get('kv_cache_bytes_per_token_bf16'):,} B)"
+                f"{a.label} {'/'.join(map(str, a.kv_heads or []))} "
+                f"({a.kv_cache_bytes_per_token_bf16:,} B)"
                 for a in allocs
             )
             + "; a KV taper's saved K/V parameters went to the MLP widths (equal parameters)."
@@ -249,11 +254,11 @@ def _pilot_cost(p: dict[str, Any]) -> str:
     return f"pilot {p['tokens']:,} tok/seed ({100 * p['fraction_of_run']:.0f}% of a run{secs})"
 
 
-def _zero_shot_section(allocs: list[dict[str, Any]], s: dict[str, Any]) -> list[str]:
-    zs = [a for a in allocs if a["zero_shot"]]
+def _zero_shot_section(allocs: list[AllocationSummary], s: dict[str, Any]) -> list[str]:
+    zs = [a for a in allocs if a.zero_shot]
     if not zs:
         return []
-    cols = [c for c in zs[0]["zero_shot"] if c]
+    cols = [c for c in zs[0].zero_shot if c]
     return [
         "## Zero-shot",
         "",
@@ -262,7 +267,7 @@ def _zero_shot_section(allocs: list[dict[str, Any]], s: dict[str, Any]) -> list[
         "",
         *md_table(
             ["allocation", *cols],
-            [[a["label"], *(zero_shot_cell(a["zero_shot"].get(c)) for c in cols)] for a in zs],
+            [[a.label, *(zero_shot_cell(a.zero_shot.get(c)) for c in cols)] for a in zs],
         ),
         "",
     ]
@@ -282,15 +287,15 @@ def zero_shot_cell(entry: dict[str, Any] | None) -> str:
     return mean_pm(entry, ".2f") + (" †" if entry.get("at_chance") else "")
 
 
-def _novelty_section(allocs: list[dict[str, Any]], s: dict[str, Any]) -> list[str]:
+def _novelty_section(allocs: list[AllocationSummary], s: dict[str, Any]) -> list[str]:
     rows = []
     for a in allocs:
-        pl = a["novelty"]["rho_mlp_per_layer"]
+        pl = a.novelty["rho_mlp_per_layer"]
         rows.append(
             [
-                a["label"],
-                mean_pm(a["novelty"]["pearson_mlp"], "+.2f"),
-                mean_pm(a["novelty"]["pearson_block"], "+.2f"),
+                a.label,
+                mean_pm(a.novelty["pearson_mlp"], "+.2f"),
+                mean_pm(a.novelty["pearson_block"], "+.2f"),
                 " ".join("–" if v is None else f"{v:+.2f}" for v in pl),
             ]
         )
@@ -298,7 +303,7 @@ def _novelty_section(allocs: list[dict[str, Any]], s: dict[str, Any]) -> list[st
         "## Novelty",
         "",
         f"rho_mlp(l) = cos(F_l(z_l), h_l) and rho_block(l) = cos(h_(l+1) − h_l, h_l) per token, "
-        f"averaged over {allocs[0]['novelty']['tokens']} tokens of {s['novelty_text']}; r = "
+        f"averaged over {allocs[0].novelty['tokens']} tokens of {s['novelty_text']}; r = "
         "each seed's Pearson correlation of its per-layer means with depth, then mean ± std "
         "over seeds (the same statistic as in novelty.png's legend). rho_mlp per layer: the "
         "per-layer means averaged over seeds (novelty.png's lines; its bands are ±1 std over "
@@ -341,9 +346,9 @@ def _plots_section(plots: dict[str, str], s: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _per_seed_section(allocs: list[dict[str, Any]], seeds: list[int]) -> list[str]:
-    def cell(a: dict[str, Any], seed: int) -> str:
-        run = a["per_seed"].get(str(seed))
+def _per_seed_section(allocs: list[AllocationSummary], seeds: list[int]) -> list[str]:
+    def cell(a: AllocationSummary, seed: int) -> str:
+        run = a.per_seed.get(str(seed))
         return "–" if run is None else f"{run['val_loss']:.4f}"
 
     return [
@@ -352,7 +357,7 @@ def _per_seed_section(allocs: list[dict[str, Any]], seeds: list[int]) -> list[st
         "",
         *md_table(
             ["allocation", *(f"seed {x}" for x in seeds)],
-            [[a["label"], *(cell(a, x) for x in seeds)] for a in allocs],
+            [[a.label, *(cell(a, x) for x in seeds)] for a in allocs],
         ),
     ]
 
@@ -361,8 +366,8 @@ def yes_no(ok: bool) -> str:
     return "yes" if ok else "**NO**"
 
 
-def _paper_section(pc: dict[str, Any], allocs: list[dict[str, Any]]) -> list[str]:
-    label = {a["name"]: a["label"] for a in allocs}
+def _paper_section(pc: dict[str, Any], allocs: list[AllocationSummary]) -> list[str]:
+    label = {a.name: a.label for a in allocs}
     pw = pc["pairwise"]
     order_ours = sorted(pc["allocations"], key=lambda n: pc["ours_val_ppl"][n])
     order_paper = sorted(pc["allocations"], key=lambda n: pc["paper_val_ppl"][n])
@@ -386,13 +391,13 @@ def _paper_section(pc: dict[str, Any], allocs: list[dict[str, Any]]) -> list[str
         ),
         f"- best allocation: ours {label[pc['best_ours']]}, paper {label[pc['best_paper']]}",
     ]
-    u = next((a for a in allocs if a["diff_vs_uniform"] is None), None)
-    u_paper = u["paper_ppl"] if u else None
+    u = next((a for a in allocs if a.diff_vs_uniform is None), None)
+    u_paper = u.paper_ppl if u else None
     rows = []
     for a in allocs:
-        if a["name"] not in pc["paper_val_ppl"]:
+        if a.name not in pc["paper_val_ppl"]:
             continue
-        d = a["diff_vs_uniform"]
+        d = a.diff_vs_uniform
         ours = "(baseline)"
         if d and d["val_loss"]["mean"] is not None:
             ci = d["val_loss"]["ci"]
@@ -403,10 +408,8 @@ def _paper_section(pc: dict[str, Any], allocs: list[dict[str, Any]]) -> list[str
             )
         paper = "(baseline)"
         if d is not None and u_paper:
-            paper = f"{100 * (a['paper_ppl'] - u_paper) / u_paper:+.2f}%"
-        rows.append(
-            [a["label"], f"{a['val_ppl']['mean']:.2f}", ours, f"{a['paper_ppl']:.2f}", paper]
-        )
+            paper = f"{100 * (a.paper_ppl - u_paper) / u_paper:+.2f}%"
+        rows.append([a.label, f"{a.val_ppl['mean']:.2f}", ours, f"{a.paper_ppl:.2f}", paper])
     lines += [""]
     lines += md_table(
         [
@@ -438,34 +441,67 @@ def _paper_section(pc: dict[str, Any], allocs: list[dict[str, Any]]) -> list[str
 # writing
 
 
+@dataclass
+class ComparisonReport:
+    """A comparison's report.json, typed: what a study puts its comparisons together from."""
+
+    out: Path  # the comparison's folder (report.md, report.json and the PNGs)
+    meta: dict[str, Any]  # how it was produced: title, command, model, settings, times, plots
+    base_config: dict[str, Any]  # the config every cell started from (`taperlm.config.to_dict`)
+    summary: ComparisonSummary  # every number (other parts' under its extras)
+    runs: dict[str, dict[str, Any]]  # cell -> its result.json without the config
+
+    @property
+    def md_path(self) -> Path:
+        return self.out / "report.md"
+
+    @property
+    def json_path(self) -> Path:
+        return self.out / "report.json"
+
+    def to_json(self) -> dict[str, Any]:
+        """report.json's object."""
+        return {
+            "meta": self.meta,
+            "base_config": self.base_config,
+            **self.summary.to_json(),
+            "runs": self.runs,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], out: Path) -> ComparisonReport:
+        """The report `to_json` wrote into `out`."""
+        return cls(
+            out, data["meta"], data["base_config"], ComparisonSummary.from_json(data), data["runs"]
+        )
+
+
 def write_report(
     grid: Grid,
-    results: dict[str, dict[str, Any]],
+    results: Results,
     out_dir: Path,
     meta: dict[str, Any],
     extra: Extra | Sequence[Extra] | None = None,
-) -> tuple[Path, Path]:
+) -> ComparisonReport:
     """report.json, report.md and the PNGs in out_dir; `extra` = (key, data, render), or a list
     of them: data goes into report.json under `key`, and render(data)'s lines into report.md
-    after the validation table, in the order given."""
+    after the validation table, in the order given. Returns the report as report.json holds it."""
     summary = summarize(grid, results)
     meta = dict(meta)
     meta["plots"] = write_plots(grid, results, out_dir, summary)
     lines: list[str] = []
     extras = [extra] if isinstance(extra, tuple) else list(extra or [])
     for key, data, render in extras:  # other parts' numbers and sections, e.g. --tune-lr's
-        summary[key] = data
+        summary.extras[key] = data
         lines += render(data)
-    doc = {
-        "meta": meta,
-        "base_config": to_dict(grid.base),
-        **summary,
-        "runs": {
-            name: {k: v for k, v in r.items() if k != "config"} for name, r in results.items()
-        },
+    runs = {
+        name: {k: v for k, v in r.to_json().items() if k != "config"} for name, r in results.items()
     }
+    report = ComparisonReport(out_dir, meta, to_dict(grid.base), summary, runs)
     md = render_markdown(summary, meta, lines)
-    json_path, md_path = out_dir / "report.json", out_dir / "report.md"
-    atomic_write_json(json_path, doc)
-    atomic_write_text(md_path, md)
-    return md_path, json_path
+    text = json.dumps(finite_json(report.to_json()), indent=1, allow_nan=False)
+    atomic_write_text(report.json_path, text + "\n")
+    atomic_write_text(report.md_path, md)
+    # what a study reads is what the file holds (non-finite numbers null, keys strings), as a
+    # rerun that finds this comparison done would read it
+    return ComparisonReport.from_json(parse_json(text, report.json_path), out_dir)

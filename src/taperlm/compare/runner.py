@@ -227,7 +227,83 @@ class SharedInputs:
 # one cell
 
 
-def read_result(run_dir: Path) -> dict[str, Any] | None:
+@dataclass
+class CellResult:
+    """A done cell's numbers: what its result.json holds, field for field and in that order
+    (`to_json` writes the file's layout, `from_json` reads it back)."""
+
+    cell: str  # the cell's name (its folder under runs/)
+    allocation: str  # its allocation's name
+    label: str  # its allocation's label (plots, tables)
+    taper: str  # its allocation's taper spec
+    seed: int  # its seed (data order and init)
+    config: dict[str, Any]  # the run config it trained with (`taperlm.config.to_dict`)
+    eval_settings: dict[str, Any]  # the `EvalSettings.to_dict` it was evaluated with
+    # steps, tokens, train_loss, skipped_steps, resumed_from_step, wall_s, tokens_per_s
+    train: dict[str, Any]
+    curve: list[list[float]]  # [tokens, val_loss] per evaluation during training
+    data_order: dict[str, Any]  # `data_order_fingerprint`: steps, sha256, first_ids
+    val: dict[str, Any]  # the validation: loss, ppl, tokens
+    zero_shot: dict[str, Any]  # paper_row, tasks, chance ({}: no tasks)
+    novelty: dict[str, Any]  # `NoveltyResult.to_dict` (finite JSON)
+    times: dict[str, float] | None  # seconds: val_s, zero_shot_s, novelty_s
+    sessions: list[dict[str, Any]]  # `read_sessions`: how each session ran
+    finished_at: str  # when it was written (local time, ISO 8601)
+    version: int = RESULT_VERSION  # the layout of result.json
+
+    def to_json(self) -> dict[str, Any]:
+        """result.json's object."""
+        return {
+            "version": self.version,
+            "cell": self.cell,
+            "allocation": self.allocation,
+            "label": self.label,
+            "taper": self.taper,
+            "seed": self.seed,
+            "config": self.config,
+            "eval_settings": self.eval_settings,
+            "train": self.train,
+            "curve": self.curve,
+            "data_order": self.data_order,
+            "val": self.val,
+            "zero_shot": self.zero_shot,
+            "novelty": self.novelty,
+            "times": self.times,
+            "sessions": self.sessions,
+            "finished_at": self.finished_at,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CellResult:
+        """The result `to_json` wrote; MalformedFileError when a field it needs is missing."""
+        try:
+            return cls(
+                cell=data["cell"],
+                allocation=data["allocation"],
+                label=data["label"],
+                taper=data["taper"],
+                seed=data["seed"],
+                config=data["config"],
+                eval_settings=data.get("eval_settings") or {},
+                train=data["train"],
+                curve=data["curve"],
+                data_order=data["data_order"],
+                val=data["val"],
+                zero_shot=data.get("zero_shot") or {},
+                novelty=data["novelty"],
+                times=data.get("times"),
+                sessions=data.get("sessions") or [],
+                finished_at=data.get("finished_at", ""),
+                version=data["version"],
+            )
+        except KeyError as err:
+            raise MalformedFileError(f"{RESULT_FILE} lacks {err.args[0]!r}") from None
+
+
+Results = dict[str, CellResult]  # cell name -> its result
+
+
+def read_result(run_dir: Path) -> CellResult | None:
     path = run_dir / RESULT_FILE
     if not path.is_file() and not_a_file(path) is None:
         return None
@@ -237,7 +313,12 @@ def read_result(run_dir: Path) -> dict[str, Any] | None:
         return None  # a damaged result is recomputed (write is atomic, so this is rare)
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
         return None  # damaged: recomputed like a missing one
-    return data if data.get("version") == RESULT_VERSION else None
+    if data.get("version") != RESULT_VERSION:
+        return None
+    try:
+        return CellResult.from_json(data)
+    except MalformedFileError:
+        return None  # damaged: recomputed like a missing one
 
 
 def _check_saved_config(run_dir: Path, saved: Any, cell: Cell, what: str) -> None:
@@ -365,7 +446,9 @@ class CellInterrupted(Exception):
         self.cell, self.step, self.total = cell, step, total
 
 
-def cell_state(cell: Cell, run_dir: Path, settings: dict[str, Any]) -> tuple[str, dict | None]:
+def cell_state(
+    cell: Cell, run_dir: Path, settings: dict[str, Any]
+) -> tuple[str, CellResult | None]:
     """What a cell needs: ("cached", result) when it is done with these evaluation settings,
     ("evaluate", old result) when only the evaluation settings changed, ("train", None)
     otherwise. ConfigError when its folder holds a run of a different training config, and
@@ -379,8 +462,8 @@ def cell_state(cell: Cell, run_dir: Path, settings: dict[str, Any]) -> tuple[str
         )
     cached = read_result(run_dir)
     if cached is not None:
-        _check_saved_config(run_dir, cached["config"], cell, "was trained with a different config")
-        if evaluation_key(cached.get("eval_settings") or {}) == evaluation_key(settings):
+        _check_saved_config(run_dir, cached.config, cell, "was trained with a different config")
+        if evaluation_key(cached.eval_settings) == evaluation_key(settings):
             return "cached", cached
         total_steps = cell.config.train.steps
         if _has_final_checkpoint(run_dir, total_steps):
@@ -447,7 +530,7 @@ def run_cell(
     on_step: StepHook | None = None,
     on_evaluate: Callable[[], None] | None = None,
     jobs: int = 1,
-) -> tuple[dict[str, Any], str]:
+) -> tuple[CellResult, str]:
     """Bring one cell to done; returns (result, status) with status one of "cached",
     "re-evaluated", "trained" or "resumed". `on_step` goes to the trainer (progress, and
     "stop" to stop at the next step with a checkpoint: CellInterrupted); `on_evaluate` is
@@ -470,7 +553,7 @@ def _run_cell(cell, run_dir, shared, progress, on_step, on_evaluate, jobs):
     train_info: dict[str, Any]
     if state == "evaluate":
         status = "re-evaluated"
-        train_info = cached["train"]
+        train_info = cached.train
     else:
         before = [s for s, _ in list_checkpoints(run_dir)]
         resumed_from = max(before) if before else 0
@@ -495,23 +578,22 @@ def _run_cell(cell, run_dir, shared, progress, on_step, on_evaluate, jobs):
     curve, rates = read_curve(run_dir)
     train_info["tokens_per_s"] = sum(rates) / len(rates) if rates else None
     ev = evaluate_cell(cell, run_dir, shared)
-    result = {
-        "version": RESULT_VERSION,
-        "cell": cell.name,
-        "allocation": cell.allocation.name,
-        "label": cell.allocation.label,
-        "taper": cell.allocation.spec_string,
-        "seed": cell.seed,
-        "config": to_dict(cell.config),
-        "eval_settings": settings,
-        "train": train_info,
-        "curve": curve,
-        "data_order": data_order_fingerprint(cell, shared.data_dir),
+    result = CellResult(
+        cell=cell.name,
+        allocation=cell.allocation.name,
+        label=cell.allocation.label,
+        taper=cell.allocation.spec_string,
+        seed=cell.seed,
+        config=to_dict(cell.config),
+        eval_settings=settings,
+        train=train_info,
+        curve=curve,
+        data_order=data_order_fingerprint(cell, shared.data_dir),
         **ev,
-        "sessions": read_sessions(run_dir, total_steps),
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    atomic_write_json(run_dir / RESULT_FILE, result)
+        sessions=read_sessions(run_dir, total_steps),
+        finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )
+    atomic_write_json(run_dir / RESULT_FILE, result.to_json())
     return result, status
 
 

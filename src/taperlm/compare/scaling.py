@@ -34,7 +34,7 @@ import numpy as np
 from taperlm.analysis.plots import _figure, _save
 from taperlm.compare.paper import PAPER_POINT
 from taperlm.compare.recipe import PAPER_TOKENS
-from taperlm.compare.report import diff_ci, md_table, produced_by
+from taperlm.compare.report import ComparisonReport, diff_ci, md_table, produced_by
 from taperlm.compare.reproduce import run_arguments
 from taperlm.compare.study import Part, StudyPlan, StudyProgress, run_plan
 from taperlm.errors import ConfigError
@@ -286,12 +286,12 @@ def fit_best_ratio(
     return out
 
 
-def point_losses(doc: dict[str, Any]) -> dict[int, dict[float, float]]:
-    """{seed: {start: val loss}} from one point's report.json."""
+def point_losses(report: ComparisonReport) -> dict[int, dict[float, float]]:
+    """{seed: {start: val loss}} from one point's report."""
     out: dict[int, dict[float, float]] = {}
-    for a in doc["allocations"]:
-        start = start_of(a["taper"])
-        for seed, run in a["per_seed"].items():
+    for a in report.summary.allocations:
+        start = start_of(a.taper)
+        for seed, run in a.per_seed.items():
             out.setdefault(int(seed), {})[start] = run["val_loss"]
     return out
 
@@ -300,15 +300,18 @@ def point_losses(doc: dict[str, Any]) -> dict[int, dict[float, float]]:
 # the report
 
 
-def write_scaling_report(points, docs, out: Path, meta: dict[str, Any]) -> tuple[Path, Path]:
+def write_scaling_report(
+    points, reports: dict[str, ComparisonReport], out: Path, meta: dict[str, Any]
+) -> tuple[Path, Path]:
     rows = []
     for key, size, _, _ in points:
-        doc = docs.get(key)
-        if doc is None:
+        report = reports.get(key)
+        if report is None:
             continue
-        params = doc["allocations"][0]["params"]
-        tokens = doc["meta"]["settings"]["tokens"]  # rounded up to whole steps
-        fit = fit_best_ratio(point_losses(doc))
+        params = report.summary.allocations[0].params
+        tokens = report.meta["settings"]["tokens"]  # rounded up to whole steps
+        tuning = report.summary.extras.get("lr_tuning")
+        fit = fit_best_ratio(point_losses(report))
         rows.append(
             {
                 "point": key,
@@ -317,18 +320,15 @@ def write_scaling_report(points, docs, out: Path, meta: dict[str, Any]) -> tuple
                 "params": params,
                 "tokens": tokens,
                 "tokens_per_param": tokens / params,
-                "lr": doc["lr_tuning"]["chosen_lr"]["uniform"] if doc.get("lr_tuning") else None,
-                "lr_at_edge": (doc.get("lr_tuning") or {})
-                .get("curves", {})
-                .get("uniform", {})
-                .get("at_edge"),
+                "lr": tuning["chosen_lr"]["uniform"] if tuning else None,
+                "lr_at_edge": (tuning or {}).get("curves", {}).get("uniform", {}).get("at_edge"),
                 "diffs": {
-                    a["taper"]: a["diff_vs_uniform"] and a["diff_vs_uniform"]["val_loss"]
-                    for a in doc["allocations"]
+                    a.taper: a.diff_vs_uniform and a.diff_vs_uniform["val_loss"]
+                    for a in report.summary.allocations
                 },
                 "fit": fit,
-                "wall_s": doc["meta"]["wall_s"],
-                "run_s": _run_seconds(doc),
+                "wall_s": report.meta["wall_s"],
+                "run_s": _run_seconds(report),
                 "report": f"{key}/report.md",
             }
         )
@@ -388,13 +388,13 @@ def _lowest(fit: dict[str, Any]) -> str:
     return ", ".join(f"{k} ({100 * v:.0f}%)" for v, k in top)
 
 
-def _run_seconds(doc: dict[str, Any]) -> float:
+def _run_seconds(report: ComparisonReport) -> float:
     """A point's training + evaluation seconds, tuning runs included, as each run recorded
     them (unlike the invocation's wall time, a rerun that trains nothing keeps it)."""
-    cost = (doc.get("lr_tuning") or {}).get("cost")
+    cost = (report.summary.extras.get("lr_tuning") or {}).get("cost")
     if cost:
         return float(cost["tuning_s"] + cost["tuned_s"] + cost["reported_s"])
-    return float(sum(doc.get("run_times", {}).values()))
+    return float(sum(report.summary.run_times.values()))
 
 
 def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any], plot: str | None) -> str:

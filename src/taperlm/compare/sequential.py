@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from taperlm import stats
 from taperlm.analysis.plots import plot_interval_series
@@ -43,11 +43,12 @@ from taperlm.compare.grid import Grid
 from taperlm.compare.report import md_table
 from taperlm.errors import ConfigError
 
+if TYPE_CHECKING:
+    from taperlm.compare.runner import Results
+
 STOP_RULES = ("fixed", "decided", "half-width:X")
 QUESTIONS = ("each", "best")
 SEQUENCE_PLOT = "sequence.png"
-
-Results = dict[str, dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ def rule_of(opts: Any) -> StopRule:
 def _losses(grid: Grid, results: Results, seeds: list[int]) -> dict[str, list[float]]:
     """Allocation name -> validation loss per seed of `seeds`, in their order."""
     return {
-        a.name: [results[grid.cell(a.name, s).name]["val"]["loss"] for s in seeds]
+        a.name: [results[grid.cell(a.name, s).name].val["loss"] for s in seeds]
         for a in grid.allocations
     }
 
@@ -115,7 +116,7 @@ def comparisons(grid: Grid, results: Results, n: int, question: str) -> dict[str
     from seeds[:n] alone (all of their cells must be in `results`)."""
     seeds = grid.seeds[:n]
     losses = {
-        a.label: [results[grid.cell(a.name, s).name]["val"]["loss"] for s in seeds]
+        a.label: [results[grid.cell(a.name, s).name].val["loss"] for s in seeds]
         for a in grid.allocations
     }
     uniform = next(a.label for a in grid.allocations if a.is_uniform)

@@ -17,13 +17,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from taperlm.compare.job import check_options, run_comparison
 from taperlm.compare.options import CompareOptions
-from taperlm.io import MAX_RECORD_BYTES, read_json
 from taperlm.outdirs import check_folder, claim
 from taperlm.runlock import locked
+
+if TYPE_CHECKING:
+    from taperlm.compare.report import ComparisonReport
 
 # The study of `taperlm compare` without --paper.
 COMPARISON = "comparison"
@@ -44,7 +46,7 @@ class StudyProgress:
     """The comparisons of a study done so far: what its report is written from."""
 
     total: int  # comparisons in the study
-    reports: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> its report.json
+    reports: dict[str, ComparisonReport] = field(default_factory=dict)  # key -> its report
     walls: dict[str, float] = field(default_factory=dict)  # key -> seconds its run took here
     t_start: float = field(default_factory=time.perf_counter)  # when the study started
     cpu_start: float = field(default_factory=time.process_time)  # this process's CPU then
@@ -92,7 +94,8 @@ def run_plan(opts: CompareOptions, study: Study) -> tuple[Path, Path]:
     plan = study(opts)
     if plan.report is None:  # one comparison in --out itself: it owns and locks the folder
         (part,) = plan.parts
-        return run_comparison(part.opts)
+        report = run_comparison(part.opts)
+        return report.md_path, report.json_path
     progress.total = len(plan.parts)
     for part in plan.parts:  # nothing trains before every comparison is known to be valid
         check_options(part.opts)
@@ -106,9 +109,8 @@ def run_plan(opts: CompareOptions, study: Study) -> tuple[Path, Path]:
                 file=sys.stderr,
             )
             t0 = time.perf_counter()
-            _, js = run_comparison(part.opts)
+            progress.reports[part.key] = run_comparison(part.opts)
             progress.walls[part.key] = time.perf_counter() - t0
-            progress.reports[part.key] = read_json(js, MAX_RECORD_BYTES, "comparison report")
             md, js_all = plan.report(progress)
     print(f"wrote {md} and {js_all} ({progress.wall() / 60:.1f} min)")
     return md, js_all

@@ -5,7 +5,8 @@ correlations, zero-shot rows, the design checks and the comparison with the pape
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 from taperlm import stats
 from taperlm.compare.grid import Grid
@@ -13,26 +14,118 @@ from taperlm.compare.paper import PAPER_BEST_SWEEP_RATIO, PAPER_SWEEP, SWEEP_SCH
 from taperlm.evaluation.suite import at_chance, chance_columns, paper_columns
 from taperlm.taper import TaperSpec
 
-
-def _loss(r: dict[str, Any]) -> float:
-    return r["val"]["loss"]
-
-
-def _ppl(r: dict[str, Any]) -> float:
-    return r["val"]["ppl"]
+if TYPE_CHECKING:
+    from taperlm.compare.runner import CellResult
 
 
-def _by_seed(results: list[dict[str, Any]], get) -> dict[int, float]:
+@dataclass
+class AllocationSummary:
+    """One allocation of a comparison over its seeds: report.json's entry of `allocations`
+    (`to_json` writes it, field for field and in that order). A statistic over seeds is
+    `taperlm.stats.summary`'s record (mean, std, n, ...); a paired difference is
+    `taperlm.stats.paired_difference`'s (mean, std, n, ci, excludes_zero)."""
+
+    name: str  # the allocation's name (its cells' folder prefix)
+    label: str  # its label (tables, plots)
+    taper: str  # its taper spec
+    widths: list[int]  # MLP width per layer
+    baseline_width: int  # the uniform model's MLP width
+    heads: list[int] | None  # attention heads per layer (None: not recorded)
+    baseline_heads: int | None  # the uniform model's heads
+    kv_heads: list[int] | None  # KV heads per layer
+    kv_cache_bytes_per_token_bf16: int | None  # its KV cache per token in bf16
+    widths_by_seed: dict[str, Any] | None  # per seed, when the widths depend on it (pilots)
+    pilot: bool  # whether its widths come from a novelty pilot
+    params: int  # parameters
+    flops_per_token: int  # training FLOPs per token
+    paper_ppl: float | None  # the paper's perplexity for it (None: not in the paper)
+    seeds: list[int]  # the seeds with a result
+    val_loss: dict[str, Any]  # statistic over seeds of the validation loss
+    val_ppl: dict[str, Any]  # ... of the validation perplexity
+    tokens_per_s: dict[str, Any]  # ... of the training throughput
+    train_loss: dict[str, Any]  # ... of the final training loss
+    # paired differences vs uniform of val_loss and val_ppl (None: uniform itself)
+    diff_vs_uniform: dict[str, Any] | None
+    # pearson_mlp, pearson_block (statistics over seeds), rho_*_per_layer (means), tokens
+    novelty: dict[str, Any]
+    zero_shot: dict[str, Any] | None  # column -> statistic over seeds (None: no tasks)
+    per_seed: dict[str, dict[str, Any]]  # seed -> its cell's numbers
+
+    def to_json(self) -> dict[str, Any]:
+        """report.json's entry."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> AllocationSummary:
+        """The entry `to_json` wrote."""
+        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
+
+
+@dataclass
+class ComparisonSummary:
+    """Every number behind a comparison's report: report.json's keys between `base_config` and
+    `runs` (`to_json` writes them in that order, the extras last)."""
+
+    allocations: list[AllocationSummary]  # per allocation, in the grid's order
+    pilot: dict[str, Any] | None  # the pilots' cost (None: no novelty:pilot allocation)
+    run_times: dict[str, float]  # seconds summed over the cells: train_s, val_s, ...
+    execution: dict[str, Any]  # how the cells ran (`execution`)
+    checks: dict[str, bool]  # the design checks (equal budgets, data orders, init seeds)
+    paper_comparison: dict[str, Any] | None  # agreement with the paper (None: < 2 in it)
+    # other parts' numbers (e.g. "stopping", "lr_tuning"), in the order they were added
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """report.json's keys of the summary."""
+        return {
+            "allocations": [a.to_json() for a in self.allocations],
+            "pilot": self.pilot,
+            "run_times": self.run_times,
+            "execution": self.execution,
+            "checks": self.checks,
+            "paper_comparison": self.paper_comparison,
+            **self.extras,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ComparisonSummary:
+        """The summary in a report.json `to_json` wrote (its other keys: meta, base_config,
+        runs, are not the summary's)."""
+        known = {"allocations", "pilot", "run_times", "execution", "checks", "paper_comparison"}
+        return cls(
+            allocations=[AllocationSummary.from_json(a) for a in data["allocations"]],
+            pilot=data.get("pilot"),
+            run_times=data["run_times"],
+            execution=data["execution"],
+            checks=data["checks"],
+            paper_comparison=data.get("paper_comparison"),
+            extras={
+                k: v
+                for k, v in data.items()
+                if k not in known and k not in ("meta", "base_config", "runs")
+            },
+        )
+
+
+def _loss(r: CellResult) -> float:
+    return r.val["loss"]
+
+
+def _ppl(r: CellResult) -> float:
+    return r.val["ppl"]
+
+
+def _by_seed(results: list[CellResult], get) -> dict[int, float]:
     out = {}
     for r in results:
         v = get(r)
         if v is not None:
-            out[int(r["seed"])] = float(v)
+            out[int(r.seed)] = float(v)
     return out
 
 
-def _layer_means(results: list[dict[str, Any]], key: str) -> list[float | None]:
-    rows = [[(x[key] or {}).get("mean") for x in r["novelty"]["layers"]] for r in results]
+def _layer_means(results: list[CellResult], key: str) -> list[float | None]:
+    rows = [[(x[key] or {}).get("mean") for x in r.novelty["layers"]] for r in results]
     if not rows:
         return []
     out: list[float | None] = []
@@ -42,10 +135,10 @@ def _layer_means(results: list[dict[str, Any]], key: str) -> list[float | None]:
     return out
 
 
-def summarize(grid: Grid, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Every number behind the report (JSON-ready)."""
+def summarize(grid: Grid, results: dict[str, CellResult]) -> ComparisonSummary:
+    """Every number behind the report."""
     uniform = next(a for a in grid.allocations if a.is_uniform)
-    per_alloc: dict[str, list[dict[str, Any]]] = {a.name: [] for a in grid.allocations}
+    per_alloc: dict[str, list[CellResult]] = {a.name: [] for a in grid.allocations}
     for c in grid.cells:
         if c.name in results:
             per_alloc[c.allocation.name].append(results[c.name])
@@ -57,22 +150,22 @@ def summarize(grid: Grid, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     ]
     times = {"train_s": 0.0, "val_s": 0.0, "zero_shot_s": 0.0, "novelty_s": 0.0}
     for r in results.values():
-        times["train_s"] += r["train"].get("wall_s") or 0.0
+        times["train_s"] += r.train.get("wall_s") or 0.0
         for k in ("val_s", "zero_shot_s", "novelty_s"):
-            times[k] += (r.get("times") or {}).get(k) or 0.0
-    return {
-        "allocations": allocations,
-        "pilot": _pilot_summary(grid),
-        "run_times": times,
-        "execution": execution(grid, results),
-        "checks": _checks(grid, results),
-        "paper_comparison": _paper_comparison(allocations, grid.paper),
-    }
+            times[k] += (r.times or {}).get(k) or 0.0
+    return ComparisonSummary(
+        allocations=allocations,
+        pilot=_pilot_summary(grid),
+        run_times=times,
+        execution=execution(grid, results),
+        checks=_checks(grid, results),
+        paper_comparison=_paper_comparison(allocations, grid.paper),
+    )
 
 
 def _allocation_entry(
-    grid: Grid, a, rs: list[dict[str, Any]], u_loss: dict[int, float], u_ppl: dict[int, float]
-) -> dict[str, Any]:
+    grid: Grid, a, rs: list[CellResult], u_loss: dict[int, float], u_ppl: dict[int, float]
+) -> AllocationSummary:
     """Budget, per-seed numbers, summaries over seeds and the paired difference vs uniform of
     one allocation (`rs`: its results)."""
     b = grid.budget[a.name]
@@ -96,38 +189,38 @@ def _allocation_entry(
         "val_loss": stats.summary([loss_s[s] for s in sorted(loss_s)]),
         "val_ppl": stats.summary([ppl_s[s] for s in sorted(ppl_s)]),
         "tokens_per_s": stats.summary(
-            list(_by_seed(rs, lambda r: r["train"].get("tokens_per_s")).values())
+            list(_by_seed(rs, lambda r: r.train.get("tokens_per_s")).values())
         ),
         "train_loss": stats.summary(
-            list(_by_seed(rs, lambda r: r["train"].get("train_loss")).values())
+            list(_by_seed(rs, lambda r: r.train.get("train_loss")).values())
         ),
         "diff_vs_uniform": None,
         "novelty": {
             "pearson_mlp": stats.summary(
-                list(_by_seed(rs, lambda r: r["novelty"].get("pearson_mlp")).values())
+                list(_by_seed(rs, lambda r: r.novelty.get("pearson_mlp")).values())
             ),
             "pearson_block": stats.summary(
-                list(_by_seed(rs, lambda r: r["novelty"].get("pearson_block")).values())
+                list(_by_seed(rs, lambda r: r.novelty.get("pearson_block")).values())
             ),
             "rho_mlp_per_layer": _layer_means(rs, "rho_mlp"),
             "rho_block_per_layer": _layer_means(rs, "rho_block"),
-            "tokens": rs[0]["novelty"]["n_tokens"] if rs else None,
+            "tokens": rs[0].novelty["n_tokens"] if rs else None,
         },
         "zero_shot": _zero_shot_summary(rs),
         "per_seed": {
-            str(r["seed"]): {
-                "val_loss": r["val"]["loss"],
-                "val_ppl": r["val"]["ppl"],
-                "val_tokens": r["val"]["tokens"],
-                "train_loss": r["train"].get("train_loss"),
-                "tokens_per_s": r["train"].get("tokens_per_s"),
-                "train_wall_s": r["train"].get("wall_s"),
-                "pearson_mlp": r["novelty"].get("pearson_mlp"),
-                "data_order_sha256": r["data_order"]["sha256"],
-                "zero_shot": (r.get("zero_shot") or {}).get("paper_row"),
-                "times": r.get("times"),
+            str(r.seed): {
+                "val_loss": r.val["loss"],
+                "val_ppl": r.val["ppl"],
+                "val_tokens": r.val["tokens"],
+                "train_loss": r.train.get("train_loss"),
+                "tokens_per_s": r.train.get("tokens_per_s"),
+                "train_wall_s": r.train.get("wall_s"),
+                "pearson_mlp": r.novelty.get("pearson_mlp"),
+                "data_order_sha256": r.data_order["sha256"],
+                "zero_shot": r.zero_shot.get("paper_row"),
+                "times": r.times,
             }
-            for r in sorted(rs, key=lambda r: r["seed"])
+            for r in sorted(rs, key=lambda r: r.seed)
         },
     }
     if not a.is_uniform:
@@ -135,14 +228,14 @@ def _allocation_entry(
             "val_loss": stats.paired_difference(loss_s, u_loss),
             "val_ppl": stats.paired_difference(ppl_s, u_ppl),
         }
-    return entry
+    return AllocationSummary(**entry)
 
 
 # What a cell's numbers can depend on besides its config: recorded per session, compared here.
 EXECUTION_KEYS = ("threads", "torch", "cpu_capability", "device")
 
 
-def execution(grid: Grid, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def execution(grid: Grid, results: dict[str, CellResult]) -> dict[str, Any]:
     """How the cells actually ran: every distinct (threads, torch, CPU capability, device) of
     their training and evaluation sessions with the cells (and steps) it covered, and the
     numbers of cells run at a time. `consistent` is False when cells or parts of one cell ran
@@ -153,7 +246,7 @@ def execution(grid: Grid, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         r = results.get(c.name)
         if r is None:
             continue
-        for sess in r.get("sessions") or []:
+        for sess in r.sessions:
             key = tuple(sess.get(k) for k in EXECUTION_KEYS)
             entry = combos.setdefault(
                 key, {**dict(zip(EXECUTION_KEYS, key)), "cells": [], "train_steps": 0}
@@ -189,8 +282,8 @@ def _pilot_summary(grid: Grid) -> dict[str, Any] | None:
     }
 
 
-def _zero_shot_summary(rs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    rows = [(r.get("zero_shot") or {}).get("paper_row") for r in rs]
+def _zero_shot_summary(rs: list[CellResult]) -> dict[str, Any] | None:
+    rows = [r.zero_shot.get("paper_row") for r in rs]
     rows = [x for x in rows if x]
     if not rows:
         return None
@@ -203,10 +296,10 @@ def _zero_shot_summary(rs: list[dict[str, Any]]) -> dict[str, Any] | None:
     return out
 
 
-def _mark_chance(columns: dict[str, Any], rs: list[dict[str, Any]]) -> None:
+def _mark_chance(columns: dict[str, Any], rs: list[CellResult]) -> None:
     """Adds `chance` (the no-skill accuracy, %) and `at_chance` (the mean is not significantly
     above it) to the accuracy columns whose task has a chance level."""
-    zs = next((r["zero_shot"] for r in rs if (r.get("zero_shot") or {}).get("chance")), None)
+    zs = next((r.zero_shot for r in rs if r.zero_shot.get("chance")), None)
     if zs is None:
         return  # results from before chance levels were recorded
     task_of = {col.label: task.name for task, col in paper_columns()}
@@ -218,22 +311,22 @@ def _mark_chance(columns: dict[str, Any], rs: list[dict[str, Any]]) -> None:
             entry["at_chance"] = at_chance(entry["mean"], chance, n)
 
 
-def _checks(grid: Grid, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _checks(grid: Grid, results: dict[str, CellResult]) -> dict[str, Any]:
     params = {grid.budget[a.name]["params"] for a in grid.allocations}
     flops = {grid.budget[a.name]["flops_per_token"] for a in grid.allocations}
     order_ok, init_ok = True, True
     for seed in grid.seeds:
         shas = {
-            results[c.name]["data_order"]["sha256"]
+            results[c.name].data_order["sha256"]
             for c in grid.cells
             if c.seed == seed and c.name in results
         }
         order_ok &= len(shas) <= 1
     for c in grid.cells:
         if c.name in results:
-            init_ok &= results[c.name]["config"]["train"]["seed"] == c.seed
+            init_ok &= results[c.name].config["train"]["seed"] == c.seed
     distinct = {
-        results[c.name]["data_order"]["sha256"]
+        results[c.name].data_order["sha256"]
         for c in grid.cells
         if c.allocation.is_uniform and c.name in results
     }
@@ -247,14 +340,14 @@ def _checks(grid: Grid, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _paper_comparison(allocations: list[dict[str, Any]], mode: str | None) -> dict[str, Any] | None:
-    have = [
-        a for a in allocations if a["paper_ppl"] is not None and a["val_ppl"]["mean"] is not None
-    ]
+def _paper_comparison(
+    allocations: list[AllocationSummary], mode: str | None
+) -> dict[str, Any] | None:
+    have = [a for a in allocations if a.paper_ppl is not None and a.val_ppl["mean"] is not None]
     if len(have) < 2:
         return None
-    ours = {a["name"]: a["val_ppl"]["mean"] for a in have}
-    ref = {a["name"]: a["paper_ppl"] for a in have}
+    ours = {a.name: a.val_ppl["mean"] for a in have}
+    ref = {a.name: a.paper_ppl for a in have}
     names = list(ref)
     out: dict[str, Any] = {
         "allocations": names,
@@ -270,13 +363,13 @@ def _paper_comparison(allocations: list[dict[str, Any]], mode: str | None) -> di
     return out
 
 
-def _sweep_claims(have: list[dict[str, Any]]) -> dict[str, Any]:
+def _sweep_claims(have: list[AllocationSummary]) -> dict[str, Any]:
     """The paper's §4 claims checked on our numbers."""
     table: dict[tuple[float, float], dict[str, float]] = {}
     for a in have:
-        spec = TaperSpec.parse(a["taper"])
+        spec = TaperSpec.parse(a.taper)
         if spec.schedule in SWEEP_SCHEDULES:
-            table.setdefault((spec.start, spec.end), {})[spec.schedule] = a["val_ppl"]["mean"]
+            table.setdefault((spec.start, spec.end), {})[spec.schedule] = a.val_ppl["mean"]
     per_ratio = {}
     for ratio in PAPER_SWEEP:
         row = table.get(ratio, {})

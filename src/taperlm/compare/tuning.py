@@ -41,6 +41,7 @@ from taperlm import stats
 from taperlm.compare.executor import train_cells, train_reported
 from taperlm.compare.grid import Allocation, Cell, Grid, build_grid
 from taperlm.compare.options import DEFAULT_TUNE_SEEDS, TUNE_SCOPES
+from taperlm.compare.runner import CellResult, Results
 from taperlm.compare.summary import summarize
 from taperlm.errors import ConfigError
 
@@ -144,7 +145,7 @@ def choose(
     lrs: list[float],
     names: dict[tuple[str, float], str],
     grid: Grid,
-    results: dict[str, dict[str, Any]],
+    results: Results,
     recipe_lr: float,
 ) -> dict[str, Any]:
     """Per tuned allocation: its loss-vs-lr curve over the tuning seeds (mean, std, 95% CI) and
@@ -158,7 +159,7 @@ def choose(
         for lr in lrs:
             name = names[(a.name, lr)]
             losses = {
-                c.seed: results[c.name]["val"]["loss"]
+                c.seed: results[c.name].val["loss"]
                 for c in grid.cells
                 if c.allocation.name == name and c.name in results
             }
@@ -233,12 +234,12 @@ def tuned_cells(grid: Grid, chosen: dict[str, float], recipe_lr: float) -> Grid:
     )
 
 
-def cost_seconds(results: list[dict[str, Any]]) -> float:
+def cost_seconds(results: list[CellResult]) -> float:
     """Training + evaluation seconds of these cells (as recorded when each ran)."""
     total = 0.0
     for r in results:
-        total += r["train"].get("wall_s") or 0.0
-        total += sum((r.get("times") or {}).values())
+        total += r.train.get("wall_s") or 0.0
+        total += sum((r.times or {}).values())
     return total
 
 
@@ -340,11 +341,11 @@ def run_tuned(
     recipe = tuning["recipe_lr"]
     tgrid = tuned_cells(cap or grid, tuning["chosen_lr"], recipe)
     tgrid, tres, tuning["tuned_stopping"] = train_reported(opts, tgrid, data_dir, settings)
-    shared = {a["name"]: a for a in summarize(grid, results)["allocations"]}
-    tuned = summarize(tgrid, tres)["allocations"]
+    shared = {a.name: a for a in summarize(grid, results).allocations}
+    tuned = summarize(tgrid, tres).allocations
     rows = []
     for a, t in zip(grid.allocations, tuned):
-        used = {tres[c.name]["config"]["train"]["lr"] for c in tgrid.cells if c.name in tres}
+        used = {tres[c.name].config["train"]["lr"] for c in tgrid.cells if c.name in tres}
         s = shared[a.name]
         rows.append(
             {
@@ -352,12 +353,12 @@ def run_tuned(
                 "label": a.label,
                 "lr": tuning["chosen_lr"][a.name],
                 "lr_used": sorted(used),
-                "runs": t["name"],
-                "shared_loss": s["val_loss"],
-                "tuned_loss": t["val_loss"],
-                "shared_diff": s["diff_vs_uniform"] and s["diff_vs_uniform"]["val_loss"],
-                "tuned_diff": t["diff_vs_uniform"] and t["diff_vs_uniform"]["val_loss"],
-                "tuned_per_seed": {k: v["val_loss"] for k, v in t["per_seed"].items()},
+                "runs": t.name,
+                "shared_loss": s.val_loss,
+                "tuned_loss": t.val_loss,
+                "shared_diff": s.diff_vs_uniform and s.diff_vs_uniform["val_loss"],
+                "tuned_diff": t.diff_vs_uniform and t.diff_vs_uniform["val_loss"],
+                "tuned_per_seed": {k: v["val_loss"] for k, v in t.per_seed.items()},
             }
         )
     tuning["tuned"] = rows
@@ -366,7 +367,7 @@ def run_tuned(
     tuning["cost"]["tuned_s"] = cost_seconds(extra)
 
 
-def finish_cost(tuning: dict[str, Any], reported: list[dict[str, Any]]) -> None:
+def finish_cost(tuning: dict[str, Any], reported: list[CellResult]) -> None:
     """The cost of the reported grid and the factor tuning multiplied it by."""
     c = tuning["cost"]
     c.setdefault("tuned_cells", 0)
