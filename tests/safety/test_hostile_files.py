@@ -268,6 +268,11 @@ ALLOWED: dict[tuple[str, str], str] = {
     ): "SafeReader: FileSystemReader with the allow-list",
     ("cli.py", "import_module"): "taperlm.commands.<name> for a fixed table of command names",
     ("cli.py", "importlib"): "(the import of import_module above)",
+    (
+        "compare/studies.py",
+        "import_module",
+    ): "the study functions of options.PAPER_STUDIES, our table",
+    ("compare/studies.py", "importlib"): "(the import of import_module above)",
     ("data/readers.py", "importlib"): "(the import of import_module above)",
     ("data/readers.py", "import_module"): "optional packages by their fixed names (zstandard, ...)",
     ("analysis/sources.py", "trust_remote_code"): "passes the user's --trust-remote-code flag",
