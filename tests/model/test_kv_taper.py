@@ -386,15 +386,21 @@ def _preset_dict() -> dict:
 
 def test_compare_draws_the_kv_pareto_plot_only_with_kv_tapers(tmp_path):
     from taperlm.compare.plots import _kv_pareto_plot
+    from taperlm.compare.summary import ComparisonSummary
 
     def entry(label, kv_bytes, diff):
         d = None if diff is None else {"val_loss": {"mean": diff, "ci": [diff - 0.01, diff + 0.01]}}
         return {"label": label, "kv_cache_bytes_per_token_bf16": kv_bytes, "diff_vs_uniform": d}
 
+    def summary(*entries):
+        return ComparisonSummary.from_json(
+            {"allocations": list(entries), "run_times": {}, "execution": {}, "checks": {}}
+        )
+
     png = tmp_path / "kv.png"
-    same = {"allocations": [entry("uniform", 768, None), entry("cosine", 768, -0.05)]}
+    same = summary(entry("uniform", 768, None), entry("cosine", 768, -0.05))
     assert not _kv_pareto_plot(same, png) and not png.exists()
-    kv = {"allocations": [entry("uniform", 768, None), entry("halved", 384, 0.02)]}
+    kv = summary(entry("uniform", 768, None), entry("halved", 384, 0.02))
     assert _kv_pareto_plot(kv, png) and png.read_bytes()[:4] == b"\x89PNG"
 
 
