@@ -210,3 +210,20 @@ def test_compress_tables_are_the_benchmarks_own():
         }  # fmt: skip
         assert prune.markdown(data) in page
     assert prune.scores_markdown(data) in page and prune.speed_markdown(data) in page
+
+
+def test_long_training_table_matches_its_report():
+    """docs/compare.md's token-axis table is `longrun.trend_table` of
+    results/longrun_tokens_nano.json, the trend report `taperlm compare --paper tokens` wrote;
+    the figures it shows are in docs/img."""
+    import json
+
+    from taperlm.compare import longrun
+
+    data = json.loads((ROOT / "benchmarks/results/longrun_tokens_nano.json").read_text())
+    assert data["meta"]["mode"] == "tokens" and len(data["points"]) == data["meta"]["done"] >= 2
+    page = (ROOT / "docs/compare.md").read_text(encoding="utf-8")
+    assert "\n".join(longrun.trend_table(data["points"])) in page
+    for png in ("longrun-advantage-nano.png", "longrun-best-ratio-nano.png"):
+        assert f"(img/{png})" in page and (ROOT / "docs/img" / png).is_file()
+    assert data["meta"]["paper_440m"]["ppl"] == [16.28, 14.44]
