@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import fault_harness
+from conftest import TINY_RUN_SETS
 from taperlm.cli import main as cli_main
 from taperlm.config import RunConfig, apply_overrides, run_config_from_dict, to_dict
 from taperlm.errors import CheckpointError, ConfigError, DataError
@@ -30,15 +31,7 @@ from taperlm.training.metrics import read_metrics
 from taperlm.training.optim import LRSchedule, param_groups
 
 TINY = [
-    "model.n_layers=2",
-    "model.d_model=32",
-    "model.n_heads=2",
-    "model.mlp_width=96",
-    "model.vocab_size=512",
-    "model.context_length=64",
-    "train.seq_len=32",
-    "train.micro_batch_size=4",
-    "train.batch_tokens=256",  # 2 micro-batches of 4 x 32 per step
+    *TINY_RUN_SETS,  # 2 layers, d_model 32; steps of 2 micro-batches of 4 x 32
     "train.tokens=2048",  # 8 steps
     "train.warmup_tokens=512",
     "train.lr=0.003",

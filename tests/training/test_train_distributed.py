@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import torchrun_command
+from conftest import TINY_RUN_SETS, torchrun_command
 from taperlm.loading import load_run_model
 from taperlm.training.checkpoint import store as ckpt
 from taperlm.training.metrics import read_metrics
@@ -35,15 +35,7 @@ pytestmark = pytest.mark.distributed
 FSDP_TOL = 1e-6
 
 SETS = [
-    "model.n_layers=2",
-    "model.d_model=32",
-    "model.n_heads=2",
-    "model.mlp_width=96",
-    "model.vocab_size=512",
-    "model.context_length=64",
-    "train.seq_len=32",
-    "train.micro_batch_size=4",
-    "train.batch_tokens=256",
+    *TINY_RUN_SETS,  # 2 layers, d_model 32; steps of 2 micro-batches of 4 x 32
     "train.tokens=1536",  # 6 steps
     "train.warmup_tokens=256",
     "train.lr=0.003",
