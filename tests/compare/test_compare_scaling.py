@@ -224,13 +224,13 @@ INTERRUPTED_MODES = {
 
 @pytest.mark.parametrize("mode", sorted(INTERRUPTED_MODES))
 def test_a_compare_stopped_in_its_first_cell_resumes(mode, data_dir, tmp_path, monkeypatch):  # noqa: F811
-    from taperlm.compare import executor
+    from taperlm.compare import runner
     from taperlm.outdirs import check_folder, kind_of
 
     def stop(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(executor, "run_cell", stop)
+    monkeypatch.setattr(runner, "run_one", stop)  # the one per-cell seam of every executor
     monkeypatch.setattr(scaling, "DEFAULT_PLAN", TOY)  # the CLI's sweep, at toy sizes
     out = tmp_path / "o"
     args = ["compare", *INTERRUPTED_MODES[mode], "--seeds", "1", "--data", str(data_dir)]

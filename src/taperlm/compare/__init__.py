@@ -23,12 +23,12 @@ the report that puts them together), declared with its `--paper` name in
   checks); `pilots` (the novelty:pilot runs, extra cells before the grid); `tuning` (--tune-lr:
   the lr grid as extra cells, the chosen lr).
 - running cells: `runner` (one cell to done: train or resume, evaluate, measure, its result,
-  `CellResult`, whose `to_json`/`from_json` are result.json); `executor` (the one executor: a
-  grid's cells `--jobs` at a time on workers, or here when one runs at a time, with progress and
-  Ctrl-C; how many at a time; the call every stage makes and `train_reported`, which adds seeds
-  by `sequential`'s rule); `workers` (the spawned worker processes, whose entry point sets
-  torch's threads before importing it); `sequential` (--stop: seeds added in order until the
-  question is settled).
+  `CellResult`, whose `to_json`/`from_json` are result.json; `run_one`, a cell as a worker or
+  this process runs it); `executor` (the one executor: a grid's cells `--jobs` at a time on
+  workers, or here when one runs at a time, with progress and Ctrl-C; how many at a time; the
+  call every stage makes and `train_reported`, which adds seeds by `sequential`'s rule);
+  `workers` (the spawned worker processes, whose entry point sets torch's threads before
+  importing it); `sequential` (--stop: seeds added in order until the question is settled).
 - the reading: `summary` (`ComparisonSummary` of `AllocationSummary`s: means, paired differences
   with t-based CIs, agreement with the paper; `to_json` is report.json's part); `report`
   (report.md, report.json: `ComparisonReport`, what a study's report is written from); `plots`;

@@ -1,7 +1,7 @@
 """Running a comparison's cells: one executor, `Executor`, runs a grid's cells `jobs` at a time
 on worker processes (`taperlm.compare.workers`) or, with one at a time, here in this process:
 the one-worker case of the same interface, which brings every cell to done with the same
-`taperlm.compare.runner.run_cell` on the same inputs, so the numbers never depend on `--jobs`.
+`taperlm.compare.runner.run_one` on the same inputs, so the numbers never depend on `--jobs`.
 Around it: the grid's progress display and a clean stop on Ctrl-C (`run_grid`), how many cells
 at a time (`choose_jobs`), the one call every stage makes (`train_cells`: the reported grid,
 novelty pilots, lr tuning), and `train_reported`, the call for a grid of *reported* seeds: it
@@ -31,14 +31,12 @@ from taperlm.compare.grid import Cell, Grid
 from taperlm.compare.options import CompareOptions
 from taperlm.compare.runner import (
     CellInterrupted,
-    CheckpointClock,
     EvalSettings,
     Results,
     SharedInputs,
     cell_state,
     fmt_signed,
     read_result,
-    run_cell,
 )
 from taperlm.compare.workers import run_in_workers
 from taperlm.progress import progress_bar
@@ -237,7 +235,7 @@ def run_grid(
 class Executor:
     """Where a grid's cells run: `jobs` worker processes, or this process when one cell runs at
     a time (or only one is left). Either way each cell is brought to done by
-    `taperlm.compare.runner.run_cell` with `threads` torch threads and the same inputs: the same
+    `taperlm.compare.runner.run_one` with `threads` torch threads and the same inputs: the same
     numbers whatever `jobs` is."""
 
     jobs: int  # cells at a time (1: here, one after the other)
@@ -261,28 +259,26 @@ class Executor:
 
 def _run_here(todo, runs, shared, threads, display, finished, stop, wants) -> None:
     """The cells one after the other in this process, with `threads` torch threads (those
-    `wants(cell)` still asks for when their turn comes)."""
+    `wants(cell)` still asks for when their turn comes): each by `runner.run_one`, the code a
+    worker runs for a cell, its progress going straight to `display`."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         for cell in todo:
             if not wants(cell):
                 continue
-            clock = CheckpointClock(cell.config.train.checkpoint_every, lambda: stop.requested)
-
-            def on_step(step: int, total: int, loss: float, cell=cell, clock=clock):
-                display.step(0, cell, step, total, loss)
-                return clock(step, total)
-
             try:
-                result, status = run_cell(
+                # a module attribute, looked up per cell: tests stand in for the cell's run
+                result, status = runner.run_one(
                     cell,
                     runs / cell.name,
                     shared,
-                    progress=False,
-                    on_step=on_step,
-                    on_evaluate=lambda cell=cell: display.evaluating(0, cell),
                     jobs=1,
+                    stopping=lambda: stop.requested,
+                    on_step=lambda step, total, loss, cell=cell: display.step(
+                        0, cell, step, total, loss
+                    ),
+                    on_evaluate=lambda cell=cell: display.evaluating(0, cell),
                 )
             except CellInterrupted as err:
                 display.write(f"taperlm compare: {err}")

@@ -625,5 +625,30 @@ class CheckpointClock:
         return None
 
 
+def run_one(
+    cell: Cell,
+    run_dir: Path,
+    shared: SharedInputs,
+    jobs: int,
+    stopping: Callable[[], bool],
+    on_step: Callable[[int, int, float], None],
+    on_evaluate: Callable[[], None],
+) -> tuple[CellResult, str]:
+    """One cell as the compare executor runs it, the same code in a worker process and in this
+    one (`taperlm.compare.executor`, `taperlm.compare.workers`): `run_cell` with the cell's
+    `CheckpointClock`, which stops it at the next step with a checkpoint (CellInterrupted) once
+    `stopping()`. `on_step(step, total, loss)` and `on_evaluate()` report progress; `jobs` is
+    recorded with the session."""
+    clock = CheckpointClock(cell.config.train.checkpoint_every, stopping)
+
+    def step_hook(step: int, total: int, loss: float) -> str | None:
+        on_step(step, total, loss)
+        return clock(step, total)
+
+    return run_cell(
+        cell, run_dir, shared, progress=False, on_step=step_hook, on_evaluate=on_evaluate, jobs=jobs
+    )
+
+
 def fmt_signed(x: float | None) -> str:
     return "n/a" if x is None else f"{x:+.2f}"

@@ -2,10 +2,10 @@
 
 Each worker is a fresh (spawned) Python process that sets its torch threads before torch is
 imported, loads the shared inputs once and then runs the cells the parent hands it, one at a
-time, with `taperlm.compare.runner.run_cell` — the same function, on the same inputs, as the
-sequential path, so every cell computes the same numbers whatever the number of workers.
-Workers report progress, results and errors through one queue; the parent draws the bars, writes
-the result lines and the partial reports.
+time, with `taperlm.compare.runner.run_one` — the same function, on the same inputs, as the
+in-process path (`--jobs 1`), so every cell computes the same numbers whatever the number of
+workers. Workers report progress, results and errors through one queue; the parent draws the
+bars, writes the result lines and the partial reports.
 
 A sequential comparison that has stopped (`wants(cell)` false for the cells of later seeds)
 hands out no more cells and asks the workers still running such cells to stop the same way
@@ -53,10 +53,9 @@ def _worker_main(slot: int, threads: int, jobs: int, data_dir: str, settings: di
 
     from taperlm.compare.runner import (  # lazy: imports torch
         CellInterrupted,
-        CheckpointClock,
         EvalSettings,
         SharedInputs,
-        run_cell,
+        run_one,
     )
 
     torch.set_num_threads(threads)
@@ -71,26 +70,24 @@ def _worker_main(slot: int, threads: int, jobs: int, data_dir: str, settings: di
         def stopping() -> bool:
             return stop["requested"] or os.getppid() != parent
 
-        clock = CheckpointClock(cell.config.train.checkpoint_every, stopping)
         last_sent = 0.0
 
-        def on_step(step: int, total: int, loss: float, index=index, clock=clock) -> str | None:
-            nonlocal last_sent
+        def on_step(step: int, total: int, loss: float, index=index) -> None:
+            nonlocal last_sent  # the queue carries a few steps a second, not every one
             now = time.monotonic()
             if now - last_sent > 0.2 or step == total:
                 last_sent = now
                 events.put(("step", slot, (index, step, total, loss)))
-            return clock(step, total)
 
         try:
-            result, status = run_cell(
+            result, status = run_one(
                 cell,
                 Path(run_dir),
                 shared,
-                progress=False,
+                jobs=jobs,
+                stopping=stopping,
                 on_step=on_step,
                 on_evaluate=lambda index=index: events.put(("evaluate", slot, index)),
-                jobs=jobs,
             )
         except CellInterrupted as err:
             events.put(("interrupted", slot, (index, str(err))))
