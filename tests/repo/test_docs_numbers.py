@@ -227,3 +227,28 @@ def test_long_training_table_matches_its_report():
     for png in ("longrun-advantage-nano.png", "longrun-best-ratio-nano.png"):
         assert f"(img/{png})" in page and (ROOT / "docs/img" / png).is_file()
     assert data["meta"]["paper_440m"]["ppl"] == [16.28, 14.44]
+
+
+def test_the_kept_cells_resume_the_token_axis():
+    """benchmarks/results/longrun_tokens_nano/ keeps every finished cell's result.json of the
+    token axis, laid out as `--out`, so that `taperlm compare --paper tokens --preset-size nano`
+    continues where it stopped (docs/compare.md). Each must still read as a done cell (a bump of
+    the result layout would retrain them all), and each measured point must have all of its
+    reported cells: 5 allocations x at least 3 seeds, at that point's tokens."""
+    import json
+
+    from taperlm.compare.runner import read_result
+
+    kept = ROOT / "benchmarks/results/longrun_tokens_nano"
+    data = json.loads((ROOT / "benchmarks/results/longrun_tokens_nano.json").read_text())
+    cells = sorted(kept.glob("*/runs/*/result.json"))
+    assert cells
+    for path in cells:
+        assert read_result(path.parent) is not None, path
+    for point in data["points"]:
+        runs = kept / point["point"] / "runs"
+        reported = [p for p in runs.glob("*-s[0-9]/result.json")]
+        assert len(reported) >= 5 * 3, point["point"]
+        for path in reported:
+            cfg = json.loads(path.read_text())["config"]
+            assert cfg["train"]["tokens"] == point["tokens"], path
