@@ -239,8 +239,14 @@ def test_the_kept_cells_resume_the_token_axis():
 
     from taperlm.compare.runner import read_result
 
+    from taperlm.outdirs import check_folder
+
     kept = ROOT / "benchmarks/results/longrun_tokens_nano"
     data = json.loads((ROOT / "benchmarks/results/longrun_tokens_nano.json").read_text())
+    # the documented `cp -r` copy must be accepted as --out (the study's folder and each point's
+    # comparison folder), not refused as a folder taperlm did not write
+    for folder in (kept, *sorted(p for p in kept.iterdir() if p.is_dir())):
+        check_folder(folder, "compare", "--out")
     cells = sorted(kept.glob("*/runs/*/result.json"))
     assert cells
     for path in cells:
