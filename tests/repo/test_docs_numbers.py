@@ -238,7 +238,6 @@ def test_the_kept_cells_resume_the_token_axis():
     import json
 
     from taperlm.compare.runner import read_result
-
     from taperlm.outdirs import check_folder
 
     kept = ROOT / "benchmarks/results/longrun_tokens_nano"
