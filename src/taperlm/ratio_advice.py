@@ -421,7 +421,7 @@ def points_markdown(doc: dict[str, Any]) -> str:
     """The packaged points as a markdown table (docs/compare.md shows it; plan reads the same)."""
     head = ["point", "mode", "params", "tokens/param", "Δ 1.5→0.5 [95% CI]", "best measured",
             "Δ there [95% CI]", "fitted best start [95% bootstrap]", "reading"]  # fmt: skip
-    rows = [head, ["---"] * len(head)]
+    rows = [head]
     for p in sorted(doc["points"], key=lambda p: (p["params"], p["tokens_per_param"], p["mode"])):
         rows.append(
             [
@@ -436,4 +436,6 @@ def points_markdown(doc: dict[str, Any]) -> str:
                 _STATUS_WORDS[status(p)],
             ]
         )
-    return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+    lines = ["| " + " | ".join(r) + " |" for r in rows]
+    lines.insert(1, "|" + "---|" * len(head))
+    return "\n".join(lines)
