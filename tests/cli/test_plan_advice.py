@@ -1,6 +1,6 @@
 """`taperlm plan`'s ratio advice from the command line: printed for every model (uniform too),
 P the plan's own parameter count, T `--tokens` or the config's train.tokens, and the same advice
-under `--json`'s `ratio_advice`. Torch-free, as plan is."""
+under `--json`'s `ratio_advice`. Torch-free, as plan is (but for --gpus's memory plan)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,13 @@ from taperlm.config import TrainConfig
 from taperlm.presets import get_preset
 from taperlm.ratio_advice import advice, format_advice
 
-pytestmark = pytest.mark.unit
-
 
 def _json(capsys, *argv: str) -> dict:
     assert main(["plan", *argv, "--json"]) == 0
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.unit
 def test_a_uniform_model_gets_the_advice_at_its_train_tokens(capsys):
     assert main(["plan", "--preset", "transformer-micro"]) == 0
     out = capsys.readouterr().out
@@ -36,6 +35,7 @@ def test_a_uniform_model_gets_the_advice_at_its_train_tokens(capsys):
                            "taper": "uniform", "family": "transformer"}  # fmt: skip
 
 
+@pytest.mark.unit
 def test_tokens_sets_the_runs_t_and_json_carries_the_advice(capsys):
     argv = ["--preset", "transformer-440m", "--taper", "cosine", "--tokens", "30e9"]
     data = _json(capsys, *argv)
@@ -51,6 +51,7 @@ def test_tokens_sets_the_runs_t_and_json_carries_the_advice(capsys):
 
 
 def test_the_advice_comes_before_the_memory_plan_and_notes_another_family(capsys):
+    """(Not in the unit lane: --gpus's activation trace needs torch.)"""
     argv = ["plan", "--preset", "gated-micro", "--taper", "cosine", "--gpus", "1"]
     assert main([*argv, "--tokens", "1e6"]) == 0
     out = capsys.readouterr().out
