@@ -76,14 +76,45 @@ def test_packaged_measurements_are_the_reports():
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     built = ratio_measurements.build()
-    assert built == load_measurements()
-    assert ratio_measurements.render(built) == MEASUREMENTS.read_text(encoding="utf-8")
+    stale = (
+        "src/taperlm/ratio_measurements.json differs from benchmarks/results: run "
+        "`python3 benchmarks/ratio_measurements.py`, then `python3 benchmarks/docs_numbers.py "
+        "--only ratio-measurements --only ratio-advice-440m`"
+    )
+    assert built == load_measurements(), stale
+    assert ratio_measurements.render(built) == MEASUREMENTS.read_text(encoding="utf-8"), stale
     scaling = json.loads((ROOT / "benchmarks/results/scaling_report.json").read_text())
     nano = json.loads((ROOT / "benchmarks/results/longrun_tokens_nano.json").read_text())
     names = [(p["mode"], p["point"]) for p in built["points"]]
     assert names[: len(scaling["points"])] == [("scaling", p["point"]) for p in scaling["points"]]
     assert set(names) >= {("tokens", p["point"]) for p in nano["points"]}
     assert built["paper"]["best"] == 1.5 and built["paper"]["diff"] == pytest.approx(-0.1199, 1e-3)
+
+
+def test_a_new_trend_report_is_new_points_without_code(tmp_path):
+    """A report that lands later (say --paper ratios at nano) is read by the same glob: its points
+    join the packaged file with their mode, and the advice reads them."""
+    import shutil
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import ratio_measurements
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    results = ROOT / "benchmarks/results"
+    for name in ("scaling_report.json", "longrun_tokens_nano.json"):
+        shutil.copy(results / name, tmp_path / name)
+    row = _point("nano-2134016", 266_816, 8.0, HURTS, best_taper="cosine:1.95:0.05")
+    del row["mode"]
+    meta = {"mode": "ratios", "command": "taperlm compare --paper ratios", "done": 1, "total": 3}
+    (tmp_path / "longrun_ratios_nano.json").write_text(json.dumps({"meta": meta, "points": [row]}))
+    doc = ratio_measurements.build(tmp_path)
+    assert [p for p in doc["points"] if p["mode"] == "ratios"] == [{**row, "mode": "ratios"}]
+    assert len(doc["points"]) == len(load_measurements()["points"]) + 1
+    assert "benchmarks/results/longrun_ratios_nano.json" in [s["file"] for s in doc["sources"]]
+    a = advice(266_816, 266_816 * 8.0, doc)
+    assert a["where"] == "measured point" and a["nearest"][0]["status"] == "hurts"
+    assert a["verdict"].startswith("The advantage is gone: at nano-2134016")
 
 
 @pytest.mark.unit
