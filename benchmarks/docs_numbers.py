@@ -188,6 +188,22 @@ def tapers_presets_table() -> str:
     return "\n".join(rows)
 
 
+def ratio_measurements_table() -> str:
+    """The measured points `taperlm plan`'s ratio advice reads (the packaged file)."""
+    from taperlm.ratio_advice import load_measurements, points_markdown
+
+    return points_markdown(load_measurements())
+
+
+# The paper's run: transformer-440m at its 30B tokens (68 tokens per parameter).
+ADVICE_440M = ["--preset", "transformer-440m", "--taper", "cosine", "--tokens", "30e9"]
+
+
+def ratio_advice_block() -> str:
+    text = plan_output(ADVICE_440M)
+    return f"```\n{text[text.index('ratio advice:') :].rstrip()}\n```"
+
+
 @dataclass(frozen=True)
 class Block:
     page: str
@@ -202,6 +218,8 @@ BLOCKS = {
     "architectures-params": Block("docs/architectures.md", architectures_params_table, False),
     "architectures-flops": Block("docs/architectures.md", architectures_flops_table, False),
     "tapers-presets": Block("docs/tapers.md", tapers_presets_table, False),
+    "ratio-measurements": Block("docs/compare.md", ratio_measurements_table, False),
+    "ratio-advice-440m": Block("docs/compare.md", ratio_advice_block, False),
 }
 
 

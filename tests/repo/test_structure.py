@@ -362,7 +362,17 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     (
         "specification",
-        ("taper", "solver", "model_fields", "kv_taper", "families", "budget", "config", "presets"),
+        (
+            "taper",
+            "solver",
+            "model_fields",
+            "kv_taper",
+            "families",
+            "budget",
+            "config",
+            "presets",
+            "ratio_advice",
+        ),
     ),
     ("model", ("models", "generation", "hf", "gguf_export")),
     ("data", ("data",)),

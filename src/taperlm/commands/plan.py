@@ -1,5 +1,7 @@
 """`taperlm plan`: per-layer widths, parameters and FLOPs of a taper beside its uniform baseline;
-with `--gpus N`, also the per-GPU memory and the time of the run (training/planner.py)."""
+with `--gpus N`, also the per-GPU memory and the time of the run (training/planner.py); and the
+ratio advice for the run's parameters and training tokens (ratio_advice.py: what the packaged
+measurements say about the taper's ratio, and how sure)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from taperlm.hf.decilm import decilm_config
 from taperlm.io import atomic_write_json
 from taperlm.outfiles import R_FILE, json_mark
 from taperlm.presets import get_preset, preset_names
+from taperlm.ratio_advice import advice, format_advice
 from taperlm.training.planner import format_memory_plan, parse_bytes, plan_training
 
 
@@ -25,6 +28,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--seq-len",
         type=number(int, domain_of_field(TrainConfig, "seq_len")),
         help="context for the attention FLOPs and the KV-cache totals (default: the model's)",
+    )
+    parser.add_argument(
+        "--tokens",
+        type=number(float, domain_of_field(TrainConfig, "tokens")),
+        help="training tokens T of the planned run: the ratio advice reads the measurements "
+        "nearest its parameters and tokens per parameter; with --gpus, the time plan too "
+        "(default: train.tokens)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
@@ -60,11 +70,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--activation-checkpointing", action="store_true", help="recompute each block in backward"
     )
     g.add_argument(
-        "--tokens",
-        type=number(float, domain_of_field(TrainConfig, "tokens")),
-        help="training tokens (default: train.tokens)",
-    )
-    g.add_argument(
         "--mfu", type=number(float, "(0, 1]"), default=0.4, help="assumed MFU (default 0.4)"
     )
     g.add_argument(
@@ -88,20 +93,31 @@ def run(args: argparse.Namespace) -> int:
         atomic_write_json(args.block_configs, json_mark(config, "plan"), indent=2)
     p = plan(cfg.model, args.seq_len)
     memory = _memory_plan(args, cfg) if args.gpus is not None else None
+    tokens = args.tokens if args.tokens is not None else cfg.train.tokens
+    m = cfg.model
+    # Always, uniform models too: whether to taper at all is the first thing it answers.
+    ratio = advice(
+        total_params(m),
+        tokens,
+        taper="uniform" if m.taper.is_uniform else m.taper.to_string(),
+        family=m.family,
+    )
     if args.json:
         out = plan_to_dict(p)
         if memory is not None:
             out["memory_plan"] = memory.to_dict()
+        out["ratio_advice"] = ratio
         print(json.dumps(out, indent=2))
     else:
         print(format_plan(p))
+        print()
+        print(format_advice(ratio))
         if memory is not None:
             print()
             print(format_memory_plan(memory))
     if args.plot:
         from taperlm.analysis.plots import plot_width_profiles  # lazy: numpy, only for --plot
 
-        m = cfg.model
         heads = [m.attention_heads(i)[0] for i in range(m.n_layers)]
         path = plot_width_profiles(
             {m.taper.to_string(): list(m.mlp_widths or [])},

@@ -1,0 +1,94 @@
+"""The package's copy of the ratio measurements, written from the reports in benchmarks/results.
+
+`taperlm plan` advises on the taper's ratio from src/taperlm/ratio_measurements.json
+(`taperlm.ratio_advice`): the wheel has no benchmarks/, so the points ship with the package.
+This script writes that file from the reports the compare modes wrote:
+
+- results/scaling_report.json (`taperlm compare --paper scaling`): each point turned into the
+  token axis's row by `taperlm.compare.longrun.trend_rows`, the function the trend reports use;
+- every results/longrun_*.json (`--paper tokens` / `--paper ratios` trend reports): their rows
+  as they are;
+- the paper's 440M point from `taperlm.compare.paper`.
+
+A new measured point is a new or rewritten report followed by this script (and
+`python benchmarks/docs_numbers.py --only ratio-measurements` for the docs' table);
+tests/compare/test_ratio_advice.py fails while the packaged file differs from the reports.
+
+    python benchmarks/ratio_measurements.py           # rewrite the packaged file
+    python benchmarks/ratio_measurements.py --check   # exit 1 if it differs from the reports
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+PACKAGED = ROOT / "src" / "taperlm" / "ratio_measurements.json"
+SCALING_REPORT = "scaling_report.json"
+TREND_REPORTS = "longrun_*.json"
+
+
+def build(results: Path = RESULTS) -> dict[str, Any]:
+    """The packaged file's content, from the reports in `results` (as JSON would read it back)."""
+    from taperlm.compare.longrun import trend_rows
+    from taperlm.compare.paper import PAPER_440M, PAPER_BEST, PAPER_DIFF
+
+    points: list[dict[str, Any]] = []
+    sources = []
+    scaling = json.loads((results / SCALING_REPORT).read_text(encoding="utf-8"))
+    points += [{**row, "mode": "scaling"} for row in trend_rows(scaling["points"])]
+    sources.append(_source(SCALING_REPORT, "scaling", scaling["meta"]))
+    for path in sorted(results.glob(TREND_REPORTS)):
+        if not path.is_file():
+            continue
+        trend = json.loads(path.read_text(encoding="utf-8"))
+        mode = trend["meta"]["mode"]
+        points += [{**row, "mode": mode} for row in trend["points"]]
+        sources.append(_source(path.name, mode, trend["meta"]))
+    doc = {
+        "generated_by": "benchmarks/ratio_measurements.py, from benchmarks/results",
+        "sources": sources,
+        "points": points,
+        "paper": {**PAPER_440M, "diff": PAPER_DIFF, "best": PAPER_BEST},
+    }
+    return json.loads(json.dumps(doc))  # tuples as lists, as the file reads back
+
+
+def _source(name: str, mode: str, meta: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "file": f"benchmarks/results/{name}",
+        "mode": mode,
+        "command": meta.get("command"),
+        "points_done": meta.get("done"),
+        "points_total": meta.get("total"),
+    }
+
+
+def render(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="report drift, change nothing")
+    args = ap.parse_args(argv)
+    text = render(build())
+    current = PACKAGED.read_text(encoding="utf-8") if PACKAGED.exists() else None
+    if text == current:
+        print(f"{PACKAGED.relative_to(ROOT)} matches the reports")
+        return 0
+    if args.check:
+        print(f"{PACKAGED.relative_to(ROOT)} differs from the reports; run {Path(__file__).name}")
+        return 1
+    PACKAGED.write_text(text, encoding="utf-8")
+    print(f"{PACKAGED.relative_to(ROOT)} rewritten from the reports")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,304 @@
+"""The ratio advice `taperlm plan` prints (taperlm.ratio_advice): its packaged measurements are the
+reports' own, docs/compare.md shows the same points and says what they say, and the arithmetic
+(nearest points in log space, decades outside the measured range, the token-axis rule that
+says the advantage is gone) is right on synthetic points where a wrong rule would answer
+otherwise."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from taperlm.errors import MalformedFileError
+from taperlm.ratio_advice import (
+    MEASUREMENTS,
+    advantage_gone,
+    advice,
+    decades_outside,
+    format_advice,
+    load_measurements,
+    nearest,
+    points_markdown,
+    status,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "compare.md"
+
+
+def _diff(mean: float, lo: float, hi: float) -> dict:
+    return {"mean": mean, "ci": [lo, hi], "se": (hi - lo) / 3.92}
+
+
+def _point(name: str, params: float, tpp: float, best: tuple[float, float, float] | None,
+           at_15: tuple[float, float, float] = (-0.05, -0.08, -0.02),
+           best_taper: str | None = "cosine:1.75:0.25", fitted: float = 1.8) -> dict:  # fmt: skip
+    return {
+        "point": name,
+        "size": name.split("-")[0],
+        "params": params,
+        "tokens": params * tpp,
+        "tokens_per_param": tpp,
+        "diff_1.5": _diff(*at_15),
+        "best_measured": best_taper if best else None,
+        "diff_best": _diff(*best) if best else None,
+        "best_ratio": {"best": fitted, "ci": [fitted - 0.05, 1.9], "at_upper_edge": 0.1},
+        "mode": "tokens",
+    }
+
+
+HELPS = (-0.06, -0.09, -0.03)
+UNDECIDED = (-0.005, -0.02, +0.01)
+HURTS = (+0.03, +0.01, +0.05)
+
+
+def _doc(*points: dict) -> dict:
+    paper = {"params": 440e6, "tokens_per_param": 68.18, "ppl": [16.28, 14.44],
+             "diff": -0.1199, "best": 1.5}  # fmt: skip
+    return {"points": list(points), "paper": paper}
+
+
+# ----------------------------------------------------------------------------------------------
+# the packaged file is the reports' own, and the docs show the same points
+
+
+def test_packaged_measurements_are_the_reports():
+    """src/taperlm/ratio_measurements.json equals what benchmarks/ratio_measurements.py makes of
+    the reports in benchmarks/results now: a report rewritten (a new point) without the file
+    regenerated fails here."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import ratio_measurements
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    built = ratio_measurements.build()
+    stale = (
+        "src/taperlm/ratio_measurements.json differs from benchmarks/results: run "
+        "`python3 benchmarks/ratio_measurements.py`, then `python3 benchmarks/docs_numbers.py "
+        "--only ratio-measurements --only ratio-advice-440m`"
+    )
+    assert built == load_measurements(), stale
+    assert ratio_measurements.render(built) == MEASUREMENTS.read_text(encoding="utf-8"), stale
+    scaling = json.loads((ROOT / "benchmarks/results/scaling_report.json").read_text())
+    nano = json.loads((ROOT / "benchmarks/results/longrun_tokens_nano.json").read_text())
+    names = [(p["mode"], p["point"]) for p in built["points"]]
+    assert names[: len(scaling["points"])] == [("scaling", p["point"]) for p in scaling["points"]]
+    assert set(names) >= {("tokens", p["point"]) for p in nano["points"]}
+    assert built["paper"]["best"] == 1.5 and built["paper"]["diff"] == pytest.approx(-0.1199, 1e-3)
+
+
+def test_a_new_trend_report_is_new_points_without_code(tmp_path):
+    """A report that lands later (say --paper ratios at nano) is read by the same glob: its points
+    join the packaged file with their mode, and the advice reads them."""
+    import shutil
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import ratio_measurements
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    results = ROOT / "benchmarks/results"
+    for name in ("scaling_report.json", "longrun_tokens_nano.json"):
+        shutil.copy(results / name, tmp_path / name)
+    row = _point("nano-2134016", 266_816, 8.0, HURTS, best_taper="cosine:1.95:0.05")
+    del row["mode"]
+    meta = {"mode": "ratios", "command": "taperlm compare --paper ratios", "done": 1, "total": 3}
+    (tmp_path / "longrun_ratios_nano.json").write_text(json.dumps({"meta": meta, "points": [row]}))
+    doc = ratio_measurements.build(tmp_path)
+    assert [p for p in doc["points"] if p["mode"] == "ratios"] == [{**row, "mode": "ratios"}]
+    assert len(doc["points"]) == len(load_measurements()["points"]) + 1
+    assert "benchmarks/results/longrun_ratios_nano.json" in [s["file"] for s in doc["sources"]]
+    a = advice(266_816, 266_816 * 8.0, doc)
+    assert a["where"] == "measured point" and a["nearest"][0]["status"] == "hurts"
+    assert a["verdict"].startswith("The advantage is gone: at nano-2134016")
+
+
+@pytest.mark.unit
+def test_docs_table_is_the_packaged_points_and_says_what_they_say():
+    """docs/compare.md shows the points plan reads (its own rendering) and its hand-written
+    "which ratio" table agrees with them: every point at <= 0.5 tokens/param decided in the
+    taper's favour, fitted 1.78-1.90; at 2 tokens/param (0.27M) no decided difference, with the
+    numbers the row quotes."""
+    page = PAGE.read_text(encoding="utf-8")
+    doc = load_measurements()
+    assert points_markdown(doc) in page
+    short = [p for p in doc["points"] if p["tokens_per_param"] <= 0.5]
+    assert len(short) >= 7 and all(status(p) == "helps" for p in short)
+    fitted = sorted(p["best_ratio"]["best"] for p in short)
+    row = next(line for line in page.splitlines() if line.startswith("| ≤ 0.5 |"))
+    assert f"fitted {fitted[0]:.2f}–{fitted[-1]:.2f}" in row
+    two = [p for p in doc["points"] if p["size"] == "nano" and abs(p["tokens_per_param"] - 2) < 0.1]
+    assert len(two) == 1 and status(two[0]) == "undecided"
+    d = two[0]["diff_1.5"]
+
+    def minus(x: float) -> str:
+        return f"{x:+.3f}".replace("-", "−")
+
+    quoted = f"{minus(d['mean'])} [{minus(d['ci'][0])}, {minus(d['ci'][1])}]"
+    row = next(line for line in page.splitlines() if line.startswith("| ≈ 2–2.5 |"))
+    assert quoted in row
+    # and plan's advice at those points says the same
+    assert advice(two[0]["params"], two[0]["tokens"], doc)["verdict"].startswith(
+        "The advantage is gone"
+    )
+    nano_short = next(p for p in short if p["size"] == "nano")
+    assert advice(nano_short["params"], nano_short["tokens"], doc)["verdict"].startswith(
+        "Taper, steeply"
+    )
+
+
+@pytest.mark.unit
+def test_a_malformed_file_is_refused_with_what_to_do(tmp_path):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"points": [{"point": "x"}], "paper": {}}))
+    with pytest.raises(MalformedFileError, match=r"lacks size, params.*ratio_measurements\.py"):
+        load_measurements(path)
+    path.write_text(json.dumps({"points": []}))
+    with pytest.raises(MalformedFileError, match="non-empty 'points'"):
+        load_measurements(path)
+
+
+# ----------------------------------------------------------------------------------------------
+# the arithmetic
+
+
+@pytest.mark.unit
+def test_nearest_is_in_log_space_on_both_axes():
+    a = _point("a-1", 1e6, 1.0, HELPS)
+    b = _point("b-1", 1e7, 1.0, HELPS)
+    c = _point("c-1", 1e6, 10.0, HELPS)
+    # 5e6 params: log10 distance 0.70 to a, 0.30 to b (in plain numbers a is nearer: 4e6 < 5e6)
+    assert [p["point"] for p in nearest([a, b, c], 5e6, 1.0)] == ["b-1", "a-1", "c-1"]
+    # 5 tokens/param: c is nearer than a (an advice blind to the token axis would tie them)
+    got = nearest([a, b, c], 1e6, 5.0, k=2)
+    assert [p["point"] for p in got] == ["c-1", "a-1"]
+    assert got[0]["distance_decades"] == pytest.approx(math.log10(2))
+    assert got[1]["distance_decades"] == pytest.approx(math.log10(5))
+    # both axes at once: Euclidean in decades
+    (d,) = nearest([a], 1e7, 10.0, k=1)
+    assert d["distance_decades"] == pytest.approx(math.sqrt(2))
+
+
+@pytest.mark.unit
+def test_decades_outside_the_range():
+    assert decades_outside(440e6, 266_816, 6_099_648) == pytest.approx(1.85815, abs=1e-5)
+    assert decades_outside(1e5, 1e6, 1e7) == pytest.approx(-1.0)
+    assert decades_outside(3e6, 1e6, 1e7) == 0.0
+
+
+@pytest.mark.unit
+def test_status_of_a_point():
+    assert status(_point("p-1", 1e6, 1, HELPS)) == "helps"
+    assert status(_point("p-1", 1e6, 1, UNDECIDED)) == "undecided"
+    assert status(_point("p-1", 1e6, 1, HURTS)) == "hurts"
+    # uniform measured lowest (no best taper): 1.5 -> 0.5's interval decides
+    assert status(_point("p-1", 1e6, 1, None, at_15=HURTS)) == "hurts"
+    assert status(_point("p-1", 1e6, 1, None, at_15=UNDECIDED)) == "undecided"
+
+
+@pytest.mark.unit
+def test_the_advantage_is_gone_only_where_training_no_longer_than_the_run_lost_it():
+    early = _point("s-a", 1e6, 0.5, HELPS)
+    late = _point("s-b", 1e6, 2.0, UNDECIDED)
+    pts = [early, late]
+    assert advantage_gone(pts, 1.0) == []  # the longest not longer than 1 (0.5) helps
+    assert advantage_gone(pts, 0.1) == []  # every point trained longer
+    assert advantage_gone(pts, 3.0) == [late]
+    assert advantage_gone(pts, 2.0 * 0.9) == [late]  # within 0.05 decades counts as as long
+    assert advantage_gone(pts, 2.0 * 0.8) == []
+    # two sizes at the longest budget: one still helps, so it is not gone
+    other = _point("t-b", 1e7, 2.0, HELPS)
+    assert advantage_gone([*pts, other], 3.0) == []
+    doc = _doc(*pts)
+    a = advice(1e6, 1e6 * 1.0, doc)  # between the two budgets
+    assert a["advantage_gone_at"] == [] and a["verdict"].startswith("Taper, steeply")
+    assert "Longer training loses it: at s-b" in a["verdict"]
+    a = advice(1e6, 1e6 * 20, doc)
+    assert [g["point"] for g in a["advantage_gone_at"]] == ["s-b"]
+    assert "The advantage is gone" in a["verdict"] and "1.0 decades longer" in a["verdict"]
+
+
+# ----------------------------------------------------------------------------------------------
+# the advice at the documented kinds of run
+
+
+@pytest.mark.unit
+def test_far_outside_the_paper_run():
+    """440M parameters at 68 tokens/param: 1.9 decades larger than the largest model measured
+    (6.1M), 1.5 decades longer than the longest training (2 tokens/param, at 0.27M: 3.2 decades
+    smaller), the advantage gone at that longest point, the paper's own 1.5 -> 0.5 beside it."""
+    doc = load_measurements()
+    a = advice(440e6, 30e9, doc, taper="cosine:1.5:0.5", family="transformer")
+    biggest = max(p["params"] for p in doc["points"])
+    longest = max(doc["points"], key=lambda p: p["tokens_per_param"])
+    assert a["where"] == "outside"
+    assert a["outside_decades"]["params"] == pytest.approx(math.log10(440e6 / biggest))
+    assert a["outside_decades"]["tokens_per_param"] == pytest.approx(
+        math.log10(30e9 / 440e6 / longest["tokens_per_param"])
+    )
+    assert biggest == 6_099_648 and longest["point"] == "nano-533504"
+    sure = a["how_sure"]
+    assert sure.startswith("Extrapolated")
+    assert "1.9 decades larger than the largest model measured (6.1M)" in sure
+    assert "1.5 decades longer than the longest training measured (2 tokens/param" in sure
+    assert "3.2 decades smaller than your run" in sure
+    assert [g["point"] for g in a["advantage_gone_at"]] == ["nano-533504"]
+    assert a["verdict"].startswith("The advantage is gone: at nano-533504")
+    assert a["paper"]["distance_decades"] == pytest.approx(0, abs=1e-3)
+    assert "nearer the paper's point" in a["verdict"] and "cosine 1.5 -> 0.5" in a["verdict"]
+    assert "disagrees" in a["verdict"]
+    # the nearest three, nearest first, each with its own distance
+    ds = [p["distance_decades"] for p in a["nearest"]]
+    assert len(ds) == 3 and ds == sorted(ds) and ds[0] > 3
+    text = format_advice(a)
+    assert "your run: 440M params x 30,000,000,000 tokens = 68.2 tokens/param" in text
+    assert "this model's taper: cosine:1.5:0.5" in text and "-0.1199 nats" in text
+
+
+@pytest.mark.unit
+def test_on_a_measured_point():
+    doc = load_measurements()
+    p = next(p for p in doc["points"] if p["point"] == "micro-163840")
+    a = advice(p["params"], p["tokens"], doc)
+    assert a["where"] == "measured point" and a["nearest"][0]["point"] == "micro-163840"
+    assert a["nearest"][0]["distance_decades"] == pytest.approx(0, abs=1e-12)
+    assert a["how_sure"].startswith("Measured: your run is on micro-163840")
+    assert a["verdict"].startswith("Taper, steeply") and "cosine 1.9 -> 0.1" in a["verdict"]
+    assert f"{p['diff_best']['mean']:+.4f}" in a["verdict"]
+    assert "Longer training loses it: at nano-533504" in a["verdict"]
+
+
+@pytest.mark.unit
+def test_inside_the_measured_range():
+    doc = load_measurements()
+    a = advice(2e6, 1e6, doc)  # 0.5 tokens/param at 2M params: between the sizes, no point there
+    assert a["where"] == "inside" and a["outside_decades"] == {
+        "params": 0.0,
+        "tokens_per_param": 0.0,
+    }
+    want = min(
+        doc["points"],
+        key=lambda p: math.hypot(
+            math.log10(2e6 / p["params"]), math.log10(0.5 / p["tokens_per_param"])
+        ),
+    )
+    assert a["nearest"][0]["point"] == want["point"] == "micro-327680"
+    assert a["how_sure"].startswith("Interpolated: inside the measured range")
+    assert f"{a['nearest'][0]['distance_decades']:.2f} decades away" in a["how_sure"]
+
+
+@pytest.mark.unit
+def test_smaller_and_shorter_than_anything_measured():
+    doc = load_measurements()
+    a = advice(1e5, 1e3, doc)  # 0.1M params, 0.01 tokens/param
+    smallest = min(p["params"] for p in doc["points"])
+    shortest = min(p["tokens_per_param"] for p in doc["points"])
+    assert a["outside_decades"]["params"] == pytest.approx(-math.log10(smallest / 1e5))
+    assert a["outside_decades"]["tokens_per_param"] == pytest.approx(-math.log10(shortest / 0.01))
+    assert "0.4 decades smaller than the smallest model measured" in a["how_sure"]
+    assert "0.4 decades shorter than the shortest training measured" in a["how_sure"]
+    assert a["advantage_gone_at"] == []  # every point trained longer than this run
