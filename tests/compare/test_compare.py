@@ -169,6 +169,19 @@ def test_grid_runs_end_to_end(finished):
     assert_delta_units(md)
     assert "taperlm compare --preset transformer-tiny" in md
     assert "![widths](widths.png)" in md and "## Novelty" in md
+    # the difference against tokens seen: report.json's curve, the verdict leading report.md
+    from taperlm.compare.crossing import PLOT_FILE, LossVsTokens
+
+    vs_tokens = LossVsTokens.from_json(rep["loss_vs_tokens"])
+    (late,) = vs_tokens.allocations
+    assert late.name == "late" and late.seeds == (0, 1, 2)
+    assert vs_tokens.params == a["params"] and late.points[-1].tokens == 256
+    assert late.points[-1].per_seed == pytest.approx(
+        [r["curve"][-1][1] - rep["runs"][f"uniform-s{s}"]["curve"][-1][1]
+         for s, r in ((s, rep["runs"][f"late-s{s}"]) for s in range(3))]
+    )  # fmt: skip
+    assert md.index("## Verdict") < md.index("## Validation")
+    assert "## Difference against tokens seen" in md and (out / PLOT_FILE).is_file()
 
 
 def test_paired_ci_matches_hand_computation(finished):
