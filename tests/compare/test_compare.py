@@ -1043,12 +1043,19 @@ def test_paper_sizes_train_with_the_paper_recipe(tmp_path):
 
 
 def test_default_seeds_depend_on_the_mode(tmp_path):
-    """The main job's many seeds would make a paper grid (16 allocations) or the family table
-    take hours on a CPU: --paper modes default to fewer; an explicit --seeds always wins."""
-    from taperlm.compare.options import DEFAULT_SEEDS, PAPER_MODE_SEEDS, CompareOptions
+    """The main job's seeds are sized to its 15 minutes; a named model's comparison keeps its
+    15; a paper grid (16 allocations) or the family table would take hours on a CPU at those:
+    --paper modes default to fewer; an explicit --seeds always wins."""
+    from taperlm.compare.options import (
+        DEFAULT_SEEDS,
+        MODEL_SEEDS,
+        PAPER_MODE_SEEDS,
+        CompareOptions,
+    )
 
-    assert DEFAULT_SEEDS > PAPER_MODE_SEEDS
+    assert MODEL_SEEDS > PAPER_MODE_SEEDS and DEFAULT_SEEDS > PAPER_MODE_SEEDS
     assert CompareOptions(out=tmp_path).seeds == DEFAULT_SEEDS
+    assert CompareOptions(out=tmp_path, preset="transformer-micro").seeds == MODEL_SEEDS
     for mode in ("controlled", "sweep", "families"):
         assert CompareOptions(out=tmp_path, paper=mode).seeds == PAPER_MODE_SEEDS
         assert CompareOptions(out=tmp_path, paper=mode, seeds=2).seeds == 2

@@ -105,7 +105,9 @@ def test_bootstrap_is_deterministic_and_holds_the_point():
     _, tokens, diffs = cx.paired_curves(tapered, uniform)
     draws = {cx.bootstrap_crossing(tokens, diffs, 20, rng_seed=s).tokens for s in range(5)}
     assert len(draws) > 1
-    assert cx.bootstrap_crossing(tokens, diffs, 20, 3) == cx.bootstrap_crossing(tokens, diffs, 20, 3)
+    assert cx.bootstrap_crossing(tokens, diffs, 20, 3) == cx.bootstrap_crossing(
+        tokens, diffs, 20, 3
+    )
 
 
 def test_bootstrap_of_identical_seeds_is_the_point_itself():

@@ -461,12 +461,18 @@ def headline(data: LossVsTokens, final: Mapping[str, Mapping[str, Any] | None]) 
     for a in data.allocations:
         d = final.get(a.name)
         end = a.points[-1] if a.points else None
-        at = "" if end is None else f" at {end.tokens:,} tokens ({end.tokens_per_param:.2f} tokens/param)"
+        at = (
+            ""
+            if end is None
+            else f" at {end.tokens:,} tokens ({end.tokens_per_param:.2f} tokens/param)"
+        )
         if d is None or d.get("mean") is None:
             verdict = "no finished pair of runs yet"
         else:
             verdict = _verdict(d)
-        lines.append(f"- **{a.label} vs uniform{at}: {verdict}.** {_cap(crossing_text(a, data.params))}.")
+        lines.append(
+            f"- **{a.label} vs uniform{at}: {verdict}.** {_cap(crossing_text(a, data.params))}."
+        )
     lines.append("")
     return lines
 
@@ -503,7 +509,9 @@ def plot(data: LossVsTokens, path: Path) -> bool:
         color = f"C{i}"
         x = np.array([p.tokens_per_param for p in a.points])
         y = np.array([p.mean for p in a.points])
-        ax.plot(x, y, color=color, marker="o", markersize=3, label=f"{a.label} ({len(a.seeds)} seeds)")
+        ax.plot(
+            x, y, color=color, marker="o", markersize=3, label=f"{a.label} ({len(a.seeds)} seeds)"
+        )
         band = [p.ci for p in a.points]
         if all(b is not None for b in band):
             ax.fill_between(x, [b[0] for b in band], [b[1] for b in band], color=color, alpha=0.2)
