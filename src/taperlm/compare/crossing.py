@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from taperlm import stats
+from taperlm.analysis.plots import _figure, _save
 
 if TYPE_CHECKING:
     from taperlm.compare.grid import Grid
@@ -502,8 +503,6 @@ def plot(data: LossVsTokens, path: Path) -> bool:
     drawn = [a for a in data.allocations if len(a.points) >= 2]
     if not drawn:
         return False
-    from taperlm.analysis.plots import _figure, _save  # matplotlib: only when drawing
-
     fig, (ax,) = _figure()
     for i, a in enumerate(drawn):
         color = f"C{i}"
