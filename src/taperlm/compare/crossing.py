@@ -525,8 +525,8 @@ def plot(data: LossVsTokens, path: Path) -> bool:
     ax.set_xlabel("training tokens per parameter (log)")
     ax.set_ylabel("val loss − uniform's, nats (lower: taper better)")
     ax.set_title(
-        "Paired difference vs uniform during training\n"
-        "(mean, 95% band over seeds; dashed: crossing, shaded: its 95% bootstrap interval)"
+        "Paired difference vs uniform during training\n(mean, 95% band over seeds;\n"
+        "dashed: the crossing, shaded: its 95% bootstrap interval)"
     )
     ax.legend(fontsize=8)
     _save(fig, path)

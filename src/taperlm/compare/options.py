@@ -30,7 +30,7 @@ from taperlm.domains import (
 # its answer holds for training as people do it, not only early in training (issue 38): at
 # nano, the taper's advantage over uniform is -0.043 nats at 0.5 tokens per parameter, gone at 2
 # (-0.003 [-0.021, +0.015]) and reversed at 8 (every seed worse), the paired difference during
-# training crossing zero near 1.6 tokens per parameter (docs/compare.md, "--paper tokens"). So
+# training crossing zero near 1.8 tokens per parameter (docs/compare.md, "--paper tokens"). So
 # the main job trains transformer-nano to 8 tokens per parameter, its report leading with the
 # difference at the end and the crossing (`taperlm.compare.crossing`), with the settings of the
 # `--paper tokens` point there (benchmarks/results/longrun_tokens_nano/nano-2134016): the built-in
@@ -42,7 +42,7 @@ DEFAULT_TOKENS = 2_134_016  # 8 tokens per parameter: 2,084 steps of 1,024 token
 MAIN_LR = 4e-3  # uniform's tuned peak lr at DEFAULT_TOKENS (above)
 MAIN_MULTIPLE_OF = 8  # nano's width step (at 16 its steep tapers collapse into one another)
 # The curve the crossing is read from: an evaluation every 2,084 // 32 = 65 steps (0.25 tokens
-# per parameter; the crossing sits near 1.6) on 8,192 val tokens (4,096 left per-seed differences
+# per parameter; the crossing sits near 1.8) on 8,192 val tokens (4,096 left per-seed differences
 # with an evaluation noise of sd 0.010-0.018 nats, as large as the seed-to-seed spread).
 MAIN_CURVE_POINTS = 32
 MAIN_EVAL_TOKENS = 8192
