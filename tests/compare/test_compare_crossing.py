@@ -149,6 +149,12 @@ def test_report_json_round_trip():
     )
     text = json.dumps(data.to_json(), allow_nan=False)
     assert cx.LossVsTokens.from_json(json.loads(text)) == data
+    (entry,) = json.loads(text)["allocations"]
+    curve = data.allocations[0]
+    assert entry["crossing_tokens_per_param"] == pytest.approx(curve.crossing.tokens / 1000)
+    assert entry["interval_tokens_per_param"] == pytest.approx(
+        [t / 1000 for t in curve.interval.tokens]
+    )
     # what a report.json holds: the summary keeps it under its key among the extras
     doc = {
         "allocations": [],

@@ -194,11 +194,19 @@ class LossVsTokens:
     allocations: tuple[AllocationCurve, ...]  # in the grid's order, uniform left out
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "params": self.params,
-            "eval_tokens": self.eval_tokens,
-            "allocations": [a.to_json() for a in self.allocations],
-        }
+        """report.json's object; each allocation also gets its crossing and interval in tokens
+        per parameter (`crossing_tokens_per_param`, `interval_tokens_per_param`: derived, for
+        the reader; `from_json` recomputes them from `params`)."""
+        allocations = []
+        for a in self.allocations:
+            entry = a.to_json()
+            c, iv = a.crossing.tokens, a.interval and a.interval.tokens
+            entry["crossing_tokens_per_param"] = None if c is None else c / self.params
+            entry["interval_tokens_per_param"] = (
+                None if not iv else [iv[0] / self.params, iv[1] / self.params]
+            )
+            allocations.append(entry)
+        return {"params": self.params, "eval_tokens": self.eval_tokens, "allocations": allocations}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LossVsTokens:
