@@ -52,7 +52,7 @@ def test_every_preset_and_example_config_trains_its_own_tokens_without_a_note():
 
 @pytest.mark.unit
 def test_list_presets_says_what_the_size_depends_on(capsys):
-    """transformer-micro is 2.24M with its own 8,192-token vocabulary and 1.06M in the main job
+    """transformer-micro is 2.24M with its own 8,192-token vocabulary and 1.06M in compare
     (2,048 tokens): the listing shows the vocabulary, the size without embeddings, and why."""
     assert main(["plan", "--list-presets"]) == 0
     out = capsys.readouterr().out
@@ -69,7 +69,7 @@ def test_list_presets_says_what_the_size_depends_on(capsys):
     assert nano.split() == ["transformer-nano", "4", "64", "176", "512", "0.27M", "0.20M"]
     assert micro.split() == ["transformer-micro", "6", "96", "256", "8,192", "2.24M", "0.66M"]
     assert "sizes the vocabulary to its data's tokenizer" in " ".join(out.split())
-    # non-emb is the total less the embedding and output rows (untied): the main job's 1.06M
+    # non-emb is the total less the embedding and output rows (untied): compare's 1.06M micro
     assert main(["plan", "--preset", "transformer-micro", "--set", "model.vocab_size=2048"]) == 0
     assert "1,058,016" in capsys.readouterr().out  # = 0.66M + 2 x 2,048 x 96
 

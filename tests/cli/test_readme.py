@@ -13,10 +13,10 @@ the `TAPERLM_SET` overrides of `QUICK` for the lines that train. The line the RE
 - slow: the whole usage sequence as printed with `QUICK` (the default corpus prepared as printed,
   then tiny models). Measured on 2 cores shared with other jobs: every line before the compare
   lines 15-45 s each, the corpus 146 s, the 15-cell compare line 614 s; the three compare lines
-  after it (the paper grid, the four-allocation grid with pilots, the 30-cell main job) have
+  after it (the paper grid, the four-allocation grid with pilots, the main job's 14 cells) have
   about 7 times as many cells, so the whole test takes 1-2 hours there;
 - slow: the same with no override at all (the README's own sizes: the main job alone takes
-  13 min on 2 idle cores, the three compare lines about an hour more).
+  ≈ 14 min on 2 idle cores (estimated), the three compare lines about an hour more).
 """
 
 from __future__ import annotations

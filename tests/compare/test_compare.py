@@ -169,6 +169,19 @@ def test_grid_runs_end_to_end(finished):
     assert_delta_units(md)
     assert "taperlm compare --preset transformer-tiny" in md
     assert "![widths](widths.png)" in md and "## Novelty" in md
+    # the difference against tokens seen: report.json's curve, the verdict leading report.md
+    from taperlm.compare.crossing import PLOT_FILE, LossVsTokens
+
+    vs_tokens = LossVsTokens.from_json(rep["loss_vs_tokens"])
+    (late,) = vs_tokens.allocations
+    assert late.name == "late" and late.seeds == (0, 1, 2)
+    assert vs_tokens.params == a["params"] and late.points[-1].tokens == 256
+    assert late.points[-1].per_seed == pytest.approx(
+        [r["curve"][-1][1] - rep["runs"][f"uniform-s{s}"]["curve"][-1][1]
+         for s, r in ((s, rep["runs"][f"late-s{s}"]) for s in range(3))]
+    )  # fmt: skip
+    assert md.index("## Verdict") < md.index("## Validation")
+    assert "## Difference against tokens seen" in md and (out / PLOT_FILE).is_file()
 
 
 def test_paired_ci_matches_hand_computation(finished):
@@ -1030,12 +1043,19 @@ def test_paper_sizes_train_with_the_paper_recipe(tmp_path):
 
 
 def test_default_seeds_depend_on_the_mode(tmp_path):
-    """The main job's many seeds would make a paper grid (16 allocations) or the family table
-    take hours on a CPU: --paper modes default to fewer; an explicit --seeds always wins."""
-    from taperlm.compare.options import DEFAULT_SEEDS, PAPER_MODE_SEEDS, CompareOptions
+    """The main job's seeds are sized to its 15 minutes; a named model's comparison keeps its
+    15; a paper grid (16 allocations) or the family table would take hours on a CPU at those:
+    --paper modes default to fewer; an explicit --seeds always wins."""
+    from taperlm.compare.options import (
+        DEFAULT_SEEDS,
+        MODEL_SEEDS,
+        PAPER_MODE_SEEDS,
+        CompareOptions,
+    )
 
-    assert DEFAULT_SEEDS > PAPER_MODE_SEEDS
+    assert MODEL_SEEDS > PAPER_MODE_SEEDS and DEFAULT_SEEDS > PAPER_MODE_SEEDS
     assert CompareOptions(out=tmp_path).seeds == DEFAULT_SEEDS
+    assert CompareOptions(out=tmp_path, preset="transformer-micro").seeds == MODEL_SEEDS
     for mode in ("controlled", "sweep", "families"):
         assert CompareOptions(out=tmp_path, paper=mode).seeds == PAPER_MODE_SEEDS
         assert CompareOptions(out=tmp_path, paper=mode, seeds=2).seeds == 2

@@ -23,12 +23,18 @@ from __future__ import annotations
 import argparse
 
 from taperlm.commands.common import add_logger_argument, add_model_arguments, logger_names
-from taperlm.compare.options import DEFAULT_PRESET, add_option_arguments, options_from
+from taperlm.compare.options import (
+    DEFAULT_PRESET,
+    PAPER_MODE_PRESET,
+    add_option_arguments,
+    options_from,
+)
 from taperlm.config import env_overrides
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_model_arguments(parser, taper=False, default_preset=DEFAULT_PRESET)
+    default = f"{DEFAULT_PRESET} (--paper controlled/sweep: {PAPER_MODE_PRESET})"
+    add_model_arguments(parser, taper=False, default_preset=default)
     add_option_arguments(parser)  # declared once, with their domains: CompareOptions
     add_logger_argument(parser)  # every run its own logged run, all in one group
 

@@ -11,7 +11,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from taperlm.compare.options import CompareOptions
+from taperlm.compare.options import CompareOptions, model_preset
 from taperlm.compare.runner import EvalSettings
 from taperlm.config import RunConfig
 from taperlm.data import corpus as data_corpus
@@ -34,7 +34,8 @@ SIZE_CORPUS_TOKENIZERS = {"nano": "bpe:512"}
 def corpus_tokenizer(opts: CompareOptions) -> str:
     """The tokenizer of the built-in corpus for `opts`' preset (its size's own, else the
     default)."""
-    size = None if opts.config else (opts.preset or "").rpartition("-")[2]
+    preset = model_preset(opts)
+    size = None if preset is None else preset.rpartition("-")[2]
     return SIZE_CORPUS_TOKENIZERS.get(size or "", DEFAULT_CORPUS_TOKENIZER)
 
 

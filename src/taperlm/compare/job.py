@@ -32,7 +32,12 @@ from taperlm.compare.grid import (
     split_taper_list,
 )
 from taperlm.compare.inputs import check_niah_lengths, data_dir_of, eval_settings
-from taperlm.compare.options import DEFAULT_PRESET, CompareOptions, check_option_ranges
+from taperlm.compare.options import (
+    CompareOptions,
+    check_option_ranges,
+    model_preset,
+    width_step,
+)
 from taperlm.compare.pilots import pilot_tokens, run_pilots
 from taperlm.compare.recipe import base_config
 from taperlm.compare.report import ComparisonReport, write_report
@@ -64,7 +69,7 @@ def allocations(opts: CompareOptions) -> list[Allocation]:
         if not texts:
             raise ConfigError("--tapers is empty; give e.g. --tapers 'uniform;cosine:1.5:0.5'")
     texts += [t.strip() for t in opts.taper_list]
-    return parse_allocations(texts or list(DEFAULT_TAPERS), opts.multiple_of)
+    return parse_allocations(texts or list(DEFAULT_TAPERS), width_step(opts))
 
 
 def check_options(opts: CompareOptions) -> tuple[list[Allocation], RunConfig]:
@@ -272,6 +277,6 @@ def _settings_meta(grid: Grid, results: Results, inputs: Inputs) -> dict[str, An
 
 
 def _title(opts: CompareOptions, grid: Grid) -> str:
-    model = str(opts.config) if opts.config else (opts.preset or DEFAULT_PRESET)
+    model = str(opts.config) if opts.config else model_preset(opts)
     mode = f"paper {grid.paper}" if grid.paper else f"{len(grid.allocations)} allocations"
     return f"{model}, {mode}, {len(grid.seeds)} seeds, {grid.base.train.tokens:,} tokens/run"

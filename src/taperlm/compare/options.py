@@ -26,16 +26,44 @@ from taperlm.domains import (
     up_to,
 )
 
-# Defaults chosen by measurement (docs/compare.md, "Precision of the main job") so that uniform vs
-# cosine 1.5 -> 0.5 over DEFAULT_SEEDS seeds finishes within 15 minutes on 2 idle CPU cores, data
-# preparation included, with a paired 95% interval of about +-0.012 nats (the training recipe
-# behind it: taperlm.compare.recipe).
-DEFAULT_PRESET = "transformer-micro"
-DEFAULT_SEEDS = 15
+# The main job: `taperlm compare` naming no model (no --preset, --config or --paper). It runs where
+# its answer holds for training as people do it, not only early in training (issue 38): at
+# nano, the taper's advantage over uniform is -0.043 nats at 0.5 tokens per parameter, gone at 2
+# (-0.003 [-0.021, +0.015]) and reversed at 8 (every seed worse), the paired difference during
+# training crossing zero near 1.8 tokens per parameter (docs/compare.md, "--paper tokens"). So
+# the main job trains transformer-nano to 8 tokens per parameter, its report leading with the
+# difference at the end and the crossing (`taperlm.compare.crossing`), with the settings of the
+# `--paper tokens` point there (benchmarks/results/longrun_tokens_nano/nano-2134016): the built-in
+# corpus at bpe:512 (compare.inputs.SIZE_CORPUS_TOKENIZERS), widths in steps of 8, and
+# uniform's lr tuned at that budget, 4e-3 (lrs 1e-3/2e-3/4e-3/8e-3 on 2 tuning seeds: mean val
+# loss 2.961/2.825/2.754/2.755), for both arms.
+DEFAULT_PRESET = "transformer-nano"  # 266,816 parameters at its 512-token vocabulary
+DEFAULT_TOKENS = 2_134_016  # 8 tokens per parameter: 2,084 steps of 1,024 tokens
+MAIN_LR = 4e-3  # uniform's tuned peak lr at DEFAULT_TOKENS (above)
+MAIN_MULTIPLE_OF = 8  # nano's width step (at 16 its steep tapers collapse into one another)
+# The curve the crossing is read from: an evaluation every 2,084 // 32 = 65 steps (0.25 tokens
+# per parameter; the crossing sits near 1.8) on 8,192 val tokens (4,096 left per-seed differences
+# with an evaluation noise of sd 0.010-0.018 nats, as large as the seed-to-seed spread).
+MAIN_CURVE_POINTS = 32
+MAIN_EVAL_TOKENS = 8192
+# Seeds: sized so that the worst case (no early stop) fits ~15 minutes on 2 idle cores, corpus
+# preparation included. nano trains ~43,000 tokens/s on 2 idle cores (2 cells at a time, 1 thread
+# each), so a seed (2 cells of 2,134,016 tokens) is 2 x 2,134,016 / 43,000 = 99 s of training;
+# its evaluations (32 x 8,192 curve tokens + 131,072 final val tokens, forward only, ~3.5x the
+# training speed: measured in a smoke run) and worker start add ~8 s: ~107 s a seed. Preparing the
+# bpe:512 corpus (once, cached) ~60 s, start-up and reports ~15 s: 7 seeds = 75 + 7 x 107 = 824 s
+# = 13.8 min; 8 would be 15.5 min.
+DEFAULT_SEEDS = 7
+# A comparison of a named --preset or --config trains with compare's general recipe
+# (`taperlm.compare.recipe`: RECIPE_TOKENS per run), at most MODEL_SEEDS seeds (15 micro seeds fit
+# 15 minutes on 2 idle cores); --paper controlled and sweep without --preset train
+# PAPER_MODE_PRESET.
+MODEL_SEEDS = 15
+RECIPE_TOKENS = 327_680  # 320 steps of 1,024 tokens
+PAPER_MODE_PRESET = "transformer-micro"
 # --paper grids (4 to 16 allocations, a table of families, the scaling sweep's 6 points) default
 # to fewer seeds per allocation (the scaling sweep: ~3.6 h on 2 idle cores at 5)
 PAPER_MODE_SEEDS = 5
-DEFAULT_TOKENS = 327_680  # 320 steps of 1,024 tokens
 DEFAULT_VAL_TOKENS = 131_072  # the built-in corpus's val split has 134,528 at bpe:2048
 DEFAULT_NOVELTY_TOKENS = 2048
 DEFAULT_EVAL_LIMIT = 200
@@ -56,9 +84,9 @@ PAPER_MODES = tuple(PAPER_STUDIES)  # --paper's choices
 # --paper families: the families compared (taperlm.compare.families)
 DEFAULT_FAMILIES = ("transformer", "gated", "hope", "titans-mag")
 # Sequential seeds (taperlm.compare.sequential; docs/compare.md, "Stopping when decided"): the
-# default stops the main job as soon as its anytime-valid 95% interval excludes 0 — the sign it
-# is run for, decided at 4 of 15 seeds in a replay of its recorded runs — and never later than
-# --seeds; --stop fixed is the fixed design.
+# default stops a comparison as soon as its anytime-valid 95% interval excludes 0 — the sign it
+# is run for (the former main job's, at 0.31 tokens per parameter: decided at 4 of 15 seeds in a
+# replay of its recorded runs) — and never later than --seeds; --stop fixed is the fixed design.
 DEFAULT_STOP = "decided"
 DEFAULT_STOP_ALPHA = 0.05
 DEFAULT_MIN_SEEDS = 3
@@ -150,10 +178,12 @@ class CompareOptions:
         "--paper families: preset families to compare "
         f"[{','.join(DEFAULT_FAMILIES)}; also titans-mac, titans-mal]",
     )
-    seeds: int | None = option(  # None: DEFAULT_SEEDS, or PAPER_MODE_SEEDS with --paper
+    # None: DEFAULT_SEEDS for the main job, MODEL_SEEDS with --preset/--config, PAPER_MODE_SEEDS
+    # with --paper
+    seeds: int | None = option(
         "--seeds",
         f"seeds 0..N-1, the most trained: --stop may stop sooner [{DEFAULT_SEEDS}; "
-        f"{PAPER_MODE_SEEDS} with --paper]",
+        f"{MODEL_SEEDS} with --preset/--config; {PAPER_MODE_SEEDS} with --paper]",
         domain=up_to(MAX_COUNT),
     )
     stop: str = option(  # fixed | decided | half-width:X (taperlm.compare.sequential)
@@ -188,7 +218,8 @@ class CompareOptions:
     )
     tokens: int | None = option(
         "--tokens",
-        f"training tokens per run [default {DEFAULT_TOKENS:,}]",
+        f"training tokens per run [default {DEFAULT_TOKENS:,}, 8 tokens per parameter of "
+        f"{DEFAULT_PRESET}; with --preset/--config/--paper {RECIPE_TOKENS:,}]",
         domain=up_to(MAX_TOKENS),
     )
     data: Path | None = option(
@@ -300,7 +331,35 @@ class CompareOptions:
 
     def __post_init__(self) -> None:
         if self.seeds is None:
-            self.seeds = PAPER_MODE_SEEDS if self.paper else DEFAULT_SEEDS
+            self.seeds = (
+                PAPER_MODE_SEEDS
+                if self.paper
+                else DEFAULT_SEEDS
+                if is_main_job(self)
+                else MODEL_SEEDS
+            )
+
+
+def is_main_job(opts: CompareOptions) -> bool:
+    """Whether `opts` name no model and no --paper mode: the main job, with its own defaults
+    (DEFAULT_PRESET at DEFAULT_TOKENS, MAIN_LR, ...) on top of compare's recipe."""
+    return opts.preset is None and opts.config is None and not opts.paper
+
+
+def width_step(opts: CompareOptions) -> int | None:
+    """The allocations' width step: --multiple-of, else the main job's MAIN_MULTIPLE_OF (None:
+    the taper's default)."""
+    if opts.multiple_of is not None:
+        return opts.multiple_of
+    return MAIN_MULTIPLE_OF if is_main_job(opts) else None
+
+
+def model_preset(opts: CompareOptions) -> str | None:
+    """The preset `opts` compare (None: a --config file's model): --preset, else the main job's
+    DEFAULT_PRESET, or PAPER_MODE_PRESET in a --paper mode."""
+    if opts.config is not None:
+        return None
+    return opts.preset or (PAPER_MODE_PRESET if opts.paper else DEFAULT_PRESET)
 
 
 def declared_options() -> list[dataclasses.Field]:

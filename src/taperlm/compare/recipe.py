@@ -15,7 +15,16 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from taperlm.compare.options import DEFAULT_PRESET, DEFAULT_TOKENS, CompareOptions
+from taperlm.compare.options import (
+    DEFAULT_TOKENS,
+    MAIN_CURVE_POINTS,
+    MAIN_EVAL_TOKENS,
+    MAIN_LR,
+    RECIPE_TOKENS,
+    CompareOptions,
+    is_main_job,
+    model_preset,
+)
 from taperlm.config import ModelConfig, RunConfig, TrainConfig
 from taperlm.config.assembly import Assembly, Layer
 from taperlm.errors import ConfigError
@@ -27,8 +36,10 @@ from taperlm.errors import ConfigError
 # 128 it kept the models on the plateau longer and less predictably), validation on ~all of the
 # built-in corpus's val split, and the cheaper 2,048-token vocabulary (more seeds per minute).
 # Only the fields it sets differ from TrainConfig's defaults; a family's FAMILY_LR replaces lr.
+# The main job (no model named: `compare.options.is_main_job`) trains longer, at its own lr and
+# with a finer curve (`_train_recipe`; why: compare.options).
 COMPARE_TRAIN = TrainConfig(
-    tokens=DEFAULT_TOKENS,
+    tokens=RECIPE_TOKENS,
     seq_len=128,
     micro_batch_size=8,
     batch_tokens=1024,
@@ -77,7 +88,7 @@ def base_config(
 ) -> RunConfig:
     """The uniform run config every cell starts from (before taper and seed); what it had to
     change (train.tokens rounded up to whole steps) is appended to `notes`."""
-    asm = Assembly.start(opts.config, opts.preset or DEFAULT_PRESET)
+    asm = Assembly.start(opts.config, model_preset(opts))
     family = (asm.data.get("model") or {}).get("family")  # the recipe's: before any --set
     # Compare reads the model, data and train sections only; every cell gets its own taper.
     asm.data = {key: dict(asm.data.get(key) or {}) for key in ("model", "data", "train")}
@@ -100,7 +111,8 @@ def base_config(
     cfg = asm.build()
     if cfg.train.loggers and not asm.given("train.log_group"):
         cfg.train.log_group = _log_group(opts.out)
-    note = _derive_schedule(cfg.train, asm)
+    points = MAIN_CURVE_POINTS if is_main_job(opts) else CURVE_POINTS
+    note = _derive_schedule(cfg.train, asm, points)
     if note and notes is not None:
         notes.append(note)
     if cfg.model.taper.schedule != "uniform":
@@ -134,15 +146,20 @@ def _log_group(out: Path) -> str:
 
 def _preset_size(opts: CompareOptions) -> str | None:
     """The size of the model's preset (`tiny`, `440m`, ...); None for a config file."""
-    return None if opts.config else (opts.preset or DEFAULT_PRESET).rpartition("-")[2]
+    preset = model_preset(opts)
+    return None if preset is None else preset.rpartition("-")[2]
 
 
 def _train_recipe(opts: CompareOptions, family_name: str | None) -> TrainConfig:
-    """Compare's CPU recipe (with the family's own learning rate where it has one), or the
-    paper's recipe for a preset of one of its sizes."""
+    """Compare's CPU recipe (with the family's own learning rate where it has one; the main
+    job's budget, lr and curve), or the paper's recipe for a preset of one of its sizes."""
     size = _preset_size(opts)
     if size in PAPER_TOKENS:
         return dataclasses.replace(PAPER_TRAIN, tokens=PAPER_TOKENS[size])
+    if is_main_job(opts):
+        return dataclasses.replace(
+            COMPARE_TRAIN, tokens=DEFAULT_TOKENS, lr=MAIN_LR, eval_tokens=MAIN_EVAL_TOKENS
+        )
     lr = FAMILY_LR.get(family_name or "transformer", COMPARE_TRAIN.lr)
     return dataclasses.replace(COMPARE_TRAIN, lr=lr)
 
@@ -154,9 +171,9 @@ def _model_recipe(opts: CompareOptions) -> ModelConfig | None:
     return None if size is None or size in PAPER_TOKENS else COMPARE_MODEL
 
 
-def _derive_schedule(train: TrainConfig, asm: Assembly) -> str | None:
+def _derive_schedule(train: TrainConfig, asm: Assembly, points: int = CURVE_POINTS) -> str | None:
     """Whole steps (train.tokens rounded up, said once here rather than by every cell), then
-    warmup, evaluation and checkpoint intervals from them, unless given."""
+    warmup, evaluation (`points` per run) and checkpoint intervals from them, unless given."""
     tokens, batch = int(train.tokens), int(train.batch_tokens)
     rounding = TrainConfig(tokens=tokens, batch_tokens=max(1, batch))
     steps = rounding.steps
@@ -166,7 +183,7 @@ def _derive_schedule(train: TrainConfig, asm: Assembly) -> str | None:
     if not asm.given("train.warmup_tokens"):
         train.warmup_tokens = int(WARMUP_FRACTION * tokens) // batch * batch
     if not asm.given("train.eval_every"):
-        train.eval_every = max(1, steps // CURVE_POINTS)
+        train.eval_every = max(1, steps // points)
     if not asm.given("train.checkpoint_every"):
         train.checkpoint_every = max(1, steps // CHECKPOINTS_PER_RUN)
     return note

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from taperlm.compare import crossing
 from taperlm.compare.grid import Grid
 from taperlm.compare.plots import PLOTS, write_plots
 from taperlm.compare.summary import AllocationSummary, ComparisonSummary, summarize
@@ -62,13 +63,17 @@ def md_table(head: Sequence[str], rows: list[Sequence[str]]) -> list[str]:
 
 
 def render_markdown(
-    summary: ComparisonSummary, meta: dict[str, Any], extra: Sequence[str] = ()
+    summary: ComparisonSummary,
+    meta: dict[str, Any],
+    extra: Sequence[str] = (),
+    lead: Sequence[str] = (),
 ) -> str:
-    """report.md: how it was produced, validation with paired differences, the paper, zero-shot,
-    novelty, plots and per-seed losses."""
+    """report.md: how it was produced, `lead` (the verdict), validation with paired
+    differences, the paper, zero-shot, novelty, plots and per-seed losses."""
     allocs = summary.allocations
     s = meta["settings"]
     lines = _header(summary, meta)
+    lines += list(lead)
     lines += _validation_section(summary)
     lines += list(extra)  # e.g. --tune-lr's section
     if summary.paper_comparison:
@@ -331,10 +336,14 @@ def _plots_section(plots: dict[str, str], s: dict[str, Any]) -> list[str]:
         "paper": "perplexity change vs uniform beside the paper's",
         "sweep": "the sweep: perplexity change vs start ratio per schedule, beside the paper's",
         "kv_pareto": "paired validation-loss difference vs uniform against KV-cache bytes per token",
+        crossing.REPORT_KEY: "paired difference vs uniform against tokens per parameter, with "
+        "the crossing",
     }
     lines = ["", "## Plots", ""]
     lines += [f"- [{captions[key]}]({file})" for key, file in plots.items()]
     lines += ["", f"![widths]({PLOTS['widths']})"]
+    if crossing.REPORT_KEY in plots:
+        lines.append(f"![difference against tokens]({plots[crossing.REPORT_KEY]})")
     if "val_loss_diff" in plots:
         lines.append(f"![val loss difference]({PLOTS['val_loss_diff']})")
     if "paper" in plots:
@@ -489,7 +498,15 @@ def write_report(
     summary = summarize(grid, results)
     meta = dict(meta)
     meta["plots"] = write_plots(grid, results, out_dir, summary)
-    lines: list[str] = []
+    # the difference against tokens seen: where the taper's advantage ends (every report)
+    vs_tokens = crossing.loss_vs_tokens(grid, results)
+    if crossing.plot(vs_tokens, out_dir / crossing.PLOT_FILE):
+        meta["plots"][crossing.REPORT_KEY] = crossing.PLOT_FILE
+    summary.extras[crossing.REPORT_KEY] = vs_tokens.to_json()
+    final = {
+        a.name: a.diff_vs_uniform and a.diff_vs_uniform["val_loss"] for a in summary.allocations
+    }
+    lines: list[str] = crossing.section(vs_tokens)
     extras = [extra] if isinstance(extra, tuple) else list(extra or [])
     for key, data, render in extras:  # other parts' numbers and sections, e.g. --tune-lr's
         summary.extras[key] = data
@@ -498,7 +515,7 @@ def write_report(
         name: {k: v for k, v in r.to_json().items() if k != "config"} for name, r in results.items()
     }
     report = ComparisonReport(out_dir, meta, to_dict(grid.base), summary, runs)
-    md = render_markdown(summary, meta, lines)
+    md = render_markdown(summary, meta, lines, crossing.headline(vs_tokens, final))
     text = json.dumps(finite_json(report.to_json()), indent=1, allow_nan=False)
     atomic_write_text(report.json_path, text + "\n")
     atomic_write_text(report.md_path, md)

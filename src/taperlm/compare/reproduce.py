@@ -6,7 +6,13 @@ from __future__ import annotations
 import shlex
 
 from taperlm.compare.grid import Grid
-from taperlm.compare.options import DEFAULT_PRESET, DEFAULT_TUNE_SEEDS, CompareOptions
+from taperlm.compare.options import (
+    DEFAULT_TUNE_SEEDS,
+    CompareOptions,
+    is_main_job,
+    model_preset,
+    width_step,
+)
 from taperlm.compare.tuning import lr_grid
 
 
@@ -16,7 +22,7 @@ def canonical_command(opts: CompareOptions, grid: Grid) -> str:
     if opts.config:
         parts += ["--config", str(opts.config)]
     else:
-        parts += ["--preset", opts.preset or DEFAULT_PRESET]
+        parts += ["--preset", str(model_preset(opts))]
     if grid.paper:
         parts += ["--paper", grid.paper]
     else:
@@ -25,10 +31,20 @@ def canonical_command(opts: CompareOptions, grid: Grid) -> str:
             for a in grid.allocations
         ]
         parts += ["--tapers", ";".join(specs)]
-    if opts.multiple_of:
-        parts += ["--multiple-of", str(opts.multiple_of)]
+    step = width_step(opts)
+    if step:
+        parts += ["--multiple-of", str(step)]
     pilot = grid.pilot and grid.pilot.tokens
-    return shlex.join(parts + run_arguments(opts, len(grid.seeds), grid.base.train.tokens, pilot))
+    args = run_arguments(opts, len(grid.seeds), grid.base.train.tokens, pilot)
+    if is_main_job(opts):
+        # the main job's own recipe, which a named --preset does not get: said as --set (before
+        # the user's own, which the values already include)
+        t = grid.base.train
+        main = [f"train.lr={t.lr:g}", f"train.eval_tokens={t.eval_tokens}"]
+        main.append(f"train.eval_every={t.eval_every}")
+        at = args.index("--tokens") + 2
+        args[at:at] = [x for o in main for x in ("--set", o)]
+    return shlex.join(parts + args)
 
 
 def run_arguments(
