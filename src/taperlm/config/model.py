@@ -16,6 +16,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from taperlm.budget import memory_floor
 from taperlm.domains import (
     MAX_CONTEXT,
     MAX_HEADS,
@@ -169,6 +170,18 @@ class ModelConfig:
         if self.layer_kv_heads is not None:
             return q, self.layer_kv_heads[layer]
         return q, q // self.group_size
+
+    def build_block(self, layer: int, rotary: Any) -> Any:
+        """Layer `layer`'s torch block, built by this model's family (`Family.build_block`): the
+        config hands its family's block factory to `TaperedLM`, so the torch model imports no
+        family (`taperlm.model_fields.ModelSpec`)."""
+        return get_family(self.family).build_block(self, layer, rotary)
+
+    def memory_floor(self) -> tuple[int, str]:
+        """(bytes, what they are) the built model's fp32 weights and RoPE tables need at least
+        on one device (`taperlm.budget.memory_floor`), checked by `TaperedLM` before it
+        allocates."""
+        return memory_floor(self)
 
     def head_taper_spec(self) -> TaperSpec:
         """`head_taper` with steps of one KV group (TaperError or ConfigError if it is no spec)."""
