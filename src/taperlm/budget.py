@@ -171,9 +171,7 @@ class BudgetMismatch(TaperlmError):
     size formula or a non-linear component, never expected for a valid config)."""
 
 
-def check_matched(
-    cfg: ModelSpec, base: ModelSpec, contexts: list[int], flops: bool = True
-) -> None:
+def check_matched(cfg: ModelSpec, base: ModelSpec, contexts: list[int], flops: bool = True) -> None:
     """BudgetMismatch unless `cfg` and its baseline have equal total parameters and (unless
     `flops` is False) equal training FLOPs per token at every context in `contexts`."""
     problems = []

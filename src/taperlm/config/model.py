@@ -357,7 +357,7 @@ class ModelConfig:
         `mlp_widths` from the taper (taking up the K/V parameters the KV taper saves) and the
         family's per-layer sizes (e.g. Hope level widths, Titans memory widths) when absent,
         validate, and return self, marked `resolved`. Every command resolves its config once,
-        in the assembly (`taperlm.config.assembly`); a resolved config is returned as is."""
+        in the assembly (`taperlm.assembly`); a resolved config is returned as is."""
         if self.resolved:
             return self
         self.validate()
