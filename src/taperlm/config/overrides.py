@@ -8,7 +8,14 @@ import shlex
 import typing
 from typing import Any
 
-from taperlm.config.convert import closest_key, coerce_value, config_keys, section_of, to_dict
+from taperlm.config.convert import (
+    closest_key,
+    coerce_value,
+    config_keys,
+    section_of,
+    text_spec_fields,
+    to_dict,
+)
 from taperlm.config.loading import strict_yaml_load
 from taperlm.config.model import ModelConfig
 from taperlm.config.train import DataConfig, TrainConfig
@@ -116,7 +123,7 @@ def _check_override(data: dict, parts: list[str], value: Any, where: str) -> Non
             + (f" (did you mean {close!r}?)" if close else "")
             + f". Valid keys: {', '.join(sorted(valid))}"
         )
-    if name in FAMILIES or name in ("taper", "head_taper", "kv_taper"):  # specs: the full check
+    if name in FAMILIES or name == "taper" or name in text_spec_fields(cls):  # specs: full check
         return
     hint = typing.get_type_hints(cls)[name]
     try:
