@@ -24,6 +24,7 @@ from taperlm.config import (
     ModelConfig,
     RunConfig,
     TrainConfig,
+    apply_overrides,
     dump_yaml,
     load_run_config,
     run_config_from_dict,
@@ -210,6 +211,12 @@ def test_the_memory_taper_is_a_spec_written_as_its_text(tmp_path: Path):
     d["model"]["titans"].update(memory_taper="cosine:x", memory_widths=None)
     with pytest.raises(ConfigError, match=r"model\.titans\.memory_taper: taper 'cosine:x'"):
         run_config_from_dict(d).resolve()
+    # through --set: the text replaces the spec; a value that is no text is named by --set
+    apply_overrides(d, ["model.titans.memory_taper=linear:1.25:0.75"])
+    spec = run_config_from_dict(d).resolve().model.titans.memory_taper
+    assert spec.schedule == "linear" and spec.as_text() == "linear:1.25:0.75"
+    with pytest.raises(ConfigError, match=r"^--set 'model\.titans\.memory_taper=5': .* string"):
+        apply_overrides(d, ["model.titans.memory_taper=5"])
 
 
 def test_stop_is_parsed_once_where_the_options_are_built(tmp_path: Path):
