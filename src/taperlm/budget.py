@@ -27,16 +27,19 @@ for every family whose K/V projections run once per token. Titans MAC projects i
 tokens' keys and values a second time (counted in its mixer FLOPs), so its FLOPs/token change by
 that repeated projection; `plan` then reports the difference instead of asserting equality.
 The KV cache (`kv_cache_entries`) is what a KV taper changes on purpose.
+
+The formulas read a `taperlm.config.ModelConfig` through `taperlm.model_fields.ModelSpec`, so the
+config (which offers the model's weight floor, `ModelConfig.memory_floor`) may import this module.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from taperlm.config import ModelConfig
 from taperlm.errors import TaperError, TaperlmError
 from taperlm.families import family
 from taperlm.kv_taper import CACHE_DTYPE_BYTES
+from taperlm.model_fields import ModelSpec
 from taperlm.taper import describe
 
 
@@ -55,16 +58,16 @@ class LayerBudget:
     components: dict[str, int]
 
 
-def embedding_params(cfg: ModelConfig) -> int:
+def embedding_params(cfg: ModelSpec) -> int:
     return cfg.vocab_size * cfg.d_model
 
 
-def head_params(cfg: ModelConfig) -> int:
+def head_params(cfg: ModelSpec) -> int:
     """Output head parameters that are not shared with the embedding."""
     return 0 if cfg.tie_embeddings else cfg.vocab_size * cfg.d_model
 
 
-def layer_budget(cfg: ModelConfig, layer: int, seq_len: int | None = None) -> LayerBudget:
+def layer_budget(cfg: ModelSpec, layer: int, seq_len: int | None = None) -> LayerBudget:
     assert cfg.mlp_widths is not None, "resolve the config first (ModelConfig.resolve())"
     fam = family(cfg)
     mixer = fam.mixer_params(cfg, layer)
@@ -99,11 +102,11 @@ def _is_vector(component: str) -> bool:
     return name.startswith(("norms", "conv", "bias", "vector"))
 
 
-def layer_budgets(cfg: ModelConfig, seq_len: int | None = None) -> list[LayerBudget]:
+def layer_budgets(cfg: ModelSpec, seq_len: int | None = None) -> list[LayerBudget]:
     return [layer_budget(cfg, i, seq_len) for i in range(cfg.n_layers)]
 
 
-def total_params(cfg: ModelConfig) -> int:
+def total_params(cfg: ModelSpec) -> int:
     """Every parameter of the model, embeddings included (final norm included)."""
     body = sum(b.params for b in layer_budgets(cfg))
     return embedding_params(cfg) + head_params(cfg) + body + cfg.d_model
@@ -113,7 +116,7 @@ FP32 = 4
 TRAIN_BYTES_PER_PARAM = 16  # fp32 weight + gradient + AdamW's two moments
 
 
-def memory_floor(cfg: ModelConfig, training: bool = False, shards: int = 1) -> tuple[int, str]:
+def memory_floor(cfg: ModelSpec, training: bool = False, shards: int = 1) -> tuple[int, str]:
     """(bytes, what they are) a model built from `cfg` needs at least on one device: its fp32
     weights and RoPE tables, and with `training` its gradients and AdamW state, each divided
     over `shards` (FSDP). A floor (activations and workspace come on top), so a device with
@@ -131,11 +134,11 @@ def memory_floor(cfg: ModelConfig, training: bool = False, shards: int = 1) -> t
     return need, what
 
 
-def matmul_params(cfg: ModelConfig) -> int:
+def matmul_params(cfg: ModelSpec) -> int:
     return sum(b.matmul_params for b in layer_budgets(cfg)) + cfg.vocab_size * cfg.d_model
 
 
-def flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> int:
+def flops_per_token(cfg: ModelSpec, seq_len: int | None = None) -> int:
     """Training FLOPs per token (forward + backward), see the module docstring."""
     layers = layer_budgets(cfg, seq_len)
     head = 6 * cfg.vocab_size * cfg.d_model
@@ -146,8 +149,8 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> int:
 class Plan:
     """A config's budget beside its uniform baseline (what `taperlm plan` prints)."""
 
-    config: ModelConfig
-    baseline: ModelConfig
+    config: ModelSpec
+    baseline: ModelSpec
     layers: list[LayerBudget]
     baseline_layers: list[LayerBudget]
     total_params: int
@@ -168,9 +171,7 @@ class BudgetMismatch(TaperlmError):
     size formula or a non-linear component, never expected for a valid config)."""
 
 
-def check_matched(
-    cfg: ModelConfig, base: ModelConfig, contexts: list[int], flops: bool = True
-) -> None:
+def check_matched(cfg: ModelSpec, base: ModelSpec, contexts: list[int], flops: bool = True) -> None:
     """BudgetMismatch unless `cfg` and its baseline have equal total parameters and (unless
     `flops` is False) equal training FLOPs per token at every context in `contexts`."""
     problems = []
@@ -186,7 +187,7 @@ def check_matched(
         )
 
 
-def kv_cache_entries(cfg: ModelConfig, layer: int, tokens: int) -> tuple[int, int]:
+def kv_cache_entries(cfg: ModelSpec, layer: int, tokens: int) -> tuple[int, int]:
     """(values per cached token, cached tokens) of layer l's decoding cache after `tokens`
     tokens: 2 x KV heads x head dim (keys and values), and the tokens its family keeps. Their
     product times the bytes per value is the layer's KV cache."""
@@ -194,7 +195,7 @@ def kv_cache_entries(cfg: ModelConfig, layer: int, tokens: int) -> tuple[int, in
     return 2 * kv * cfg.head_dim, family(cfg).cached_kv(cfg, layer, tokens)
 
 
-def kv_cache_bytes(cfg: ModelConfig, tokens: int, dtype_bytes: int) -> list[int]:
+def kv_cache_bytes(cfg: ModelSpec, tokens: int, dtype_bytes: int) -> list[int]:
     """Bytes of every layer's decoding KV cache after `tokens` tokens (batch 1)."""
     out = []
     for layer in range(cfg.n_layers):
@@ -203,7 +204,7 @@ def kv_cache_bytes(cfg: ModelConfig, tokens: int, dtype_bytes: int) -> list[int]
     return out
 
 
-def plan(cfg: ModelConfig, seq_len: int | None = None) -> Plan:
+def plan(cfg: ModelSpec, seq_len: int | None = None) -> Plan:
     """The budget of `cfg` beside its uniform baseline, checked equal (parameters, and FLOPs
     per token at context 1, `seq_len` and the model's context; BudgetMismatch otherwise). With
     a KV taper the FLOPs are reported at those contexts, not asserted (module docstring)."""

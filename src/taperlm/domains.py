@@ -3,17 +3,22 @@
 A config field declares its domain with `setting`, and a numeric command-line option with
 `number` (`count` for whole numbers that may be written 30e9):
 
+    Precision = Literal["auto", "fp32", "bf16"]
     beta2: float = setting(0.95, "[0, 1)")
-    precision: str = setting("auto", "{auto, fp32, bf16}")
+    precision: Precision = setting("auto", Precision)
     dir: str = setting("", "text")
     parser.add_argument("--batch-size", type=number(int, "[1, inf)"), default=16)
+    parser.add_argument("--parallel", choices=choices(Parallel))
 
 The domain language:
 
 * an interval `[lo, hi]`, `(lo, hi)`, `[lo, hi)`, ... with `inf` for no bound: a number inside
   it (NaN never is; +-inf only through a closed `inf]` / `[-inf` end);
-* a set of choices `{a, b, c}` (strings), or `Domain.choice_of(callable)` when the set is a
-  registry that can grow (model families);
+* a closed set of strings: a `Literal[...]` type, declared once and used as the field's type,
+  its domain (`setting(default, Precision)`) and a command-line option's `choices`
+  (`choices(Precision)`), so the three cannot drift apart; or `Domain.choice_of(callable)` when
+  the set is a registry that can grow (model families, taper schedules). (`{a, b, c}` is the same
+  set written as text, which `Domain.parse` still reads);
 * `text`: any string (checked by its own parser, e.g. a taper spec or a path).
 
 A list field's domain applies to each element (nested lists too); None passes where the field's
@@ -34,7 +39,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 from taperlm.errors import ConfigError
 from taperlm.io import not_a_file, quoted
@@ -183,11 +188,26 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(x)
 
 
-def domain_of(spec: str | Domain) -> Domain:
-    return spec if isinstance(spec, Domain) else Domain.parse(spec)
+def choices(literal: Any) -> tuple[str, ...]:
+    """The strings of a closed set declared as `Literal["a", "b", ...]`, in their order (an
+    option's argparse `choices`, a domain's allowed values)."""
+    values = get_args(literal)
+    if get_origin(literal) is not Literal or not all(isinstance(v, str) for v in values):
+        raise TypeError(f"expected a Literal of strings, got {literal!r}")
+    return values
 
 
-def setting(default: Any = dataclasses.MISSING, domain: str | Domain = "text", **meta: Any):
+def domain_of(spec: Any) -> Domain:
+    """The `Domain` of a spec: a `Domain`, a `Literal[...]` of strings, or the domain language."""
+    if isinstance(spec, Domain):
+        return spec
+    if get_origin(spec) is Literal:
+        values = choices(spec)
+        return Domain(spec="{" + ", ".join(values) + "}", choices=values)
+    return Domain.parse(spec)
+
+
+def setting(default: Any = dataclasses.MISSING, domain: Any = "text", **meta: Any):
     """A dataclass field with its default and its domain (a list default is copied per instance)."""
     metadata = {DOMAIN_KEY: domain_of(domain), **meta}
     if isinstance(default, list):

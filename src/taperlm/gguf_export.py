@@ -28,15 +28,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
+from taperlm.domains import choices
 from taperlm.errors import ConfigError, DataError
 from taperlm.io import atomic_output, parse_json
 from taperlm.outfiles import GGUF_KEY, WRITTEN_BY
 
-DTYPES = ("f16", "f32")
+GGUFDtype = Literal["f16", "f32"]  # the weight matrices' precision (norms stay f32)
+DTYPES = choices(GGUFDtype)
 # The model families (`model.family`) whose every block is a Llama block (RMSNorm, RoPE
 # attention, SwiGLU, no biases): the only ones llama.cpp has an architecture for.
 LLAMA_CPP_FAMILIES = ("transformer",)

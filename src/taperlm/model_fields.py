@@ -1,9 +1,12 @@
-"""`ModelFields`: what the families, the torch blocks and the budget formulas read of a model
-config (`taperlm.config.ModelConfig`, documented field by field there).
+"""What the families, the torch models and the budget formulas read of a model config
+(`taperlm.config.ModelConfig`, documented field by field there): `ModelFields` (a family's and a
+block's view) and `ModelSpec` (the whole model's: also its family's block factory).
 
-It sits below both `taperlm.families` and `taperlm.models`, so that the blocks a family builds
-never import the families (pure Python, no torch), which import the blocks only in their block
-factories: the import graph has no zig-zag between the two (tests/repo/test_structure.py).
+It sits below `taperlm.families`, `taperlm.budget`, `taperlm.config` and `taperlm.models`, so that
+the torch models never import a family, the budget or the config (which import the families):
+the config hands its family's block factory to `TaperedLM` (`ModelSpec.build_block`), and the
+families import the torch blocks only inside their block factories. The import graph has no
+zig-zag between models and families (tests/repo/test_structure.py).
 """
 
 from __future__ import annotations
@@ -43,4 +46,37 @@ class ModelFields(Protocol):
     def attention_heads(self, layer: int) -> tuple[int, int]: ...
 
 
-__all__ = ["ModelFields"]
+class ModelSpec(ModelFields, Protocol):
+    """What the budget formulas and `TaperedLM` read of a `taperlm.config.ModelConfig` beyond
+    `ModelFields`: its initialisation, its resolution, and its family's block factory."""
+
+    tie_embeddings: bool
+    init_std: float
+    init: str
+
+    @property
+    def group_size(self) -> int: ...
+
+    @property
+    def resolved(self) -> bool: ...
+
+    def resolve(self) -> Any: ...
+
+    def baseline(self) -> Any: ...
+
+    def head_taper_spec(self) -> TaperSpec: ...
+
+    def kv_taper_spec(self) -> TaperSpec: ...
+
+    def solve_kv_heads(self) -> Any: ...
+
+    def build_block(self, layer: int, rotary: Any) -> Any:
+        """Layer `layer`'s torch block, built by the model's family (`Family.build_block`)."""
+        ...
+
+    def memory_floor(self) -> tuple[int, str]:
+        """(bytes, what they are) the built model's weights need at least (`budget.memory_floor`)."""
+        ...
+
+
+__all__ = ["ModelFields", "ModelSpec"]

@@ -228,6 +228,23 @@ class TaperSpec:
         return spec
 
 
+# Field metadata of a spec that a config holds as the user's text (the head, KV and Titans memory
+# tapers): given as a string, parsed once when set (`text_spec`), and written back as that string
+# (`TaperSpec.as_text`, `taperlm.config.convert`).
+TEXT_SPEC = {"text_spec": True}
+
+
+def text_spec(value: Any) -> Any:
+    """The one parse of a spec that a config keeps as text, when the field is set: a string
+    becomes a `TaperSpec` in steps of 1 (the config applies its own step where it solves); a
+    text that does not parse is kept as given, for the config's `validate` to refuse with the
+    parse error, in its order of checks."""
+    if isinstance(value, str):
+        with contextlib.suppress(TaperError):
+            return TaperSpec.parse(value, multiple_of=1)
+    return value
+
+
 # ----------------------------------------------------------------------------------------------
 # The spec language's pieces, shared by the records
 

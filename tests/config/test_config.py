@@ -257,7 +257,7 @@ def test_tapered_lm_takes_a_resolved_config_and_resolves_a_loaded_one_once(monke
 def test_assembly_records_which_layer_set_each_key():
     """One assembly for every command: a higher layer's value wins whatever the order the
     layers are applied in, and the record says which layer set each key."""
-    from taperlm.config.assembly import Assembly, Layer
+    from taperlm.assembly import Assembly, Layer
 
     asm = Assembly.start(None, "transformer-tiny")
     assert asm.layer_of("model.d_model") is Layer.PRESET and not asm.given("model.d_model")

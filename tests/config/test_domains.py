@@ -83,6 +83,8 @@ def config_fields() -> list[tuple[str, str, type, int, Domain | None]]:
                 continue
             if not f.init:  # not read from a config (TaperSpec.text)
                 continue
+            if typing.get_origin(tp) is typing.Literal:  # a closed set of strings
+                tp = str
             rows.append((where, f.name, tp, depth, field_domain(f)))
     return rows
 

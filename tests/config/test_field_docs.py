@@ -15,7 +15,7 @@ MODULES = [
     "config/model.py",
     "config/train.py",
     "config/run.py",
-    "config/assembly.py",
+    "assembly.py",
     "taper.py",
     *sorted(p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "families").glob("*.py")),
 ]

@@ -5,6 +5,7 @@ bit, the shorter run trained from step 0 (tiny models on a tiny prepared corpus)
 from __future__ import annotations
 
 import json
+import typing
 from pathlib import Path
 
 import pytest
@@ -14,12 +15,13 @@ import fault_harness
 from conftest import TINY_RUN_SETS
 from taperlm.cli import main as cli_main
 from taperlm.config import RunConfig, apply_overrides, run_config_from_dict, to_dict
+from taperlm.config.train import LRScheduleName
 from taperlm.errors import ConfigError
 from taperlm.presets import get_preset
 from taperlm.training.checkpoint import store as ckpt
 from taperlm.training.loop import train
 from taperlm.training.metrics import read_metrics
-from taperlm.training.optim import LRSchedule
+from taperlm.training.optim import SCHEDULE_KINDS, LRKind, LRSchedule
 from taperlm.training.run_dir import BRANCH_FILE, branch_step
 
 TINY = [
@@ -152,3 +154,15 @@ def test_train_budgets_gives_every_budget_as_if_trained_alone(data_dir, tmp_path
     assert {t: r.step for t, r in again.items()} == {t: t // 256 for t in budgets}
     with pytest.raises(ConfigError, match=r"train\.schedule: wsd"):
         train_budgets(config(data_dir, 16, "train.schedule=cosine"), budgets, tmp_path / "c")
+
+
+def test_every_lr_schedule_name_has_its_shape():
+    """train.schedule's closed set (`LRScheduleName`) and the schedule shapes the trainer knows
+    (`optim.SCHEDULE_KINDS`, typed by `LRKind`) are the same sets: a new name fails here until
+    the trainer has its shape."""
+    assert tuple(SCHEDULE_KINDS) == typing.get_args(LRScheduleName)
+    assert set(SCHEDULE_KINDS.values()) == set(typing.get_args(LRKind))
+    for name in SCHEDULE_KINDS:
+        run = RunConfig(model=get_preset("transformer-nano"))
+        run.train.schedule = name
+        assert LRSchedule.from_config(run.train, 10).kind == SCHEDULE_KINDS[name]

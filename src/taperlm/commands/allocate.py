@@ -22,11 +22,11 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from taperlm.assembly import Assembly, Layer
 from taperlm.budget import plan
 from taperlm.commands.common import add_model_arguments, build_run_config
 from taperlm.commands.novelty import add_measure_arguments, measure_model
 from taperlm.config import OVERRIDES_ENV, dump_yaml, env_overrides, load_run_config, to_dict
-from taperlm.config.assembly import Assembly, Layer
 from taperlm.domains import domain_of_field, input_path, number, output_path
 from taperlm.errors import ConfigError
 from taperlm.io import atomic_write_text

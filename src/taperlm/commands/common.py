@@ -10,9 +10,10 @@ import os
 import shlex
 import sys
 
-from taperlm.config import OVERRIDES_ENV, RunConfig, TrainConfig, env_overrides, file_notes
-from taperlm.config.assembly import Assembly, Layer
-from taperlm.domains import domain_of_field, input_path, number
+from taperlm.assembly import Assembly, Layer
+from taperlm.config import OVERRIDES_ENV, RunConfig, env_overrides, file_notes
+from taperlm.config.train import Logger
+from taperlm.domains import choices, domain_of_field, input_path, number
 from taperlm.errors import ConfigError
 from taperlm.taper import TaperSpec
 
@@ -68,7 +69,7 @@ def add_model_arguments(
 
 def build_run_config(args: argparse.Namespace) -> RunConfig:
     """The run config of the command line, resolved once: --preset or --config < --taper,
-    --head-taper, --kv-taper, --multiple-of < --set < $TAPERLM_SET (`taperlm.config.assembly`)."""
+    --head-taper, --kv-taper, --multiple-of < --set < $TAPERLM_SET (`taperlm.assembly`)."""
     # Notes for what replaces a config file the user gave (not a continued run's own config,
     # whose changes the resume checks report).
     from_file = bool(getattr(args, "config", None)) and not getattr(args, "implicit_config", False)
@@ -98,12 +99,12 @@ def print_notes(args: argparse.Namespace, notes: list[str]) -> None:
 
 
 def _logger_list(text: str) -> list[str]:
-    choices = domain_of_field(TrainConfig, "loggers").allowed()
+    names_ok = choices(Logger)
     names = [n.strip().lower() for n in text.split(",") if n.strip()]
     for name in names:
-        if name not in (*choices, "none"):
+        if name not in (*names_ok, "none"):
             raise argparse.ArgumentTypeError(
-                f"unknown logger {name!r}; choose {', '.join(choices)} or none"
+                f"unknown logger {name!r}; choose {', '.join(names_ok)} or none"
             )
     return names
 

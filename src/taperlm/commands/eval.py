@@ -9,7 +9,7 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from taperlm.data.identity import check_run_data
 from taperlm.device import resolve_device
@@ -17,6 +17,7 @@ from taperlm.domains import (
     MAX_BATCH,
     MAX_CONTEXT,
     MAX_COUNT,
+    choices,
     input_path,
     number,
     output_path,
@@ -44,6 +45,11 @@ TASK_HELP = (
     "all (= paper + niah)"
 )
 
+# --source: the task files on disk, or the Hugging Face datasets lm-eval downloads
+EvalSource = Literal["local", "hf"]
+# --dtype: exact fp32, or bf16 autocast on GPU
+EvalDtype = Literal["fp32", "bf16"]
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -69,7 +75,7 @@ def _add_task_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--source",
-        choices=("local", "hf"),
+        choices=choices(EvalSource),
         default="local",
         help="local files (default) or the Hugging Face datasets lm-eval downloads",
     )
@@ -126,7 +132,7 @@ def _add_compute_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument(
         "--dtype",
-        choices=("fp32", "bf16"),
+        choices=choices(EvalDtype),
         default="fp32",
         help="bf16 autocast on GPU (default fp32, exact)",
     )

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Literal
 
-from taperlm.domains import MAX_COUNT, input_path, number, output_path, up_to
+from taperlm.domains import MAX_COUNT, choices, input_path, number, output_path, up_to
 from taperlm.errors import ConfigError
 from taperlm.gguf_export import DTYPES, check_supported, write_gguf
 from taperlm.outdirs import check_folder, claim, kind_of
+
+# --format: a Hugging Face model dir | one GGUF file | a plain Llama dir | a DeciLM dir
+ExportFormat = Literal["hf", "gguf", "llama", "block-configs"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--format",
-        choices=("hf", "gguf", "llama", "block-configs"),
+        choices=choices(ExportFormat),
         default="hf",
         help="hf: a Hugging Face model directory; gguf: one file for llama.cpp (Transformer++ "
         "models only); llama: a plain LlamaForCausalLM directory that transformers and serving engines load without taperlm (uniform Transformer++ runs); block-configs: a DeciLM / Nemotron-NAS directory (per-layer FFN widths "

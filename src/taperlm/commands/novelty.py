@@ -7,6 +7,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Literal
 
 from taperlm.device import resolve_device
 from taperlm.domains import (
@@ -14,6 +15,7 @@ from taperlm.domains import (
     MAX_CONTEXT,
     MAX_COUNT,
     MAX_TOKENS,
+    choices,
     input_path,
     number,
     output_path,
@@ -23,6 +25,9 @@ from taperlm.errors import ConfigError, DataError
 from taperlm.evaluation.locate import wikitext_test
 from taperlm.io import atomic_write_json
 from taperlm.outfiles import R_FILE, json_mark
+
+# --dtype: the precision a Hugging Face model's weights are loaded in
+LoadDtype = Literal["fp32", "bf16", "fp16"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,7 +87,7 @@ def add_measure_arguments(parser: argparse.ArgumentParser) -> None:
         help="run dirs: use checkpoint STEP (default: newest)",
     )
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
-    parser.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), help="load the weights as")
+    parser.add_argument("--dtype", choices=choices(LoadDtype), help="load the weights as")
     parser.add_argument(
         "--layers", help="dotted path of the decoder-layer ModuleList (default: auto-detect)"
     )

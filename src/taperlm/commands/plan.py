@@ -13,7 +13,8 @@ import textwrap
 from taperlm.budget import format_plan, plan, plan_to_dict, total_params
 from taperlm.commands.common import add_model_arguments, build_run_config
 from taperlm.config import TrainConfig, dump_yaml
-from taperlm.domains import MAX_BATCH, domain_of_field, number, output_path, up_to
+from taperlm.config.train import Parallel
+from taperlm.domains import MAX_BATCH, choices, domain_of_field, number, output_path, up_to
 from taperlm.hf.decilm import decilm_config
 from taperlm.io import atomic_write_json
 from taperlm.outfiles import R_FILE, json_mark
@@ -65,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=number(int, domain_of_field(TrainConfig, "micro_batch_size")),
         help="sequences per GPU per forward pass",
     )
-    g.add_argument("--parallel", choices=("fsdp", "ddp"), help="default: the config's")
+    g.add_argument("--parallel", choices=choices(Parallel), help="default: the config's")
     g.add_argument(
         "--activation-checkpointing", action="store_true", help="recompute each block in backward"
     )
@@ -141,7 +142,7 @@ def _memory_plan(args: argparse.Namespace, cfg):
         gpu_memory=parse_bytes(args.gpu_memory),
         micro_batch=args.micro_batch if args.micro_batch is not None else t.micro_batch_size,
         seq_len=args.seq_len if args.seq_len is not None else t.seq_len,
-        parallel=args.parallel or ("fsdp" if t.parallel == "fsdp" else "ddp"),
+        parallel=args.parallel or t.parallel,
         activation_checkpointing=args.activation_checkpointing
         or t.activation_checkpointing == "full",
         tokens=int(args.tokens) if args.tokens is not None else t.tokens,

@@ -21,14 +21,12 @@ import copy
 import json
 from pathlib import Path
 
+from taperlm.compress import ParamsOf, Score
 from taperlm.config import apply_overrides, run_config_from_dict, to_dict
-from taperlm.domains import MAX_COUNT, MAX_TOKENS, input_path, number, output_path, up_to
+from taperlm.domains import MAX_COUNT, MAX_TOKENS, choices, input_path, number, output_path, up_to
 from taperlm.errors import ConfigError
 from taperlm.io import atomic_write_text
 from taperlm.taper import DEFAULT_STRENGTH, TaperSpec
-
-SCORES = ("act", "flap", "weight_act")  # taperlm.compress.importance.SCORES (kept torch-free)
-PARAMS_OF = ("total", "non-embedding")  # taperlm.compress.prune.PARAMS_OF
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--params-of",
-        choices=PARAMS_OF,
+        choices=choices(ParamsOf),
         default="total",
         help="what --params counts: total (default) or non-embedding (without the embedding "
         "and output head)",
@@ -60,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--score",
-        choices=SCORES,
+        choices=choices(Score),
         default="weight_act",
         help="importance of a unit on the calibration text: weight_act (activation norm x "
         "output-weight norm, default), act (mean |activation|), flap (activation variance x "

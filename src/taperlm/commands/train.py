@@ -24,9 +24,9 @@ from taperlm.commands.common import (
     print_notes,
     resume_command,
 )
-from taperlm.domains import MAX_COUNT, input_path, number, output_path, up_to
+from taperlm.domains import MAX_COUNT, choices, input_path, number, output_path, up_to
 from taperlm.errors import ConfigError
-from taperlm.training import TrainingWarning
+from taperlm.training import ResumeMode, TrainingWarning
 from taperlm.training.interrupt import SignalStop, interrupted_message
 
 
@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--resume",
-        choices=("auto", "never", "must"),
+        choices=choices(ResumeMode),
         default="auto",
         help="auto (default): continue from the newest good checkpoint in --out if there is one; "
         "never: refuse a run dir that has checkpoints; must: fail unless there is one",

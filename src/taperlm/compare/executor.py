@@ -317,7 +317,7 @@ def choose_jobs(
         idle, usable, busy = cpus.idle_cpus()
         jobs = max(1, min(todo, idle // opts.threads))
         why = f"{usable} usable CPU(s), {busy:.1f} busy with other processes; --jobs N to override"
-    most = "up to " if reported and opts.stop.strip() != "fixed" else ""
+    most = "up to " if reported and opts.stop.kind != "fixed" else ""
     print(
         f"taperlm compare: {most}{todo} cell(s) to run, {min(jobs, todo)} at a time with "
         f"{opts.threads} torch thread(s) each ({why})",

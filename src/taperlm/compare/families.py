@@ -25,12 +25,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from taperlm.assembly import Assembly, Layer
 from taperlm.compare.family_table import write_family_report
 from taperlm.compare.grid import FAMILIES_TAPERS
 from taperlm.compare.options import DEFAULT_FAMILIES, CompareOptions
 from taperlm.compare.reproduce import run_arguments
 from taperlm.compare.study import Part, StudyPlan, StudyProgress
-from taperlm.config.assembly import Assembly, Layer
 from taperlm.errors import ConfigError
 from taperlm.families import FAMILIES
 from taperlm.presets import PAPER_SHAPES, SMALL_SHAPES, preset_families

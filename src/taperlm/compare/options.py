@@ -10,21 +10,24 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from taperlm.domains import (
     DOMAIN_KEY,
     MAX_COUNT,
     MAX_TOKENS,
     MAX_WORKERS,
+    choices,
     domain_of,
     input_path,
     number,
     output_path,
     up_to,
 )
+from taperlm.errors import ConfigError
 
 # The main job: `taperlm compare` naming no model (no --preset, --config or --paper). It runs where
 # its answer holds for training as people do it, not only early in training (issue 38): at
@@ -90,10 +93,53 @@ DEFAULT_FAMILIES = ("transformer", "gated", "hope", "titans-mag")
 DEFAULT_STOP = "decided"
 DEFAULT_STOP_ALPHA = 0.05
 DEFAULT_MIN_SEEDS = 3
-STOP_QUESTIONS = ("each", "best")
+# --stop-on: the comparisons that must be settled (taperlm.compare.sequential.comparisons)
+StopQuestion = Literal["each", "best"]
+STOP_QUESTIONS = choices(StopQuestion)
 # --tune-lr (taperlm.compare.tuning): tuning seeds per (allocation, lr), and the scopes
 DEFAULT_TUNE_SEEDS = 2
-TUNE_SCOPES = ("each", "uniform")
+TuneScope = Literal["each", "uniform"]
+TUNE_SCOPES = choices(TuneScope)
+StopKind = Literal["fixed", "decided", "half-width"]
+
+
+@dataclass(frozen=True)
+class Stop:
+    """--stop: when a comparison stops adding seeds (`taperlm.compare.sequential`), parsed once
+    from its text (`Stop.parse`: fixed | decided | half-width:X)."""
+
+    kind: StopKind
+    half_width: float | None = None  # nats, for half-width
+    text: str = field(default="", compare=False)  # as given (the report's reproducing command)
+
+    @classmethod
+    def parse(cls, text: str) -> Stop:
+        """The rule `text` names; ConfigError naming --stop and the forms it takes."""
+        given = text.strip()
+        if given in ("fixed", "decided"):
+            return cls(given, None, given)
+        if given.startswith("half-width:"):
+            try:
+                width = float(given.split(":", 1)[1])
+            except ValueError:
+                width = math.nan
+            if not (math.isfinite(width) and width > 0):
+                raise ConfigError(
+                    f"--stop {text!r}: the half-width must be a positive number of nats, e.g. "
+                    "half-width:0.01"
+                )
+            return cls("half-width", width, given)
+        raise ConfigError(
+            f"--stop must be fixed, decided or half-width:X (X in nats, e.g. half-width:0.01); "
+            f"got {text!r}"
+        )
+
+    def as_text(self) -> str:
+        """The rule as text: as given, else `half-width:X` (X as %g) or the kind."""
+        if self.text:
+            return self.text
+        return f"half-width:{self.half_width:g}" if self.kind == "half-width" else self.kind
+
 
 FLAG_KEY = "flag"  # the dataclasses.field metadata key of an option's command-line flag
 ARGPARSE_KEY = "argparse"  # further add_argument keywords (action, choices, metavar, ...)
@@ -186,7 +232,7 @@ class CompareOptions:
         f"{MODEL_SEEDS} with --preset/--config; {PAPER_MODE_SEEDS} with --paper]",
         domain=up_to(MAX_COUNT),
     )
-    stop: str = option(  # fixed | decided | half-width:X (taperlm.compare.sequential)
+    stop: Stop = option(  # given as text, parsed once (__post_init__): Stop.parse
         "--stop",
         "when to stop adding seeds (in order; the decision at n reads seeds 0..n-1 only): "
         "decided = when every comparison's anytime-valid interval excludes 0; half-width:X = "
@@ -208,7 +254,7 @@ class CompareOptions:
         default=DEFAULT_MIN_SEEDS,
         domain=up_to(MAX_COUNT),
     )
-    stop_on: str = option(  # each | best (taperlm.compare.sequential.comparisons)
+    stop_on: StopQuestion = option(  # taperlm.compare.sequential.comparisons
         "--stop-on",
         "--stop: the comparisons that must be settled: each = every allocation vs uniform "
         "(default); best = the lowest-loss allocation vs uniform and vs its neighbours in the "
@@ -311,7 +357,7 @@ class CompareOptions:
         f"--tune-lr: tuning seeds per allocation and lr [{DEFAULT_TUNE_SEEDS}]",
         domain=up_to(MAX_COUNT),
     )
-    tune_scope: str | None = option(  # each (None) | uniform
+    tune_scope: TuneScope | None = option(  # None: each
         "--tune-lr-scope",
         "--tune-lr: each = every allocation tuned, reported at its own lr beside the "
         "shared lr (default); uniform = only uniform tuned, every allocation trained at its lr",
@@ -330,6 +376,8 @@ class CompareOptions:
     loggers: list[str] | None = None  # train.loggers of every cell (None: the config's)
 
     def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = Stop.parse(self.stop)
         if self.seeds is None:
             self.seeds = (
                 PAPER_MODE_SEEDS

@@ -75,7 +75,7 @@ def run_arguments(
         parts += ["--tune-lr-scope", opts.tune_scope or "each"]
         if opts.lr_grid_extend:
             parts += ["--lr-grid-extend", str(opts.lr_grid_extend)]
-    parts += ["--stop", opts.stop.strip(), "--stop-alpha", f"{opts.stop_alpha:g}"]
+    parts += ["--stop", opts.stop.as_text(), "--stop-alpha", f"{opts.stop_alpha:g}"]
     parts += ["--min-seeds", str(opts.min_seeds), "--stop-on", opts.stop_on]
     parts += ["--out", str(opts.out)]  # --jobs/--threads change the speed, never the numbers
     return parts

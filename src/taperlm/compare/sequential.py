@@ -40,14 +40,14 @@ from typing import TYPE_CHECKING, Any
 from taperlm import stats
 from taperlm.analysis.plots import plot_interval_series
 from taperlm.compare.grid import Grid
+from taperlm.compare.options import STOP_QUESTIONS, Stop, StopKind
 from taperlm.compare.report import md_table
 from taperlm.errors import ConfigError
 
 if TYPE_CHECKING:
     from taperlm.compare.runner import Results
 
-STOP_RULES = ("fixed", "decided", "half-width:X")
-QUESTIONS = ("each", "best")
+QUESTIONS = STOP_QUESTIONS
 SEQUENCE_PLOT = "sequence.png"
 
 
@@ -55,7 +55,7 @@ SEQUENCE_PLOT = "sequence.png"
 class StopRule:
     """When a comparison stops adding seeds (see the module docstring)."""
 
-    kind: str  # fixed | decided | half-width
+    kind: StopKind
     half_width: float | None = None  # nats, for half-width
     alpha: float = 0.05  # the error rate of each comparison's confidence sequence
     min_seeds: int = 3
@@ -66,32 +66,18 @@ class StopRule:
         return f"half-width:{self.half_width:g}" if self.kind == "half-width" else self.kind
 
 
-def parse_rule(stop: str, alpha: float, min_seeds: int, question: str) -> StopRule:
-    """The rule of --stop/--stop-alpha/--min-seeds/--stop-on; ConfigError on a bad value."""
-    text = stop.strip()
+def parse_rule(stop: Stop | str, alpha: float, min_seeds: int, question: str) -> StopRule:
+    """The rule of --stop/--stop-alpha/--min-seeds/--stop-on; ConfigError on a bad value. `stop`
+    is parsed already where the options were read (`CompareOptions.stop`); a text is parsed here
+    (a replay of finished reports, benchmarks/sequential_replay.py)."""
     if not 0.0 < alpha < 1.0:
         raise ConfigError(f"--stop-alpha must be in (0, 1), e.g. 0.05; got {alpha:g}")
     if min_seeds < 1:
         raise ConfigError(f"--min-seeds must be >= 1, got {min_seeds}")
     if question not in QUESTIONS:
         raise ConfigError(f"--stop-on must be one of {', '.join(QUESTIONS)}; got {question!r}")
-    if text in ("fixed", "decided"):
-        return StopRule(text, None, alpha, min_seeds, question)
-    if text.startswith("half-width:"):
-        try:
-            width = float(text.split(":", 1)[1])
-        except ValueError:
-            width = math.nan
-        if not (math.isfinite(width) and width > 0):
-            raise ConfigError(
-                f"--stop {stop!r}: the half-width must be a positive number of nats, e.g. "
-                "half-width:0.01"
-            )
-        return StopRule("half-width", width, alpha, min_seeds, question)
-    raise ConfigError(
-        f"--stop must be fixed, decided or half-width:X (X in nats, e.g. half-width:0.01); "
-        f"got {stop!r}"
-    )
+    rule = stop if isinstance(stop, Stop) else Stop.parse(stop)
+    return StopRule(rule.kind, rule.half_width, alpha, min_seeds, question)
 
 
 def rule_of(opts: Any) -> StopRule:

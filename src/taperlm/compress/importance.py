@@ -23,9 +23,11 @@ from dataclasses import dataclass
 
 import torch
 
+from taperlm.compress import Score
+from taperlm.domains import choices
 from taperlm.models.layers import SwiGLU
 
-SCORES = ("act", "flap", "weight_act")
+SCORES = choices(Score)
 DEFAULT_SCORE = "weight_act"  # lowest loss right after pruning (docs/compress.md)
 
 

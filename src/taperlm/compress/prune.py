@@ -26,9 +26,11 @@ from typing import Any
 import torch
 
 from taperlm.budget import embedding_params, head_params, total_params
+from taperlm.compress import ParamsOf
 from taperlm.compress.importance import UnitStats, collect, mlps, top_units, unit_scores
 from taperlm.config import ModelConfig, RunConfig
 from taperlm.data.loader import TokenBatches
+from taperlm.domains import choices
 from taperlm.errors import ConfigError, TaperError
 from taperlm.families import get_family
 from taperlm.models import TaperedLM
@@ -37,7 +39,7 @@ from taperlm.taper import TaperSpec
 from taperlm.training.loop import Trainer
 
 # What `--params` is a fraction or a count of.
-PARAMS_OF = ("total", "non-embedding")
+PARAMS_OF = choices(ParamsOf)
 
 
 def check_prunable(cfg: ModelConfig, model: torch.nn.Module) -> None:

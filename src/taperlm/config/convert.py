@@ -25,7 +25,7 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, TaperSpec):
         return obj.to_dict()
     if dataclasses.is_dataclass(obj):
-        texts = _text_specs(type(obj))
+        texts = text_spec_fields(type(obj))
         out = {
             name: _text_of(value) if name in texts else to_dict(value)
             for name in config_keys(type(obj))
@@ -39,7 +39,7 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
-def _text_specs(cls: type) -> set[str]:
+def text_spec_fields(cls: type) -> set[str]:
     """The fields of `cls` that hold a spec as the user's text (`ModelConfig.head_taper`)."""
     return {f.name for f in dataclasses.fields(cls) if f.metadata.get("text_spec")}
 
@@ -80,7 +80,7 @@ def _dataclass_from(cls: type, data: dict, where: str, sections: tuple[str, ...]
         raise ConfigError(
             f"unknown key(s) in {where or 'config'}: {hint}. Valid keys: {', '.join(sorted(valid))}"
         )
-    texts = _text_specs(cls)
+    texts = text_spec_fields(cls)
     kwargs = {}
     for key, value in data.items():
         path = f"{where}.{key}" if where else key
@@ -236,6 +236,10 @@ def coerce_value(tp: Any, value: Any, path: str) -> Any:
             except ConfigError as err:
                 errors.append(str(err))
         raise ConfigError(errors[0] if errors else f"{path}: invalid value {quoted(value)}")
+    if origin is typing.Literal:
+        # a closed set of strings: read as a string (a YAML boolean is named as such); which
+        # strings is the field's domain, checked with the key and the allowed values
+        return coerce_value(str, value, path)
     if dataclasses.is_dataclass(tp) or tp is TaperSpec:
         return from_dict(tp, value, path)
     if origin is list:

@@ -11,11 +11,11 @@ What differs between model families (their options, checks and per-layer sizes) 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from taperlm.budget import memory_floor
 from taperlm.domains import (
     MAX_CONTEXT,
     MAX_HEADS,
@@ -32,7 +32,10 @@ from taperlm.families import FAMILIES, get_family
 from taperlm.io import quoted
 from taperlm.kv_taper import KVHeads, kv_heads_removed, kv_step, mlp_width_credit, solve_kv_heads
 from taperlm.solver import solve_sizes
-from taperlm.taper import TaperSpec
+from taperlm.taper import TEXT_SPEC, TaperSpec, text_spec
+
+# How init_std applies to each matrix (`ModelConfig.init`).
+InitScheme = Literal["fixed", "fan_in"]
 
 
 def check_taper_spec(spec: TaperSpec, where: str) -> None:
@@ -42,11 +45,6 @@ def check_taper_spec(spec: TaperSpec, where: str) -> None:
         spec.validate()
     except TaperError as err:
         raise ConfigError(f"{where}: {err}") from None
-
-
-# Field metadata of a spec that a config holds as the user's text (head and KV tapers): read from
-# a string and written back as it (`taperlm.config.convert`).
-TEXT = {"text_spec": True}
 
 
 def _head_spec(text: str) -> TaperSpec:
@@ -77,7 +75,7 @@ class ModelConfig:
     """the schedule that produced `mlp_widths` (provenance)."""
     mlp_widths: list[int] | None = setting(None, up_to(MAX_WIDTH, 0))
     """resolved per-layer widths, one per layer; authoritative once written."""
-    head_taper: TaperSpec = field(default_factory=lambda: _head_spec("uniform"), metadata=TEXT)
+    head_taper: TaperSpec = field(default_factory=lambda: _head_spec("uniform"), metadata=TEXT_SPEC)
     """taper spec of the query heads per layer (same language as `taper`, e.g. cosine:1.25:0.75) at
     the fixed head dim; every layer keeps the group size n_heads / kv_heads, so its KV heads
     follow its query heads (docs/tapers.md). Given and written as text (the spec keeps it,
@@ -88,7 +86,7 @@ class ModelConfig:
     """resolved query heads per layer (sum n_layers x n_heads, multiples of the group size); null =
     n_heads in every layer. Authoritative once written.
     """
-    kv_taper: TaperSpec = field(default_factory=lambda: _head_spec("uniform"), metadata=TEXT)
+    kv_taper: TaperSpec = field(default_factory=lambda: _head_spec("uniform"), metadata=TEXT_SPEC)
     """taper spec of the KV heads per layer (same language; multipliers of the layer's default H_l /
     g KV heads, any mean; custom integers are counts). Each layer gets the nearest divisor of its
     query heads, and the MLP widths take up the K/V parameters saved, at the same total
@@ -109,7 +107,7 @@ class ModelConfig:
     """share the token embedding with the output head."""
     init_std: float = setting(0.02, "(0, inf)")
     """std of the normal init; residual output projections use init_std / sqrt(2 n_layers)."""
-    init: str = setting("fixed", "{fixed, fan_in}")
+    init: InitScheme = setting("fixed", InitScheme)
     """how init_std applies to each matrix: `fixed` = init_std for every matrix (the residual output
     projections / sqrt(2 n_layers)); `fan_in` = each matrix's std follows its own fan-in,
     init_std * sqrt(d_model / fan_in) (the same / sqrt(2 n_layers) for residual outputs), so a
@@ -170,6 +168,18 @@ class ModelConfig:
             return q, self.layer_kv_heads[layer]
         return q, q // self.group_size
 
+    def build_block(self, layer: int, rotary: Any) -> Any:
+        """Layer `layer`'s torch block, built by this model's family (`Family.build_block`): the
+        config hands its family's block factory to `TaperedLM`, so the torch model imports no
+        family (`taperlm.model_fields.ModelSpec`)."""
+        return get_family(self.family).build_block(self, layer, rotary)
+
+    def memory_floor(self) -> tuple[int, str]:
+        """(bytes, what they are) the built model's fp32 weights and RoPE tables need at least
+        on one device (`taperlm.budget.memory_floor`), checked by `TaperedLM` before it
+        allocates."""
+        return memory_floor(self)
+
     def head_taper_spec(self) -> TaperSpec:
         """`head_taper` with steps of one KV group (TaperError or ConfigError if it is no spec)."""
         return dataclasses.replace(self._spec("head_taper"), multiple_of=self.group_size)
@@ -192,11 +202,8 @@ class ModelConfig:
         # Assigning a field makes the config unresolved again: its sizes and checks were of the
         # old value (a copy by dataclasses.replace or from_dict starts unresolved, too).
         self.__dict__.pop("_resolved", None)
-        if name in ("head_taper", "kv_taper") and isinstance(value, str):
-            # The one parse of a head or KV spec's text. A text that does not parse is kept
-            # as given: validate() refuses it with the parse error, in its order of checks.
-            with contextlib.suppress(TaperError):
-                value = _head_spec(value)
+        if name in ("head_taper", "kv_taper"):
+            value = text_spec(value)
         super().__setattr__(name, value)
 
     def _sizes(self) -> tuple:
@@ -344,7 +351,7 @@ class ModelConfig:
         `mlp_widths` from the taper (taking up the K/V parameters the KV taper saves) and the
         family's per-layer sizes (e.g. Hope level widths, Titans memory widths) when absent,
         validate, and return self, marked `resolved`. Every command resolves its config once,
-        in the assembly (`taperlm.config.assembly`); a resolved config is returned as is."""
+        in the assembly (`taperlm.assembly`); a resolved config is returned as is."""
         if self.resolved:
             return self
         self.validate()

@@ -8,7 +8,14 @@ import shlex
 import typing
 from typing import Any
 
-from taperlm.config.convert import closest_key, coerce_value, config_keys, section_of, to_dict
+from taperlm.config.convert import (
+    closest_key,
+    coerce_value,
+    config_keys,
+    section_of,
+    text_spec_fields,
+    to_dict,
+)
 from taperlm.config.loading import strict_yaml_load
 from taperlm.config.model import ModelConfig
 from taperlm.config.train import DataConfig, TrainConfig
@@ -118,7 +125,8 @@ def _check_override(data: dict, parts: list[str], value: Any, where: str) -> Non
         )
     if name in FAMILIES or name in ("taper", "head_taper", "kv_taper"):  # specs: the full check
         return
-    hint = typing.get_type_hints(cls)[name]
+    # a spec kept as text (a family's taper): a string here, parsed and checked by validate
+    hint = str if name in text_spec_fields(cls) else typing.get_type_hints(cls)[name]
     try:
         check_field(cls, name, coerce_value(hint, value, f"{at}.{name}"), f"{at}.{name}")
     except ConfigError as err:

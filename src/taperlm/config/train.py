@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from taperlm.domains import (
     MAX_BATCH,
@@ -13,6 +14,18 @@ from taperlm.domains import (
     setting,
     up_to,
 )
+
+# The closed sets of the train section, each declared once: the field's type, its domain and
+# any command-line option's choices (`taperlm.domains.choices`).
+LRScheduleName = Literal["cosine", "wsd"]
+Precision = Literal["auto", "fp32", "bf16"]
+CompileScope = Literal["model", "blocks"]
+ActivationCheckpointing = Literal["none", "full"]
+Parallel = Literal["ddp", "fsdp"]
+FSDPParamDtype = Literal["auto", "bf16", "fp32"]
+FSDPReduceDtype = Literal["fp32", "bf16"]
+Device = Literal["auto", "cpu", "cuda"]
+Logger = Literal["tensorboard", "wandb"]
 
 
 @dataclass
@@ -55,7 +68,7 @@ class TrainConfig:
     """training sequence length (<= model.context_length)."""
     lr: float = setting(4e-4, "(0, inf)")
     """peak learning rate."""
-    schedule: str = setting("cosine", "{cosine, wsd}")
+    schedule: LRScheduleName = setting("cosine", LRScheduleName)
     """the LR schedule after the linear warmup: cosine (decay from lr to min_lr_ratio x lr over the
     rest of the run) | wsd (warmup-stable-decay: lr held until the last decay_fraction of the
     steps, then a linear decay to min_lr_ratio x lr; the LR before the decay does not depend on
@@ -79,31 +92,33 @@ class TrainConfig:
     """AdamW's epsilon added to the second moment's square root."""
     grad_clip: float = setting(1.0, "[0, inf)")
     """max global grad norm (0 disables)."""
-    precision: str = setting("auto", "{auto, fp32, bf16}", runtime=True)
+    precision: Precision = setting("auto", Precision, runtime=True)
     """auto | fp32 | bf16 (auto = bf16 autocast on CUDA, fp32 on CPU)."""
     compile: bool = field(default=False, metadata={"runtime": True})
     """compile the model with torch.compile (see compile_scope)."""
-    compile_scope: str = setting("model", "{model, blocks}", runtime=True)
+    compile_scope: CompileScope = setting("model", CompileScope, runtime=True)
     """model (one graph for the whole model) | blocks (each block compiled on its own, "regional":
     faster to compile, one recompile per distinct block shape).
     """
-    activation_checkpointing: str = setting("none", "{none, full}", runtime=True)
+    activation_checkpointing: ActivationCheckpointing = setting(
+        "none", ActivationCheckpointing, runtime=True
+    )
     """none | full (keep only each block's input for backward and recompute the block; same losses,
     less activation memory, ~1/3 more compute).
     """
-    parallel: str = setting("ddp", "{ddp, fsdp}", runtime=True)
+    parallel: Parallel = setting("ddp", Parallel, runtime=True)
     """ddp | fsdp (under torchrun; ignored for one process)."""
-    fsdp_param_dtype: str = setting("auto", "{auto, bf16, fp32}", runtime=True)
+    fsdp_param_dtype: FSDPParamDtype = setting("auto", FSDPParamDtype, runtime=True)
     """auto | bf16 | fp32: dtype FSDP2 gathers parameters in for compute (auto = bf16 when the run
     computes in bf16, else fp32). Sharded weights, gradients and optimizer state stay fp32.
     """
-    fsdp_reduce_dtype: str = setting("fp32", "{fp32, bf16}", runtime=True)
+    fsdp_reduce_dtype: FSDPReduceDtype = setting("fp32", FSDPReduceDtype, runtime=True)
     """fp32 | bf16: dtype FSDP2 reduce-scatters gradients in."""
     async_checkpoint: bool = field(default=False, metadata={"runtime": True})
     """write checkpoint shards in a background thread while training goes on (committed once every
     rank has written; the final checkpoint is synchronous).
     """
-    device: str = setting("auto", "{auto, cpu, cuda}", runtime=True)
+    device: Device = setting("auto", Device, runtime=True)
     """auto | cpu | cuda."""
     eval_every: int = setting(50, up_to(MAX_COUNT, 0), runtime=True)
     """steps between validation-loss evaluations (0 = only at the end)."""
@@ -125,7 +140,7 @@ class TrainConfig:
     (one more copy of both in device memory); false: such a step stops the run instead. Either
     way no non-finite state is checkpointed.
     """
-    loggers: list[str] = setting([], "{tensorboard, wandb}", runtime=True)
+    loggers: list[Logger] = setting([], Logger, runtime=True)
     """live loggers beside RUN/metrics.jsonl: any of tensorboard (RUN/tensorboard), wandb (Weights &
     Biases; offline without credentials or with WANDB_MODE=offline); rank 0 only; a failing
     logger is a warning, never a stop (docs/training.md).

@@ -5,28 +5,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from taperlm.domains import setting
+from taperlm.domains import choices, setting
 from taperlm.errors import ConfigError
 from taperlm.families.base import Family, ModelFields, attention_params
 from taperlm.families.transformer import attention_block
 
-GATE_KINDS = ("elementwise", "headwise")
+GateKind = Literal["elementwise", "headwise"]
+GATE_KINDS = choices(GateKind)
 
 
 @dataclass
 class GatedConfig:
     """Gated Attention options (`model.gated:`)."""
 
-    gate: str = setting("elementwise", "{" + ", ".join(GATE_KINDS) + "}")
+    gate: GateKind = setting("elementwise", GateKind)
     """elementwise (d x d gate) or headwise (d x H gate)."""
 
 
 def check_gate(gate: Any, key: str) -> None:
     """ConfigError unless `gate` (read for `key`) is a gate kind."""
     if gate not in GATE_KINDS:
-        raise ConfigError(f"{key} {gate!r} is unknown; choose elementwise or headwise")
+        raise ConfigError(f"{key} {gate!r} is unknown; choose {' or '.join(GATE_KINDS)}")
 
 
 def _validate(cfg: ModelFields) -> None:

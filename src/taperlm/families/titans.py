@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
-from taperlm.domains import MAX_CONTEXT, MAX_DEPTH, MAX_HEADS, MAX_WIDTH, setting, up_to
+from taperlm.domains import (
+    MAX_CONTEXT,
+    MAX_DEPTH,
+    MAX_HEADS,
+    MAX_WIDTH,
+    choices,
+    setting,
+    up_to,
+)
 from taperlm.errors import ConfigError, TaperError
 from taperlm.families.base import (
     Family,
@@ -20,17 +28,20 @@ from taperlm.families.base import (
     attention_params,
     attention_span_flops,
 )
+from taperlm.io import quoted
 from taperlm.solver import solve_sizes
-from taperlm.taper import TaperSpec
+from taperlm.taper import TEXT_SPEC, TaperSpec, text_spec
 
-VARIANTS = ("mac", "mag", "mal")
+# How the memory combines with attention: as context, as gate, as layer.
+Variant = Literal["mac", "mag", "mal"]
+VARIANTS = choices(Variant)
 
 
 @dataclass
 class TitansConfig:
     """Titans: neural long-term memory (LMM) combined with attention, followed by a SwiGLU MLP."""
 
-    variant: str = setting("mag", "{" + ", ".join(VARIANTS) + "}")
+    variant: Variant = setting("mag", Variant)
     """mac (memory as context) | mag (memory as gate) | mal (memory as layer)."""
     memory_heads: int = setting(4, up_to(MAX_HEADS))
     """number of memory heads H_m."""
@@ -58,15 +69,36 @@ class TitansConfig:
     """every token's inner gradient (what it writes into the memory) is clipped to this norm, so the
     memory cannot blow up within a sequence (0 = no clip).
     """
-    memory_taper: str = setting("uniform", "text")
-    """second taper (spec string, e.g. cosine:1.5:0.5) on the per-layer memory hidden width;
-    baseline memory_expansion x memory_head_dim; depth 2 only (deeper memories are not linear in
-    the width, so a taper would change the budget).
+    memory_taper: TaperSpec = field(
+        default_factory=lambda: text_spec("uniform"), metadata=TEXT_SPEC
+    )
+    """second taper (same language as `model.taper`, e.g. cosine:1.5:0.5) on the per-layer memory
+    hidden width; baseline memory_expansion x memory_head_dim; depth 2 only (deeper memories are
+    not linear in the width, so a taper would change the budget). Given and written as text,
+    parsed once when set (like `model.head_taper`); its step is memory_multiple_of
+    (`memory_taper_spec()`).
     """
     memory_multiple_of: int = setting(16, up_to(MAX_WIDTH))
     """every resolved memory width is a multiple of this."""
     memory_widths: list[int] | None = setting(None, up_to(MAX_WIDTH))
     """resolved per-layer memory hidden widths; written by the library."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "memory_taper":
+            value = text_spec(value)
+        super().__setattr__(name, value)
+
+    def memory_taper_spec(self) -> TaperSpec:
+        """`memory_taper` in steps of memory_multiple_of; TaperError for a text that does not
+        parse (kept as given), ConfigError for a value that is no spec."""
+        spec = self.memory_taper
+        if isinstance(spec, str):
+            return TaperSpec.parse(spec, self.memory_multiple_of)  # raises its parse error
+        if not isinstance(spec, TaperSpec):
+            raise ConfigError(f"model.titans.memory_taper must be a string, got {quoted(spec)}")
+        spec = dataclasses.replace(spec, multiple_of=self.memory_multiple_of)
+        spec.validate()
+        return spec
 
 
 # ----------------------------------------------------------------------------------------------
@@ -87,12 +119,12 @@ def _validate(cfg: ModelFields) -> None:
 
 def _validate_memory_taper(t: TitansConfig, n_layers: int) -> None:
     try:
-        spec = TaperSpec.parse(t.memory_taper, t.memory_multiple_of)
+        spec = t.memory_taper_spec()
     except TaperError as err:
         raise ConfigError(f"model.titans.memory_taper: {err}") from None
     if not spec.is_uniform and t.memory_depth != 2:
         raise ConfigError(
-            f"model.titans.memory_taper {t.memory_taper!r} needs memory_depth 2 (got "
+            f"model.titans.memory_taper {t.memory_taper.as_text()!r} needs memory_depth 2 (got "
             f"{t.memory_depth}): deeper memories have width^2 parameters, so a taper would not "
             "keep the budget; use memory_taper: uniform"
         )
@@ -115,12 +147,14 @@ def _resolve(cfg: ModelFields) -> None:
     t: TitansConfig = cfg.options
     if t.memory_widths is not None:
         return
-    spec = TaperSpec.parse(t.memory_taper, t.memory_multiple_of)
+    spec = t.memory_taper_spec()
     base = t.memory_expansion * t.memory_head_dim
     try:
         t.memory_widths = solve_sizes(spec, cfg.n_layers, base, what="memory width")
     except TaperError as err:
-        raise ConfigError(f"model.titans.memory_taper {t.memory_taper!r}: {err}") from None
+        raise ConfigError(
+            f"model.titans.memory_taper {t.memory_taper.as_text()!r}: {err}"
+        ) from None
 
 
 def _untapered(t: TitansConfig) -> TitansConfig:

@@ -1,7 +1,9 @@
 """TaperedLM: embedding -> blocks (each built from its own MLP width) -> norm -> head.
 
 One code path for every allocation: a uniform model is a tapered model whose resolved widths
-are all equal. Families differ only in their blocks (`taperlm.families`, `Family.build_block`).
+are all equal. Families differ only in their blocks (`taperlm.families`, `Family.build_block`),
+which the config hands in (`ModelSpec.build_block`): this module imports no family, budget or
+config, so models and families do not import each other back and forth.
 """
 
 from __future__ import annotations
@@ -14,21 +16,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from taperlm.budget import memory_floor
-from taperlm.config import ModelConfig
 from taperlm.device import check_memory
 from taperlm.errors import ConfigError
-from taperlm.families import family
+from taperlm.model_fields import ModelSpec
 from taperlm.models.layers import RMSNorm, Rotary, cross_entropy, init_weights
 
 
-def _check_fits(cfg: ModelConfig) -> None:
+def _check_fits(cfg: ModelSpec) -> None:
     """Refuse, with the numbers, a model whose weights cannot fit where it is about to be built
     (nothing to check on the meta device)."""
     device = torch.empty(0).device
     if device.type == "meta":
         return
-    need, detail = memory_floor(cfg)
+    need, detail = cfg.memory_floor()
     check_memory(
         need,
         f"a {cfg.family} model",
@@ -45,7 +45,7 @@ class LMOutput:
 
 
 class TaperedLM(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelSpec) -> None:
         super().__init__()
         if cfg.mlp_widths is None:
             raise ConfigError("ModelConfig has no resolved mlp_widths; call cfg.resolve() first")
@@ -65,14 +65,13 @@ class TaperedLM(nn.Module):
             self.lm_head.weight = self.embed.weight
 
     @staticmethod
-    def parts(cfg: ModelConfig, rotary: Rotary) -> list[tuple[str, Callable[[], nn.Module]]]:
+    def parts(cfg: ModelSpec, rotary: Rotary) -> list[tuple[str, Callable[[], nn.Module]]]:
         """(name, builder) of every top-level part in construction order. Building them in this
         order draws the same random numbers as building the model, which is how a model made on
         the meta device is later filled part by part (training/model.py)."""
-        build = family(cfg).build_block
         return [
             ("embed", lambda: nn.Embedding(cfg.vocab_size, cfg.d_model)),
-            *((f"blocks.{i}", partial(build, cfg, i, rotary)) for i in range(cfg.n_layers)),
+            *((f"blocks.{i}", partial(cfg.build_block, i, rotary)) for i in range(cfg.n_layers)),
             ("norm", lambda: RMSNorm(cfg.d_model, cfg.norm_eps)),
             ("lm_head", lambda: nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)),
         ]

@@ -7,6 +7,11 @@ here (the CLI and `checkpoint.store` read the warning category below torch-free)
 from __future__ import annotations
 
 import warnings
+from typing import Literal
+
+# `taperlm train --resume`: continue from the newest good checkpoint if any | refuse a run dir
+# that has one | fail unless there is one (`run_dir.prepare_run_dir`).
+ResumeMode = Literal["auto", "never", "must"]
 
 
 class TrainingWarning(UserWarning):

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from taperlm.config import TrainConfig
+from taperlm.config.train import LRScheduleName
 
 
 def update_period(param: nn.Parameter) -> int:
@@ -157,7 +158,12 @@ class PeriodicOptimizer:
         self.inner.zero_grad(set_to_none=set_to_none)
 
 
-SCHEDULE_KINDS = {"cosine": "warmup_cosine", "wsd": "warmup_stable_decay"}
+# The shape after the warmup, as a checkpoint's provenance names it (`LRSchedule.kind`).
+LRKind = Literal["warmup_cosine", "warmup_stable_decay"]
+SCHEDULE_KINDS: dict[LRScheduleName, LRKind] = {
+    "cosine": "warmup_cosine",
+    "wsd": "warmup_stable_decay",
+}
 
 
 @dataclass(frozen=True)
@@ -173,7 +179,7 @@ class LRSchedule:
     warmup_steps: int
     total_steps: int
     min_lr_ratio: float
-    kind: str = "warmup_cosine"
+    kind: LRKind = "warmup_cosine"
     decay_steps: int = 0
 
     @classmethod

@@ -55,12 +55,13 @@ from taperlm.data.identity import (
     run_tokenizer_dir,
 )
 from taperlm.data.loader import check_data_fits, check_vocab
-from taperlm.domains import check_output
+from taperlm.domains import check_output, choices
 from taperlm.errors import CheckpointError, ConfigError, DataError, RunInUseError
 from taperlm.io import atomic_write_json, os_error_cause, sha256_file
 from taperlm.models import TaperedLM
 from taperlm.outdirs import KINDS, check_folder, claim
 from taperlm.runlock import LOCK_FILE, RunLock
+from taperlm.training import ResumeMode
 from taperlm.training import distributed as D
 from taperlm.training.checkpoint import store as ckpt
 from taperlm.training.checkpoint.checkpointer import (
@@ -73,7 +74,7 @@ from taperlm.training.checkpoint.dcp import training_state
 from taperlm.training.optim import LRSchedule, build_optimizer, parameter_periods
 from taperlm.training.settings import config_differences, format_differences, validate_train_config
 
-RESUME_MODES = ("auto", "never", "must")
+RESUME_MODES = choices(ResumeMode)
 BRANCH_FILE = "branch.json"
 
 
@@ -189,7 +190,10 @@ def checkpoint_to_resume(
     each rank hashes only its share of a checkpoint's files.
     """
     if resume not in RESUME_MODES:
-        raise ConfigError(f"--resume {resume!r} is unknown; choose auto, never or must")
+        raise ConfigError(
+            f"--resume {resume!r} is unknown; choose {', '.join(RESUME_MODES[:-1])} or "
+            f"{RESUME_MODES[-1]}"
+        )
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder; choose a folder for the run")
     have = ckpt.list_checkpoints(out)
