@@ -5,9 +5,10 @@
     taperlm train --preset transformer-tiny --data DATA --out RUN --logger tensorboard
     taperlm train --branch-from LONG --tokens 2e6 --out RUN   # a WSD run's cooldown at 2M tokens
 
-Config precedence: preset / config file < --taper / --multiple-of < --set < --tokens. Without
---preset or --config, an existing RUN/config.yaml is used (so `taperlm train --out RUN` continues a
-run); with --branch-from LONG, LONG's (`taperlm.training.cooldowns.train_branch`).
+Config precedence: preset / config file < --taper / --multiple-of < --set < --tokens, --logger
+(< $TAPERLM_SET). Without --preset or --config, an existing RUN/config.yaml is used (so `taperlm
+train --out RUN` continues a run); with --branch-from LONG, LONG's
+(`taperlm.training.cooldowns.train_branch`).
 """
 
 from __future__ import annotations
