@@ -26,13 +26,13 @@ from step 0 with the same config (tests/training/test_wsd.py, tests/training/tes
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 from pathlib import Path
 
 from taperlm.config import RunConfig
-from taperlm.errors import ConfigError
+from taperlm.errors import ConfigError, MalformedFileError
+from taperlm.io import read_json
 from taperlm.training.checkpoint import store as ckpt
 from taperlm.training.loop import StepHook, TrainResult, train
 from taperlm.training.run_dir import (
@@ -141,12 +141,22 @@ def train_branch(
 def _check_own_branch(out: Path, source: Path, src_opt: str) -> None:
     """A run dir with checkpoints continues as a branch only of the source it branched from."""
     try:
-        recorded = json.loads((out / BRANCH_FILE).read_text(encoding="utf-8"))["source"]
-    except (OSError, ValueError, KeyError, TypeError):
+        recorded = read_json(out / BRANCH_FILE, what="branch record")["source"]
+    except FileNotFoundError:
         raise ConfigError(
             f"{out} already holds a run that is not a cooldown branch (no {BRANCH_FILE}); "
             f"give a new --out for the branch, or continue that run without {src_opt}"
         ) from None
+    except (MalformedFileError, KeyError, TypeError) as err:
+        raise ConfigError(
+            f"{out}/{BRANCH_FILE} does not say which run it branched from ({err}); continue "
+            f"the run without {src_opt}, or give a new --out"
+        ) from None
+    if not isinstance(recorded, str):
+        raise ConfigError(
+            f"{out}/{BRANCH_FILE} does not say which run it branched from; continue the run "
+            f"without {src_opt}, or give a new --out"
+        )
     if Path(recorded).resolve() != source.resolve():
         raise ConfigError(
             f"{out} is a cooldown branch of {recorded}, not of {source}; continue it with "
