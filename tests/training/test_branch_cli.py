@@ -145,6 +145,11 @@ def test_cli_branch_is_train_budgets_branch_and_the_direct_run(data_dir, source,
             r"--tokens 6,144: its decay would start at step 18, after.*"
             r"stable phase ends \(step 12 of 16.*at most 4,096",
         ),
+        (
+            "in the warmup",
+            r"--tokens 256: shorter than the source's warmup \(2 steps.*"
+            r"give --tokens at least 512",
+        ),
         ("other config", r"differs in more.*train\.lr.*drop the options.*--tokens"),
         ("out is the source", r"--out .* is the same path as --branch-from"),
     ],
@@ -169,6 +174,8 @@ def test_cli_branch_refusals(case, expected, data_dir, source, tmp_path, capsys)
         extra = ["--tokens", str(4 * STEP)]  # decay from step 3; the oldest checkpoint is 4
     elif case == "past the plateau":
         extra = ["--tokens", str(24 * STEP)]
+    elif case == "in the warmup":
+        extra = ["--tokens", str(STEP)]
     elif case == "other config":
         extra += ["--set", "train.lr=0.002"]
     elif case == "out is the source":

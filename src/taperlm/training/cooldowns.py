@@ -7,9 +7,9 @@ dir, starting from the source's newest checkpoint at or before B's decay start
 (`taperlm.training.run_dir.check_branch` says why that state is B's own there, bit for bit); it
 trains the plateau steps from that checkpoint to B's decay start, then B's decay. The source run
 dir is only read. Refused with a ConfigError naming the option and the fix: a source that is not
-WSD, a config that differs from the source's in more than train.tokens, a budget whose decay
-would start after the source's (past its stable phase), and a source with no checkpoint at or
-before the budget's decay start.
+WSD, a config that differs from the source's in more than train.tokens, a budget shorter than
+the warmup, a budget whose decay would start after the source's (past its stable phase), and a
+source with no checkpoint at or before the budget's decay start.
 
 `train_budgets`: the longest budget is trained as one WSD run (OUT/tokens-<longest>); every shorter
 budget B is a branch of it trained into OUT/tokens-<B>. The long run is stopped at each branch step
@@ -81,6 +81,13 @@ def branch_start(run: RunConfig, source: str | Path, names: tuple[str, str] = LI
             + format_differences(conflicts, "source", "branch")
             + f"; drop the options that set these (--preset, --config, --taper, --set), and "
             f"give the budget with {budget_opt}"
+        )
+    warmup = schedule_of(src).warmup_steps
+    if schedule_of(run).warmup_steps != warmup:  # a run shorter than the warmup cuts it
+        raise ConfigError(
+            f"{budget_opt} {run.train.tokens:,}: shorter than the source's warmup "
+            f"({warmup:,} steps of {run.train.batch_tokens:,} tokens), which a branch shares; "
+            f"give {budget_opt} at least {warmup * run.train.batch_tokens:,}"
         )
     mine, theirs = branch_step(run), branch_step(src)
     if mine > theirs:
