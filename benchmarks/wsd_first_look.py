@@ -10,6 +10,11 @@ init_std 0.1) at one shared, untuned lr; widths step by 8 as in the modes.
 DATA: the built-in corpus at bpe:512 (`taperlm prepare --tokenizer bpe:512 --out DATA`). Writes
 OUT/<allocation>-s<seed>/tokens-<N>/ (resumable) and OUT/summary.json; prints the table.
 Not a result of the modes: one lr for both arms, few seeds, WSD rather than cosine.
+
+    python3 benchmarks/wsd_first_look.py --side-by-side WSD.json COSINE.json
+
+prints docs/compare.md's table of the two schedules' verdicts per budget (`side_by_side`) from
+two summaries of the same settings (benchmarks/results/wsd_first_look.json, _cosine.json).
 """
 
 from __future__ import annotations
@@ -71,7 +76,54 @@ def chain(args: tuple[str, str, int, float, list[int], str, str]) -> dict[int, f
     return {t: r.val_loss for t, r in res.items()}
 
 
+def verdict(diff: dict) -> str:
+    """What a paired difference (taper - uniform) decides: its 95% interval below zero (taper
+    better), above (worse), or across it (undecided)."""
+    lo, hi = diff["ci"]
+    return "taper better" if hi < 0 else "taper worse" if lo > 0 else "undecided"
+
+
+def side_by_side(wsd: dict, cosine: dict) -> str:
+    """The markdown table of two summaries (WSD, cosine) of the same settings: per budget, each
+    schedule's Δ [95% CI], seeds with the taper better, and verdict. ValueError unless the two
+    differ only in the schedule."""
+    same = ("params", "lr", "seeds")
+    if any(wsd[k] != cosine[k] for k in same) or wsd["budgets"].keys() != cosine["budgets"].keys():
+        raise ValueError("the two summaries differ in more than the schedule (params, lr, seeds "
+                         "or budgets)")  # fmt: skip
+    if (wsd["schedule"], cosine["schedule"]) != ("wsd", "cosine"):
+        raise ValueError("give the WSD summary first, then the cosine one")
+
+    def cells(diff: dict) -> str:
+        better = sum(x < 0 for x in diff["per_seed"])
+        lo, hi = diff["ci"]
+        return f"{diff['mean']:+.4f} [{lo:+.4f}, {hi:+.4f}] | {better}/{diff['n']}"
+
+    rows = [
+        "| tokens/param | WSD Δ [95% CI] | WSD seeds taper better | cosine Δ [95% CI] | "
+        "cosine seeds taper better | verdict (WSD / cosine) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for tokens, w in wsd["budgets"].items():
+        c = cosine["budgets"][tokens]
+        a, b = verdict(w["diff"]), verdict(c["diff"])
+        same_verdict = a if a == b else f"{a} / {b}"
+        rows.append(
+            f"| {w['tokens_per_param']:.2g} | {cells(w['diff'])} | {cells(c['diff'])} | "
+            f"{same_verdict} |"
+        )
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--side-by-side"]:
+        if len(argv) != 3:
+            sys.exit("usage: wsd_first_look.py --side-by-side WSD.json COSINE.json")
+        wsd, cosine = (json.loads(Path(x).read_text(encoding="utf-8")) for x in argv[1:])
+        print(side_by_side(wsd, cosine))
+        return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True, type=Path, help="folder for the runs (resumable)")

@@ -34,6 +34,7 @@ CONFIG_OPTIONS: dict[str, dict[str, tuple[type, str]]] = {
         "--logger": (TrainConfig, "loggers"),
         "--init-from": (TrainConfig, "init_from"),
         "--distill-from": (TrainConfig, "distill_from"),
+        "--tokens": (TrainConfig, "tokens"),
     },
     "prune": {"--taper": (ModelConfig, "taper"), "--data": (DataConfig, "dir")},
     "plan": {
@@ -59,7 +60,7 @@ CONFIG_OPTIONS: dict[str, dict[str, tuple[type, str]]] = {
 # the command's own options (no config dataclass field behind them)
 COMMAND_OPTIONS: dict[str, set[str]] = {
     "train": {"--preset", "--config", "--set", "--out", "--resume", "--no-progress"}
-    | {"--stop-after-steps"},
+    | {"--stop-after-steps", "--branch-from"},
     "plan": {"--preset", "--config", "--set", "--json", "--plot", "--dump-config"}
     | {"--list-presets", "--gpus", "--gpu-memory", "--mfu", "--block-configs"},
     "allocate": {"--from", "--preset", "--config", "--set", "--out", "--json", "--plot"} | _MEASURE,

@@ -257,3 +257,28 @@ def test_the_kept_cells_resume_the_token_axis():
         for path in reported:
             cfg = json.loads(path.read_text())["config"]
             assert cfg["train"]["tokens"] == point["tokens"], path
+
+
+@pytest.mark.unit
+def test_wsd_first_look_against_cosine_table_is_the_two_summaries():
+    """docs/compare.md's first-look table of WSD against cosine is `wsd_first_look.side_by_side`
+    of the two summaries the script wrote (results/wsd_first_look.json, one WSD run per
+    allocation and seed with a cooldown branch per budget; results/wsd_first_look_cosine.json,
+    each budget its own cosine run): the same settings, 3 seeds each, every seed at every budget."""
+    import json
+
+    import wsd_first_look as W
+
+    wsd, cosine = (
+        json.loads((ROOT / f"benchmarks/results/{name}.json").read_text())
+        for name in ("wsd_first_look", "wsd_first_look_cosine")
+    )
+    assert (wsd["schedule"], cosine["schedule"]) == ("wsd", "cosine")
+    for summary in (wsd, cosine):
+        assert summary["seeds"] == 3 and summary["lr"] == 0.002
+        for row in summary["budgets"].values():
+            assert row["diff"]["n"] == 3 and set(row["uniform"]) == set(row["cosine-1.5-0.5"])
+    page = (ROOT / "docs/compare.md").read_text(encoding="utf-8")
+    assert W.side_by_side(wsd, cosine) in page
+    with pytest.raises(ValueError, match="more than the schedule"):
+        W.side_by_side(wsd, {**cosine, "lr": 0.004})

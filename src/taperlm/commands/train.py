@@ -3,9 +3,12 @@
     taperlm train --preset transformer-tiny --taper cosine:1.5:0.5 --data DATA --out RUN
     torchrun --nproc_per_node 8 -m taperlm.cli train --config run.yaml --data DATA --out RUN
     taperlm train --preset transformer-tiny --data DATA --out RUN --logger tensorboard
+    taperlm train --branch-from LONG --tokens 2e6 --out RUN   # a WSD run's cooldown at 2M tokens
 
-Config precedence: preset / config file < --taper / --multiple-of < --set. Without --preset or
---config, an existing RUN/config.yaml is used (so `taperlm train --out RUN` continues a run).
+Config precedence: preset / config file < --taper / --multiple-of < --set < --tokens, --logger
+(< $TAPERLM_SET). Without --preset or --config, an existing RUN/config.yaml is used (so `taperlm
+train --out RUN` continues a run); with --branch-from LONG, LONG's
+(`taperlm.training.cooldowns.train_branch`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,17 @@ from taperlm.commands.common import (
     print_notes,
     resume_command,
 )
-from taperlm.domains import MAX_COUNT, choices, input_path, number, output_path, up_to
+from taperlm.config import TrainConfig
+from taperlm.domains import (
+    MAX_COUNT,
+    choices,
+    count,
+    domain_of_field,
+    input_path,
+    number,
+    output_path,
+    up_to,
+)
 from taperlm.errors import ConfigError
 from taperlm.training import ResumeMode, TrainingWarning
 from taperlm.training.interrupt import SignalStop, interrupted_message
@@ -47,6 +60,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(train.distill_from)",
     )
     parser.add_argument(
+        "--branch-from",
+        type=input_path(),
+        metavar="RUN",
+        help="train a cooldown branch of warmup-stable-decay run RUN at the budget --tokens: "
+        "RUN's config with only train.tokens changed, started from RUN's newest checkpoint at or "
+        "before the budget's decay start, into --out (RUN is only read)",
+    )
+    parser.add_argument(
+        "--tokens",
+        type=count(domain_of_field(TrainConfig, "tokens")),
+        metavar="N",
+        help="training tokens (train.tokens, e.g. 2e6; after --set); with --branch-from, the "
+        "branch's budget (required there)",
+    )
+    parser.add_argument(
         "--out", type=output_path("dir"), required=True, help="run directory (created)"
     )
     parser.add_argument(
@@ -67,7 +95,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _resolve_config(args: argparse.Namespace):
-    if not args.preset and not args.config:
+    branch = getattr(args, "branch_from", None)
+    if branch is not None and getattr(args, "tokens", None) is None:
+        raise ConfigError(
+            f"--branch-from {branch} needs --tokens N, the branch's budget (at most the "
+            "source's train.tokens): e.g. --tokens 2e6"
+        )
+    if branch is not None and not args.preset and not args.config:
+        from taperlm.training.run_dir import branch_source_config  # lazy: torch
+
+        branch_source_config(branch, "--branch-from")  # a clear refusal of a folder without one
+        args.config = branch / "config.yaml"  # the branch's config is its source's
+        args.implicit_config = True
+    elif not args.preset and not args.config:
         saved = args.out / "config.yaml"
         start = args.init_from and _run_root(args.init_from) / "config.yaml"
         if not saved.is_file() and start and start.is_file():
@@ -86,6 +126,8 @@ def _resolve_config(args: argparse.Namespace):
     names = logger_names(args.loggers)
     if names is not None:  # after --set: the option named on the command line wins
         args.overrides = [*args.overrides, f"train.loggers=[{','.join(names)}]"]
+    if getattr(args, "tokens", None) is not None:  # after --set, as --logger
+        args.overrides = [*args.overrides, f"train.tokens={args.tokens}"]
     cfg = build_run_config(args)
     if args.data is not None:
         given = str(args.data.resolve())
@@ -107,6 +149,7 @@ def _run_root(path: Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from taperlm.training import distributed as D  # lazy: the CLI's parser stays torch-free
+    from taperlm.training.cooldowns import CLI_NAMES, train_branch  # lazy: as above
     from taperlm.training.loop import train  # lazy: the CLI's parser stays torch-free
 
     def show(message, category, filename, lineno, file=None, line=None):  # no source lines
@@ -119,14 +162,16 @@ def run(args: argparse.Namespace) -> int:
         warnings.simplefilter("always", TrainingWarning)
         warnings.showwarning = show  # type: ignore[assignment]
         try:
-            result = train(
-                cfg,
-                args.out,
-                resume=args.resume,
-                progress=not args.no_progress,
-                stop_after=args.stop_after_steps,
-                on_step=stop,
-            )
+            common = {
+                "resume": args.resume,
+                "progress": not args.no_progress,
+                "stop_after": args.stop_after_steps,
+                "on_step": stop,
+            }
+            if getattr(args, "branch_from", None) is not None:
+                result = train_branch(cfg, args.branch_from, args.out, names=CLI_NAMES, **common)
+            else:
+                result = train(cfg, args.out, **common)
         finally:
             D.shutdown(D.DistInfo(world_size=int(os.environ.get("WORLD_SIZE", "1"))))
     if stop.stopped_at is not None:

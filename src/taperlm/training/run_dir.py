@@ -311,14 +311,7 @@ def check_branch(run: RunConfig, source: Path, step: int, info: D.DistInfo | Non
     for train.tokens, the same warmup, and `step` at or before both runs' decay start."""
     info = info or D.DistInfo()
     source = Path(source)
-    if not (source / "config.yaml").is_file():
-        raise ConfigError(f"branch source {source} is no run dir (it has no config.yaml)")
-    try:
-        src = load_run_config(source / "config.yaml").resolve()
-    except ConfigError as err:
-        raise ConfigError(
-            f"branch source {source}: its config.yaml is unreadable ({err})"
-        ) from None
+    src = branch_source_config(source)
     mine = branch_step(run)
     theirs = branch_step(src)
     conflicts = [d for d in resume_conflicts(src, run) if d[0] != "train.tokens"]
@@ -345,6 +338,21 @@ def check_branch(run: RunConfig, source: Path, step: int, info: D.DistInfo | Non
     if found is None:  # find_checkpoint raises for a missing step; kept for the type checker
         raise CheckpointError(f"{source} has no checkpoint at step {step}")
     return found
+
+
+def branch_source_config(source: Path, option: str = "branch source") -> RunConfig:
+    """The config of run dir `source` (resolved), or a ConfigError naming `option` (how the
+    caller names the source: `taperlm train --branch-from`)."""
+    path = Path(source) / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(
+            f"{option} {source} is no run dir (it has no config.yaml): name the folder a WSD "
+            "run was trained into (`taperlm train --out RUN`)"
+        )
+    try:
+        return load_run_config(path).resolve()
+    except ConfigError as err:
+        raise ConfigError(f"{option} {source}: its config.yaml is unreadable ({err})") from None
 
 
 def record_branch(out: Path, source: Path, step: int) -> None:
