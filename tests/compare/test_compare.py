@@ -37,10 +37,12 @@ from taperlm.config import RunConfig, TrainConfig
 from taperlm.errors import ConfigError
 from taperlm.presets import get_preset
 from taperlm.stats import (
+    Summary,
     paired_difference,
     pairwise_agreement,
     relative_ppl_change,
     spearman,
+    summary,
     t_quantile,
 )
 
@@ -349,6 +351,14 @@ def test_t_quantiles():
     assert t_quantile(0.975, 10_000) == pytest.approx(1.960201, abs=1e-5)
 
 
+def test_summary_by_hand():
+    s = summary([1.0, 2.0, 4.0])
+    assert s == Summary(mean=7 / 3, std=math.sqrt(7 / 3), n=3, values=(1.0, 2.0, 4.0))
+    assert s.to_json() == {"mean": 7 / 3, "std": math.sqrt(7 / 3), "n": 3, "values": [1, 2, 4]}
+    assert Summary.from_json(s.to_json()) == s
+    assert summary([5.0]).std is None and summary([]).mean is None
+
+
 def test_paired_difference_by_hand():
     a = {0: 5.0, 1: 5.2, 2: 4.9, 3: 5.1, 4: 5.3, 9: 1.0}  # seed 9 has no partner
     b = {0: 5.1, 1: 5.25, 2: 5.0, 3: 5.1, 4: 5.35}
@@ -356,20 +366,28 @@ def test_paired_difference_by_hand():
     diffs = [-0.1, -0.05, -0.1, 0.0, -0.05]
     m = sum(diffs) / 5
     sd = math.sqrt(sum((x - m) ** 2 for x in diffs) / 4)
-    assert d["n"] == 5 and d["seeds"] == [0, 1, 2, 3, 4]
-    assert d["ci"] == pytest.approx([m - 2.776445 * sd / 5**0.5, m + 2.776445 * sd / 5**0.5])
-    assert d["excludes_zero"] is True
+    assert d.n == 5 and d.seeds == (0, 1, 2, 3, 4)
+    assert d.ci == pytest.approx((m - 2.776445 * sd / 5**0.5, m + 2.776445 * sd / 5**0.5))
+    assert d.excludes_zero is True
     one = paired_difference({0: 1.0}, {0: 2.0})
-    assert one["mean"] == -1.0 and one["ci"] is None
+    assert one.mean == -1.0 and one.ci is None and one.t is None and one.excludes_zero is None
+    # report.json's layout, read back to the same record
+    assert list(d.to_json()) == [
+        "seeds", "per_seed", "n", "mean", "std", "confidence", "t", "ci", "excludes_zero"
+    ]  # fmt: skip
+    assert d.to_json()["ci"] == list(d.ci)
+    assert type(d).from_json(d.to_json()) == d and type(one).from_json(one.to_json()) == one
 
 
 def test_rank_agreement():
     assert spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
     assert spearman([3, 2, 1], [10, 20, 30]) == pytest.approx(-1.0)
     pw = pairwise_agreement({"a": 1, "b": 2, "c": 3}, {"a": 15.0, "b": 16.0, "c": 15.5})
-    assert pw["pairs"] == 3 and pw["agree"] == 2 and pw["disagreeing_pairs"] == [["b", "c"]]
+    assert pw.pairs == 3 and pw.agree == 2 and pw.disagreeing_pairs == (("b", "c"),)
+    assert pw.to_json()["disagreeing_pairs"] == [["b", "c"]]
+    assert type(pw).from_json(pw.to_json()) == pw
     tie = pairwise_agreement({"a": 1, "b": 2}, {"a": 15.0, "b": 15.0})
-    assert tie["pairs"] == 0 and tie["ties_in_reference"] == 1
+    assert tie.pairs == 0 and tie.ties_in_reference == 1 and tie.fraction is None
 
 
 # ---------------------------------------------------------------------------------- grids

@@ -51,8 +51,8 @@ def _zero_shot_differences(u: dict[str, Any], t: dict[str, Any]) -> dict[str, An
     out = {}
     for col in cols:
         pd = stats.paired_difference(_column_by_seed(t, col), _column_by_seed(u, col))
-        if pd["n"]:
-            out[col] = pd
+        if pd.n:
+            out[col] = pd.to_json()
     return out
 
 

@@ -159,8 +159,14 @@ def _state(rule: StopRule, diffs: dict[str, list[float]]) -> dict[str, dict[str,
     out = {}
     for label, xs in diffs.items():
         last = stats.confidence_sequence(xs, rule.alpha)[-1]
-        lo, hi = last["ci"]
-        out[label] = last | {"excludes_zero": bool(lo > 0 or hi < 0)}
+        lo, hi = last.ci
+        out[label] = {
+            "n": last.n,
+            "mean": last.mean,
+            "half": last.half,
+            "ci": [lo, hi],
+            "excludes_zero": bool(lo > 0 or hi < 0),
+        }
     return out
 
 

@@ -186,22 +186,22 @@ def _allocation_entry(
         "flops_per_token": b["flops_per_token"],
         "paper_ppl": a.paper_ppl,
         "seeds": sorted(loss_s),
-        "val_loss": stats.summary([loss_s[s] for s in sorted(loss_s)]),
-        "val_ppl": stats.summary([ppl_s[s] for s in sorted(ppl_s)]),
+        "val_loss": stats.summary([loss_s[s] for s in sorted(loss_s)]).to_json(),
+        "val_ppl": stats.summary([ppl_s[s] for s in sorted(ppl_s)]).to_json(),
         "tokens_per_s": stats.summary(
             list(_by_seed(rs, lambda r: r.train.get("tokens_per_s")).values())
-        ),
+        ).to_json(),
         "train_loss": stats.summary(
             list(_by_seed(rs, lambda r: r.train.get("train_loss")).values())
-        ),
+        ).to_json(),
         "diff_vs_uniform": None,
         "novelty": {
             "pearson_mlp": stats.summary(
                 list(_by_seed(rs, lambda r: r.novelty.get("pearson_mlp")).values())
-            ),
+            ).to_json(),
             "pearson_block": stats.summary(
                 list(_by_seed(rs, lambda r: r.novelty.get("pearson_block")).values())
-            ),
+            ).to_json(),
             "rho_mlp_per_layer": _layer_means(rs, "rho_mlp"),
             "rho_block_per_layer": _layer_means(rs, "rho_block"),
             "tokens": rs[0].novelty["n_tokens"] if rs else None,
@@ -225,8 +225,8 @@ def _allocation_entry(
     }
     if not a.is_uniform:
         entry["diff_vs_uniform"] = {
-            "val_loss": stats.paired_difference(loss_s, u_loss),
-            "val_ppl": stats.paired_difference(ppl_s, u_ppl),
+            "val_loss": stats.paired_difference(loss_s, u_loss).to_json(),
+            "val_ppl": stats.paired_difference(ppl_s, u_ppl).to_json(),
         }
     return AllocationSummary(**entry)
 
@@ -276,8 +276,8 @@ def _pilot_summary(grid: Grid) -> dict[str, Any] | None:
     return {
         "tokens": grid.pilot.tokens,
         "fraction_of_run": grid.pilot.tokens / grid.base.train.tokens,
-        "train_s": stats.summary(train_s),
-        "novelty_s": stats.summary(novelty_s),
+        "train_s": stats.summary(train_s).to_json(),
+        "novelty_s": stats.summary(novelty_s).to_json(),
         "per_seed": grid.pilot.per_seed_record(),
     }
 
@@ -291,7 +291,7 @@ def _zero_shot_summary(rs: list[CellResult]) -> dict[str, Any] | None:
     for col in rows[0]:
         vals = [x[col] for x in rows if x.get(col) is not None]
         if vals:
-            out[col] = stats.summary(vals)
+            out[col] = stats.summary(vals).to_json()
     _mark_chance(out, rs)
     return out
 
@@ -354,7 +354,7 @@ def _paper_comparison(
         "ours_val_ppl": ours,
         "paper_val_ppl": ref,
         "spearman": stats.spearman([ours[n] for n in names], [ref[n] for n in names]),
-        "pairwise": stats.pairwise_agreement(ours, ref),
+        "pairwise": stats.pairwise_agreement(ours, ref).to_json(),
         "best_ours": min(names, key=lambda n: ours[n]),
         "best_paper": min(names, key=lambda n: ref[n]),
     }

@@ -167,7 +167,7 @@ def choose(
             curve.append(
                 {
                     "lr": lr,
-                    **s,
+                    **s.to_json(),
                     "ci": _interval(s),
                     "per_seed": {str(k): v for k, v in losses.items()},
                 }
@@ -202,12 +202,12 @@ def extended_lrs(lrs: list[float], curves: dict[str, Any]) -> list[float] | None
     return sorted([*lrs, *more]) if more else None
 
 
-def _interval(s: dict[str, Any]) -> list[float] | None:
+def _interval(s: stats.Summary) -> list[float] | None:
     """The 95% Student-t interval of a mean (None below two values)."""
-    if s["n"] < 2 or s["std"] is None:
+    if s.n < 2 or s.std is None:
         return None
-    half = stats.t_quantile(0.975, s["n"] - 1) * s["std"] / math.sqrt(s["n"])
-    return [s["mean"] - half, s["mean"] + half]
+    half = stats.t_quantile(0.975, s.n - 1) * s.std / math.sqrt(s.n)
+    return [s.mean - half, s.mean + half]
 
 
 def tuned_cells(grid: Grid, chosen: dict[str, float], recipe_lr: float) -> Grid:
