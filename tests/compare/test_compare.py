@@ -173,6 +173,32 @@ def test_grid_runs_end_to_end(finished):
     assert "![widths](widths.png)" in md and "## Novelty" in md
 
 
+def test_typed_records_read_back_the_files_they_came_from(finished):
+    """report.json's summary and every result.json read into their typed records and written
+    back give the same JSON, key order included (a rerun that finds a comparison done rewrites
+    its report from these records)."""
+    from taperlm.compare.report import ComparisonReport
+
+    out = finished[0]
+    rep = _report(out)
+    again = ComparisonReport.from_json(rep, out).to_json()
+    assert json.dumps(again) == json.dumps(rep)
+    for cell in (out / "runs").iterdir():
+        data = json.loads((cell / "result.json").read_text())
+        assert json.dumps(runner.CellResult.from_json(data).to_json()) == json.dumps(data)
+
+
+def test_kept_results_read_back_unchanged():
+    """The kept token-axis cells (benchmarks/results/longrun_tokens_nano, written before the
+    records were typed) read and write back to the same bytes' JSON."""
+    kept = Path(__file__).resolve().parents[2] / "benchmarks/results/longrun_tokens_nano"
+    paths = sorted(kept.glob("**/result.json"))
+    assert paths
+    for path in paths:
+        data = json.loads(path.read_text())
+        assert json.dumps(runner.CellResult.from_json(data).to_json()) == json.dumps(data), path
+
+
 def test_paired_ci_matches_hand_computation(finished):
     rep = _report(finished[0])
     u, late = rep["allocations"]
@@ -670,7 +696,7 @@ def test_mixed_settings_are_reported(finished, tmp_path):
 
     grid = SimpleNamespace(cells=[SimpleNamespace(name=n) for n in results])
     ex = execution(grid, results)
-    assert not ex["consistent"]
+    assert not ex.consistent
     lines = "\n".join(_execution_lines(ex))
     assert "different settings" in lines and "2 torch thread(s)" in lines
     assert "uniform-s0" in lines

@@ -147,7 +147,7 @@ def _grid(seeds: int, tapers: str = "uniform;cosine:1.5:0.5;cosine:1.9:0.1"):
 
 def _result(loss: float, seed: int) -> SimpleNamespace:
     """The part of a cell's result (`taperlm.compare.runner.CellResult`) the stop rule reads."""
-    return SimpleNamespace(val={"loss": loss}, seed=seed)
+    return SimpleNamespace(val=SimpleNamespace(loss=loss), seed=seed)
 
 
 def _fake_results(grid, effects: dict[str, float], sd: float, seed: int) -> dict:

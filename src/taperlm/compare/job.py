@@ -263,7 +263,7 @@ def _settings_meta(grid: Grid, results: Results, inputs: Inputs) -> dict[str, An
         "seeds": grid.seeds,
         "data_dir": str(inputs.data_dir),
         "train_tokens": int(inputs.meta["splits"]["train"]["tokens"]),
-        "val_tokens": first.val["tokens"],
+        "val_tokens": first.val.tokens,
         "eval_tasks": settings.eval_tasks,
         "eval_limit": settings.eval_limit,
         "novelty_text": settings.novelty_text or f"the val split of {inputs.data_dir}",

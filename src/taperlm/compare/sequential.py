@@ -106,7 +106,7 @@ def rule_of(opts: Any) -> StopRule:
 def _losses(grid: Grid, results: Results, seeds: list[int]) -> dict[str, list[float]]:
     """Allocation name -> validation loss per seed of `seeds`, in their order."""
     return {
-        a.name: [results[grid.cell(a.name, s).name].val["loss"] for s in seeds]
+        a.name: [results[grid.cell(a.name, s).name].val.loss for s in seeds]
         for a in grid.allocations
     }
 
@@ -116,7 +116,7 @@ def comparisons(grid: Grid, results: Results, n: int, question: str) -> dict[str
     from seeds[:n] alone (all of their cells must be in `results`)."""
     seeds = grid.seeds[:n]
     losses = {
-        a.label: [results[grid.cell(a.name, s).name].val["loss"] for s in seeds]
+        a.label: [results[grid.cell(a.name, s).name].val.loss for s in seeds]
         for a in grid.allocations
     }
     uniform = next(a.label for a in grid.allocations if a.is_uniform)

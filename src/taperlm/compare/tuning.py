@@ -159,7 +159,7 @@ def choose(
         for lr in lrs:
             name = names[(a.name, lr)]
             losses = {
-                c.seed: results[c.name].val["loss"]
+                c.seed: results[c.name].val.loss
                 for c in grid.cells
                 if c.allocation.name == name and c.name in results
             }
@@ -238,7 +238,7 @@ def cost_seconds(results: list[CellResult]) -> float:
     """Training + evaluation seconds of these cells (as recorded when each ran)."""
     total = 0.0
     for r in results:
-        total += r.train.get("wall_s") or 0.0
+        total += r.train.wall_s or 0.0
         total += sum((r.times or {}).values())
     return total
 
@@ -354,11 +354,11 @@ def run_tuned(
                 "lr": tuning["chosen_lr"][a.name],
                 "lr_used": sorted(used),
                 "runs": t.name,
-                "shared_loss": s.val_loss,
-                "tuned_loss": t.val_loss,
-                "shared_diff": s.diff_vs_uniform and s.diff_vs_uniform["val_loss"],
-                "tuned_diff": t.diff_vs_uniform and t.diff_vs_uniform["val_loss"],
-                "tuned_per_seed": {k: v["val_loss"] for k, v in t.per_seed.items()},
+                "shared_loss": s.val_loss.to_json(),
+                "tuned_loss": t.val_loss.to_json(),
+                "shared_diff": s.diff_vs_uniform and s.diff_vs_uniform.val_loss.to_json(),
+                "tuned_diff": t.diff_vs_uniform and t.diff_vs_uniform.val_loss.to_json(),
+                "tuned_per_seed": {k: v.val_loss for k, v in t.per_seed.items()},
             }
         )
     tuning["tuned"] = rows

@@ -9,6 +9,7 @@ from typing import Any
 from taperlm.analysis.plots import plot_interval_series
 from taperlm.compare.report import diff_ci, md_table, mean_pm
 from taperlm.compare.sequential import why
+from taperlm.stats import PairedDifference, Summary
 
 LR_PLOT = "lr_tuning.png"
 
@@ -81,9 +82,9 @@ def _tuned_table(t: dict[str, Any]) -> list[str]:
         [
             a["label"],
             f"{t['recipe_lr']:g}",
-            diff_ci(a["shared_diff"], ".4f"),
+            _diff_ci(a["shared_diff"]),
             f"{a['lr']:g}",
-            diff_ci(a["tuned_diff"], ".4f"),
+            _diff_ci(a["tuned_diff"]),
             _fmt(a["shared_loss"]),
             _fmt(a["tuned_loss"]),
         ]
@@ -107,8 +108,15 @@ def _tuned_table(t: dict[str, Any]) -> list[str]:
     ]
 
 
+# lr_tuning holds report.json's objects: read as the records the report's cells format
+
+
+def _diff_ci(d: dict[str, Any] | None) -> str:
+    return diff_ci(None if d is None else PairedDifference.from_json(d), ".4f")
+
+
 def _fmt(s: dict[str, Any] | None) -> str:
-    return "–" if s is None else mean_pm(s, ".4f")
+    return "–" if s is None else mean_pm(Summary.from_json(s), ".4f")
 
 
 def plot_curves(curves: dict[str, Any], recipe_lr: float, path: Path) -> None:
