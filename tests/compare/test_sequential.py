@@ -221,8 +221,9 @@ def test_rules_and_their_reasons(stop, effects, want_reason):
     assert monitor.reason == want_reason
     assert monitor.stopped_at == (3 if want_reason == "half-width" else 8)
     rec = sequential.record(rule, grid, results, monitor.stopped_at, monitor.reason, 8)
-    assert [s["n"] for s in rec["sequence"]] == list(range(1, monitor.stopped_at + 1))
-    assert rec["rule"] == stop.replace("1e-9", "1e-09")
+    assert [s.n for s in rec.sequence] == list(range(1, monitor.stopped_at + 1))
+    assert type(rec).from_json(rec.to_json()) == rec and "plot" not in rec.to_json()
+    assert rec.rule == stop.replace("1e-9", "1e-09")
     text = "\n".join(sequential.section(rec))
     assert sequential.why(rec) in text and "## When it stopped" in text
 

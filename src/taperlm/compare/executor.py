@@ -360,7 +360,7 @@ def train_reported(
     settings: EvalSettings,
     jobs: int | None = None,
     on_seed_done: Callable[[Results], None] | None = None,
-) -> tuple[Grid, Results, dict[str, Any]]:
+) -> tuple[Grid, Results, sequential.Stopping]:
     """Train the reported seeds of `grid` in order until the rule of --stop stops them
     (`sequential`; `--stop fixed`: all of them); returns (the grid of the seeds used, their
     results, report.json's `stopping`). Cells of later seeds that were running (with --jobs > 1)

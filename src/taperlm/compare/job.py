@@ -150,7 +150,7 @@ def _run_locked(
         file=sys.stderr,
     )
     jobs = choose_jobs(opts, grid, opts.out / "runs", settings, reported=True)
-    stopping: dict[str, Any] | None = None
+    stopping: sequential.Stopping | None = None
     report = _reporter(opts, grid, inputs, clock, jobs, tuning, lambda: stopping)
 
     def partial(results: Results) -> None:
@@ -174,7 +174,7 @@ def _reporter(
     clock: _Clock,
     jobs: int,
     tuning: dict[str, Any] | None,
-    stopping: Callable[[], dict[str, Any] | None],
+    stopping: Callable[[], sequential.Stopping | None],
 ) -> Callable[[Grid, Results, str], ComparisonReport]:
     """report(grid, results, title suffix): writes report.md / report.json for the results so
     far: with --tune-lr report.json's `lr_tuning`, its section and lr_tuning.png; once the seeds

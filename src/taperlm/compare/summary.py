@@ -351,7 +351,8 @@ class ComparisonSummary:
     execution: Execution  # how the cells ran
     checks: DesignChecks  # the design checks (equal budgets, data orders, init seeds)
     paper_comparison: PaperComparison | None  # agreement with the paper (None: < 2 in it)
-    # other parts' numbers (e.g. "stopping", "lr_tuning"), in the order they were added
+    # other parts' numbers (e.g. "stopping", "lr_tuning"), in the order they were added: a
+    # record with `to_json`, or JSON as it is (read back from report.json, they are JSON)
     extras: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -365,7 +366,7 @@ class ComparisonSummary:
             "paper_comparison": None
             if self.paper_comparison is None
             else self.paper_comparison.to_json(),
-            **self.extras,
+            **{k: v.to_json() if hasattr(v, "to_json") else v for k, v in self.extras.items()},
         }
 
     @classmethod

@@ -340,7 +340,8 @@ def run_tuned(
     its own question by --stop (`tuning["tuned_stopping"]`)."""
     recipe = tuning["recipe_lr"]
     tgrid = tuned_cells(cap or grid, tuning["chosen_lr"], recipe)
-    tgrid, tres, tuning["tuned_stopping"] = train_reported(opts, tgrid, data_dir, settings)
+    tgrid, tres, tuned_stopping = train_reported(opts, tgrid, data_dir, settings)
+    tuning["tuned_stopping"] = tuned_stopping.to_json()
     shared = {a.name: a for a in summarize(grid, results).allocations}
     tuned = summarize(tgrid, tres).allocations
     rows = []

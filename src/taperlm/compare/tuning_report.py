@@ -8,7 +8,7 @@ from typing import Any
 
 from taperlm.analysis.plots import plot_interval_series
 from taperlm.compare.report import diff_ci, md_table, mean_pm
-from taperlm.compare.sequential import why
+from taperlm.compare.sequential import Stopping, why
 from taperlm.stats import PairedDifference, Summary
 
 LR_PLOT = "lr_tuning.png"
@@ -41,7 +41,7 @@ def tuning_section(t: dict[str, Any]) -> list[str]:
     if t.get("tuned"):
         lines += _tuned_table(t)
     if t.get("tuned_stopping"):
-        lines += [f"The own-lr comparison {why(t['tuned_stopping'])}.", ""]
+        lines += [f"The own-lr comparison {why(Stopping.from_json(t['tuned_stopping']))}.", ""]
     c = t["cost"]
     if "factor" in c:
         lines += [
