@@ -135,7 +135,7 @@ def _run_locked(
     tuning = None
     if opts.tune_lr:
         tuning = tune.run_tuning(opts, base, allocs, seeds, data_dir, settings)
-        if tuning["scope"] == "uniform":  # every allocation at uniform's tuned lr
+        if tuning.scope == "uniform":  # every allocation at uniform's tuned lr
             uniform = next(a for a in allocs if a.is_uniform)
             base = tune.with_chosen_lr(base, tuning, uniform.name)
     pilot = None
@@ -161,7 +161,7 @@ def _run_locked(
         opts, grid, data_dir, settings, jobs=jobs, on_seed_done=partial
     )
     if tuning:
-        if tuning["scope"] == "each":
+        if tuning.scope == "each":
             tune.run_tuned(opts, grid, results, tuning, data_dir, settings, cap_grid)
         tune.finish_cost(tuning, list(results.values()))
     return report(grid, results, "")
@@ -173,7 +173,7 @@ def _reporter(
     inputs: Inputs,
     clock: _Clock,
     jobs: int,
-    tuning: dict[str, Any] | None,
+    tuning: tune.LrTuning | None,
     stopping: Callable[[], sequential.Stopping | None],
 ) -> Callable[[Grid, Results, str], ComparisonReport]:
     """report(grid, results, title suffix): writes report.md / report.json for the results so
