@@ -334,7 +334,7 @@ def report(context: tuple, work: Path) -> dict:
         for c in CONTESTANTS:
             key = f"{f}/{c}"
             cfg = shapes[f, "cosine" if c == "scratch" else c]
-            vs = paired_difference(healed[key], healed[f"{f}/cosine"])
+            vs = paired_difference(healed[key], healed[f"{f}/cosine"]).to_json()
             rows.append(
                 {
                     "fraction": f,
@@ -343,7 +343,7 @@ def report(context: tuple, work: Path) -> dict:
                     "mlp_widths": cfg.mlp_widths,
                     "total_params": total_params(cfg),
                     "after_prune": None if c == "scratch" else after[key],
-                    "healed": summary([healed[key][s] for s in sorted(healed[key])]),
+                    "healed": summary([healed[key][s] for s in sorted(healed[key])]).to_json(),
                     "vs_cosine": None if c == "cosine" else vs,
                     "speed": None if c == "scratch" else perf[key],
                 }

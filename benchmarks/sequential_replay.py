@@ -72,18 +72,19 @@ def replay(
     for label, xs in full.items():
         fixed = stats.paired_difference(dict(enumerate(xs)), dict.fromkeys(range(len(xs)), 0.0))
         seq = stats.confidence_sequence(used[label], rule.alpha)[-1]
-        lo, hi = seq["ci"]
-        fixed_sign = _sign(fixed["ci"]) if fixed["ci"] else 0
+        lo, hi = seq.ci
+        fixed_ci = None if fixed.ci is None else list(fixed.ci)
+        fixed_sign = _sign(fixed_ci) if fixed_ci else 0
         verdicts.append(
             {
                 "comparison": label,
-                "fixed_mean": fixed["mean"],
-                "fixed_ci": fixed["ci"],
-                "sequential_mean": seq["mean"],
-                "sequential_ci": [lo, hi] if math.isfinite(seq["half"]) else None,
+                "fixed_mean": fixed.mean,
+                "fixed_ci": fixed_ci,
+                "sequential_mean": seq.mean,
+                "sequential_ci": [lo, hi] if math.isfinite(seq.half) else None,
                 # a decided sign must be the fixed design's; an undecided one claims nothing
                 "same_verdict": _sign([lo, hi]) in (0, fixed_sign),
-                "contains_fixed_estimate": lo <= fixed["mean"] <= hi,
+                "contains_fixed_estimate": lo <= fixed.mean <= hi,
             }
         )
     return {

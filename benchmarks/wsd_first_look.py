@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         for (_, spec, seed, *_), got in zip(jobs, losses):
             name = next(n for n, v in ALLOCATIONS.items() if v == spec)
             per[name][seed] = got[tokens]
-        d = paired_difference(per["cosine-1.5-0.5"], per["uniform"])
+        d = paired_difference(per["cosine-1.5-0.5"], per["uniform"]).to_json()
         table[tokens] = {
             "tokens_per_param": tokens / params,
             "uniform": per["uniform"],

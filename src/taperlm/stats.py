@@ -1,9 +1,9 @@
 """Statistics for comparing allocations over seeds and for the novelty analysis (no scipy).
 
-- `summary`: mean and sample standard deviation (ddof = 1) over seeds.
+- `summary`: mean and sample standard deviation (ddof = 1) over seeds (a `Summary`).
 - `paired_difference`: per-seed differences a_s - b_s over the seeds both have (same seed = same
   data order and init seed), their mean, sample std and the two-sided Student-t confidence
-  interval mean ± t_{1-alpha/2, n-1} * std / sqrt(n).
+  interval mean ± t_{1-alpha/2, n-1} * std / sqrt(n) (a `PairedDifference`).
 - `t_quantile`: the Student t quantile, by bisection on the CDF; the CDF is written with the
   regularized incomplete beta function, evaluated by its continued fraction (modified Lentz).
 - `confidence_sequence`: an anytime-valid confidence sequence for the mean of paired
@@ -17,7 +17,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+# The records below are frozen dataclasses whose `to_json` is the JSON object report.json and
+# the other reports hold (keys in that order) and whose `from_json` reads it back: the files'
+# layout is the records', so a report written before the records were typed reads the same.
 
 
 def mean(xs: Sequence[float]) -> float:
@@ -33,14 +38,26 @@ def std(xs: Sequence[float]) -> float | None:
     return math.sqrt(math.fsum((x - m) ** 2 for x in xs) / (n - 1))
 
 
-def summary(xs: Sequence[float]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Summary:
+    """Values over seeds and their mean and sample standard deviation (`summary`)."""
+
+    mean: float | None  # None: no values
+    std: float | None  # sample std (n - 1); None: fewer than two values
+    n: int  # how many values
+    values: tuple[float, ...]  # the values, in the order given
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mean": self.mean, "std": self.std, "n": self.n, "values": list(self.values)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Summary:
+        return cls(data["mean"], data["std"], data["n"], tuple(data["values"]))
+
+
+def summary(xs: Sequence[float]) -> Summary:
     vals = [float(x) for x in xs]
-    return {
-        "mean": mean(vals) if vals else None,
-        "std": std(vals),
-        "n": len(vals),
-        "values": vals,
-    }
+    return Summary(mean(vals) if vals else None, std(vals), len(vals), tuple(vals))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -125,36 +142,67 @@ def t_quantile(p: float, df: float) -> float:
 # paired differences
 
 
+@dataclass(frozen=True)
+class PairedDifference:
+    """Per-seed differences of two series over the seeds both have, with a Student-t interval
+    (`paired_difference`)."""
+
+    seeds: tuple[int, ...]  # the seeds both series have, ascending
+    per_seed: tuple[float, ...]  # a[s] - b[s] per seed, in that order
+    n: int  # how many seeds
+    mean: float | None  # None: no common seed
+    std: float | None  # sample std; None: n < 2
+    confidence: float  # the interval's coverage, e.g. 0.95
+    t: float | None  # the t quantile used; None: n < 2
+    ci: tuple[float, float] | None  # [lo, hi]; None: n < 2
+    excludes_zero: bool | None  # whether the interval excludes 0; None: n < 2
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seeds": list(self.seeds),
+            "per_seed": list(self.per_seed),
+            "n": self.n,
+            "mean": self.mean,
+            "std": self.std,
+            "confidence": self.confidence,
+            "t": self.t,
+            "ci": None if self.ci is None else list(self.ci),
+            "excludes_zero": self.excludes_zero,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PairedDifference:
+        ci = data["ci"]
+        return cls(
+            seeds=tuple(data["seeds"]),
+            per_seed=tuple(data["per_seed"]),
+            n=data["n"],
+            mean=data["mean"],
+            std=data["std"],
+            confidence=data["confidence"],
+            t=data["t"],
+            ci=None if ci is None else (ci[0], ci[1]),
+            excludes_zero=data["excludes_zero"],
+        )
+
+
 def paired_difference(
     a: Mapping[int, float], b: Mapping[int, float], confidence: float = 0.95
-) -> dict[str, Any]:
-    """Differences a[s] - b[s] over the seeds s present in both, with a t confidence interval.
-
-    Returns mean, std (sample), n, the per-seed differences, t (the quantile used), the CI
-    [lo, hi] (None when n < 2) and whether the CI excludes 0.
-    """
+) -> PairedDifference:
+    """Differences a[s] - b[s] over the seeds s present in both, with a t confidence interval
+    (None, as are t and excludes_zero, when n < 2)."""
     seeds = sorted(set(a) & set(b))
     diffs = [float(a[s]) - float(b[s]) for s in seeds]
-    out: dict[str, Any] = {
-        "seeds": seeds,
-        "per_seed": diffs,
-        "n": len(diffs),
-        "mean": mean(diffs) if diffs else None,
-        "std": std(diffs),
-        "confidence": confidence,
-        "t": None,
-        "ci": None,
-        "excludes_zero": None,
-    }
+    m, sd = (mean(diffs) if diffs else None), std(diffs)
+    t = ci = excludes_zero = None
     if len(diffs) >= 2:
-        sd = out["std"]
         t = t_quantile(0.5 + confidence / 2.0, len(diffs) - 1)
         half = t * sd / math.sqrt(len(diffs))
-        m = out["mean"]
-        out["t"] = t
-        out["ci"] = [m - half, m + half]
-        out["excludes_zero"] = bool(m - half > 0 or m + half < 0)
-    return out
+        ci = (m - half, m + half)
+        excludes_zero = bool(m - half > 0 or m + half < 0)
+    return PairedDifference(
+        tuple(seeds), tuple(diffs), len(diffs), m, sd, confidence, t, ci, excludes_zero
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -187,9 +235,19 @@ def t_mixture_halfwidth(n, q, alpha: float, c: float = CS_PRECISION):
     return np.where((n >= 2) & (room > 0), half, np.inf)
 
 
+@dataclass(frozen=True)
+class ConfidenceStep:
+    """The confidence sequence after the first n observations (`confidence_sequence`)."""
+
+    n: int  # observations so far
+    mean: float  # their mean
+    half: float  # the half-width (inf while the sequence is unbounded)
+    ci: tuple[float, float]  # (mean - half, mean + half); (-inf, inf) while unbounded
+
+
 def confidence_sequence(
     xs: Sequence[float], alpha: float = 0.05, c: float = CS_PRECISION
-) -> list[dict[str, Any]]:
+) -> list[ConfidenceStep]:
     """The anytime-valid (1 - alpha) confidence sequence for the mean mu of `xs`, in their order:
     one entry per n = 1..len(xs) with n, mean, half (half-width; inf while unbounded) and ci
     [lo, hi]. With probability at least 1 - alpha the interval contains mu at EVERY n at once,
@@ -226,14 +284,14 @@ def confidence_sequence(
     if c <= 0:
         raise ValueError(f"the mixture precision c must be positive, got {c}")
     x = np.asarray([float(v) for v in xs], dtype=np.float64)
-    out: list[dict[str, Any]] = []
+    out: list[ConfidenceStep] = []
     for n in range(1, len(x) + 1):
         head = x[:n]
         m = mean(head.tolist())
         q = math.fsum((v - m) ** 2 for v in head.tolist())
         half = float(t_mixture_halfwidth(n, q, alpha, c))
-        ci = [m - half, m + half] if math.isfinite(half) else [-math.inf, math.inf]
-        out.append({"n": n, "mean": m, "half": half, "ci": ci})
+        ci = (m - half, m + half) if math.isfinite(half) else (-math.inf, math.inf)
+        out.append(ConfidenceStep(n, m, half, ci))
     return out
 
 
@@ -287,9 +345,39 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
     return None if math.isnan(r) else r
 
 
-def pairwise_agreement(ours: Mapping[str, float], ref: Mapping[str, float]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class PairwiseAgreement:
+    """How many pairs two orderings put the same way (`pairwise_agreement`)."""
+
+    pairs: int  # pairs compared (those not tied in the reference)
+    agree: int  # of which ordered as in the reference
+    fraction: float | None  # agree / pairs; None: no pair
+    ties_in_reference: int  # pairs skipped because the reference ties them
+    disagreeing_pairs: tuple[tuple[str, str], ...]  # the pairs ordered differently
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pairs": self.pairs,
+            "agree": self.agree,
+            "fraction": self.fraction,
+            "ties_in_reference": self.ties_in_reference,
+            "disagreeing_pairs": [list(p) for p in self.disagreeing_pairs],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PairwiseAgreement:
+        return cls(
+            pairs=data["pairs"],
+            agree=data["agree"],
+            fraction=data["fraction"],
+            ties_in_reference=data["ties_in_reference"],
+            disagreeing_pairs=tuple((p, q) for p, q in data["disagreeing_pairs"]),
+        )
+
+
+def pairwise_agreement(ours: Mapping[str, float], ref: Mapping[str, float]) -> PairwiseAgreement:
     """For every pair of names in both mappings whose reference values differ: does our order
-    agree? Pairs tied in the reference are skipped (counted under `ties`)."""
+    agree? Pairs tied in the reference are skipped (counted under `ties_in_reference`)."""
     names = [n for n in ref if n in ours]
     agree, disagree, ties = [], [], 0
     for i, p in enumerate(names):
@@ -298,15 +386,9 @@ def pairwise_agreement(ours: Mapping[str, float], ref: Mapping[str, float]) -> d
                 ties += 1
                 continue
             same = (ours[p] - ours[q]) * (ref[p] - ref[q]) > 0
-            (agree if same else disagree).append([p, q])
+            (agree if same else disagree).append((p, q))
     n = len(agree) + len(disagree)
-    return {
-        "pairs": n,
-        "agree": len(agree),
-        "fraction": len(agree) / n if n else None,
-        "ties_in_reference": ties,
-        "disagreeing_pairs": disagree,
-    }
+    return PairwiseAgreement(n, len(agree), len(agree) / n if n else None, ties, tuple(disagree))
 
 
 def relative_ppl_change(loss_diff: float) -> float:

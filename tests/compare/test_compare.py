@@ -37,10 +37,12 @@ from taperlm.config import RunConfig, TrainConfig
 from taperlm.errors import ConfigError
 from taperlm.presets import get_preset
 from taperlm.stats import (
+    Summary,
     paired_difference,
     pairwise_agreement,
     relative_ppl_change,
     spearman,
+    summary,
     t_quantile,
 )
 
@@ -182,6 +184,32 @@ def test_grid_runs_end_to_end(finished):
     )  # fmt: skip
     assert md.index("## Verdict") < md.index("## Validation")
     assert "## Difference against tokens seen" in md and (out / PLOT_FILE).is_file()
+
+
+def test_typed_records_read_back_the_files_they_came_from(finished):
+    """report.json's summary and every result.json read into their typed records and written
+    back give the same JSON, key order included (a rerun that finds a comparison done rewrites
+    its report from these records)."""
+    from taperlm.compare.report import ComparisonReport
+
+    out = finished[0]
+    rep = _report(out)
+    again = ComparisonReport.from_json(rep, out).to_json()
+    assert json.dumps(again) == json.dumps(rep)
+    for cell in (out / "runs").iterdir():
+        data = json.loads((cell / "result.json").read_text())
+        assert json.dumps(runner.CellResult.from_json(data).to_json()) == json.dumps(data)
+
+
+def test_kept_results_read_back_unchanged():
+    """The kept token-axis cells (benchmarks/results/longrun_tokens_nano, written before the
+    records were typed) read and write back to the same bytes' JSON."""
+    kept = Path(__file__).resolve().parents[2] / "benchmarks/results/longrun_tokens_nano"
+    paths = sorted(kept.glob("**/result.json"))
+    assert paths
+    for path in paths:
+        data = json.loads(path.read_text())
+        assert json.dumps(runner.CellResult.from_json(data).to_json()) == json.dumps(data), path
 
 
 def test_paired_ci_matches_hand_computation(finished):
@@ -362,6 +390,14 @@ def test_t_quantiles():
     assert t_quantile(0.975, 10_000) == pytest.approx(1.960201, abs=1e-5)
 
 
+def test_summary_by_hand():
+    s = summary([1.0, 2.0, 4.0])
+    assert s == Summary(mean=7 / 3, std=math.sqrt(7 / 3), n=3, values=(1.0, 2.0, 4.0))
+    assert s.to_json() == {"mean": 7 / 3, "std": math.sqrt(7 / 3), "n": 3, "values": [1, 2, 4]}
+    assert Summary.from_json(s.to_json()) == s
+    assert summary([5.0]).std is None and summary([]).mean is None
+
+
 def test_paired_difference_by_hand():
     a = {0: 5.0, 1: 5.2, 2: 4.9, 3: 5.1, 4: 5.3, 9: 1.0}  # seed 9 has no partner
     b = {0: 5.1, 1: 5.25, 2: 5.0, 3: 5.1, 4: 5.35}
@@ -369,20 +405,28 @@ def test_paired_difference_by_hand():
     diffs = [-0.1, -0.05, -0.1, 0.0, -0.05]
     m = sum(diffs) / 5
     sd = math.sqrt(sum((x - m) ** 2 for x in diffs) / 4)
-    assert d["n"] == 5 and d["seeds"] == [0, 1, 2, 3, 4]
-    assert d["ci"] == pytest.approx([m - 2.776445 * sd / 5**0.5, m + 2.776445 * sd / 5**0.5])
-    assert d["excludes_zero"] is True
+    assert d.n == 5 and d.seeds == (0, 1, 2, 3, 4)
+    assert d.ci == pytest.approx((m - 2.776445 * sd / 5**0.5, m + 2.776445 * sd / 5**0.5))
+    assert d.excludes_zero is True
     one = paired_difference({0: 1.0}, {0: 2.0})
-    assert one["mean"] == -1.0 and one["ci"] is None
+    assert one.mean == -1.0 and one.ci is None and one.t is None and one.excludes_zero is None
+    # report.json's layout, read back to the same record
+    assert list(d.to_json()) == [
+        "seeds", "per_seed", "n", "mean", "std", "confidence", "t", "ci", "excludes_zero"
+    ]  # fmt: skip
+    assert d.to_json()["ci"] == list(d.ci)
+    assert type(d).from_json(d.to_json()) == d and type(one).from_json(one.to_json()) == one
 
 
 def test_rank_agreement():
     assert spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
     assert spearman([3, 2, 1], [10, 20, 30]) == pytest.approx(-1.0)
     pw = pairwise_agreement({"a": 1, "b": 2, "c": 3}, {"a": 15.0, "b": 16.0, "c": 15.5})
-    assert pw["pairs"] == 3 and pw["agree"] == 2 and pw["disagreeing_pairs"] == [["b", "c"]]
+    assert pw.pairs == 3 and pw.agree == 2 and pw.disagreeing_pairs == (("b", "c"),)
+    assert pw.to_json()["disagreeing_pairs"] == [["b", "c"]]
+    assert type(pw).from_json(pw.to_json()) == pw
     tie = pairwise_agreement({"a": 1, "b": 2}, {"a": 15.0, "b": 15.0})
-    assert tie["pairs"] == 0 and tie["ties_in_reference"] == 1
+    assert tie.pairs == 0 and tie.ties_in_reference == 1 and tie.fraction is None
 
 
 # ---------------------------------------------------------------------------------- grids
@@ -665,7 +709,7 @@ def test_mixed_settings_are_reported(finished, tmp_path):
 
     grid = SimpleNamespace(cells=[SimpleNamespace(name=n) for n in results])
     ex = execution(grid, results)
-    assert not ex["consistent"]
+    assert not ex.consistent
     lines = "\n".join(_execution_lines(ex))
     assert "different settings" in lines and "2 torch thread(s)" in lines
     assert "uniform-s0" in lines

@@ -229,15 +229,13 @@ def test_extended_lrs_adds_one_step_beyond_each_edge_chosen():
     from taperlm.compare.tuning import extended_lrs
 
     grid = [1e-3, 2e-3, 4e-3, 8e-3]
-    assert extended_lrs(grid, {"u": {"chosen_lr": 8e-3}}) == [*grid, 16e-3]
-    assert extended_lrs(grid, {"u": {"chosen_lr": 1e-3}}) == [5e-4, *grid]
-    both = extended_lrs(grid, {"u": {"chosen_lr": 1e-3}, "t": {"chosen_lr": 8e-3}})
+    assert extended_lrs(grid, {8e-3}) == [*grid, 16e-3]
+    assert extended_lrs(grid, {1e-3}) == [5e-4, *grid]
+    both = extended_lrs(grid, {1e-3, 8e-3})
     assert both == [5e-4, *grid, 16e-3]
-    assert extended_lrs(grid, {"u": {"chosen_lr": 2e-3}}) is None
-    assert extended_lrs([1e-3, 3e-3], {"u": {"chosen_lr": 3e-3}}) == pytest.approx(
-        [1e-3, 3e-3, 9e-3]
-    )
-    assert extended_lrs([1e-3], {"u": {"chosen_lr": 1e-3}}) == [5e-4, 1e-3, 2e-3]
+    assert extended_lrs(grid, {2e-3}) is None
+    assert extended_lrs([1e-3, 3e-3], {3e-3}) == pytest.approx([1e-3, 3e-3, 9e-3])
+    assert extended_lrs([1e-3], {1e-3}) == [5e-4, 1e-3, 2e-3]
 
 
 def test_a_chosen_lr_at_the_edge_extends_the_grid(data_dir, tmp_path):  # noqa: F811

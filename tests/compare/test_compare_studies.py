@@ -26,7 +26,7 @@ def toy_study(opts: CompareOptions) -> StudyPlan:
 
     def report(done: StudyProgress) -> tuple[Path, Path]:
         diffs = {
-            key: rep.summary.allocations[1].diff_vs_uniform["val_loss"]["mean"]
+            key: rep.summary.allocations[1].diff_vs_uniform.val_loss.mean
             for key, rep in done.reports.items()
         }
         doc = {"done": len(done.reports), "total": done.total, "diffs": diffs}

@@ -123,16 +123,14 @@ def test_confidence_sequence_matches_its_vectorized_form_and_the_martingale():
         seq = stats.confidence_sequence(x.tolist(), ALPHA)
         means, half = stats.running_halfwidths(x[None, :], ALPHA)
         for e, m, h in zip(seq, means[0], half[0]):
-            assert math.isclose(e["mean"], m, rel_tol=1e-9, abs_tol=1e-12)
-            assert (math.isinf(e["half"]) and math.isinf(h)) or math.isclose(
-                e["half"], h, rel_tol=1e-9
-            )
-        lo, hi = seq[-1]["ci"]
+            assert math.isclose(e.mean, m, rel_tol=1e-9, abs_tol=1e-12)
+            assert (math.isinf(e.half) and math.isinf(h)) or math.isclose(e.half, h, rel_tol=1e-9)
+        lo, hi = seq[-1].ci
         for edge in (lo, hi):
             assert math.isclose(_martingale(x, edge), 1 / ALPHA, rel_tol=1e-6)
         assert _martingale(x, (lo + hi) / 2) < 1 / ALPHA
         assert _martingale(x, hi + 0.01 * (hi - lo)) > 1 / ALPHA
-    assert stats.confidence_sequence([1.0, 2.0])[-1]["ci"] == [-math.inf, math.inf]
+    assert stats.confidence_sequence([1.0, 2.0])[-1].ci == (-math.inf, math.inf)
     with pytest.raises(ValueError):
         stats.confidence_sequence([1.0], alpha=1.5)
 
@@ -149,7 +147,7 @@ def _grid(seeds: int, tapers: str = "uniform;cosine:1.5:0.5;cosine:1.9:0.1"):
 
 def _result(loss: float, seed: int) -> SimpleNamespace:
     """The part of a cell's result (`taperlm.compare.runner.CellResult`) the stop rule reads."""
-    return SimpleNamespace(val={"loss": loss}, seed=seed)
+    return SimpleNamespace(val=SimpleNamespace(loss=loss), seed=seed)
 
 
 def _fake_results(grid, effects: dict[str, float], sd: float, seed: int) -> dict:
@@ -167,7 +165,7 @@ def _first_decision(grid, results, rule) -> int:
     """By hand: the first n >= min_seeds at which every allocation's sequence excludes 0."""
     for n in range(rule.min_seeds, len(grid.seeds) + 1):
         if all(
-            (lambda ci: ci[0] > 0 or ci[1] < 0)(stats.confidence_sequence(d, rule.alpha)[-1]["ci"])
+            (lambda ci: ci[0] > 0 or ci[1] < 0)(stats.confidence_sequence(d, rule.alpha)[-1].ci)
             for d in sequential.comparisons(grid, results, n, "each").values()
         ):
             return n
@@ -223,8 +221,9 @@ def test_rules_and_their_reasons(stop, effects, want_reason):
     assert monitor.reason == want_reason
     assert monitor.stopped_at == (3 if want_reason == "half-width" else 8)
     rec = sequential.record(rule, grid, results, monitor.stopped_at, monitor.reason, 8)
-    assert [s["n"] for s in rec["sequence"]] == list(range(1, monitor.stopped_at + 1))
-    assert rec["rule"] == stop.replace("1e-9", "1e-09")
+    assert [s.n for s in rec.sequence] == list(range(1, monitor.stopped_at + 1))
+    assert type(rec).from_json(rec.to_json()) == rec and "plot" not in rec.to_json()
+    assert rec.rule == stop.replace("1e-9", "1e-09")
     text = "\n".join(sequential.section(rec))
     assert sequential.why(rec) in text and "## When it stopped" in text
 

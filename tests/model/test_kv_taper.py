@@ -385,17 +385,23 @@ def _preset_dict() -> dict:
 
 
 def test_compare_draws_the_kv_pareto_plot_only_with_kv_tapers(tmp_path):
+    from types import SimpleNamespace
+
     from taperlm.compare.plots import _kv_pareto_plot
-    from taperlm.compare.summary import ComparisonSummary
+    from taperlm.compare.summary import DiffVsUniform
+    from taperlm.stats import paired_difference
 
     def entry(label, kv_bytes, diff):
-        d = None if diff is None else {"val_loss": {"mean": diff, "ci": [diff - 0.01, diff + 0.01]}}
-        return {"label": label, "kv_cache_bytes_per_token_bf16": kv_bytes, "diff_vs_uniform": d}
-
-    def summary(*entries):
-        return ComparisonSummary.from_json(
-            {"allocations": list(entries), "run_times": {}, "execution": {}, "checks": {}}
+        d = None
+        if diff is not None:
+            pd = paired_difference({0: diff - 0.01, 1: diff + 0.01}, {0: 0.0, 1: 0.0})
+            d = DiffVsUniform(val_loss=pd, val_ppl=pd)
+        return SimpleNamespace(
+            label=label, kv_cache_bytes_per_token_bf16=kv_bytes, diff_vs_uniform=d
         )
+
+    def summary(*entries):  # the part of a ComparisonSummary the plot reads
+        return SimpleNamespace(allocations=list(entries))
 
     png = tmp_path / "kv.png"
     same = summary(entry("uniform", 768, None), entry("cosine", 768, -0.05))

@@ -141,10 +141,10 @@ class GridDisplay:
         self.bar.n = self.done_tokens + sum(self.running.values())
         self.bar.refresh()
         elapsed = time.perf_counter() - self.t_start
-        rate = result.train.get("tokens_per_s") or 0.0
+        rate = result.train.tokens_per_s or 0.0
         self.write(
             f"[{self.finished}/{self.n}] {cell.name}: {status}; val loss "
-            f"{result.val['loss']:.4f} (ppl {result.val['ppl']:.2f}), {rate:,.0f} tok/s, "
+            f"{result.val.loss:.4f} (ppl {result.val.ppl:.2f}), {rate:,.0f} tok/s, "
             f"rho_mlp r={fmt_signed(result.novelty.get('pearson_mlp'))}; "
             f"grid {self.done_tokens:,}/{self.grid.total_tokens:,} tokens, {elapsed:.0f} s "
             f"elapsed" + self.eta(elapsed)
@@ -360,7 +360,7 @@ def train_reported(
     settings: EvalSettings,
     jobs: int | None = None,
     on_seed_done: Callable[[Results], None] | None = None,
-) -> tuple[Grid, Results, dict[str, Any]]:
+) -> tuple[Grid, Results, sequential.Stopping]:
     """Train the reported seeds of `grid` in order until the rule of --stop stops them
     (`sequential`; `--stop fixed`: all of them); returns (the grid of the seeds used, their
     results, report.json's `stopping`). Cells of later seeds that were running (with --jobs > 1)

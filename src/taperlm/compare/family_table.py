@@ -28,7 +28,9 @@ from taperlm.compare.report import (
     yes_no,
     zero_shot_cell,
 )
+from taperlm.compare.summary import ZeroShotColumn
 from taperlm.io import atomic_write_json, atomic_write_text
+from taperlm.stats import PairedDifference, Summary
 
 PLOT = "families.png"
 
@@ -51,8 +53,8 @@ def _zero_shot_differences(u: dict[str, Any], t: dict[str, Any]) -> dict[str, An
     out = {}
     for col in cols:
         pd = stats.paired_difference(_column_by_seed(t, col), _column_by_seed(u, col))
-        if pd["n"]:
-            out[col] = pd
+        if pd.n:
+            out[col] = pd.to_json()
     return out
 
 
@@ -94,7 +96,7 @@ def family_entry(prefix: str, size: str, report: ComparisonReport) -> dict[str, 
         "relative_ppl_change": rel,
         "zero_shot_diff": _zero_shot_differences(u, t),
         "paper_760m": paper,
-        "checks": {**report.summary.checks, "budget_equal": budget_equal},
+        "checks": {**report.summary.checks.to_json(), "budget_equal": budget_equal},
         "run_times": report.summary.run_times,
         "wall_s": meta["wall_s"],
         "settings": meta["settings"],
@@ -125,6 +127,22 @@ def summarize_families(reports: dict[str, ComparisonReport], size: str) -> dict[
 
 # ----------------------------------------------------------------------------------------------
 # markdown
+
+
+# The family table's entries are its report.json's objects (the comparisons' entries as
+# `AllocationSummary.to_json` wrote them): read as the records the report's cells format.
+
+
+def _mean_pm(s: dict[str, Any], fmt: str) -> str:
+    return mean_pm(Summary.from_json(s), fmt)
+
+
+def _diff_ci(d: dict[str, Any] | None, fmt: str) -> str:
+    return diff_ci(None if d is None else PairedDifference.from_json(d), fmt)
+
+
+def _zero_shot_cell(entry: dict[str, Any] | None) -> str:
+    return zero_shot_cell(None if entry is None else ZeroShotColumn.from_json(entry))
 
 
 def _pct(x: dict[str, Any] | None) -> str:
@@ -172,9 +190,9 @@ def _validation_table(entries: list[dict[str, Any]]) -> list[str]:
                     f"+ tapered (`{e['taper']}`)" if tapered else f"**{e['label']}**",
                     f"{a['params']:,}",
                     f"{a['flops_per_token']:,}",
-                    mean_pm(a["val_loss"], ".4f"),
-                    mean_pm(a["val_ppl"], ".2f"),
-                    diff_ci(e["diff_val_loss"] if tapered else None, ".4f"),
+                    _mean_pm(a["val_loss"], ".4f"),
+                    _mean_pm(a["val_ppl"], ".2f"),
+                    _diff_ci(e["diff_val_loss"] if tapered else None, ".4f"),
                     _pct(e["relative_ppl_change"]) if tapered else "(baseline)",
                     str(a["val_loss"]["n"]),
                     *_paper_cells(e["paper_760m"], tapered),
@@ -196,8 +214,8 @@ def _zero_shot_table(entries: list[dict[str, Any]], settings: dict[str, Any]) ->
             rows.append(
                 [
                     "+ tapered" if tapered else f"**{e['label']}**",
-                    *(zero_shot_cell(zs.get(c)) for c in cols),
-                    diff_ci(avg, ".2f") if tapered else "",
+                    *(_zero_shot_cell(zs.get(c)) for c in cols),
+                    _diff_ci(avg, ".2f") if tapered else "",
                 ]
             )
         paper = e["paper_760m"]
@@ -253,8 +271,8 @@ def _time_table(entries: list[dict[str, Any]], meta: dict[str, Any]) -> list[str
             [
                 e["preset"],
                 str(e["uniform"]["val_loss"]["n"] + e["tapered"]["val_loss"]["n"]),
-                mean_pm(e["uniform"]["tokens_per_s"], ",.0f"),
-                mean_pm(e["tapered"]["tokens_per_s"], ",.0f"),
+                _mean_pm(e["uniform"]["tokens_per_s"], ",.0f"),
+                _mean_pm(e["tapered"]["tokens_per_s"], ",.0f"),
                 f"{rt['train_s'] / 60:.1f}",
                 f"{sum(v for k, v in rt.items() if k != 'train_s') / 60:.1f}",
                 "–" if wall is None else f"{wall / 60:.1f}",

@@ -28,7 +28,6 @@ validation perplexities are attached to the allocations they belong to.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -341,10 +340,6 @@ class Pilots:
     def rho_mlp(self) -> dict[int, list[float]]:
         """seed -> its pilot's per-layer rho_mlp (what `build_grid(..., pilots=)` takes)."""
         return {seed: run.rho_mlp for seed, run in self.per_seed.items()}
-
-    def per_seed_record(self) -> dict[str, dict[str, Any]]:
-        """report.json's `pilot.per_seed`: {"<seed>": the run's fields}."""
-        return {str(seed): dataclasses.asdict(run) for seed, run in self.per_seed.items()}
 
 
 def pilot_cells(pilot_base: RunConfig, seeds: list[int]) -> list[Cell]:

@@ -140,7 +140,7 @@ def _run_locked(
     tuning = None
     if opts.tune_lr:
         tuning = tune.run_tuning(opts, base, allocs, seeds, data_dir, settings)
-        if tuning["scope"] == "uniform":  # every allocation at uniform's tuned lr
+        if tuning.scope == "uniform":  # every allocation at uniform's tuned lr
             uniform = next(a for a in allocs if a.is_uniform)
             base = tune.with_chosen_lr(base, tuning, uniform.name)
     pilot = None
@@ -155,7 +155,7 @@ def _run_locked(
         file=sys.stderr,
     )
     jobs = choose_jobs(opts, grid, opts.out / "runs", settings, reported=True)
-    stopping: dict[str, Any] | None = None
+    stopping: sequential.Stopping | None = None
     report = _reporter(opts, grid, inputs, clock, jobs, tuning, lambda: stopping)
 
     def partial(results: Results) -> None:
@@ -166,7 +166,7 @@ def _run_locked(
         opts, grid, data_dir, settings, jobs=jobs, on_seed_done=partial
     )
     if tuning:
-        if tuning["scope"] == "each":
+        if tuning.scope == "each":
             tune.run_tuned(opts, grid, results, tuning, data_dir, settings, cap_grid)
         tune.finish_cost(tuning, list(results.values()))
     return report(grid, results, "")
@@ -178,8 +178,8 @@ def _reporter(
     inputs: Inputs,
     clock: _Clock,
     jobs: int,
-    tuning: dict[str, Any] | None,
-    stopping: Callable[[], dict[str, Any] | None],
+    tuning: tune.LrTuning | None,
+    stopping: Callable[[], sequential.Stopping | None],
 ) -> Callable[[Grid, Results, str], ComparisonReport]:
     """report(grid, results, title suffix): writes report.md / report.json for the results so
     far: with --tune-lr report.json's `lr_tuning`, its section and lr_tuning.png; once the seeds
@@ -268,7 +268,7 @@ def _settings_meta(grid: Grid, results: Results, inputs: Inputs) -> dict[str, An
         "seeds": grid.seeds,
         "data_dir": str(inputs.data_dir),
         "train_tokens": int(inputs.meta["splits"]["train"]["tokens"]),
-        "val_tokens": first.val["tokens"],
+        "val_tokens": first.val.tokens,
         "eval_tasks": settings.eval_tasks,
         "eval_limit": settings.eval_limit,
         "novelty_text": settings.novelty_text or f"the val split of {inputs.data_dir}",

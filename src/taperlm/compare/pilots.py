@@ -63,10 +63,10 @@ def run_pilots(
             raise ConfigError(f"pilot {c.name} has no per-layer rho_mlp in its result.json")
         per_seed[c.seed] = PilotRun(
             run=f"runs/{c.name}",
-            tokens=r.train["tokens"],
-            train_s=r.train.get("wall_s"),
+            tokens=r.train.tokens,
+            train_s=r.train.wall_s,
             novelty_s=(r.times or {}).get("novelty_s"),
-            val_loss=r.val["loss"],
+            val_loss=r.val.loss,
             rho_mlp=rho,
         )
     return Pilots(tokens, per_seed)

@@ -74,14 +74,16 @@ def _r_labels(summary: ComparisonSummary, labels) -> dict[str, dict[str, str]]:
         if a.label not in labels:
             continue
         texts = {}
-        for key in ("pearson_mlp", "pearson_block"):
-            st = a.novelty[key]
-            if st["mean"] is None:
+        for key, st in (
+            ("pearson_mlp", a.novelty.pearson_mlp),
+            ("pearson_block", a.novelty.pearson_block),
+        ):
+            if st.mean is None:
                 texts[key] = "r n/a"
-            elif st["std"] is None:
-                texts[key] = f"r={st['mean']:+.2f}"
+            elif st.std is None:
+                texts[key] = f"r={st.mean:+.2f}"
             else:
-                texts[key] = f"r={st['mean']:+.2f}±{st['std']:.2f}"
+                texts[key] = f"r={st.mean:+.2f}±{st.std:.2f}"
         out[a.label] = texts
     return out
 
@@ -95,11 +97,11 @@ def _paper_rows(summary: ComparisonSummary):
         return [], {}
     rows, ref = [], {}
     for a in allocs:
-        d = a.diff_vs_uniform and a.diff_vs_uniform["val_loss"]
-        if not d or d["mean"] is None or a.paper_ppl is None:
+        d = a.diff_vs_uniform and a.diff_vs_uniform.val_loss
+        if not d or d.mean is None or a.paper_ppl is None:
             continue
-        lo, hi = (relative_change(x) for x in d["ci"]) if d["ci"] else (None, None)
-        rows.append((a.label, relative_change(d["mean"]), lo, hi))
+        lo, hi = (relative_change(x) for x in d.ci) if d.ci else (None, None)
+        rows.append((a.label, relative_change(d.mean), lo, hi))
         ref[a.label] = 100.0 * (a.paper_ppl / u.paper_ppl - 1.0)
     return rows, ref
 
@@ -161,7 +163,7 @@ def _curve_plots(
     # final numbers use more tokens, so the last point need not equal the table's loss.
     # One clause per title line, so that no title runs past the figure's edge.
     every = f"each point {grid.base.train.eval_tokens:,} val tokens"
-    final = {r.val["tokens"] for r in results.values()}
+    final = {r.val.tokens for r in results.values()}
     if final:
         every += f";\nthe table's final losses: {'/'.join(f'{n:,}' for n in sorted(final))}"
     analysis_plots.plot_loss_curves(
@@ -251,12 +253,12 @@ def _kv_pareto_plot(summary: ComparisonSummary, path: Path) -> bool:
             if b.kv_cache_bytes_per_token_bf16 == a.kv_cache_bytes_per_token_bf16
         ]
         x = a.kv_cache_bytes_per_token_bf16 + gap * (same.index(a.label) - (len(same) - 1) / 2)
-        d = a.diff_vs_uniform and a.diff_vs_uniform["val_loss"]
+        d = a.diff_vs_uniform and a.diff_vs_uniform.val_loss
         if a.diff_vs_uniform is None:
             series[a.label] = [(x, 0.0, None, None)]
-        elif d and d["mean"] is not None:
-            lo, hi = d["ci"] if d["ci"] else (None, None)
-            series[a.label] = [(x, d["mean"], lo, hi)]
+        elif d and d.mean is not None:
+            lo, hi = d.ci if d.ci else (None, None)
+            series[a.label] = [(x, d.mean, lo, hi)]
     analysis_plots.plot_interval_series(
         series,
         path,

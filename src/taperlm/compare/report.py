@@ -24,10 +24,19 @@ from typing import TYPE_CHECKING, Any
 from taperlm.compare import crossing
 from taperlm.compare.grid import Grid
 from taperlm.compare.plots import PLOTS, write_plots
-from taperlm.compare.summary import AllocationSummary, ComparisonSummary, summarize
+from taperlm.compare.summary import (
+    AllocationSummary,
+    ComparisonSummary,
+    Execution,
+    ExecutionSetting,
+    PaperComparison,
+    PilotSummary,
+    ZeroShotColumn,
+    summarize,
+)
 from taperlm.config import to_dict
 from taperlm.io import atomic_write_text, finite_json, parse_json
-from taperlm.stats import relative_ppl_change
+from taperlm.stats import PairedDifference, Summary, relative_ppl_change
 
 if TYPE_CHECKING:
     from taperlm.compare.runner import Results
@@ -36,24 +45,24 @@ if TYPE_CHECKING:
 Extra = tuple[str, Any, Callable[[Any], list[str]]]
 
 
-def mean_pm(s: dict[str, Any], fmt: str) -> str:
-    if s["mean"] is None:
+def mean_pm(s: Summary, fmt: str) -> str:
+    if s.mean is None:
         return "–"
-    if s["std"] is None:
-        return format(s["mean"], fmt)
-    return f"{format(s['mean'], fmt)} ± {format(s['std'], fmt.lstrip('+'))}"
+    if s.std is None:
+        return format(s.mean, fmt)
+    return f"{format(s.mean, fmt)} ± {format(s.std, fmt.lstrip('+'))}"
 
 
-def diff_ci(d: dict[str, Any] | None, fmt: str) -> str:
+def diff_ci(d: PairedDifference | None, fmt: str) -> str:
     if d is None:
         return "(baseline)"
-    if d["mean"] is None:
+    if d.mean is None:
         return "–"
-    m = format(d["mean"], "+" + fmt)
-    if d["ci"] is None:
+    m = format(d.mean, "+" + fmt)
+    if d.ci is None:
         return f"{m} (n=1, no CI)"
-    lo, hi = (format(x, "+" + fmt) for x in d["ci"])
-    return f"{m} [{lo}, {hi}]" + (" *" if d["excludes_zero"] else "")
+    lo, hi = (format(x, "+" + fmt) for x in d.ci)
+    return f"{m} [{lo}, {hi}]" + (" *" if d.excludes_zero else "")
 
 
 def md_table(head: Sequence[str], rows: list[Sequence[str]]) -> list[str]:
@@ -120,22 +129,22 @@ def _header(summary: ComparisonSummary, meta: dict[str, Any]) -> list[str]:
     ]
 
 
-def _execution_lines(ex: dict[str, Any]) -> list[str]:
+def _execution_lines(ex: Execution) -> list[str]:
     """How the cells ran (from each cell's sessions.jsonl), and what that means for a rerun."""
 
-    def combo(e: dict[str, Any]) -> str:
+    def combo(e: ExecutionSetting) -> str:
         return (
-            f"{e['threads']} torch thread(s) per cell, torch {e['torch']}, CPU "
-            f"{e['cpu_capability']}, device {e['device']}"
+            f"{e.threads} torch thread(s) per cell, torch {e.torch}, CPU "
+            f"{e.cpu_capability}, device {e.device}"
         )
 
-    at_a_time = "/".join(str(j) for j in ex["jobs"]) or "?"
-    if not ex["settings"]:
+    at_a_time = "/".join(str(j) for j in ex.jobs) or "?"
+    if not ex.settings:
         return []
-    if ex["consistent"]:
-        e = ex["settings"][0]
+    if ex.consistent:
+        e = ex.settings[0]
         line = f"- computed with {combo(e)} (every cell), {at_a_time} cell(s) at a time"
-        if e["threads"] == 1:
+        if e.threads == 1:
             line += (
                 "; a rerun with the same torch and CPU capability gives bit-identical numbers, "
                 "whatever --jobs and the machine's load"
@@ -143,11 +152,9 @@ def _execution_lines(ex: dict[str, Any]) -> list[str]:
         return [line]
     lines = ["- **computed with different settings** (numbers may differ from a rerun in the "
              "last bits):"]  # fmt: skip
-    for e in ex["settings"]:
-        cells = ", ".join(e["cells"][:6]) + (
-            f" (+{len(e['cells']) - 6})" if len(e["cells"]) > 6 else ""
-        )
-        lines.append(f"  - {combo(e)}: {e['train_steps']} training steps; cells {cells}")
+    for e in ex.settings:
+        cells = ", ".join(e.cells[:6]) + (f" (+{len(e.cells) - 6})" if len(e.cells) > 6 else "")
+        lines.append(f"  - {combo(e)}: {e.train_steps} training steps; cells {cells}")
     return lines
 
 
@@ -162,11 +169,11 @@ def _validation_section(summary: ComparisonSummary) -> list[str]:
         "Mean ± sample std over seeds. Δ = allocation − uniform of the same seed (same data "
         "order, same init seed), mean over seeds with the 95% Student-t interval "
         "mean ± t(0.975, n−1)·sd/√n; `*` = the interval excludes 0. Lower is better.",
-        f"Checks: equal params {yes_no(ck['equal_params'])}, equal FLOPs/token "
-        f"{yes_no(ck['equal_flops_per_token'])}, same data order within each seed "
-        f"{yes_no(ck['same_data_order_within_seed'])}, different across seeds "
-        f"{yes_no(ck['distinct_data_order_across_seeds'])}, init seed = seed "
-        f"{yes_no(ck['init_seed_equals_seed'])}.",
+        f"Checks: equal params {yes_no(ck.equal_params)}, equal FLOPs/token "
+        f"{yes_no(ck.equal_flops_per_token)}, same data order within each seed "
+        f"{yes_no(ck.same_data_order_within_seed)}, different across seeds "
+        f"{yes_no(ck.distinct_data_order_across_seeds)}, init seed = seed "
+        f"{yes_no(ck.init_seed_equals_seed)}.",
         "",
         *(line for note in _validation_notes(summary) for line in (note, "")),
     ]
@@ -204,9 +211,9 @@ def _validation_table(summary: ComparisonSummary) -> tuple[list[str], list[list[
             mean_pm(a.tokens_per_s, ",.0f"),
             mean_pm(a.val_loss, ".4f"),
             mean_pm(a.val_ppl, ".2f"),
-            diff_ci(d and d["val_loss"], ".4f"),
-            diff_ci(d and d["val_ppl"], ".2f"),
-            str(a.val_loss["n"]),
+            diff_ci(d and d.val_loss, ".4f"),
+            diff_ci(d and d.val_ppl, ".2f"),
+            str(a.val_loss.n),
         ]
         if show_paper:
             row.append("–" if a.paper_ppl is None else f"{a.paper_ppl:.2f}")
@@ -224,7 +231,7 @@ def _validation_notes(summary: ComparisonSummary) -> list[str]:
     if pilot:
         notes.append(
             "novelty:pilot widths come from each seed's own pilot (a uniform run of "
-            f"{pilot['tokens']:,} tokens with the same seed, `runs/pilot-s<seed>`); the extra "
+            f"{pilot.tokens:,} tokens with the same seed, `runs/pilot-s<seed>`); the extra "
             "cost is that pilot's training and novelty time per seed, on top of the run itself. "
             "Its widths per seed are in report.json (`widths_by_seed`)."
         )
@@ -253,10 +260,10 @@ def _validation_notes(summary: ComparisonSummary) -> list[str]:
     return notes
 
 
-def _pilot_cost(p: dict[str, Any]) -> str:
-    train, nov = p["train_s"]["mean"], p["novelty_s"]["mean"]
+def _pilot_cost(p: PilotSummary) -> str:
+    train, nov = p.train_s.mean, p.novelty_s.mean
     secs = "" if train is None else f", {train + (nov or 0):.1f} s"
-    return f"pilot {p['tokens']:,} tok/seed ({100 * p['fraction_of_run']:.0f}% of a run{secs})"
+    return f"pilot {p.tokens:,} tok/seed ({100 * p.fraction_of_run:.0f}% of a run{secs})"
 
 
 def _zero_shot_section(allocs: list[AllocationSummary], s: dict[str, Any]) -> list[str]:
@@ -285,22 +292,22 @@ CHANCE_NOTE = (
 )
 
 
-def zero_shot_cell(entry: dict[str, Any] | None) -> str:
+def zero_shot_cell(entry: ZeroShotColumn | None) -> str:
     """One zero-shot column of one allocation: mean ± std, † when at chance level."""
     if entry is None:
         return "–"
-    return mean_pm(entry, ".2f") + (" †" if entry.get("at_chance") else "")
+    return mean_pm(entry, ".2f") + (" †" if entry.at_chance else "")
 
 
 def _novelty_section(allocs: list[AllocationSummary], s: dict[str, Any]) -> list[str]:
     rows = []
     for a in allocs:
-        pl = a.novelty["rho_mlp_per_layer"]
+        pl = a.novelty.rho_mlp_per_layer
         rows.append(
             [
                 a.label,
-                mean_pm(a.novelty["pearson_mlp"], "+.2f"),
-                mean_pm(a.novelty["pearson_block"], "+.2f"),
+                mean_pm(a.novelty.pearson_mlp, "+.2f"),
+                mean_pm(a.novelty.pearson_block, "+.2f"),
                 " ".join("–" if v is None else f"{v:+.2f}" for v in pl),
             ]
         )
@@ -308,7 +315,7 @@ def _novelty_section(allocs: list[AllocationSummary], s: dict[str, Any]) -> list
         "## Novelty",
         "",
         f"rho_mlp(l) = cos(F_l(z_l), h_l) and rho_block(l) = cos(h_(l+1) − h_l, h_l) per token, "
-        f"averaged over {allocs[0].novelty['tokens']} tokens of {s['novelty_text']}; r = "
+        f"averaged over {allocs[0].novelty.tokens} tokens of {s['novelty_text']}; r = "
         "each seed's Pearson correlation of its per-layer means with depth, then mean ± std "
         "over seeds (the same statistic as in novelty.png's legend). rho_mlp per layer: the "
         "per-layer means averaged over seeds (novelty.png's lines; its bands are ±1 std over "
@@ -358,7 +365,7 @@ def _plots_section(plots: dict[str, str], s: dict[str, Any]) -> list[str]:
 def _per_seed_section(allocs: list[AllocationSummary], seeds: list[int]) -> list[str]:
     def cell(a: AllocationSummary, seed: int) -> str:
         run = a.per_seed.get(str(seed))
-        return "–" if run is None else f"{run['val_loss']:.4f}"
+        return "–" if run is None else f"{run.val_loss:.4f}"
 
     return [
         "",
@@ -375,12 +382,12 @@ def yes_no(ok: bool) -> str:
     return "yes" if ok else "**NO**"
 
 
-def _paper_section(pc: dict[str, Any], allocs: list[AllocationSummary]) -> list[str]:
+def _paper_section(pc: PaperComparison, allocs: list[AllocationSummary]) -> list[str]:
     label = {a.name: a.label for a in allocs}
-    pw = pc["pairwise"]
-    order_ours = sorted(pc["allocations"], key=lambda n: pc["ours_val_ppl"][n])
-    order_paper = sorted(pc["allocations"], key=lambda n: pc["paper_val_ppl"][n])
-    sp = pc["spearman"]
+    pw = pc.pairwise
+    order_ours = sorted(pc.allocations, key=lambda n: pc.ours_val_ppl[n])
+    order_paper = sorted(pc.allocations, key=lambda n: pc.paper_val_ppl[n])
+    sp = pc.spearman
     lines = [
         "## Against the paper",
         "",
@@ -392,25 +399,25 @@ def _paper_section(pc: dict[str, Any], allocs: list[AllocationSummary]) -> list[
         f"- ours, best to worst: {' < '.join(label[n] for n in order_ours)}",
         f"- paper, best to worst: {' < '.join(label[n] for n in order_paper)}",
         f"- Spearman rank correlation: {'n/a' if sp is None else f'{sp:+.2f}'}; pairs ordered as "
-        f"in the paper: {pw['agree']}/{pw['pairs']}"
+        f"in the paper: {pw.agree}/{pw.pairs}"
         + (
-            f" (pairs tied in the paper skipped: {pw['ties_in_reference']})"
-            if pw["ties_in_reference"]
+            f" (pairs tied in the paper skipped: {pw.ties_in_reference})"
+            if pw.ties_in_reference
             else ""
         ),
-        f"- best allocation: ours {label[pc['best_ours']]}, paper {label[pc['best_paper']]}",
+        f"- best allocation: ours {label[pc.best_ours]}, paper {label[pc.best_paper]}",
     ]
     u = next((a for a in allocs if a.diff_vs_uniform is None), None)
     u_paper = u.paper_ppl if u else None
     rows = []
     for a in allocs:
-        if a.name not in pc["paper_val_ppl"]:
+        if a.name not in pc.paper_val_ppl:
             continue
         d = a.diff_vs_uniform
         ours = "(baseline)"
-        if d and d["val_loss"]["mean"] is not None:
-            ci = d["val_loss"]["ci"]
-            ours = f"{relative_ppl_change(d['val_loss']['mean']):+.2f}%" + (
+        if d and d.val_loss.mean is not None:
+            ci = d.val_loss.ci
+            ours = f"{relative_ppl_change(d.val_loss.mean):+.2f}%" + (
                 ""
                 if ci is None
                 else f" [{relative_ppl_change(ci[0]):+.2f}, {relative_ppl_change(ci[1]):+.2f}]"
@@ -418,7 +425,7 @@ def _paper_section(pc: dict[str, Any], allocs: list[AllocationSummary]) -> list[
         paper = "(baseline)"
         if d is not None and u_paper:
             paper = f"{100 * (a.paper_ppl - u_paper) / u_paper:+.2f}%"
-        rows.append([a.label, f"{a.val_ppl['mean']:.2f}", ours, f"{a.paper_ppl:.2f}", paper])
+        rows.append([a.label, f"{a.val_ppl.mean:.2f}", ours, f"{a.paper_ppl:.2f}", paper])
     lines += [""]
     lines += md_table(
         [
@@ -431,16 +438,16 @@ def _paper_section(pc: dict[str, Any], allocs: list[AllocationSummary]) -> list[
         rows,
     )
     lines += [""]
-    if pw["disagreeing_pairs"]:
-        shown = ", ".join(f"{label[p]} vs {label[q]}" for p, q in pw["disagreeing_pairs"][:12])
-        more = len(pw["disagreeing_pairs"]) - 12
+    if pw.disagreeing_pairs:
+        shown = ", ".join(f"{label[p]} vs {label[q]}" for p, q in pw.disagreeing_pairs[:12])
+        more = len(pw.disagreeing_pairs) - 12
         lines.append(f"- ordered differently: {shown}" + (f" (+{more} more)" if more > 0 else ""))
-    sc = pc.get("sweep_claims")
+    sc = pc.sweep_claims
     if sc:
         lines.append(
-            f"- cosine < linear < sigmoid holds at {sc['ordering_holds_at']}/{sc['ratios']} "
-            f"ratios (paper: 5/5); best cosine ratio: ours {sc['best_cosine_ratio_ours']}, "
-            f"paper {sc['best_cosine_ratio_paper']}"
+            f"- cosine < linear < sigmoid holds at {sc.ordering_holds_at}/{sc.ratios} "
+            f"ratios (paper: 5/5); best cosine ratio: ours {sc.best_cosine_ratio_ours}, "
+            f"paper {sc.best_cosine_ratio_paper}"
         )
     lines.append("")
     return lines

@@ -32,7 +32,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -227,6 +227,98 @@ class SharedInputs:
 # one cell
 
 
+@dataclass(frozen=True)
+class TrainRecord:
+    """How a cell trained (result.json's `train`)."""
+
+    steps: int  # optimizer steps trained
+    tokens: int  # tokens trained
+    train_loss: float | None  # the final training loss
+    skipped_steps: int  # steps the guard skipped (non-finite gradients)
+    resumed_from_step: int  # the checkpoint step its last training session began at (0: fresh)
+    wall_s: float | None  # its last training session's seconds
+    tokens_per_s: float | None = None  # mean logged throughput (None: none logged)
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TrainRecord:
+        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class ValRecord:
+    """A cell's validation (result.json's `val`)."""
+
+    loss: float  # mean next-token loss
+    ppl: float  # exp(loss)
+    tokens: int  # the tokens validated
+
+    def to_json(self) -> dict[str, Any]:
+        return {"loss": self.loss, "ppl": self.ppl, "tokens": self.tokens}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ValRecord:
+        return cls(data["loss"], data["ppl"], data["tokens"])
+
+
+@dataclass(frozen=True)
+class DataOrder:
+    """The fingerprint of a cell's first batches (`data_order_fingerprint`)."""
+
+    steps: int  # the optimizer steps hashed
+    sha256: str  # sha256 of their token ids
+    first_ids: list[int]  # the first ids of the first sequence
+
+    def to_json(self) -> dict[str, Any]:
+        return {"steps": self.steps, "sha256": self.sha256, "first_ids": self.first_ids}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DataOrder:
+        return cls(data["steps"], data["sha256"], data["first_ids"])
+
+
+@dataclass(frozen=True)
+class TaskScore:
+    """One zero-shot task's scores on a cell."""
+
+    metrics: dict[str, float]  # metric -> value
+    n: int  # items scored
+    counts: dict[str, int] | None = None  # items behind a metric, when not n (None: none)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"metrics": self.metrics, "n": self.n}
+        return out | ({"counts": self.counts} if self.counts else {})
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TaskScore:
+        return cls(data["metrics"], data["n"], data.get("counts"))
+
+
+@dataclass(frozen=True)
+class ZeroShotRecord:
+    """A cell's zero-shot tasks (result.json's `zero_shot`, `{}` when it ran none)."""
+
+    paper_row: dict[str, float | None]  # the paper's table row: column -> value
+    tasks: dict[str, TaskScore]  # task -> its scores
+    # task -> the accuracy without skill, 0-1 (None: a needle cannot be guessed); None: the
+    # result was recorded before chance levels were
+    chance: dict[str, float | None] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "paper_row": self.paper_row,
+            "tasks": {k: v.to_json() for k, v in self.tasks.items()},
+        }
+        return out | ({} if self.chance is None else {"chance": self.chance})
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ZeroShotRecord:
+        tasks = {k: TaskScore.from_json(v) for k, v in (data.get("tasks") or {}).items()}
+        return cls(data.get("paper_row") or {}, tasks, data.get("chance"))
+
+
 @dataclass
 class CellResult:
     """A done cell's numbers: what its result.json holds, field for field and in that order
@@ -239,13 +331,14 @@ class CellResult:
     seed: int  # its seed (data order and init)
     config: dict[str, Any]  # the run config it trained with (`taperlm.config.to_dict`)
     eval_settings: dict[str, Any]  # the `EvalSettings.to_dict` it was evaluated with
-    # steps, tokens, train_loss, skipped_steps, resumed_from_step, wall_s, tokens_per_s
-    train: dict[str, Any]
+    train: TrainRecord  # how it trained
     curve: list[list[float]]  # [tokens, val_loss] per evaluation during training
-    data_order: dict[str, Any]  # `data_order_fingerprint`: steps, sha256, first_ids
-    val: dict[str, Any]  # the validation: loss, ppl, tokens
-    zero_shot: dict[str, Any]  # paper_row, tasks, chance ({}: no tasks)
-    novelty: dict[str, Any]  # `NoveltyResult.to_dict` (finite JSON)
+    data_order: DataOrder  # the fingerprint of its first batches
+    val: ValRecord  # the validation
+    zero_shot: ZeroShotRecord | None  # the zero-shot tasks (None: no tasks)
+    # `NoveltyResult.to_dict` (finite JSON): that record's module needs torch, which reading a
+    # result must not
+    novelty: dict[str, Any]
     times: dict[str, float] | None  # seconds: val_s, zero_shot_s, novelty_s
     sessions: list[dict[str, Any]]  # `read_sessions`: how each session ran
     finished_at: str  # when it was written (local time, ISO 8601)
@@ -262,11 +355,11 @@ class CellResult:
             "seed": self.seed,
             "config": self.config,
             "eval_settings": self.eval_settings,
-            "train": self.train,
+            "train": self.train.to_json(),
             "curve": self.curve,
-            "data_order": self.data_order,
-            "val": self.val,
-            "zero_shot": self.zero_shot,
+            "data_order": self.data_order.to_json(),
+            "val": self.val.to_json(),
+            "zero_shot": {} if self.zero_shot is None else self.zero_shot.to_json(),
             "novelty": self.novelty,
             "times": self.times,
             "sessions": self.sessions,
@@ -275,7 +368,8 @@ class CellResult:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CellResult:
-        """The result `to_json` wrote; MalformedFileError when a field it needs is missing."""
+        """The result `to_json` wrote; MalformedFileError when a field it needs is missing or
+        not of its shape."""
         try:
             return cls(
                 cell=data["cell"],
@@ -285,11 +379,11 @@ class CellResult:
                 seed=data["seed"],
                 config=data["config"],
                 eval_settings=data.get("eval_settings") or {},
-                train=data["train"],
+                train=TrainRecord.from_json(data["train"]),
                 curve=data["curve"],
-                data_order=data["data_order"],
-                val=data["val"],
-                zero_shot=data.get("zero_shot") or {},
+                data_order=DataOrder.from_json(data["data_order"]),
+                val=ValRecord.from_json(data["val"]),
+                zero_shot=ZeroShotRecord.from_json(zs) if (zs := data.get("zero_shot")) else None,
                 novelty=data["novelty"],
                 times=data.get("times"),
                 sessions=data.get("sessions") or [],
@@ -298,6 +392,8 @@ class CellResult:
             )
         except KeyError as err:
             raise MalformedFileError(f"{RESULT_FILE} lacks {err.args[0]!r}") from None
+        except (TypeError, AttributeError, IndexError) as err:  # a record of the wrong shape
+            raise MalformedFileError(f"{RESULT_FILE} holds a malformed record: {err}") from None
 
 
 Results = dict[str, CellResult]  # cell name -> its result
@@ -338,7 +434,7 @@ def _has_final_checkpoint(run_dir: Path, total_steps: int) -> bool:
     return any(step >= total_steps for step, _ in list_checkpoints(run_dir))
 
 
-def data_order_fingerprint(cell: Cell, data_dir: Path, steps: int = 1) -> dict[str, Any]:
+def data_order_fingerprint(cell: Cell, data_dir: Path, steps: int = 1) -> DataOrder:
     """sha256 of the token ids of the first `steps` optimizer steps this cell trains on (the
     trainer's loader with the cell's seed), and the first ids: equal for every allocation of one
     seed, different across seeds."""
@@ -354,7 +450,7 @@ def data_order_fingerprint(cell: Cell, data_dir: Path, steps: int = 1) -> dict[s
         h.update(x.numpy().astype("<i8").tobytes())
         if not first:
             first = [int(v) for v in x[0, :16]]
-    return {"steps": steps, "sha256": h.hexdigest(), "first_ids": first}
+    return DataOrder(steps, h.hexdigest(), first)
 
 
 def read_curve(run_dir: Path) -> tuple[list[list[float]], list[float]]:
@@ -373,12 +469,12 @@ def read_curve(run_dir: Path) -> tuple[list[list[float]], list[float]]:
     return curve, rates
 
 
-def _zero_shot(model, shared: SharedInputs, cell: Cell) -> dict[str, Any]:
+def _zero_shot(model, shared: SharedInputs, cell: Cell) -> ZeroShotRecord | None:
     from taperlm.evaluation.runner import EvalOptions, evaluate  # lazy: torch-free --help
     from taperlm.evaluation.suite import no_skill_accuracy, paper_row  # lazy: torch-free --help
 
     if not shared.settings.eval_tasks:
-        return {}
+        return None
     context = cell.config.model.context_length
     options = EvalOptions(
         max_length=context,
@@ -391,15 +487,13 @@ def _zero_shot(model, shared: SharedInputs, cell: Cell) -> dict[str, Any]:
         progress=False,
     )
     results = evaluate(model, shared.tokenizer, shared.settings.eval_tasks, options).results
-    tasks = {}
-    for k, v in results.items():
-        tasks[k] = {"metrics": v.metrics, "n": v.n} | ({"counts": v.counts} if v.counts else {})
+    tasks = {k: TaskScore(v.metrics, v.n, v.counts or None) for k, v in results.items()}
     # the accuracy without skill (guessing, or the most frequent answer), to mark results that
     # are at chance level; a needle cannot be guessed (None: no mark)
     chance = {
         k: no_skill_accuracy(shared.task(k)) if get_task(k).reads_docs else None for k in results
     }
-    return {"paper_row": paper_row(results), "tasks": tasks, "chance": chance}
+    return ZeroShotRecord(paper_row(results), tasks, chance)
 
 
 def evaluate_cell(cell: Cell, run_dir: Path, shared: SharedInputs) -> dict[str, Any]:
@@ -430,7 +524,7 @@ def evaluate_cell(cell: Cell, run_dir: Path, shared: SharedInputs) -> dict[str, 
     )
     times["novelty_s"] = time.perf_counter() - t0
     return {
-        "val": {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": n_tok},
+        "val": ValRecord(loss, math.exp(min(loss, 700.0)), n_tok),
         "zero_shot": zero_shot,
         "novelty": finite_json(nov.to_dict()),
         "times": times,
@@ -550,7 +644,7 @@ def _run_cell(cell, run_dir, shared, progress, on_step, on_evaluate, jobs):
         return cached, "cached"
     total_steps = cell.config.train.steps
     device = resolve_device(cell.config.train.device)
-    train_info: dict[str, Any]
+    train_info: TrainRecord
     if state == "evaluate":
         status = "re-evaluated"
         train_info = cached.train
@@ -564,19 +658,19 @@ def _run_cell(cell, run_dir, shared, progress, on_step, on_evaluate, jobs):
         if not res.finished:
             raise CellInterrupted(cell.name, res.step, res.total_steps)
         status = "resumed" if resumed_from else "trained"
-        train_info = {
-            "steps": res.step,
-            "tokens": res.tokens,
-            "train_loss": res.train_loss,
-            "skipped_steps": res.skipped_steps,
-            "resumed_from_step": resumed_from,
-            "wall_s": wall,
-        }
+        train_info = TrainRecord(
+            steps=res.step,
+            tokens=res.tokens,
+            train_loss=res.train_loss,
+            skipped_steps=res.skipped_steps,
+            resumed_from_step=resumed_from,
+            wall_s=wall,
+        )
     if on_evaluate is not None:
         on_evaluate()
     _log_session(run_dir, "evaluate", total_steps, runtime_info(device, jobs))
     curve, rates = read_curve(run_dir)
-    train_info["tokens_per_s"] = sum(rates) / len(rates) if rates else None
+    train_info = replace(train_info, tokens_per_s=sum(rates) / len(rates) if rates else None)
     ev = evaluate_cell(cell, run_dir, shared)
     result = CellResult(
         cell=cell.name,

@@ -40,6 +40,7 @@ from taperlm.compare.study import Part, StudyPlan, StudyProgress, run_plan
 from taperlm.errors import ConfigError
 from taperlm.io import atomic_write_json, atomic_write_text
 from taperlm.presets import PAPER_SHAPES, SMALL_SHAPES
+from taperlm.stats import PairedDifference
 from taperlm.taper import TaperSpec
 
 # Start ratios of the cosine sweep (end = 2 - start); 1.0 is uniform.
@@ -292,7 +293,7 @@ def point_losses(report: ComparisonReport) -> dict[int, dict[float, float]]:
     for a in report.summary.allocations:
         start = start_of(a.taper)
         for seed, run in a.per_seed.items():
-            out.setdefault(int(seed), {})[start] = run["val_loss"]
+            out.setdefault(int(seed), {})[start] = run.val_loss
     return out
 
 
@@ -323,7 +324,7 @@ def write_scaling_report(
                 "lr": tuning["chosen_lr"]["uniform"] if tuning else None,
                 "lr_at_edge": (tuning or {}).get("curves", {}).get("uniform", {}).get("at_edge"),
                 "diffs": {
-                    a.taper: a.diff_vs_uniform and a.diff_vs_uniform["val_loss"]
+                    a.taper: a.diff_vs_uniform and a.diff_vs_uniform.val_loss.to_json()
                     for a in report.summary.allocations
                 },
                 "fit": fit,
@@ -341,6 +342,11 @@ def write_scaling_report(
     atomic_write_json(out / "report.json", doc)
     atomic_write_text(out / "report.md", md)
     return out / "report.md", out / "report.json"
+
+
+def _paired(d: dict[str, Any] | None) -> PairedDifference | None:
+    """A point's `diffs` entry (report.json's object) as the record report.md formats."""
+    return None if d is None else PairedDifference.from_json(d)
 
 
 def points_table(rows: list[dict[str, Any]], link: bool = True) -> list[str]:
@@ -367,7 +373,7 @@ def points_table(rows: list[dict[str, Any]], link: bool = True) -> list[str]:
                 f"{r['tokens']:,}",
                 f"{r['tokens_per_param']:.3f}",
                 lr,
-                *(diff_ci(r["diffs"][t], ".4f") for t in tapers_seen if t != "uniform"),
+                *(diff_ci(_paired(r["diffs"][t]), ".4f") for t in tapers_seen if t != "uniform"),
                 best,
                 edge,
                 low,

@@ -32,6 +32,7 @@ which ties these together, so a new compare mode that does the same stops the sa
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,7 +93,7 @@ def rule_of(opts: Any) -> StopRule:
 def _losses(grid: Grid, results: Results, seeds: list[int]) -> dict[str, list[float]]:
     """Allocation name -> validation loss per seed of `seeds`, in their order."""
     return {
-        a.name: [results[grid.cell(a.name, s).name].val["loss"] for s in seeds]
+        a.name: [results[grid.cell(a.name, s).name].val.loss for s in seeds]
         for a in grid.allocations
     }
 
@@ -102,7 +103,7 @@ def comparisons(grid: Grid, results: Results, n: int, question: str) -> dict[str
     from seeds[:n] alone (all of their cells must be in `results`)."""
     seeds = grid.seeds[:n]
     losses = {
-        a.label: [results[grid.cell(a.name, s).name].val["loss"] for s in seeds]
+        a.label: [results[grid.cell(a.name, s).name].val.loss for s in seeds]
         for a in grid.allocations
     }
     uniform = next(a.label for a in grid.allocations if a.is_uniform)
@@ -140,13 +141,99 @@ def complete_seeds(grid: Grid, results: Results) -> int:
     return n
 
 
-def _state(rule: StopRule, diffs: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
-    """label -> the confidence sequence's last entry (mean, half, ci) and whether it excludes 0."""
+@dataclass(frozen=True)
+class ComparisonState:
+    """One comparison's anytime-valid interval after n seeds."""
+
+    n: int  # seeds so far
+    mean: float  # the mean paired difference
+    half: float  # the interval's half-width (inf while unbounded)
+    ci: tuple[float, float]  # (mean - half, mean + half); (-inf, inf) while unbounded
+    excludes_zero: bool  # whether the interval excludes 0
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON has no infinity: an unbounded interval's half and ci are written as null."""
+        bounded = math.isfinite(self.half)
+        return {
+            "n": self.n,
+            "mean": self.mean,
+            "half": self.half if bounded else None,
+            "ci": list(self.ci) if bounded else None,
+            "excludes_zero": self.excludes_zero,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ComparisonState:
+        ci = data["ci"]
+        unbounded = data["half"] is None
+        return cls(
+            data["n"],
+            data["mean"],
+            math.inf if unbounded else data["half"],
+            (-math.inf, math.inf) if unbounded else (ci[0], ci[1]),
+            data["excludes_zero"],
+        )
+
+
+@dataclass(frozen=True)
+class SequenceStep:
+    """The stop rule's view after n seeds."""
+
+    n: int  # seeds 0..n-1
+    comparisons: dict[str, ComparisonState]  # label -> its interval
+    stops: bool  # whether the rule stops here
+
+    def to_json(self) -> dict[str, Any]:
+        comparisons = {k: v.to_json() for k, v in self.comparisons.items()}
+        return {"n": self.n, "comparisons": comparisons, "stops": self.stops}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SequenceStep:
+        comparisons = {k: ComparisonState.from_json(v) for k, v in data["comparisons"].items()}
+        return cls(data["n"], comparisons, data["stops"])
+
+
+@dataclass(frozen=True)
+class Stopping:
+    """When and why a comparison stopped adding seeds (report.json's `stopping`)."""
+
+    rule: str  # --stop as given
+    alpha: float  # the error rate per comparison
+    confidence: float  # 1 - alpha
+    min_seeds: int  # --min-seeds
+    stop_on: str  # --stop-on: the comparisons that must be settled
+    cap: int  # --seeds: the most seeds
+    seeds_used: int  # the seeds the report uses
+    stopped_at: int  # the n it stopped at
+    reason: str  # the rule's kind that stopped it, or "cap"
+    construction: str  # the interval's construction, in words
+    sequence: list[SequenceStep]  # per n = 1..stopped_at
+    plotted: bool = False  # `with_plot` ran (only then is report.json's `plot` written)
+    plot: str | None = None  # sequence.png (None: no bounded interval to draw)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["sequence"] = [step.to_json() for step in self.sequence]
+        del out["plotted"]
+        if not self.plotted:
+            del out["plot"]
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Stopping:
+        names = [f.name for f in dataclasses.fields(cls) if f.name not in ("plotted", "plot")]
+        out = {k: data[k] for k in names}
+        out["sequence"] = [SequenceStep.from_json(step) for step in data["sequence"]]
+        return cls(**out, plotted="plot" in data, plot=data.get("plot"))
+
+
+def _state(rule: StopRule, diffs: dict[str, list[float]]) -> dict[str, ComparisonState]:
+    """label -> the confidence sequence's last entry and whether it excludes 0."""
     out = {}
     for label, xs in diffs.items():
         last = stats.confidence_sequence(xs, rule.alpha)[-1]
-        lo, hi = last["ci"]
-        out[label] = last | {"excludes_zero": bool(lo > 0 or hi < 0)}
+        lo, hi = last.ci
+        out[label] = ComparisonState(last.n, last.mean, last.half, last.ci, bool(lo > 0 or hi < 0))
     return out
 
 
@@ -156,13 +243,13 @@ def stops_at(rule: StopRule, diffs: dict[str, list[float]]) -> bool:
     return n >= rule.min_seeds and holds(rule, _state(rule, diffs))
 
 
-def holds(rule: StopRule, state: dict[str, dict[str, Any]]) -> bool:
+def holds(rule: StopRule, state: dict[str, ComparisonState]) -> bool:
     """Whether the rule stops here (the cap and --min-seeds aside)."""
     if rule.kind == "fixed" or not state:  # nothing to decide: the fixed design
         return False
     if rule.kind == "decided":
-        return all(e["excludes_zero"] for e in state.values())
-    return all(e["half"] <= rule.half_width for e in state.values())
+        return all(e.excludes_zero for e in state.values())
+    return all(e.half <= rule.half_width for e in state.values())
 
 
 class Monitor:
@@ -216,47 +303,33 @@ def truncated(grid: Grid, n: int) -> Grid:
 
 def record(
     rule: StopRule, grid: Grid, results: Results, stopped_at: int, reason: str, cap: int
-) -> dict:
+) -> Stopping:
     """report.json's `stopping`: the rule, where and why it stopped, and every comparison's
-    confidence sequence over the seeds used (`sequence`: per n, label -> n, mean, half, ci,
-    excludes_zero; `best` questions may change their labels with n)."""
+    confidence sequence over the seeds used (`best` questions may change their labels with n)."""
     sequence = []
     for n in range(1, stopped_at + 1):
         state = _state(rule, comparisons(grid, results, n, rule.question))
-        sequence.append(
-            {
-                "n": n,
-                "comparisons": {k: _finite(v) for k, v in state.items()},
-                "stops": n >= rule.min_seeds and holds(rule, state),
-            }
-        )
-    return {
-        "rule": rule.text,
-        "alpha": rule.alpha,
-        "confidence": 1.0 - rule.alpha,
-        "min_seeds": rule.min_seeds,
-        "stop_on": rule.question,
-        "cap": cap,
-        "seeds_used": stopped_at,
-        "stopped_at": stopped_at,
-        "reason": reason,
-        "construction": "t-mixture confidence sequence (Lai 1976; Wang & Ramdas 2023), "
+        sequence.append(SequenceStep(n, state, n >= rule.min_seeds and holds(rule, state)))
+    return Stopping(
+        rule=rule.text,
+        alpha=rule.alpha,
+        confidence=1.0 - rule.alpha,
+        min_seeds=rule.min_seeds,
+        stop_on=rule.question,
+        cap=cap,
+        seeds_used=stopped_at,
+        stopped_at=stopped_at,
+        reason=reason,
+        construction="t-mixture confidence sequence (Lai 1976; Wang & Ramdas 2023), "
         f"mixture precision c = {stats.CS_PRECISION:g}; Gaussian paired differences assumed",
-        "sequence": sequence,
-    }
+        sequence=sequence,
+    )
 
 
-def _finite(e: dict[str, Any]) -> dict[str, Any]:
-    """JSON has no infinity: an unbounded interval is written as null."""
-    half = e["half"] if math.isfinite(e["half"]) else None
-    ci = e["ci"] if half is not None else None
-    return {**e, "half": half, "ci": ci}
-
-
-def why(stopping: dict[str, Any]) -> str:
+def why(stopping: Stopping) -> str:
     """One sentence: when and why the comparison stopped."""
-    n, cap, pct = stopping["stopped_at"], stopping["cap"], f"{100 * stopping['confidence']:g}%"
-    reason = stopping["reason"]
+    n, cap, pct = stopping.stopped_at, stopping.cap, f"{100 * stopping.confidence:g}%"
+    reason = stopping.reason
     if reason == "decided":
         return (
             f"stopped after {n} of at most {cap} seeds: every comparison's {pct} anytime-valid "
@@ -265,68 +338,70 @@ def why(stopping: dict[str, Any]) -> str:
     if reason == "half-width":
         return (
             f"stopped after {n} of at most {cap} seeds: every comparison's {pct} anytime-valid "
-            f"interval is within ±{stopping['rule'].split(':')[1]} nats (--stop {stopping['rule']})"
+            f"interval is within ±{stopping.rule.split(':')[1]} nats (--stop {stopping.rule})"
         )
-    if stopping["rule"] == "fixed":
+    if stopping.rule == "fixed":
         return f"ran all {cap} seeds (--stop fixed: the fixed design)"
-    return f"ran all {cap} seeds (the cap, --seeds) without the rule --stop {stopping['rule']} being met"
+    return (
+        f"ran all {cap} seeds (the cap, --seeds) without the rule --stop {stopping.rule} being met"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 # report
 
 
-def with_plot(stopping: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+def with_plot(stopping: Stopping, out_dir: Path) -> Stopping:
     """`stopping` with `plot` set after drawing sequence.png (each comparison's anytime-valid
     interval against the number of seeds; unbounded ones left out)."""
     series: dict[str, list] = {}
-    for step in stopping["sequence"]:
-        for label, e in step["comparisons"].items():
-            if e["ci"] is not None:
-                series.setdefault(label, []).append((step["n"], e["mean"], *e["ci"]))
+    for step in stopping.sequence:
+        for label, e in step.comparisons.items():
+            if math.isfinite(e.half):
+                series.setdefault(label, []).append((step.n, e.mean, *e.ci))
     if not series:
-        return stopping | {"plot": None}
+        return dataclasses.replace(stopping, plotted=True, plot=None)
     plot_interval_series(
         series,
         out_dir / SEQUENCE_PLOT,
-        title=f"Anytime-valid {100 * stopping['confidence']:g}% interval as seeds are added",
+        title=f"Anytime-valid {100 * stopping.confidence:g}% interval as seeds are added",
         xlabel="seeds (0..n-1, in order)",
         ylabel="val loss difference, nats (paired)",
     )
-    return stopping | {"plot": SEQUENCE_PLOT}
+    return dataclasses.replace(stopping, plotted=True, plot=SEQUENCE_PLOT)
 
 
-def section(stopping: dict[str, Any]) -> list[str]:
-    """report.md's "When it stopped" section from report.json's `stopping`."""
-    pct = f"{100 * stopping['confidence']:g}%"
+def section(stopping: Stopping) -> list[str]:
+    """report.md's "When it stopped" section."""
+    pct = f"{100 * stopping.confidence:g}%"
     labels: list[str] = []
-    for step in stopping["sequence"]:
-        labels += [k for k in step["comparisons"] if k not in labels]
+    for step in stopping.sequence:
+        labels += [k for k in step.comparisons if k not in labels]
     head = ["seeds", *(f"{k}: Δ nats [{pct} anytime]" for k in labels)]
     rows = []
-    for step in stopping["sequence"]:
-        cells = [str(step["n"]) + (" (stop)" if step["stops"] else "")]
+    for step in stopping.sequence:
+        cells = [str(step.n) + (" (stop)" if step.stops else "")]
         for k in labels:
-            e = step["comparisons"].get(k)
+            e = step.comparisons.get(k)
             if e is None:
                 cells.append("")
-            elif e["ci"] is None:
-                cells.append(f"{e['mean']:+.4f} (unbounded)")
+            elif not math.isfinite(e.half):
+                cells.append(f"{e.mean:+.4f} (unbounded)")
             else:
-                mark = " *" if e["excludes_zero"] else ""
-                cells.append(f"{e['mean']:+.4f} [{e['ci'][0]:+.4f}, {e['ci'][1]:+.4f}]{mark}")
+                mark = " *" if e.excludes_zero else ""
+                cells.append(f"{e.mean:+.4f} [{e.ci[0]:+.4f}, {e.ci[1]:+.4f}]{mark}")
         rows.append(cells)
     lines = [
         "## When it stopped",
         "",
         f"The comparison {why(stopping)}.",
         "",
-        f"Rule `--stop {stopping['rule']}`, error rate {stopping['alpha']:g} per comparison, "
-        f"at least {stopping['min_seeds']} seeds, at most {stopping['cap']} (`--seeds`), "
-        f"question `--stop-on {stopping['stop_on']}`. Seeds are added in order and the decision "
+        f"Rule `--stop {stopping.rule}`, error rate {stopping.alpha:g} per comparison, "
+        f"at least {stopping.min_seeds} seeds, at most {stopping.cap} (`--seeds`), "
+        f"question `--stop-on {stopping.stop_on}`. Seeds are added in order and the decision "
         "at n uses seeds 0..n-1 only, so the stop is the same on any number of workers; cells "
         "of later seeds that were already running may be in runs/ (checkpointed or done) but "
-        f"are not part of this report. The interval is the {pct} {stopping['construction']}: it holds at every "
+        f"are not part of this report. The interval is the {pct} {stopping.construction}: it holds at every "
         "n at once, so stopping on it keeps its level. The Student-t intervals of the tables "
         "above are the fixed-n ones at the n it stopped at, shown for comparison with fixed "
         "designs; after a data-dependent stop only the anytime-valid interval keeps its level.",
@@ -336,6 +411,6 @@ def section(stopping: dict[str, Any]) -> list[str]:
         "`*`: the interval excludes 0.",
         "",
     ]
-    if stopping.get("plot"):
-        lines += [f"![the interval as seeds are added]({stopping['plot']})", ""]
+    if stopping.plot:
+        lines += [f"![the interval as seeds are added]({stopping.plot})", ""]
     return lines

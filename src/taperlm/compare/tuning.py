@@ -34,6 +34,7 @@ import dataclasses
 import math
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,10 @@ from taperlm.compare.executor import train_cells, train_reported
 from taperlm.compare.grid import Allocation, Cell, Grid, build_grid
 from taperlm.compare.options import DEFAULT_TUNE_SEEDS, TUNE_SCOPES
 from taperlm.compare.runner import CellResult, Results
+from taperlm.compare.sequential import Stopping
 from taperlm.compare.summary import summarize
 from taperlm.errors import ConfigError
+from taperlm.stats import PairedDifference, Summary
 
 # Tuning seeds start here: far above any reported seed count, so the two sets never meet.
 TUNE_SEED_BASE = 10_000
@@ -140,6 +143,142 @@ def tuning_grid(
     return Grid(grid_allocs, list(seeds), cells, first, budget), names
 
 
+@dataclass(frozen=True)
+class LrPoint:
+    """One lr of an allocation's tuning curve: its validation loss over the tuning seeds."""
+
+    lr: float  # the peak lr
+    loss: Summary  # the validation loss over the tuning seeds
+    ci: list[float] | None  # the mean's 95% t interval (None: fewer than two seeds)
+    per_seed: dict[str, float]  # tuning seed -> its loss
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lr": self.lr, **self.loss.to_json(), "ci": self.ci, "per_seed": self.per_seed}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LrPoint:
+        return cls(data["lr"], Summary.from_json(data), data["ci"], data["per_seed"])
+
+
+@dataclass(frozen=True)
+class LrCurve:
+    """An allocation's loss against lr and the lr chosen from it."""
+
+    label: str  # the allocation's label
+    curve: list[LrPoint]  # per lr of the grid, ascending
+    chosen_lr: float  # the lowest mean (ties to the lr nearest the recipe's)
+    at_edge: bool  # the choice is the grid's smallest or largest lr
+
+    def to_json(self) -> dict[str, Any]:
+        curve = [p.to_json() for p in self.curve]
+        return {
+            "label": self.label,
+            "curve": curve,
+            "chosen_lr": self.chosen_lr,
+            "at_edge": self.at_edge,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LrCurve:
+        curve = [LrPoint.from_json(p) for p in data["curve"]]
+        return cls(data["label"], curve, data["chosen_lr"], data["at_edge"])
+
+
+@dataclass
+class TuningCost:
+    """What tuning cost, in cells and in their recorded seconds (filled in as it runs)."""
+
+    tuning_cells: int  # cells of the tuning grid
+    tuning_s: float  # their seconds
+    tuned_cells: int | None = None  # reported cells at lrs other than the recipe's
+    tuned_s: float | None = None  # their seconds
+    reported_s: float | None = None  # the reported grid's seconds
+    factor: float | None = None  # (reported + tuning + tuned) / reported
+
+    def to_json(self) -> dict[str, Any]:
+        """The parts known so far (None: not yet)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {k: v for k, v in out.items() if v is not None}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TuningCost:
+        return cls(**{f.name: data.get(f.name) for f in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True)
+class TunedRow:
+    """Scope `each`: one allocation vs uniform at the shared lr and at their own lrs."""
+
+    name: str  # the allocation's name
+    label: str  # its label
+    lr: float  # its chosen lr
+    lr_used: list[float]  # the lrs its reported cells trained at
+    runs: str  # the name its own-lr cells run under
+    shared_loss: Summary  # its validation loss at the shared lr
+    tuned_loss: Summary  # ... at its own lr
+    shared_diff: PairedDifference | None  # vs uniform at the shared lr (None: uniform)
+    tuned_diff: PairedDifference | None  # vs uniform at their own lrs (None: uniform)
+    tuned_per_seed: dict[str, float]  # seed -> its loss at its own lr
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for key in ("shared_loss", "tuned_loss", "shared_diff", "tuned_diff"):
+            out[key] = None if out[key] is None else out[key].to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TunedRow:
+        out = {f.name: data[f.name] for f in dataclasses.fields(cls)}
+        for key in ("shared_loss", "tuned_loss"):
+            out[key] = Summary.from_json(data[key])
+        for key in ("shared_diff", "tuned_diff"):
+            out[key] = None if data[key] is None else PairedDifference.from_json(data[key])
+        return cls(**out)
+
+
+@dataclass
+class LrTuning:
+    """--tune-lr: the curves, the choices and the cost (report.json's `lr_tuning`; filled in
+    as the comparison runs: `run_tuned` adds the own-lr rows and when they stopped)."""
+
+    scope: str  # each (every allocation its own lr) or uniform (every one at uniform's)
+    lrs: list[float]  # the lr grid, as finally extended
+    extended: int  # how often it was extended past an edge
+    recipe_lr: float  # the recipe's lr
+    tuning_seeds: list[int]  # the seeds tuned on
+    reported_seeds: list[int]  # the seeds reported (disjoint)
+    rule: str  # how the lr is chosen, in words
+    curves: dict[str, LrCurve]  # allocation -> its curve
+    chosen_lr: dict[str, float]  # allocation -> its chosen lr
+    cost: TuningCost  # what it cost so far
+    tuned: list[TunedRow] | None = None  # scope each, once run: per allocation
+    tuned_stopping: Stopping | None = None  # scope each: when the own-lr comparison stopped
+    plot: str | None = None  # lr_tuning.png, once drawn
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["curves"] = {k: v.to_json() for k, v in self.curves.items()}
+        out["cost"] = self.cost.to_json()
+        out["tuned"] = None if self.tuned is None else [r.to_json() for r in self.tuned]
+        for key in ("tuned_stopping", "plot"):  # absent until known
+            if out[key] is None:
+                del out[key]
+        if self.tuned_stopping is not None:
+            out["tuned_stopping"] = self.tuned_stopping.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LrTuning:
+        out = {f.name: data.get(f.name) for f in dataclasses.fields(cls)}
+        out["curves"] = {k: LrCurve.from_json(v) for k, v in data["curves"].items()}
+        out["cost"] = TuningCost.from_json(data["cost"])
+        if data.get("tuned") is not None:
+            out["tuned"] = [TunedRow.from_json(r) for r in data["tuned"]]
+        if data.get("tuned_stopping") is not None:
+            out["tuned_stopping"] = Stopping.from_json(data["tuned_stopping"])
+        return cls(**out)
+
+
 def choose(
     allocs: list[Allocation],
     lrs: list[float],
@@ -147,11 +286,11 @@ def choose(
     grid: Grid,
     results: Results,
     recipe_lr: float,
-) -> dict[str, Any]:
+) -> dict[str, LrCurve]:
     """Per tuned allocation: its loss-vs-lr curve over the tuning seeds (mean, std, 95% CI) and
     the chosen lr (lowest mean; ties to the lr nearest the recipe's), flagged when at the grid's
     edge (the optimum may lie beyond it)."""
-    out: dict[str, Any] = {}
+    out: dict[str, LrCurve] = {}
     for a in allocs:
         if (a.name, lrs[0]) not in names:
             continue
@@ -159,37 +298,25 @@ def choose(
         for lr in lrs:
             name = names[(a.name, lr)]
             losses = {
-                c.seed: results[c.name].val["loss"]
+                c.seed: results[c.name].val.loss
                 for c in grid.cells
                 if c.allocation.name == name and c.name in results
             }
             s = stats.summary([losses[k] for k in sorted(losses)])
-            curve.append(
-                {
-                    "lr": lr,
-                    **s,
-                    "ci": _interval(s),
-                    "per_seed": {str(k): v for k, v in losses.items()},
-                }
-            )
-        have = [p for p in curve if p["mean"] is not None]
+            per_seed = {str(k): v for k, v in losses.items()}
+            curve.append(LrPoint(lr, s, _interval(s), per_seed))
+        have = [p for p in curve if p.loss.mean is not None]
         if not have:
             continue
-        best = min(have, key=lambda p: (p["mean"], abs(math.log(p["lr"] / recipe_lr))))
-        out[a.name] = {
-            "label": a.label,
-            "curve": curve,
-            "chosen_lr": best["lr"],
-            "at_edge": best["lr"] in (lrs[0], lrs[-1]),
-        }
+        best = min(have, key=lambda p: (p.loss.mean, abs(math.log(p.lr / recipe_lr))))
+        out[a.name] = LrCurve(a.label, curve, best.lr, best.lr in (lrs[0], lrs[-1]))
     return out
 
 
-def extended_lrs(lrs: list[float], curves: dict[str, Any]) -> list[float] | None:
-    """`lrs` with one more lr beyond each edge some allocation's choice sits at (a grid step
-    further: x or / the ratio of the two outermost lrs on that side, 2 for a one-lr grid), or
-    None when no choice is at an edge."""
-    chosen = {c["chosen_lr"] for c in curves.values()}
+def extended_lrs(lrs: list[float], chosen: set[float]) -> list[float] | None:
+    """`lrs` with one more lr beyond each edge some allocation's choice (`chosen`) sits at (a
+    grid step further: x or / the ratio of the two outermost lrs on that side, 2 for a one-lr
+    grid), or None when no choice is at an edge."""
     if len(lrs) == 1:
         up = down = 2.0
     else:
@@ -202,12 +329,12 @@ def extended_lrs(lrs: list[float], curves: dict[str, Any]) -> list[float] | None
     return sorted([*lrs, *more]) if more else None
 
 
-def _interval(s: dict[str, Any]) -> list[float] | None:
+def _interval(s: stats.Summary) -> list[float] | None:
     """The 95% Student-t interval of a mean (None below two values)."""
-    if s["n"] < 2 or s["std"] is None:
+    if s.n < 2 or s.std is None:
         return None
-    half = stats.t_quantile(0.975, s["n"] - 1) * s["std"] / math.sqrt(s["n"])
-    return [s["mean"] - half, s["mean"] + half]
+    half = stats.t_quantile(0.975, s.n - 1) * s.std / math.sqrt(s.n)
+    return [s.mean - half, s.mean + half]
 
 
 def tuned_cells(grid: Grid, chosen: dict[str, float], recipe_lr: float) -> Grid:
@@ -238,7 +365,7 @@ def cost_seconds(results: list[CellResult]) -> float:
     """Training + evaluation seconds of these cells (as recorded when each ran)."""
     total = 0.0
     for r in results:
-        total += r.train.get("wall_s") or 0.0
+        total += r.train.wall_s or 0.0
         total += sum((r.times or {}).values())
     return total
 
@@ -278,7 +405,7 @@ def check_tuning_options(opts, reported: list[int], allocs: list[Allocation]) ->
         )
 
 
-def run_tuning(opts, base, allocs, seeds, data_dir: Path, settings) -> dict[str, Any]:
+def run_tuning(opts, base, allocs, seeds, data_dir: Path, settings) -> LrTuning:
     """Train the tuning grid (resumably, in parallel like any grid) and choose each
     allocation's lr; returns report.json's `lr_tuning` (curves, choices, cost so far)."""
     scope = opts.tune_scope or "each"
@@ -297,36 +424,35 @@ def run_tuning(opts, base, allocs, seeds, data_dir: Path, settings) -> dict[str,
         )
         results = train_cells(opts, grid, data_dir, settings)
         curves = choose(allocs, lrs, names, grid, results, recipe)
-        wider = extended_lrs(lrs, curves)
+        wider = extended_lrs(lrs, {c.chosen_lr for c in curves.values()})
         if wider is None or extended >= extend:
             break
         lrs, extended = wider, extended + 1
     for c in curves.values():
         print(
-            f"taperlm compare: --tune-lr: {c['label']}: lr {c['chosen_lr']:g}"
-            + (" (at the grid's edge)" if c["at_edge"] else ""),
+            f"taperlm compare: --tune-lr: {c.label}: lr {c.chosen_lr:g}"
+            + (" (at the grid's edge)" if c.at_edge else ""),
             file=sys.stderr,
         )
-    return {
-        "scope": scope,
-        "lrs": lrs,
-        "extended": extended,
-        "recipe_lr": recipe,
-        "tuning_seeds": tseeds,
-        "reported_seeds": list(seeds),
-        "rule": "lowest mean validation loss over the tuning seeds (disjoint from the reported "
+    return LrTuning(
+        scope=scope,
+        lrs=lrs,
+        extended=extended,
+        recipe_lr=recipe,
+        tuning_seeds=tseeds,
+        reported_seeds=list(seeds),
+        rule="lowest mean validation loss over the tuning seeds (disjoint from the reported "
         "seeds); ties to the lr nearest the recipe's",
-        "curves": curves,
-        "chosen_lr": {k: v["chosen_lr"] for k, v in curves.items()},
-        "cost": {"tuning_cells": len(grid.cells), "tuning_s": cost_seconds(results.values())},
-        "tuned": None,
-    }
+        curves=curves,
+        chosen_lr={k: v.chosen_lr for k, v in curves.items()},
+        cost=TuningCost(len(grid.cells), cost_seconds(results.values())),
+    )
 
 
-def with_chosen_lr(base, tuning: dict[str, Any], alloc_name: str):
+def with_chosen_lr(base, tuning: LrTuning, alloc_name: str):
     """`base` at the lr chosen for `alloc_name` (scope uniform: every allocation's)."""
     cfg = copy.deepcopy(base)
-    cfg.train.lr = tuning["chosen_lr"][alloc_name]
+    cfg.train.lr = tuning.chosen_lr[alloc_name]
     return cfg
 
 
@@ -334,13 +460,13 @@ def run_tuned(
     opts, grid: Grid, results, tuning, data_dir: Path, settings, cap: Grid | None = None
 ) -> None:
     """Scope `each`: the reported seeds with every allocation at its own chosen lr (cells at the
-    recipe's lr are the shared-lr cells, already done); fills tuning["tuned"] and the cost.
+    recipe's lr are the shared-lr cells, already done); fills `tuning.tuned` and the cost.
     `grid`/`results`: the shared-lr comparison as reported; `cap`: its grid of every seed up to
     --seeds (default `grid`), over which the own-lr comparison adds seeds in order and stops on
-    its own question by --stop (`tuning["tuned_stopping"]`)."""
-    recipe = tuning["recipe_lr"]
-    tgrid = tuned_cells(cap or grid, tuning["chosen_lr"], recipe)
-    tgrid, tres, tuning["tuned_stopping"] = train_reported(opts, tgrid, data_dir, settings)
+    its own question by --stop (`tuning.tuned_stopping`)."""
+    recipe = tuning.recipe_lr
+    tgrid = tuned_cells(cap or grid, tuning.chosen_lr, recipe)
+    tgrid, tres, tuning.tuned_stopping = train_reported(opts, tgrid, data_dir, settings)
     shared = {a.name: a for a in summarize(grid, results).allocations}
     tuned = summarize(tgrid, tres).allocations
     rows = []
@@ -348,29 +474,31 @@ def run_tuned(
         used = {tres[c.name].config["train"]["lr"] for c in tgrid.cells if c.name in tres}
         s = shared[a.name]
         rows.append(
-            {
-                "name": a.name,
-                "label": a.label,
-                "lr": tuning["chosen_lr"][a.name],
-                "lr_used": sorted(used),
-                "runs": t.name,
-                "shared_loss": s.val_loss,
-                "tuned_loss": t.val_loss,
-                "shared_diff": s.diff_vs_uniform and s.diff_vs_uniform["val_loss"],
-                "tuned_diff": t.diff_vs_uniform and t.diff_vs_uniform["val_loss"],
-                "tuned_per_seed": {k: v["val_loss"] for k, v in t.per_seed.items()},
-            }
+            TunedRow(
+                name=a.name,
+                label=a.label,
+                lr=tuning.chosen_lr[a.name],
+                lr_used=sorted(used),
+                runs=t.name,
+                shared_loss=s.val_loss,
+                tuned_loss=t.val_loss,
+                shared_diff=s.diff_vs_uniform and s.diff_vs_uniform.val_loss,
+                tuned_diff=t.diff_vs_uniform and t.diff_vs_uniform.val_loss,
+                tuned_per_seed={k: v.val_loss for k, v in t.per_seed.items()},
+            )
         )
-    tuning["tuned"] = rows
+    tuning.tuned = rows
     extra = [tres[c.name] for c in tgrid.cells if c.config.train.lr != recipe]
-    tuning["cost"]["tuned_cells"] = len(extra)
-    tuning["cost"]["tuned_s"] = cost_seconds(extra)
+    tuning.cost.tuned_cells = len(extra)
+    tuning.cost.tuned_s = cost_seconds(extra)
 
 
-def finish_cost(tuning: dict[str, Any], reported: list[CellResult]) -> None:
+def finish_cost(tuning: LrTuning, reported: list[CellResult]) -> None:
     """The cost of the reported grid and the factor tuning multiplied it by."""
-    c = tuning["cost"]
-    c.setdefault("tuned_cells", 0)
-    c.setdefault("tuned_s", 0.0)
-    c["reported_s"] = cost_seconds(reported)
-    c["factor"] = (c["reported_s"] + c["tuning_s"] + c["tuned_s"]) / max(c["reported_s"], 1e-9)
+    c = tuning.cost
+    if c.tuned_cells is None:
+        c.tuned_cells = 0
+    if c.tuned_s is None:
+        c.tuned_s = 0.0
+    c.reported_s = cost_seconds(reported)
+    c.factor = (c.reported_s + c.tuning_s + c.tuned_s) / max(c.reported_s, 1e-9)
