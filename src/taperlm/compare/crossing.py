@@ -317,9 +317,9 @@ def allocation_curve(
             DeltaAt(
                 tokens=t,
                 tokens_per_param=t / params,
-                n=d["n"],
-                mean=d["mean"],
-                ci=None if d["ci"] is None else (d["ci"][0], d["ci"][1]),
+                n=d.n,
+                mean=d.mean,
+                ci=d.ci,
                 per_seed=tuple(col),
             )
         )
@@ -460,7 +460,7 @@ def _md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return out + ["| " + " | ".join(r) + " |" for r in rows]
 
 
-def headline(data: LossVsTokens, final: Mapping[str, Mapping[str, Any] | None]) -> list[str]:
+def headline(data: LossVsTokens, final: Mapping[str, stats.PairedDifference | None]) -> list[str]:
     """report.md's first section: per tapered allocation the verdict at the end of the run
     (`final`: allocation name -> its `paired_difference` of the final validation loss, the
     table's) and where its advantage ends."""
@@ -475,7 +475,7 @@ def headline(data: LossVsTokens, final: Mapping[str, Mapping[str, Any] | None]) 
             if end is None
             else f" at {end.tokens:,} tokens ({end.tokens_per_param:.2f} tokens/param)"
         )
-        if d is None or d.get("mean") is None:
+        if d is None or d.mean is None:
             verdict = "no finished pair of runs yet"
         else:
             verdict = _verdict(d)
@@ -486,10 +486,11 @@ def headline(data: LossVsTokens, final: Mapping[str, Mapping[str, Any] | None]) 
     return lines
 
 
-def _verdict(d: Mapping[str, Any]) -> str:
-    m, ci = d["mean"], d.get("ci")
-    better = sum(x < 0 for x in d.get("per_seed") or [])
-    seeds = f", taper better in {better} of {d['n']} seeds"
+def _verdict(d: stats.PairedDifference) -> str:
+    m, ci = d.mean, d.ci
+    assert m is not None  # headline() reports a missing mean before asking for a verdict
+    better = sum(x < 0 for x in d.per_seed)
+    seeds = f", taper better in {better} of {d.n} seeds"
     if ci is None:
         return f"Δ {m:+.4f} nats (one seed, no interval)"
     span = f"Δ {m:+.4f} nats [{ci[0]:+.4f}, {ci[1]:+.4f}]{seeds}"

@@ -510,9 +510,7 @@ def write_report(
     if crossing.plot(vs_tokens, out_dir / crossing.PLOT_FILE):
         meta["plots"][crossing.REPORT_KEY] = crossing.PLOT_FILE
     summary.extras[crossing.REPORT_KEY] = vs_tokens.to_json()
-    final = {
-        a.name: a.diff_vs_uniform and a.diff_vs_uniform["val_loss"] for a in summary.allocations
-    }
+    final = {a.name: a.diff_vs_uniform and a.diff_vs_uniform.val_loss for a in summary.allocations}
     lines: list[str] = crossing.section(vs_tokens)
     extras = [extra] if isinstance(extra, tuple) else list(extra or [])
     for key, data, render in extras:  # other parts' numbers and sections, e.g. --tune-lr's
