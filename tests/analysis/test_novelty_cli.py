@@ -182,9 +182,7 @@ def test_first_tokens_is_a_prefix_of_the_whole_file(tmp_path: Path):
         first_tokens(p, enc, len(full) + 1)
 
 
-def test_without_wikitext_a_run_uses_its_validation_split(
-    tmp_path: Path, gpt2_dir: Path, monkeypatch, capsys
-):
+def test_without_wikitext_a_run_uses_its_validation_split(tmp_path: Path, gpt2_dir: Path, capsys):
     """No --data and no WikiText-2 anywhere (a fresh clone without ../shared): a training run is
     measured on the first tokens of its own validation split, as `taperlm compare` does; a
     model without a run's data still gets the error naming what to pass."""
@@ -197,8 +195,8 @@ def test_without_wikitext_a_run_uses_its_validation_split(
     from taperlm.evaluation import locate
     from taperlm.models import TaperedLM
 
-    monkeypatch.delenv("TAPERLM_EVAL_DATA", raising=False)
-    monkeypatch.setattr(locate, "_default_dirs", lambda: [])
+    # no evaluation data anywhere: the suite runs with the lookup off (conftest.py)
+    assert locate.eval_data_dir() is None
     (tmp_path / "corpus.txt").write_text(TEXT * 4, encoding="utf-8")
     data_dir = tmp_path / "data"
     prepare(str(tmp_path / "corpus.txt"), data_dir, "bpe:300", val_tokens=200, progress=False)

@@ -310,11 +310,11 @@ TOO_SMALL = {
 
 
 @pytest.mark.parametrize("case", list(TOO_SMALL))
-def test_input_too_small_for_the_run(case, data_copy, trained, tmp_path, capsys, monkeypatch):
+def test_input_too_small_for_the_run(case, data_copy, trained, tmp_path, capsys):
     split, n, sets, needle = TOO_SMALL[case]
     import taperlm.evaluation.locate as locate
 
-    monkeypatch.setattr(locate, "_default_dirs", list)  # no WikiText-2: novelty uses val split
+    assert locate.eval_data_dir() is None  # no WikiText-2 (conftest.py): novelty uses val split
     if split is not None:
         _shrink_split(data_copy, split, n)
     short = tmp_path / "short.txt"

@@ -161,15 +161,14 @@ def test_ctrl_c_under_torchrun_stops_every_rank_at_one_step(data_dir, tmp_path):
     _resume_and_check(cmd, out, step, total=30)
 
 
-def test_signal_stop_asks_once_then_stops_at_once(monkeypatch):
+def test_signal_stop_asks_once_then_stops_at_once():
     """Before the first step ends a signal interrupts (nothing to save); then the first asks for
     a stop, a repeat within SAME_REQUEST_S (torchrun's agent forwarding the same Ctrl-C) is the
     same request, a later one interrupts at once; the last step is never 'interrupted'."""
     from taperlm.training import interrupt
 
     clock = [100.0]
-    monkeypatch.setattr(interrupt.time, "monotonic", lambda: clock[0])
-    stop = interrupt.SignalStop()
+    stop = interrupt.SignalStop(clock=lambda: clock[0])
     with pytest.raises(KeyboardInterrupt):
         stop._handle(signal.SIGINT, None)
     assert stop(1, 30, 0.0) is None and stop.armed
