@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import assert_naming
 from eval_helpers import tiny_model, tiny_tokenizer, write_eval_files
 from taperlm.evaluation.record import Item
 from taperlm.evaluation.registry import TaskData, load_task
@@ -268,4 +269,4 @@ def test_eval_auto_runs_what_it_has_and_names_the_rest(tmp_path: Path, capsys) -
     assert locate.eval_data_dir() is None  # the suite runs with the lookup off (conftest.py)
     assert main(["eval", str(export)]) == 2
     err = capsys.readouterr().err
-    assert "nothing to evaluate" in err and "--source hf" in err and "val skipped" in err
+    assert_naming(err, "--source hf", "--data-dir DIR", "val", "run data dir")
