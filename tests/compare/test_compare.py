@@ -661,39 +661,39 @@ def test_mixed_settings_are_reported(finished, tmp_path):
 # ---------------------------------------------------------------------------------------- CPUs
 
 
-def test_usable_cpus_follow_affinity_and_quota(monkeypatch):
-    monkeypatch.setattr(cpus, "_affinity", lambda: {0, 1, 2, 3})
-    monkeypatch.setattr(cpus, "_cgroup_quota", lambda: None)
-    assert cpus.usable_cpus() == 4
-    monkeypatch.setattr(cpus, "_cgroup_quota", lambda: 2.5)
-    assert cpus.usable_cpus() == 2
-    monkeypatch.setattr(cpus, "_cgroup_quota", lambda: 0.5)
-    assert cpus.usable_cpus() == 1
+def test_usable_cpus_follow_affinity_and_quota():
+    four = lambda: {0, 1, 2, 3}  # noqa: E731
+    assert cpus.usable_cpus(affinity=four, cgroup_quota=lambda: None) == 4
+    assert cpus.usable_cpus(affinity=four, cgroup_quota=lambda: 2.5) == 2
+    assert cpus.usable_cpus(affinity=four, cgroup_quota=lambda: 0.5) == 1
 
 
-def _sampled(monkeypatch, busy: list[float], own: list[float], times: list[float]) -> None:
-    """/proc/stat, our own CPU time and the clock read in sequence, sleeping instantly."""
+def _sampled(busy: list[float], own: list[float], times: list[float]) -> dict:
+    """busy_cpus' probes: /proc/stat, our own CPU time and the clock read in sequence, sleeping
+    instantly."""
     b, o, t = iter(busy), iter(own), iter(times)
-    monkeypatch.setattr(cpus, "_busy_seconds", lambda: next(b))
-    monkeypatch.setattr(cpus, "_own_seconds", lambda: next(o))
-    monkeypatch.setattr(cpus.time, "monotonic", lambda: next(t))
-    monkeypatch.setattr(cpus.time, "sleep", lambda s: None)
+    return dict(
+        busy_seconds=lambda: next(b),
+        own_seconds=lambda: next(o),
+        clock=lambda: next(t),
+        sleep=lambda s: None,
+    )
 
 
-def test_busy_cpus_subtract_our_own_use(monkeypatch):
+def test_busy_cpus_subtract_our_own_use():
     """Other processes' CPU time over the sample counts; our own does not."""
-    _sampled(monkeypatch, [0.0, 10.0], [0.0, 4.0], [100.0, 104.0])
-    assert cpus.busy_cpus(4.0, samples=1) == pytest.approx(1.5)  # (10 - 4) / 4 s
+    probes = _sampled([0.0, 10.0], [0.0, 4.0], [100.0, 104.0])
+    assert cpus.busy_cpus(4.0, samples=1, **probes) == pytest.approx(1.5)  # (10 - 4) / 4 s
 
 
-def test_a_blip_is_not_a_job(monkeypatch):
+def test_a_blip_is_not_a_job():
     """A steady job shows in every part of the sample, a blip in one: the least part counts, so
     a short burst of another process (a shell command) does not halve the cells at a time."""
     # 3 parts of 0.4 s: a burst of 0.7 CPU-s in the first, then 0.1 CPU-s in each
-    _sampled(monkeypatch, [0.0, 0.7, 0.8, 0.9], [0.0] * 4, [0.0, 0.4, 0.8, 1.2])
-    assert cpus.busy_cpus(1.2, samples=3) == pytest.approx(0.25)
-    _sampled(monkeypatch, [0.0, 0.4, 0.8, 1.2], [0.0] * 4, [0.0, 0.4, 0.8, 1.2])
-    assert cpus.busy_cpus(1.2, samples=3) == pytest.approx(1.0)  # a job on one core
+    probes = _sampled([0.0, 0.7, 0.8, 0.9], [0.0] * 4, [0.0, 0.4, 0.8, 1.2])
+    assert cpus.busy_cpus(1.2, samples=3, **probes) == pytest.approx(0.25)
+    probes = _sampled([0.0, 0.4, 0.8, 1.2], [0.0] * 4, [0.0, 0.4, 0.8, 1.2])
+    assert cpus.busy_cpus(1.2, samples=3, **probes) == pytest.approx(1.0)  # a job on one core
     assert [cpus.taken_cpus(b) for b in (0.0, 0.5, 0.74, 0.75, 1.0, 1.6, 1.8)] == [
         0,
         0,
@@ -718,16 +718,21 @@ def test_a_blip_is_not_a_job(monkeypatch):
         (8, 0.0, 1, 3, 3),  # never more workers than cells left
     ],
 )
-def test_default_jobs_never_oversubscribe(monkeypatch, usable, busy, threads, cells, want, capsys):
+def test_default_jobs_never_oversubscribe(usable, busy, threads, cells, want, capsys):
     from taperlm.compare.executor import choose_jobs
     from taperlm.compare.options import CompareOptions
 
-    monkeypatch.setattr(cpus, "usable_cpus", lambda: usable)
-    monkeypatch.setattr(cpus, "busy_cpus", lambda sample_s=1.2: busy)
-    monkeypatch.setattr(runner, "cell_state", lambda cell, run_dir, settings: ("train", None))
     grid = SimpleNamespace(cells=[SimpleNamespace(name=f"c{i}") for i in range(cells)])
     settings = runner.EvalSettings()
-    jobs = choose_jobs(CompareOptions(out=Path("x"), threads=threads), grid, Path("x"), settings)
+    jobs = choose_jobs(
+        CompareOptions(out=Path("x"), threads=threads),
+        grid,
+        Path("x"),
+        settings,
+        # this machine: `usable` CPUs, `busy` of them kept busy by others, no cell done yet
+        idle_cpus=lambda: cpus.idle_cpus(usable_cpus=lambda: usable, busy_cpus=lambda s: busy),
+        cell_state=lambda cell, run_dir, settings: ("train", None),
+    )
     assert jobs == want
     assert jobs * threads <= max(usable - cpus.taken_cpus(busy), threads)
     assert "--jobs N to override" in capsys.readouterr().err
@@ -736,13 +741,12 @@ def test_default_jobs_never_oversubscribe(monkeypatch, usable, busy, threads, ce
 # ------------------------------------------------------------------------------------ stopping
 
 
-def test_checkpoint_clock(monkeypatch):
+def test_checkpoint_clock():
     """A cell checkpoints when a minute has passed since its last checkpoint (the trainer's
     own periodic ones count) and stops once asked."""
     now = [0.0]
-    monkeypatch.setattr(runner.time, "monotonic", lambda: now[0])
     stop = [False]
-    clock = runner.CheckpointClock(checkpoint_every=10, stop=lambda: stop[0])
+    clock = runner.CheckpointClock(checkpoint_every=10, stop=lambda: stop[0], clock=lambda: now[0])
     actions = []
     for step in range(1, 31):
         now[0] += 7.0  # 7 s a step
