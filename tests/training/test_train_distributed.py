@@ -201,8 +201,8 @@ def test_distillation_under_ddp_and_fsdp_matches_one_process(data_dir, single_ru
     """A distilled run (train.distill_from, every rank loading the teacher itself) on 2 ranks,
     started under DDP and resumed under FSDP2 (each rank loading the teacher again): the same
     losses and weights as in one process (the DDP tolerance), and the teacher's identity in the
-    checkpoint FSDP2 wrote. (An uninterrupted FSDP2 run repeated the FSDP2 half: one torchrun
-    less, about 15 s on 2 cores.)"""
+    checkpoint FSDP2 wrote. One run covers both wrappers: an uninterrupted FSDP2 run would repeat
+    its FSDP2 half at the cost of another torchrun."""
     teach = (
         f"train.distill_from={single_run}",
         "train.distill_mix=0.7",
