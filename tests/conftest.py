@@ -120,6 +120,13 @@ def raises_naming(error: type[BaseException], *tokens: str) -> Iterator[pytest.E
     assert not missing, f"{missing} not named in: {info.value}"
 
 
+def assert_naming(text: str, *tokens: str) -> None:
+    """`text` (a message a command printed, warned or logged) names every token: the
+    `raises_naming` check for what is not an exception."""
+    missing = [t for t in tokens if t not in text]
+    assert not missing, f"{missing} not named in: {text}"
+
+
 def torchrun_command(*args: str, nproc: int = 2) -> list[str]:
     """`torchrun --standalone --nproc_per_node N ARGS...` with this interpreter."""
     return [

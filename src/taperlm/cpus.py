@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -35,21 +36,25 @@ def _cgroup_quota() -> float | None:
         return None
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on: its affinity mask capped by the cgroup quota (>= 1)."""
-    mine = _affinity()
-    n = len(mine) if mine else (os.cpu_count() or 1)
-    quota = _cgroup_quota()
-    if quota is not None:
-        n = min(n, max(1, math.floor(quota)))
-    return max(1, n)
-
-
 def _affinity() -> set[int] | None:
     try:
         return set(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return None
+
+
+def usable_cpus(
+    affinity: Callable[[], set[int] | None] = _affinity,
+    cgroup_quota: Callable[[], float | None] = _cgroup_quota,
+) -> int:
+    """CPUs this process may run on: its affinity mask capped by the cgroup quota (>= 1). The
+    probes default to this machine's; a caller (a test) may stand in for another machine."""
+    mine = affinity()
+    n = len(mine) if mine else (os.cpu_count() or 1)
+    quota = cgroup_quota()
+    if quota is not None:
+        n = min(n, max(1, math.floor(quota)))
+    return max(1, n)
 
 
 def _busy_seconds() -> float | None:
@@ -92,16 +97,25 @@ SAMPLES = 3
 TAKEN_FROM = 0.75  # a CPU other processes keep at least this busy is not idle
 
 
-def busy_cpus(sample_s: float = SAMPLE_S, samples: int = SAMPLES) -> float:
+def busy_cpus(
+    sample_s: float = SAMPLE_S,
+    samples: int = SAMPLES,
+    *,
+    busy_seconds: Callable[[], float | None] = _busy_seconds,
+    own_seconds: Callable[[], float] = _own_seconds,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float:
     """How many CPUs other processes keep busy now: their CPU time (minus our own) over each of
     `samples` consecutive parts of `sample_s` seconds, the least of them (a steady job shows in
-    every part, a blip in one); else the 1-minute load average (0.0 when unknown)."""
+    every part, a blip in one); else the 1-minute load average (0.0 when unknown). The probes,
+    the clock and the sleep default to the real ones; a caller (a test) may pass its own."""
     rates = []
-    start, own_start = _busy_seconds(), _own_seconds()
-    t0 = time.monotonic()
+    start, own_start = busy_seconds(), own_seconds()
+    t0 = clock()
     for _ in range(samples if start is not None and sample_s > 0 else 0):
-        time.sleep(sample_s / samples)
-        end, own_end, t1 = _busy_seconds(), _own_seconds(), time.monotonic()
+        sleep(sample_s / samples)
+        end, own_end, t1 = busy_seconds(), own_seconds(), clock()
         if end is None or t1 <= t0:
             break
         rates.append(max(0.0, ((end - start) - (own_end - own_start)) / (t1 - t0)))
@@ -119,8 +133,13 @@ def taken_cpus(busy: float) -> int:
     return math.floor(busy + 1.0 - TAKEN_FROM)
 
 
-def idle_cpus(sample_s: float = SAMPLE_S) -> tuple[int, int, float]:
-    """(idle, usable, busy): usable CPUs minus those other processes keep busy, >= 1."""
+def idle_cpus(
+    sample_s: float = SAMPLE_S,
+    usable_cpus: Callable[[], int] = usable_cpus,
+    busy_cpus: Callable[[float], float] = busy_cpus,
+) -> tuple[int, int, float]:
+    """(idle, usable, busy): usable CPUs minus those other processes keep busy, >= 1 (the two
+    counts default to this machine's; a caller may pass another's)."""
     usable = usable_cpus()
     busy = busy_cpus(sample_s)
     return max(1, usable - taken_cpus(busy)), usable, busy

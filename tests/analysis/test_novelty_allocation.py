@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from checkpoint_helpers import save_checkpoint
-from conftest import tiny_config
+from conftest import raises_naming, tiny_config
 from taperlm import budget
 from taperlm.cli import main
 from taperlm.config import RunConfig, load_run_config, run_config_from_dict, to_dict
@@ -71,15 +71,15 @@ def test_rule_properties_and_exact_budget(rho, strength, baseline_steps, multipl
 
 
 @pytest.mark.parametrize(
-    ("rho", "strength", "message"),
+    ("rho", "strength", "named"),
     [
-        ([0.1, float("nan")], 0.5, "must be finite"),
-        ([0.1, 0.2], 1.0, r"strength must be in \(0, 1\)"),
-        ([0.1, 0.2], 0.0, r"strength must be in \(0, 1\)"),
+        ([0.1, float("nan")], 0.5, ("rho_mlp", "finite", "[0.1, nan]")),
+        ([0.1, 0.2], 1.0, ("strength", "(0, 1)", "got 1.0")),
+        ([0.1, 0.2], 0.0, ("strength", "(0, 1)", "got 0.0")),
     ],
 )
-def test_rule_errors(rho, strength, message):
-    with pytest.raises(TaperError, match=message):
+def test_rule_errors(rho, strength, named):
+    with raises_naming(TaperError, *named):
         multipliers(TaperSpec(schedule="novelty", strength=strength, rho_mlp=rho), len(rho))
 
 
@@ -109,29 +109,30 @@ def test_spec_from_files_and_run_dirs(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("text", "message"),
+    ("text", "named"),
     [
-        ("novelty:", "needs a source"),
-        ("novelty:nowhere.json", "neither a file nor a run dir"),
-        ("novelty:{tmp}", "holds no novelty measurement"),
-        ("novelty:{tmp}/bad.json", "bad.json: not valid JSON"),
-        ("novelty:{tmp}/other.json", "has no per-layer rho_mlp"),
-        ("novelty:{tmp}/n.json:1.5", r"strength must be in \(0, 1\)"),
+        # the source named, and the sources that would do (or the fix)
+        ("novelty:", ("'novelty:'", "novelty:novelty.json", "novelty:RUN_DIR", "novelty:pilot")),
+        ("novelty:nowhere.json", ("'nowhere.json'", "taperlm novelty --json", "pilot")),
+        ("novelty:{tmp}", ("{tmp}", "novelty.json", "result.json", "taperlm novelty {tmp}")),
+        ("novelty:{tmp}/bad.json", ("{tmp}/bad.json", "JSON")),
+        ("novelty:{tmp}/other.json", ("{tmp}/other.json", "rho_mlp")),
+        ("novelty:{tmp}/n.json:1.5", ("strength", "(0, 1)", "got 1.5")),
     ],
 )
-def test_spec_errors(tmp_path, text, message):
+def test_spec_errors(tmp_path, text, named):
     novelty_json(tmp_path / "n.json", RHO)
     (tmp_path / "bad.json").write_text("{")
     (tmp_path / "other.json").write_text('{"loss": 3}')
-    with pytest.raises(TaperError, match=message):
+    with raises_naming(TaperError, *(t.format(tmp=tmp_path) for t in named)):
         TaperSpec.parse(text.format(tmp=tmp_path))
 
 
 def test_pilot_spec_needs_compare_and_depth_must_match(tmp_path):
-    with pytest.raises(TaperError, match="only `taperlm compare` makes"):
+    with raises_naming(TaperError, "novelty:pilot", "taperlm compare", "novelty:FILE.json"):
         solve_sizes(TaperSpec.parse("novelty:pilot"), 6, 352)
     spec = TaperSpec.parse(f"novelty:{novelty_json(tmp_path / 'n.json', RHO)}")
-    with pytest.raises(TaperError, match="has 6 layers but the model has 12"):
+    with raises_naming(TaperError, "n.json", "6 layers", "12"):
         solve_sizes(spec, 12, 352)
 
 
@@ -163,7 +164,7 @@ def test_mapping_with_only_a_source_reads_it(tmp_path):
     got = run_config_from_dict(d).resolve().model
     assert got.taper.rho_mlp == RHO
     d["model"]["taper"]["source"] = str(tmp_path / "missing.json")
-    with pytest.raises(ConfigError, match=r"model\.taper: novelty source .* neither a file"):
+    with raises_naming(ConfigError, "model.taper", "missing.json"):
         run_config_from_dict(d)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from checkpoint_helpers import save_checkpoint
-from conftest import tiny_config
+from conftest import assert_naming, raises_naming, tiny_config
 from taperlm.cli import main
 from test_novelty import tiny_gpt2
 
@@ -178,13 +178,11 @@ def test_first_tokens_is_a_prefix_of_the_whole_file(tmp_path: Path):
     full = enc(TEXT * 3)
     for n in (10, 700, len(full)):
         assert first_tokens(p, enc, n) == full[:n]
-    with pytest.raises(DataError, match="fewer than"):
+    with raises_naming(DataError, str(p), f"only {len(full)} tokens", "--tokens"):
         first_tokens(p, enc, len(full) + 1)
 
 
-def test_without_wikitext_a_run_uses_its_validation_split(
-    tmp_path: Path, gpt2_dir: Path, monkeypatch, capsys
-):
+def test_without_wikitext_a_run_uses_its_validation_split(tmp_path: Path, gpt2_dir: Path, capsys):
     """No --data and no WikiText-2 anywhere (a fresh clone without ../shared): a training run is
     measured on the first tokens of its own validation split, as `taperlm compare` does; a
     model without a run's data still gets the error naming what to pass."""
@@ -197,8 +195,8 @@ def test_without_wikitext_a_run_uses_its_validation_split(
     from taperlm.evaluation import locate
     from taperlm.models import TaperedLM
 
-    monkeypatch.delenv("TAPERLM_EVAL_DATA", raising=False)
-    monkeypatch.setattr(locate, "_default_dirs", lambda: [])
+    # no evaluation data anywhere: the suite runs with the lookup off (conftest.py)
+    assert locate.eval_data_dir() is None
     (tmp_path / "corpus.txt").write_text(TEXT * 4, encoding="utf-8")
     data_dir = tmp_path / "data"
     prepare(str(tmp_path / "corpus.txt"), data_dir, "bpe:300", val_tokens=200, progress=False)
@@ -225,11 +223,11 @@ def test_without_wikitext_a_run_uses_its_validation_split(
 
     assert main(["novelty", str(gpt2_dir), "--tokens", "64"]) == 2
     err = capsys.readouterr().err
-    assert "WikiText-2 test" in err and "--data FILE" in err
+    assert_naming(err, "WikiText-2", "--data FILE")
 
     # the run's data dir re-prepared from other text: its val tokens are not the run's any more
     (tmp_path / "corpus.txt").write_text(TEXT[::-1] * 4, encoding="utf-8")
     prepare(str(tmp_path / "corpus.txt"), data_dir, "bpe:300", val_tokens=200, progress=False)
     assert main(["novelty", str(run), "--tokens", "64"]) == 2
     err = capsys.readouterr().err
-    assert "changed since the run was trained" in err and "--data FILE" in err
+    assert_naming(err, str(data_dir), str(run), "--data FILE")

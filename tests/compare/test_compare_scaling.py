@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import raises_naming
 from taperlm.compare import scaling
 from taperlm.compare.options import CompareOptions
 from taperlm.errors import ConfigError
@@ -208,7 +209,7 @@ def test_paper_sizes_plan():
     assert "--preset-size 440m,760m,1.3b" in command and "--lr-grid" not in command  # own lrs
     _, base = check_options(points[0][3])
     assert base.train.seq_len == 4096 and 0 <= base.train.tokens - 15_000_000_000 < 524_288
-    with pytest.raises(ConfigError, match="unknown size"):
+    with raises_naming(ConfigError, "--preset-size", "'huge'", "440m"):
         scaling.plan_for(CompareOptions(out=Path("x"), paper="scaling", preset_size="huge"))
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import raises_naming
 from taperlm.compare import tuning, tuning_report
 from taperlm.errors import ConfigError
 from test_compare import ALLOCS, TINY, _cli, data_dir  # noqa: F401 (fixture)
@@ -114,15 +115,15 @@ def test_uniform_scope_trains_every_allocation_at_uniforms_lr(data_dir, tmp_path
 def test_lr_grid_parsing_and_default():
     assert tuning.lr_grid("4e-3, 1e-3,2e-3", 1.0) == [1e-3, 2e-3, 4e-3]
     assert tuning.lr_grid(None, 2e-3) == [1e-3, 2e-3, 4e-3, 8e-3]
-    for bad, msg in [("1e-3", "at least two"), ("1e-3,x", "not a number"), ("0,1", "> 0"),
-                     ("1e-3,1e-3", "twice")]:  # fmt: skip
-        with pytest.raises(ConfigError, match=msg):
+    for bad, named in [("1e-3", ("--lr-grid", "two")), ("1e-3,x", ("--lr-grid", "'x'")),
+                       ("0,1", ("--lr-grid", "> 0")), ("1e-3,1e-3", ("--lr-grid", "1e-3", "twice"))]:  # fmt: skip
+        with raises_naming(ConfigError, *named):
             tuning.lr_grid(bad, 1.0)
 
 
 def test_tuning_seeds_never_overlap():
     assert tuning.tuning_seeds(3, list(range(15))) == [10_000, 10_001, 10_002]
-    with pytest.raises(ConfigError, match="overlap"):
+    with raises_naming(ConfigError, "10000", "overlap"):
         tuning.tuning_seeds(2, list(range(10_001)))
 
 

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from conftest import raises_naming
 from taperlm import stats
 from taperlm.compare import sequential
 from taperlm.compare.grid import build_grid, parse_allocations
@@ -239,21 +240,21 @@ def test_best_question_rests_on_the_best_and_its_neighbours():
 
 
 @pytest.mark.parametrize(
-    "field, value, message",
-    [
-        ("stop", "soon", "--stop must be fixed, decided or half-width:X"),
-        ("stop", "half-width:-1", "the half-width must be a positive number"),
-        ("stop", "half-width:abc", "the half-width must be a positive number"),
-        ("stop_alpha", 0.0, "--stop-alpha must be in (0, 1)"),
-        ("stop_alpha", 1.0, "--stop-alpha must be in (0, 1)"),
-        ("min_seeds", 0, "--min-seeds must be >= 1"),
+    "field, value, named",
+    [  # the flag, the value given, and what it accepts
+        ("stop", "soon", ("--stop", "'soon'", "fixed", "decided", "half-width:X")),
+        ("stop", "half-width:-1", ("--stop", "half-width", "positive")),
+        ("stop", "half-width:abc", ("--stop", "half-width", "positive")),
+        ("stop_alpha", 0.0, ("--stop-alpha", "(0, 1)")),
+        ("stop_alpha", 1.0, ("--stop-alpha", "(0, 1)")),
+        ("min_seeds", 0, ("--min-seeds", ">= 1")),
     ],
 )
-def test_bad_stop_options_fail_before_any_work(tmp_path: Path, field, value, message):
+def test_bad_stop_options_fail_before_any_work(tmp_path: Path, field, value, named):
     from taperlm.compare.job import check_options
 
     # a --stop text is parsed where the options are built; the ranges are checked by check_options
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with raises_naming(ConfigError, *named):
         check_options(dataclasses.replace(CompareOptions(out=tmp_path), **{field: value}))
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import assert_naming, raises_naming
 from legacy_data import write_v1_data_dir
 from taperlm.cli import main
 from taperlm.data import corpus, datadir, encode, identity, shards, val_split
@@ -213,7 +214,7 @@ def test_val_tokens_caps_the_picks_and_the_tail_fills_up(text_folder: Path, tmp_
     docs = meta["splits"]
     assert docs["train"]["documents"] + docs["val"]["documents"] > len(texts)  # one is cut in two
 
-    with pytest.raises(DataError, match="too few for a validation split"):
+    with raises_naming(DataError, f"{total:,} tokens", "--val-fraction/--val-tokens"):
         prepare(str(text_folder), tmp_path / "c", val_tokens=total, **common)
 
 
@@ -282,30 +283,32 @@ def test_refuses_foreign_folder_and_bad_arguments(text_folder: Path, tmp_path: P
     assert (out / "notes.txt").read_text() == "keep me" and (out / "meta.json").is_file()
     # The command line checks each option's domain before any work (taperlm.domains) ...
     for bad, message in [
-        (["--val-fraction", "0.9"], "--val-fraction must be in (0, 0.5], got 0.9"),
-        (["--max-tokens", "1"], "--max-tokens must be >= 2, got 1"),
-        (["--val-tokens", "1e0"], "--val-tokens must be >= 2, got 1"),
-        (["--shard-tokens", "0"], "--shard-tokens must be >= 1, got 0"),
-        (["--tokenizer-sample-chars", "0"], "--tokenizer-sample-chars must be >= 1, got 0"),
-        (["--max-doc-chars", "0"], "--max-doc-chars must be >= 1, got 0"),
-        (["--workers", "0"], "--workers must be >= 1, got 0"),
+        # the option, its allowed range and the value given
+        (["--val-fraction", "0.9"], ("--val-fraction", "(0, 0.5]", "0.9")),
+        (["--max-tokens", "1"], ("--max-tokens", ">= 2", "got 1")),
+        (["--val-tokens", "1e0"], ("--val-tokens", ">= 2", "got 1")),
+        (["--shard-tokens", "0"], ("--shard-tokens", ">= 1", "got 0")),
+        (["--tokenizer-sample-chars", "0"], ("--tokenizer-sample-chars", ">= 1", "got 0")),
+        (["--max-doc-chars", "0"], ("--max-doc-chars", ">= 1", "got 0")),
+        (["--workers", "0"], ("--workers", ">= 1", "got 0")),
     ]:
         assert main([*_argv(text_folder, tmp_path / "x"), *bad]) == 2
-        assert message in capsys.readouterr().err
+        assert_naming(capsys.readouterr().err, *message)
     with pytest.raises(SystemExit) as exit_:  # argparse's own usage error
         main([*_argv(text_folder, tmp_path / "x"), "--max-tokens", "2.5"])
-    assert exit_.value.code == 2 and "expected a whole number, got '2.5'" in capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert_naming(capsys.readouterr().err, "--max-tokens", "whole number", "'2.5'")
     assert not (tmp_path / "x").exists()
     # ... and prepare() itself, for callers that skip the command line.
     for bad, message in [
-        ({"val_fraction": 0.9}, "--val-fraction 0.9 must be in (0, 0.5]"),
-        ({"max_tokens": 1}, "--max-tokens 1 must be an integer >= 2"),
-        ({"shard_tokens": 0}, "--shard-tokens 0 must be an integer >= 1"),
-        ({"tokenizer_sample_chars": 0}, "--tokenizer-sample-chars 0 must be"),
-        ({"max_doc_chars": 0}, "--max-doc-chars 0 must be positive"),
-        ({"workers": 0}, "--workers 0 must be at least 1"),
+        ({"val_fraction": 0.9}, ("--val-fraction 0.9", "(0, 0.5]")),
+        ({"max_tokens": 1}, ("--max-tokens 1", ">= 2")),
+        ({"shard_tokens": 0}, ("--shard-tokens 0", ">= 1")),
+        ({"tokenizer_sample_chars": 0}, ("--tokenizer-sample-chars 0",)),
+        ({"max_doc_chars": 0}, ("--max-doc-chars 0", "positive")),
+        ({"workers": 0}, ("--workers 0", "1")),
     ]:
-        with pytest.raises(DataError, match=re.escape(message)):
+        with raises_naming(DataError, *message):
             prepare(str(text_folder), tmp_path / "x", "bpe:300", progress=False, **bad)
     assert not (tmp_path / "x").exists()
 
@@ -315,7 +318,7 @@ def test_count_arguments_accept_readable_numbers(text_folder: Path, tmp_path: Pa
 
     _count = count("[1, inf)")
     assert _count("30e9") == _count("30_000_000_000") == _count("30,000,000,000") == 30 * 10**9
-    with pytest.raises(Exception, match="whole number"):
+    with raises_naming(Exception, "whole number", "'2.5'"):
         _count("2.5")
 
 
@@ -530,7 +533,9 @@ def test_resume_after_an_interrupt_is_byte_identical(
     monkeypatch.undo()
     state = json.loads((out / datadir.WORK_DIR / prep.STATE_FILE).read_text())
     assert state["phase"] == "stream" and state["cursor"] is not None
-    with pytest.raises(DataError, match=r"has not finished .* run the same prepare command again"):
+    with raises_naming(
+        DataError, str(out), str(out / datadir.WORK_DIR), "the same prepare command"
+    ):
         open_split(out, "train")
     meta = prepare(str(text_folder), out, "bpe:300", workers=2, progress=False, shard_tokens=700)
     assert meta["_resumed"]["documents"] == state["counts"]["docs"] > 0
@@ -548,7 +553,7 @@ def test_a_second_prepare_on_the_same_folder_is_refused(text_folder: Path, tmp_p
     out = tmp_path / "d"
     out.mkdir()
     (out / datadir.MARKER_FILE).write_text("")
-    with datadir.exclusive(out), pytest.raises(DataError, match="another `taperlm prepare`"):
+    with datadir.exclusive(out), raises_naming(DataError, "taperlm prepare", str(out), "--out"):
         prepare(str(text_folder), out, "bpe:300", workers=1, progress=False)
 
 
@@ -573,7 +578,5 @@ def test_progress_line() -> None:
 def test_a_worker_that_cannot_start_is_an_error_not_a_hang(tmp_path: Path) -> None:
     tok = train_bpe([make_text(200, 1)], 300)
     encoder = encode.OrderedEncoder(tok, tmp_path / "missing", workers=2, dtype=np.uint16)
-    with pytest.raises(
-        DataError, match="a tokenizer worker could not start: DataError: no tokenizer"
-    ):
+    with raises_naming(DataError, "tokenizer worker", "DataError: no tokenizer"):
         list(encoder.map([(["some text"], 0)]))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import raises_naming
 from eval_helpers import COUNTS, write_eval_files
 from taperlm.errors import DataError
 from taperlm.evaluation.registry import load_task, zero_shot_tasks
@@ -179,9 +180,9 @@ def test_boolq_query_layout(data_dir: Path) -> None:
 
 
 def test_unknown_task_and_source(data_dir: Path) -> None:
-    with pytest.raises(DataError, match="unknown task"):
+    with raises_naming(DataError, "'mmlu'", "piqa"):
         load_task("mmlu", data_dir)
-    with pytest.raises(DataError, match="unknown --source"):
+    with raises_naming(DataError, "--source", "local", "hf"):
         load_task("piqa", data_dir, source="ftp")
 
 

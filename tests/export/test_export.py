@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import raises_naming
 from eval_helpers import tiny_model, tiny_tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -140,7 +141,7 @@ def test_left_padding_is_rejected(tmp_path: Path) -> None:
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
     ids = torch.tensor([[5, 6, 7]])
     hf(ids, attention_mask=torch.tensor([[1, 1, 0]]))  # right padding is harmless
-    with pytest.raises(ValueError, match="left padding"):
+    with raises_naming(ValueError, "left padding", "padding_side='right'"):
         hf(ids, attention_mask=torch.tensor([[0, 1, 1]]))
 
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import fault_harness
-from conftest import tiny_config
+from conftest import raises_naming, tiny_config
 from taperlm.budget import total_params
 from taperlm.cli import main as cli_main
 from taperlm.compress import prune as P
@@ -66,12 +66,12 @@ def test_widths_and_budget_are_exact(shape, params, of):
 
 def test_sizes_that_cannot_be_pruned_are_refused():
     src = tiny_config(n_layers=6, mlp_width=256)
-    with pytest.raises(ConfigError, match="fewer than the source"):
+    with raises_naming(ConfigError, "--params 1e+09", f"{total_params(src):,}"):
         P.target_width(src, 10**9)
-    with pytest.raises(ConfigError, match="below the smallest model"):
+    with raises_naming(ConfigError, "--params 0.01", "--params-of non-embedding"):
         P.target_width(src, 0.01)  # the embeddings alone are more
     width = P.target_width(src, 0.95, "non-embedding")
-    with pytest.raises(ConfigError, match=r"layer 0 .* the source has 256"):
+    with raises_naming(ConfigError, "--taper cosine:1.9:0.1", "layer 0", "256", "--params"):
         P.pruned_config(src, width, TaperSpec.parse("cosine:1.9:0.1"))
 
 

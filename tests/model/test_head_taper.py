@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from conftest import tiny_config
+from conftest import assert_naming, raises_naming, tiny_config
 from taperlm import budget, families
 from taperlm.cli import main
 from taperlm.config import ModelConfig, RunConfig, apply_overrides, run_config_from_dict, to_dict
@@ -240,27 +240,34 @@ def test_yaml_round_trip_and_resolved_heads_are_authoritative():
 
 
 @pytest.mark.parametrize(
-    ("changes", "message"),
+    ("changes", "named"),
     [
+        # the key, the numbers that break it, and the fix (re-resolve from the taper)
         (
             {"layer_heads": [4, 4, 4, 4, 4, 5]},
-            "sum to 25 but the budget is n_layers x n_heads = 24",
+            ("model.layer_heads", "25", "n_layers x n_heads = 24", "model.head_taper"),
         ),
-        ({"layer_heads": [4, 4, 4]}, "must be 6 positive multiples of the group size"),
-        ({"layer_heads": [5, 3, 4, 4, 4, 4], "n_kv_heads": 2}, "multiples of the group size"),
-        ({"layer_heads": [0, 8, 4, 4, 4, 4]}, r"model\.layer_heads\[0\] must be >= 1, got 0"),
-        ({"head_taper": "cosinus"}, r"model\.head_taper: unknown taper schedule"),
-        ({"head_taper": "cosine:1.99:0.01"}, r"model\.head_taper 'cosine:1.99:0.01'.*positive"),
-        ({"head_taper": "novelty:pilot"}, "novelty allocations act on MLP widths"),
-        ({"head_taper": "custom:1,2"}, "has 2 widths but the model has 6 layers"),
-        ({"head_taper": 3}, "model.head_taper must be a string, got 3"),
+        ({"layer_heads": [4, 4, 4]}, ("model.layer_heads", "6", "= 1", "[4, 4, 4]")),
+        (
+            {"layer_heads": [5, 3, 4, 4, 4, 4], "n_kv_heads": 2},
+            ("model.layer_heads", "= 2", "[5, 3, 4, 4, 4, 4]", "model.head_taper"),
+        ),
+        ({"layer_heads": [0, 8, 4, 4, 4, 4]}, ("model.layer_heads[0]", ">= 1", "got 0")),
+        ({"head_taper": "cosinus"}, ("model.head_taper", "'cosinus'", "uniform, cosine")),
+        ({"head_taper": "cosine:1.99:0.01"}, ("model.head_taper", "layer 5", "end multiplier")),
+        ({"head_taper": "novelty:pilot"}, ("model.head_taper", "novelty", "cosine:1.25:0.75")),
+        (
+            {"head_taper": "custom:1,2"},
+            ("model.head_taper", "'custom:1,2'", "2 widths", "6 layers"),
+        ),
+        ({"head_taper": 3}, ("model.head_taper", "string", "got 3")),
     ],
 )
-def test_bad_heads_are_named(changes, message):
+def test_bad_heads_are_named(changes, named):
     cfg = dataclasses.replace(
         headed(head_taper="uniform", taper="uniform", resolve=False), **changes
     )
-    with pytest.raises(ConfigError, match=message):
+    with raises_naming(ConfigError, *named):
         cfg.resolve()
 
 
@@ -270,7 +277,7 @@ def test_family_without_attention_rejects_a_head_taper():
     families.register(fam)
     try:
         ModelConfig(family="noattn", **_shape()).resolve()
-        with pytest.raises(ConfigError, match="no attention heads to taper"):
+        with raises_naming(ConfigError, "model.head_taper", "noattn", "head_taper: uniform"):
             ModelConfig(family="noattn", head_taper="cosine", **_shape()).resolve()
     finally:
         del families.FAMILIES["noattn"]
@@ -302,4 +309,4 @@ def test_plan_shows_heads_and_checks_the_budget(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(base, "attention_span_flops", squared)
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert "does not match its uniform baseline: FLOPs/token at context 1" in err
+    assert_naming(err, "uniform baseline", "FLOPs/token at context 1")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_config
+from conftest import raises_naming, tiny_config
 from taperlm import budget
 from taperlm.config import ModelConfig
 from taperlm.errors import ConfigError
@@ -124,7 +124,7 @@ def test_kv_cache_decoding_matches_full_forward() -> None:
 def test_config_errors() -> None:
     with pytest.raises(ConfigError, match="level_fractions"):
         hope_cfg(levels=2, level_fractions=[0.5, 0.25, 0.25], update_periods=[1, 2])
-    with pytest.raises(ConfigError, match="sum to 1"):
+    with raises_naming(ConfigError, "model.hope.level_fractions", "sum to 1", "[0.5, 0.4]"):
         hope_cfg(levels=2, level_fractions=[0.5, 0.4], update_periods=[1, 2])
     with pytest.raises(ConfigError, match="update_periods"):
         hope_cfg(levels=2, level_fractions=[0.5, 0.5], update_periods=[1, 0])

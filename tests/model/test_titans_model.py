@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_config
+from conftest import raises_naming, tiny_config
 from taperlm import budget
 from taperlm.config import ModelConfig
 from taperlm.errors import ConfigError
@@ -191,7 +191,7 @@ def test_memory_taper_changes_widths_at_equal_budget() -> None:
 def test_memory_depth_three_params_and_taper_rejected() -> None:
     cfg = small_cfg("mal", memory_depth=3)
     assert budget.total_params(cfg) == TaperedLM(cfg).num_params()
-    with pytest.raises(ConfigError, match="memory_depth 2"):
+    with raises_naming(ConfigError, "model.titans.memory_taper", "memory_depth 2", "uniform"):
         small_cfg("mal", memory_depth=3, memory_taper="cosine")
 
 

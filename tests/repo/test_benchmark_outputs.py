@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import assert_naming, raises_naming
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if p.stem not in ("common", "outputs"))
 OUTPUT_OPTIONS = ("--json", "--plot", "--png", "--md", "--csv", "--out", "--report-file")
@@ -149,7 +151,7 @@ def test_a_users_file_is_refused_before_any_work(name, option, bench, tmp_path, 
     with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as stop:
         module.main([option, str(mine)])
     assert stop.value.code == 2
-    assert "was not written by a benchmark script" in err.getvalue()
+    assert_naming(err.getvalue(), str(mine), "choose a new path")
     assert mine.read_bytes() == before
 
 
@@ -161,7 +163,7 @@ def test_what_a_benchmark_writes_it_may_replace(bench, tmp_path):
     common.write_json("x", {"rows": [2]}, p)  # a rerun replaces its own
     assert json.loads(p.read_text())["rows"] == [2]
     mine, before = _user_file(tmp_path)
-    with pytest.raises(SystemExit, match="not written by a benchmark"):
+    with raises_naming(SystemExit, str(mine), "choose a new path"):
         common.write_json("x", {"rows": [3]}, mine)  # the library path refuses too
     assert mine.read_bytes() == before
     # a PNG carries the stamp in its metadata
@@ -178,12 +180,12 @@ def test_what_a_benchmark_writes_it_may_replace(bench, tmp_path):
     assert outputs.is_ours(outputs.RESULTS_DIR / "anything.json")
     assert outputs.is_ours(outputs.RESULTS_DIR.parents[1] / "docs" / "img" / "robustness.png")
     # a folder where a file goes, a dangling link
-    assert "is a folder" in outputs.output_problem(tmp_path)
+    assert_naming(outputs.output_problem(tmp_path), str(tmp_path), str(tmp_path / "results.json"))
     (tmp_path / "dangling").symlink_to(tmp_path / "gone")
-    assert "does not exist" in outputs.output_problem(tmp_path / "dangling")
+    assert_naming(outputs.output_problem(tmp_path / "dangling"), "dangling", str(tmp_path / "gone"))
     # a link to a user's file is the user's file; one to ours is written through, link kept
     (tmp_path / "link.json").symlink_to(mine)
-    assert "not written by a benchmark" in outputs.output_problem(tmp_path / "link.json")
+    assert_naming(outputs.output_problem(tmp_path / "link.json"), "link.json", "choose a new path")
     (tmp_path / "ours.json").symlink_to(p)
     common.write_json("x", {"rows": [4]}, tmp_path / "ours.json")
     assert (tmp_path / "ours.json").is_symlink() and json.loads(p.read_text())["rows"] == [4]
@@ -203,7 +205,8 @@ def test_compare_precision_fills_only_its_own_folders(bench, tmp_path):
     err = io.StringIO()
     with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as stop:
         cp.main(["--smoke", "--out", str(user)])
-    assert stop.value.code == 2 and "not filled by a benchmark script" in err.getvalue()
+    assert stop.value.code == 2
+    assert_naming(err.getvalue(), str(user), "new or empty folder")
     assert {p.name: p.read_bytes() for p in user.iterdir()} == snapshot
     claimed = outputs.claim_folder(tmp_path / "claimed")
     (claimed / "data").mkdir()  # an interrupted run: claimed before anything else
@@ -212,7 +215,7 @@ def test_compare_precision_fills_only_its_own_folders(bench, tmp_path):
     earlier.mkdir()
     (earlier / "precision.json").write_text(json.dumps({"candidates": {}, "target": 0.012}))
     assert outputs.folder_problem(earlier, cp._earlier_run) is None
-    assert "a file, not a folder" in outputs.folder_problem(user / "text.txt")
+    assert_naming(outputs.folder_problem(user / "text.txt"), str(user / "text.txt"), "folder")
 
 
 def test_no_script_imports_torch_for_the_output_rules():

@@ -26,6 +26,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from conftest import raises_naming
 from taperlm.config import (
     DataConfig,
     ModelConfig,
@@ -371,9 +372,9 @@ def test_structured_text_parsers(leaf, depth, kinds, siblings):
     if _depth(value) <= MAX_DEPTH:
         assert parse_json(text) == value
     else:
-        with pytest.raises(MalformedFileError, match="nests deeper"):
+        with raises_naming(MalformedFileError, "JSON", f"{MAX_DEPTH} levels"):
             parse_json(text)
-        with pytest.raises(MalformedFileError, match="nest"):
+        with raises_naming(MalformedFileError, "YAML", f"{MAX_DEPTH} levels"):
             parse_yaml(text)
     noise = text[: len(text) // 2] + "".join(str(s) for s in siblings)
     for parse in (parse_json, parse_yaml):

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import fault_harness as H
+from conftest import raises_naming
 from taperlm.cli import COMMANDS, build_parser, subcommand_parser
 from taperlm.cli import main as cli_main
 from taperlm.domains import PathArg
@@ -163,7 +164,7 @@ def test_the_check_refuses_what_it_should(tmp_path):
     for own in KINDS:
         root = tmp_path / own
         root.mkdir()
-        with pytest.raises(ConfigError, match="is not empty"):
+        with raises_naming(ConfigError, "--out", str(root), "new or empty folder"):
             check_folder(make_folder(root, "user"), own, "--out")
         for other in set(KINDS) - {own}:
             with pytest.raises(ConfigError, match=re.escape(f"is {KINDS[other].what}")):
@@ -258,7 +259,7 @@ def test_trainer_refuses_a_foreign_folder_for_library_callers(trained, tmp_path)
 
     user = make_folder(tmp_path, "user")
     before = _snapshot(user)
-    with pytest.raises(ConfigError, match="is not empty"):
+    with raises_naming(ConfigError, str(user), "new or empty folder"):
         train(load_run_config(trained / "config.yaml"), user)
     assert _snapshot(user) == before
 

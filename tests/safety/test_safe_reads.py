@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from conftest import raises_naming
 from taperlm.errors import UnsafeFileError
 from taperlm.io import open_regular, path_inside, read_bytes, read_text
 
@@ -45,7 +46,7 @@ def test_nothing_opened_blocks_or_reads_a_special_file(tmp_path, kind):
 def test_a_link_to_a_special_file_is_refused_too(tmp_path):
     link = tmp_path / "link"
     link.symlink_to("/dev/zero")
-    with pytest.raises(UnsafeFileError, match="a device"):
+    with raises_naming(UnsafeFileError, str(link), "device", "regular file"):
         open_regular(link, 10)
 
 
@@ -53,14 +54,14 @@ def test_size_is_checked_before_reading(tmp_path):
     f = tmp_path / "big"
     f.write_bytes(b"x" * 101)
     assert read_bytes(f, 101) == b"x" * 101
-    with pytest.raises(UnsafeFileError, match="101 bytes"):
+    with raises_naming(UnsafeFileError, "manifest", str(f), "101 bytes", "100 bytes"):
         read_bytes(f, 100, "manifest")
 
 
 def test_text_that_is_not_utf8_is_named(tmp_path):
     f = tmp_path / "t"
     f.write_bytes(b"ok\xff")
-    with pytest.raises(UnsafeFileError, match="not UTF-8"):
+    with raises_naming(UnsafeFileError, str(f), "UTF-8", "byte 2"):
         read_text(f, 100)
 
 
@@ -73,7 +74,7 @@ def test_names_read_from_a_file_stay_inside_its_folder(tmp_path, name):
     (tmp_path / "outside").mkdir()
     (root / "link").symlink_to(tmp_path / "outside")
     (root / "outlink").symlink_to(tmp_path / "victim.txt")
-    with pytest.raises(UnsafeFileError, match="outside"):
+    with raises_naming(UnsafeFileError, "shard", repr(name), str(root), "outside"):
         path_inside(root, name, "shard")
 
 

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import raises_naming
 from taperlm.errors import TaperError
 from taperlm.solver import solve_sizes
 from taperlm.taper import TaperSpec, multipliers
@@ -111,46 +112,49 @@ def test_custom_widths_and_multipliers():
 
 
 @pytest.mark.parametrize(
-    ("spec", "layers", "baseline", "message"),
+    ("spec", "layers", "baseline", "named"),
     [
-        ("cosine:1.99:0.01", 8, 64, "positive width"),
-        ("cosine", 8, 100, "not a multiple of multiple_of=16"),
-        ("cosine:1.5:1.0", 12, 512, "mean multiplier 1.25"),
-        ("cosine:1.05:1.0", 12, 512, "cannot meet the budget"),
-        ("custom:1.0,1000000.0,1.0,1.0", 4, 512, "mean multiplier 2.5e"),
-        ("custom:768,512", 3, 512, "has 2 widths but the model has 3 layers"),
-        ("custom:1.5,0.5", 3, 512, "has 2 values but the model has 3 layers"),
-        ("custom:768,512,512", 3, 512, "sum to 1792 but the budget is 3 x 512 = 1536"),
-        ("groups:1,1,1,1", 3, 512, "4 groups need at least 4 layers"),
+        # the layer, its width's inputs and the two knobs that fix it
+        ("cosine:1.99:0.01", 8, 64, ("layer 6", "0.1080 x 64", "end multiplier", "multiple_of")),
+        ("cosine", 8, 100, ("100", "multiple_of=16")),
+        ("cosine:1.5:1.0", 12, 512, ("cosine:1.5:1.0", "1.25", "start + end = 2")),
+        ("cosine:1.05:1.0", 12, 512, ("cosine:1.05:1.0", "12 x 512 = 6144", "multiple_of=16")),
+        ("custom:1.0,1000000.0,1.0,1.0", 4, 512, ("2.5e+05", "1.0")),
+        ("custom:768,512", 3, 512, ("2 widths", "3 layers")),
+        ("custom:1.5,0.5", 3, 512, ("2 values", "3 layers")),
+        ("custom:768,512,512", 3, 512, ("1792", "3 x 512 = 1536", "+256")),
+        ("groups:1,1,1,1", 3, 512, ("4 groups", "4 layers", "3")),
     ],
 )
-def test_specific_errors(spec, layers, baseline, message):
-    with pytest.raises(TaperError, match=message):
+def test_specific_errors(spec, layers, baseline, named):
+    """Each refusal names the numbers that break the budget and, where there is one, the fix."""
+    with raises_naming(TaperError, *named):
         solve_sizes(TaperSpec.parse(spec), layers, baseline)
 
 
 @pytest.mark.parametrize(
-    ("text", "message"),
+    ("text", "named"),
     [
-        ("cosinus", "unknown taper schedule"),
-        ("cosine:1.5", "expected cosine or cosine:START:END"),
-        ("cosine:a:b", "is not a number"),
-        ("cosine:1.5:-0.5", "must be >= 0"),
-        ("sigmoid:1.5:0.5:0", "steepness"),
-        ("uniform:2", "takes no arguments"),
-        ("groups:", "needs a comma-separated list"),
-        ("custom:1:2", "use commas"),
+        ("cosinus", ("'cosinus'", "uniform, cosine, linear, sigmoid, groups, custom, novelty")),
+        ("cosine:1.5", ("'cosine:1.5'", "cosine:START:END")),
+        ("cosine:a:b", ("'cosine:a:b'", "'a'")),
+        ("cosine:1.5:-0.5", ("end", ">= 0", "-0.5")),
+        ("sigmoid:1.5:0.5:0", ("steepness", "> 0", "0.0")),
+        ("uniform:2", ("'uniform'", "'uniform:2'")),
+        ("groups:", ("'groups:'", "groups:1.5,1.0,0.5")),
+        ("custom:1:2", ("'custom:1:2'", "commas")),
     ],
 )
-def test_parse_errors(text, message):
-    with pytest.raises(TaperError, match=message):
+def test_parse_errors(text, named):
+    """Each names the text it refuses and what would be accepted (the schedules, the form)."""
+    with raises_naming(TaperError, *named):
         TaperSpec.parse(text)
 
 
 def test_monotone_request_rejects_non_monotone():
     spec = TaperSpec.parse("groups:1.0,1.5,0.5")
     spec.monotone = True
-    with pytest.raises(TaperError, match="not monotone"):
+    with raises_naming(TaperError, "groups:1.0,1.5,0.5", "monotone"):
         solve_sizes(spec, 6, 512)
 
 

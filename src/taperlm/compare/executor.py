@@ -297,24 +297,29 @@ def _eta(done_now: int, left: int, elapsed: float) -> str:
 
 
 def choose_jobs(
-    opts: CompareOptions, grid: Grid, runs: Path, settings: EvalSettings, reported: bool = False
+    opts: CompareOptions,
+    grid: Grid,
+    runs: Path,
+    settings: EvalSettings,
+    reported: bool = False,
+    idle_cpus: Callable[[], tuple[int, int, float]] = cpus.idle_cpus,
+    usable_cpus: Callable[[], int] = cpus.usable_cpus,
+    cell_state: Callable[[Cell, Path, dict[str, Any]], tuple[str, Any]] = runner.cell_state,
 ) -> int:
     """--jobs, else as many cells at a time as idle cores allow at --threads each (at least
     one, at most the cells left to run); says what it chose and why (`reported`: a grid of
-    reported seeds, which --stop may end sooner)."""
-    # module attributes, looked up per call: tests stand in for the machine and the cells' state
-    todo = sum(
-        runner.cell_state(c, runs / c.name, settings.to_dict())[0] != "cached" for c in grid.cells
-    )
+    reported seeds, which --stop may end sooner). The machine's CPU counts and the cells' state
+    default to the real ones; a caller (a test) may stand in for another machine."""
+    todo = sum(cell_state(c, runs / c.name, settings.to_dict())[0] != "cached" for c in grid.cells)
     if todo == 0:
         return 1
     if opts.jobs is not None:
-        jobs, usable = opts.jobs, cpus.usable_cpus()
+        jobs, usable = opts.jobs, usable_cpus()
         why = f"--jobs {jobs}; {usable} usable CPU(s)"
         if jobs * opts.threads > usable:
             why += f", OVERSUBSCRIBED: {jobs * opts.threads} threads (slower, same numbers)"
     else:
-        idle, usable, busy = cpus.idle_cpus()
+        idle, usable, busy = idle_cpus()
         jobs = max(1, min(todo, idle // opts.threads))
         why = f"{usable} usable CPU(s), {busy:.1f} busy with other processes; --jobs N to override"
     most = "up to " if reported and opts.stop.kind != "fixed" else ""

@@ -703,14 +703,20 @@ class CheckpointClock:
     """The `on_step` policy of one cell: "stop" once a stop is requested, "checkpoint" when
     CHECKPOINT_SECONDS have passed since the cell's last checkpoint."""
 
-    def __init__(self, checkpoint_every: int, stop: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        checkpoint_every: int,
+        stop: Callable[[], bool],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.every, self.stop = checkpoint_every, stop
-        self.last = time.monotonic()
+        self.clock = clock  # seconds; a test passes a fake one
+        self.last = clock()
 
     def __call__(self, step: int, total: int) -> str | None:
         if self.stop():
             return "stop"
-        now = time.monotonic()
+        now = self.clock()
         if self.every and step % self.every == 0:
             self.last = now  # the trainer checkpoints this step anyway
         elif now - self.last >= CHECKPOINT_SECONDS and step < total:

@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -35,7 +36,8 @@ SIGNALS = (signal.SIGINT,)
 class SignalStop:
     """Context manager and `on_step` hook; `stopped_at` is the step it stopped the run at."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock  # when a signal arrived (a test passes a fake one)
         self.armed = False  # a step has ended: a signal now means "checkpoint and stop"
         self.requested_at: float | None = None
         self.stopped_at: int | None = None
@@ -53,7 +55,7 @@ class SignalStop:
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if not self.armed:
             _interrupt_when_safe(signum, frame)
             return
