@@ -192,11 +192,9 @@ def test_without_wikitext_a_run_uses_its_validation_split(tmp_path: Path, gpt2_d
     from taperlm.data.identity import record_run_data
     from taperlm.data.loader import open_split
     from taperlm.data.prepare import prepare
-    from taperlm.evaluation import locate
     from taperlm.models import TaperedLM
 
     # no evaluation data anywhere: the suite runs with the lookup off (conftest.py)
-    assert locate.eval_data_dir() is None
     (tmp_path / "corpus.txt").write_text(TEXT * 4, encoding="utf-8")
     data_dir = tmp_path / "data"
     prepare(str(tmp_path / "corpus.txt"), data_dir, "bpe:300", val_tokens=200, progress=False)

@@ -240,7 +240,6 @@ def test_eval_auto_runs_what_it_has_and_names_the_rest(tmp_path: Path, capsys) -
     import shutil
 
     from taperlm.cli import main
-    from taperlm.evaluation import locate
     from taperlm.hf.export import export_model
 
     data_dir = write_eval_files(tmp_path / "data")
@@ -266,7 +265,7 @@ def test_eval_auto_runs_what_it_has_and_names_the_rest(tmp_path: Path, capsys) -
     (note,) = [n for n in blob["meta"]["notes"] if "skipped" in n and "zero-shot" in n]
     assert "piqa, boolq" in note and "--tasks paper --source hf" in note
 
-    assert locate.eval_data_dir() is None  # the suite runs with the lookup off (conftest.py)
+    # the suite runs with the evaluation-data lookup off (conftest.py)
     assert main(["eval", str(export)]) == 2
     err = capsys.readouterr().err
     assert_naming(err, "--source hf", "--data-dir DIR", "val", "run data dir")
