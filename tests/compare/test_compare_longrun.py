@@ -1,8 +1,8 @@
 """`taperlm compare --paper tokens` and `--paper ratios`: the plans meet the issue's brief (budgets
-in tokens per parameter, the ratio sweep past 1.9 -> 0.1 with distinct widths), every point is a
-valid comparison, the trend fits recover known trends from synthetic points and say when they
-cannot extrapolate, the report pieces are written, and a toy sweep with a zero-width ratio runs
-end to end."""
+in tokens per parameter, the ratio sweep past 1.9 -> 0.1 with distinct widths),
+every point is a valid comparison, the trend fits recover known trends from synthetic points and
+say when they cannot extrapolate (a best ratio at either edge of the sweep is a bound), the report
+pieces are written, and a toy sweep with a zero-width ratio runs end to end."""
 
 from __future__ import annotations
 
@@ -119,7 +119,18 @@ def test_fit_trend_recovers_a_known_slope_and_prediction():
     assert longrun.fit_trend(same, ys, [0.004] * 5, (1.0, 8.6)) is None
 
 
-def _point(size: str, params: int, tpp: float, d15: float, best: float, edge: float) -> dict:
+def _point(
+    size: str,
+    params: int,
+    tpp: float,
+    d15: float,
+    best: float,
+    edge: float,
+    lower: float | None = None,
+    starts: tuple[float, ...] | None = None,
+) -> dict:
+    """A scaling report's point; `lower` and `starts` left out as in reports written before
+    the lower edge was reported."""
     ci = [d15 - 0.01, d15 + 0.01]
     return {
         "point": f"{size}-{int(tpp * params)}",
@@ -137,6 +148,8 @@ def _point(size: str, params: int, tpp: float, d15: float, best: float, edge: fl
             "ci": [best - 0.05, best + 0.05],
             "at_upper_edge": edge,
             "lowest": 1.9,
+            **({} if lower is None else {"at_lower_edge": lower}),
+            **({} if starts is None else {"starts": list(starts)}),
         },
     }
 
@@ -186,6 +199,44 @@ def test_trend_report_says_why_it_cannot_extrapolate(tmp_path):
     assert "steepest" in trend["best_ratio"]["nano"]["reason"]
     text = (tmp_path / "trend.md").read_text()
     assert "no trend: one size" in text and "(edge)" in text
+
+
+def test_a_best_ratio_at_the_lower_edge_is_a_bound_not_a_trend_point(tmp_path):
+    """Three points whose best sits at uniform, the lowest start swept (what nano measured at 8
+    tokens per parameter): the best-ratio trend refuses to go through them, naming the lower
+    edge and what to run, and the table marks "(edge: uniform)"; at an inverse taper's 0.5 the
+    mark is "(edge: mildest swept)" and the advice is a lower start. Reports without the key
+    (written before it existed) read as inside, as before."""
+    uniform_sweep = (1.0, 1.25, 1.5, 1.75, 1.9)
+    pts = [_point("nano", 266_816, t, 0.02, 1.0, 0.0, 0.9, uniform_sweep) for t in (2, 8, 32)]
+    _, js = longrun.write_trend_report(_report(tmp_path, pts), "tokens")
+    doc = json.loads(js.read_text())
+    reason = doc["trends"]["best_ratio"]["nano"]["reason"]
+    assert "lower edge, uniform" in reason and "upper bound" in reason
+    assert "cosine:0.5:1.5" in reason
+    assert "coefficients" not in doc["trends"]["best_ratio"]["nano"]
+    assert "coefficients" in doc["trends"]["diff_1.5"]["nano"]  # the advantage still trends
+    assert doc["points"][0]["best_ratio"]["at_lower_edge"] == 0.9
+    assert doc["points"][0]["best_ratio"]["lowest_start"] == 1.0
+    table = "\n".join(longrun.trend_table(doc["points"]))
+    assert table.count("(edge: uniform)") == 3 and "(edge)" not in table
+    assert (tmp_path / longrun.BEST_RATIO_PLOT).stat().st_size > 1000
+    inverse = (0.5, 0.75, *uniform_sweep)
+    deep = [_point("nano", 266_816, t, 0.02, 0.5, 0.0, 0.8, inverse) for t in (8, 32, 68)]
+    rows = longrun.trend_rows(deep)
+    assert "(edge: mildest swept)" in "\n".join(longrun.trend_table(rows))
+    reason = longrun.trends(rows)["best_ratio"]["nano"]["reason"]
+    assert "mildest start swept" in reason and "start 0.5" in reason and "0.25" in reason
+    # one point at each edge: both named
+    both = longrun.trends(longrun.trend_rows([pts[0], deep[1], _point(
+        "nano", 266_816, 0.5, -0.05, 1.9, 0.9)]))["best_ratio"]["nano"]["reason"]  # fmt: skip
+    assert "steepest" in both and "lower edge, uniform" in both and "mildest" in both
+    # inside at both ends: the trend is fitted; an old report (no key) is inside
+    inside = [_point("nano", 266_816, t, 0.02, 1.2, 0.1, 0.1, inverse) for t in (2, 8, 32)]
+    assert "coefficients" in longrun.trends(longrun.trend_rows(inside))["best_ratio"]["nano"]
+    old = longrun.trend_rows([_point("nano", 266_816, 2, 0.0, 1.29, 0.2)])
+    assert old[0]["best_ratio"]["at_lower_edge"] is None
+    assert longrun.at_edge(old[0]["best_ratio"]) is None
 
 
 @pytest.mark.slow  # ~30 s of CPU: 2 points x 8 toy runs

@@ -11,8 +11,10 @@ resampled with replacement (a seed keeps all its allocations, so the pairing sur
 resample's best ratio is the vertex of the parabola through its lowest-loss swept ratio and that
 ratio's two neighbours (`local_parabola`); the point estimate uses all seeds, the interval is the
 2.5-97.5 percentile range. Local, because losses over the whole sweep need not be a parabola (they
-can fall steeply and then flatten). An optimum beyond the steepest ratio clips to the edge; the
-fraction of resamples at the edge is reported, because then the interval is a lower bound.
+can fall steeply and then flatten). An optimum beyond either end of the sweep clips to that end;
+the fraction of resamples at each end is reported (`at_upper_edge`: the steepest start swept,
+`at_lower_edge`: the lowest, uniform's 1.0 unless inverse tapers are swept), because then the
+interval is a bound, not an interval.
 
 OUT/report.md, report.json and scaling.png put the points together: best ratio against
 parameters (one line per token budget) and against tokens per parameter, beside the paper's 440M
@@ -241,7 +243,8 @@ def fit_best_ratio(
     uniform): the vertex of `local_parabola` through the per-start mean losses, on all seeds
     (`best`) and per bootstrap resample of seeds (`ci`: 2.5-97.5 percentiles; `at_upper_edge`:
     the fraction of resamples whose best is the steepest start, i.e. the optimum at or beyond
-    the sweep). Local, because the losses over the whole range are no parabola: they can fall
+    the sweep; `at_lower_edge`: the same at the lowest start swept, uniform's 1.0 or an inverse
+    taper's, the optimum at or below it). Local, because the losses over the whole range are no parabola: they can fall
     steeply and then flatten, and a quadratic through all of them puts its minimum at the edge
     however flat the end. Beside the fit, what was measured: `lowest`, the swept start with the
     lowest mean loss, and `lowest_share`, {start: the fraction of resamples in which it has the
@@ -256,6 +259,7 @@ def fit_best_ratio(
             "best": None,
             "ci": None,
             "at_upper_edge": None,
+            "at_lower_edge": None,
             "lowest": None,
             "lowest_share": None,
             "n_seeds": 0,
@@ -269,6 +273,7 @@ def fit_best_ratio(
         "best": best,
         "ci": None,
         "at_upper_edge": None,
+        "at_lower_edge": None,
         "lowest": starts[int(np.argmin(means))],
         "lowest_share": None,
         "n_seeds": len(seeds),
@@ -282,6 +287,7 @@ def fit_best_ratio(
         boots = np.array([local_parabola(x, table[p].mean(axis=0))[0] for p in picks])
         out["ci"] = [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))]
         out["at_upper_edge"] = float(np.mean(boots >= x[-1] - 1e-9))
+        out["at_lower_edge"] = float(np.mean(boots <= x[0] + 1e-9))
         lowest = np.argmin(table[picks].mean(axis=1), axis=1)  # resamples x starts -> index
         out["lowest_share"] = {f"{r:g}": float(np.mean(lowest == i)) for i, r in enumerate(starts)}
     return out
@@ -351,11 +357,14 @@ def _paired(d: dict[str, Any] | None) -> PairedDifference | None:
 
 def points_table(rows: list[dict[str, Any]], link: bool = True) -> list[str]:
     """The markdown table of the points (`link`: each point links to its own report; the docs
-    copy the table without links)."""
+    copy the table without links). The share of resamples at the lowest start swept is a column
+    when a fit reports it (reports written before `at_lower_edge` existed keep their table)."""
     tapers_seen = list(rows[0]["diffs"]) if rows else []
+    lower = any(r["fit"].get("at_lower_edge") is not None for r in rows)
     head = ["point", "params", "tokens", "tokens/param", "uniform's tuned lr"]
     head += [f"Δ {t} [95% CI]" for t in tapers_seen if t != "uniform"]
     head += ["best start ratio [95% bootstrap]", "resamples at the steepest"]
+    head += ["resamples at the lowest start"] if lower else []
     head += ["lowest measured loss at (share of resamples)"]
     table = []
     for r in rows:
@@ -363,7 +372,7 @@ def points_table(rows: list[dict[str, Any]], link: bool = True) -> list[str]:
         best = "–" if f["best"] is None else f"{f['best']:.2f}"
         if f["ci"]:
             best += f" [{f['ci'][0]:.2f}, {f['ci'][1]:.2f}]"
-        edge = "–" if f["at_upper_edge"] is None else f"{100 * f['at_upper_edge']:.0f}%"
+        edge = _share(f["at_upper_edge"])
         low = _lowest(f)
         lr = "–" if r["lr"] is None else f"{r['lr']:g}" + (" (edge)" if r["lr_at_edge"] else "")
         table.append(
@@ -376,10 +385,15 @@ def points_table(rows: list[dict[str, Any]], link: bool = True) -> list[str]:
                 *(diff_ci(_paired(r["diffs"][t]), ".4f") for t in tapers_seen if t != "uniform"),
                 best,
                 edge,
+                *([_share(f.get("at_lower_edge"))] if lower else []),
                 low,
             ]
         )
     return md_table(head, table)
+
+
+def _share(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.0f}%"
 
 
 def _lowest(fit: dict[str, Any]) -> str:
@@ -424,7 +438,8 @@ def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any], plot: str | None
         "ratio: the vertex of the parabola through the swept ratio with the lowest mean loss and "
         "its two neighbours (uniform = 1.0), within the swept range; interval: 2.5–97.5 "
         f"percentiles over {BOOTSTRAP} bootstrap resamples of the seeds. When many resamples put "
-        "the best at the steepest ratio, the optimum lies at or beyond it. Lowest measured loss: "
+        "the best at the steepest ratio, the optimum lies at or beyond it; at the lowest start "
+        "swept (uniform, or an inverse taper's start below 1), at or below that. Lowest measured loss: "
         "the swept ratios with the lowest mean loss, each with the share of resamples in which it "
         "is lowest (≥ 10% shown). The paper's point: 440M parameters, 30B tokens "
         "(68 tokens/param), best 1.5→0.5.",
