@@ -1,5 +1,5 @@
 """`taperlm compare --paper tokens` and `--paper ratios`: the plans meet the issue's brief (budgets
-in tokens per parameter, the ratio sweep past 1.9 -> 0.1 with distinct widths),
+in tokens per parameter, the ratio sweep past 1.9 -> 0.1 with distinct widths and below uniform),
 every point is a valid comparison, the trend fits recover known trends from synthetic points and
 say when they cannot extrapolate (a best ratio at either edge of the sweep is a bound), the report
 pieces are written, and a toy sweep with a zero-width ratio runs end to end."""
@@ -42,6 +42,7 @@ def test_token_axis_plan_meets_the_brief():
         for t, want in zip(sizes[name].tokens, longrun.TOKENS_PER_PARAM[name]):
             assert abs(t - want * params) <= 512 and t % 1024 == 0
     assert 1.5 in plan.starts and len(plan.starts) >= 4
+    assert plan.starts == (0.5, 0.75, 1.25, 1.5, 1.75, 1.9)
     assert longrun.budget_tokens("nano", 68) == sizes["nano"].tokens[-1]
     params = total_params(get_preset("transformer-nano", resolve=False).resolve())
     assert params == 266_816  # 0.27M at its 512-token vocabulary
@@ -52,6 +53,7 @@ def test_ratio_axis_goes_past_the_old_edge_with_distinct_widths():
     swept ratio gives its own widths (at 16, 1.9 and 1.95 coincide)."""
     plan = longrun.plan_of("ratios")
     assert max(plan.starts) == 2.0 and 1.95 in plan.starts and 1.5 in plan.starts
+    assert plan.starts == (0.5, 0.75, 1.5, 1.75, 1.9, 1.95, 2.0)
     nano = next(s for s in plan.sizes if s.name == "nano")
     from taperlm.solver import solve_sizes
 
@@ -66,6 +68,36 @@ def test_ratio_axis_goes_past_the_old_edge_with_distinct_widths():
         for s in (1.9, 1.95)
     ]
     assert coarse[0] == coarse[1]  # why nano steps by 8
+
+
+@pytest.mark.parametrize("mode", longrun.MODES)
+def test_both_modes_sweep_below_uniform(mode):
+    """Inverse tapers 0.75 -> 1.25 and 0.5 -> 1.5 (the best start sat at uniform, the old lower
+    edge, at 8 tokens per parameter): at nano's step of 8 the widths grow with depth, mirror
+    1.5 -> 0.5's and keep the budget; the points' --tapers list them by start, below uniform;
+    the trend rows map a start below 1 to its allocation (not to uniform's 1.0)."""
+    from taperlm.compare import scaling
+    from taperlm.compare.grid import parse_allocations, split_taper_list
+    from taperlm.solver import solve_sizes
+
+    plan = longrun.plan_of(mode)
+    assert {0.5, 0.75} <= set(plan.starts) and min(plan.starts) == 0.5
+    assert solve_sizes(TaperSpec.parse("cosine:0.5:1.5", 8), 4, 176) == [88, 128, 224, 264]
+    assert solve_sizes(TaperSpec.parse("cosine:0.75:1.25", 8), 4, 176) == [136, 152, 192, 224]
+    nano = [p for p in scaling.point_options(CompareOptions(out=Path("x"), paper=mode), plan)
+            if p[1].name == "nano"]  # fmt: skip
+    assert nano
+    for _key, _size, _tokens, sub in nano:
+        texts = split_taper_list(sub.tapers)
+        assert texts[:3] == ["cosine:0.5:1.5", "cosine:0.75:1.25", "uniform"]
+        assert [scaling.start_of(t) for t in texts] == sorted(scaling.start_of(t) for t in texts)
+        names = [a.name for a in parse_allocations(texts, 8)]
+        assert "cosine-0.5-1.5" in names and "cosine-0.75-1.25" in names
+    point = _point("nano", 266_816, 8, 0.02, 0.6, 0.0, 0.1, (0.5, 0.75, 1.0, 1.5))
+    point["fit"]["lowest"] = 0.5
+    point["diffs"]["cosine:0.5:1.5"] = {"mean": -0.01, "ci": [-0.02, 0.0]}
+    (row,) = longrun.trend_rows([point])
+    assert row["best_measured"] == "cosine:0.5:1.5" and row["diff_best"]["mean"] == -0.01
 
 
 @pytest.mark.parametrize("mode", longrun.MODES)
@@ -213,7 +245,7 @@ def test_a_best_ratio_at_the_lower_edge_is_a_bound_not_a_trend_point(tmp_path):
     doc = json.loads(js.read_text())
     reason = doc["trends"]["best_ratio"]["nano"]["reason"]
     assert "lower edge, uniform" in reason and "upper bound" in reason
-    assert "cosine:0.5:1.5" in reason
+    assert "--paper tokens" in reason and "cosine:0.5:1.5" in reason
     assert "coefficients" not in doc["trends"]["best_ratio"]["nano"]
     assert "coefficients" in doc["trends"]["diff_1.5"]["nano"]  # the advantage still trends
     assert doc["points"][0]["best_ratio"]["at_lower_edge"] == 0.9

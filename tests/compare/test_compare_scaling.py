@@ -116,6 +116,20 @@ def test_points_table_shows_the_lower_edge_when_the_fit_reports_it():
     assert "lowest start" not in scaling.points_table([old])[0]
 
 
+def test_a_sweep_below_uniform_is_ordered_by_start():
+    """Inverse tapers sort below uniform's 1.0 in the --tapers list (`--stop-on best` weighs the
+    best against its list neighbours) and START = 1 is refused (uniform is always swept)."""
+    assert scaling.tapers((0.5, 0.75, 1.5)) == (
+        "cosine:0.5:1.5;cosine:0.75:1.25;uniform;cosine:1.5:0.5"
+    )
+    assert scaling.tapers((1.5, 1.9)).startswith("uniform;")
+    assert scaling.start_of("cosine:0.5:1.5") == 0.5
+    for starts in ((1.0, 1.5), (-0.5, 1.5), (1.5, 2.5)):
+        plan = scaling.ScalingPlan(sizes=TOY.sizes, tokens=[128], starts=starts)
+        with pytest.raises(ConfigError, match="other than 1"):
+            scaling.point_options(CompareOptions(out=Path("x"), paper="scaling"), plan)
+
+
 def test_fit_ignores_incomplete_seeds_and_needs_three_ratios():
     data = _synthetic(1.5, seeds=4, noise=0.002)
     data[9] = {1.0: 1.0}  # a seed still running: left out, not a crash

@@ -6,12 +6,12 @@ Both are `--paper scaling` sweeps (`taperlm.compare.scaling`: every point a comp
 sweep at that lr, the best ratio fitted with its bootstrap interval), over other points:
 
 - `tokens`: the token axis. nano (0.27M parameters, bpe:512) at 0.5, 2, 8, 32 and 68 tokens per
-  parameter, micro (1.06M, bpe:2048) at 0.5, 2 and 10; the sweep uniform and cosine 1.25, 1.5,
-  1.75, 1.9 (end = 2 - start). Uniform's lr is tuned per budget (the optimum lr moves with the
-  length of training).
-- `ratios`: the ratio axis past the old edge: uniform and cosine 1.5, 1.75, 1.9, 1.95, 2.0
-  (2.0 -> 0.0: the last layer's MLP vanishes, a zero width) at nano 0.5, 8 and 68 and micro 0.5
-  and 10 tokens per parameter.
+  parameter, micro (1.06M, bpe:2048) at 0.5, 2 and 10; the sweep uniform and cosine 0.5, 0.75,
+  1.25, 1.5, 1.75, 1.9 (end = 2 - start; below 1 an inverse taper, width growing with depth).
+  Uniform's lr is tuned per budget (the optimum lr moves with the length of training).
+- `ratios`: the ratio axis past both old edges: uniform and cosine 0.5, 0.75, 1.5, 1.75, 1.9,
+  1.95, 2.0 (2.0 -> 0.0: the last layer's MLP vanishes, a zero width) at nano 0.5, 8 and 68 and
+  micro 0.5 and 10 tokens per parameter.
 
 nano's widths step by 8 (`--multiple-of 8` for its points): at 16, 1.9 -> 0.1 and 1.95 -> 0.05
 give the same four widths at its baseline of 176.
@@ -62,7 +62,12 @@ SIZES = {
 }
 TOKENS_PER_PARAM = {"nano": (0.5, 2.0, 8.0, 32.0, 68.0), "micro": (0.5, 2.0, 10.0)}
 RATIO_TOKENS_PER_PARAM = {"nano": (0.5, 8.0, 68.0), "micro": (0.5, 10.0)}
-RATIO_STARTS = (1.5, 1.75, 1.9, 1.95, 2.0)
+# Inverse tapers (width growing with depth; start < 1) below uniform in both modes: by 8 tokens
+# per parameter the best start sat at uniform, the sweep's lower edge (nano-2134016: 1.00
+# [1.00, 1.23]), where a sweep that stops at uniform cannot put the optimum inside its range.
+INVERSE_STARTS = (0.5, 0.75)
+TOKEN_STARTS = (*INVERSE_STARTS, *SCALING_STARTS)
+RATIO_STARTS = (*INVERSE_STARTS, 1.5, 1.75, 1.9, 1.95, 2.0)
 MODES = ("tokens", "ratios")
 TREND_BOOT = 4000
 ADVANTAGE_PLOT = "advantage.png"
@@ -108,7 +113,7 @@ def plan_of(mode: str, sizes: str | None = None) -> ScalingPlan:
         budgets = tuple(budget_tokens(name, t) for t in table[name])
         out.append(ScalingSize(name, preset, tokens=budgets, multiple_of=step))
     every = sorted({t for s in out for t in s.tokens})
-    starts = SCALING_STARTS if mode == "tokens" else RATIO_STARTS
+    starts = TOKEN_STARTS if mode == "tokens" else RATIO_STARTS
     return ScalingPlan(sizes=out, tokens=every, starts=starts)
 
 
@@ -326,8 +331,9 @@ def _edge_reason(usable: list) -> str | None:
         parts.append(
             "the best ratio is at the sweep's lower edge, uniform, in most resamples at "
             f"{', '.join(at_uniform)}: its interval is an upper bound there, a trend through it "
-            "is not a fit (sweep below uniform: add inverse tapers, e.g. cosine:0.75:1.25 and "
-            "cosine:0.5:1.5, to that point's --tapers)"
+            "is not a fit (sweep below uniform: rerun --paper tokens or --paper ratios, which "
+            "sweep the inverse tapers cosine:0.75:1.25 and cosine:0.5:1.5; the kept cells are "
+            "reused)"
         )
     if below:
         names = ", ".join(

@@ -106,7 +106,11 @@ def plan_for(opts, default: ScalingPlan = DEFAULT_PLAN) -> ScalingPlan:
 
 
 def tapers(starts: tuple[float, ...]) -> str:
-    return ";".join(["uniform", *(f"cosine:{s:g}:{2 - s:g}" for s in starts)])
+    """The sweep's --tapers list, in order of start ratio with uniform at 1.0 (first unless
+    inverse tapers are swept): `--stop-on best` weighs the best against its neighbours in this
+    list, which must be its neighbours on the ratio axis."""
+    specs = [(1.0, "uniform"), *((s, f"cosine:{s:g}:{2 - s:g}") for s in starts)]
+    return ";".join(text for _, text in sorted(specs))
 
 
 def start_of(taper: str) -> float:
@@ -135,9 +139,12 @@ def point_options(opts, plan: ScalingPlan) -> list[tuple[str, ScalingSize, int, 
             f"{mode} tunes each point's uniform lr (--tune-lr-scope uniform); "
             "--tune-lr-scope each would train every ratio at every lr"
         )
-    # 2.0 -> 0.0 is the steepest: its last layer has no MLP (a zero width, docs/tapers.md)
-    if any(not 1.0 < s <= 2.0 for s in plan.starts) or len(plan.starts) < 2:
-        raise ConfigError("a scaling sweep needs >= 2 start ratios in (1, 2]")
+    # 2.0 -> 0.0 is the steepest: its last layer has no MLP (a zero width, docs/tapers.md);
+    # a start below 1 is an inverse taper (width growing with depth), 0.0 -> 2.0 the mirror
+    if any(not 0.0 <= s <= 2.0 or s == 1.0 for s in plan.starts) or len(plan.starts) < 2:
+        raise ConfigError(
+            "a scaling sweep needs >= 2 start ratios in [0, 2] other than 1 (uniform, always swept)"
+        )
     if not plan.sizes or not plan.tokens or min(plan.tokens) < 1:
         raise ConfigError("a scaling sweep needs >= 1 size and token budgets >= 1")
     out = []
@@ -450,6 +457,13 @@ def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any], plot: str | None
     return "\n".join(lines)
 
 
+def lowest_start(rows: list[dict[str, Any]]) -> float:
+    """The lowest start any point swept (1.0, uniform, unless inverse tapers were swept): the
+    bottom of the best-ratio axis."""
+    starts = [min(r["fit"].get("starts") or [1.0]) for r in rows]
+    return min([1.0, *starts])
+
+
 def plot_scaling(rows: list[dict[str, Any]], path: Path) -> None:
     """Best start ratio (bootstrap interval) against parameters, one line per token budget, and
     against tokens per parameter; the paper's 440M point on both."""
@@ -488,7 +502,7 @@ def plot_scaling(rows: list[dict[str, Any]], path: Path) -> None:
         ax.set_xscale("log")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("best cosine start ratio (end = 2 − start)")
-        ax.set_ylim(0.95, 2.0)
+        ax.set_ylim(lowest_start(rows) - 0.05, 2.0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     axes[0].set_title("Best taper ratio against model size")
