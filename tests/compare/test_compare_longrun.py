@@ -1,8 +1,8 @@
 """`taperlm compare --paper tokens` and `--paper ratios`: the plans meet the issue's brief (budgets
-in tokens per parameter, the ratio sweep past 1.9 -> 0.1 with distinct widths), every point is a
-valid comparison, the trend fits recover known trends from synthetic points and say when they
-cannot extrapolate, the report pieces are written, and a toy sweep with a zero-width ratio runs
-end to end."""
+in tokens per parameter, the ratio sweep past 1.9 -> 0.1 with distinct widths and below uniform),
+every point is a valid comparison, the trend fits recover known trends from synthetic points and
+say when they cannot extrapolate (a best ratio at either edge of the sweep is a bound), the report
+pieces are written, and a toy sweep with a zero-width ratio runs end to end."""
 
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ def test_token_axis_plan_meets_the_brief():
         for t, want in zip(sizes[name].tokens, longrun.TOKENS_PER_PARAM[name]):
             assert abs(t - want * params) <= 512 and t % 1024 == 0
     assert 1.5 in plan.starts and len(plan.starts) >= 4
+    assert plan.starts == (0.5, 0.75, 1.25, 1.5, 1.75, 1.9)
     assert longrun.budget_tokens("nano", 68) == sizes["nano"].tokens[-1]
     params = total_params(get_preset("transformer-nano", resolve=False).resolve())
     assert params == 266_816  # 0.27M at its 512-token vocabulary
@@ -52,6 +53,7 @@ def test_ratio_axis_goes_past_the_old_edge_with_distinct_widths():
     swept ratio gives its own widths (at 16, 1.9 and 1.95 coincide)."""
     plan = longrun.plan_of("ratios")
     assert max(plan.starts) == 2.0 and 1.95 in plan.starts and 1.5 in plan.starts
+    assert plan.starts == (0.5, 0.75, 1.5, 1.75, 1.9, 1.95, 2.0)
     nano = next(s for s in plan.sizes if s.name == "nano")
     from taperlm.solver import solve_sizes
 
@@ -66,6 +68,36 @@ def test_ratio_axis_goes_past_the_old_edge_with_distinct_widths():
         for s in (1.9, 1.95)
     ]
     assert coarse[0] == coarse[1]  # why nano steps by 8
+
+
+@pytest.mark.parametrize("mode", longrun.MODES)
+def test_both_modes_sweep_below_uniform(mode):
+    """Inverse tapers 0.75 -> 1.25 and 0.5 -> 1.5 (the best start sat at uniform, the old lower
+    edge, at 8 tokens per parameter): at nano's step of 8 the widths grow with depth, mirror
+    1.5 -> 0.5's and keep the budget; the points' --tapers list them by start, below uniform;
+    the trend rows map a start below 1 to its allocation (not to uniform's 1.0)."""
+    from taperlm.compare import scaling
+    from taperlm.compare.grid import parse_allocations, split_taper_list
+    from taperlm.solver import solve_sizes
+
+    plan = longrun.plan_of(mode)
+    assert {0.5, 0.75} <= set(plan.starts) and min(plan.starts) == 0.5
+    assert solve_sizes(TaperSpec.parse("cosine:0.5:1.5", 8), 4, 176) == [88, 128, 224, 264]
+    assert solve_sizes(TaperSpec.parse("cosine:0.75:1.25", 8), 4, 176) == [136, 152, 192, 224]
+    nano = [p for p in scaling.point_options(CompareOptions(out=Path("x"), paper=mode), plan)
+            if p[1].name == "nano"]  # fmt: skip
+    assert nano
+    for _key, _size, _tokens, sub in nano:
+        texts = split_taper_list(sub.tapers)
+        assert texts[:3] == ["cosine:0.5:1.5", "cosine:0.75:1.25", "uniform"]
+        assert [scaling.start_of(t) for t in texts] == sorted(scaling.start_of(t) for t in texts)
+        names = [a.name for a in parse_allocations(texts, 8)]
+        assert "cosine-0.5-1.5" in names and "cosine-0.75-1.25" in names
+    point = _point("nano", 266_816, 8, 0.02, 0.6, 0.0, 0.1, (0.5, 0.75, 1.0, 1.5))
+    point["fit"]["lowest"] = 0.5
+    point["diffs"]["cosine:0.5:1.5"] = {"mean": -0.01, "ci": [-0.02, 0.0]}
+    (row,) = longrun.trend_rows([point])
+    assert row["best_measured"] == "cosine:0.5:1.5" and row["diff_best"]["mean"] == -0.01
 
 
 @pytest.mark.parametrize("mode", longrun.MODES)
@@ -119,7 +151,18 @@ def test_fit_trend_recovers_a_known_slope_and_prediction():
     assert longrun.fit_trend(same, ys, [0.004] * 5, (1.0, 8.6)) is None
 
 
-def _point(size: str, params: int, tpp: float, d15: float, best: float, edge: float) -> dict:
+def _point(
+    size: str,
+    params: int,
+    tpp: float,
+    d15: float,
+    best: float,
+    edge: float,
+    lower: float | None = None,
+    starts: tuple[float, ...] | None = None,
+) -> dict:
+    """A scaling report's point; `lower` and `starts` left out as in reports written before
+    the lower edge was reported."""
     ci = [d15 - 0.01, d15 + 0.01]
     return {
         "point": f"{size}-{int(tpp * params)}",
@@ -137,6 +180,8 @@ def _point(size: str, params: int, tpp: float, d15: float, best: float, edge: fl
             "ci": [best - 0.05, best + 0.05],
             "at_upper_edge": edge,
             "lowest": 1.9,
+            **({} if lower is None else {"at_lower_edge": lower}),
+            **({} if starts is None else {"starts": list(starts)}),
         },
     }
 
@@ -186,6 +231,44 @@ def test_trend_report_says_why_it_cannot_extrapolate(tmp_path):
     assert "steepest" in trend["best_ratio"]["nano"]["reason"]
     text = (tmp_path / "trend.md").read_text()
     assert "no trend: one size" in text and "(edge)" in text
+
+
+def test_a_best_ratio_at_the_lower_edge_is_a_bound_not_a_trend_point(tmp_path):
+    """Three points whose best sits at uniform, the lowest start swept (what nano measured at 8
+    tokens per parameter): the best-ratio trend refuses to go through them, naming the lower
+    edge and what to run, and the table marks "(edge: uniform)"; at an inverse taper's 0.5 the
+    mark is "(edge: mildest swept)" and the advice is a lower start. Reports without the key
+    (written before it existed) read as inside, as before."""
+    uniform_sweep = (1.0, 1.25, 1.5, 1.75, 1.9)
+    pts = [_point("nano", 266_816, t, 0.02, 1.0, 0.0, 0.9, uniform_sweep) for t in (2, 8, 32)]
+    _, js = longrun.write_trend_report(_report(tmp_path, pts), "tokens")
+    doc = json.loads(js.read_text())
+    reason = doc["trends"]["best_ratio"]["nano"]["reason"]
+    assert "lower edge, uniform" in reason and "upper bound" in reason
+    assert "--paper tokens" in reason and "cosine:0.5:1.5" in reason
+    assert "coefficients" not in doc["trends"]["best_ratio"]["nano"]
+    assert "coefficients" in doc["trends"]["diff_1.5"]["nano"]  # the advantage still trends
+    assert doc["points"][0]["best_ratio"]["at_lower_edge"] == 0.9
+    assert doc["points"][0]["best_ratio"]["lowest_start"] == 1.0
+    table = "\n".join(longrun.trend_table(doc["points"]))
+    assert table.count("(edge: uniform)") == 3 and "(edge)" not in table
+    assert (tmp_path / longrun.BEST_RATIO_PLOT).stat().st_size > 1000
+    inverse = (0.5, 0.75, *uniform_sweep)
+    deep = [_point("nano", 266_816, t, 0.02, 0.5, 0.0, 0.8, inverse) for t in (8, 32, 68)]
+    rows = longrun.trend_rows(deep)
+    assert "(edge: mildest swept)" in "\n".join(longrun.trend_table(rows))
+    reason = longrun.trends(rows)["best_ratio"]["nano"]["reason"]
+    assert "mildest start swept" in reason and "start 0.5" in reason and "0.25" in reason
+    # one point at each edge: both named
+    both = longrun.trends(longrun.trend_rows([pts[0], deep[1], _point(
+        "nano", 266_816, 0.5, -0.05, 1.9, 0.9)]))["best_ratio"]["nano"]["reason"]  # fmt: skip
+    assert "steepest" in both and "lower edge, uniform" in both and "mildest" in both
+    # inside at both ends: the trend is fitted; an old report (no key) is inside
+    inside = [_point("nano", 266_816, t, 0.02, 1.2, 0.1, 0.1, inverse) for t in (2, 8, 32)]
+    assert "coefficients" in longrun.trends(longrun.trend_rows(inside))["best_ratio"]["nano"]
+    old = longrun.trend_rows([_point("nano", 266_816, 2, 0.0, 1.29, 0.2)])
+    assert old[0]["best_ratio"]["at_lower_edge"] is None
+    assert longrun.at_edge(old[0]["best_ratio"]) is None
 
 
 @pytest.mark.slow  # ~30 s of CPU: 2 points x 8 toy runs

@@ -76,6 +76,60 @@ def test_fit_interval_widens_with_noise_and_flags_an_optimum_beyond_the_sweep():
     assert beyond["best"] == pytest.approx(1.9) and beyond["at_upper_edge"] > 0.9
 
 
+def _losses(best: float, starts: list[float], seeds: int = 6) -> dict:
+    rng = random.Random(1)
+    return {
+        s: {r: 5.0 + 0.2 * (r - best) ** 2 + rng.gauss(0, 0.002) for r in starts}
+        for s in range(seeds)
+    }
+
+
+def test_fit_flags_an_optimum_below_the_sweep_at_its_lower_edge():
+    """Losses lowest at uniform and rising with every taper (what nano measures at 8 tokens
+    per parameter): the best clips to 1.0 in nearly every resample, reported as
+    `at_lower_edge` (the upper edge stays 0); with inverse tapers swept an optimum at 0.8 is
+    inside (no edge), and one below 0.5 sits at the new lower edge, 0.5."""
+    at_uniform = scaling.fit_best_ratio(_losses(0.6, STARTS))
+    assert at_uniform["best"] == pytest.approx(1.0) and at_uniform["at_lower_edge"] > 0.9
+    assert at_uniform["at_upper_edge"] == 0.0 and at_uniform["lowest"] == 1.0
+    inverse = [0.5, 0.75, *STARTS]
+    inside = scaling.fit_best_ratio(_losses(0.8, inverse))
+    assert inside["best"] == pytest.approx(0.8, abs=0.03)
+    assert inside["at_lower_edge"] == 0.0 and inside["at_upper_edge"] == 0.0
+    below = scaling.fit_best_ratio(_losses(0.2, inverse))
+    assert below["best"] == pytest.approx(0.5) and below["at_lower_edge"] > 0.9
+    inside_up = scaling.fit_best_ratio(_synthetic(1.5, seeds=8, noise=0.002))
+    assert inside_up["at_lower_edge"] == 0.0
+
+
+def test_points_table_shows_the_lower_edge_when_the_fit_reports_it():
+    """A fit with `at_lower_edge` gets its own column; a report written before it existed keeps
+    its table (the docs copy of the scaling sweep's table is such a report's)."""
+    fit = scaling.fit_best_ratio(_losses(0.6, STARTS))
+    row = {"point": "p", "report": "p/report.md", "params": 1000, "tokens": 2000,
+           "tokens_per_param": 2.0, "lr": 4e-3, "lr_at_edge": False,
+           "diffs": {"uniform": None}, "fit": fit}  # fmt: skip
+    head, _, line = scaling.points_table([row])
+    assert "resamples at the lowest start" in head
+    assert f"| {100 * fit['at_lower_edge']:.0f}% |" in line and "| 0% |" in line
+    old = {**row, "fit": {k: v for k, v in fit.items() if k != "at_lower_edge"}}
+    assert "lowest start" not in scaling.points_table([old])[0]
+
+
+def test_a_sweep_below_uniform_is_ordered_by_start():
+    """Inverse tapers sort below uniform's 1.0 in the --tapers list (`--stop-on best` weighs the
+    best against its list neighbours) and START = 1 is refused (uniform is always swept)."""
+    assert scaling.tapers((0.5, 0.75, 1.5)) == (
+        "cosine:0.5:1.5;cosine:0.75:1.25;uniform;cosine:1.5:0.5"
+    )
+    assert scaling.tapers((1.5, 1.9)).startswith("uniform;")
+    assert scaling.start_of("cosine:0.5:1.5") == 0.5
+    for starts in ((1.0, 1.5), (-0.5, 1.5), (1.5, 2.5)):
+        plan = scaling.ScalingPlan(sizes=TOY.sizes, tokens=[128], starts=starts)
+        with pytest.raises(ConfigError, match="other than 1"):
+            scaling.point_options(CompareOptions(out=Path("x"), paper="scaling"), plan)
+
+
 def test_fit_ignores_incomplete_seeds_and_needs_three_ratios():
     data = _synthetic(1.5, seeds=4, noise=0.002)
     data[9] = {1.0: 1.0}  # a seed still running: left out, not a crash

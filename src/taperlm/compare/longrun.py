@@ -6,12 +6,12 @@ Both are `--paper scaling` sweeps (`taperlm.compare.scaling`: every point a comp
 sweep at that lr, the best ratio fitted with its bootstrap interval), over other points:
 
 - `tokens`: the token axis. nano (0.27M parameters, bpe:512) at 0.5, 2, 8, 32 and 68 tokens per
-  parameter, micro (1.06M, bpe:2048) at 0.5, 2 and 10; the sweep uniform and cosine 1.25, 1.5,
-  1.75, 1.9 (end = 2 - start). Uniform's lr is tuned per budget (the optimum lr moves with the
-  length of training).
-- `ratios`: the ratio axis past the old edge: uniform and cosine 1.5, 1.75, 1.9, 1.95, 2.0
-  (2.0 -> 0.0: the last layer's MLP vanishes, a zero width) at nano 0.5, 8 and 68 and micro 0.5
-  and 10 tokens per parameter.
+  parameter, micro (1.06M, bpe:2048) at 0.5, 2 and 10; the sweep uniform and cosine 0.5, 0.75,
+  1.25, 1.5, 1.75, 1.9 (end = 2 - start; below 1 an inverse taper, width growing with depth).
+  Uniform's lr is tuned per budget (the optimum lr moves with the length of training).
+- `ratios`: the ratio axis past both old edges: uniform and cosine 0.5, 0.75, 1.5, 1.75, 1.9,
+  1.95, 2.0 (2.0 -> 0.0: the last layer's MLP vanishes, a zero width) at nano 0.5, 8 and 68 and
+  micro 0.5 and 10 tokens per parameter.
 
 nano's widths step by 8 (`--multiple-of 8` for its points): at 16, 1.9 -> 0.1 and 1.95 -> 0.05
 give the same four widths at its baseline of 176.
@@ -24,7 +24,9 @@ figures advantage.png (difference against tokens per parameter, one line per siz
 trend of each fitted per size (y = a + b log10(tokens/param), weighted by the points' intervals)
 and across sizes (y = a + b log10(tokens/param) + c log10(params)), extrapolated to the paper's
 440M at 68 tokens per parameter with a parametric-bootstrap interval, or the plain reason why it
-cannot be.
+cannot be. A best ratio at either end of the sweep in most resamples (the steepest start swept,
+or the lowest: uniform, or an inverse taper below it) is a bound, not an estimate: the table marks
+it, the figure draws it hollow, and no best-ratio trend goes through it.
 """
 
 from __future__ import annotations
@@ -60,7 +62,12 @@ SIZES = {
 }
 TOKENS_PER_PARAM = {"nano": (0.5, 2.0, 8.0, 32.0, 68.0), "micro": (0.5, 2.0, 10.0)}
 RATIO_TOKENS_PER_PARAM = {"nano": (0.5, 8.0, 68.0), "micro": (0.5, 10.0)}
-RATIO_STARTS = (1.5, 1.75, 1.9, 1.95, 2.0)
+# Inverse tapers (width growing with depth; start < 1) below uniform in both modes: by 8 tokens
+# per parameter the best start sat at uniform, the sweep's lower edge (nano-2134016: 1.00
+# [1.00, 1.23]), where a sweep that stops at uniform cannot put the optimum inside its range.
+INVERSE_STARTS = (0.5, 0.75)
+TOKEN_STARTS = (*INVERSE_STARTS, *SCALING_STARTS)
+RATIO_STARTS = (*INVERSE_STARTS, 1.5, 1.75, 1.9, 1.95, 2.0)
 MODES = ("tokens", "ratios")
 TREND_BOOT = 4000
 ADVANTAGE_PLOT = "advantage.png"
@@ -106,7 +113,7 @@ def plan_of(mode: str, sizes: str | None = None) -> ScalingPlan:
         budgets = tuple(budget_tokens(name, t) for t in table[name])
         out.append(ScalingSize(name, preset, tokens=budgets, multiple_of=step))
     every = sorted({t for s in out for t in s.tokens})
-    starts = SCALING_STARTS if mode == "tokens" else RATIO_STARTS
+    starts = TOKEN_STARTS if mode == "tokens" else RATIO_STARTS
     return ScalingPlan(sizes=out, tokens=every, starts=starts)
 
 
@@ -152,7 +159,8 @@ def _se(d: dict[str, Any] | None) -> float | None:
 def trend_rows(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per point of a scaling report: size, params, tokens per parameter, the difference at
     1.5 -> 0.5 and at the ratio with the lowest mean loss (each {mean, ci, se}), and the fitted
-    best ratio (best, ci, at_upper_edge)."""
+    best ratio (best, ci, at_upper_edge, at_lower_edge: the shares of resamples at the steepest
+    and at the lowest start swept, lowest_start: that start, 1.0 = uniform)."""
     rows = []
     for p in points:
         diffs = p["diffs"]
@@ -177,6 +185,9 @@ def trend_rows(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "best": fit.get("best"),
                     "ci": fit.get("ci"),
                     "at_upper_edge": fit.get("at_upper_edge"),
+                    # None in reports written before the lower edge was reported
+                    "at_lower_edge": fit.get("at_lower_edge"),
+                    "lowest_start": min(fit["starts"]) if fit.get("starts") else None,
                 },
             }
         )
@@ -284,14 +295,63 @@ def _ratio_value(row: dict[str, Any]) -> tuple[float | None, float | None]:
     return b["best"], se
 
 
+def at_edge(best_ratio: dict[str, Any]) -> str | None:
+    """Which end of the sweep the fitted best ratio sits at in most resamples: "upper" (the
+    steepest start swept: the optimum at or beyond it), "lower" (the lowest start swept, uniform
+    or an inverse taper: at or below it), or None (inside, or not reported)."""
+    if (best_ratio.get("at_upper_edge") or 0) > 0.5:
+        return "upper"
+    if (best_ratio.get("at_lower_edge") or 0) > 0.5:
+        return "lower"
+    return None
+
+
+def _lower_edge_name(best_ratio: dict[str, Any]) -> str:
+    """ "uniform" when uniform is the lowest start swept (or the report predates inverse tapers,
+    which never went below it), else "mildest swept" (an inverse taper's start below 1)."""
+    low = best_ratio.get("lowest_start")
+    return "uniform" if low is None or _ratio_key(low) == 1.0 else "mildest swept"
+
+
+def _edge_reason(usable: list) -> str | None:
+    """Why no best-ratio trend goes through points whose best sits at an end of the sweep
+    (a bound there, not an estimate), and what to run; None when every point is inside."""
+    upper = [u[0]["point"] for u in usable if at_edge(u[0]["best_ratio"]) == "upper"]
+    lower = [u[0] for u in usable if at_edge(u[0]["best_ratio"]) == "lower"]
+    parts = []
+    if upper:
+        parts.append(
+            f"the best ratio is at the sweep's steepest in most resamples at {', '.join(upper)}: "
+            "its interval is a lower bound there, a trend through it is not a fit (extend the "
+            "sweep: --paper ratios)"
+        )
+    at_uniform = [r["point"] for r in lower if _lower_edge_name(r["best_ratio"]) == "uniform"]
+    below = [r for r in lower if _lower_edge_name(r["best_ratio"]) != "uniform"]
+    if at_uniform:
+        parts.append(
+            "the best ratio is at the sweep's lower edge, uniform, in most resamples at "
+            f"{', '.join(at_uniform)}: its interval is an upper bound there, a trend through it "
+            "is not a fit (sweep below uniform: rerun --paper tokens or --paper ratios, which "
+            "sweep the inverse tapers cosine:0.75:1.25 and cosine:0.5:1.5; the kept cells are "
+            "reused)"
+        )
+    if below:
+        names = ", ".join(
+            f"{r['point']} (start {r['best_ratio']['lowest_start']:g})" for r in below
+        )
+        parts.append(
+            f"the best ratio is at the sweep's lower edge, the mildest start swept, in most "
+            f"resamples at {names}: its interval is an upper bound there, a trend through it is "
+            "not a fit (sweep further below: add a lower start to that point's --tapers, e.g. "
+            "cosine:0.25:1.75)"
+        )
+    return "; ".join(parts) or None
+
+
 def _fit_or_reason(usable: list, with_size: bool, at: tuple[float, ...], key: str) -> dict:
-    edge = [u[0]["point"] for u in usable if (u[0]["best_ratio"]["at_upper_edge"] or 0) > 0.5]
-    if key == "best_ratio" and edge:
-        return {
-            "reason": f"the best ratio is at the sweep's steepest in most resamples at "
-            f"{', '.join(edge)}: its interval is a lower bound there, a trend through it is not "
-            "a fit (extend the sweep: --paper ratios)"
-        }
+    edge = _edge_reason(usable) if key == "best_ratio" else None
+    if edge:
+        return {"reason": edge}
     # a zero-width interval (a best that never moves) carries no weight information
     usable = [u for u in usable if u[2] is not None and u[2] > 0]
     fit = fit_trend(
@@ -356,8 +416,11 @@ def trend_table(rows: list[dict[str, Any]]) -> list[str]:
         best = "–" if b["best"] is None else f"{b['best']:.2f}"
         if b["ci"]:
             best += f" [{b['ci'][0]:.2f}, {b['ci'][1]:.2f}]"
-        if (b["at_upper_edge"] or 0) > 0.5:
+        edge = at_edge(b)
+        if edge == "upper":
             best += " (edge)"
+        elif edge == "lower":
+            best += f" (edge: {_lower_edge_name(b)})"
         table.append(
             [
                 r["point"],
@@ -396,7 +459,9 @@ def trend_markdown(trend: dict[str, Any]) -> str:
         "Δ = cosine START:2−START minus uniform validation loss, paired over seeds (95% t "
         "interval); best measured: the swept ratio with the lowest mean loss; fitted best: the "
         "local-parabola vertex with its bootstrap interval (`--paper scaling`), '(edge)' when "
-        "most resamples put it at the steepest ratio swept. The paper's 440M point: "
+        "most resamples put it at the steepest ratio swept, '(edge: uniform)' or '(edge: "
+        "mildest swept)' when at the lowest start swept (uniform, or an inverse taper below "
+        "it): a bound, not an estimate. The paper's 440M point: "
         f"Δ = ln({tapered:.2f}/{uniform:.2f}) = {PAPER_DIFF:+.4f} at 1.5→0.5, best {PAPER_BEST:g}, "
         f"{PAPER_440M['tokens_per_param']:.0f} tokens/param.",
         "",
@@ -463,8 +528,9 @@ def plot_advantage(rows: list[dict[str, Any]], fitted: dict[str, Any], path: Pat
 
 def plot_best_ratio(rows: list[dict[str, Any]], path: Path) -> None:
     """The fitted best start ratio (bootstrap interval) against tokens per parameter, one
-    colour per size; hollow where most resamples sit at the steepest ratio; the paper's
-    point."""
+    colour per size; a hollow circle where most resamples sit at the steepest ratio swept, a
+    hollow downward triangle where they sit at the lowest start swept (uniform or an inverse
+    taper); the paper's point."""
     fig, axes = _figure(1, width=8.0)
     ax = axes[0]
     for i, size in enumerate(dict.fromkeys(r["size"] for r in rows)):
@@ -479,15 +545,20 @@ def plot_best_ratio(rows: list[dict[str, Any]], path: Path) -> None:
         err = [[y - (b["ci"] or [y, y])[0] for (_, b), y in zip(pts, ys)],
                [(b["ci"] or [y, y])[1] - y for (_, b), y in zip(pts, ys)]]  # fmt: skip
         ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color=f"C{i}", label=size)
-        edge = [(x, y) for (x, b), y in zip(pts, ys) if (b["at_upper_edge"] or 0) > 0.5]
-        if edge:
-            ax.plot([x for x, _ in edge], [y for _, y in edge], marker="o", markersize=12,
-                    fillstyle="none", linestyle="none", color=f"C{i}",
-                    label=f"{size}: at the sweep's edge")  # fmt: skip
+        for side, marker, label in (
+            ("upper", "o", "at the sweep's steepest"),
+            ("lower", "v", "at the sweep's lowest start"),
+        ):
+            edge = [(x, y) for (x, b), y in zip(pts, ys) if at_edge(b) == side]
+            if edge:
+                ax.plot([x for x, _ in edge], [y for _, y in edge], marker=marker, markersize=12,
+                        fillstyle="none", linestyle="none", color=f"C{i}",
+                        label=f"{size}: {label}")  # fmt: skip
     ax.plot([PAPER_440M["tokens_per_param"]], [PAPER_BEST], marker="*", markersize=14,
             color="k", linestyle="none", label="paper, 440M")  # fmt: skip
     ax.set_xscale("log")
-    ax.set_ylim(0.95, 2.05)
+    lows = [r["best_ratio"].get("lowest_start") for r in rows]
+    ax.set_ylim(min([1.0, *(v for v in lows if v is not None)]) - 0.05, 2.05)
     ax.set_xlabel("training tokens per parameter")
     ax.set_ylabel("best cosine start ratio (end = 2 − start)")
     ax.set_title("Best taper ratio against training length")

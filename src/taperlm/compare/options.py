@@ -80,8 +80,9 @@ PAPER_STUDIES: dict[str, str] = {
     "sweep": "taperlm.compare.study:single",  # §4's grid, one comparison
     "families": "taperlm.compare.families:families_plan",  # §6's table: one per family
     "scaling": "taperlm.compare.scaling:scaling_plan",  # the ratio sweep at (size, tokens) points
-    "tokens": "taperlm.compare.longrun:longrun_plan",  # that sweep over tokens per parameter
-    "ratios": "taperlm.compare.longrun:longrun_plan",  # that sweep past 1.9 -> 0.1
+    # that sweep (and below uniform: inverse tapers) over tokens per parameter
+    "tokens": "taperlm.compare.longrun:longrun_plan",
+    "ratios": "taperlm.compare.longrun:longrun_plan",  # that sweep past 1.9 -> 0.1 and below 1
 }
 PAPER_MODES = tuple(PAPER_STUDIES)  # --paper's choices
 # --paper families: the families compared (taperlm.compare.families)
@@ -205,10 +206,11 @@ class CompareOptions:
         "families = uniform vs cosine 1.5->0.5 for every family's preset, reported like the "
         "paper's 760M table (§6); scaling = the cosine ratio sweep at 3 sizes x 2 token budgets, "
         "each at its uniform model's tuned lr, with the fitted best ratio per point "
-        "(docs/compare.md); tokens = that sweep at nano (0.5-68 tokens/param) and micro "
-        "(0.5-10): does the advantage survive long training (estimated ~18 h on 2 idle "
-        "cores at 5 seeds, from measured per-run speed); ratios = the sweep past 1.9->0.1 "
-        "(1.95->0.05, 2.0->0.0) at nano 0.5/8/68 and micro 0.5/10 (estimated ~16 h); both "
+        "(docs/compare.md); tokens = that sweep, with the inverse tapers 0.75->1.25 and "
+        "0.5->1.5 below uniform, at nano (0.5-68 tokens/param) and micro (0.5-10): does the "
+        "advantage survive long training (estimated ~24 h on 2 idle cores at 5 seeds, from "
+        "measured per-run speed); ratios = the sweep past 1.9->0.1 (1.95->0.05, 2.0->0.0) and "
+        "below uniform at nano 0.5/8/68 and micro 0.5/10 (estimated ~20 h); both "
         "write trend.md with the fitted trends (docs/compare.md, 'Long training')",
         choices=PAPER_MODES,
     )

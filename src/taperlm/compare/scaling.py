@@ -11,8 +11,10 @@ resampled with replacement (a seed keeps all its allocations, so the pairing sur
 resample's best ratio is the vertex of the parabola through its lowest-loss swept ratio and that
 ratio's two neighbours (`local_parabola`); the point estimate uses all seeds, the interval is the
 2.5-97.5 percentile range. Local, because losses over the whole sweep need not be a parabola (they
-can fall steeply and then flatten). An optimum beyond the steepest ratio clips to the edge; the
-fraction of resamples at the edge is reported, because then the interval is a lower bound.
+can fall steeply and then flatten). An optimum beyond either end of the sweep clips to that end;
+the fraction of resamples at each end is reported (`at_upper_edge`: the steepest start swept,
+`at_lower_edge`: the lowest, uniform's 1.0 unless inverse tapers are swept), because then the
+interval is a bound, not an interval.
 
 OUT/report.md, report.json and scaling.png put the points together: best ratio against
 parameters (one line per token budget) and against tokens per parameter, beside the paper's 440M
@@ -104,7 +106,11 @@ def plan_for(opts, default: ScalingPlan = DEFAULT_PLAN) -> ScalingPlan:
 
 
 def tapers(starts: tuple[float, ...]) -> str:
-    return ";".join(["uniform", *(f"cosine:{s:g}:{2 - s:g}" for s in starts)])
+    """The sweep's --tapers list, in order of start ratio with uniform at 1.0 (first unless
+    inverse tapers are swept): `--stop-on best` weighs the best against its neighbours in this
+    list, which must be its neighbours on the ratio axis."""
+    specs = [(1.0, "uniform"), *((s, f"cosine:{s:g}:{2 - s:g}") for s in starts)]
+    return ";".join(text for _, text in sorted(specs))
 
 
 def start_of(taper: str) -> float:
@@ -133,9 +139,12 @@ def point_options(opts, plan: ScalingPlan) -> list[tuple[str, ScalingSize, int, 
             f"{mode} tunes each point's uniform lr (--tune-lr-scope uniform); "
             "--tune-lr-scope each would train every ratio at every lr"
         )
-    # 2.0 -> 0.0 is the steepest: its last layer has no MLP (a zero width, docs/tapers.md)
-    if any(not 1.0 < s <= 2.0 for s in plan.starts) or len(plan.starts) < 2:
-        raise ConfigError("a scaling sweep needs >= 2 start ratios in (1, 2]")
+    # 2.0 -> 0.0 is the steepest: its last layer has no MLP (a zero width, docs/tapers.md);
+    # a start below 1 is an inverse taper (width growing with depth), 0.0 -> 2.0 the mirror
+    if any(not 0.0 <= s <= 2.0 or s == 1.0 for s in plan.starts) or len(plan.starts) < 2:
+        raise ConfigError(
+            "a scaling sweep needs >= 2 start ratios in [0, 2] other than 1 (uniform, always swept)"
+        )
     if not plan.sizes or not plan.tokens or min(plan.tokens) < 1:
         raise ConfigError("a scaling sweep needs >= 1 size and token budgets >= 1")
     out = []
@@ -241,7 +250,8 @@ def fit_best_ratio(
     uniform): the vertex of `local_parabola` through the per-start mean losses, on all seeds
     (`best`) and per bootstrap resample of seeds (`ci`: 2.5-97.5 percentiles; `at_upper_edge`:
     the fraction of resamples whose best is the steepest start, i.e. the optimum at or beyond
-    the sweep). Local, because the losses over the whole range are no parabola: they can fall
+    the sweep; `at_lower_edge`: the same at the lowest start swept, uniform's 1.0 or an inverse
+    taper's, the optimum at or below it). Local, because the losses over the whole range are no parabola: they can fall
     steeply and then flatten, and a quadratic through all of them puts its minimum at the edge
     however flat the end. Beside the fit, what was measured: `lowest`, the swept start with the
     lowest mean loss, and `lowest_share`, {start: the fraction of resamples in which it has the
@@ -256,6 +266,7 @@ def fit_best_ratio(
             "best": None,
             "ci": None,
             "at_upper_edge": None,
+            "at_lower_edge": None,
             "lowest": None,
             "lowest_share": None,
             "n_seeds": 0,
@@ -269,6 +280,7 @@ def fit_best_ratio(
         "best": best,
         "ci": None,
         "at_upper_edge": None,
+        "at_lower_edge": None,
         "lowest": starts[int(np.argmin(means))],
         "lowest_share": None,
         "n_seeds": len(seeds),
@@ -282,6 +294,7 @@ def fit_best_ratio(
         boots = np.array([local_parabola(x, table[p].mean(axis=0))[0] for p in picks])
         out["ci"] = [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))]
         out["at_upper_edge"] = float(np.mean(boots >= x[-1] - 1e-9))
+        out["at_lower_edge"] = float(np.mean(boots <= x[0] + 1e-9))
         lowest = np.argmin(table[picks].mean(axis=1), axis=1)  # resamples x starts -> index
         out["lowest_share"] = {f"{r:g}": float(np.mean(lowest == i)) for i, r in enumerate(starts)}
     return out
@@ -351,11 +364,14 @@ def _paired(d: dict[str, Any] | None) -> PairedDifference | None:
 
 def points_table(rows: list[dict[str, Any]], link: bool = True) -> list[str]:
     """The markdown table of the points (`link`: each point links to its own report; the docs
-    copy the table without links)."""
+    copy the table without links). The share of resamples at the lowest start swept is a column
+    when a fit reports it (reports written before `at_lower_edge` existed keep their table)."""
     tapers_seen = list(rows[0]["diffs"]) if rows else []
+    lower = any(r["fit"].get("at_lower_edge") is not None for r in rows)
     head = ["point", "params", "tokens", "tokens/param", "uniform's tuned lr"]
     head += [f"Δ {t} [95% CI]" for t in tapers_seen if t != "uniform"]
     head += ["best start ratio [95% bootstrap]", "resamples at the steepest"]
+    head += ["resamples at the lowest start"] if lower else []
     head += ["lowest measured loss at (share of resamples)"]
     table = []
     for r in rows:
@@ -363,7 +379,7 @@ def points_table(rows: list[dict[str, Any]], link: bool = True) -> list[str]:
         best = "–" if f["best"] is None else f"{f['best']:.2f}"
         if f["ci"]:
             best += f" [{f['ci'][0]:.2f}, {f['ci'][1]:.2f}]"
-        edge = "–" if f["at_upper_edge"] is None else f"{100 * f['at_upper_edge']:.0f}%"
+        edge = _share(f["at_upper_edge"])
         low = _lowest(f)
         lr = "–" if r["lr"] is None else f"{r['lr']:g}" + (" (edge)" if r["lr_at_edge"] else "")
         table.append(
@@ -376,10 +392,15 @@ def points_table(rows: list[dict[str, Any]], link: bool = True) -> list[str]:
                 *(diff_ci(_paired(r["diffs"][t]), ".4f") for t in tapers_seen if t != "uniform"),
                 best,
                 edge,
+                *([_share(f.get("at_lower_edge"))] if lower else []),
                 low,
             ]
         )
     return md_table(head, table)
+
+
+def _share(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.0f}%"
 
 
 def _lowest(fit: dict[str, Any]) -> str:
@@ -424,7 +445,8 @@ def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any], plot: str | None
         "ratio: the vertex of the parabola through the swept ratio with the lowest mean loss and "
         "its two neighbours (uniform = 1.0), within the swept range; interval: 2.5–97.5 "
         f"percentiles over {BOOTSTRAP} bootstrap resamples of the seeds. When many resamples put "
-        "the best at the steepest ratio, the optimum lies at or beyond it. Lowest measured loss: "
+        "the best at the steepest ratio, the optimum lies at or beyond it; at the lowest start "
+        "swept (uniform, or an inverse taper's start below 1), at or below that. Lowest measured loss: "
         "the swept ratios with the lowest mean loss, each with the share of resamples in which it "
         "is lowest (≥ 10% shown). The paper's point: 440M parameters, 30B tokens "
         "(68 tokens/param), best 1.5→0.5.",
@@ -433,6 +455,13 @@ def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any], plot: str | None
     if plot:
         lines += [f"![best ratio against scale]({plot})", ""]
     return "\n".join(lines)
+
+
+def lowest_start(rows: list[dict[str, Any]]) -> float:
+    """The lowest start any point swept (1.0, uniform, unless inverse tapers were swept): the
+    bottom of the best-ratio axis."""
+    starts = [min(r["fit"].get("starts") or [1.0]) for r in rows]
+    return min([1.0, *starts])
 
 
 def plot_scaling(rows: list[dict[str, Any]], path: Path) -> None:
@@ -473,7 +502,7 @@ def plot_scaling(rows: list[dict[str, Any]], path: Path) -> None:
         ax.set_xscale("log")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("best cosine start ratio (end = 2 − start)")
-        ax.set_ylim(0.95, 2.0)
+        ax.set_ylim(lowest_start(rows) - 0.05, 2.0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     axes[0].set_title("Best taper ratio against model size")
