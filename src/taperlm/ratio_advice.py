@@ -203,6 +203,14 @@ def _ratio(taper: str | None) -> str:
     return f"{start} -> {end}"
 
 
+def _best_measured(p: dict[str, Any]) -> str:
+    """ "1.75 -> 0.25: -0.0660 [...]", or "uniform" alone when no swept taper beats it (its
+    difference to itself is 0, and the 1.5 -> 0.5 one is reported beside it)."""
+    if p["best_measured"] in (None, "uniform"):
+        return "uniform"
+    return f"{_ratio(p['best_measured'])}: {_diff(p['diff_best'])}"
+
+
 def _diff(d: dict[str, Any] | None) -> str:
     if not d:
         return "–"
@@ -248,7 +256,7 @@ def _verdict(
         text = (
             f"The advantage is gone: at {_where_point(g)}, the longest training measured that is "
             f"not longer than your run's, no taper beats uniform (best measured "
-            f"{_ratio(g['best_measured'])}: {_diff(g['diff_best'] or g['diff_1.5'])}; "
+            f"{_best_measured(g)}; "
             f"1.5 -> 0.5: {_diff(g['diff_1.5'])}). Your run trains {how_long} that: the "
             "measurements here favour no taper — uniform, or a mild taper at no measured gain."
         )
@@ -272,21 +280,19 @@ def _verdict(
             )
             text += (
                 f" Longer training loses it: at {_where_point(g)} no taper beats uniform "
-                f"(best measured {_ratio(g['best_measured'])}: "
-                f"{_diff(g['diff_best'] or g['diff_1.5'])})."
+                f"(best measured {_best_measured(g)}; 1.5 -> 0.5: {_diff(g['diff_1.5'])})."
             )
     elif first["status"] == "hurts":
         text = (
             f"Do not taper: at the nearest measured point, {_where_point(first)}, the taper is "
-            f"worse than uniform (best measured {_ratio(first['best_measured'])}: "
-            f"{_diff(first['diff_best'] or first['diff_1.5'])})."
+            f"worse than uniform (best measured {_best_measured(first)}; "
+            f"1.5 -> 0.5: {_diff(first['diff_1.5'])})."
         )
     else:
         text = (
             f"No decided advantage: at the nearest measured point, {_where_point(first)}, the "
-            f"best measured ratio {_ratio(first['best_measured'])} gives "
-            f"{_diff(first['diff_best'] or first['diff_1.5'])} vs uniform, an interval that "
-            "includes 0: uniform, or a mild taper at no measured gain."
+            f"best measured is {_best_measured(first)} (1.5 -> 0.5: {_diff(first['diff_1.5'])} "
+            "vs uniform), no interval excluding 0: uniform, or a mild taper at no measured gain."
         )
     paper = a["paper"]
     if paper["distance_decades"] < first["distance_decades"]:
@@ -385,8 +391,8 @@ def format_advice(a: dict[str, Any]) -> str:
             f"{_tpp(p['tokens_per_param'])} tokens/param, {p['distance_decades']:.2f} decades away"
         )
         detail = (
-            f"Δ 1.5 -> 0.5 {_diff(p['diff_1.5'])}; best measured {_ratio(p['best_measured'])} "
-            f"{_diff(p['diff_best'])}; fitted best start {_best_start(p['best_ratio'])}: "
+            f"Δ 1.5 -> 0.5 {_diff(p['diff_1.5'])}; best measured {_best_measured(p)}; "
+            f"fitted best start {_best_start(p['best_ratio'])}: "
             f"{_STATUS_WORDS[p['status']]}"
         )
         lines.append(

@@ -271,6 +271,41 @@ def test_a_best_ratio_at_the_lower_edge_is_a_bound_not_a_trend_point(tmp_path):
     assert longrun.at_edge(old[0]["best_ratio"]) is None
 
 
+def test_a_best_ratio_trend_carried_past_the_swept_starts_says_so(tmp_path):
+    """nano's best start fell 1.78 -> 1.29 -> 0.93 over 0.5 -> 8 tokens/param; a line through
+    that predicts ~0.25 at 68, below the mildest start swept (0.5): the report must say the
+    number lies beyond the measured ratios, and must not when the prediction stays inside."""
+    inverse = (0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 1.9)
+    falling = [
+        _point("nano", 266_816, t, 0.0, b, 0.0, 0.1, inverse)
+        for t, b in ((0.5, 1.78), (2, 1.29), (8, 0.93))
+    ]
+    md, js = longrun.write_trend_report(_report(tmp_path, falling), "tokens")
+    fit = json.loads(js.read_text())["trends"]["best_ratio"]["nano"]
+    assert fit["prediction"] < 0.5 and fit["swept"] == [0.5, 1.9]
+    assert "beyond the starts swept (0.5 to 1.9)" in md.read_text()
+    flat = [_point("nano", 266_816, t, 0.0, 1.2, 0.0, 0.1, inverse) for t in (0.5, 2, 8)]
+    flat[1]["fit"]["ci"] = [1.1, 1.3]  # noise so that the fit has an interval
+    fit = longrun.trends(longrun.trend_rows(flat))["best_ratio"]["nano"]
+    assert "prediction" in fit and "swept" not in fit
+
+
+def test_the_best_measured_is_named_for_every_lowest_start():
+    """Whatever start has the lowest mean loss, the row names it: a swept taper with its
+    difference, or uniform (start 1.0) as the baseline, never a blank that reads as missing."""
+    for lowest, name in ((1.9, "cosine:1.9:0.1"), (1.5, "cosine:1.5:0.5"), (1.0, "uniform")):
+        p = _point("nano", 266_816, 8, 0.02, 0.9, 0.0, 0.1, (1.0, 1.5, 1.9))
+        p["fit"]["lowest"] = lowest
+        (row,) = longrun.trend_rows([p])
+        assert row["best_measured"] == name
+        cells = longrun.trend_table([row])[-1].split(" | ")
+        assert cells[4] == name
+        if name == "uniform":
+            assert row["diff_best"] is None and cells[5] == "0 (baseline)"
+        else:
+            assert row["diff_best"]["mean"] == p["diffs"][name]["mean"]
+
+
 @pytest.mark.slow  # ~30 s of CPU: 2 points x 8 toy runs
 def test_ratio_mode_end_to_end_at_toy_scale_with_a_zero_width(
     data_dir,  # noqa: F811

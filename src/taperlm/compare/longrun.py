@@ -171,6 +171,8 @@ def trend_rows(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
         best_taper = next(
             (t for t in tapers if lowest is not None and _start(t) == _ratio_key(lowest)), None
         )
+        if best_taper is None and lowest is not None and _ratio_key(lowest) == 1.0:
+            best_taper = "uniform"  # no taper swept beats it: the best measured is the baseline
         rows.append(
             {
                 "point": p["point"],
@@ -180,7 +182,9 @@ def trend_rows(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "tokens_per_param": p["tokens_per_param"],
                 "diff_1.5": _diff(at_15),
                 "best_measured": best_taper,
-                "diff_best": _diff(diffs.get(best_taper)) if best_taper else None,
+                "diff_best": _diff(diffs.get(best_taper))
+                if best_taper not in (None, "uniform")
+                else None,
                 "best_ratio": {
                     "best": fit.get("best"),
                     "ci": fit.get("ci"),
@@ -188,6 +192,7 @@ def trend_rows(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     # None in reports written before the lower edge was reported
                     "at_lower_edge": fit.get("at_lower_edge"),
                     "lowest_start": min(fit["starts"]) if fit.get("starts") else None,
+                    "highest_start": max(fit["starts"]) if fit.get("starts") else None,
                 },
             }
         )
@@ -279,7 +284,25 @@ def trends(rows: list[dict[str, Any]]) -> dict[str, Any]:
             out[key]["440m"] = {"reason": "one size gives no trend with size: run >= 2 sizes"}
         else:
             out[key]["440m"] = _fit_or_reason(usable, True, across, key)
+    for fit in out["best_ratio"].values():
+        _mark_beyond_swept(fit, rows)
     return out
+
+
+def _mark_beyond_swept(fit: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    """A line through best ratios predicts any number, but a best start outside the starts
+    swept is a ratio nobody measured (below 0 it is no taper at all): record the swept range
+    when the prediction or its interval leaves it, so the report says so beside the number."""
+    if "prediction" not in fit:
+        return
+    lows = [r["best_ratio"].get("lowest_start") for r in rows]
+    highs = [r["best_ratio"].get("highest_start") for r in rows]
+    if None in lows or None in highs or not rows:
+        return
+    lo, hi = min(lows), max(highs)
+    plo, phi = fit["prediction_ci"]
+    if plo < lo or phi > hi:
+        fit["swept"] = [lo, hi]
 
 
 def _diff_value(row: dict[str, Any]) -> tuple[float | None, float | None]:
@@ -428,7 +451,7 @@ def trend_table(rows: list[dict[str, Any]]) -> list[str]:
                 f"{r['tokens_per_param']:.2f}",
                 _ci(r["diff_1.5"]),
                 r["best_measured"] or "–",
-                _ci(r["diff_best"]),
+                "0 (baseline)" if r["best_measured"] == "uniform" else _ci(r["diff_best"]),
                 best,
             ]
         )
@@ -440,10 +463,16 @@ def _trend_line(name: str, fit: dict[str, Any], what: str, at: str) -> str:
         return f"- {name}: no trend: {fit['reason']}."
     b, (lo, hi) = fit["coefficients"][1], fit["coefficient_ci"][1]
     p, (plo, phi) = fit["prediction"], fit["prediction_ci"]
-    return (
+    line = (
         f"- {name}: {what} changes by {b:+.4f} [{lo:+.4f}, {hi:+.4f}] per decade of tokens per "
         f"parameter; at {at}: {p:+.4f} [{plo:+.4f}, {phi:+.4f}]"
     )
+    if "swept" in fit:
+        line += (
+            f" — beyond the starts swept ({fit['swept'][0]:g} to {fit['swept'][1]:g}): a straight "
+            "line carried past the measured ratios, not a ratio measured; read it as a direction"
+        )
+    return line
 
 
 def trend_markdown(trend: dict[str, Any]) -> str:

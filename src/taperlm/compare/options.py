@@ -49,13 +49,11 @@ MAIN_MULTIPLE_OF = 8  # nano's width step (at 16 its steep tapers collapse into 
 # with an evaluation noise of sd 0.010-0.018 nats, as large as the seed-to-seed spread).
 MAIN_CURVE_POINTS = 32
 MAIN_EVAL_TOKENS = 8192
-# Seeds: sized so that the worst case (no early stop) fits ~15 minutes on 2 idle cores, corpus
-# preparation included. nano trains ~43,000 tokens/s on 2 idle cores (2 cells at a time, 1 thread
-# each), so a seed (2 cells of 2,134,016 tokens) is 2 x 2,134,016 / 43,000 = 99 s of training;
-# its evaluations (32 x 8,192 curve tokens + 131,072 final val tokens, forward only, ~3.5x the
-# training speed: measured in a smoke run) and worker start add ~8 s: ~107 s a seed. Preparing the
-# bpe:512 corpus (once, cached) ~60 s, start-up and reports ~15 s: 7 seeds = 75 + 7 x 107 = 824 s
-# = 13.8 min; 8 would be 15.5 min.
+# Seeds: sized so that the worst case (no early stop) fits the 13-18 minutes of a main job on 2
+# cores, corpus preparation included. Timed on a fresh clone (docs/compare.md, "The main job"):
+# 7 seeds took 15.9 min, of which the bpe:512 corpus 28 s and the grid 924 s (~132 s a seed: two
+# cells of 2,134,016 tokens at ~17,500 tokens/s each, side by side, plus their 33 evaluations);
+# 8 seeds would be ~18 min.
 DEFAULT_SEEDS = 7
 # A comparison of a named --preset or --config trains with compare's general recipe
 # (`taperlm.compare.recipe`: RECIPE_TOKENS per run), at most MODEL_SEEDS seeds (15 micro seeds fit
