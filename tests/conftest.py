@@ -24,6 +24,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -125,6 +126,25 @@ def assert_naming(text: str, *tokens: str) -> None:
     `raises_naming` check for what is not an exception."""
     missing = [t for t in tokens if t not in text]
     assert not missing, f"{missing} not named in: {text}"
+
+
+def assert_own_options(command: str, err: str) -> None:
+    """Every --option an error of `taperlm COMMAND` tells the user to change is one COMMAND
+    accepts; another command's options appear only inside its command line (`taperlm prepare
+    --val-tokens N`). A message shared by several commands must be told which command's
+    options to name."""
+    from taperlm.cli import build_parser, subcommand_parser
+
+    sub = subcommand_parser(build_parser(only=command), command)
+    own = {o for a in sub._actions for o in a.option_strings if o.startswith("--")}
+    text = err.split(": error: ", 1)[-1]
+    text = re.sub(
+        r"`?taperlm ([a-z-]+)[^`;()\n]*`?",
+        lambda m: m.group(0) if m.group(1) == command else "",
+        text,
+    )
+    foreign = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", text)) - own
+    assert not foreign, f"the error names options `taperlm {command}` lacks: {foreign}: {err!r}"
 
 
 def torchrun_command(*args: str, nproc: int = 2) -> list[str]:

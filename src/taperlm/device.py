@@ -43,9 +43,15 @@ def resolve_device(name: str = "auto", what: str = "--device") -> str:
             )
         n = torch.cuda.device_count()
         if dev.index is not None and dev.index >= n:
-            raise ConfigError(f"{what} {name!r}: there is no such CUDA device ({available()})")
+            raise ConfigError(
+                f"{what} {name!r}: there is no such CUDA device ({available()}); use one of "
+                "those, cpu or auto"
+            )
     if dev.type == "mps" and not (torch.backends.mps.is_available()):
-        raise ConfigError(f"{what} {name!r}: MPS is not available here ({available()})")
+        raise ConfigError(
+            f"{what} {name!r}: MPS is not available here ({available()}); use one of those, "
+            "cpu or auto"
+        )
     return name
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import fault_harness as H
+from conftest import assert_own_options
 from taperlm.cli import main as cli_main
 from taperlm.errors import TaperlmError
 
@@ -72,6 +73,7 @@ def expect_error(argv: list[str], capsys, *needles: str, unchanged: tuple[Path, 
     assert err.startswith(f"taperlm {argv[0]}: error: "), err
     for n in needles:
         assert n in err, f"{n!r} not in {err!r}"
+    assert_own_options(argv[0], err)
     for p in unchanged:
         assert H.snapshot(p) == before[p], f"{p} changed"
     return err
@@ -298,8 +300,8 @@ TOO_SMALL = {  # (split, its tokens, --set, what the message names: DATA is the 
     "compare_val_split_shorter_than_novelty_tokens": (
         "val", 40, (), ("40 tokens", "--novelty-tokens 64")),
     "compare_novelty_text_shorter_than_novelty_tokens": (
-        None, 0, (), ("short.txt", "7 tokens", "64")),
-    "novelty_text_shorter_than_tokens": (None, 0, (), ("short.txt", "64", "--tokens")),
+        None, 0, (), ("short.txt", "7 tokens", "--novelty-tokens", "--novelty-data")),
+    "novelty_text_shorter_than_tokens": (None, 0, (), ("short.txt", "64", "--tokens", "--data")),
 }  # fmt: skip
 
 

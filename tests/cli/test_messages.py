@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import fault_harness as H
+from conftest import assert_own_options
 from taperlm.cli import main as cli_main
 from taperlm.io import not_a_file, os_error_cause
 
@@ -109,6 +110,7 @@ def test_every_path_names_the_kind_it_found(role, kind, data, tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2, err
     assert err.startswith(f"taperlm {argv[0]}: error: ") and err.count("\n") == 1, err
+    assert_own_options(argv[0], err)
     assert expected.format(p=path, kind=kind, folder=path.parent) in err, err
     assert "disk space" not in err and "does not exist" not in err
     assert not_a_file(path) == kind  # left as it was

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import fault_harness as H
+from conftest import assert_own_options
 from taperlm.cli import COMMANDS, build_parser, subcommand_parser
 from taperlm.cli import main as cli_main
 from taperlm.domains import PathArg
@@ -154,6 +155,7 @@ def test_bad_output_path_stops_before_work(cmd, option, kind, bad, inp, tmp_path
     err = capsys.readouterr().err
     assert rc == 2, (argv, err)
     assert err.startswith(f"taperlm {cmd}: error: {option}"), err
+    assert_own_options(cmd, err)
     assert err.count("\n") == 1, err
     assert H.snapshot(tmp) == before
     assert not (tmp / "absent").exists()

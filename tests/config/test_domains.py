@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from conftest import assert_own_options
 from taperlm.cli import COMMANDS, build_parser, subcommand_parser
 from taperlm.cli import main as cli_main
 from taperlm.config import ModelConfig, RunConfig, TrainConfig, to_dict
@@ -255,6 +256,7 @@ def test_out_of_domain_config_value_is_named(where, name, bad, depth, tmp_path, 
     dom = next(d for w, n, _, _, d in config_fields() if (w, n) == (where, name))
     assert rc == 2, err
     assert err.startswith("taperlm train: error: ") and err.count("\n") == 1, err
+    assert_own_options("train", err)
     assert f"{key}{suffix}" in err and dom.describe(bad) in err, err
     assert not out.exists() and not (tmp_path / "data").exists()
 

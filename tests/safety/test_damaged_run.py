@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 import fault_harness as H
+from conftest import assert_own_options
 from taperlm.cli import main as cli_main
 
 DAMAGES = ("truncated", "binary", "empty", "wrong_types", "empty_lists")
@@ -173,6 +174,7 @@ def _check(
     if rc == 0:  # a safe recovery: an earlier checkpoint, a rebuilt hint, a re-logged line
         return
     assert rc == 2, cap.err[-2000:]
+    assert_own_options(argv[0], cap.err)
     line = cap.err.strip().splitlines()[-1]
     assert line.startswith(f"taperlm {argv[0]}: error: "), cap.err
     name = Path(rel).name

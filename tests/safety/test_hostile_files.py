@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 import fault_harness as H
+from conftest import assert_own_options
 from taperlm.cli import main as cli_main
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "taperlm"
@@ -130,6 +131,7 @@ def test_payload_in_a_run_never_runs(plant, command, trained, data, text_file, t
     assert not marker.exists(), f"{plant} ran code in {command}"
     assert rc == 2, err[-2000:]
     assert "Traceback" not in err
+    assert_own_options(argv[0], err)
     assert err.startswith(f"taperlm {argv[0]}: error: "), err
     needle = {
         "dcp_metadata": "refers to posix.system, which a checkpoint index never holds",

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import fault_harness as H
-from conftest import raises_naming
+from conftest import assert_own_options, raises_naming
 from taperlm.cli import COMMANDS, build_parser, subcommand_parser
 from taperlm.cli import main as cli_main
 from taperlm.domains import PathArg
@@ -154,6 +154,7 @@ def test_command_x_folder_kind(cmd, option, kind, tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2, err
     assert err.startswith(f"taperlm {cmd}: error: {option} "), err
+    assert_own_options(cmd, err)
     assert "Traceback" not in err
     assert _snapshot(root) == before
 

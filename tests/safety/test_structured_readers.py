@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import fault_harness as H
-from conftest import raises_naming
+from conftest import assert_own_options, raises_naming
 from taperlm.cli import main as cli_main
 from taperlm.errors import ConfigError, MalformedFileError
 from taperlm.io import (
@@ -233,6 +233,7 @@ def _fails_cleanly(argv: list[str], capsys, *needles: str) -> str:
     assert err.count("\n") == 1 and len(err) < MAX_MESSAGE + 100, err
     for needle in needles:
         assert needle in err, err
+    assert_own_options(argv[0], err)
     return err
 
 

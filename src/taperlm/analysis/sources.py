@@ -134,20 +134,27 @@ def _load_hf(
 MAX_BYTES_PER_TOKEN = 64  # generous: a BPE token of natural text covers a few bytes
 
 
-def first_tokens(path: Path, encode: Callable[[str], list[int]], n_tokens: int) -> list[int]:
+def first_tokens(
+    path: Path,
+    encode: Callable[[str], list[int]],
+    n_tokens: int,
+    options: tuple[str, str] = ("--data", "--tokens"),
+) -> list[int]:
     """The first `n_tokens` token ids of a text file. Encodes a growing prefix (cut at a line
     end) instead of the whole file, with a margin of tokens past `n_tokens` so that the cut
-    never changes a kept token; raises DataError when the file has fewer tokens."""
+    never changes a kept token; raises DataError when the file has fewer tokens. `options`
+    names the calling command's (file, token count) options, which the errors tell to change."""
+    file_option, tokens_option = options
     limit = max(1 << 20, MAX_BYTES_PER_TOKEN * (n_tokens + 64))
     try:  # only the prefix that can hold the tokens is read, whatever the file's size
-        with open_regular(path, what="--data file") as f:
+        with open_regular(path, what=f"{file_option} file") as f:
             raw = f.read(limit)
             whole = not f.read(1)
         text = codecs.getincrementaldecoder("utf-8")("strict").decode(raw, final=whole)
     except UnsafeFileError as err:
         raise DataError(str(err)) from None
     except (OSError, UnicodeDecodeError) as err:
-        raise DataError(f"cannot read --data {path}: {error_text(err)}") from None
+        raise DataError(f"cannot read {file_option} {path}: {error_text(err)}") from None
     n_chars = max(4096, 8 * n_tokens)
     while True:
         end = text.find("\n", n_chars)
@@ -160,7 +167,7 @@ def first_tokens(path: Path, encode: Callable[[str], list[int]], n_tokens: int) 
         where = "" if whole else f" in its first {limit:,} bytes (all that is read for them)"
         raise DataError(
             f"{path} has only {len(ids)} tokens{where}, fewer than the {n_tokens} asked for; "
-            "pass a smaller --tokens or a longer file"
+            f"pass a smaller {tokens_option}, or a longer file with {file_option}"
         )
     return ids[:n_tokens]
 

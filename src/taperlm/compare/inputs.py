@@ -154,7 +154,10 @@ def _novelty_text(opts: CompareOptions) -> str | None:
     """--novelty-data, else WikiText-2's test split where it is, else None (the val split)."""
     if opts.novelty_data is not None:
         if not opts.novelty_data.is_file():
-            raise DataError(f"--novelty-data {opts.novelty_data} is not a file")
+            raise DataError(
+                f"--novelty-data {opts.novelty_data} is not a file; give a UTF-8 text file, or "
+                "leave the option out to measure on WikiText-2's test split (or the val split)"
+            )
         return str(opts.novelty_data.resolve())
     try:
         return str(wikitext_test())

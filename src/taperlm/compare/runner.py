@@ -180,7 +180,10 @@ class SharedInputs:
             n = self.settings.novelty_tokens
             if self.settings.novelty_text:
                 self._novelty_ids = first_tokens(
-                    Path(self.settings.novelty_text), self.tokenizer.encode, n
+                    Path(self.settings.novelty_text),
+                    self.tokenizer.encode,
+                    n,
+                    ("--novelty-data", "--novelty-tokens"),
                 )
             else:
                 self._novelty_ids = first_val_tokens(self.data_dir, n, "--novelty-tokens")

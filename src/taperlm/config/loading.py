@@ -37,7 +37,10 @@ def load_yaml(path: str | Path) -> dict:
     if kind:
         raise ConfigError(f"config file {p} is {kind}, not a file; give a YAML file")
     if not p.is_file():
-        raise ConfigError(f"config file {p} does not exist")
+        raise ConfigError(
+            f"config file {p} does not exist; give the path of a YAML file, or a named model with "
+            "--preset NAME (`taperlm plan --list-presets` lists them)"
+        )
     try:
         data = read_yaml(p, MAX_CONFIG_BYTES, "config file")
     except UnsafeFileError as err:

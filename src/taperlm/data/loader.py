@@ -113,10 +113,14 @@ def check_data_fits(data_dir: str | Path, seq_len: int, step_windows: int, valid
 
 def _check_length(data_dir: Path, split: str, n_tokens: int, seq_len: int) -> None:
     if n_tokens < seq_len + 1:
+        more = (
+            "`taperlm prepare --val-tokens N` with a larger N"
+            if split == "val"
+            else "`taperlm prepare` on more text"
+        )
         raise DataError(
             f"the {split} split of {data_dir} has {n_tokens} tokens, fewer than seq_len + 1 = "
-            f"{seq_len + 1}; lower seq_len or prepare more data (--val-tokens for the "
-            "validation split)"
+            f"{seq_len + 1}; lower train.seq_len or prepare more data ({more})"
         )
 
 

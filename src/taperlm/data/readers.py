@@ -382,7 +382,10 @@ def _jsonl_documents(
         lines.close()
         raw.close()
     if not found:
-        raise DataError(f"{path}: no non-empty {field!r} fields")
+        raise DataError(
+            f"{path}: no non-empty {field!r} fields; name the field that holds the text with "
+            "--text-field"
+        )
 
 
 def row_pieces(text: str, name: str, index: int, row: int, cap: int, start: Cursor):
@@ -439,7 +442,10 @@ def _parquet_documents(
                         yield from row_pieces(text, f"{name}:{row}", index, row, cap, start)
                 row += 1
     if not found:
-        raise DataError(f"{path}: no non-empty {field!r} values")
+        raise DataError(
+            f"{path}: no non-empty {field!r} values; name the column that holds the text with "
+            "--text-field"
+        )
 
 
 def _check_parquet_sizes(path: Path, meta: Any, field: str, cap: int) -> None:

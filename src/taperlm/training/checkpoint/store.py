@@ -307,7 +307,10 @@ def _check_files(path: Path, part: tuple[int, int]) -> dict[str, Any]:
     """The manifest of `path` after checking every file's size and this rank's share of hashes
     (every `world`-th file, starting at `rank`); CheckpointError on the first problem."""
     if not path.is_dir():
-        raise CheckpointError(f"checkpoint {path} does not exist")
+        raise CheckpointError(
+            f"checkpoint {path} does not exist (removed, or pruned by the run since it was "
+            "listed); give an existing one, a run's checkpoints/step_NNNNNNNN folder"
+        )
     manifest = read_manifest(path)
     rank, world = part
     for i, (name, info) in enumerate(sorted(manifest["files"].items())):
