@@ -224,9 +224,13 @@ def _best_start(b: dict[str, Any]) -> str:
     text = f"{b['best']:.2f}"
     if b.get("ci"):
         text += f" [{b['ci'][0]:.2f}, {b['ci'][1]:.2f}]"
-    edge = b.get("at_upper_edge") or 0
-    if edge > 0.5:
-        text += f" (at the steepest ratio swept in {edge:.0%} of resamples)"
+    upper, lower = b.get("at_upper_edge") or 0, b.get("at_lower_edge") or 0
+    if upper > 0.5:
+        text += f" (at the steepest ratio swept in {upper:.0%} of resamples)"
+    elif lower > 0.5:
+        low = b.get("lowest_start")
+        where = "uniform" if low is None or round(low, 6) == 1.0 else f"the mildest swept, {low:g}"
+        text += f" (at the lowest start swept, {where}, in {lower:.0%} of resamples)"
     return text
 
 

@@ -303,3 +303,29 @@ def test_smaller_and_shorter_than_anything_measured():
     assert "0.4 decades smaller than the smallest model measured" in a["how_sure"]
     assert "0.4 decades shorter than the shortest training measured" in a["how_sure"]
     assert a["advantage_gone_at"] == []  # every point trained longer than this run
+
+
+@pytest.mark.unit
+def test_the_fitted_best_start_says_which_end_of_the_sweep_bounds_it():
+    """Every state of the fit: inside the sweep (a number), at the steepest start swept, at the
+    lowest start swept when that is uniform, and when it is an inverse taper below uniform."""
+    cases = {
+        "inside": ({"at_upper_edge": 0.1, "at_lower_edge": 0.2}, None),
+        "upper": ({"at_upper_edge": 0.8, "at_lower_edge": 0.0}, "at the steepest ratio swept"),
+        "lower, uniform": (
+            {"at_upper_edge": 0.0, "at_lower_edge": 0.9, "lowest_start": 1.0},
+            "at the lowest start swept, uniform, in 90% of resamples",
+        ),
+        "lower, an inverse taper": (
+            {"at_upper_edge": 0.0, "at_lower_edge": 0.7, "lowest_start": 0.5},
+            "at the lowest start swept, the mildest swept, 0.5, in 70% of resamples",
+        ),
+    }
+    for name, (edges, says) in cases.items():
+        p = _point("s-a", 1e6, 8.0, HURTS, best_taper="cosine:1.25:0.75", fitted=1.0)
+        p["best_ratio"].update(edges)
+        text = " ".join(format_advice(advice(1e6, 8e6, _doc(p))).split())  # lines wrapped
+        if says is None:
+            assert "swept in" not in text and "of resamples" not in text, name
+        else:
+            assert says in text, (name, text)
