@@ -100,9 +100,9 @@ def run_row(
     """Build, shard, warm up (compile) and time one configuration."""
     import torch._dynamo
 
+    from taperlm.checkpoint import dcp
     from taperlm.models.layers import set_activation_checkpointing
     from taperlm.training import distributed as D
-    from taperlm.training.checkpoint import dcp
     from taperlm.training.model import build_on_meta, materialize
     from taperlm.training.optim import build_optimizer, parameter_periods
 

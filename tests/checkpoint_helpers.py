@@ -14,7 +14,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
 )
 
-from taperlm.training.checkpoint import dcp, safe_load, store
+from taperlm.checkpoint import dcp, safe_load, store
 
 
 def save_checkpoint(

@@ -231,7 +231,7 @@ def install_hooks() -> None:
 
     pause_at = int(os.environ.get(PAUSE_STEP_ENV, "0") or 0)
     if pause_at:
-        from taperlm.training.checkpoint import store
+        from taperlm.checkpoint import store
 
         real_write = store._write_state
 
@@ -393,7 +393,7 @@ def metrics(run: Path) -> list[dict[str, Any]]:
 
 def final_weights(run: Path, step: int = TOTAL_STEPS):
     """Full weights of a checkpoint (read from its shards by taperlm's converter)."""
-    from taperlm.training.checkpoint.store import load_model_state
+    from taperlm.checkpoint.store import load_model_state
 
     return load_model_state(run / "checkpoints" / f"step_{step:08d}", verify=False)
 

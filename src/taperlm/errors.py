@@ -49,3 +49,8 @@ class MalformedFileError(UnsafeFileError, ValueError):
     nested deeper than any file taperlm reads, expanding past its bound through YAML aliases, or
     giving a key twice. A ValueError too, so a reader that treats a damaged file of its own as
     absent (a result recomputed, a checkpoint passed over) does so for these."""
+
+
+class TrainingWarning(UserWarning):
+    """Something the user should know that did not stop the work (a checkpoint fallback, a
+    failed compile, a logger that could not start); the commands show it as one plain line."""

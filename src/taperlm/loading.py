@@ -2,7 +2,7 @@
 checkpoint), a checkpoint directory, or a `taperlm export` directory — for eval, export, generate
 and novelty (the one place a run's data dir, and so its tokenizer, is looked up).
 
-The checkpoint files are read through `taperlm.training.checkpoint.store`.
+The checkpoint files are read through `taperlm.checkpoint.store`.
 """
 
 from __future__ import annotations
@@ -10,8 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from taperlm.checkpoint import store
 from taperlm.config import (
     ModelConfig,
+    config_differences,
+    format_differences,
     from_dict,
     load_run_config,
     run_config_from_dict,
@@ -22,8 +25,6 @@ from taperlm.data.tokenizer import load_tokenizer
 from taperlm.device import out_of_memory
 from taperlm.errors import CheckpointError, ConfigError, DataError, UnsafeFileError
 from taperlm.io import MAX_RECORD_BYTES, check_regular, error_text, not_a_file, read_json
-from taperlm.training.checkpoint import store
-from taperlm.training.settings import config_differences, format_differences
 
 
 def resolve_data_dir(run_dir: Path, run_config: Any) -> Path | None:

@@ -18,9 +18,9 @@ import torch
 
 import fault_harness as H
 from conftest import assert_naming
+from taperlm.checkpoint import store as ckpt
 from taperlm.cli import COMMANDS, build_parser, subcommand_parser
 from taperlm.cli import main as cli_main
-from taperlm.training.checkpoint import store as ckpt
 
 
 def _device_commands() -> list[str]:

@@ -21,9 +21,9 @@ from conftest import assert_naming
 transformers = pytest.importorskip("transformers")
 transformers.utils.logging.disable_progress_bar()  # stderr holds only the command's own lines
 
+from taperlm.checkpoint import store  # noqa: E402
 from taperlm.cli import main  # noqa: E402
 from taperlm.loading import load_any, load_run_model  # noqa: E402
-from taperlm.training.checkpoint import store  # noqa: E402
 
 VOCAB = 320  # the harness tokenizer's 300 ids, padded as real checkpoints often are
 ARCHS = {
@@ -320,7 +320,7 @@ def test_the_start_checkpoint_resumes_as_a_fresh_adamw(tmp_path, data):
     """What `train` restores from the imported step-0 checkpoint is the state a fresh AdamW
     takes its first step from (step 0, zero moments), so the first update is a first update;
     and the weights are the checkpoint's."""
-    from taperlm.training.checkpoint.checkpointer import restore_training
+    from taperlm.training.checkpointer import restore_training
     from taperlm.training.optim import build_optimizer
 
     folder = make_hf(tmp_path / "hf", data, tied=True)

@@ -116,9 +116,9 @@ def test_a_zero_width_run_resumes_exactly(tmp_path: Path):
     """The trainer end to end: a cosine:2:0 run stopped and resumed equals one trained straight
     through (the zero-size tensors go through the checkpoint and the optimizer state)."""
     import fault_harness
+    from taperlm.checkpoint import store as ckpt
     from taperlm.cli import main as cli_main
     from taperlm.config import RunConfig, to_dict
-    from taperlm.training.checkpoint import store as ckpt
     from taperlm.training.loop import train
 
     src = tmp_path / "corpus.txt"

@@ -199,7 +199,7 @@ def test_damaged_file_every_reader(rel, kind, reader, trained, data, tmp_path, c
 def _commit_newer_and_prune(run: Path) -> None:
     """What the trainer does between a reader's lookup and its read: commit step N+1 (a copy
     of step N under the next name) and prune step N (renamed away, then deleted)."""
-    from taperlm.training.checkpoint import store as ckpt
+    from taperlm.checkpoint import store as ckpt
 
     step, newest = ckpt.list_checkpoints(run)[-1]
     shutil.copytree(newest, newest.parent / ckpt.checkpoint_name(step + 1))
@@ -213,7 +213,7 @@ def test_reader_racing_pruning_gets_a_checkpoint(
 ):
     """The checkpoint a reader picked is pruned before (or while) it is read: the reader takes
     the newer one, with no warning about a bad checkpoint and no advice to delete anything."""
-    from taperlm.training.checkpoint import store as ckpt
+    from taperlm.checkpoint import store as ckpt
 
     run = tmp_path / "run"
     shutil.copytree(trained, run)
@@ -242,8 +242,8 @@ def test_reader_of_a_training_run_always_loads(data, tmp_path):
     import subprocess
     import sys
 
+    from taperlm.checkpoint.store import list_checkpoints
     from taperlm.loading import load_run_model
-    from taperlm.training.checkpoint.store import list_checkpoints
 
     run = tmp_path / "run"
     argv = [*H.train_argv(data, run)]

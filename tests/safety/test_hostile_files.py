@@ -148,7 +148,7 @@ def test_byte_items_of_shards_are_read_without_pickle_globals(tmp_path):
     from torch.distributed.checkpoint.metadata import MetadataIndex
     from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 
-    from taperlm.training.checkpoint import safe_load
+    from taperlm.checkpoint import safe_load
 
     marker = tmp_path / "PWNED"
     buf = io.BytesIO()
@@ -177,7 +177,7 @@ def test_byte_items_of_shards_are_read_without_pickle_globals(tmp_path):
 
 def test_metadata_allow_list_covers_a_real_checkpoint(trained):
     """The allow-list admits everything a checkpoint written by this torch holds."""
-    from taperlm.training.checkpoint import safe_load
+    from taperlm.checkpoint import safe_load
 
     meta = safe_load.read_metadata(_newest(trained))
     assert any(k.startswith("model.") for k in meta.state_dict_metadata)
@@ -257,15 +257,15 @@ def test_tokenizer_folder_code_never_runs(tmp_path, data, capsys):
 
 # (file relative to src/taperlm, pattern name) -> why it cannot run code from a file we read.
 ALLOWED: dict[tuple[str, str], str] = {
-    ("training/checkpoint/safe_load.py", "pickle"): "the allow-listed unpickler of DCP .metadata",
-    ("training/checkpoint/safe_load.py", "torch.load"): "weights_only=True for DCP byte items",
-    ("training/checkpoint/store.py", "torch.load"): "state.pt with weights_only=True",
+    ("checkpoint/safe_load.py", "pickle"): "the allow-listed unpickler of DCP .metadata",
+    ("checkpoint/safe_load.py", "torch.load"): "weights_only=True for DCP byte items",
+    ("checkpoint/store.py", "torch.load"): "state.pt with weights_only=True",
     ("compare/workers.py", "pickle"): (
         "an exception passed from our own forked compare worker over a multiprocessing pipe, "
         "never a file"
     ),
     (
-        "training/checkpoint/safe_load.py",
+        "checkpoint/safe_load.py",
         "dcp reader",
     ): "SafeReader: FileSystemReader with the allow-list",
     ("cli.py", "import_module"): "taperlm.commands.<name> for a fixed table of command names",

@@ -92,13 +92,15 @@ RAW_OPENS: dict[tuple[str, str], str] = {
     ("data/readers.py", "pyarrow"): "ParquetFile of a source after check_regular",
     ("data/corpus.py", "decompress"): "over open_regular, read(MAX_DOC_FILE_BYTES + 1)",
     ("data/tokenizer.py", "tokenizers"): "vocab.json/merges.txt after check_regular",
-    ("training/checkpoint/store.py", "safetensors"): "model.safetensors of a format-1 "
+    ("checkpoint/store.py", "safetensors"): "model.safetensors of a format-1 "
     "checkpoint after check_regular and the manifest's size/hash check",
-    ("training/checkpoint/store.py", "torch.load"): "state.pt over open_regular (its manifest "
-    "size) after check_stored_zip",
-    ("training/checkpoint/store.py", "open()"): "_fsync_file of the state.pt this process "
+    (
+        "checkpoint/store.py",
+        "torch.load",
+    ): "state.pt over open_regular (its manifest size) after check_stored_zip",
+    ("checkpoint/store.py", "open()"): "_fsync_file of the state.pt this process "
     "just wrote into its own temporary checkpoint",
-    ("training/checkpoint/safe_load.py", "torch.load"): "a DCP byte item, the bytes of a "
+    ("checkpoint/safe_load.py", "torch.load"): "a DCP byte item, the bytes of a "
     "_Slice that check_stored_zip passed",
     ("loading.py", "safetensors"): "an export's model.safetensors after check_regular",
 }
@@ -154,7 +156,7 @@ REMOVALS: dict[str, str] = {
     "training/run_dir.py": "the lock and marker it created in a run dir it created; after a "
     "failed import, what it created in the run dir it claimed (checkpoints/, the tokenizer copy, "
     "config.yaml, its lock and marker)",
-    "training/checkpoint/store.py": "checkpoints/ of a run dir (check_folder walked it): temp "
+    "checkpoint/store.py": "checkpoints/ of a run dir (check_folder walked it): temp "
     "dirs named by pid, step_* dirs renamed aside then removed",
     "hf/export.py": "its own staging folder inside the export folder",
     "outdirs.py": "install_files: its staged files moved in, and stale files of the folder's "
@@ -343,7 +345,7 @@ def _rehash(ckpt: Path) -> None:
 def _edit_index(ckpt: Path, change: Callable[[Any, Any], None], which: str = "model.") -> None:
     """Rewrite the `.metadata` of `ckpt` with `change(storage_info, index)` applied to the items
     whose key starts with `which`, and update the manifest's hashes (what an attacker does)."""
-    from taperlm.training.checkpoint import safe_load
+    from taperlm.checkpoint import safe_load
 
     meta = safe_load.read_metadata(ckpt)
     for index, info in meta.storage_data.items():
@@ -378,7 +380,7 @@ def test_the_index_reads_only_what_the_manifest_verified(trained, tmp_path, case
     """Classes 1 and 2: `.metadata` naming a file outside the checkpoint, an absolute path,
     /dev/zero, a decoding transform (torch's stream.zstd), or a range past the file: nothing is
     read, for inference (eval/generate/export) and for a resume."""
-    from taperlm.training.checkpoint import store
+    from taperlm.checkpoint import store
 
     run = _copy(trained, tmp_path)
     ckpt = _newest(run)
@@ -394,7 +396,7 @@ def test_the_index_reads_only_what_the_manifest_verified(trained, tmp_path, case
 
         from taperlm.config import load_run_config
         from taperlm.models import TaperedLM
-        from taperlm.training.checkpoint.checkpointer import restore_training
+        from taperlm.training.checkpointer import restore_training
 
         cfg = load_run_config(run / "config.yaml")
         cfg.resolve()
@@ -405,7 +407,7 @@ def test_the_index_reads_only_what_the_manifest_verified(trained, tmp_path, case
 
 
 def test_a_manifest_naming_a_file_outside_is_refused(trained, tmp_path):
-    from taperlm.training.checkpoint import store
+    from taperlm.checkpoint import store
 
     run = _copy(trained, tmp_path)
     ckpt = _newest(run)
@@ -434,7 +436,7 @@ def test_a_deflated_state_pt_is_refused_before_torch_reads_it(trained, tmp_path)
     members; taperlm refuses any compressed member first (torch never writes one)."""
     import torch
 
-    from taperlm.training.checkpoint import store
+    from taperlm.checkpoint import store
 
     run = _copy(trained, tmp_path)
     ckpt = _newest(run)
@@ -450,7 +452,7 @@ def test_a_deflated_state_pt_is_refused_before_torch_reads_it(trained, tmp_path)
 def test_a_deflated_shard_item_is_refused_before_torch_reads_it(trained, tmp_path):
     """The same inside a DCP shard: one model tensor's item re-zipped with DEFLATE, appended to
     its shard and pointed at by the index (the hashes rewritten): refused, not inflated."""
-    from taperlm.training.checkpoint import store
+    from taperlm.checkpoint import store
 
     run = _copy(trained, tmp_path)
     ckpt = _newest(run)
@@ -619,7 +621,7 @@ def _data_case(rel: str, call: str) -> Callable[[Path, Path, Path], Any]:
 
 def _ckpt_case(rel: str, call: str) -> Callable[[Path, Path, Path], Any]:
     def case(data: Path, run: Path, tmp: Path) -> Any:
-        from taperlm.training.checkpoint import store
+        from taperlm.checkpoint import store
 
         r = tmp / "run"
         shutil.copytree(run, r)
@@ -806,7 +808,7 @@ def test_a_state_pt_without_loader_is_a_clear_error(data, trained, tmp_path, cap
 
 def test_checkpoint_errors_say_it_once(trained, tmp_path):
     """A shard that fails DCP's read: one message naming the checkpoint once, no torch advice."""
-    from taperlm.training.checkpoint import store
+    from taperlm.checkpoint import store
 
     run = _copy(trained, tmp_path)
     ckpt = _newest(run)

@@ -303,7 +303,7 @@ def test_run_records(name, data, trained, tmp_path, capsys):
 
 
 def test_checkpoint_manifest_falls_back_to_the_previous_checkpoint(trained, tmp_path, capsys):
-    from taperlm.training.checkpoint.store import find_checkpoint, list_checkpoints
+    from taperlm.checkpoint.store import find_checkpoint, list_checkpoints
 
     run = tmp_path / "run"
     shutil.copytree(trained, run)

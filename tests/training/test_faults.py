@@ -29,8 +29,8 @@ import torch
 
 import fault_harness as H
 from conftest import assert_naming, raises_naming
+from taperlm.checkpoint import store as ckpt
 from taperlm.cli import main as cli_main
-from taperlm.training.checkpoint import store as ckpt
 from taperlm.training.metrics import read_metrics
 
 

@@ -14,12 +14,12 @@ import torch.nn.functional as F
 
 from checkpoint_helpers import full_model_state, full_optimizer_state
 from conftest import raises_naming
+from taperlm.checkpoint import store as ckpt
 from taperlm.errors import ConfigError
 from taperlm.loading import load_run_model
 from taperlm.models import TaperedLM
 from taperlm.models.loss import chunked_cross_entropy
 from taperlm.presets import get_preset
-from taperlm.training.checkpoint import store as ckpt
 from taperlm.training.loop import Trainer, train
 from taperlm.training.model import build_on_meta, fsdp_mixed_precision, materialize, uncompile
 from taperlm.training.optim import param_groups, parameter_periods

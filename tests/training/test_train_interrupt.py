@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_naming, torchrun_command
+from taperlm.checkpoint import store as ckpt
 from taperlm.cli import main as cli_main
 from taperlm.runlock import holder_of
-from taperlm.training.checkpoint import store as ckpt
 from taperlm.training.metrics import read_metrics
 
 SMALL = [

@@ -1,10 +1,11 @@
 """training/ is cut by concept (issue 40): no test hook in the library (tests inject faults from
-outside, through the trainer's public `forward_backward`), the checkpoint modules form one
-package, and loading a model for inference lives outside training/."""
+outside, through the trainer's public `forward_backward`), the checkpoint format is one
+package outside it, and loading a model for inference lives outside training/."""
 
 from __future__ import annotations
 
 import inspect
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "taperlm"
@@ -20,15 +21,27 @@ def test_no_fault_injection_hook_in_the_library():
     assert not (SRC / "training" / "fault_injection.py").exists()
 
 
-def test_checkpoint_modules_are_one_package():
+def test_the_checkpoint_format_is_a_room_below_training_and_loading():
+    """The format (directory, shards, safe reader) is one package outside training/, which
+    keeps only the live run's saver; neither it nor loading imports training, so training may
+    read a finished run (the distillation teacher) without a loop."""
     training = SRC / "training"
-    assert not [p.name for p in training.glob("*.py") if "checkpoint" in p.name or "dcp" in p.name]
-    assert {p.name for p in (training / "checkpoint").glob("*.py")} >= {
+    assert not list((training / "checkpoint").glob("*.py"))  # a stale __pycache__ may linger
+    assert [p.name for p in training.glob("*.py") if "checkpoint" in p.name or "dcp" in p.name] == [
+        "checkpointer.py"
+    ]
+    assert {p.name for p in (SRC / "checkpoint").glob("*.py")} == {
+        "__init__.py",
         "store.py",
         "dcp.py",
         "safe_load.py",
-        "checkpointer.py",
     }
+    sources = {**_sources(SRC / "checkpoint"), "loading.py": (SRC / "loading.py").read_text()}
+    assert not [
+        n
+        for n, text in sources.items()
+        if re.search(r"^\s*(from|import) taperlm\.training", text, re.M)
+    ]
 
 
 def test_one_training_step_reads_top_to_bottom():

@@ -38,8 +38,8 @@ from taperlm.domains import (
     output_path,
     up_to,
 )
-from taperlm.errors import ConfigError
-from taperlm.training import ResumeMode, TrainingWarning
+from taperlm.errors import ConfigError, TrainingWarning
+from taperlm.training import ResumeMode
 from taperlm.training.interrupt import SignalStop, interrupted_message
 
 

@@ -37,8 +37,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from taperlm.analysis.sources import first_tokens, first_val_tokens
+from taperlm.checkpoint.store import list_checkpoints
 from taperlm.compare.grid import Cell
-from taperlm.config import load_run_config, to_dict
+from taperlm.config import format_differences, load_run_config, to_dict
 from taperlm.data.identity import check_run_data
 from taperlm.data.tokenizer import load_tokenizer
 from taperlm.device import resolve_device
@@ -58,9 +59,7 @@ from taperlm.io import (
 )
 from taperlm.outdirs import claim
 from taperlm.runlock import locked
-from taperlm.training.checkpoint.store import list_checkpoints
 from taperlm.training.metrics import read_metrics
-from taperlm.training.settings import format_differences
 
 if TYPE_CHECKING:
     from taperlm.training.loop import StepHook

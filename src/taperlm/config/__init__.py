@@ -8,7 +8,15 @@
 Configs written by taperlm 0.1, which carried every family's section, still load.
 """
 
-from taperlm.config.convert import config_keys, from_dict, from_dict_plain, section_of, to_dict
+from taperlm.config.convert import (
+    config_differences,
+    config_keys,
+    format_differences,
+    from_dict,
+    from_dict_plain,
+    section_of,
+    to_dict,
+)
 from taperlm.config.loading import (
     dump_yaml,
     file_notes,
@@ -43,10 +51,12 @@ __all__ = [
     "TrainConfig",
     "apply_overrides",
     "clear_resolved_sizes",
+    "config_differences",
     "config_keys",
     "dump_yaml",
     "env_overrides",
     "file_notes",
+    "format_differences",
     "from_dict",
     "from_dict_plain",
     "load_run_config",

@@ -2,21 +2,18 @@
 Hope's update periods and the LR schedule (`optim`), checkpoints (`checkpoint/`), the run
 directory (`run_dir`), distributed wrapping, metrics and loggers; loading a trained model for
 inference is `taperlm.loading`'s. Import the submodules directly; nothing heavy is imported
-here (the CLI and `checkpoint.store` read the warning category below torch-free)."""
+here (the warning category, `TrainingWarning`, lives in `taperlm.errors`)."""
 
 from __future__ import annotations
 
 import warnings
 from typing import Literal
 
+from taperlm.errors import TrainingWarning
+
 # `taperlm train --resume`: continue from the newest good checkpoint if any | refuse a run dir
 # that has one | fail unless there is one (`run_dir.prepare_run_dir`).
 ResumeMode = Literal["auto", "never", "must"]
-
-
-class TrainingWarning(UserWarning):
-    """Something the user should know that did not stop the run (a checkpoint fallback, a failed
-    compile, a logger that could not start); `taperlm train` shows it as one plain line."""
 
 
 def warn(message: str) -> None:

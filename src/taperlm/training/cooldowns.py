@@ -30,10 +30,10 @@ import os
 import sys
 from pathlib import Path
 
-from taperlm.config import RunConfig
+from taperlm.checkpoint import store as ckpt
+from taperlm.config import RunConfig, format_differences
 from taperlm.errors import ConfigError, MalformedFileError
 from taperlm.io import read_json
-from taperlm.training.checkpoint import store as ckpt
 from taperlm.training.loop import StepHook, TrainResult, train
 from taperlm.training.run_dir import (
     BRANCH_FILE,
@@ -42,7 +42,6 @@ from taperlm.training.run_dir import (
     resume_conflicts,
     schedule_of,
 )
-from taperlm.training.settings import format_differences
 
 # How the refusals name the source and the budget: a library call's own terms by default, the
 # command line's options from `taperlm train`.

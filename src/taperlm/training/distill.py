@@ -16,14 +16,20 @@ from typing import Any
 
 import torch
 
-from taperlm.config import ModelConfig, RunConfig, from_dict, to_dict
+from taperlm.checkpoint import store
+from taperlm.config import (
+    ModelConfig,
+    RunConfig,
+    config_differences,
+    format_differences,
+    from_dict,
+    to_dict,
+)
 from taperlm.errors import CheckpointError, ConfigError
 from taperlm.io import sha256_file
 from taperlm.loading import load_run_model
 from taperlm.models.loss import distillation_kl
 from taperlm.training import distributed as D
-from taperlm.training.checkpoint import store
-from taperlm.training.settings import config_differences, format_differences
 
 
 def resolve_checkpoint(path: str | Path, what: str) -> Path:

@@ -15,11 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import distribute_tensor
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -177,23 +173,6 @@ def _full_options(cpu_offload: bool = True, strict: bool = True):
 
 def load_full_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     set_model_state_dict(model, state, options=_full_options(cpu_offload=False))
-
-
-def load_optimizer_state(
-    model: nn.Module, optimizer: torch.optim.Optimizer, state: dict, full: bool = True
-) -> None:
-    """Load optimizer state keyed by parameter names: `full` (unsharded tensors, e.g. from a
-    format-1 checkpoint) or in this rank's layout (from a sharded checkpoint)."""
-    # Not strict: parameters with update_period > 1 have no Adam state until their first update.
-    options = StateDictOptions(full_state_dict=full, cpu_offload=False, strict=False)
-    set_optimizer_state_dict(model, optimizer, state, options=options)
-    # Loading first initialises every parameter's state with a zero-gradient step (step = 1);
-    # drop it again for parameters the checkpoint had no state for, so their first real update
-    # is Adam step 1, exactly as in the uninterrupted run.
-    saved = state.get("state", {})
-    for name, p in model.named_parameters():
-        if name not in saved:
-            optimizer.state.pop(p, None)
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from taperlm.training.checkpoint.store import list_checkpoints
+from taperlm.checkpoint.store import list_checkpoints
 
 SAME_REQUEST_S = 1.0
 RETRY_S = 0.1  # an interrupt that arrives during an import is repeated after this long

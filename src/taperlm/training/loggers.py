@@ -37,9 +37,8 @@ import torch
 import yaml
 
 from taperlm.config import to_dict
-from taperlm.errors import UnsafeFileError
+from taperlm.errors import TrainingWarning, UnsafeFileError
 from taperlm.io import MAX_RECORD_BYTES, atomic_write_json, read_json
-from taperlm.training import TrainingWarning
 
 # The package each logger needs and the extra that installs it.
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}

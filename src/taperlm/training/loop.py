@@ -35,6 +35,8 @@ from typing import Any
 import torch
 
 from taperlm.budget import total_params
+from taperlm.checkpoint import store as ckpt
+from taperlm.checkpoint.dcp import training_state
 from taperlm.config import RunConfig, to_dict
 from taperlm.data.loader import TokenBatches
 from taperlm.device import is_out_of_memory, memory_error, out_of_memory
@@ -44,15 +46,13 @@ from taperlm.progress import progress_bar
 from taperlm.training import distributed as D
 from taperlm.training import run_dir as R
 from taperlm.training import warn
-from taperlm.training.checkpoint import store as ckpt
-from taperlm.training.checkpoint.checkpointer import (
+from taperlm.training.checkpointer import (
     ShardedCheckpointer,
     restore_training,
     rng_state,
     seed_everything,
     set_rng_state,
 )
-from taperlm.training.checkpoint.dcp import training_state
 from taperlm.training.distill import Teacher, check_same_teacher, load_initial_weights
 from taperlm.training.guard import StepGuard, divergence_cause, first_nonfinite
 from taperlm.training.loggers import Loggers, layer_grad_norms

@@ -38,9 +38,13 @@ from typing import Any
 
 import torch
 
+from taperlm.checkpoint import store as ckpt
+from taperlm.checkpoint.dcp import training_state
 from taperlm.config import (
     RUNTIME_KEYS,
     RunConfig,
+    config_differences,
+    format_differences,
     load_run_config,
     run_config_from_dict,
     save_yaml,
@@ -63,16 +67,14 @@ from taperlm.outdirs import KINDS, check_folder, claim
 from taperlm.runlock import LOCK_FILE, RunLock
 from taperlm.training import ResumeMode
 from taperlm.training import distributed as D
-from taperlm.training.checkpoint import store as ckpt
-from taperlm.training.checkpoint.checkpointer import (
+from taperlm.training.checkpointer import (
     ShardedCheckpointer,
     rng_state,
     seed_everything,
     set_rng_state,
 )
-from taperlm.training.checkpoint.dcp import training_state
 from taperlm.training.optim import LRSchedule, build_optimizer, parameter_periods
-from taperlm.training.settings import config_differences, format_differences, validate_train_config
+from taperlm.training.settings import validate_train_config
 
 RESUME_MODES = choices(ResumeMode)
 BRANCH_FILE = "branch.json"

@@ -7,8 +7,6 @@ Torch-free: `taperlm compare` checks a job and words its conflicts before it imp
 
 from __future__ import annotations
 
-from typing import Any
-
 from taperlm.config import RunConfig, TrainConfig
 from taperlm.errors import ConfigError
 
@@ -42,20 +40,3 @@ def validate_train_config(run: RunConfig, world_size: int = 1) -> None:
             f"{t.batch_tokens}); raise tokens or lower batch_tokens"
         )
     accumulation_steps(t, world_size)
-
-
-def config_differences(a: dict, b: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
-    """(dotted key, a's value, b's value) for every leaf that differs between two config dicts."""
-    out: list[tuple[str, Any, Any]] = []
-    for key in sorted(set(a) | set(b)):
-        va, vb = a.get(key), b.get(key)
-        path = f"{prefix}{key}"
-        if isinstance(va, dict) and isinstance(vb, dict):
-            out.extend(config_differences(va, vb, path + "."))
-        elif va != vb:
-            out.append((path, va, vb))
-    return out
-
-
-def format_differences(diffs: list[tuple[str, Any, Any]], a_name: str, b_name: str) -> str:
-    return "; ".join(f"{k}: {va!r} ({a_name}) vs {vb!r} ({b_name})" for k, va, vb in diffs)

@@ -36,15 +36,16 @@ from torch.distributed import checkpoint as torch_dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
+    set_optimizer_state_dict,
 )
 
+from taperlm.checkpoint import safe_load
 from taperlm.errors import CheckpointError
 from taperlm.io import error_text, sha256_file
-from taperlm.training.checkpoint import safe_load
-from taperlm.training.distributed import load_optimizer_state
 
 MODEL_KEY = "model"
 OPTIMIZER_KEY = "optimizer"
@@ -55,6 +56,23 @@ METADATA_FILE = ".metadata"
 # DCP warns on every single-process call that there is no process group; that is intended here.
 # A filter rather than catch_warnings: background writes warn from their own thread.
 _NO_DIST_WARNING = ".*torch.distributed is disabled, unavailable or uninitialized.*"
+
+
+def load_optimizer_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, state: dict, full: bool = True
+) -> None:
+    """Load optimizer state keyed by parameter names: `full` (unsharded tensors, e.g. from a
+    format-1 checkpoint) or in this rank's layout (from a sharded checkpoint)."""
+    # Not strict: parameters with update_period > 1 have no Adam state until their first update.
+    options = StateDictOptions(full_state_dict=full, cpu_offload=False, strict=False)
+    set_optimizer_state_dict(model, optimizer, state, options=options)
+    # Loading first initialises every parameter's state with a zero-gradient step (step = 1);
+    # drop it again for parameters the checkpoint had no state for, so their first real update
+    # is Adam step 1, exactly as in the uninterrupted run.
+    saved = state.get("state", {})
+    for name, p in model.named_parameters():
+        if name not in saved:
+            optimizer.state.pop(p, None)
 
 
 @contextlib.contextmanager

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from taperlm.errors import CheckpointError, MalformedFileError, UnsafeFileError
+from taperlm.errors import CheckpointError, MalformedFileError, TrainingWarning, UnsafeFileError
 from taperlm.io import (
     MAX_RECORD_BYTES,
     atomic_write_text,
@@ -51,7 +51,6 @@ from taperlm.io import (
     sha256_file,
 )
 from taperlm.runlock import pid_alive
-from taperlm.training import TrainingWarning
 
 CHECKPOINT_DIR = "checkpoints"
 MODEL_FILE = "model.safetensors"  # format version 1 only
@@ -426,7 +425,7 @@ def load_model_state(path: str | Path, verify: bool = True) -> dict[str, Any]:
 
             weights = check_regular(path / MODEL_FILE, what="checkpoint weights file")
             return load_file(str(weights), device="cpu")
-        from taperlm.training.checkpoint import dcp  # lazy: torch-free module (see _write_state)
+        from taperlm.checkpoint import dcp  # lazy: torch-free module (see _write_state)
 
         return dcp.load_model_state(path, shard_sizes(manifest))
     except CheckpointError:

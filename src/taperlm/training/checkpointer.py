@@ -1,7 +1,7 @@
 """The trainer's checkpointer: the checkpoints of a live run, saved and restored.
 
-- saving: every rank writes its DCP shards (`dcp.py`), rank 0 commits the directory atomically
-  with its manifest (`store.py`), synchronously or in the background (`ShardedCheckpointer`);
+- saving: every rank writes its DCP shards (`taperlm.checkpoint.dcp`), rank 0 commits the
+  directory atomically with its manifest (`taperlm.checkpoint.store`), synchronously or in the background (`ShardedCheckpointer`);
 - restoring: the model's weights, the optimizer state and the gradients still accumulating, from
   DCP shards (format 2, each rank reading its share) or from a format-1 checkpoint (full weights
   and optimizer state in one file); the small state (step, tokens, data position, RNG) is
@@ -25,16 +25,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from taperlm.errors import CheckpointError
-from taperlm.io import error_text
-from taperlm.training import distributed as D
-from taperlm.training.checkpoint import store
-from taperlm.training.checkpoint.dcp import (
+from taperlm.checkpoint import store
+from taperlm.checkpoint.dcp import (
     BackgroundHasher,
     hash_files,
+    load_optimizer_state,
     load_training_state,
     write_shards,
 )
+from taperlm.errors import CheckpointError
+from taperlm.io import error_text
+from taperlm.training import distributed as D
 
 
 class _Pending:
@@ -219,7 +220,7 @@ def _restore_full(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer
     """Resume from a format-1 checkpoint (full weights and optimizer state in one file)."""
     model_state, state, _ = store.load_checkpoint(path, verify=False)  # verified on lookup
     D.load_full_model_state(model, model_state)
-    D.load_optimizer_state(model, optimizer, state["optimizer"], full=True)
+    load_optimizer_state(model, optimizer, state["optimizer"], full=True)
     params = dict(model.named_parameters())
     for name, g in state.get("pending_grads", {}).items():
         params[name].grad = D.like_param(g, params[name])
