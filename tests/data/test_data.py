@@ -168,6 +168,25 @@ def test_bpe_round_trip_and_determinism(tmp_path: Path) -> None:
         build_tokenizer("bpe:100", texts)
 
 
+def test_every_tokenizer_kind_loads_and_an_unknown_one_is_named(tmp_path: Path) -> None:
+    """tokenizer_meta.json's kind is one of TokenizerKind's: each loads as written; any other
+    value (a damaged or foreign file) stops with the field, the value and the allowed kinds."""
+    from taperlm.data.tokenizer import TokenizerKind
+    from taperlm.domains import choices
+
+    tok = train_bpe([make_text(300, 2)], 280)
+    tok.save(tmp_path / "tk")
+    meta_path = tmp_path / "tk" / "tokenizer_meta.json"
+    meta = json.loads(meta_path.read_text())
+    for kind in choices(TokenizerKind):
+        meta_path.write_text(json.dumps({**meta, "kind": kind}))
+        assert load_tokenizer(tmp_path / "tk").kind == kind
+    for bad in ("pickle", "", "BPE"):
+        meta_path.write_text(json.dumps({**meta, "kind": bad}))
+        with raises_naming(DataError, str(meta_path), "'kind'", repr(bad), "bpe, hf, local"):
+            load_tokenizer(tmp_path / "tk")
+
+
 @pytest.mark.unit
 def test_gpt2_files(shared_data: Path, tmp_path: Path) -> None:
     tok = build_tokenizer(str(shared_data / "tokenizers" / "gpt2"))

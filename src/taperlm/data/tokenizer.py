@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from tokenizers import AddedToken, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as Backend
 
 from taperlm.data.datadir import TOKENIZER_DIR, resolve
+from taperlm.domains import choices
 from taperlm.errors import DataError, UnsafeFileError
 from taperlm.io import (
     MAX_RECORD_BYTES,
@@ -42,6 +43,9 @@ META_FILE = "tokenizer_meta.json"
 _EOS_CANDIDATES = (EOS_TOKEN, "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
 MAX_TOKENIZER_BYTES = 256 << 20  # a 256K-id tokenizer.json is ~35 MB; 10^6 ids ~100 MB
 MIN_BPE_VOCAB = 258  # 256 byte symbols + EOS + at least one merge
+# Where a tokenizer came from: trained on the corpus (bpe:N), a Hugging Face hub name (hf:NAME),
+# or files on disk (a tokenizer.json, vocab.json + merges.txt, or a data dir).
+TokenizerKind = Literal["bpe", "hf", "local"]
 
 
 class Tokenizer:
@@ -51,7 +55,7 @@ class Tokenizer:
         self,
         backend: Any,
         *,
-        kind: str,
+        kind: TokenizerKind,
         spec: str,
         eos_token: str,
         bos_token: str | None = None,
@@ -209,7 +213,9 @@ def _find_eos(backend) -> str | None:
     return None
 
 
-def _with_eos(backend, kind: str, spec: str, eos: str | None, bos: str | None) -> Tokenizer:
+def _with_eos(
+    backend, kind: TokenizerKind, spec: str, eos: str | None, bos: str | None
+) -> Tokenizer:
     """Make sure EOS exists and is a special token (added as a new id when the vocab lacks one)."""
 
     eos = eos or EOS_TOKEN
@@ -287,6 +293,11 @@ def _check_meta_types(path: Path, meta: dict[str, Any]) -> None:
                 f"{type(meta[key]).__name__}; the file is damaged: restore it or re-run "
                 "`taperlm prepare`"
             )
+    if "kind" in meta and meta["kind"] not in choices(TokenizerKind):
+        raise DataError(
+            f"{path}: 'kind' must be one of {', '.join(choices(TokenizerKind))}, got "
+            f"{meta['kind']!r}; the file is damaged: restore it or re-run `taperlm prepare`"
+        )
 
 
 def _from_gpt2_files(folder: Path, spec: str) -> Tokenizer:
