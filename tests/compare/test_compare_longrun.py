@@ -77,7 +77,7 @@ def test_both_modes_sweep_below_uniform(mode):
     1.5 -> 0.5's and keep the budget; the points' --tapers list them by start, below uniform;
     the trend rows map a start below 1 to its allocation (not to uniform's 1.0)."""
     from taperlm.compare import scaling
-    from taperlm.compare.grid import parse_allocations, split_taper_list
+    from taperlm.compare.grid import parse_allocations
     from taperlm.solver import solve_sizes
 
     plan = longrun.plan_of(mode)
@@ -88,7 +88,7 @@ def test_both_modes_sweep_below_uniform(mode):
             if p[1].name == "nano"]  # fmt: skip
     assert nano
     for _key, _size, _tokens, sub in nano:
-        texts = split_taper_list(sub.tapers)
+        texts = list(sub.tapers)  # the specs, parsed once with the options
         assert texts[:3] == ["cosine:0.5:1.5", "cosine:0.75:1.25", "uniform"]
         assert [scaling.start_of(t) for t in texts] == sorted(scaling.start_of(t) for t in texts)
         names = [a.name for a in parse_allocations(texts, 8)]
@@ -116,10 +116,10 @@ def test_every_point_is_a_valid_comparison(mode):
         assert base.train.tokens == tokens
         assert sub.multiple_of == (8 if size.name == "nano" else None)
         assert corpus_tokenizer(sub) == ("bpe:512" if size.name == "nano" else "bpe:2048")
-    only = longrun.plan_of(mode, "micro")
+    only = longrun.plan_of(mode, ("micro",))
     assert [s.name for s in only.sizes] == ["micro"]
     with pytest.raises(ConfigError, match="nano, micro"):
-        longrun.plan_of(mode, "huge")
+        longrun.plan_of(mode, ("huge",))
 
 
 def test_help_states_each_modes_estimated_time():

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import raises_naming
 from taperlm.compare import tuning, tuning_report
+from taperlm.compare.options import CompareOptions, parse_lr_grid
 from taperlm.errors import ConfigError
 from test_compare import ALLOCS, TINY, _cli, data_dir  # noqa: F401 (fixture)
 
@@ -113,12 +114,17 @@ def test_uniform_scope_trains_every_allocation_at_uniforms_lr(data_dir, tmp_path
 
 
 def test_lr_grid_parsing_and_default():
-    assert tuning.lr_grid("4e-3, 1e-3,2e-3", 1.0) == [1e-3, 2e-3, 4e-3]
-    assert tuning.lr_grid(None, 2e-3) == [1e-3, 2e-3, 4e-3, 8e-3]
+    """--lr-grid is parsed once, with the options (sorted, checked); the tuning reads the lrs."""
+    assert parse_lr_grid("4e-3, 1e-3,2e-3") == (1e-3, 2e-3, 4e-3)
+    assert tuning.lr_grid(parse_lr_grid("4e-3, 1e-3,2e-3"), 1.0) == [1e-3, 2e-3, 4e-3]
+    assert parse_lr_grid(" ") is None and tuning.lr_grid(None, 2e-3) == [1e-3, 2e-3, 4e-3, 8e-3]
     for bad, named in [("1e-3", ("--lr-grid", "two")), ("1e-3,x", ("--lr-grid", "'x'")),
-                       ("0,1", ("--lr-grid", "> 0")), ("1e-3,1e-3", ("--lr-grid", "1e-3", "twice"))]:  # fmt: skip
+                       ("0,1", ("--lr-grid", "> 0")), ("1e-3,1e-3", ("--lr-grid", "1e-3", "twice")),
+                       (",", ("--lr-grid", "two"))]:  # fmt: skip
         with raises_naming(ConfigError, *named):
-            tuning.lr_grid(bad, 1.0)
+            parse_lr_grid(bad)
+        with raises_naming(ConfigError, *named):  # when the options are made, before any work
+            CompareOptions(out=Path("x"), tune_lr=True, lr_grid=bad)
 
 
 def test_tuning_seeds_never_overlap():

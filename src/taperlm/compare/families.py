@@ -28,7 +28,7 @@ from typing import Any
 from taperlm.assembly import Assembly, Layer
 from taperlm.compare.family_table import write_family_report
 from taperlm.compare.grid import FAMILIES_TAPERS
-from taperlm.compare.options import DEFAULT_FAMILIES, CompareOptions
+from taperlm.compare.options import DEFAULT_FAMILIES, CompareOptions, list_text
 from taperlm.compare.reproduce import run_arguments
 from taperlm.compare.study import Part, StudyPlan, StudyProgress
 from taperlm.errors import ConfigError
@@ -42,11 +42,8 @@ DEFAULT_PRESET_SIZE = "micro"
 def family_presets(opts: CompareOptions) -> list[str]:
     """The preset prefixes of --families (default DEFAULT_FAMILIES), checked and deduplicated."""
     known = preset_families()
-    text = opts.families if opts.families is not None else ",".join(DEFAULT_FAMILIES)
     out: list[str] = []
-    for name in (t.strip() for t in text.split(",")):
-        if not name:
-            continue
+    for name in DEFAULT_FAMILIES if opts.families is None else opts.families:
         if name not in known:
             raise ConfigError(
                 f"--families: unknown family preset {name!r}; choose from {', '.join(known)}"
@@ -60,7 +57,7 @@ def family_presets(opts: CompareOptions) -> list[str]:
 
 def preset_size(opts: CompareOptions) -> str:
     """--preset-size (default micro), checked against the preset sizes."""
-    size = opts.preset_size or DEFAULT_PRESET_SIZE
+    size = list_text(opts.preset_size) if opts.preset_size else DEFAULT_PRESET_SIZE
     sizes = [*SMALL_SHAPES, *PAPER_SHAPES]
     if size not in sizes:
         raise ConfigError(f"--preset-size {size!r} is unknown; choose from {', '.join(sizes)}")
@@ -108,7 +105,7 @@ def family_options(opts: CompareOptions) -> list[tuple[str, CompareOptions]]:
             out=opts.out / f"{prefix}-{size}",
             preset=f"{prefix}-{size}",
             paper=None,
-            tapers=";".join(FAMILIES_TAPERS),
+            tapers=FAMILIES_TAPERS,
             preset_size=None,
             families=None,
             overrides=sets,

@@ -19,7 +19,7 @@ from taperlm.data import prepare as data_prepare
 from taperlm.data.loader import load_meta
 from taperlm.errors import ConfigError, DataError
 from taperlm.evaluation.locate import eval_data_dir, wikitext_test
-from taperlm.evaluation.niah import DEFAULT_HAYSTACK, parse_lengths
+from taperlm.evaluation.niah import DEFAULT_HAYSTACK
 from taperlm.evaluation.niah import TASKS as NIAH_TASKS
 from taperlm.evaluation.registry import needs_haystack, task_names, zero_shot_tasks
 from taperlm.evaluation.suite import parse_task_list
@@ -120,15 +120,12 @@ def eval_settings(opts: CompareOptions) -> EvalSettings:
     tasks = parse_task_list(
         opts.eval_tasks, groups["all"], "--eval-tasks", skip=("none", "val"), groups=groups
     )
-    niah_lengths = None
-    if opts.eval_niah_lengths.strip():
-        niah_lengths = parse_lengths(opts.eval_niah_lengths, "--eval-niah-lengths")
     return EvalSettings(
         val_tokens=opts.val_tokens or None,
         eval_tasks=tasks,
         eval_limit=opts.eval_limit or None,
         eval_data=_eval_data(opts, tasks),
-        niah_lengths=niah_lengths,
+        niah_lengths=list(opts.eval_niah_lengths) or None,
         # in the cache key: cells evaluated on another prose (WikiText before) are re-evaluated
         niah_haystack=DEFAULT_HAYSTACK if any(needs_haystack(t) for t in tasks) else None,
         novelty_tokens=opts.novelty_tokens,

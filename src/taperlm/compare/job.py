@@ -29,7 +29,6 @@ from taperlm.compare.grid import (
     build_grid,
     paper_allocations,
     parse_allocations,
-    split_taper_list,
 )
 from taperlm.compare.inputs import check_niah_lengths, data_dir_of, eval_settings
 from taperlm.compare.options import (
@@ -63,12 +62,9 @@ def allocations(opts: CompareOptions) -> list[Allocation]:
             "--preset-size and --families belong to --paper families; for one model give "
             "--preset FAMILY-SIZE (e.g. --preset gated-small)"
         )
-    texts: list[str] = []
-    if opts.tapers is not None:
-        texts += split_taper_list(opts.tapers)
-        if not texts:
-            raise ConfigError("--tapers is empty; give e.g. --tapers 'uniform;cosine:1.5:0.5'")
-    texts += [t.strip() for t in opts.taper_list]
+    if opts.tapers == ():
+        raise ConfigError("--tapers is empty; give e.g. --tapers 'uniform;cosine:1.5:0.5'")
+    texts = [*(opts.tapers or ()), *opts.taper_list]
     return parse_allocations(texts or list(DEFAULT_TAPERS), width_step(opts))
 
 

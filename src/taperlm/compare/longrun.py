@@ -40,6 +40,7 @@ import numpy as np
 
 from taperlm.analysis.plots import _figure, _save
 from taperlm.budget import total_params
+from taperlm.compare.options import list_text
 from taperlm.compare.paper import PAPER_440M, PAPER_BEST, PAPER_DIFF
 from taperlm.compare.recipe import COMPARE_TRAIN
 from taperlm.compare.report import md_table
@@ -95,17 +96,17 @@ def budget_tokens(size: str, tokens_per_param: float) -> int:
     return max(1, round(tokens_per_param * params / batch)) * batch
 
 
-def plan_of(mode: str, sizes: str | None = None) -> ScalingPlan:
-    """The points of `mode` (tokens | ratios), at `sizes` (a comma list of nano, micro; None:
-    both)."""
+def plan_of(mode: str, sizes: tuple[str, ...] | None = None) -> ScalingPlan:
+    """The points of `mode` (tokens | ratios), at `sizes` (of nano, micro: --preset-size's;
+    None: both)."""
     if mode not in MODES:
         raise ConfigError(f"--paper {mode!r}: the long-training modes are {', '.join(MODES)}")
     table = TOKENS_PER_PARAM if mode == "tokens" else RATIO_TOKENS_PER_PARAM
-    names = [s.strip() for s in (sizes or ",".join(SIZES)).split(",") if s.strip()]
+    names = list(sizes or SIZES)
     unknown = [n for n in names if n not in SIZES]
     if unknown or not names:
         raise ConfigError(
-            f"--preset-size: --paper {mode} runs at {', '.join(SIZES)}; got {sizes!r}"
+            f"--preset-size: --paper {mode} runs at {', '.join(SIZES)}; got {list_text(sizes)!r}"
         )
     out = []
     for name in names:

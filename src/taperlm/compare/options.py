@@ -2,6 +2,11 @@
 flag, help, domain and default, from which `add_option_arguments` builds the command line and
 `check_option_ranges` checks a value given through the Python API (pure Python; no torch).
 
+An option given as text in a small language of its own (a list of allocations, lrs, lengths or
+names; a --stop rule) is parsed once, into a typed value, when `CompareOptions` is made
+(`__post_init__`); every consumer reads that value, and the reproducing command writes it back
+(`list_text`, `Stop.as_text`).
+
 The model options (--preset, --config, --multiple-of, --set) and --logger are the shared ones of
 `taperlm.commands.common`; their fields carry no flag here.
 """
@@ -11,10 +16,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from taperlm.compare.grid import split_taper_list
 from taperlm.domains import (
     DOMAIN_KEY,
     MAX_COUNT,
@@ -28,6 +35,7 @@ from taperlm.domains import (
     up_to,
 )
 from taperlm.errors import ConfigError
+from taperlm.evaluation.niah import parse_lengths
 
 # The main job: `taperlm compare` naming no model (no --preset, --config or --paper). It runs where
 # its answer holds for training as people do it, not only early in training (issue 38): at
@@ -140,6 +148,77 @@ class Stop:
         return f"half-width:{self.half_width:g}" if self.kind == "half-width" else self.kind
 
 
+def list_items(text: str) -> tuple[str, ...]:
+    """The items of a comma list, stripped; empty items are left out."""
+    return tuple(part for part in (p.strip() for p in text.split(",")) if part)
+
+
+def list_text(values: Iterable[object]) -> str:
+    """A list option written back as text (the reproducing command): its items joined by ',',
+    a float as %g (`list_items` and the option's parser read it back as the same value)."""
+    return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+
+
+def parse_tapers(text: str) -> tuple[str, ...]:
+    """--tapers: its allocation specs, split as `taperlm.compare.grid.split_taper_list` says
+    (each is parsed into an allocation by `taperlm.compare.job.allocations`, at the width step
+    the model's options give)."""
+    return tuple(split_taper_list(text))
+
+
+def parse_preset_sizes(text: str) -> tuple[str, ...] | None:
+    """--preset-size: the sizes listed (which are known depends on the --paper mode: its study
+    checks them); '' = the mode's default (None); ConfigError for a text that lists none."""
+    if not text:
+        return None
+    sizes = list_items(text)
+    if not sizes:
+        raise ConfigError(
+            f"--preset-size {text!r} names no size; give one, e.g. --preset-size micro, or a "
+            "list such as micro,tiny (--paper scaling)"
+        )
+    return sizes
+
+
+def parse_niah_lengths(text: str) -> tuple[int, ...]:
+    """--eval-niah-lengths: positive whole numbers of tokens, in the order given (ConfigError
+    naming the option otherwise); blank = () (each cell's context_length)."""
+    return tuple(parse_lengths(text, "--eval-niah-lengths")) if text.strip() else ()
+
+
+def parse_lr_grid(text: str) -> tuple[float, ...] | None:
+    """--lr-grid (`1e-3,2e-3,...`): at least two distinct positive lrs, sorted; blank = None
+    (the default grid around the recipe's lr, `taperlm.compare.tuning.lr_grid`)."""
+    if not text.strip():
+        return None
+    out: list[float] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            lr = float(part)
+        except ValueError:
+            raise ConfigError(
+                f"--lr-grid: {part!r} is not a number; give e.g. 1e-3,2e-3,4e-3"
+            ) from None
+        if not (math.isfinite(lr) and lr > 0):
+            raise ConfigError(f"--lr-grid: every lr must be > 0, got {part}")
+        if lr in out:
+            raise ConfigError(f"--lr-grid lists {part} twice")
+        out.append(lr)
+    if len(out) < 2:
+        raise ConfigError("--lr-grid needs at least two lrs to choose from, e.g. 1e-3,2e-3,4e-3")
+    return tuple(sorted(out))
+
+
+def _typed(value: Any, parse: Callable[[str], Any]) -> Any:
+    """An option's value as its type: text parsed by `parse`; a value given typed (the Python
+    API, `dataclasses.replace`) kept, a list made a tuple (the options' values do not change)."""
+    if isinstance(value, str):
+        return parse(value)
+    return tuple(value) if isinstance(value, list) else value
+
+
 FLAG_KEY = "flag"  # the dataclasses.field metadata key of an option's command-line flag
 ARGPARSE_KEY = "argparse"  # further add_argument keywords (action, choices, metavar, ...)
 
@@ -181,7 +260,11 @@ class CompareOptions:
     config: Path | None = None
     multiple_of: int | None = None
     overrides: list[str] = field(default_factory=list)
-    tapers: str | None = option(  # a list, see taperlm.compare.grid.split_taper_list
+    # --tapers: its allocation specs in order (parse_tapers; None: not given, () given empty);
+    # specs, not allocations: their widths depend on --multiple-of and the model, which a
+    # study's comparisons change (dataclasses.replace), so job.allocations parses them per
+    # comparison
+    tapers: tuple[str, ...] | None = option(
         "--tapers",
         "allocations to compare, e.g. 'uniform;cosine:1.5:0.5;groups:1.5,1.0,0.5' "
         "(separate with ';', or with ',' when no spec holds commas; NAME=SPEC names one; "
@@ -190,7 +273,7 @@ class CompareOptions:
         "novelty:pilot[:STRENGTH] takes widths from a short uniform pilot run "
         "of each seed [default: uniform;cosine:1.5:0.5]",
     )
-    taper_list: list[str] = option(  # one allocation each
+    taper_list: tuple[str, ...] = option(  # one allocation spec each, stripped, after --tapers'
         "--taper",
         "one allocation (repeatable; alternative to --tapers)",
         default=[],
@@ -212,14 +295,18 @@ class CompareOptions:
         "write trend.md with the fitted trends (docs/compare.md, 'Long training')",
         choices=PAPER_MODES,
     )
-    preset_size: str | None = option(  # --paper families / scaling: the size(s) of the presets
+    # --paper families / scaling / tokens / ratios: the size(s) of the presets, as listed
+    # (parse_preset_sizes; None: the mode's default); the mode's study checks them
+    preset_size: tuple[str, ...] | None = option(
         "--preset-size",
         "--paper families: size of every family's preset (micro, tiny, small, 440m, 760m, 1.3b; "
         "the paper's sizes train with its recipe) [micro]; --paper scaling: a list of sizes "
         "[micro,tiny,small] (440m,760m,1.3b: the GPU experiment, at half and all of the "
         "paper's tokens); --paper tokens/ratios: nano, micro or both [nano,micro]",
     )
-    families: str | None = option(  # --paper families: preset prefixes (None: the default list)
+    # --paper families: the preset prefixes listed (list_items; None: DEFAULT_FAMILIES; ()
+    # given empty), checked by taperlm.compare.families.family_presets
+    families: tuple[str, ...] | None = option(
         "--families",
         "--paper families: preset families to compare "
         f"[{','.join(DEFAULT_FAMILIES)}; also titans-mac, titans-mal]",
@@ -280,7 +367,9 @@ class CompareOptions:
         default=DEFAULT_VAL_TOKENS,
         domain=up_to(MAX_TOKENS, 0),
     )
-    eval_tasks: str = option(
+    # the task and group names listed (list_items; none and val: no task), each group expanded
+    # and every name checked against the task registry by taperlm.compare.inputs.eval_settings
+    eval_tasks: tuple[str, ...] = option(
         "--eval-tasks",
         "tasks after training: none (default), paper (the nine zero-shot tasks), niah "
         "(S-NIAH-1/2/3 at --eval-niah-lengths), all, or a list such as wikitext,piqa,niah_single_1",
@@ -292,7 +381,8 @@ class CompareOptions:
         default=DEFAULT_EVAL_LIMIT,
         domain=up_to(MAX_COUNT, 0),
     )
-    eval_niah_lengths: str = option(  # empty: each cell's context_length
+    # parse_niah_lengths; (): each cell's context_length
+    eval_niah_lengths: tuple[int, ...] = option(
         "--eval-niah-lengths",
         "NIAH lengths in tokens for --eval-tasks niah (default: each cell's context_length)",
         default="",
@@ -341,7 +431,8 @@ class CompareOptions:
         default=False,
         action="store_true",
     )
-    lr_grid: str | None = option(  # None: the recipe's lr x tuning.DEFAULT_LR_FACTORS
+    # parse_lr_grid: sorted; None: the recipe's lr x tuning.DEFAULT_LR_FACTORS
+    lr_grid: tuple[float, ...] | None = option(
         "--lr-grid",
         "--tune-lr: the peak lrs to try, e.g. 1e-3,2e-3,4e-3,8e-3 [the recipe's lr x 0.5, 1, 2, 4]",
     )
@@ -376,8 +467,16 @@ class CompareOptions:
     loggers: list[str] | None = None  # train.loggers of every cell (None: the config's)
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            self.stop = Stop.parse(self.stop)
+        # the options given as text (the command line; the Python API may give either), each
+        # parsed once, here: a bad value fails before any work, naming its option
+        self.stop = _typed(self.stop, Stop.parse)
+        self.tapers = _typed(self.tapers, parse_tapers)
+        self.taper_list = tuple(t.strip() for t in _typed(self.taper_list, lambda t: (t,)))
+        self.preset_size = _typed(self.preset_size, parse_preset_sizes)
+        self.families = _typed(self.families, list_items)
+        self.eval_tasks = _typed(self.eval_tasks, list_items)
+        self.eval_niah_lengths = _typed(self.eval_niah_lengths, parse_niah_lengths)
+        self.lr_grid = _typed(self.lr_grid, parse_lr_grid)
         if self.seeds is None:
             self.seeds = (
                 PAPER_MODE_SEEDS

@@ -10,10 +10,10 @@ from taperlm.compare.options import (
     DEFAULT_TUNE_SEEDS,
     CompareOptions,
     is_main_job,
+    list_text,
     model_preset,
     width_step,
 )
-from taperlm.compare.tuning import lr_grid
 
 
 def canonical_command(opts: CompareOptions, grid: Grid) -> str:
@@ -57,11 +57,11 @@ def run_arguments(
         parts += ["--data", str(opts.data)]
     for o in opts.overrides:
         parts += ["--set", o]
-    parts += ["--val-tokens", str(opts.val_tokens), "--eval-tasks", opts.eval_tasks]
-    if opts.eval_tasks not in ("none", ""):
+    parts += ["--val-tokens", str(opts.val_tokens), "--eval-tasks", list_text(opts.eval_tasks)]
+    if opts.eval_tasks not in ((), ("none",)):
         parts += ["--eval-limit", str(opts.eval_limit)]
-    if opts.eval_niah_lengths.strip():
-        parts += ["--eval-niah-lengths", opts.eval_niah_lengths]
+    if opts.eval_niah_lengths:
+        parts += ["--eval-niah-lengths", list_text(opts.eval_niah_lengths)]
     parts += ["--novelty-tokens", str(opts.novelty_tokens)]
     if opts.novelty_data is not None:
         parts += ["--novelty-data", str(opts.novelty_data)]
@@ -70,7 +70,7 @@ def run_arguments(
     if opts.tune_lr:
         parts.append("--tune-lr")
         if opts.lr_grid is not None:  # else each model's default grid, around its recipe's lr
-            parts += ["--lr-grid", ",".join(f"{x:g}" for x in lr_grid(opts.lr_grid, 1.0))]
+            parts += ["--lr-grid", list_text(opts.lr_grid)]
         parts += ["--tune-seeds", str(opts.tune_seeds or DEFAULT_TUNE_SEEDS)]
         parts += ["--tune-lr-scope", opts.tune_scope or "each"]
         if opts.lr_grid_extend:

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from taperlm.analysis.plots import _figure, _save
+from taperlm.compare.options import list_text
 from taperlm.compare.paper import PAPER_POINT
 from taperlm.compare.recipe import PAPER_TOKENS
 from taperlm.compare.report import ComparisonReport, diff_ci, md_table, produced_by
@@ -93,7 +94,7 @@ def plan_for(opts, default: ScalingPlan = DEFAULT_PLAN) -> ScalingPlan:
     if not opts.preset_size:
         return default
     sizes = []
-    for name in (t.strip() for t in opts.preset_size.split(",")):
+    for name in opts.preset_size:
         if name in PAPER_SHAPES:
             budget = PAPER_TOKENS[name]
             sizes.append(ScalingSize(name, f"transformer-{name}", tokens=(budget // 2, budget)))
@@ -216,7 +217,7 @@ def run_scaling(opts, plan: ScalingPlan | None = None) -> tuple[Path, Path]:
 def _command(opts, sub, mode: str = "scaling") -> str:
     parts = ["taperlm", "compare", "--paper", mode]
     if opts.preset_size:
-        parts += ["--preset-size", opts.preset_size]
+        parts += ["--preset-size", list_text(opts.preset_size)]
     args = run_arguments(
         dataclasses.replace(opts, tune_lr=True, tune_scope="uniform", stop_on="best"), 0, 0
     )

@@ -34,6 +34,7 @@ import dataclasses
 import math
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,28 +58,12 @@ TUNE_SEED_BASE = 10_000
 DEFAULT_LR_FACTORS = (0.5, 1.0, 2.0, 4.0)
 
 
-def lr_grid(text: str | None, recipe_lr: float) -> list[float]:
-    """The sorted lrs of --lr-grid (`1e-3,2e-3,...`), or the default around `recipe_lr`."""
-    if text is None or not text.strip():
+def lr_grid(lrs: Sequence[float] | None, recipe_lr: float) -> list[float]:
+    """The sorted lrs to try: --lr-grid's (parsed and checked with the options,
+    `taperlm.compare.options.parse_lr_grid`), or the default around `recipe_lr`."""
+    if not lrs:
         return sorted(recipe_lr * f for f in DEFAULT_LR_FACTORS)
-    out: list[float] = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        try:
-            lr = float(part)
-        except ValueError:
-            raise ConfigError(
-                f"--lr-grid: {part!r} is not a number; give e.g. 1e-3,2e-3,4e-3"
-            ) from None
-        if not (math.isfinite(lr) and lr > 0):
-            raise ConfigError(f"--lr-grid: every lr must be > 0, got {part}")
-        if lr in out:
-            raise ConfigError(f"--lr-grid lists {part} twice")
-        out.append(lr)
-    if len(out) < 2:
-        raise ConfigError("--lr-grid needs at least two lrs to choose from, e.g. 1e-3,2e-3,4e-3")
-    return sorted(out)
+    return sorted(lrs)
 
 
 def tuning_seeds(n: int, reported: list[int]) -> list[int]:
@@ -394,7 +379,6 @@ def check_tuning_options(opts, reported: list[int], allocs: list[Allocation]) ->
         raise ConfigError(
             f"--tune-lr-scope {opts.tune_scope!r} is unknown; choose {' or '.join(TUNE_SCOPES)}"
         )
-    lr_grid(opts.lr_grid, 1.0)
     tuning_seeds(opts.tune_seeds or DEFAULT_TUNE_SEEDS, reported)
     pilots = [a.label for a in allocs if a.needs_pilot]
     if pilots and (opts.tune_scope or "each") == "each":

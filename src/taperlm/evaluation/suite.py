@@ -66,18 +66,18 @@ class TaskResult:
 
 
 def parse_task_list(
-    text: str,
+    text: str | Sequence[str],
     choices: Sequence[str],
     option: str,
     skip: Sequence[str] = (),
     groups: dict[str, Sequence[str]] | None = None,
 ) -> list[str]:
-    """Comma-separated task names -> the distinct names in order; a group name stands for its
-    tasks (default groups: `paper` and `all` = every choice), names in `skip` are ignored;
-    ConfigError (naming `option`) for unknown ones."""
+    """Comma-separated task names (or the names of such a list, already split) -> the distinct
+    names in order; a group name stands for its tasks (default groups: `paper` and `all` = every
+    choice), names in `skip` are ignored; ConfigError (naming `option`) for unknown ones."""
     groups = {"paper": choices, "all": choices} if groups is None else groups
     out: list[str] = []
-    for t in (x.strip() for x in text.split(",")):
+    for t in (x.strip() for x in (text.split(",") if isinstance(text, str) else text)):
         if not t or t in skip:
             continue
         for name in groups.get(t, [t]):

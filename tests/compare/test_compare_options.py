@@ -1,0 +1,255 @@
+"""compare's list options (--tapers/--taper, --preset-size, --families, --eval-tasks,
+--eval-niah-lengths, --lr-grid) are parsed once, where `CompareOptions` is made, into typed
+values that every consumer reads; a bad one fails there, naming the option; and the reproducing
+command writes each back as text that parses to the same value."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from pathlib import Path
+
+import pytest
+
+from conftest import raises_naming
+from taperlm.cli import build_parser
+from taperlm.compare import options as options_module
+from taperlm.compare.options import CompareOptions, list_text, options_from
+from taperlm.compare.reproduce import run_arguments
+from taperlm.errors import ConfigError
+
+OUT = Path("cmp")
+# option -> the parser that reads its text (each runs once per option given as text)
+PARSERS = {
+    "tapers": "parse_tapers",
+    "preset_size": "parse_preset_sizes",
+    "families": "list_items",
+    "eval_tasks": "list_items",
+    "eval_niah_lengths": "parse_niah_lengths",
+    "lr_grid": "parse_lr_grid",
+}
+EVERY_LIST = [
+    "--tapers", "uniform;late=cosine:0.5:1.5;groups:1.5,1.0,0.5", "--taper", " linear:1.25:0.75 ",
+    "--eval-tasks", "niah_single_1, niah_single_2", "--eval-niah-lengths", "256,128",
+    "--tune-lr", "--lr-grid", "4e-3,1e-3, 2e-3",
+]  # fmt: skip
+
+
+def _options(argv: list[str]) -> CompareOptions:
+    """`taperlm compare ARGV`'s options, as the command builds them."""
+    args = build_parser().parse_args(["compare", *argv])
+    args.loggers = None
+    return options_from(args)
+
+
+def _reparsed(opts: CompareOptions, argv: list[str]) -> CompareOptions:
+    """The options of a reproducing command line (`taperlm compare ...` or its arguments)."""
+    return _options(argv[2:] if argv[:2] == ["taperlm", "compare"] else argv)
+
+
+@pytest.mark.unit
+def test_options_from_argv_hold_typed_values():
+    opts = _options(["--out", "o", *EVERY_LIST])
+    assert opts.tapers == ("uniform", "late=cosine:0.5:1.5", "groups:1.5,1.0,0.5")
+    assert opts.taper_list == ("linear:1.25:0.75",)
+    assert opts.eval_tasks == ("niah_single_1", "niah_single_2")
+    assert opts.eval_niah_lengths == (256, 128)  # in the order given: it fixes the items
+    assert opts.lr_grid == (0.001, 0.002, 0.004)  # a set of lrs: sorted
+    paper = _options(["--out", "o", "--paper", "scaling", "--preset-size", "micro, tiny"])
+    assert paper.preset_size == ("micro", "tiny")
+    fams = _options(["--out", "o", "--paper", "families", "--families", "gated,hope"])
+    assert fams.families == ("gated", "hope")
+    # the defaults: nothing given
+    none = CompareOptions(out=OUT)
+    assert (none.tapers, none.taper_list, none.preset_size, none.families) == (None, (), None, None)
+    assert (none.eval_tasks, none.eval_niah_lengths, none.lr_grid) == (("none",), (), None)
+    # the Python API may give text (parsed the same) or typed values (kept as they are)
+    assert CompareOptions(out=OUT, lr_grid="1e-3,2e-3").lr_grid == (0.001, 0.002)
+    assert CompareOptions(out=OUT, eval_niah_lengths=[64, 32]).eval_niah_lengths == (64, 32)
+    assert CompareOptions(out=OUT, taper_list=["cosine "]).taper_list == ("cosine",)
+    assert CompareOptions(out=OUT, tapers="").tapers == ()  # given empty: job.allocations says so
+
+
+@pytest.mark.unit
+def test_each_text_is_parsed_once(monkeypatch):
+    """Made from text, each list option's parser runs once; replacing other fields, or every
+    consumer that builds the reproducing command, parses nothing again."""
+    calls: dict[str, int] = {}
+    for name in set(PARSERS.values()):
+        real = getattr(options_module, name)
+
+        def counted(text, _real=real, _name=name):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _real(text)
+
+        monkeypatch.setattr(options_module, name, counted)
+    opts = _options(["--out", "o", *EVERY_LIST])
+    after_parse = dict(calls)
+    # --tapers, --eval-niah-lengths, --lr-grid once each; --eval-tasks' list once (--families
+    # not given: None, no text)
+    assert after_parse == {
+        "parse_tapers": 1,
+        "parse_niah_lengths": 1,
+        "parse_lr_grid": 1,
+        "list_items": 1,
+    }
+    again = dataclasses.replace(opts, seeds=3)
+    assert again.lr_grid is opts.lr_grid and again.tapers is opts.tapers
+    run_arguments(again, 3, 1000)
+    assert calls == after_parse
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "argv,tokens",
+    [
+        (["--tune-lr", "--lr-grid", "1e-3,x"], ("--lr-grid", "'x'", "1e-3,2e-3")),
+        (["--tune-lr", "--lr-grid", "1e-3"], ("--lr-grid", "at least two")),
+        (["--tune-lr", "--lr-grid", "0,1"], ("--lr-grid", "> 0", "0")),
+        (["--tune-lr", "--lr-grid", "1e-3,1e-3"], ("--lr-grid", "1e-3", "twice")),
+        (["--lr-grid", "nan,1"], ("--lr-grid", "nan")),  # before --tune-lr's own check
+        (["--eval-niah-lengths", "4k"], ("--eval-niah-lengths", "'4k'", "whole number")),
+        (["--eval-niah-lengths", "0,64"], ("--eval-niah-lengths", "0", "positive")),
+        (["--eval-niah-lengths", "64,64"], ("--eval-niah-lengths", "64", "twice")),
+        (["--eval-niah-lengths", ","], ("--eval-niah-lengths", "empty", "4096,8192")),
+        (["--paper", "scaling", "--preset-size", " , "], ("--preset-size", "' , '", "micro")),
+    ],
+)
+def test_a_bad_list_fails_where_the_options_are_made(argv, tokens):
+    with raises_naming(ConfigError, *tokens):
+        _options(["--out", "o", *argv])
+    flag, text = argv[-2], argv[-1]
+    field = next(f.name for f in options_module.declared_options() if f.metadata["flag"] == flag)
+    with raises_naming(ConfigError, *tokens):  # the Python API: the same parse, the same error
+        CompareOptions(out=OUT, **{field: text})
+
+
+# representative texts of each option, as a user writes them (spaces, order, exponents)
+TEXTS = {
+    "eval_tasks": ["none", "", "paper", "all", "niah", "wikitext,piqa", "piqa, niah_single_1"],
+    "eval_niah_lengths": ["", "4096", "256,512", "16384, 4096,8192"],
+    "lr_grid": ["1e-3,2e-3", "4e-3, 1e-3,2e-3", "0.0005,0.02", "1e-5,2e-5,1.5e-2", "8,0.25"],
+    "preset_size": ["micro", "micro,tiny,small", "440m, 760m,1.3b", "nano"],
+    "families": ["transformer", "gated, hope,titans-mag", "titans-mac,titans-mal"],
+}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", sorted(TEXTS))
+def test_list_text_reads_back_as_the_same_value(name):
+    """parse(render(x)) == x: the text the reproducing command writes for each value."""
+    for text in TEXTS[name]:
+        value = getattr(CompareOptions(out=OUT, **{name: text}), name)
+        rendered = list_text(value) if value is not None else None
+        back = getattr(CompareOptions(out=OUT, **{name: rendered}), name)
+        assert back == value, (name, text, rendered)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["--eval-tasks", "paper"],
+        ["--eval-tasks", ""],
+        ["--eval-tasks", "wikitext, piqa", "--eval-limit", "0"],
+        ["--eval-tasks", "niah", "--eval-niah-lengths", "512, 256"],
+        ["--tune-lr"],
+        ["--tune-lr", "--lr-grid", "4e-3, 1e-3,2e-3", "--tune-seeds", "3"],
+        ["--tune-lr", "--lr-grid", "1e-5,2.5e-4,8", "--lr-grid-extend", "2"],
+    ],
+)
+def test_reproducing_arguments_parse_back_to_the_same_options(argv):
+    opts = _options(["--out", "o", *argv])
+    args = run_arguments(opts, opts.seeds, 1000)
+    back = _reparsed(opts, args)
+    for name in ("eval_tasks", "eval_niah_lengths", "lr_grid", "tune_lr", "eval_limit"):
+        assert getattr(back, name) == getattr(opts, name), name
+    assert run_arguments(back, back.seeds, 1000) == args  # and write the same text again
+
+
+# ------------------------------------------------------------------------------ with the studies
+
+
+@pytest.mark.parametrize(
+    "tapers",
+    [
+        ["--tapers", "uniform;cosine:1.5:0.5;groups:1.5,1.0,0.5"],
+        ["--tapers", "uniform,groups:1.5,1.0,0.5,cosine"],
+        ["--taper", "cosine", "--taper", " linear:1.25:0.75 "],
+        ["--tapers", "a=cosine;b=heads:cosine:1.25:0.75", "--taper", "kv:groups:0.5"],
+        ["--tapers", "cosine+heads:cosine:1.25:0.75+kv:cosine:1.0:0.25"],
+        [],
+    ],
+)
+def test_reproducing_command_gives_the_same_allocations(tapers):
+    from taperlm.compare.grid import build_grid
+    from taperlm.compare.job import check_options
+    from taperlm.compare.reproduce import canonical_command
+
+    def allocations(opts):
+        allocs, base = check_options(opts)
+        grid = build_grid(base, allocs, list(range(opts.seeds)), opts.paper)
+        return [(a.name, a.label, a.spec_string) for a in allocs], canonical_command(opts, grid)
+
+    opts = _options(["--preset", "transformer-tiny", "--out", "o", *tapers])
+    first, command = allocations(opts)
+    back = _reparsed(opts, shlex.split(command))
+    assert allocations(back) == (first, command)
+
+
+def test_study_commands_give_the_same_sizes_and_families():
+    """--paper families / scaling write --preset-size and --families back as text that gives
+    the same sizes and families."""
+    from taperlm.compare import families, scaling
+
+    for argv in (
+        ["--paper", "families"],
+        ["--paper", "families", "--preset-size", "tiny", "--families", "gated, hope,gated"],
+    ):
+        opts = _options(["--out", "o", *argv])
+        subs = families.family_options(opts)
+        back = _reparsed(opts, shlex.split(families._command(opts, subs, 1000)))
+        assert families.family_presets(back) == families.family_presets(opts)
+        assert families.preset_size(back) == families.preset_size(opts)
+    for argv in (["--paper", "scaling"], ["--paper", "scaling", "--preset-size", "micro, tiny"]):
+        opts = _options(["--out", "o", *argv])
+        points = scaling.point_options(opts, scaling.plan_for(opts))
+        back = _reparsed(opts, shlex.split(scaling._command(opts, points[0][3])))
+        assert back.preset_size == opts.preset_size
+        assert scaling.plan_for(back) == scaling.plan_for(opts)
+
+
+def test_a_bad_list_fails_before_any_work(tmp_path):
+    """From the command line: the error names the option, and nothing is written."""
+    from test_compare import _cli
+
+    out = tmp_path / "cmp"
+    rc, _, err = _cli(["compare", "--tune-lr", "--lr-grid", "1e-3,x", "--out", str(out)])
+    assert rc != 0 and "--lr-grid" in err and "'x'" in err, err
+    assert not out.exists()
+
+
+def test_consumers_read_the_typed_values(monkeypatch):
+    """The checks, the evaluation settings and the lr grid read the parsed values: with every
+    parser made to fail after the options are made, they still run."""
+    from taperlm.compare import families, grid, tuning
+    from taperlm.compare.inputs import eval_settings
+    from taperlm.compare.job import allocations, check_options
+
+    opts = _options(["--preset", "transformer-tiny", "--out", "o", *EVERY_LIST])
+    fams = _options(["--out", "o", "--paper", "families", "--families", "gated", "--preset-size", "tiny"])  # fmt: skip
+
+    def parsed_again(*args, **kwargs):
+        raise AssertionError(f"parsed again: {args}")
+
+    for name in set(PARSERS.values()):
+        monkeypatch.setattr(options_module, name, parsed_again)
+    monkeypatch.setattr(grid, "split_taper_list", parsed_again)
+    check_options(opts)
+    assert [a.label for a in allocations(opts)][-2:] == ["groups:1.5,1.0,0.5", "linear:1.25:0.75"]
+    settings = eval_settings(opts)
+    assert settings.eval_tasks == ["niah_single_1", "niah_single_2"]
+    assert settings.niah_lengths == [256, 128]
+    assert tuning.lr_grid(opts.lr_grid, 1.0) == [0.001, 0.002, 0.004]
+    assert families.family_presets(fams) == ["gated"] and families.preset_size(fams) == "tiny"
