@@ -128,7 +128,14 @@ def test_a_bad_list_fails_where_the_options_are_made(argv, tokens):
 TEXTS = {
     "eval_tasks": ["none", "", "paper", "all", "niah", "wikitext,piqa", "piqa, niah_single_1"],
     "eval_niah_lengths": ["", "4096", "256,512", "16384, 4096,8192"],
-    "lr_grid": ["1e-3,2e-3", "4e-3, 1e-3,2e-3", "0.0005,0.02", "1e-5,2e-5,1.5e-2", "8,0.25"],
+    "lr_grid": [
+        "1e-3,2e-3",
+        "4e-3, 1e-3,2e-3",
+        "0.0005,0.02",
+        "1e-5,2e-5,1.5e-2",
+        "8,0.25",
+        "0.00123456789,3.3333333e-4",
+    ],  # more digits than %g keeps: written in full
     "preset_size": ["micro", "micro,tiny,small", "440m, 760m,1.3b", "nano"],
     "families": ["transformer", "gated, hope,titans-mag", "titans-mac,titans-mal"],
 }

@@ -155,8 +155,14 @@ def list_items(text: str) -> tuple[str, ...]:
 
 def list_text(values: Iterable[object]) -> str:
     """A list option written back as text (the reproducing command): its items joined by ',',
-    a float as %g (`list_items` and the option's parser read it back as the same value)."""
-    return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+    a float as %g where that reads back as the same float, else in full (`repr`), so the
+    command reproduces exactly the values it ran (0.00123456789 stays itself)."""
+    return ",".join(_float_text(v) if isinstance(v, float) else str(v) for v in values)
+
+
+def _float_text(x: float) -> str:
+    short = f"{x:g}"
+    return short if float(short) == x else repr(x)
 
 
 def parse_tapers(text: str) -> tuple[str, ...]:
