@@ -1041,7 +1041,10 @@ def test_paper_families_end_to_end(data_dir, tmp_path):
     assert rc == 0 and "trained" not in stderr, stderr
     assert _report(out)["families"][1]["diff_val_loss"] == fams[1]["diff_val_loss"]
     # report.json is the table's records' layout: it reads back as them and they write it
-    from taperlm.compare.family_table import FamilyRow, FamilyTable, RelativeChange
+    from taperlm.compare.family_table import FamilyMeta, FamilyRow, FamilyTable, RelativeChange
+
+    meta = FamilyMeta.from_json(rep["meta"])
+    assert meta.to_json() == rep["meta"] and FamilyMeta.from_json(meta.to_json()) == meta
 
     table = FamilyTable.from_json(rep)
     assert table.to_json() == {k: v for k, v in rep.items() if k != "meta"}

@@ -128,7 +128,7 @@ def test_scaling_records_read_back_as_written():
     """A point and its fit read back equal (from_json(to_json(x)) == x) in every shape the fit
     takes: resampled, one seed (no interval), no complete seed (no parabola); and every point
     of the committed scaling report reads back to the object it holds, keys it predates
-    (`at_lower_edge`) read as None."""
+    (`at_lower_edge`) read as None; so does its meta (its mode, which it predates, as scaling)."""
     resampled = scaling.fit_best_ratio(_synthetic(1.5, seeds=4, noise=0.002))
     one_seed = scaling.fit_best_ratio(_synthetic(1.5, seeds=1, noise=0.002))
     none = scaling.fit_best_ratio({0: {1.0: 5.0, 1.5: 4.9}, 1: {1.9: 4.8}})
@@ -145,6 +145,11 @@ def test_scaling_records_read_back_as_written():
     assert scaling.ScalingPoint.from_json(json.loads(json.dumps(point.to_json()))) == point
     root = Path(__file__).resolve().parents[2]
     data = json.loads((root / "benchmarks/results/scaling_report.json").read_text())
+    meta = scaling.ScalingMeta.from_json(data["meta"])
+    assert scaling.ScalingMeta.from_json(meta.to_json()) == meta
+    written = {**meta.to_json(), "paper_point": scaling.PAPER_POINT, "plot": "scaling.png"}
+    assert "mode" not in data["meta"]  # written before the modes: --paper scaling's
+    assert written == {**data["meta"], "mode": "scaling"}
     for p in data["points"]:
         read = scaling.ScalingPoint.from_json(p)
         assert read.fit.at_lower_edge is None and "at_lower_edge" not in p["fit"]

@@ -142,6 +142,48 @@ class FamilyRow:
 
 
 @dataclass(frozen=True)
+class FamilyMeta:
+    """How a family table was produced: report.json's `meta` (`to_json` writes it)."""
+
+    command: str  # the command that reproduces it
+    preset_size: str  # the size every family's preset has
+    families: tuple[str, ...]  # the preset prefixes, in the order run
+    family_wall_s: dict[str, float]  # prefix -> its comparison's seconds in this invocation
+    wall_s: float  # seconds of this invocation
+    cpu_s: float  # CPU seconds of the main process
+    created: str  # when it was written
+    done: int  # families done
+    total: int  # families planned
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "command": self.command,
+            "preset_size": self.preset_size,
+            "families": list(self.families),
+            "family_wall_s": self.family_wall_s,
+            "wall_s": self.wall_s,
+            "cpu_s": self.cpu_s,
+            "created": self.created,
+            "done": self.done,
+            "total": self.total,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> FamilyMeta:
+        return cls(
+            data["command"],
+            data["preset_size"],
+            tuple(data["families"]),
+            data["family_wall_s"],
+            data["wall_s"],
+            data["cpu_s"],
+            data["created"],
+            data["done"],
+            data["total"],
+        )
+
+
+@dataclass(frozen=True)
 class FamilyTable:
     """Every number of the family table (`summarize_families`): the rows and what they add up
     to (report.json beside its meta)."""
@@ -385,11 +427,11 @@ def _reading(summary: FamilyTable) -> list[str]:
     return lines
 
 
-def _time_table(entries: tuple[FamilyRow, ...], meta: dict[str, Any]) -> list[str]:
+def _time_table(entries: tuple[FamilyRow, ...], meta: FamilyMeta) -> list[str]:
     rows = []
     for e in entries:
         rt = e.run_times
-        wall = meta["family_wall_s"].get(e.prefix)
+        wall = meta.family_wall_s.get(e.prefix)
         rows.append(
             [
                 e.preset,
@@ -415,11 +457,11 @@ def _time_table(entries: tuple[FamilyRow, ...], meta: dict[str, Any]) -> list[st
     )
 
 
-def render_family_markdown(summary: FamilyTable, meta: dict[str, Any]) -> str:
+def render_family_markdown(summary: FamilyTable, meta: FamilyMeta) -> str:
     entries = summary.families
     first = entries[0]
-    s, size = first.settings, meta["preset_size"]
-    done = "" if meta["done"] == meta["total"] else f" (PARTIAL: {meta['done']}/{meta['total']})"
+    s, size = first.settings, meta.preset_size
+    done = "" if meta.done == meta.total else f" (PARTIAL: {meta.done}/{meta.total})"
     links = ", ".join(f"[{e.preset}]({e.preset}/report.md)" for e in entries)
     # each family adds seeds until its own comparison is settled (--stop): the counts may differ
     used = {e.preset: len(e.settings["seeds"]) for e in entries}
@@ -433,7 +475,7 @@ def render_family_markdown(summary: FamilyTable, meta: dict[str, Any]) -> str:
         f"# taperlm compare — paper families: {size} presets, {n_seeds}, "
         f"{s['tokens']:,} tokens/run{done}",
         "",
-        *produced_by(meta["command"]),
+        *produced_by(meta.command),
         f"- every family's preset at size {size}, uniform vs tapered `{first.taper}`, "
         f"{seeds}, {s['tokens']:,} tokens per run ({s['steps']} steps of "
         f"{s['batch_tokens']:,} tokens, seq_len {s['seq_len']}, peak lr {s['lr']:g}); "
@@ -442,8 +484,8 @@ def render_family_markdown(summary: FamilyTable, meta: dict[str, Any]) -> str:
         f"FLOPs/token (asserted before training; here: {yes_no(summary.all_budgets_equal)}); "
         "all runs of one seed saw the same batches: "
         f"{yes_no(all(e.checks.same_data_order_within_seed for e in entries))}",
-        f"- wall time {meta['wall_s'] / 60:.1f} min this invocation ({meta['cpu_s'] / 60:.1f} "
-        f"CPU-min in the main process); {meta['created']}",
+        f"- wall time {meta.wall_s / 60:.1f} min this invocation ({meta.cpu_s / 60:.1f} "
+        f"CPU-min in the main process); {meta.created}",
         f"- each family's full report (per-seed values, curves, novelty, plots): {links}",
         "",
         "## Validation, with the paper's 760M table beside it",
@@ -473,10 +515,10 @@ def render_family_markdown(summary: FamilyTable, meta: dict[str, Any]) -> str:
 
 
 def write_family_report(
-    reports: dict[str, ComparisonReport], out_dir: Path, meta: dict[str, Any]
+    reports: dict[str, ComparisonReport], out_dir: Path, meta: FamilyMeta
 ) -> tuple[Path, Path]:
     """report.json, report.md and families.png of a families run in out_dir."""
-    summary = summarize_families(reports, meta["preset_size"])
+    summary = summarize_families(reports, meta.preset_size)
     rows, refs = [], {}
     for e in summary.families:
         rel = e.relative_ppl_change
@@ -495,7 +537,7 @@ def write_family_report(
             reference=refs,
             reference_label="paper, 760M / 50B tokens",
         )
-    doc = {"meta": meta, **summary.to_json()}
+    doc = {"meta": meta.to_json(), **summary.to_json()}
     md = render_family_markdown(summary, meta)
     json_path, md_path = out_dir / "report.json", out_dir / "report.md"
     atomic_write_json(json_path, doc)

@@ -120,6 +120,42 @@ class BestRatioFit:
 
 
 @dataclass(frozen=True)
+class ScalingMeta:
+    """How a scaling report was produced: report.json's `meta` (`to_json` writes it, the
+    paper's point and the figure's name after it)."""
+
+    command: str  # the command that reproduces the sweep
+    mode: str  # scaling | tokens | ratios
+    wall_s: float  # seconds of this invocation
+    created: str  # when it was written
+    done: int  # points done
+    total: int  # points planned
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "command": self.command,
+            "mode": self.mode,
+            "wall_s": self.wall_s,
+            "created": self.created,
+            "done": self.done,
+            "total": self.total,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ScalingMeta:
+        """`to_json`'s object; a report written before `mode` was recorded is `--paper
+        scaling`'s (the only mode then)."""
+        return cls(
+            data["command"],
+            data.get("mode", "scaling"),
+            data["wall_s"],
+            data["created"],
+            data["done"],
+            data["total"],
+        )
+
+
+@dataclass(frozen=True)
 class ScalingPoint:
     """One point of a scaling sweep as its report gives it: report.json's entry of `points`
     (`to_json` writes it, field for field and in that order)."""
@@ -314,14 +350,14 @@ def scaling_plan(
     points = point_options(opts, plan or DEFAULT_PLAN)
 
     def report(done: StudyProgress) -> tuple[Path, Path]:
-        meta = {
-            "command": _command(opts, points[0][3], mode),
-            "mode": mode,
-            "wall_s": done.wall(),
-            "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "done": len(done.reports),
-            "total": done.total,
-        }
+        meta = ScalingMeta(
+            command=_command(opts, points[0][3], mode),
+            mode=mode,
+            wall_s=done.wall(),
+            created=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            done=len(done.reports),
+            total=done.total,
+        )
         md, js = write_scaling_report(points, done.reports, opts.out, meta)
         if on_report is not None:
             on_report(js)
@@ -433,7 +469,7 @@ def point_losses(report: ComparisonReport) -> dict[int, dict[float, float]]:
 
 
 def write_scaling_report(
-    points, reports: dict[str, ComparisonReport], out: Path, meta: dict[str, Any]
+    points, reports: dict[str, ComparisonReport], out: Path, meta: ScalingMeta
 ) -> tuple[Path, Path]:
     rows = []
     for key, size, _, _ in points:
@@ -469,7 +505,7 @@ def write_scaling_report(
         plot_scaling(rows, out / SCALING_PLOT)
         plot = SCALING_PLOT
     doc = {
-        "meta": {**meta, "paper_point": PAPER_POINT, "plot": plot},
+        "meta": {**meta.to_json(), "paper_point": PAPER_POINT, "plot": plot},
         "points": [r.to_json() for r in rows],
     }
     md = _markdown(rows, meta, plot)
@@ -540,20 +576,17 @@ def _run_seconds(report: ComparisonReport) -> float:
     return float(sum(report.summary.run_times.values()))
 
 
-def _markdown(rows: list[ScalingPoint], meta: dict[str, Any], plot: str | None) -> str:
-    title = (
-        f"# taperlm compare — paper {meta.get('mode', 'scaling')}: the best cosine ratio "
-        "against size and tokens"
-    )
-    if meta["done"] < meta["total"]:
-        title += f" (PARTIAL: {meta['done']}/{meta['total']} points done)"
+def _markdown(rows: list[ScalingPoint], meta: ScalingMeta, plot: str | None) -> str:
+    title = f"# taperlm compare — paper {meta.mode}: the best cosine ratio against size and tokens"
+    if meta.done < meta.total:
+        title += f" (PARTIAL: {meta.done}/{meta.total} points done)"
     lines = [
         title,
         "",
-        *produced_by(meta["command"]),
-        f"{meta['done']}/{meta['total']} points, {meta['wall_s'] / 60:.1f} min this invocation; "
+        *produced_by(meta.command),
+        f"{meta.done}/{meta.total} points, {meta.wall_s / 60:.1f} min this invocation; "
         f"the runs' own time (training + evaluation of every run and tuning run, as each "
-        f"recorded it): {sum(r.run_s or 0.0 for r in rows) / 3600:.2f} core-hours; {meta['created']}",
+        f"recorded it): {sum(r.run_s or 0.0 for r in rows) / 3600:.2f} core-hours; {meta.created}",
         "",
         *points_table(rows),
         "",
