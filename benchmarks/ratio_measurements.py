@@ -37,11 +37,13 @@ def build(results: Path = RESULTS) -> dict[str, Any]:
     """The packaged file's content, from the reports in `results` (as JSON would read it back)."""
     from taperlm.compare.longrun import trend_rows
     from taperlm.compare.paper import PAPER_440M, PAPER_BEST, PAPER_DIFF
+    from taperlm.compare.scaling import ScalingPoint
 
     points: list[dict[str, Any]] = []
     sources = []
     scaling = json.loads((results / SCALING_REPORT).read_text(encoding="utf-8"))
-    points += [{**row, "mode": "scaling"} for row in trend_rows(scaling["points"])]
+    rows = trend_rows([ScalingPoint.from_json(p) for p in scaling["points"]])
+    points += [{**row.to_json(), "mode": "scaling"} for row in rows]
     sources.append(_source(SCALING_REPORT, "scaling", scaling["meta"]))
     for path in sorted(results.glob(TREND_REPORTS)):
         if not path.is_file():

@@ -1040,6 +1040,19 @@ def test_paper_families_end_to_end(data_dir, tmp_path):
     rc, _, stderr = _cli(args)
     assert rc == 0 and "trained" not in stderr, stderr
     assert _report(out)["families"][1]["diff_val_loss"] == fams[1]["diff_val_loss"]
+    # report.json is the table's records' layout: it reads back as them and they write it
+    from taperlm.compare.family_table import FamilyMeta, FamilyRow, FamilyTable, RelativeChange
+
+    meta = FamilyMeta.from_json(rep["meta"])
+    assert meta.to_json() == rep["meta"] and FamilyMeta.from_json(meta.to_json()) == meta
+
+    table = FamilyTable.from_json(rep)
+    assert table.to_json() == {k: v for k, v in rep.items() if k != "meta"}
+    assert FamilyTable.from_json(table.to_json()) == table
+    for row in table.families:
+        assert FamilyRow.from_json(row.to_json()) == row
+        rel = row.relative_ppl_change
+        assert rel is not None and RelativeChange.from_json(rel.to_json()) == rel
 
 
 @pytest.mark.parametrize(
@@ -1155,9 +1168,11 @@ def test_no_skill_accuracy_and_chance_marks():
     assert at_chance(56.9, 50.0, 200) and not at_chance(57.0, 50.0, 200)
     assert at_chance(40.0, 50.0, 200)  # below chance is no skill either
     assert math.isclose(relative_ppl_change(math.log(0.9)), -10.0)
-    assert verdict({"ci": [-0.03, -0.01]}) == "better"
-    assert verdict({"ci": [0.01, 0.03]}) == "worse"
-    assert verdict({"ci": [-0.01, 0.01]}) == "undecided"
+    diff = paired_difference({0: 1.0, 1: 2.0}, {0: 0.0, 1: 0.0})
+    assert verdict(dataclasses.replace(diff, ci=(-0.03, -0.01))) == "better"
+    assert verdict(dataclasses.replace(diff, ci=(0.01, 0.03))) == "worse"
+    assert verdict(dataclasses.replace(diff, ci=(-0.01, 0.01))) == "undecided"
+    assert verdict(paired_difference({0: 1.0}, {0: 0.0})) == "undecided (one seed)"
 
 
 def test_paper_mode_plots_ours_beside_the_paper(data_dir, tmp_path):

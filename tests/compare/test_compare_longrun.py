@@ -6,6 +6,7 @@ pieces are written, and a toy sweep with a zero-width ratio runs end to end."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -17,7 +18,9 @@ import pytest
 from taperlm.compare import longrun
 from taperlm.compare.job import check_options
 from taperlm.compare.options import CompareOptions, declared_options
+from taperlm.compare.scaling import BestRatioFit, ScalingPoint
 from taperlm.errors import ConfigError
+from taperlm.stats import PairedDifference
 from taperlm.taper import TaperSpec
 from test_compare import data_dir  # noqa: F401 (fixture)
 from test_compare_scaling import TOY_ARGS
@@ -94,10 +97,13 @@ def test_both_modes_sweep_below_uniform(mode):
         names = [a.name for a in parse_allocations(texts, 8)]
         assert "cosine-0.5-1.5" in names and "cosine-0.75-1.25" in names
     point = _point("nano", 266_816, 8, 0.02, 0.6, 0.0, 0.1, (0.5, 0.75, 1.0, 1.5))
-    point["fit"]["lowest"] = 0.5
-    point["diffs"]["cosine:0.5:1.5"] = {"mean": -0.01, "ci": [-0.02, 0.0]}
+    point = dataclasses.replace(
+        point,
+        fit=dataclasses.replace(point.fit, lowest=0.5),
+        diffs={**point.diffs, "cosine:0.5:1.5": _diff(-0.01, -0.02, 0.0)},
+    )
     (row,) = longrun.trend_rows([point])
-    assert row["best_measured"] == "cosine:0.5:1.5" and row["diff_best"]["mean"] == -0.01
+    assert row.best_measured == "cosine:0.5:1.5" and row.diff_best.mean == -0.01
 
 
 @pytest.mark.parametrize("mode", longrun.MODES)
@@ -136,19 +142,34 @@ def test_fit_trend_recovers_a_known_slope_and_prediction():
     xs = [(math.log10(t),) for t in (0.5, 2, 8, 32, 68)]
     ys = [-0.08 + 0.05 * x[0] + rng.gauss(0, 0.002) for x in xs]
     fit = longrun.fit_trend(xs, ys, [0.004] * 5, (math.log10(68),))
-    assert fit["coefficients"][1] == pytest.approx(0.05, abs=0.01)
-    lo, hi = fit["coefficient_ci"][1]
+    assert fit.coefficients[1] == pytest.approx(0.05, abs=0.01)
+    lo, hi = fit.coefficient_ci[1]
     assert lo < 0.05 < hi and hi - lo < 0.03
     want = -0.08 + 0.05 * math.log10(68)
-    assert fit["prediction_ci"][0] < want < fit["prediction_ci"][1]
+    assert fit.prediction_ci[0] < want < fit.prediction_ci[1]
     # noisier points: a wider interval
     wide = longrun.fit_trend(xs, ys, [0.04] * 5, (math.log10(68),))
-    assert wide["prediction_ci"][1] - wide["prediction_ci"][0] > 5 * (hi - lo) / 3
+    assert wide.prediction_ci[1] - wide.prediction_ci[0] > 5 * (hi - lo) / 3
     # too few points, a missing interval, or a design that cannot separate the coefficients
     assert longrun.fit_trend(xs[:2], ys[:2], [0.004] * 2, (1.0,)) is None
     assert longrun.fit_trend(xs, ys, [0.004, None, 0.004, 0.004, 0.004], (1.0,)) is None
     same = [(x[0], 6.0) for x in xs]  # one size: log10(params) is constant
     assert longrun.fit_trend(same, ys, [0.004] * 5, (1.0, 8.6)) is None
+
+
+def _diff(mean: float, lo: float, hi: float) -> PairedDifference:
+    """A paired difference over 3 seeds with this mean and 95% interval."""
+    return PairedDifference(
+        seeds=(0, 1, 2),
+        per_seed=(mean, mean, mean),
+        n=3,
+        mean=mean,
+        std=(hi - lo) / 8.6,
+        confidence=0.95,
+        t=4.302653,
+        ci=(lo, hi),
+        excludes_zero=hi < 0 or lo > 0,
+    )
 
 
 def _point(
@@ -160,36 +181,43 @@ def _point(
     edge: float,
     lower: float | None = None,
     starts: tuple[float, ...] | None = None,
-) -> dict:
-    """A scaling report's point; `lower` and `starts` left out as in reports written before
-    the lower edge was reported."""
-    ci = [d15 - 0.01, d15 + 0.01]
-    return {
-        "point": f"{size}-{int(tpp * params)}",
-        "size": size,
-        "params": params,
-        "tokens": int(tpp * params),
-        "tokens_per_param": tpp,
-        "diffs": {
+) -> ScalingPoint:
+    """A scaling report's point; without `lower` and `starts` as a report written before the
+    lower edge was reported reads."""
+    return ScalingPoint(
+        point=f"{size}-{int(tpp * params)}",
+        size=size,
+        preset=f"transformer-{size}",
+        params=params,
+        tokens=int(tpp * params),
+        tokens_per_param=tpp,
+        lr=4e-3,
+        lr_at_edge=False,
+        diffs={
             "uniform": None,
-            "cosine:1.5:0.5": {"mean": d15, "ci": ci, "excludes_zero": True},
-            "cosine:1.9:0.1": {"mean": d15 - 0.02, "ci": [d15 - 0.03, d15 - 0.01]},
+            "cosine:1.5:0.5": _diff(d15, d15 - 0.01, d15 + 0.01),
+            "cosine:1.9:0.1": _diff(d15 - 0.02, d15 - 0.03, d15 - 0.01),
         },
-        "fit": {
-            "best": best,
-            "ci": [best - 0.05, best + 0.05],
-            "at_upper_edge": edge,
-            "lowest": 1.9,
-            **({} if lower is None else {"at_lower_edge": lower}),
-            **({} if starts is None else {"starts": list(starts)}),
-        },
-    }
+        fit=BestRatioFit(
+            best=best,
+            ci=(best - 0.05, best + 0.05),
+            at_upper_edge=edge,
+            at_lower_edge=lower,
+            lowest=1.9,
+            lowest_share=None,
+            n_seeds=3,
+            starts=starts or (),
+        ),
+        wall_s=1.0,
+        run_s=2.0,
+        report=f"{size}-{int(tpp * params)}/report.md",
+    )
 
 
-def _report(tmp_path: Path, points: list[dict]) -> Path:
+def _report(tmp_path: Path, points: list[ScalingPoint]) -> Path:
     path = tmp_path / "report.json"
     meta = {"command": "taperlm compare --paper tokens", "done": len(points), "total": 8}
-    path.write_text(json.dumps({"meta": meta, "points": points}))
+    path.write_text(json.dumps({"meta": meta, "points": [p.to_json() for p in points]}))
     return path
 
 
@@ -250,25 +278,26 @@ def test_a_best_ratio_at_the_lower_edge_is_a_bound_not_a_trend_point(tmp_path):
     assert "coefficients" in doc["trends"]["diff_1.5"]["nano"]  # the advantage still trends
     assert doc["points"][0]["best_ratio"]["at_lower_edge"] == 0.9
     assert doc["points"][0]["best_ratio"]["lowest_start"] == 1.0
-    table = "\n".join(longrun.trend_table(doc["points"]))
+    table = "\n".join(longrun.trend_table([longrun.TrendRow.from_json(p) for p in doc["points"]]))
     assert table.count("(edge: uniform)") == 3 and "(edge)" not in table
     assert (tmp_path / longrun.BEST_RATIO_PLOT).stat().st_size > 1000
     inverse = (0.5, 0.75, *uniform_sweep)
     deep = [_point("nano", 266_816, t, 0.02, 0.5, 0.0, 0.8, inverse) for t in (8, 32, 68)]
     rows = longrun.trend_rows(deep)
     assert "(edge: mildest swept)" in "\n".join(longrun.trend_table(rows))
-    reason = longrun.trends(rows)["best_ratio"]["nano"]["reason"]
+    reason = longrun.trends(rows).best_ratio["nano"].reason
     assert "mildest start swept" in reason and "start 0.5" in reason and "0.25" in reason
     # one point at each edge: both named
     both = longrun.trends(longrun.trend_rows([pts[0], deep[1], _point(
-        "nano", 266_816, 0.5, -0.05, 1.9, 0.9)]))["best_ratio"]["nano"]["reason"]  # fmt: skip
+        "nano", 266_816, 0.5, -0.05, 1.9, 0.9)])).best_ratio["nano"].reason  # fmt: skip
     assert "steepest" in both and "lower edge, uniform" in both and "mildest" in both
     # inside at both ends: the trend is fitted; an old report (no key) is inside
     inside = [_point("nano", 266_816, t, 0.02, 1.2, 0.1, 0.1, inverse) for t in (2, 8, 32)]
-    assert "coefficients" in longrun.trends(longrun.trend_rows(inside))["best_ratio"]["nano"]
+    fitted = longrun.trends(longrun.trend_rows(inside)).best_ratio["nano"]
+    assert isinstance(fitted, longrun.TrendFit)
     old = longrun.trend_rows([_point("nano", 266_816, 2, 0.0, 1.29, 0.2)])
-    assert old[0]["best_ratio"]["at_lower_edge"] is None
-    assert longrun.at_edge(old[0]["best_ratio"]) is None
+    assert old[0].best_ratio.at_lower_edge is None
+    assert longrun.at_edge(old[0].best_ratio) is None
 
 
 def test_a_best_ratio_trend_carried_past_the_swept_starts_says_so(tmp_path):
@@ -285,9 +314,54 @@ def test_a_best_ratio_trend_carried_past_the_swept_starts_says_so(tmp_path):
     assert fit["prediction"] < 0.5 and fit["swept"] == [0.5, 1.9]
     assert "beyond the starts swept (0.5 to 1.9)" in md.read_text()
     flat = [_point("nano", 266_816, t, 0.0, 1.2, 0.0, 0.1, inverse) for t in (0.5, 2, 8)]
-    flat[1]["fit"]["ci"] = [1.1, 1.3]  # noise so that the fit has an interval
-    fit = longrun.trends(longrun.trend_rows(flat))["best_ratio"]["nano"]
-    assert "prediction" in fit and "swept" not in fit
+    # noise so that the fit has an interval
+    flat[1] = dataclasses.replace(flat[1], fit=dataclasses.replace(flat[1].fit, ci=(1.1, 1.3)))
+    fit = longrun.trends(longrun.trend_rows(flat)).best_ratio["nano"]
+    assert isinstance(fit, longrun.TrendFit) and fit.swept is None
+
+
+def test_trend_records_read_back_as_written(tmp_path):
+    """trend.json is its records' layout: the file reads back as a `TrendReport` that writes
+    the same object, and every record reads back equal (from_json(to_json(x)) == x): rows with
+    and without a best-measured difference, fitted trends with and without `swept`, reasons;
+    the committed token-axis report reads back to itself."""
+    inverse = (0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 1.9)
+    sets = {
+        "two-sizes": [
+            _point(size, params, t, -0.05 + 0.04 * math.log10(t), 1.8 - 0.1 * math.log10(t), 0)
+            for size, params in (("nano", 266_816), ("micro", 1_058_016))
+            for t in (0.5, 2, 8, 32)
+        ],
+        "beyond-swept": [
+            _point("nano", 266_816, t, 0.0, b, 0.0, 0.1, inverse)
+            for t, b in ((0.5, 1.78), (2, 1.29), (8, 0.93))
+        ],
+    }
+    seen: set[object] = set()
+    for name, pts in sets.items():
+        (tmp_path / name).mkdir()
+        _, js = longrun.write_trend_report(_report(tmp_path / name, pts), "tokens")
+        doc = json.loads(js.read_text())
+        report = longrun.TrendReport.from_json(doc)
+        assert json.loads(json.dumps(report.to_json())) == doc
+        assert longrun.TrendReport.from_json(report.to_json()) == report
+        assert longrun.Trends.from_json(report.trends.to_json()) == report.trends
+        for row in report.points:
+            assert longrun.TrendRow.from_json(row.to_json()) == row
+            assert longrun.BestRatio.from_json(row.best_ratio.to_json()) == row.best_ratio
+            for d in (row.diff_15, row.diff_best):
+                if d is not None:
+                    assert longrun.Difference.from_json(d.to_json()) == d
+        for fit in (*report.trends.diff_15.values(), *report.trends.best_ratio.values()):
+            assert type(fit).from_json(fit.to_json()) == fit
+            seen.add(type(fit))
+            seen |= {"swept"} if isinstance(fit, longrun.TrendFit) and fit.swept else set()
+    assert seen == {longrun.TrendFit, longrun.NoTrend, "swept"}
+    root = Path(__file__).resolve().parents[2]
+    committed = json.loads((root / "benchmarks/results/longrun_tokens_nano.json").read_text())
+    report = longrun.TrendReport.from_json(committed)
+    assert json.loads(json.dumps(report.to_json())) == committed
+    assert any(r.best_measured == "uniform" and r.diff_best is None for r in report.points)
 
 
 def test_the_best_measured_is_named_for_every_lowest_start():
@@ -295,15 +369,15 @@ def test_the_best_measured_is_named_for_every_lowest_start():
     difference, or uniform (start 1.0) as the baseline, never a blank that reads as missing."""
     for lowest, name in ((1.9, "cosine:1.9:0.1"), (1.5, "cosine:1.5:0.5"), (1.0, "uniform")):
         p = _point("nano", 266_816, 8, 0.02, 0.9, 0.0, 0.1, (1.0, 1.5, 1.9))
-        p["fit"]["lowest"] = lowest
+        p = dataclasses.replace(p, fit=dataclasses.replace(p.fit, lowest=lowest))
         (row,) = longrun.trend_rows([p])
-        assert row["best_measured"] == name
+        assert row.best_measured == name
         cells = longrun.trend_table([row])[-1].split(" | ")
         assert cells[4] == name
         if name == "uniform":
-            assert row["diff_best"] is None and cells[5] == "0 (baseline)"
+            assert row.diff_best is None and cells[5] == "0 (baseline)"
         else:
-            assert row["diff_best"]["mean"] == p["diffs"][name]["mean"]
+            assert row.diff_best.mean == p.diffs[name].mean
 
 
 @pytest.mark.slow  # ~30 s of CPU: 2 points x 8 toy runs

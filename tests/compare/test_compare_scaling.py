@@ -4,6 +4,7 @@ scale: every point a tuned comparison, the report and figure written, a rerun tr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -15,6 +16,7 @@ from conftest import raises_naming
 from taperlm.compare import scaling
 from taperlm.compare.options import CompareOptions
 from taperlm.errors import ConfigError
+from taperlm.stats import PairedDifference
 from test_compare import TINY, _cli, data_dir  # noqa: F401 (fixture)
 
 STARTS = [1.0, 1.25, 1.5, 1.75, 1.9]
@@ -32,18 +34,18 @@ def _synthetic(best: float, seeds: int, noise: float, seed: int = 0) -> dict:
 @pytest.mark.parametrize("best", [1.3, 1.5, 1.7])
 def test_fit_recovers_a_known_optimum(best):
     fit = scaling.fit_best_ratio(_synthetic(best, seeds=8, noise=0.002))
-    assert fit["best"] == pytest.approx(best, abs=0.03)
-    lo, hi = fit["ci"]
+    assert fit.best == pytest.approx(best, abs=0.03)
+    lo, hi = fit.ci
     assert lo - 0.02 <= best <= hi + 0.02 and hi - lo < 0.2  # a 95% interval may just miss
-    assert fit["at_upper_edge"] == 0.0
-    vertex, _, used = scaling.local_parabola(np.array(fit["starts"]), np.array(fit["mean_loss"]))
+    assert fit.at_upper_edge == 0.0
+    vertex, _, used = scaling.local_parabola(np.array(fit.starts), np.array(fit.mean_loss))
     # The vertex comes from a LAPACK solve (np.polyfit): its last bits may differ with the CPU
     # and the BLAS build, so it is the fit's best to 1e-9, not bit for bit.
-    assert vertex == pytest.approx(fit["best"], rel=1e-9, abs=1e-12)
-    assert list(used) == fit["parabola"]["starts"]
+    assert vertex == pytest.approx(fit.best, rel=1e-9, abs=1e-12)
+    assert tuple(used) == fit.parabola.starts
     nearest = min(STARTS, key=lambda r: abs(r - best))  # the swept ratio nearest the optimum
-    assert fit["lowest"] == nearest and fit["lowest_share"][f"{nearest:g}"] > 0.9
-    assert sum(fit["lowest_share"].values()) == pytest.approx(1.0)
+    assert fit.lowest == nearest and fit.lowest_share[f"{nearest:g}"] > 0.9
+    assert sum(fit.lowest_share.values()) == pytest.approx(1.0)
 
 
 def test_a_fall_then_a_plateau_puts_the_best_inside_not_at_the_edge():
@@ -59,21 +61,20 @@ def test_a_fall_then_a_plateau_puts_the_best_inside_not_at_the_edge():
     dense = np.linspace(1.0, 1.9, 1001)
     assert dense[np.argmin(np.polyval(np.polyfit(x, means, 2), dense))] == pytest.approx(1.9)
     fit = scaling.fit_best_ratio(data)
-    assert 1.75 < fit["best"] < 1.9 and fit["at_upper_edge"] < 0.5
-    assert fit["parabola"]["starts"] == [1.5, 1.75, 1.9]
-    share = fit["lowest_share"]
+    assert 1.75 < fit.best < 1.9 and fit.at_upper_edge < 0.5
+    assert fit.parabola.starts == (1.5, 1.75, 1.9)
+    share = fit.lowest_share
     assert 0.15 < share["1.75"] < 0.85 and share["1.75"] + share["1.9"] == pytest.approx(1.0)
-    row = {"fit": fit}
-    shown = scaling._lowest(row["fit"])
+    shown = scaling._lowest(fit)
     assert "1.75 (" in shown and "1.9 (" in shown
 
 
 def test_fit_interval_widens_with_noise_and_flags_an_optimum_beyond_the_sweep():
     tight = scaling.fit_best_ratio(_synthetic(1.5, seeds=8, noise=0.002))
     loose = scaling.fit_best_ratio(_synthetic(1.5, seeds=8, noise=0.02))
-    assert loose["ci"][1] - loose["ci"][0] > tight["ci"][1] - tight["ci"][0]
+    assert loose.ci[1] - loose.ci[0] > tight.ci[1] - tight.ci[0]
     beyond = scaling.fit_best_ratio(_synthetic(2.5, seeds=6, noise=0.002))
-    assert beyond["best"] == pytest.approx(1.9) and beyond["at_upper_edge"] > 0.9
+    assert beyond.best == pytest.approx(1.9) and beyond.at_upper_edge > 0.9
 
 
 def _losses(best: float, starts: list[float], seeds: int = 6) -> dict:
@@ -90,30 +91,70 @@ def test_fit_flags_an_optimum_below_the_sweep_at_its_lower_edge():
     `at_lower_edge` (the upper edge stays 0); with inverse tapers swept an optimum at 0.8 is
     inside (no edge), and one below 0.5 sits at the new lower edge, 0.5."""
     at_uniform = scaling.fit_best_ratio(_losses(0.6, STARTS))
-    assert at_uniform["best"] == pytest.approx(1.0) and at_uniform["at_lower_edge"] > 0.9
-    assert at_uniform["at_upper_edge"] == 0.0 and at_uniform["lowest"] == 1.0
+    assert at_uniform.best == pytest.approx(1.0) and at_uniform.at_lower_edge > 0.9
+    assert at_uniform.at_upper_edge == 0.0 and at_uniform.lowest == 1.0
     inverse = [0.5, 0.75, *STARTS]
     inside = scaling.fit_best_ratio(_losses(0.8, inverse))
-    assert inside["best"] == pytest.approx(0.8, abs=0.03)
-    assert inside["at_lower_edge"] == 0.0 and inside["at_upper_edge"] == 0.0
+    assert inside.best == pytest.approx(0.8, abs=0.03)
+    assert inside.at_lower_edge == 0.0 and inside.at_upper_edge == 0.0
     below = scaling.fit_best_ratio(_losses(0.2, inverse))
-    assert below["best"] == pytest.approx(0.5) and below["at_lower_edge"] > 0.9
+    assert below.best == pytest.approx(0.5) and below.at_lower_edge > 0.9
     inside_up = scaling.fit_best_ratio(_synthetic(1.5, seeds=8, noise=0.002))
-    assert inside_up["at_lower_edge"] == 0.0
+    assert inside_up.at_lower_edge == 0.0
 
 
 def test_points_table_shows_the_lower_edge_when_the_fit_reports_it():
     """A fit with `at_lower_edge` gets its own column; a report written before it existed keeps
     its table (the docs copy of the scaling sweep's table is such a report's)."""
-    fit = scaling.fit_best_ratio(_losses(0.6, STARTS))
-    row = {"point": "p", "report": "p/report.md", "params": 1000, "tokens": 2000,
-           "tokens_per_param": 2.0, "lr": 4e-3, "lr_at_edge": False,
-           "diffs": {"uniform": None}, "fit": fit}  # fmt: skip
+    row = _row(scaling.fit_best_ratio(_losses(0.6, STARTS)))
     head, _, line = scaling.points_table([row])
     assert "resamples at the lowest start" in head
-    assert f"| {100 * fit['at_lower_edge']:.0f}% |" in line and "| 0% |" in line
-    old = {**row, "fit": {k: v for k, v in fit.items() if k != "at_lower_edge"}}
+    assert f"| {100 * row.fit.at_lower_edge:.0f}% |" in line and "| 0% |" in line
+    written = row.to_json()
+    del written["fit"]["at_lower_edge"]  # as a report written before it existed holds it
+    old = scaling.ScalingPoint.from_json(written)
     assert "lowest start" not in scaling.points_table([old])[0]
+
+
+def _row(fit: scaling.BestRatioFit) -> scaling.ScalingPoint:
+    return scaling.ScalingPoint(
+        point="p", size="toy", preset="transformer-tiny", params=1000, tokens=2000,
+        tokens_per_param=2.0, lr=4e-3, lr_at_edge=False, diffs={"uniform": None}, fit=fit,
+        wall_s=1.0, run_s=2.0, report="p/report.md",
+    )  # fmt: skip
+
+
+def test_scaling_records_read_back_as_written():
+    """A point and its fit read back equal (from_json(to_json(x)) == x) in every shape the fit
+    takes: resampled, one seed (no interval), no complete seed (no parabola); and every point
+    of the committed scaling report reads back to the object it holds, keys it predates
+    (`at_lower_edge`) read as None; so does its meta (its mode, which it predates, as scaling)."""
+    resampled = scaling.fit_best_ratio(_synthetic(1.5, seeds=4, noise=0.002))
+    one_seed = scaling.fit_best_ratio(_synthetic(1.5, seeds=1, noise=0.002))
+    none = scaling.fit_best_ratio({0: {1.0: 5.0, 1.5: 4.9}, 1: {1.9: 4.8}})
+    assert one_seed.ci is None and one_seed.parabola is not None
+    assert none.best is None and none.parabola is None and none.n_seeds == 0
+    for fit in (resampled, one_seed, none):
+        assert scaling.BestRatioFit.from_json(fit.to_json()) == fit
+        text = json.dumps(fit.to_json())
+        assert scaling.BestRatioFit.from_json(json.loads(text)) == fit
+    assert "mean_loss" not in none.to_json() and "parabola" not in none.to_json()
+    assert scaling.Parabola.from_json(resampled.parabola.to_json()) == resampled.parabola
+    diff = PairedDifference((0, 1), (-0.1, -0.2), 2, -0.15, 0.07, 0.95, 12.7, (-1.0, 0.7), False)
+    point = dataclasses.replace(_row(resampled), diffs={"uniform": None, "cosine:1.5:0.5": diff})
+    assert scaling.ScalingPoint.from_json(json.loads(json.dumps(point.to_json()))) == point
+    root = Path(__file__).resolve().parents[2]
+    data = json.loads((root / "benchmarks/results/scaling_report.json").read_text())
+    meta = scaling.ScalingMeta.from_json(data["meta"])
+    assert scaling.ScalingMeta.from_json(meta.to_json()) == meta
+    written = {**meta.to_json(), "paper_point": scaling.PAPER_POINT, "plot": "scaling.png"}
+    assert "mode" not in data["meta"]  # written before the modes: --paper scaling's
+    assert written == {**data["meta"], "mode": "scaling"}
+    for p in data["points"]:
+        read = scaling.ScalingPoint.from_json(p)
+        assert read.fit.at_lower_edge is None and "at_lower_edge" not in p["fit"]
+        assert read.to_json() == {**p, "fit": {**p["fit"], "at_lower_edge": None}}
+        assert scaling.ScalingPoint.from_json(read.to_json()) == read
 
 
 def test_a_sweep_below_uniform_is_ordered_by_start():
@@ -133,7 +174,7 @@ def test_a_sweep_below_uniform_is_ordered_by_start():
 def test_fit_ignores_incomplete_seeds_and_needs_three_ratios():
     data = _synthetic(1.5, seeds=4, noise=0.002)
     data[9] = {1.0: 1.0}  # a seed still running: left out, not a crash
-    assert scaling.fit_best_ratio(data)["n_seeds"] == 4
+    assert scaling.fit_best_ratio(data).n_seeds == 4
     with pytest.raises(ValueError, match="3 ratios"):
         scaling.fit_best_ratio({0: {1.0: 5.0, 1.5: 4.9}})
 

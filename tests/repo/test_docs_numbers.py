@@ -182,7 +182,8 @@ def test_scaling_table_matches_its_report():
     points = data["points"]
     assert data["meta"]["done"] == data["meta"]["total"] == len(points) == 6
     page = (ROOT / "docs/compare.md").read_text(encoding="utf-8")
-    assert "\n".join(scaling.points_table(points, link=False)) in page
+    rows = [scaling.ScalingPoint.from_json(p) for p in points]
+    assert "\n".join(scaling.points_table(rows, link=False)) in page
     for p in points:
         fit = p["fit"]
         vertex, _, _ = scaling.local_parabola(np.array(fit["starts"]), np.array(fit["mean_loss"]))
@@ -223,7 +224,8 @@ def test_long_training_table_matches_its_report():
     data = json.loads((ROOT / "benchmarks/results/longrun_tokens_nano.json").read_text())
     assert data["meta"]["mode"] == "tokens" and len(data["points"]) == data["meta"]["done"] >= 2
     page = (ROOT / "docs/compare.md").read_text(encoding="utf-8")
-    assert "\n".join(longrun.trend_table(data["points"])) in page
+    rows = [longrun.TrendRow.from_json(p) for p in data["points"]]
+    assert "\n".join(longrun.trend_table(rows)) in page
     for png in ("longrun-advantage-nano.png", "longrun-best-ratio-nano.png"):
         assert f"(img/{png})" in page and (ROOT / "docs/img" / png).is_file()
     assert data["meta"]["paper_440m"]["ppl"] == [16.28, 14.44]

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from taperlm.assembly import Assembly, Layer
-from taperlm.compare.family_table import write_family_report
+from taperlm.compare.family_table import FamilyMeta, write_family_report
 from taperlm.compare.grid import FAMILIES_TAPERS
 from taperlm.compare.options import DEFAULT_FAMILIES, CompareOptions, list_text
 from taperlm.compare.reproduce import run_arguments
@@ -122,17 +122,17 @@ def families_plan(opts: CompareOptions) -> StudyPlan:
 
     def report(done: StudyProgress) -> tuple[Path, Path]:
         latest = done.reports[next(reversed(done.reports))]
-        meta = {
-            "command": _command(opts, subs, latest.meta["settings"]["tokens"]),
-            "preset_size": size,
-            "families": [p for p, _ in subs],
-            "family_wall_s": dict(done.walls),
-            "wall_s": done.wall(),
-            "cpu_s": done.cpu(),
-            "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "done": len(done.reports),
-            "total": done.total,
-        }
+        meta = FamilyMeta(
+            command=_command(opts, subs, latest.meta["settings"]["tokens"]),
+            preset_size=size,
+            families=tuple(p for p, _ in subs),
+            family_wall_s=dict(done.walls),
+            wall_s=done.wall(),
+            cpu_s=done.cpu(),
+            created=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            done=len(done.reports),
+            total=done.total,
+        )
         return write_family_report(done.reports, opts.out, meta)
 
     parts = [Part(prefix, sub, "family", sub.preset or prefix) for prefix, sub in subs]

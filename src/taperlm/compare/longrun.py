@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,7 @@ from taperlm.compare.report import md_table
 from taperlm.compare.scaling import (
     SCALING_STARTS,
     ScalingPlan,
+    ScalingPoint,
     ScalingSize,
     scaling_plan,
 )
@@ -54,6 +57,7 @@ from taperlm.compare.study import StudyPlan, run_plan
 from taperlm.errors import ConfigError
 from taperlm.io import MAX_RECORD_BYTES, atomic_write_json, atomic_write_text, read_json
 from taperlm.presets import get_preset
+from taperlm.stats import PairedDifference
 
 # The sizes of the long-training sweeps: preset, the vocabulary of its built-in corpus
 # (`taperlm.compare.inputs.SIZE_CORPUS_TOKENIZERS`) and its width step.
@@ -150,52 +154,156 @@ def run_longrun(opts) -> tuple[Path, Path]:
 # the reading across tokens per parameter
 
 
-def _se(d: dict[str, Any] | None) -> float | None:
+def _pair(ci: Any) -> tuple[float, float] | None:
+    return None if ci is None else (ci[0], ci[1])
+
+
+def _list(ci: tuple[float, float] | None) -> list[float] | None:
+    return None if ci is None else list(ci)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A paired difference vs uniform as the trend report keeps it (trend.json's `diff_1.5` and
+    `diff_best` of a point)."""
+
+    mean: float  # tapered minus uniform validation loss, mean over seeds
+    ci: tuple[float, float] | None  # its 95% t interval (None: one seed)
+    se: float | None  # the standard error the interval implies (None: no interval)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mean": self.mean, "ci": _list(self.ci), "se": self.se}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Difference:
+        return cls(data["mean"], _pair(data["ci"]), data["se"])
+
+
+@dataclass(frozen=True)
+class BestRatio:
+    """A point's fitted best ratio as the trend report keeps it (trend.json's `best_ratio`)."""
+
+    best: float | None  # the fitted best start (None: not fitted)
+    ci: tuple[float, float] | None  # its bootstrap interval (None: one seed)
+    at_upper_edge: float | None  # share of resamples at the steepest start swept
+    # share of resamples at the lowest start swept (None: a report written before it was)
+    at_lower_edge: float | None
+    lowest_start: float | None  # the lowest start swept, 1.0 = uniform (None: not reported)
+    highest_start: float | None  # the steepest start swept (None: not reported)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "best": self.best,
+            "ci": _list(self.ci),
+            "at_upper_edge": self.at_upper_edge,
+            "at_lower_edge": self.at_lower_edge,
+            "lowest_start": self.lowest_start,
+            "highest_start": self.highest_start,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BestRatio:
+        return cls(
+            data["best"],
+            _pair(data["ci"]),
+            data["at_upper_edge"],
+            data["at_lower_edge"],
+            data["lowest_start"],
+            data["highest_start"],
+        )
+
+
+@dataclass(frozen=True)
+class TrendRow:
+    """One point of the reading across tokens per parameter (trend.json's entry of `points`;
+    the packaged ratio measurements hold the same rows)."""
+
+    point: str  # the scaling point's key, <size>-<tokens>
+    size: str  # the size's name
+    params: int  # parameters
+    tokens: int  # training tokens per run
+    tokens_per_param: float  # tokens / params
+    diff_15: Difference | None  # at cosine 1.5 -> 0.5 (trend.json's `diff_1.5`; None: not swept)
+    best_measured: (
+        str | None
+    )  # the swept taper with the lowest mean loss ("uniform": none beats it)
+    diff_best: Difference | None  # at the best measured taper (None: uniform, or none)
+    best_ratio: BestRatio  # the fitted best start
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "point": self.point,
+            "size": self.size,
+            "params": self.params,
+            "tokens": self.tokens,
+            "tokens_per_param": self.tokens_per_param,
+            "diff_1.5": None if self.diff_15 is None else self.diff_15.to_json(),
+            "best_measured": self.best_measured,
+            "diff_best": None if self.diff_best is None else self.diff_best.to_json(),
+            "best_ratio": self.best_ratio.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TrendRow:
+        d15, dbest = data["diff_1.5"], data["diff_best"]
+        return cls(
+            point=data["point"],
+            size=data["size"],
+            params=data["params"],
+            tokens=data["tokens"],
+            tokens_per_param=data["tokens_per_param"],
+            diff_15=None if d15 is None else Difference.from_json(d15),
+            best_measured=data["best_measured"],
+            diff_best=None if dbest is None else Difference.from_json(dbest),
+            best_ratio=BestRatio.from_json(data["best_ratio"]),
+        )
+
+
+def _se(d: PairedDifference | None) -> float | None:
     """Standard error of a paired difference from its 95% t interval (None without one)."""
-    if not d or d.get("mean") is None or not d.get("ci"):
+    if not d or d.mean is None or not d.ci:
         return None
-    return (d["ci"][1] - d["ci"][0]) / (2 * 1.96)
+    return (d.ci[1] - d.ci[0]) / (2 * 1.96)
 
 
-def trend_rows(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def trend_rows(points: list[ScalingPoint]) -> list[TrendRow]:
     """Per point of a scaling report: size, params, tokens per parameter, the difference at
-    1.5 -> 0.5 and at the ratio with the lowest mean loss (each {mean, ci, se}), and the fitted
-    best ratio (best, ci, at_upper_edge, at_lower_edge: the shares of resamples at the steepest
-    and at the lowest start swept, lowest_start: that start, 1.0 = uniform)."""
+    1.5 -> 0.5 and at the ratio with the lowest mean loss, and the fitted best ratio (best, ci,
+    at_upper_edge, at_lower_edge: the shares of resamples at the steepest and at the lowest
+    start swept, lowest_start: that start, 1.0 = uniform)."""
     rows = []
     for p in points:
-        diffs = p["diffs"]
-        fit = p["fit"]
+        diffs = p.diffs
+        fit = p.fit
         tapers = [t for t in diffs if t != "uniform"]
         at_15 = diffs.get("cosine:1.5:0.5")
-        lowest = fit.get("lowest")
+        lowest = fit.lowest
         best_taper = next(
             (t for t in tapers if lowest is not None and _start(t) == _ratio_key(lowest)), None
         )
         if best_taper is None and lowest is not None and _ratio_key(lowest) == 1.0:
             best_taper = "uniform"  # no taper swept beats it: the best measured is the baseline
         rows.append(
-            {
-                "point": p["point"],
-                "size": p["size"],
-                "params": p["params"],
-                "tokens": p["tokens"],
-                "tokens_per_param": p["tokens_per_param"],
-                "diff_1.5": _diff(at_15),
-                "best_measured": best_taper,
-                "diff_best": _diff(diffs.get(best_taper))
+            TrendRow(
+                point=p.point,
+                size=p.size,
+                params=p.params,
+                tokens=p.tokens,
+                tokens_per_param=p.tokens_per_param,
+                diff_15=_diff(at_15),
+                best_measured=best_taper,
+                diff_best=_diff(diffs.get(best_taper))
                 if best_taper not in (None, "uniform")
                 else None,
-                "best_ratio": {
-                    "best": fit.get("best"),
-                    "ci": fit.get("ci"),
-                    "at_upper_edge": fit.get("at_upper_edge"),
-                    # None in reports written before the lower edge was reported
-                    "at_lower_edge": fit.get("at_lower_edge"),
-                    "lowest_start": min(fit["starts"]) if fit.get("starts") else None,
-                    "highest_start": max(fit["starts"]) if fit.get("starts") else None,
-                },
-            }
+                best_ratio=BestRatio(
+                    best=fit.best,
+                    ci=fit.ci,
+                    at_upper_edge=fit.at_upper_edge,
+                    at_lower_edge=fit.at_lower_edge,
+                    lowest_start=min(fit.starts) if fit.starts else None,
+                    highest_start=max(fit.starts) if fit.starts else None,
+                ),
+            )
         )
     return rows
 
@@ -209,10 +317,135 @@ def _start(taper: str) -> float:
     return _ratio_key(taper.split(":")[1]) if taper.startswith("cosine:") else 1.0
 
 
-def _diff(d: dict[str, Any] | None) -> dict[str, Any] | None:
-    if not d or d.get("mean") is None:
+def _diff(d: PairedDifference | None) -> Difference | None:
+    if not d or d.mean is None:
         return None
-    return {"mean": d["mean"], "ci": d.get("ci"), "se": _se(d)}
+    return Difference(d.mean, d.ci, _se(d))
+
+
+@dataclass(frozen=True)
+class TrendFit:
+    """A fitted trend (`fit_trend`): y = a + b . x by weighted least squares, its prediction at
+    `at` with a parametric-bootstrap interval; `swept` when the prediction of a best-ratio trend
+    leaves the starts swept (`_mark_beyond_swept`)."""
+
+    coefficients: tuple[float, ...]  # a, b (, c)
+    coefficient_ci: tuple[tuple[float, float], ...]  # each coefficient's 95% interval
+    at: tuple[float, ...]  # the regressors predicted at
+    prediction: float  # the fitted value there
+    prediction_ci: tuple[float, float]  # its 95% interval
+    n_points: int  # the points fitted
+    swept: tuple[float, float] | None = None  # the starts swept, when the prediction leaves them
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "coefficients": list(self.coefficients),
+            "coefficient_ci": [list(c) for c in self.coefficient_ci],
+            "at": list(self.at),
+            "prediction": self.prediction,
+            "prediction_ci": list(self.prediction_ci),
+            "n_points": self.n_points,
+        }
+        if self.swept is not None:
+            out["swept"] = list(self.swept)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TrendFit:
+        swept = data.get("swept")
+        return cls(
+            tuple(data["coefficients"]),
+            tuple((c[0], c[1]) for c in data["coefficient_ci"]),
+            tuple(data["at"]),
+            data["prediction"],
+            (data["prediction_ci"][0], data["prediction_ci"][1]),
+            data["n_points"],
+            None if swept is None else (swept[0], swept[1]),
+        )
+
+
+@dataclass(frozen=True)
+class NoTrend:
+    """Why a trend cannot be fitted, in words (trend.json's `{"reason": ...}`)."""
+
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"reason": self.reason}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> NoTrend:
+        return cls(data["reason"])
+
+
+Trend = TrendFit | NoTrend
+
+
+def _trend_from_json(data: Mapping[str, Any]) -> Trend:
+    return NoTrend.from_json(data) if "reason" in data else TrendFit.from_json(data)
+
+
+@dataclass(frozen=True)
+class Trends:
+    """The trends of the difference at 1.5 -> 0.5 and of the best ratio (`trends`): per size,
+    and "440m" across sizes (trend.json's `trends`)."""
+
+    diff_15: dict[str, Trend]  # size (then "440m") -> its trend (trend.json's `diff_1.5`)
+    best_ratio: dict[str, Trend]  # the same for the fitted best ratio
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "diff_1.5": {k: v.to_json() for k, v in self.diff_15.items()},
+            "best_ratio": {k: v.to_json() for k, v in self.best_ratio.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Trends:
+        return cls(
+            {k: _trend_from_json(v) for k, v in data["diff_1.5"].items()},
+            {k: _trend_from_json(v) for k, v in data["best_ratio"].items()},
+        )
+
+
+@dataclass(frozen=True)
+class TrendReport:
+    """trend.json: how it was produced, the points and their trends (`write_trend_report`)."""
+
+    mode: str  # tokens | ratios
+    command: str  # the scaling report's command
+    done: int  # points done
+    total: int  # points planned
+    plots: tuple[str, ...]  # the figures written beside it
+    points: tuple[TrendRow, ...]  # per point
+    trends: Trends  # the trends fitted through them
+
+    def to_json(self) -> dict[str, Any]:
+        """trend.json's object; `meta.paper_440m` is the paper's point the report compares with."""
+        return {
+            "meta": {
+                "mode": self.mode,
+                "command": self.command,
+                "done": self.done,
+                "total": self.total,
+                "paper_440m": {**PAPER_440M, "diff": PAPER_DIFF, "best": PAPER_BEST},
+                "plots": list(self.plots),
+            },
+            "points": [r.to_json() for r in self.points],
+            "trends": self.trends.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TrendReport:
+        meta = data["meta"]
+        return cls(
+            meta["mode"],
+            meta["command"],
+            meta["done"],
+            meta["total"],
+            tuple(meta["plots"]),
+            tuple(TrendRow.from_json(r) for r in data["points"]),
+            Trends.from_json(data["trends"]),
+        )
 
 
 def fit_trend(
@@ -222,7 +455,7 @@ def fit_trend(
     at: tuple[float, ...],
     n_boot: int = TREND_BOOT,
     seed: int = 0,
-) -> dict[str, Any] | None:
+) -> TrendFit | None:
     """Weighted least squares y = a + b . x (x: a row of regressors, e.g. (log10 tokens/param,)
     or with log10 params), weights 1/se^2, and the prediction at `at` with a 95% interval from a
     parametric bootstrap (each y redrawn from Normal(y, se), refitted). None when the points
@@ -248,100 +481,99 @@ def fit_trend(
     draws = y + rng.standard_normal((n_boot, n)) * se
     boots = np.array([solve(d) for d in draws])
     preds = boots @ target
-    return {
-        "coefficients": [float(c) for c in coef],
-        "coefficient_ci": [
-            [float(np.percentile(boots[:, j], 2.5)), float(np.percentile(boots[:, j], 97.5))]
+    return TrendFit(
+        coefficients=tuple(float(c) for c in coef),
+        coefficient_ci=tuple(
+            (float(np.percentile(boots[:, j], 2.5)), float(np.percentile(boots[:, j], 97.5)))
             for j in range(k)
-        ],
-        "at": list(at),
-        "prediction": float(coef @ target),
-        "prediction_ci": [float(np.percentile(preds, 2.5)), float(np.percentile(preds, 97.5))],
-        "n_points": n,
-    }
+        ),
+        at=tuple(at),
+        prediction=float(coef @ target),
+        prediction_ci=(float(np.percentile(preds, 2.5)), float(np.percentile(preds, 97.5))),
+        n_points=n,
+    )
 
 
-def _regressors(row: dict[str, Any], with_size: bool) -> tuple[float, ...]:
-    x = (math.log10(row["tokens_per_param"]),)
-    return (*x, math.log10(row["params"])) if with_size else x
+def _regressors(row: TrendRow, with_size: bool) -> tuple[float, ...]:
+    x = (math.log10(row.tokens_per_param),)
+    return (*x, math.log10(row.params)) if with_size else x
 
 
-def trends(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def trends(rows: list[TrendRow]) -> Trends:
     """The trend of the difference at 1.5 -> 0.5 and of the fitted best ratio: per size (against
     log10 tokens per parameter, predicted at 68) and across sizes (also against log10 params,
     predicted at the paper's 440M and 68), each with the reason when it cannot be fitted."""
     tpp, params = PAPER_440M["tokens_per_param"], PAPER_440M["params"]
-    out: dict[str, Any] = {"diff_1.5": {}, "best_ratio": {}}
-    sizes = sorted(
-        {r["size"] for r in rows}, key=lambda s: min(r["params"] for r in rows if r["size"] == s)
-    )
+    out: dict[str, dict[str, Trend]] = {"diff_1.5": {}, "best_ratio": {}}
+    sizes = sorted({r.size for r in rows}, key=lambda s: min(r.params for r in rows if r.size == s))
     for key, value in (("diff_1.5", _diff_value), ("best_ratio", _ratio_value)):
         usable = [(r, *value(r)) for r in rows if value(r)[0] is not None]
         for size in sizes:
-            mine = [u for u in usable if u[0]["size"] == size]
+            mine = [u for u in usable if u[0].size == size]
             out[key][size] = _fit_or_reason(mine, False, (math.log10(tpp),), key)
         across = (math.log10(tpp), math.log10(params))
         if len(sizes) < 2:
-            out[key]["440m"] = {"reason": "one size gives no trend with size: run >= 2 sizes"}
+            out[key]["440m"] = NoTrend("one size gives no trend with size: run >= 2 sizes")
         else:
             out[key]["440m"] = _fit_or_reason(usable, True, across, key)
-    for fit in out["best_ratio"].values():
-        _mark_beyond_swept(fit, rows)
-    return out
+    best = {name: _mark_beyond_swept(fit, rows) for name, fit in out["best_ratio"].items()}
+    return Trends(diff_15=out["diff_1.5"], best_ratio=best)
 
 
-def _mark_beyond_swept(fit: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+def _mark_beyond_swept(fit: Trend, rows: list[TrendRow]) -> Trend:
     """A line through best ratios predicts any number, but a best start outside the starts
-    swept is a ratio nobody measured (below 0 it is no taper at all): record the swept range
-    when the prediction or its interval leaves it, so the report says so beside the number."""
-    if "prediction" not in fit:
-        return
-    lows = [r["best_ratio"].get("lowest_start") for r in rows]
-    highs = [r["best_ratio"].get("highest_start") for r in rows]
+    swept is a ratio nobody measured (below 0 it is no taper at all): `fit` with the swept
+    range recorded when the prediction or its interval leaves it, so the report says so beside
+    the number."""
+    if not isinstance(fit, TrendFit):
+        return fit
+    lows = [r.best_ratio.lowest_start for r in rows]
+    highs = [r.best_ratio.highest_start for r in rows]
     if None in lows or None in highs or not rows:
-        return
+        return fit
     lo, hi = min(lows), max(highs)
-    plo, phi = fit["prediction_ci"]
+    plo, phi = fit.prediction_ci
     if plo < lo or phi > hi:
-        fit["swept"] = [lo, hi]
+        return dataclasses.replace(fit, swept=(lo, hi))
+    return fit
 
 
-def _diff_value(row: dict[str, Any]) -> tuple[float | None, float | None]:
-    d = row["diff_1.5"]
-    return (None, None) if not d else (d["mean"], d["se"])
+def _diff_value(row: TrendRow) -> tuple[float | None, float | None]:
+    d = row.diff_15
+    return (None, None) if not d else (d.mean, d.se)
 
 
-def _ratio_value(row: dict[str, Any]) -> tuple[float | None, float | None]:
-    b = row["best_ratio"]
-    if b["best"] is None:
+def _ratio_value(row: TrendRow) -> tuple[float | None, float | None]:
+    b = row.best_ratio
+    if b.best is None:
         return None, None
-    se = (b["ci"][1] - b["ci"][0]) / (2 * 1.96) if b["ci"] else None
-    return b["best"], se
+    se = (b.ci[1] - b.ci[0]) / (2 * 1.96) if b.ci else None
+    return b.best, se
 
 
-def at_edge(best_ratio: dict[str, Any]) -> str | None:
+def at_edge(best_ratio: BestRatio) -> str | None:
     """Which end of the sweep the fitted best ratio sits at in most resamples: "upper" (the
     steepest start swept: the optimum at or beyond it), "lower" (the lowest start swept, uniform
     or an inverse taper: at or below it), or None (inside, or not reported)."""
-    if (best_ratio.get("at_upper_edge") or 0) > 0.5:
+    if (best_ratio.at_upper_edge or 0) > 0.5:
         return "upper"
-    if (best_ratio.get("at_lower_edge") or 0) > 0.5:
+    if (best_ratio.at_lower_edge or 0) > 0.5:
         return "lower"
     return None
 
 
-def _lower_edge_name(best_ratio: dict[str, Any]) -> str:
+def _lower_edge_name(best_ratio: BestRatio) -> str:
     """ "uniform" when uniform is the lowest start swept (or the report predates inverse tapers,
     which never went below it), else "mildest swept" (an inverse taper's start below 1)."""
-    low = best_ratio.get("lowest_start")
+    low = best_ratio.lowest_start
     return "uniform" if low is None or _ratio_key(low) == 1.0 else "mildest swept"
 
 
 def _edge_reason(usable: list) -> str | None:
     """Why no best-ratio trend goes through points whose best sits at an end of the sweep
     (a bound there, not an estimate), and what to run; None when every point is inside."""
-    upper = [u[0]["point"] for u in usable if at_edge(u[0]["best_ratio"]) == "upper"]
-    lower = [u[0] for u in usable if at_edge(u[0]["best_ratio"]) == "lower"]
+    upper = [u[0].point for u in usable if at_edge(u[0].best_ratio) == "upper"]
+    lower = [u[0] for u in usable if at_edge(u[0].best_ratio) == "lower"]
     parts = []
     if upper:
         parts.append(
@@ -349,8 +581,8 @@ def _edge_reason(usable: list) -> str | None:
             "its interval is a lower bound there, a trend through it is not a fit (extend the "
             "sweep: --paper ratios)"
         )
-    at_uniform = [r["point"] for r in lower if _lower_edge_name(r["best_ratio"]) == "uniform"]
-    below = [r for r in lower if _lower_edge_name(r["best_ratio"]) != "uniform"]
+    at_uniform = [r.point for r in lower if _lower_edge_name(r.best_ratio) == "uniform"]
+    below = [r for r in lower if _lower_edge_name(r.best_ratio) != "uniform"]
     if at_uniform:
         parts.append(
             "the best ratio is at the sweep's lower edge, uniform, in most resamples at "
@@ -360,9 +592,7 @@ def _edge_reason(usable: list) -> str | None:
             "reused)"
         )
     if below:
-        names = ", ".join(
-            f"{r['point']} (start {r['best_ratio']['lowest_start']:g})" for r in below
-        )
+        names = ", ".join(f"{r.point} (start {r.best_ratio.lowest_start:g})" for r in below)
         parts.append(
             f"the best ratio is at the sweep's lower edge, the mildest start swept, in most "
             f"resamples at {names}: its interval is an upper bound there, a trend through it is "
@@ -372,10 +602,10 @@ def _edge_reason(usable: list) -> str | None:
     return "; ".join(parts) or None
 
 
-def _fit_or_reason(usable: list, with_size: bool, at: tuple[float, ...], key: str) -> dict:
+def _fit_or_reason(usable: list, with_size: bool, at: tuple[float, ...], key: str) -> Trend:
     edge = _edge_reason(usable) if key == "best_ratio" else None
     if edge:
-        return {"reason": edge}
+        return NoTrend(edge)
     # a zero-width interval (a best that never moves) carries no weight information
     usable = [u for u in usable if u[2] is not None and u[2] > 0]
     fit = fit_trend(
@@ -386,10 +616,10 @@ def _fit_or_reason(usable: list, with_size: bool, at: tuple[float, ...], key: st
     )
     if fit is None:
         need = len(at) + 2
-        return {
-            "reason": f"{len(usable)} point(s) with an interval; a trend with an interval needs "
+        return NoTrend(
+            f"{len(usable)} point(s) with an interval; a trend with an interval needs "
             f">= {need}" + (" at >= 2 sizes" if with_size else "")
-        }
+        )
     return fit
 
 
@@ -397,49 +627,41 @@ def write_trend_report(report_json: Path, mode: str) -> tuple[Path, Path]:
     """trend.md, trend.json, advantage.png and best_ratio.png beside a scaling report."""
     out = report_json.parent
     doc = read_json(report_json, MAX_RECORD_BYTES, "scaling report")
-    rows = trend_rows(doc["points"])
+    rows = trend_rows([ScalingPoint.from_json(p) for p in doc["points"]])
     fitted = trends(rows)
     plots = []
-    if any(r["diff_1.5"] for r in rows):
+    if any(r.diff_15 for r in rows):
         plot_advantage(rows, fitted, out / ADVANTAGE_PLOT)
         plots.append(ADVANTAGE_PLOT)
-    if any(r["best_ratio"]["best"] is not None for r in rows):
+    if any(r.best_ratio.best is not None for r in rows):
         plot_best_ratio(rows, out / BEST_RATIO_PLOT)
         plots.append(BEST_RATIO_PLOT)
-    trend = {
-        "meta": {
-            "mode": mode,
-            "command": doc["meta"]["command"],
-            "done": doc["meta"]["done"],
-            "total": doc["meta"]["total"],
-            "paper_440m": {**PAPER_440M, "diff": PAPER_DIFF, "best": PAPER_BEST},
-            "plots": plots,
-        },
-        "points": rows,
-        "trends": fitted,
-    }
-    atomic_write_json(out / "trend.json", trend)
+    meta = doc["meta"]
+    trend = TrendReport(
+        mode, meta["command"], meta["done"], meta["total"], tuple(plots), tuple(rows), fitted
+    )
+    atomic_write_json(out / "trend.json", trend.to_json())
     atomic_write_text(out / "trend.md", trend_markdown(trend))
     return out / "trend.md", out / "trend.json"
 
 
-def _ci(d: dict[str, Any] | None, fmt: str = "+.4f") -> str:
+def _ci(d: Difference | None, fmt: str = "+.4f") -> str:
     if not d:
         return "–"
-    text = format(d["mean"], fmt)
-    return text + (f" [{d['ci'][0]:{fmt}}, {d['ci'][1]:{fmt}}]" if d.get("ci") else "")
+    text = format(d.mean, fmt)
+    return text + (f" [{d.ci[0]:{fmt}}, {d.ci[1]:{fmt}}]" if d.ci else "")
 
 
-def trend_table(rows: list[dict[str, Any]]) -> list[str]:
+def trend_table(rows: list[TrendRow] | tuple[TrendRow, ...]) -> list[str]:
     """The markdown table of the points (the docs copy it)."""
     head = ["point", "params", "tokens/param", "Δ 1.5→0.5 [95% CI]", "best measured",
             "Δ there [95% CI]", "fitted best start [95% bootstrap]"]  # fmt: skip
     table = []
     for r in rows:
-        b = r["best_ratio"]
-        best = "–" if b["best"] is None else f"{b['best']:.2f}"
-        if b["ci"]:
-            best += f" [{b['ci'][0]:.2f}, {b['ci'][1]:.2f}]"
+        b = r.best_ratio
+        best = "–" if b.best is None else f"{b.best:.2f}"
+        if b.ci:
+            best += f" [{b.ci[0]:.2f}, {b.ci[1]:.2f}]"
         edge = at_edge(b)
         if edge == "upper":
             best += " (edge)"
@@ -447,43 +669,42 @@ def trend_table(rows: list[dict[str, Any]]) -> list[str]:
             best += f" (edge: {_lower_edge_name(b)})"
         table.append(
             [
-                r["point"],
-                f"{r['params']:,}",
-                f"{r['tokens_per_param']:.2f}",
-                _ci(r["diff_1.5"]),
-                r["best_measured"] or "–",
-                "0 (baseline)" if r["best_measured"] == "uniform" else _ci(r["diff_best"]),
+                r.point,
+                f"{r.params:,}",
+                f"{r.tokens_per_param:.2f}",
+                _ci(r.diff_15),
+                r.best_measured or "–",
+                "0 (baseline)" if r.best_measured == "uniform" else _ci(r.diff_best),
                 best,
             ]
         )
     return md_table(head, table)
 
 
-def _trend_line(name: str, fit: dict[str, Any], what: str, at: str) -> str:
-    if "reason" in fit:
-        return f"- {name}: no trend: {fit['reason']}."
-    b, (lo, hi) = fit["coefficients"][1], fit["coefficient_ci"][1]
-    p, (plo, phi) = fit["prediction"], fit["prediction_ci"]
+def _trend_line(name: str, fit: Trend, what: str, at: str) -> str:
+    if isinstance(fit, NoTrend):
+        return f"- {name}: no trend: {fit.reason}."
+    b, (lo, hi) = fit.coefficients[1], fit.coefficient_ci[1]
+    p, (plo, phi) = fit.prediction, fit.prediction_ci
     line = (
         f"- {name}: {what} changes by {b:+.4f} [{lo:+.4f}, {hi:+.4f}] per decade of tokens per "
         f"parameter; at {at}: {p:+.4f} [{plo:+.4f}, {phi:+.4f}]"
     )
-    if "swept" in fit:
+    if fit.swept is not None:
         line += (
-            f" — beyond the starts swept ({fit['swept'][0]:g} to {fit['swept'][1]:g}): a straight "
+            f" — beyond the starts swept ({fit.swept[0]:g} to {fit.swept[1]:g}): a straight "
             "line carried past the measured ratios, not a ratio measured; read it as a direction"
         )
     return line
 
 
-def trend_markdown(trend: dict[str, Any]) -> str:
-    meta = trend["meta"]
+def trend_markdown(trend: TrendReport) -> str:
     uniform, tapered = PAPER_440M["ppl"]
-    title = f"# taperlm compare — paper {meta['mode']}: the taper against tokens per parameter"
-    if meta["done"] < meta["total"]:
-        title += f" (PARTIAL: {meta['done']}/{meta['total']} points done)"
-    lines = [title, "", f"Produced by `{meta['command']}` (per point: report.md).", ""]
-    lines += trend_table(trend["points"])
+    title = f"# taperlm compare — paper {trend.mode}: the taper against tokens per parameter"
+    if trend.done < trend.total:
+        title += f" (PARTIAL: {trend.done}/{trend.total} points done)"
+    lines = [title, "", f"Produced by `{trend.command}` (per point: report.md).", ""]
+    lines += trend_table(trend.points)
     lines += [
         "",
         "Δ = cosine START:2−START minus uniform validation loss, paired over seeds (95% t "
@@ -502,46 +723,51 @@ def trend_markdown(trend: dict[str, Any]) -> str:
         "",
     ]
     tpp = PAPER_440M["tokens_per_param"]
-    for key, what in (("diff_1.5", "Δ at 1.5→0.5"), ("best_ratio", "the best start ratio")):
-        for name, fit in trend["trends"][key].items():
+    for fits, what in (
+        (trend.trends.diff_15, "Δ at 1.5→0.5"),
+        (trend.trends.best_ratio, "the best start ratio"),
+    ):
+        for name, fit in fits.items():
             at = f"440M, {tpp:.0f} tokens/param" if name == "440m" else f"{tpp:.0f} tokens/param"
             label = "across sizes, extrapolated" if name == "440m" else name
             lines.append(_trend_line(f"{what}, {label}", fit, what, at))
     lines.append("")
-    for plot in meta["plots"]:
+    for plot in trend.plots:
         lines += [f"![{plot}]({plot})", ""]
     return "\n".join(lines)
 
 
-def plot_advantage(rows: list[dict[str, Any]], fitted: dict[str, Any], path: Path) -> None:
+def plot_advantage(rows: list[TrendRow], fitted: Trends, path: Path) -> None:
     """Δ at 1.5 -> 0.5 (and at the best measured ratio) against tokens per parameter, one colour
     per size, each size's fitted trend, and the paper's 440M point."""
     uniform, tapered = PAPER_440M["ppl"]
     fig, axes = _figure(1, width=8.0)
     ax = axes[0]
-    for i, size in enumerate(dict.fromkeys(r["size"] for r in rows)):
+    for i, size in enumerate(dict.fromkeys(r.size for r in rows)):
+        # sorted by x alone: two points at one x keep their order (rows do not compare)
         pts = sorted(
-            (r["tokens_per_param"], r) for r in rows if r["size"] == size and r["diff_1.5"]
+            ((r.tokens_per_param, r) for r in rows if r.size == size and r.diff_15),
+            key=lambda p: p[0],
         )
         if not pts:
             continue
         xs = [x for x, _ in pts]
         for key, marker, style, label in (
-            ("diff_1.5", "o", "-", "1.5→0.5"),
+            ("diff_15", "o", "-", "1.5→0.5"),
             ("diff_best", "s", ":", "best measured ratio"),
         ):
-            ds = [(x, r[key]) for x, r in pts if r[key]]
+            ds = [(x, getattr(r, key)) for x, r in pts if getattr(r, key)]
             if not ds:
                 continue
-            ys = [d["mean"] for _, d in ds]
-            err = [[y - (d["ci"] or [y, y])[0] for (_, d), y in zip(ds, ys)],
-                   [(d["ci"] or [y, y])[1] - y for (_, d), y in zip(ds, ys)]]  # fmt: skip
+            ys = [d.mean for _, d in ds]
+            err = [[y - (d.ci or (y, y))[0] for (_, d), y in zip(ds, ys)],
+                   [(d.ci or (y, y))[1] - y for (_, d), y in zip(ds, ys)]]  # fmt: skip
             ax.errorbar([x for x, _ in ds], ys, yerr=err, marker=marker, linestyle=style,
                         capsize=3, color=f"C{i}", label=f"{size}: {label}")  # fmt: skip
-        fit = fitted["diff_1.5"].get(size, {})
-        if "coefficients" in fit:
+        fit = fitted.diff_15.get(size)
+        if isinstance(fit, TrendFit):
             grid = np.geomspace(min(xs), PAPER_440M["tokens_per_param"], 50)
-            a, b = fit["coefficients"]
+            a, b = fit.coefficients
             ax.plot(grid, a + b * np.log10(grid), color=f"C{i}", alpha=0.4, linestyle="--",
                     label=f"{size}: trend (1.5→0.5)")  # fmt: skip
     ax.plot([PAPER_440M["tokens_per_param"]], [PAPER_DIFF], marker="*", markersize=14,
@@ -556,24 +782,24 @@ def plot_advantage(rows: list[dict[str, Any]], fitted: dict[str, Any], path: Pat
     _save(fig, path)
 
 
-def plot_best_ratio(rows: list[dict[str, Any]], path: Path) -> None:
+def plot_best_ratio(rows: list[TrendRow], path: Path) -> None:
     """The fitted best start ratio (bootstrap interval) against tokens per parameter, one
     colour per size; a hollow circle where most resamples sit at the steepest ratio swept, a
     hollow downward triangle where they sit at the lowest start swept (uniform or an inverse
     taper); the paper's point."""
     fig, axes = _figure(1, width=8.0)
     ax = axes[0]
-    for i, size in enumerate(dict.fromkeys(r["size"] for r in rows)):
+    for i, size in enumerate(dict.fromkeys(r.size for r in rows)):
         pts = sorted(
-            (r["tokens_per_param"], r["best_ratio"])
-            for r in rows
-            if r["size"] == size and r["best_ratio"]["best"] is not None
-        )
+            ((r.tokens_per_param, r.best_ratio) for r in rows
+             if r.size == size and r.best_ratio.best is not None),
+            key=lambda p: p[0],
+        )  # fmt: skip
         if not pts:
             continue
-        xs, ys = [x for x, _ in pts], [b["best"] for _, b in pts]
-        err = [[y - (b["ci"] or [y, y])[0] for (_, b), y in zip(pts, ys)],
-               [(b["ci"] or [y, y])[1] - y for (_, b), y in zip(pts, ys)]]  # fmt: skip
+        xs, ys = [x for x, _ in pts], [b.best for _, b in pts]
+        err = [[y - (b.ci or (y, y))[0] for (_, b), y in zip(pts, ys)],
+               [(b.ci or (y, y))[1] - y for (_, b), y in zip(pts, ys)]]  # fmt: skip
         ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color=f"C{i}", label=size)
         for side, marker, label in (
             ("upper", "o", "at the sweep's steepest"),
@@ -587,7 +813,7 @@ def plot_best_ratio(rows: list[dict[str, Any]], path: Path) -> None:
     ax.plot([PAPER_440M["tokens_per_param"]], [PAPER_BEST], marker="*", markersize=14,
             color="k", linestyle="none", label="paper, 440M")  # fmt: skip
     ax.set_xscale("log")
-    lows = [r["best_ratio"].get("lowest_start") for r in rows]
+    lows = [r.best_ratio.lowest_start for r in rows]
     ax.set_ylim(min([1.0, *(v for v in lows if v is not None)]) - 0.05, 2.05)
     ax.set_xlabel("training tokens per parameter")
     ax.set_ylabel("best cosine start ratio (end = 2 − start)")

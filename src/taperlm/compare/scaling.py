@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,169 @@ SCALING_STARTS = (1.25, 1.5, 1.75, 1.9)
 BOOTSTRAP = 2000
 BOOTSTRAP_SEED = 0
 SCALING_PLOT = "scaling.png"
+
+
+@dataclass(frozen=True)
+class Parabola:
+    """The local parabola a best ratio is the vertex of (`local_parabola`)."""
+
+    starts: tuple[float, ...]  # the three swept starts it goes through
+    coefficients: tuple[float, ...]  # a, b, c of a x^2 + b x + c
+
+    def to_json(self) -> dict[str, Any]:
+        return {"starts": list(self.starts), "coefficients": list(self.coefficients)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Parabola:
+        return cls(tuple(data["starts"]), tuple(data["coefficients"]))
+
+
+@dataclass(frozen=True)
+class BestRatioFit:
+    """The best start ratio of one point (`fit_best_ratio`): report.json's `fit` of a point."""
+
+    best: float | None  # the local parabola's vertex on all seeds (None: no complete seed)
+    ci: tuple[float, float] | None  # 2.5-97.5 percentiles over the resamples (None: < 2 seeds)
+    at_upper_edge: float | None  # share of resamples at the steepest start swept
+    # share of resamples at the lowest start swept (None also in reports written before it was)
+    at_lower_edge: float | None
+    lowest: float | None  # the swept start with the lowest mean loss (None: no complete seed)
+    lowest_share: dict[str, float] | None  # start (as "%g") -> share of resamples lowest there
+    n_seeds: int  # the complete seeds fitted
+    starts: tuple[float, ...]  # the starts swept, ascending (1.0 = uniform; empty: not recorded)
+    mean_loss: tuple[float, ...] | None = None  # mean loss per start (None: no complete seed)
+    parabola: Parabola | None = None  # the parabola on all seeds (None: no complete seed)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "best": self.best,
+            "ci": None if self.ci is None else list(self.ci),
+            "at_upper_edge": self.at_upper_edge,
+            "at_lower_edge": self.at_lower_edge,
+            "lowest": self.lowest,
+            "lowest_share": self.lowest_share,
+            "n_seeds": self.n_seeds,
+            "starts": list(self.starts),
+        }
+        if self.mean_loss is not None:
+            out["mean_loss"] = list(self.mean_loss)
+        if self.parabola is not None:
+            out["parabola"] = self.parabola.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BestRatioFit:
+        """`to_json`'s object; `lowest`, `lowest_share` and `at_lower_edge` may be missing
+        (reports written before they were) and read as None, `starts` as none recorded."""
+        ci, mean_loss, parabola = data["ci"], data.get("mean_loss"), data.get("parabola")
+        return cls(
+            best=data["best"],
+            ci=None if ci is None else (ci[0], ci[1]),
+            at_upper_edge=data["at_upper_edge"],
+            at_lower_edge=data.get("at_lower_edge"),
+            lowest=data.get("lowest"),
+            lowest_share=data.get("lowest_share"),
+            n_seeds=data["n_seeds"],
+            starts=tuple(data.get("starts") or ()),
+            mean_loss=None if mean_loss is None else tuple(mean_loss),
+            parabola=None if parabola is None else Parabola.from_json(parabola),
+        )
+
+
+@dataclass(frozen=True)
+class ScalingMeta:
+    """How a scaling report was produced: report.json's `meta` (`to_json` writes it, the
+    paper's point and the figure's name after it)."""
+
+    command: str  # the command that reproduces the sweep
+    mode: str  # scaling | tokens | ratios
+    wall_s: float  # seconds of this invocation
+    created: str  # when it was written
+    done: int  # points done
+    total: int  # points planned
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "command": self.command,
+            "mode": self.mode,
+            "wall_s": self.wall_s,
+            "created": self.created,
+            "done": self.done,
+            "total": self.total,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ScalingMeta:
+        """`to_json`'s object; a report written before `mode` was recorded is `--paper
+        scaling`'s (the only mode then)."""
+        return cls(
+            data["command"],
+            data.get("mode", "scaling"),
+            data["wall_s"],
+            data["created"],
+            data["done"],
+            data["total"],
+        )
+
+
+@dataclass(frozen=True)
+class ScalingPoint:
+    """One point of a scaling sweep as its report gives it: report.json's entry of `points`
+    (`to_json` writes it, field for field and in that order)."""
+
+    point: str  # its key, <size>-<tokens> (its folder)
+    size: str  # the size's name
+    preset: str  # the preset the size starts from
+    params: int  # parameters
+    tokens: int  # training tokens per run (rounded up to whole steps)
+    tokens_per_param: float  # tokens / params
+    lr: float | None  # uniform's tuned lr (None: not tuned)
+    lr_at_edge: bool | None  # the tuned lr is at the grid's edge (None: not tuned)
+    diffs: dict[
+        str, PairedDifference | None
+    ]  # taper -> its val loss minus uniform's (uniform: None)
+    fit: BestRatioFit  # the fitted best ratio
+    wall_s: float  # the point's wall seconds in the invocation that reported it
+    run_s: float | None  # its runs' own seconds (None: a report written before it was recorded)
+    report: str  # its report.md, relative to the sweep's folder
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "point": self.point,
+            "size": self.size,
+            "preset": self.preset,
+            "params": self.params,
+            "tokens": self.tokens,
+            "tokens_per_param": self.tokens_per_param,
+            "lr": self.lr,
+            "lr_at_edge": self.lr_at_edge,
+            "diffs": {t: None if d is None else d.to_json() for t, d in self.diffs.items()},
+            "fit": self.fit.to_json(),
+            "wall_s": self.wall_s,
+            "run_s": self.run_s,
+            "report": self.report,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ScalingPoint:
+        return cls(
+            point=data["point"],
+            size=data["size"],
+            preset=data["preset"],
+            params=data["params"],
+            tokens=data["tokens"],
+            tokens_per_param=data["tokens_per_param"],
+            lr=data["lr"],
+            lr_at_edge=data["lr_at_edge"],
+            diffs={
+                t: None if d is None else PairedDifference.from_json(d)
+                for t, d in data["diffs"].items()
+            },
+            fit=BestRatioFit.from_json(data["fit"]),
+            wall_s=data["wall_s"],
+            run_s=data.get("run_s"),
+            report=data["report"],
+        )
 
 
 @dataclass(frozen=True)
@@ -188,14 +351,14 @@ def scaling_plan(
     points = point_options(opts, plan or DEFAULT_PLAN)
 
     def report(done: StudyProgress) -> tuple[Path, Path]:
-        meta = {
-            "command": _command(opts, points[0][3], mode),
-            "mode": mode,
-            "wall_s": done.wall(),
-            "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "done": len(done.reports),
-            "total": done.total,
-        }
+        meta = ScalingMeta(
+            command=_command(opts, points[0][3], mode),
+            mode=mode,
+            wall_s=done.wall(),
+            created=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            done=len(done.reports),
+            total=done.total,
+        )
         md, js = write_scaling_report(points, done.reports, opts.out, meta)
         if on_report is not None:
             on_report(js)
@@ -246,7 +409,7 @@ def fit_best_ratio(
     losses: dict[int, dict[float, float]],
     n_boot: int = BOOTSTRAP,
     seed: int = BOOTSTRAP_SEED,
-) -> dict[str, Any]:
+) -> BestRatioFit:
     """Best start ratio of one point from per-seed losses {seed: {start: loss}} (start 1.0 =
     uniform): the vertex of `local_parabola` through the per-start mean losses, on all seeds
     (`best`) and per bootstrap resample of seeds (`ci`: 2.5-97.5 percentiles; `at_upper_edge`:
@@ -263,42 +426,33 @@ def fit_best_ratio(
         raise ValueError("fitting a best ratio needs >= 3 ratios")
     seeds = [s for s in seeds if all(r in losses[s] for r in starts)]  # complete seeds only
     if not seeds:
-        return {
-            "best": None,
-            "ci": None,
-            "at_upper_edge": None,
-            "at_lower_edge": None,
-            "lowest": None,
-            "lowest_share": None,
-            "n_seeds": 0,
-            "starts": starts,
-        }
+        return BestRatioFit(None, None, None, None, None, None, 0, tuple(starts))
     table = np.array([[losses[s][r] for r in starts] for s in seeds])  # seeds x starts
     x = np.array(starts)
     means = table.mean(axis=0)
     best, coef, used = local_parabola(x, means)
-    out: dict[str, Any] = {
-        "best": best,
-        "ci": None,
-        "at_upper_edge": None,
-        "at_lower_edge": None,
-        "lowest": starts[int(np.argmin(means))],
-        "lowest_share": None,
-        "n_seeds": len(seeds),
-        "starts": starts,
-        "mean_loss": [float(v) for v in means],
-        "parabola": {"starts": [float(v) for v in used], "coefficients": [float(c) for c in coef]},
-    }
+    ci = upper = lower = share = None
     if len(seeds) >= 2:
         rng = np.random.default_rng(seed)
         picks = rng.integers(0, len(seeds), size=(n_boot, len(seeds)))
         boots = np.array([local_parabola(x, table[p].mean(axis=0))[0] for p in picks])
-        out["ci"] = [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))]
-        out["at_upper_edge"] = float(np.mean(boots >= x[-1] - 1e-9))
-        out["at_lower_edge"] = float(np.mean(boots <= x[0] + 1e-9))
+        ci = (float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5)))
+        upper = float(np.mean(boots >= x[-1] - 1e-9))
+        lower = float(np.mean(boots <= x[0] + 1e-9))
         lowest = np.argmin(table[picks].mean(axis=1), axis=1)  # resamples x starts -> index
-        out["lowest_share"] = {f"{r:g}": float(np.mean(lowest == i)) for i, r in enumerate(starts)}
-    return out
+        share = {f"{r:g}": float(np.mean(lowest == i)) for i, r in enumerate(starts)}
+    return BestRatioFit(
+        best=best,
+        ci=ci,
+        at_upper_edge=upper,
+        at_lower_edge=lower,
+        lowest=starts[int(np.argmin(means))],
+        lowest_share=share,
+        n_seeds=len(seeds),
+        starts=tuple(starts),
+        mean_loss=tuple(float(v) for v in means),
+        parabola=Parabola(tuple(float(v) for v in used), tuple(float(c) for c in coef)),
+    )
 
 
 def point_losses(report: ComparisonReport) -> dict[int, dict[float, float]]:
@@ -316,7 +470,7 @@ def point_losses(report: ComparisonReport) -> dict[int, dict[float, float]]:
 
 
 def write_scaling_report(
-    points, reports: dict[str, ComparisonReport], out: Path, meta: dict[str, Any]
+    points, reports: dict[str, ComparisonReport], out: Path, meta: ScalingMeta
 ) -> tuple[Path, Path]:
     rows = []
     for key, size, _, _ in points:
@@ -328,47 +482,45 @@ def write_scaling_report(
         tuning = report.summary.extras.get("lr_tuning")
         fit = fit_best_ratio(point_losses(report))
         rows.append(
-            {
-                "point": key,
-                "size": size.name,
-                "preset": size.preset,
-                "params": params,
-                "tokens": tokens,
-                "tokens_per_param": tokens / params,
-                "lr": tuning["chosen_lr"]["uniform"] if tuning else None,
-                "lr_at_edge": (tuning or {}).get("curves", {}).get("uniform", {}).get("at_edge"),
-                "diffs": {
-                    a.taper: a.diff_vs_uniform and a.diff_vs_uniform.val_loss.to_json()
+            ScalingPoint(
+                point=key,
+                size=size.name,
+                preset=size.preset,
+                params=params,
+                tokens=tokens,
+                tokens_per_param=tokens / params,
+                lr=tuning["chosen_lr"]["uniform"] if tuning else None,
+                lr_at_edge=(tuning or {}).get("curves", {}).get("uniform", {}).get("at_edge"),
+                diffs={
+                    a.taper: a.diff_vs_uniform and a.diff_vs_uniform.val_loss
                     for a in report.summary.allocations
                 },
-                "fit": fit,
-                "wall_s": report.meta["wall_s"],
-                "run_s": _run_seconds(report),
-                "report": f"{key}/report.md",
-            }
+                fit=fit,
+                wall_s=report.meta["wall_s"],
+                run_s=_run_seconds(report),
+                report=f"{key}/report.md",
+            )
         )
     plot = None
-    if any(r["fit"]["best"] is not None for r in rows):
+    if any(r.fit.best is not None for r in rows):
         plot_scaling(rows, out / SCALING_PLOT)
         plot = SCALING_PLOT
-    doc = {"meta": {**meta, "paper_point": PAPER_POINT, "plot": plot}, "points": rows}
+    doc = {
+        "meta": {**meta.to_json(), "paper_point": PAPER_POINT, "plot": plot},
+        "points": [r.to_json() for r in rows],
+    }
     md = _markdown(rows, meta, plot)
     atomic_write_json(out / "report.json", doc)
     atomic_write_text(out / "report.md", md)
     return out / "report.md", out / "report.json"
 
 
-def _paired(d: dict[str, Any] | None) -> PairedDifference | None:
-    """A point's `diffs` entry (report.json's object) as the record report.md formats."""
-    return None if d is None else PairedDifference.from_json(d)
-
-
-def points_table(rows: list[dict[str, Any]], link: bool = True) -> list[str]:
+def points_table(rows: list[ScalingPoint], link: bool = True) -> list[str]:
     """The markdown table of the points (`link`: each point links to its own report; the docs
     copy the table without links). The share of resamples at the lowest start swept is a column
     when a fit reports it (reports written before `at_lower_edge` existed keep their table)."""
-    tapers_seen = list(rows[0]["diffs"]) if rows else []
-    lower = any(r["fit"].get("at_lower_edge") is not None for r in rows)
+    tapers_seen = list(rows[0].diffs) if rows else []
+    lower = any(r.fit.at_lower_edge is not None for r in rows)
     head = ["point", "params", "tokens", "tokens/param", "uniform's tuned lr"]
     head += [f"Δ {t} [95% CI]" for t in tapers_seen if t != "uniform"]
     head += ["best start ratio [95% bootstrap]", "resamples at the steepest"]
@@ -376,24 +528,24 @@ def points_table(rows: list[dict[str, Any]], link: bool = True) -> list[str]:
     head += ["lowest measured loss at (share of resamples)"]
     table = []
     for r in rows:
-        f = r["fit"]
-        best = "–" if f["best"] is None else f"{f['best']:.2f}"
-        if f["ci"]:
-            best += f" [{f['ci'][0]:.2f}, {f['ci'][1]:.2f}]"
-        edge = _share(f["at_upper_edge"])
+        f = r.fit
+        best = "–" if f.best is None else f"{f.best:.2f}"
+        if f.ci:
+            best += f" [{f.ci[0]:.2f}, {f.ci[1]:.2f}]"
+        edge = _share(f.at_upper_edge)
         low = _lowest(f)
-        lr = "–" if r["lr"] is None else f"{r['lr']:g}" + (" (edge)" if r["lr_at_edge"] else "")
+        lr = "–" if r.lr is None else f"{r.lr:g}" + (" (edge)" if r.lr_at_edge else "")
         table.append(
             [
-                f"[{r['point']}]({r['report']})" if link else r["point"],
-                f"{r['params']:,}",
-                f"{r['tokens']:,}",
-                f"{r['tokens_per_param']:.3f}",
+                f"[{r.point}]({r.report})" if link else r.point,
+                f"{r.params:,}",
+                f"{r.tokens:,}",
+                f"{r.tokens_per_param:.3f}",
                 lr,
-                *(diff_ci(_paired(r["diffs"][t]), ".4f") for t in tapers_seen if t != "uniform"),
+                *(diff_ci(r.diffs[t], ".4f") for t in tapers_seen if t != "uniform"),
                 best,
                 edge,
-                *([_share(f.get("at_lower_edge"))] if lower else []),
+                *([_share(f.at_lower_edge)] if lower else []),
                 low,
             ]
         )
@@ -404,14 +556,14 @@ def _share(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:.0f}%"
 
 
-def _lowest(fit: dict[str, Any]) -> str:
+def _lowest(fit: BestRatioFit) -> str:
     """ "1.75 (52%), 1.9 (48%)": the swept starts that had the lowest mean loss in >= 10% of
     the resamples, most often first (without resamples: the lowest on all seeds)."""
-    if fit.get("lowest") is None:
+    if fit.lowest is None:
         return "–"
-    shares = fit.get("lowest_share")
+    shares = fit.lowest_share
     if not shares:
-        return f"{fit['lowest']:g}"
+        return f"{fit.lowest:g}"
     top = sorted(((v, k) for k, v in shares.items() if v >= 0.1), reverse=True)
     return ", ".join(f"{k} ({100 * v:.0f}%)" for v, k in top)
 
@@ -425,20 +577,17 @@ def _run_seconds(report: ComparisonReport) -> float:
     return float(sum(report.summary.run_times.values()))
 
 
-def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any], plot: str | None) -> str:
-    title = (
-        f"# taperlm compare — paper {meta.get('mode', 'scaling')}: the best cosine ratio "
-        "against size and tokens"
-    )
-    if meta["done"] < meta["total"]:
-        title += f" (PARTIAL: {meta['done']}/{meta['total']} points done)"
+def _markdown(rows: list[ScalingPoint], meta: ScalingMeta, plot: str | None) -> str:
+    title = f"# taperlm compare — paper {meta.mode}: the best cosine ratio against size and tokens"
+    if meta.done < meta.total:
+        title += f" (PARTIAL: {meta.done}/{meta.total} points done)"
     lines = [
         title,
         "",
-        *produced_by(meta["command"]),
-        f"{meta['done']}/{meta['total']} points, {meta['wall_s'] / 60:.1f} min this invocation; "
+        *produced_by(meta.command),
+        f"{meta.done}/{meta.total} points, {meta.wall_s / 60:.1f} min this invocation; "
         f"the runs' own time (training + evaluation of every run and tuning run, as each "
-        f"recorded it): {sum(r['run_s'] for r in rows) / 3600:.2f} core-hours; {meta['created']}",
+        f"recorded it): {sum(r.run_s or 0.0 for r in rows) / 3600:.2f} core-hours; {meta.created}",
         "",
         *points_table(rows),
         "",
@@ -458,37 +607,39 @@ def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any], plot: str | None
     return "\n".join(lines)
 
 
-def lowest_start(rows: list[dict[str, Any]]) -> float:
+def lowest_start(rows: list[ScalingPoint]) -> float:
     """The lowest start any point swept (1.0, uniform, unless inverse tapers were swept): the
     bottom of the best-ratio axis."""
-    starts = [min(r["fit"].get("starts") or [1.0]) for r in rows]
+    starts = [min(r.fit.starts or (1.0,)) for r in rows]
     return min([1.0, *starts])
 
 
-def plot_scaling(rows: list[dict[str, Any]], path: Path) -> None:
+def plot_scaling(rows: list[ScalingPoint], path: Path) -> None:
     """Best start ratio (bootstrap interval) against parameters, one line per token budget, and
     against tokens per parameter; the paper's 440M point on both."""
     fig, axes = _figure(2, width=12.0)
-    budgets = sorted({r["tokens"] for r in rows})
+    budgets = sorted({r.tokens for r in rows})
     for ax, xkey, xlabel in (
         (axes[0], "params", "parameters"),
         (axes[1], "tokens_per_param", "training tokens per parameter"),
     ):
         for i, tokens in enumerate(budgets):
+            # sorted by x alone: two points at one x keep their order (fits do not compare)
             pts = sorted(
-                (r[xkey], r["fit"]) for r in rows if r["tokens"] == tokens and r["fit"]["best"]
+                ((getattr(r, xkey), r.fit) for r in rows if r.tokens == tokens and r.fit.best),
+                key=lambda p: p[0],
             )
             if not pts:
                 continue
             xs = [p[0] for p in pts]
-            ys = [p[1]["best"] for p in pts]
+            ys = [p[1].best for p in pts]
             err = [
-                [y - (f["ci"] or [y, y])[0] for (_, f), y in zip(pts, ys)],
-                [(f["ci"] or [y, y])[1] - y for (_, f), y in zip(pts, ys)],
+                [y - (f.ci or (y, y))[0] for (_, f), y in zip(pts, ys)],
+                [(f.ci or (y, y))[1] - y for (_, f), y in zip(pts, ys)],
             ]
             ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color=f"C{i}",
                         label=f"{tokens:,} tokens/run: fitted best")  # fmt: skip
-            lows = [(x, f["lowest"]) for x, (_, f) in zip(xs, pts) if f.get("lowest") is not None]
+            lows = [(x, f.lowest) for x, (_, f) in zip(xs, pts) if f.lowest is not None]
             if lows:
                 ax.plot([x for x, _ in lows], [y for _, y in lows], marker="s", fillstyle="none",
                         markersize=9, linestyle="none", color=f"C{i}",
