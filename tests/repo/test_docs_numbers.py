@@ -284,3 +284,28 @@ def test_wsd_first_look_against_cosine_table_is_the_two_summaries():
     assert W.side_by_side(wsd, cosine) in page
     with pytest.raises(ValueError, match="more than the schedule"):
         W.side_by_side(wsd, {**cosine, "lr": 0.004})
+
+
+@pytest.mark.unit
+def test_own_lr_check_at_8_tokens_per_param_is_its_report():
+    """docs/compare.md's and README's own-lr numbers at 8 tokens/param are the comparison's
+    report.json (benchmarks/results/own_lr_nano_8tpp.json): the chosen lrs and both paired
+    differences, with the seeds that favour the taper."""
+    import json
+
+    data = json.loads((ROOT / "benchmarks/results/own_lr_nano_8tpp.json").read_text())
+    tuning = data["lr_tuning"]
+    assert tuning["scope"] == "each"
+    assert tuning["chosen_lr"] == {"uniform": 0.004, "cosine-1.5-0.5": 0.008}
+    (taper,) = [r for r in tuning["tuned"] if r["label"] == "cosine:1.5:0.5"]
+    own, shared = taper["tuned_diff"], taper["shared_diff"]
+    page = " ".join((ROOT / "docs/compare.md").read_text(encoding="utf-8").split())
+    own_text = f"{own['mean']:+.4f} nats [{own['ci'][0]:+.4f}, {own['ci'][1]:+.4f}]"
+    assert own_text.replace("-", "−") in page
+    better = sum(d < 0 for d in own["per_seed"])
+    assert f"better in {better} of {own['n']} seeds" in page
+    shared_text = f"{shared['mean']:+.4f} [{shared['ci'][0]:+.4f}, {shared['ci'][1]:+.4f}]"
+    assert shared_text.replace("-", "−") in page
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    short = f"{own['mean']:+.3f} [{own['ci'][0]:+.3f}, {own['ci'][1]:+.3f}]".replace("-", "−")
+    assert short in readme
