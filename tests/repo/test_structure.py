@@ -636,3 +636,19 @@ def test_readme_layout_lists_every_module():
     assert not listed - modules, (
         f"README.md's Layout names modules that do not exist: {listed - modules}"
     )
+
+
+def test_a_package_map_names_every_module():
+    """A package whose docstring names its modules (a map for the reader: compare, training,
+    data, checkpoint, ...) names all of them, so that a module added or moved cannot leave the
+    map stale; packages whose docstring names none are not maps."""
+    stale = {}
+    for init in sorted(SRC.glob("*/__init__.py")):
+        pkg = init.parent
+        doc = ast.get_docstring(_parsed(init)[1]) or ""
+        modules = [p.stem for p in pkg.glob("*.py") if p.stem != "__init__"]
+        modules += [p.name for p in pkg.iterdir() if (p / "__init__.py").is_file()]
+        named = [m for m in modules if re.search(rf"`{m}(\.py|/)?`", doc)]
+        if named and len(named) < len(modules):
+            stale[pkg.name] = sorted(set(modules) - set(named))
+    assert not stale, f"package docstrings that list modules but miss some: {stale}"

@@ -32,7 +32,8 @@ the report that puts them together), declared with its `--paper` name in
 - the reading: `summary` (`ComparisonSummary` of `AllocationSummary`s: means, paired differences
   with t-based CIs, agreement with the paper; `to_json` is report.json's part); `report`
   (report.md, report.json: `ComparisonReport`, what a study's report is written from); `plots`;
-  `tuning_report` (--tune-lr's section and plot).
+  `tuning_report` (--tune-lr's section and plot); `crossing` (the paired difference against
+  tokens seen during training, where the taper's advantage ends, and its bootstrap interval).
 """
 
 from taperlm.compare.grid import Allocation, Cell, Grid, build_grid, paper_allocations

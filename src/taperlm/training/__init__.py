@@ -1,8 +1,12 @@
 """Training: the trainer and its step (`loop`), the model it trains (`model`), the optimizer,
-Hope's update periods and the LR schedule (`optim`), checkpoints (`checkpoint/`), the run
-directory (`run_dir`), distributed wrapping, metrics and loggers; loading a trained model for
-inference is `taperlm.loading`'s. Import the submodules directly; nothing heavy is imported
-here (the warning category, `TrainingWarning`, lives in `taperlm.errors`)."""
+Hope's update periods and the LR schedule (`optim`), non-finite updates (`guard`), the live
+run's checkpoints saved and restored (`checkpointer`; their format on disk is
+`taperlm.checkpoint`'s), the run directory (`run_dir`), the train settings' checks
+(`settings`), distributed wrapping (`distributed`), metrics and loggers (`metrics`, `loggers`),
+Ctrl-C (`interrupt`), start weights and the distillation teacher (`distill`), WSD cooldown
+branches (`cooldowns`) and `plan --gpus` (`planner`); loading a trained model for inference is
+`taperlm.loading`'s. Import the submodules directly; nothing heavy is imported here (the
+warning category, `TrainingWarning`, lives in `taperlm.errors`)."""
 
 from __future__ import annotations
 
