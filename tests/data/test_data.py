@@ -183,7 +183,9 @@ def test_every_tokenizer_kind_loads_and_an_unknown_one_is_named(tmp_path: Path) 
         assert load_tokenizer(tmp_path / "tk").kind == kind
     for bad in ("pickle", "", "BPE"):
         meta_path.write_text(json.dumps({**meta, "kind": bad}))
-        with raises_naming(DataError, str(meta_path), "'kind'", repr(bad), "bpe, hf, local"):
+        with raises_naming(
+            DataError, str(meta_path), "'kind'", repr(bad), "bpe, hf, local, import"
+        ):
             load_tokenizer(tmp_path / "tk")
 
 

@@ -44,8 +44,9 @@ _EOS_CANDIDATES = (EOS_TOKEN, "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
 MAX_TOKENIZER_BYTES = 256 << 20  # a 256K-id tokenizer.json is ~35 MB; 10^6 ids ~100 MB
 MIN_BPE_VOCAB = 258  # 256 byte symbols + EOS + at least one merge
 # Where a tokenizer came from: trained on the corpus (bpe:N), a Hugging Face hub name (hf:NAME),
-# or files on disk (a tokenizer.json, vocab.json + merges.txt, or a data dir).
-TokenizerKind = Literal["bpe", "hf", "local"]
+# files on disk (a tokenizer.json, vocab.json + merges.txt, or a data dir), or the checkpoint
+# folder `taperlm import` read.
+TokenizerKind = Literal["bpe", "hf", "local", "import"]
 
 
 class Tokenizer:
