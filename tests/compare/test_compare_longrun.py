@@ -451,3 +451,39 @@ def test_a_chosen_lr_at_the_edge_extends_the_grid(data_dir, tmp_path):  # noqa: 
     assert "--lr-grid-extend 2" in rep["meta"]["command"]
     rc, _, err = _cli(["compare", *TINY, "--lr-grid-extend", "2", "--out", str(tmp_path / "x")])
     assert rc != 0 and "--lr-grid-extend" in err and "--tune-lr" in err
+
+
+def test_every_report_read_together(tmp_path):
+    """`rows_of_reports` reads a scaling report (through trend_rows) and a trend report (its
+    rows as they are) into one list, so a trend can run across every size measured: with a
+    size from each, the across-size fit exists and its line names both slopes (tokens per
+    parameter and parameters), which a per-size line does not. A point in two reports, a file
+    without points and a point not as the modes write it are refused naming the file."""
+    micro = [
+        _point("micro", 1_058_016, t, -0.1 + 0.03 * math.log10(t), 1.8, 0.0) for t in (0.2, 0.4)
+    ]
+    nano = [_point("nano", 266_816, t, -0.05 + 0.05 * math.log10(t), 1.5, 0.0) for t in (0.5, 2, 8)]
+    (tmp_path / "a").mkdir()
+    scaling = _report(tmp_path / "a", micro)
+    (tmp_path / "b").mkdir()
+    _, trend = longrun.write_trend_report(_report(tmp_path / "b", nano), "tokens")
+    rows = longrun.rows_of_reports([scaling, trend])
+    assert [r.point for r in rows] == [p.point for p in (*micro, *nano)]
+    assert rows[:2] == longrun.trend_rows(micro)
+    assert tuple(rows[2:]) == longrun.TrendReport.from_json(json.loads(trend.read_text())).points
+    md, js = longrun.write_trend(tmp_path, rows, longrun.ALL_POINTS, "cmd", 5, 5)
+    fits = json.loads(js.read_text())["trends"]["diff_1.5"]
+    assert len(fits["440m"]["coefficients"]) == 3
+    text = md.read_text()
+    assert "every point measured" in text and "paper all" not in text
+    across = next(line for line in text.splitlines() if "across sizes" in line and "Δ" in line)
+    assert "per decade of parameters" in across
+    nano_line = next(line for line in text.splitlines() if line.startswith("- Δ at 1.5→0.5, nano"))
+    assert "per decade of parameters" not in nano_line
+    with pytest.raises(ConfigError, match="in both"):
+        longrun.rows_of_reports([scaling, scaling])
+    bad = tmp_path / "bad.json"
+    for content in ({"meta": {}}, [], {"points": [{"point": "x"}]}, {"points": "x"}):
+        bad.write_text(json.dumps(content))
+        with pytest.raises(ConfigError, match=r"bad\.json"):
+            longrun.rows_of_reports([bad])

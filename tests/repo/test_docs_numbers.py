@@ -231,6 +231,34 @@ def test_long_training_table_matches_its_report():
     assert data["meta"]["paper_440m"]["ppl"] == [16.28, 14.44]
 
 
+def test_the_trend_across_every_point_is_its_reports():
+    """benchmarks/results/trend_all_points.json is the trend of every committed scaling and
+    token-axis point together, as benchmarks/trend_all_points.py computes it now (a new point
+    without a rerun fails here), and docs/compare.md quotes its across-size lines and shows its
+    figure."""
+    import json
+    import tempfile
+
+    import trend_all_points as T
+    from taperlm.compare import longrun
+
+    committed = json.loads(T.OUT_JSON.read_text(encoding="utf-8"))
+    with tempfile.TemporaryDirectory() as tmp:
+        _, js = T.write(Path(tmp))
+        assert json.loads(js.read_text(encoding="utf-8")) == committed
+    report = longrun.TrendReport.from_json(committed)
+    assert report.mode == longrun.ALL_POINTS and len({r.size for r in report.points}) >= 2
+    page = " ".join((ROOT / "docs/compare.md").read_text(encoding="utf-8").split())
+    md = (ROOT / "benchmarks/results/trend_all_points.md").read_text(encoding="utf-8")
+    assert md.startswith(longrun.trend_markdown(report).split("\n![")[0])
+    across = [line for line in md.splitlines() if "across sizes, extrapolated" in line]
+    assert len(across) == 2
+    for line in across:
+        assert " ".join(line.removeprefix("- ").split()) in page
+    assert "(img/all-points-advantage.png)" in page
+    assert (ROOT / "docs/img/all-points-advantage.png").is_file()
+
+
 def test_the_kept_cells_resume_the_token_axis():
     """benchmarks/results/longrun_tokens_nano/ keeps every finished cell's result.json of the
     token axis, laid out as `--out`, so that `taperlm compare --paper tokens --preset-size nano`

@@ -74,6 +74,7 @@ INVERSE_STARTS = (0.5, 0.75)
 TOKEN_STARTS = (*INVERSE_STARTS, *SCALING_STARTS)
 RATIO_STARTS = (*INVERSE_STARTS, 1.5, 1.75, 1.9, 1.95, 2.0)
 MODES = ("tokens", "ratios")
+ALL_POINTS = "all"  # a trend report's mode when it reads every report's points together
 TREND_BOOT = 4000
 ADVANTAGE_PLOT = "advantage.png"
 BEST_RATIO_PLOT = "best_ratio.png"
@@ -411,7 +412,7 @@ class Trends:
 class TrendReport:
     """trend.json: how it was produced, the points and their trends (`write_trend_report`)."""
 
-    mode: str  # tokens | ratios
+    mode: str  # tokens | ratios, or ALL_POINTS (every report's points together)
     command: str  # the scaling report's command
     done: int  # points done
     total: int  # points planned
@@ -625,9 +626,52 @@ def _fit_or_reason(usable: list, with_size: bool, at: tuple[float, ...], key: st
 
 def write_trend_report(report_json: Path, mode: str) -> tuple[Path, Path]:
     """trend.md, trend.json, advantage.png and best_ratio.png beside a scaling report."""
-    out = report_json.parent
     doc = read_json(report_json, MAX_RECORD_BYTES, "scaling report")
     rows = trend_rows([ScalingPoint.from_json(p) for p in doc["points"]])
+    meta = doc["meta"]
+    return write_trend(report_json.parent, rows, mode, meta["command"], meta["done"], meta["total"])
+
+
+def rows_of_reports(paths: list[Path]) -> list[TrendRow]:
+    """The trend rows of several reports, in order: a scaling report (`--paper scaling`'s
+    report.json) through `trend_rows`, a trend report (`--paper tokens`/`ratios`' trend.json)
+    as it is. A point in two reports is refused: two measurements of one point would count
+    twice in a fit, so the caller keeps the one it means."""
+    rows: list[TrendRow] = []
+    seen: dict[str, Path] = {}
+    for path in paths:
+        doc = read_json(path, MAX_RECORD_BYTES, "scaling or trend report")
+        if not isinstance(doc, dict) or not isinstance(doc.get("points"), list):
+            raise ConfigError(
+                f"{path}: not a scaling report (report.json of --paper scaling) or a trend "
+                "report (trend.json of --paper tokens/ratios): it has no list of points"
+            )
+        try:
+            if "trends" in doc:
+                mine = [TrendRow.from_json(r) for r in doc["points"]]
+            else:
+                mine = trend_rows([ScalingPoint.from_json(p) for p in doc["points"]])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(
+                f"{path}: a point is not as the compare modes write it ({exc}); give a report "
+                "written by taperlm compare --paper scaling/tokens/ratios"
+            ) from exc
+        for row in mine:
+            if row.point in seen:
+                raise ConfigError(
+                    f"point {row.point} is in both {seen[row.point]} and {path}: keep one of "
+                    "the two reports' measurement (a point counted twice weighs double in a fit)"
+                )
+            seen[row.point] = path
+        rows += mine
+    return rows
+
+
+def write_trend(
+    out: Path, rows: list[TrendRow], mode: str, command: str, done: int, total: int
+) -> tuple[Path, Path]:
+    """trend.md, trend.json, advantage.png and best_ratio.png of `rows` in `out`; `mode` is
+    the compare mode (tokens | ratios) or ALL_POINTS for the reading across every report."""
     fitted = trends(rows)
     plots = []
     if any(r.diff_15 for r in rows):
@@ -636,10 +680,7 @@ def write_trend_report(report_json: Path, mode: str) -> tuple[Path, Path]:
     if any(r.best_ratio.best is not None for r in rows):
         plot_best_ratio(rows, out / BEST_RATIO_PLOT)
         plots.append(BEST_RATIO_PLOT)
-    meta = doc["meta"]
-    trend = TrendReport(
-        mode, meta["command"], meta["done"], meta["total"], tuple(plots), tuple(rows), fitted
-    )
+    trend = TrendReport(mode, command, done, total, tuple(plots), tuple(rows), fitted)
     atomic_write_json(out / "trend.json", trend.to_json())
     atomic_write_text(out / "trend.md", trend_markdown(trend))
     return out / "trend.md", out / "trend.json"
@@ -686,9 +727,13 @@ def _trend_line(name: str, fit: Trend, what: str, at: str) -> str:
         return f"- {name}: no trend: {fit.reason}."
     b, (lo, hi) = fit.coefficients[1], fit.coefficient_ci[1]
     p, (plo, phi) = fit.prediction, fit.prediction_ci
+    per_size = ""
+    if len(fit.coefficients) == 3:  # across sizes: the size's own slope too
+        c, (clo, chi) = fit.coefficients[2], fit.coefficient_ci[2]
+        per_size = f" and by {c:+.4f} [{clo:+.4f}, {chi:+.4f}] per decade of parameters"
     line = (
         f"- {name}: {what} changes by {b:+.4f} [{lo:+.4f}, {hi:+.4f}] per decade of tokens per "
-        f"parameter; at {at}: {p:+.4f} [{plo:+.4f}, {phi:+.4f}]"
+        f"parameter{per_size}; at {at}: {p:+.4f} [{plo:+.4f}, {phi:+.4f}]"
     )
     if fit.swept is not None:
         line += (
@@ -700,10 +745,14 @@ def _trend_line(name: str, fit: Trend, what: str, at: str) -> str:
 
 def trend_markdown(trend: TrendReport) -> str:
     uniform, tapered = PAPER_440M["ppl"]
-    title = f"# taperlm compare — paper {trend.mode}: the taper against tokens per parameter"
+    if trend.mode == ALL_POINTS:
+        title = "# taperlm compare — every point measured: the taper against tokens per parameter"
+    else:
+        title = f"# taperlm compare — paper {trend.mode}: the taper against tokens per parameter"
     if trend.done < trend.total:
         title += f" (PARTIAL: {trend.done}/{trend.total} points done)"
-    lines = [title, "", f"Produced by `{trend.command}` (per point: report.md).", ""]
+    source = " from the scaling and trend reports it reads" if trend.mode == ALL_POINTS else ""
+    lines = [title, "", f"Produced by `{trend.command}`{source} (per point: report.md).", ""]
     lines += trend_table(trend.points)
     lines += [
         "",
@@ -772,6 +821,14 @@ def plot_advantage(rows: list[TrendRow], fitted: Trends, path: Path) -> None:
                     label=f"{size}: trend (1.5→0.5)")  # fmt: skip
     ax.plot([PAPER_440M["tokens_per_param"]], [PAPER_DIFF], marker="*", markersize=14,
             color="k", linestyle="none", label=f"paper, 440M: {uniform:.2f} → {tapered:.2f} ppl")  # fmt: skip
+    across = fitted.diff_15.get("440m")
+    if isinstance(across, TrendFit):
+        # the trend across sizes carried to the paper's point: where the measurements here
+        # put 440M at 68 tokens per parameter, beside what the paper measured there
+        p, (lo, hi) = across.prediction, across.prediction_ci
+        ax.errorbar([PAPER_440M["tokens_per_param"] * 1.12], [p], yerr=[[p - lo], [hi - p]],
+                    marker="D", capsize=4, color="grey", linestyle="none",
+                    label="trend across sizes, extrapolated to 440M")  # fmt: skip
     ax.axhline(0.0, color="grey", linewidth=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("training tokens per parameter")
