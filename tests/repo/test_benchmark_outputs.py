@@ -98,6 +98,10 @@ ALLOWED_WRITES = {
     ("prepare_scale", "main", "write_text"): "benchmarks/results (the repository's own)",
     ("ratio_measurements", "main", "write_text"): "src/taperlm/ratio_measurements.json, the "
     "package's copy of the measurements, which only this script writes",
+    ("trend_all_points", "main", "write_text"): "benchmarks/results/trend_all_points.json and "
+    ".md (the repository's own, which only this script writes)",
+    ("trend_all_points", "main", "copyfile"): "its figures into docs/img/all-points-*.png (the "
+    "repository's own, which only this script writes)",
 }
 WRITERS = {"write_text", "write_bytes", "savefig", "dump", "unlink", "rmtree", "rename", "move",
            "remove", "rmdir", "chmod", "copy", "copyfile", "copytree"}  # fmt: skip
