@@ -315,16 +315,21 @@ def test_wsd_first_look_against_cosine_table_is_the_two_summaries():
 
 
 @pytest.mark.unit
-def test_own_lr_check_at_8_tokens_per_param_is_its_report():
-    """docs/compare.md's and README's own-lr numbers at 8 tokens/param are the comparison's
-    report.json (benchmarks/results/own_lr_nano_8tpp.json): the chosen lrs and both paired
-    differences, with the seeds that favour the taper."""
+@pytest.mark.parametrize(
+    "report, tokens, taper_lr",
+    [("own_lr_nano_8tpp.json", 2134016, 0.008), ("own_lr_nano_32tpp.json", 8538112, 0.002)],
+)
+def test_own_lr_check_is_its_report(report: str, tokens: int, taper_lr: float):
+    """docs/compare.md's and README's own-lr numbers at 8 and 32 tokens/param are each
+    comparison's report.json (benchmarks/results/own_lr_nano_*tpp.json): the budget, the chosen
+    lrs and both paired differences, with the seeds that favour the taper."""
     import json
 
-    data = json.loads((ROOT / "benchmarks/results/own_lr_nano_8tpp.json").read_text())
+    data = json.loads((ROOT / "benchmarks/results" / report).read_text())
+    assert f"--tokens {tokens} " in data["meta"]["command"]
     tuning = data["lr_tuning"]
     assert tuning["scope"] == "each"
-    assert tuning["chosen_lr"] == {"uniform": 0.004, "cosine-1.5-0.5": 0.008}
+    assert tuning["chosen_lr"] == {"uniform": 0.004, "cosine-1.5-0.5": taper_lr}
     (taper,) = [r for r in tuning["tuned"] if r["label"] == "cosine:1.5:0.5"]
     own, shared = taper["tuned_diff"], taper["shared_diff"]
     page = " ".join((ROOT / "docs/compare.md").read_text(encoding="utf-8").split())
