@@ -342,3 +342,47 @@ def test_own_lr_check_is_its_report(report: str, tokens: int, taper_lr: float):
     readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     short = f"{own['mean']:+.3f} [{own['ci'][0]:+.3f}, {own['ci'][1]:+.3f}]".replace("-", "−")
     assert short in readme
+
+
+def _component_rows(reports: list[dict]) -> list[str]:
+    """docs/compare.md's rows of the heads / KV check: every allocation's widths, heads and KV
+    heads, then its paired difference at each budget (mean, interval, `*` where it excludes 0,
+    seeds where the allocation is better)."""
+    rows = []
+    for i, alloc in enumerate(reports[0]["allocations"]):
+        cells = []
+        for report in reports:
+            same = report["allocations"][i]
+            assert same["label"] == alloc["label"]
+            diff = (same["diff_vs_uniform"] or {}).get("val_loss")
+            if diff is None:
+                cells.append("(baseline)")
+                continue
+            lo, hi = diff["ci"]
+            star = " *" if diff["excludes_zero"] else ""
+            better = sum(d < 0 for d in diff["per_seed"])
+            text = f"{diff['mean']:+.4f} [{lo:+.4f}, {hi:+.4f}]{star}, {better}/{diff['n']}"
+            cells.append(text.replace("-", "−"))
+        shape = ["/".join(map(str, alloc[k])) for k in ("widths", "heads", "kv_heads")]
+        rows.append(f"| `{alloc['label']}` | {' | '.join(shape)} | {cells[0]} | {cells[1]} |")
+    return rows
+
+
+@pytest.mark.unit
+def test_heads_and_kv_check_is_its_reports():
+    """The heads / KV table in docs/compare.md is the two comparisons' report.json, row by row,
+    at the budgets and lrs the docs name."""
+    import json
+
+    reports = [
+        json.loads((ROOT / f"benchmarks/results/components_nano_{p}tpp.json").read_text())
+        for p in ("05", "8")
+    ]
+    for report, (tokens, lr) in zip(reports, [(133120, 0.016), (2134016, 0.004)], strict=True):
+        command = report["meta"]["command"]
+        assert f"--tokens {tokens} " in command and f"train.lr={lr} " in command
+    rows = _component_rows(reports)
+    assert len(rows) == 5
+    page = (ROOT / "docs/compare.md").read_text(encoding="utf-8").splitlines()
+    for row in rows:
+        assert row in page, row
