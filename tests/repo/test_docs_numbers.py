@@ -386,3 +386,28 @@ def test_heads_and_kv_check_is_its_reports():
     page = (ROOT / "docs/compare.md").read_text(encoding="utf-8").splitlines()
     for row in rows:
         assert row in page, row
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("point, tokens", [("05", 140288), ("8", 2240512)])
+def test_depth_check_is_its_report(point: str, tokens: int):
+    """docs/compare.md's 12-layer check (nano's budget, 3x its depth) quotes each comparison's
+    report.json: the shape and budget in its command, uniform's tuned lr and the paired
+    difference at 1.5 -> 0.5 with the seeds that favour the taper."""
+    import json
+
+    data = json.loads((ROOT / f"benchmarks/results/depth_nano12_{point}tpp.json").read_text())
+    command = data["meta"]["command"]
+    for given in ("model.n_layers=12", "model.d_model=40", "model.mlp_width=112"):
+        assert given in command
+    assert f"--tokens {tokens} " in command
+    (taper,) = [a for a in data["allocations"] if a["label"] == "cosine:1.5:0.5"]
+    assert taper["params"] == 280_040
+    diff = taper["diff_vs_uniform"]["val_loss"]
+    lo, hi = diff["ci"]
+    better = sum(d < 0 for d in diff["per_seed"])
+    lr = data["lr_tuning"]["chosen_lr"]["uniform"]
+    text = f"{diff['mean']:+.4f} [{lo:+.4f}, {hi:+.4f}], {better} of {diff['n']} seeds better"
+    quote = f"{text.replace('-', '−')} (uniform's lr {lr:g})"
+    page = " ".join((ROOT / "docs/compare.md").read_text(encoding="utf-8").split())
+    assert quote in page, quote
