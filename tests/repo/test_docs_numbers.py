@@ -314,6 +314,21 @@ def test_wsd_first_look_against_cosine_table_is_the_two_summaries():
         W.side_by_side(wsd, {**cosine, "lr": 0.004})
 
 
+def _diff_text(diff: dict, digits: int = 4, unit: str = "") -> str:
+    """A paired difference as the docs print it: mean [low, high] with typographic minus signs
+    (`unit` after the mean, e.g. " nats")."""
+    lo, hi = diff["ci"]
+    return f"{diff['mean']:+.{digits}f}{unit} [{lo:+.{digits}f}, {hi:+.{digits}f}]".replace(
+        "-", "−"
+    )
+
+
+def _flat_text(name: str) -> str:
+    """A document of the repository with its line breaks and runs of spaces made single spaces,
+    so that a quoted number is found wherever the prose wraps it."""
+    return " ".join((ROOT / name).read_text(encoding="utf-8").split())
+
+
 @pytest.mark.unit
 @pytest.mark.parametrize(
     "report, tokens, taper_lr",
@@ -332,16 +347,12 @@ def test_own_lr_check_is_its_report(report: str, tokens: int, taper_lr: float):
     assert tuning["chosen_lr"] == {"uniform": 0.004, "cosine-1.5-0.5": taper_lr}
     (taper,) = [r for r in tuning["tuned"] if r["label"] == "cosine:1.5:0.5"]
     own, shared = taper["tuned_diff"], taper["shared_diff"]
-    page = " ".join((ROOT / "docs/compare.md").read_text(encoding="utf-8").split())
-    own_text = f"{own['mean']:+.4f} nats [{own['ci'][0]:+.4f}, {own['ci'][1]:+.4f}]"
-    assert own_text.replace("-", "−") in page
+    page = _flat_text("docs/compare.md")
+    assert _diff_text(own, unit=" nats") in page
     better = sum(d < 0 for d in own["per_seed"])
     assert f"better in {better} of {own['n']} seeds" in page
-    shared_text = f"{shared['mean']:+.4f} [{shared['ci'][0]:+.4f}, {shared['ci'][1]:+.4f}]"
-    assert shared_text.replace("-", "−") in page
-    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
-    short = f"{own['mean']:+.3f} [{own['ci'][0]:+.3f}, {own['ci'][1]:+.3f}]".replace("-", "−")
-    assert short in readme
+    assert _diff_text(shared) in page
+    assert _diff_text(own, digits=3) in _flat_text("README.md")
 
 
 def _component_rows(reports: list[dict]) -> list[str]:
@@ -358,11 +369,9 @@ def _component_rows(reports: list[dict]) -> list[str]:
             if diff is None:
                 cells.append("(baseline)")
                 continue
-            lo, hi = diff["ci"]
             star = " *" if diff["excludes_zero"] else ""
             better = sum(d < 0 for d in diff["per_seed"])
-            text = f"{diff['mean']:+.4f} [{lo:+.4f}, {hi:+.4f}]{star}, {better}/{diff['n']}"
-            cells.append(text.replace("-", "−"))
+            cells.append(f"{_diff_text(diff)}{star}, {better}/{diff['n']}")
         shape = ["/".join(map(str, alloc[k])) for k in ("widths", "heads", "kv_heads")]
         rows.append(f"| `{alloc['label']}` | {' | '.join(shape)} | {cells[0]} | {cells[1]} |")
     return rows
@@ -404,10 +413,7 @@ def test_depth_check_is_its_report(point: str, tokens: int):
     (taper,) = [a for a in data["allocations"] if a["label"] == "cosine:1.5:0.5"]
     assert taper["params"] == 280_040
     diff = taper["diff_vs_uniform"]["val_loss"]
-    lo, hi = diff["ci"]
     better = sum(d < 0 for d in diff["per_seed"])
     lr = data["lr_tuning"]["chosen_lr"]["uniform"]
-    text = f"{diff['mean']:+.4f} [{lo:+.4f}, {hi:+.4f}], {better} of {diff['n']} seeds better"
-    quote = f"{text.replace('-', '−')} (uniform's lr {lr:g})"
-    page = " ".join((ROOT / "docs/compare.md").read_text(encoding="utf-8").split())
-    assert quote in page, quote
+    quote = f"{_diff_text(diff)}, {better} of {diff['n']} seeds better (uniform's lr {lr:g})"
+    assert quote in _flat_text("docs/compare.md"), quote
