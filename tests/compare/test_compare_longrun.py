@@ -128,6 +128,56 @@ def test_every_point_is_a_valid_comparison(mode):
         longrun.plan_of(mode, ("huge",))
 
 
+def test_a_point_both_modes_sweep_trains_the_same_cells():
+    """`--paper ratios` in a copy of a finished `--paper tokens` folder (or the reverse) reuses
+    the kept cells instead of training them again: at every point both modes sweep, the two
+    comparisons differ only in their allocation lists, so uniform's lr tuning is the same and
+    every cell of an allocation both sweep has the same name and the same run config."""
+    from taperlm.compare import scaling
+    from taperlm.compare.grid import build_grid
+
+    def points(mode):
+        opts = CompareOptions(out=Path("x"), paper=mode)
+        return {k: sub for k, _size, _t, sub in scaling.point_options(opts, longrun.plan_of(mode))}
+
+    tokens, ratios = points("tokens"), points("ratios")
+    shared = longrun.shared_points("ratios", "tokens")
+    assert [f"{size}-{t}" for size, t, _ in shared] == [k for k in ratios if k in tokens]
+    assert len(shared) == len(ratios)  # every ratios point is also a tokens point
+    for size, t, starts in shared:
+        key = f"{size}-{t}"
+        a, b = tokens[key], ratios[key]
+        differ = {f.name for f in dataclasses.fields(a) if getattr(a, f.name) != getattr(b, f.name)}
+        assert differ == {"tapers"}, key
+        cells, names = [], set()
+        for sub in (a, b):
+            allocs, base = check_options(sub)
+            grid = build_grid(base, allocs, list(range(sub.seeds)), sub.paper)
+            cells.append({c.name: c.config for c in grid.cells})
+            names |= {
+                x.name for x in allocs if scaling.start_of(x.spec_string or "uniform") in starts
+            }
+        common = set(cells[0]) & set(cells[1])
+        assert len(names) == len(starts)  # the shared starts; uniform is swept by every point
+        assert common == {f"{n}-s{s}" for n in names | {"uniform"} for s in range(5)}, key
+        for name in common:
+            assert cells[0][name] == cells[1][name], (key, name)
+
+
+def test_estimate_after_the_other_mode_counts_only_the_new_starts():
+    """`ratios` after `tokens` trains, at each shared point, only 1.95 and 2.0 (no tuning):
+    its estimate is that arithmetic, and the whole-mode estimate is unchanged without `after`."""
+    new = 0.0
+    for size, t, starts in longrun.shared_points("ratios", "tokens"):
+        fresh = [s for s in longrun.plan_of("ratios").starts if s not in starts]
+        assert fresh == [1.95, 2.0]
+        new += len(fresh) * 5 * t / longrun.CELL_TOKENS_PER_S[size]
+    after = longrun.estimated_hours("ratios", after="tokens")
+    assert after == pytest.approx(new / 2 / 3600)
+    assert after < longrun.estimated_hours("ratios") / 4
+    assert longrun.estimated_hours("ratios", after="ratios") == longrun.estimated_hours("ratios")
+
+
 def test_help_states_each_modes_estimated_time():
     """The --paper help's hours are estimated_hours' (from the measured per-run speed)."""
     text = next(f for f in declared_options() if f.name == "paper").metadata["argparse"]["help"]
@@ -135,6 +185,9 @@ def test_help_states_each_modes_estimated_time():
         stated = re.search(rf"{mode} = .*?estimated ~(\d+) h", text)
         assert stated, text
         assert int(stated.group(1)) == round(longrun.estimated_hours(mode))
+    after = re.search(r"ratios = .*?; ~(\d+) h after tokens, in a copy of its finished --out", text)
+    assert after, text
+    assert int(after.group(1)) == round(longrun.estimated_hours("ratios", after="tokens"))
 
 
 def test_fit_trend_recovers_a_known_slope_and_prediction():

@@ -123,16 +123,43 @@ def plan_of(mode: str, sizes: tuple[str, ...] | None = None) -> ScalingPlan:
     return ScalingPlan(sizes=out, tokens=every, starts=starts)
 
 
-def estimated_hours(mode: str, seeds: int = 5, cores: int = 2) -> float:
+def estimated_hours(mode: str, seeds: int = 5, cores: int = 2, after: str | None = None) -> float:
     """Hours on `cores` idle cores, estimated from the measured per-cell speed: every point
     trains (1 + starts) x seeds runs and TUNE_LRS x TUNE_SEEDS tuning runs of its tokens (the
-    final validation and curve points add ~2%, left out)."""
+    final validation and curve points add ~2%, left out). `after`: the other mode, run to the end
+    in the folder `mode` runs in (a copy of its --out): a point both modes sweep then trains only
+    the starts `after` did not, and no tuning (a cell of the same size, budget, allocation and
+    seed is the same run in both modes, so the kept one is reused; `shared_points`)."""
     plan = plan_of(mode)
+    done = {(size, tokens): set(starts) for size, tokens, starts in shared_points(mode, after)}
     core_s = 0.0
     for size in plan.sizes:
-        runs = (1 + len(plan.starts)) * seeds + TUNE_LRS * TUNE_SEEDS
-        core_s += sum(runs * t / CELL_TOKENS_PER_S[size.name] for t in size.tokens)
+        for tokens in size.tokens:
+            kept = done.get((size.name, tokens))
+            if kept is None:
+                runs = (1 + len(plan.starts)) * seeds + TUNE_LRS * TUNE_SEEDS
+            else:
+                runs = len(set(plan.starts) - kept) * seeds
+            core_s += runs * tokens / CELL_TOKENS_PER_S[size.name]
     return core_s / cores / 3600
+
+
+def shared_points(mode: str, other: str | None) -> list[tuple[str, int, tuple[float, ...]]]:
+    """(size, tokens, starts both sweep) of every point `mode` and `other` both train: there
+    each of those starts' cells (and uniform's, and uniform's lr tuning) is the same run in both
+    modes, so running one mode in a copy of the other's finished folder trains only the rest
+    (tests/compare/test_compare_longrun.py checks the cells are the same)."""
+    if other is None or other == mode:
+        return []
+    mine, theirs = plan_of(mode), plan_of(other)
+    starts = tuple(s for s in mine.starts if s in theirs.starts)
+    budgets = {s.name: set(s.tokens) for s in theirs.sizes}
+    return [
+        (size.name, tokens, starts)
+        for size in mine.sizes
+        for tokens in size.tokens
+        if tokens in budgets.get(size.name, set())
+    ]
 
 
 def longrun_plan(opts) -> StudyPlan:
