@@ -7,7 +7,8 @@ This script writes that file from the reports the compare modes wrote:
 - results/scaling_report.json (`taperlm compare --paper scaling`): each point turned into the
   token axis's row by `taperlm.compare.longrun.trend_rows`, the function the trend reports use;
 - every results/longrun_*.json (`--paper tokens` / `--paper ratios` trend reports): their rows
-  as they are;
+  as they are, one per point (where both modes measured a point, the ratio axis's row: its
+  sweep contains the token axis's, `longrun.keep_widest`);
 - the paper's 440M point from `taperlm.compare.paper`.
 
 A new measured point is a new or rewritten report followed by this script (and
@@ -35,7 +36,7 @@ TREND_REPORTS = "longrun_*.json"
 
 def build(results: Path = RESULTS) -> dict[str, Any]:
     """The packaged file's content, from the reports in `results` (as JSON would read it back)."""
-    from taperlm.compare.longrun import trend_rows
+    from taperlm.compare.longrun import TrendRow, keep_widest, trend_rows
     from taperlm.compare.paper import PAPER_440M, PAPER_BEST, PAPER_DIFF
     from taperlm.compare.scaling import ScalingPoint
 
@@ -45,13 +46,18 @@ def build(results: Path = RESULTS) -> dict[str, Any]:
     rows = trend_rows([ScalingPoint.from_json(p) for p in scaling["points"]])
     points += [{**row.to_json(), "mode": "scaling"} for row in rows]
     sources.append(_source(SCALING_REPORT, "scaling", scaling["meta"]))
+    measured: list[tuple[TrendRow, str]] = []
     for path in sorted(results.glob(TREND_REPORTS)):
         if not path.is_file():
             continue
         trend = json.loads(path.read_text(encoding="utf-8"))
         mode = trend["meta"]["mode"]
-        points += [{**row, "mode": mode} for row in trend["points"]]
+        measured += [(TrendRow.from_json(row), mode) for row in trend["points"]]
         sources.append(_source(path.name, mode, trend["meta"]))
+    # a point both long-training modes measured is one point: the ratio axis's wider sweep
+    mode_of = {id(row): mode for row, mode in measured}
+    kept = keep_widest([row for row, _ in measured])
+    points += [{**row.to_json(), "mode": mode_of[id(row)]} for row in kept]
     doc = {
         "generated_by": "benchmarks/ratio_measurements.py, from benchmarks/results",
         "sources": sources,

@@ -56,7 +56,8 @@ def write(out: Path, results: Path = RESULTS) -> tuple[Path, Path]:
         meta = json.loads(path.read_text(encoding="utf-8"))["meta"]
         done, total = done + meta["done"], total + meta["total"]
     # smallest model first, shortest training first within a size (the table reads down the sizes)
-    rows = sorted(rows_of_reports(paths), key=lambda r: (r.params, r.tokens_per_param))
+    # a point both long-training modes measured counts once: the ratio axis's wider sweep
+    rows = sorted(rows_of_reports(paths, widest=True), key=lambda r: (r.params, r.tokens_per_param))
     return write_trend(out, rows, ALL_POINTS, COMMAND, done, total)
 
 

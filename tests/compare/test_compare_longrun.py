@@ -56,7 +56,8 @@ def test_ratio_axis_goes_past_the_old_edge_with_distinct_widths():
     swept ratio gives its own widths (at 16, 1.9 and 1.95 coincide)."""
     plan = longrun.plan_of("ratios")
     assert max(plan.starts) == 2.0 and 1.95 in plan.starts and 1.5 in plan.starts
-    assert plan.starts == (0.5, 0.75, 1.5, 1.75, 1.9, 1.95, 2.0)
+    assert plan.starts == (0.5, 0.75, 1.25, 1.5, 1.75, 1.9, 1.95, 2.0)
+    assert set(plan.starts) > set(longrun.plan_of("tokens").starts)  # contains the token axis's
     nano = next(s for s in plan.sizes if s.name == "nano")
     from taperlm.solver import solve_sizes
 
@@ -535,8 +536,29 @@ def test_every_report_read_together(tmp_path):
     assert "per decade of parameters" not in nano_line
     with pytest.raises(ConfigError, match="in both"):
         longrun.rows_of_reports([scaling, scaling])
+    assert longrun.rows_of_reports([scaling, scaling], widest=True) == rows[:2]
     bad = tmp_path / "bad.json"
     for content in ({"meta": {}}, [], {"points": [{"point": "x"}]}, {"points": "x"}):
         bad.write_text(json.dumps(content))
         with pytest.raises(ConfigError, match=r"bad\.json"):
             longrun.rows_of_reports([bad])
+
+
+def test_a_point_two_reports_measured_is_the_widest_sweeps():
+    """`keep_widest`: one row per point, the row whose sweep reaches the steepest start (then the
+    lowest), wherever it comes in the list; points measured once are kept as they are, in order;
+    the trend across every report reads each point once."""
+
+    def row(point, high, low, d15):
+        (base,) = longrun.trend_rows([_point("nano", 266_816, 8.0, d15, 1.0, 0.0, 0.5)])
+        reach = dataclasses.replace(base.best_ratio, highest_start=high, lowest_start=low)
+        return dataclasses.replace(base, point=point, best_ratio=reach)
+
+    tokens = [row("a", 1.9, 0.5, 0.01), row("b", 1.9, 0.5, 0.02), row("c", 1.9, 0.5, 0.03)]
+    ratios = [row("b", 2.0, 0.5, 0.02), row("d", 2.0, 0.5, 0.04)]
+    kept = longrun.keep_widest([*tokens, *ratios])
+    assert [r.point for r in kept] == ["a", "b", "c", "d"]
+    assert kept[1] is ratios[0] and kept[0] is tokens[0] and kept[3] is ratios[1]
+    assert longrun.keep_widest([*ratios, *tokens])[0] is ratios[0]  # order does not decide
+    lower = row("b", 2.0, 0.25, 0.02)  # same steepest start, reaches lower
+    assert longrun.keep_widest([ratios[0], lower])[0] is lower

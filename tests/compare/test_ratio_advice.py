@@ -92,8 +92,10 @@ def test_packaged_measurements_are_the_reports():
 
 
 def test_a_new_trend_report_is_new_points_without_code(tmp_path):
-    """A report that lands later (say --paper ratios at nano) is read by the same glob: its points
-    join the packaged file with their mode, and the advice reads them."""
+    """A report that lands later (say --paper ratios) is read by the same glob: a point only it
+    measured joins the packaged file with its mode, and a point the token axis measured too is
+    one point, the ratio axis's (its sweep contains the token axis's: steeper starts), never two
+    rows counted twice; the advice reads them."""
     import shutil
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -104,16 +106,26 @@ def test_a_new_trend_report_is_new_points_without_code(tmp_path):
     results = ROOT / "benchmarks/results"
     for name in ("scaling_report.json", "longrun_tokens_nano.json"):
         shutil.copy(results / name, tmp_path / name)
-    row = _point("nano-2134016", 266_816, 8.0, HURTS, best_taper="cosine:1.95:0.05")
-    del row["mode"]
-    meta = {"mode": "ratios", "command": "taperlm compare --paper ratios", "done": 1, "total": 3}
-    (tmp_path / "longrun_ratios_nano.json").write_text(json.dumps({"meta": meta, "points": [row]}))
+    tokens_rows = json.loads((results / "longrun_tokens_nano.json").read_text())["points"]
+    swept = {"at_lower_edge": 0.0, "lowest_start": 0.5, "highest_start": 2.0}
+    shared = _point("nano-2134016", 266_816, 8.0, HURTS, best_taper="cosine:1.95:0.05")
+    new = _point("micro-10579968", 1_058_016, 10.0, HURTS, best_taper="cosine:2.0:0.0")
+    for row in (shared, new):
+        del row["mode"]
+        row["best_ratio"].update(swept)
+    assert any(r["point"] == "nano-2134016" for r in tokens_rows)
+    meta = {"mode": "ratios", "command": "taperlm compare --paper ratios", "done": 2, "total": 5}
+    report = {"meta": meta, "points": [shared, new]}
+    (tmp_path / "longrun_ratios_nano.json").write_text(json.dumps(report))
     doc = ratio_measurements.build(tmp_path)
-    assert [p for p in doc["points"] if p["mode"] == "ratios"] == [{**row, "mode": "ratios"}]
+    ratios = [p for p in doc["points"] if p["mode"] == "ratios"]
+    assert ratios == [{**shared, "mode": "ratios"}, {**new, "mode": "ratios"}]
+    assert [p["point"] for p in doc["points"]].count("nano-2134016") == 1
     assert len(doc["points"]) == len(load_measurements()["points"]) + 1
     assert "benchmarks/results/longrun_ratios_nano.json" in [s["file"] for s in doc["sources"]]
     a = advice(266_816, 266_816 * 8.0, doc)
     assert a["where"] == "measured point" and a["nearest"][0]["status"] == "hurts"
+    assert a["nearest"][0]["best_measured"] == "cosine:1.95:0.05"
     assert a["verdict"].startswith("The advantage is gone: at nano-2134016")
 
 

@@ -9,9 +9,11 @@ sweep at that lr, the best ratio fitted with its bootstrap interval), over other
   parameter, micro (1.06M, bpe:2048) at 0.5, 2 and 10; the sweep uniform and cosine 0.5, 0.75,
   1.25, 1.5, 1.75, 1.9 (end = 2 - start; below 1 an inverse taper, width growing with depth).
   Uniform's lr is tuned per budget (the optimum lr moves with the length of training).
-- `ratios`: the ratio axis past both old edges: uniform and cosine 0.5, 0.75, 1.5, 1.75, 1.9,
-  1.95, 2.0 (2.0 -> 0.0: the last layer's MLP vanishes, a zero width) at nano 0.5, 8 and 68 and
-  micro 0.5 and 10 tokens per parameter.
+- `ratios`: the ratio axis past both old edges: `tokens`' sweep and cosine 1.95 and 2.0 (2.0 ->
+  0.0: the last layer's MLP vanishes, a zero width) at nano 0.5, 8 and 68 and micro 0.5 and 10
+  tokens per parameter. Every ratios point is a tokens point and its sweep contains tokens', so
+  run after `tokens` (in a copy of its folder) it trains only 1.95 and 2.0, and a point both
+  measured has one reading: the wider sweep's (`keep_widest`).
 
 nano's widths step by 8 (`--multiple-of 8` for its points): at 16, 1.9 -> 0.1 and 1.95 -> 0.05
 give the same four widths at its baseline of 176.
@@ -72,7 +74,9 @@ RATIO_TOKENS_PER_PARAM = {"nano": (0.5, 8.0, 68.0), "micro": (0.5, 10.0)}
 # [1.00, 1.23]), where a sweep that stops at uniform cannot put the optimum inside its range.
 INVERSE_STARTS = (0.5, 0.75)
 TOKEN_STARTS = (*INVERSE_STARTS, *SCALING_STARTS)
-RATIO_STARTS = (*INVERSE_STARTS, 1.5, 1.75, 1.9, 1.95, 2.0)
+# The ratio axis contains the token axis's sweep (so its points supersede the token axis's rows
+# where both measured one, and reuse their cells) and goes past its steepest start.
+RATIO_STARTS = (*TOKEN_STARTS, 1.95, 2.0)
 MODES = ("tokens", "ratios")
 ALL_POINTS = "all"  # a trend report's mode when it reads every report's points together
 TREND_BOOT = 4000
@@ -659,11 +663,12 @@ def write_trend_report(report_json: Path, mode: str) -> tuple[Path, Path]:
     return write_trend(report_json.parent, rows, mode, meta["command"], meta["done"], meta["total"])
 
 
-def rows_of_reports(paths: list[Path]) -> list[TrendRow]:
+def rows_of_reports(paths: list[Path], widest: bool = False) -> list[TrendRow]:
     """The trend rows of several reports, in order: a scaling report (`--paper scaling`'s
     report.json) through `trend_rows`, a trend report (`--paper tokens`/`ratios`' trend.json)
-    as it is. A point in two reports is refused: two measurements of one point would count
-    twice in a fit, so the caller keeps the one it means."""
+    as it is. A point in two reports would count twice in a fit: refused, unless `widest`, which
+    keeps the row of the widest sweep (`keep_widest`: the ratio axis's where it and the token
+    axis measured one point)."""
     rows: list[TrendRow] = []
     seen: dict[str, Path] = {}
     for path in paths:
@@ -684,14 +689,33 @@ def rows_of_reports(paths: list[Path]) -> list[TrendRow]:
                 "written by taperlm compare --paper scaling/tokens/ratios"
             ) from exc
         for row in mine:
-            if row.point in seen:
+            if row.point in seen and not widest:
                 raise ConfigError(
                     f"point {row.point} is in both {seen[row.point]} and {path}: keep one of "
                     "the two reports' measurement (a point counted twice weighs double in a fit)"
                 )
             seen[row.point] = path
         rows += mine
-    return rows
+    return keep_widest(rows) if widest else rows
+
+
+def keep_widest(rows: list[TrendRow]) -> list[TrendRow]:
+    """`rows` with one row per point: where several reports measured one point (`--paper
+    ratios` and `--paper tokens` share points, with the same cells), the row of the widest
+    sweep — the steepest start swept, then the lowest — which at a shared point is ratios',
+    whose sweep contains tokens'. Order is kept (the first row of each point, replaced)."""
+    keep: dict[str, TrendRow] = {}
+    for row in rows:
+        old = keep.get(row.point)
+        if old is None or _reach(row) > _reach(old):
+            keep[row.point] = row
+    return [keep[p] for p in dict.fromkeys(r.point for r in rows)]
+
+
+def _reach(row: TrendRow) -> tuple[float, float]:
+    """How far a row's sweep reaches: its steepest start, then minus its lowest."""
+    b = row.best_ratio
+    return (b.highest_start or 0.0, -(b.lowest_start if b.lowest_start is not None else 1.0))
 
 
 def write_trend(

@@ -296,8 +296,8 @@ class CompareOptions:
         "(docs/compare.md); tokens = that sweep, with the inverse tapers 0.75->1.25 and "
         "0.5->1.5 below uniform, at nano (0.5-68 tokens/param) and micro (0.5-10): does the "
         "advantage survive long training (estimated ~24 h on 2 idle cores at 5 seeds, from "
-        "measured per-run speed); ratios = the sweep past 1.9->0.1 (1.95->0.05, 2.0->0.0) and "
-        "below uniform at nano 0.5/8/68 and micro 0.5/10 (estimated ~20 h; ~4 h after "
+        "measured per-run speed); ratios = that sweep and past 1.9->0.1 (1.95->0.05, 2.0->0.0) "
+        "at nano 0.5/8/68 and micro 0.5/10 (estimated ~23 h; ~4 h after "
         "tokens, in a copy of its finished --out: the cells both sweep are reused); both "
         "write trend.md with the fitted trends (docs/compare.md, 'Long training')",
         choices=PAPER_MODES,
