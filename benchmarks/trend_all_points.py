@@ -51,14 +51,31 @@ def write(out: Path, results: Path = RESULTS) -> tuple[Path, Path]:
     from taperlm.compare.longrun import ALL_POINTS, rows_of_reports, write_trend
 
     paths = sources(results)
-    done = total = 0
-    for path in paths:
-        meta = json.loads(path.read_text(encoding="utf-8"))["meta"]
-        done, total = done + meta["done"], total + meta["total"]
     # smallest model first, shortest training first within a size (the table reads down the sizes)
     # a point both long-training modes measured counts once: the ratio axis's wider sweep
     rows = sorted(rows_of_reports(paths, widest=True), key=lambda r: (r.params, r.tokens_per_param))
-    return write_trend(out, rows, ALL_POINTS, COMMAND, done, total)
+    done = {r.point for r in rows}
+    planned, unlisted = set(done), 0
+    for path in paths:
+        meta = json.loads(path.read_text(encoding="utf-8"))["meta"]
+        points = _planned(path)
+        if points is None:  # a report whose plan is not known by name: its own count
+            unlisted += meta["total"] - meta["done"]
+        else:
+            planned |= points
+    return write_trend(out, rows, ALL_POINTS, COMMAND, len(done), len(planned) + unlisted)
+
+
+def _planned(path: Path) -> set[str] | None:
+    """The points a long-training report (results/longrun_MODE_SIZE.json) is a run of, by key,
+    so that a point planned by both modes counts once; None for another report."""
+    from taperlm.compare.longrun import MODES, plan_of
+
+    parts = path.stem.split("_")
+    if len(parts) != 3 or parts[0] != "longrun" or parts[1] not in MODES:
+        return None
+    plan = plan_of(parts[1], (parts[2],))
+    return {f"{size.name}-{tokens}" for size in plan.sizes for tokens in size.tokens}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -179,6 +179,29 @@ def test_estimate_after_the_other_mode_counts_only_the_new_starts():
     assert longrun.estimated_hours("ratios", after="ratios") == longrun.estimated_hours("ratios")
 
 
+@pytest.mark.parametrize("sizes", [("nano",), ("micro",), None])
+def test_the_reports_command_runs_the_same_sizes(tmp_path, sizes):
+    """The command report.json and trend.json give as "produced by" names --preset-size when one
+    was given (it ran only those sizes: without it the command would run both), and parsed back
+    it plans the same points."""
+    import shlex
+
+    from taperlm.cli import build_parser
+    from taperlm.compare.options import options_from
+    from taperlm.compare.study import StudyProgress
+
+    for mode in longrun.MODES:
+        out = tmp_path / f"{mode}-{sizes}"
+        plan = longrun.longrun_plan(CompareOptions(out=out, paper=mode, preset_size=sizes))
+        _, js = plan.report(StudyProgress(len(plan.parts)))
+        command = json.loads(js.read_text())["meta"]["command"]
+        assert json.loads((out / "trend.json").read_text())["meta"]["command"] == command
+        assert ("--preset-size" in command) == (sizes is not None), command
+        args = build_parser(only="compare").parse_args(shlex.split(command)[1:])
+        again = longrun.longrun_plan(options_from(args))
+        assert [p.key for p in again.parts] == [p.key for p in plan.parts]
+
+
 def test_help_states_each_modes_estimated_time():
     """The --paper help's hours are estimated_hours' (from the measured per-run speed)."""
     text = next(f for f in declared_options() if f.name == "paper").metadata["argparse"]["help"]

@@ -87,7 +87,12 @@ def test_packaged_measurements_are_the_reports():
     nano = json.loads((ROOT / "benchmarks/results/longrun_tokens_nano.json").read_text())
     names = [(p["mode"], p["point"]) for p in built["points"]]
     assert names[: len(scaling["points"])] == [("scaling", p["point"]) for p in scaling["points"]]
-    assert set(names) >= {("tokens", p["point"]) for p in nano["points"]}
+    # every token-axis point once: as the ratio axis measured it where that swept it too
+    ratios = json.loads((ROOT / "benchmarks/results/longrun_ratios_nano.json").read_text())
+    wider = {p["point"] for p in ratios["points"]}
+    assert {n for _, n in names} >= {p["point"] for p in nano["points"]}
+    assert {n for m, n in names if m == "ratios"} == wider
+    assert len({n for _, n in names}) == len(names)
     assert built["paper"]["best"] == 1.5 and built["paper"]["diff"] == pytest.approx(-0.1199, 1e-3)
 
 

@@ -213,22 +213,29 @@ def test_compress_tables_are_the_benchmarks_own():
     assert prune.scores_markdown(data) in page and prune.speed_markdown(data) in page
 
 
-def test_long_training_table_matches_its_report():
-    """docs/compare.md's token-axis table is `longrun.trend_table` of
-    results/longrun_tokens_nano.json, the trend report `taperlm compare --paper tokens` wrote;
-    the figures it shows are in docs/img."""
+LONGRUN_REPORTS = sorted((ROOT / "benchmarks/results").glob("longrun_*.json"))
+
+
+@pytest.mark.parametrize("path", LONGRUN_REPORTS, ids=lambda p: p.stem)
+def test_long_training_table_matches_its_report(path):
+    """docs/compare.md shows each long-training trend report's table (results/longrun_MODE_SIZE
+    .json, the trend.json `taperlm compare --paper tokens/ratios` wrote) as `longrun.trend_table`
+    renders it; the token axis's figures at nano are in docs/img."""
     import json
 
     from taperlm.compare import longrun
 
-    data = json.loads((ROOT / "benchmarks/results/longrun_tokens_nano.json").read_text())
-    assert data["meta"]["mode"] == "tokens" and len(data["points"]) == data["meta"]["done"] >= 2
+    data = json.loads(path.read_text())
+    mode, size = path.stem.split("_")[1:]
+    assert data["meta"]["mode"] == mode and len(data["points"]) == data["meta"]["done"] >= 1
+    assert {p["size"] for p in data["points"]} == {size}
     page = (ROOT / "docs/compare.md").read_text(encoding="utf-8")
     rows = [longrun.TrendRow.from_json(p) for p in data["points"]]
     assert "\n".join(longrun.trend_table(rows)) in page
-    for png in ("longrun-advantage-nano.png", "longrun-best-ratio-nano.png"):
-        assert f"(img/{png})" in page and (ROOT / "docs/img" / png).is_file()
     assert data["meta"]["paper_440m"]["ppl"] == [16.28, 14.44]
+    if path.stem == "longrun_tokens_nano":
+        for png in ("longrun-advantage-nano.png", "longrun-best-ratio-nano.png"):
+            assert f"(img/{png})" in page and (ROOT / "docs/img" / png).is_file()
 
 
 def test_the_trend_across_every_point_is_its_reports():
@@ -248,6 +255,10 @@ def test_the_trend_across_every_point_is_its_reports():
         assert json.loads(js.read_text(encoding="utf-8")) == committed
     report = longrun.TrendReport.from_json(committed)
     assert report.mode == longrun.ALL_POINTS and len({r.size for r in report.points}) >= 2
+    # a point two modes measured (--paper tokens and --paper ratios share points) counts once,
+    # in the table, the fits and the count of points done
+    keys = [r.point for r in report.points]
+    assert len(set(keys)) == len(keys) and report.done == len(keys) <= report.total
     page = " ".join((ROOT / "docs/compare.md").read_text(encoding="utf-8").split())
     md = (ROOT / "benchmarks/results/trend_all_points.md").read_text(encoding="utf-8")
     assert md.startswith(longrun.trend_markdown(report).split("\n![")[0])
@@ -259,34 +270,52 @@ def test_the_trend_across_every_point_is_its_reports():
     assert (ROOT / "docs/img/all-points-advantage.png").is_file()
 
 
-def test_the_kept_cells_resume_the_token_axis():
-    """benchmarks/results/longrun_tokens_nano/ keeps every finished cell's result.json of the
-    token axis, laid out as `--out`, so that `taperlm compare --paper tokens --preset-size nano`
-    continues where it stopped (docs/compare.md). Each must still read as a done cell (a bump of
-    the result layout would retrain them all), and each measured point must have all of its
-    reported cells: 5 allocations x at least 3 seeds, at that point's tokens."""
+@pytest.mark.parametrize("path", LONGRUN_REPORTS, ids=lambda p: p.stem)
+def test_the_kept_cells_resume_the_long_training_modes(path):
+    """benchmarks/results/longrun_MODE_SIZE/ keeps every finished cell's result.json of that
+    mode and size, laid out as `--out`, so that the mode continues where it stopped
+    (docs/compare.md); the ratio axis keeps only the cells the token axis does not (1.95, 2.0),
+    the rest being the token axis's own (`longrun.shared_points`). Each must still read as a done
+    cell (a bump of the result layout would retrain them all), and each measured point must have
+    all of its reported cells: every allocation of the mode x at least 3 seeds, at that point's
+    tokens."""
     import json
 
+    from taperlm.compare import longrun
     from taperlm.compare.runner import read_result
     from taperlm.outdirs import check_folder
 
-    kept = ROOT / "benchmarks/results/longrun_tokens_nano"
-    data = json.loads((ROOT / "benchmarks/results/longrun_tokens_nano.json").read_text())
+    mode, size = path.stem.split("_")[1:]
+    kept = [ROOT / "benchmarks/results" / path.stem]
+    if mode == "ratios":  # the cells both modes train are kept once, with the token axis's
+        kept.append(ROOT / f"benchmarks/results/longrun_tokens_{size}")
+    data = json.loads(path.read_text())
     # the documented `cp -r` copy must be accepted as --out (the study's folder and each point's
     # comparison folder), not refused as a folder taperlm did not write
-    for folder in (kept, *sorted(p for p in kept.iterdir() if p.is_dir())):
+    for folder in (kept[0], *sorted(p for p in kept[0].iterdir() if p.is_dir())):
         check_folder(folder, "compare", "--out")
-    cells = sorted(kept.glob("*/runs/*/result.json"))
+    cells = sorted(kept[0].glob("*/runs/*/result.json"))
     assert cells
-    for path in cells:
-        assert read_result(path.parent) is not None, path
+    for path_ in cells:
+        assert read_result(path_.parent) is not None, path_
+    allocations = 1 + len(longrun.plan_of(mode).starts)
     for point in data["points"]:
-        runs = kept / point["point"] / "runs"
-        reported = [p for p in runs.glob("*-s[0-9]/result.json")]
-        assert len(reported) >= 5 * 3, point["point"]
-        for path in reported:
-            cfg = json.loads(path.read_text())["config"]
-            assert cfg["train"]["tokens"] == point["tokens"], path
+        reported = {
+            p.parent.name: p
+            for k in kept
+            for p in (k / point["point"] / "runs").glob("*-s[0-9]/result.json")
+        }
+        seeds: dict[str, set[str]] = {}
+        for name in reported:
+            allocation, seed = name.rsplit("-s", 1)
+            seeds.setdefault(allocation, set()).add(seed)
+        assert len(seeds) == allocations, (point["point"], sorted(seeds))
+        # every allocation at the same seeds, at least 3 (a missing cell is a gap in the pairs)
+        first = next(iter(seeds.values()))
+        assert len(first) >= 3 and all(v == first for v in seeds.values()), (point["point"], seeds)
+        for p in reported.values():
+            cfg = json.loads(p.read_text())["config"]
+            assert cfg["train"]["tokens"] == point["tokens"], p
 
 
 @pytest.mark.unit
@@ -327,6 +356,50 @@ def _flat_text(name: str) -> str:
     """A document of the repository with its line breaks and runs of spaces made single spaces,
     so that a quoted number is found wherever the prose wraps it."""
     return " ".join((ROOT / name).read_text(encoding="utf-8").split())
+
+
+def test_ratio_axis_new_starts_are_the_kept_cells():
+    """docs/compare.md's table of 1.9, 1.95 and 2.0 against uniform on the ratio axis at nano is
+    the paired difference of the kept cells' validation losses (the token axis's uniform and
+    1.9 cells, the ratio axis's own 1.95 and 2.0), recomputed here: a cell or a number changed
+    fails."""
+    import json
+
+    from taperlm.stats import paired_difference
+
+    results = ROOT / "benchmarks/results"
+
+    def losses(root: str, point: str, allocation: str) -> dict[int, float]:
+        runs = results / root / point / "runs"
+        return {
+            s: json.loads((runs / f"{allocation}-s{s}/result.json").read_text())["val"]["loss"]
+            for s in range(5)
+        }
+
+    starts = (
+        ("cosine-1.9-0.1", "longrun_tokens_nano"),
+        ("cosine-1.95-0.05", "longrun_ratios_nano"),
+        ("cosine-2.0-0.0", "longrun_ratios_nano"),
+    )
+    page = (ROOT / "docs/compare.md").read_text(encoding="utf-8")
+    for point, tpp in (("nano-133120", "0.5"), ("nano-2134016", "8")):
+        uniform = losses("longrun_tokens_nano", point, "uniform")
+        cells = []
+        for allocation, root in starts:
+            d = paired_difference(losses(root, point, allocation), uniform)
+            star = " *" if d.excludes_zero else ""
+            better = sum(x < 0 for x in d.per_seed)
+            mean_ci = {"mean": d.mean, "ci": d.ci}
+            cells.append(f"{_diff_text(mean_ci)}{star}, {better}/{len(d.per_seed)}")
+        assert f"| {tpp} | {' | '.join(cells)} |" in page, (point, cells)
+    # README's sentence: the fitted best start at 0.5 tokens/param, from the ratio axis's report
+    report = json.loads((results / "longrun_ratios_nano.json").read_text())
+    early = next(p for p in report["points"] if p["point"] == "nano-133120")["best_ratio"]
+    lo, hi = early["ci"]
+    fitted = f"{early['best']:.2f} [{lo:.2f}, {hi:.2f}] at 0.5 tokens per parameter, uniform at 8"
+    assert fitted in _flat_text("README.md")
+    late = next(p for p in report["points"] if p["point"] == "nano-2134016")
+    assert late["best_measured"] == "uniform"
 
 
 @pytest.mark.unit

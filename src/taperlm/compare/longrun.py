@@ -171,7 +171,8 @@ def longrun_plan(opts) -> StudyPlan:
     report rewritten after each point."""
     plan = plan_of(opts.paper, opts.preset_size)
     extend = LONGRUN_EXTEND if opts.lr_grid_extend is None else opts.lr_grid_extend
-    sub = dataclasses.replace(opts, preset_size=None, lr_grid_extend=extend)
+    # --preset-size stays: the reports' command must name the sizes run (the points drop it)
+    sub = dataclasses.replace(opts, lr_grid_extend=extend)
     return scaling_plan(
         sub, plan, mode=opts.paper, on_report=lambda js: write_trend_report(js, opts.paper)
     )
