@@ -88,8 +88,11 @@ def test_packaged_measurements_are_the_reports():
     names = [(p["mode"], p["point"]) for p in built["points"]]
     assert names[: len(scaling["points"])] == [("scaling", p["point"]) for p in scaling["points"]]
     # every token-axis point once: as the ratio axis measured it where that swept it too
-    ratios = json.loads((ROOT / "benchmarks/results/longrun_ratios_nano.json").read_text())
-    wider = {p["point"] for p in ratios["points"]}
+    wider = {
+        p["point"]
+        for path in (ROOT / "benchmarks/results").glob("longrun_ratios_*.json")
+        for p in json.loads(path.read_text())["points"]
+    }
     assert {n for _, n in names} >= {p["point"] for p in nano["points"]}
     assert {n for m, n in names if m == "ratios"} == wider
     assert len({n for _, n in names}) == len(names)
@@ -121,12 +124,13 @@ def test_a_new_trend_report_is_new_points_without_code(tmp_path):
     assert any(r["point"] == "nano-2134016" for r in tokens_rows)
     meta = {"mode": "ratios", "command": "taperlm compare --paper ratios", "done": 2, "total": 5}
     report = {"meta": meta, "points": [shared, new]}
+    before = ratio_measurements.build(tmp_path)
     (tmp_path / "longrun_ratios_nano.json").write_text(json.dumps(report))
     doc = ratio_measurements.build(tmp_path)
     ratios = [p for p in doc["points"] if p["mode"] == "ratios"]
     assert ratios == [{**shared, "mode": "ratios"}, {**new, "mode": "ratios"}]
     assert [p["point"] for p in doc["points"]].count("nano-2134016") == 1
-    assert len(doc["points"]) == len(load_measurements()["points"]) + 1
+    assert len(doc["points"]) == len(before["points"]) + 1
     assert "benchmarks/results/longrun_ratios_nano.json" in [s["file"] for s in doc["sources"]]
     a = advice(266_816, 266_816 * 8.0, doc)
     assert a["where"] == "measured point" and a["nearest"][0]["status"] == "hurts"
@@ -138,12 +142,13 @@ def test_a_new_trend_report_is_new_points_without_code(tmp_path):
 def test_docs_table_is_the_packaged_points_and_says_what_they_say():
     """docs/compare.md shows the points plan reads (its own rendering) and its hand-written
     "which ratio" table agrees with them: every point at <= 0.5 tokens/param decided in the
-    taper's favour, fitted 1.78-1.90; at 2 tokens/param (0.27M) no decided difference, with the
+    taper's favour, fitted 1.82-1.96; at 2 tokens/param (0.27M) no decided difference, with the
     numbers the row quotes."""
     page = PAGE.read_text(encoding="utf-8")
     doc = load_measurements()
     assert points_markdown(doc) in page
-    short = [p for p in doc["points"] if p["tokens_per_param"] <= 0.5]
+    # "0.5 tokens/param" points train whole batches: 0.499 at nano, 0.5004 at micro
+    short = [p for p in doc["points"] if p["tokens_per_param"] < 0.51]
     assert len(short) >= 7 and all(status(p) == "helps" for p in short)
     fitted = sorted(p["best_ratio"]["best"] for p in short)
     row = next(line for line in page.splitlines() if line.startswith("| ≤ 0.5 |"))
@@ -304,7 +309,7 @@ def test_inside_the_measured_range():
             math.log10(2e6 / p["params"]), math.log10(0.5 / p["tokens_per_param"])
         ),
     )
-    assert a["nearest"][0]["point"] == want["point"] == "micro-327680"
+    assert a["nearest"][0]["point"] == want["point"] == "micro-529408"
     assert a["how_sure"].startswith("Interpolated: inside the measured range")
     assert f"{a['nearest'][0]['distance_decades']:.2f} decades away" in a["how_sure"]
 

@@ -359,10 +359,10 @@ def _flat_text(name: str) -> str:
 
 
 def test_ratio_axis_new_starts_are_the_kept_cells():
-    """docs/compare.md's table of 1.9, 1.95 and 2.0 against uniform on the ratio axis at nano is
-    the paired difference of the kept cells' validation losses (the token axis's uniform and
-    1.9 cells, the ratio axis's own 1.95 and 2.0), recomputed here: a cell or a number changed
-    fails."""
+    """docs/compare.md's table of 1.9, 1.95 and 2.0 against uniform on the ratio axis (nano at
+    0.5 and 8 tokens/param, micro at 0.5) is the paired difference of the kept cells' validation
+    losses (the token axis's uniform and 1.9 cells, the ratio axis's own 1.95 and 2.0),
+    recomputed here: a cell or a number changed fails."""
     import json
 
     from taperlm.stats import paired_difference
@@ -376,22 +376,23 @@ def test_ratio_axis_new_starts_are_the_kept_cells():
             for s in range(5)
         }
 
-    starts = (
-        ("cosine-1.9-0.1", "longrun_tokens_nano"),
-        ("cosine-1.95-0.05", "longrun_ratios_nano"),
-        ("cosine-2.0-0.0", "longrun_ratios_nano"),
-    )
     page = (ROOT / "docs/compare.md").read_text(encoding="utf-8")
-    for point, tpp in (("nano-133120", "0.5"), ("nano-2134016", "8")):
-        uniform = losses("longrun_tokens_nano", point, "uniform")
+    points = (("nano", "nano-133120", "0.5"), ("nano", "nano-2134016", "8"))
+    for size, point, tpp in (*points, ("micro", "micro-529408", "0.5")):
+        tokens, ratios = f"longrun_tokens_{size}", f"longrun_ratios_{size}"
+        uniform = losses(tokens, point, "uniform")
         cells = []
-        for allocation, root in starts:
+        for allocation, root in (
+            ("cosine-1.9-0.1", tokens),
+            ("cosine-1.95-0.05", ratios),
+            ("cosine-2.0-0.0", ratios),
+        ):
             d = paired_difference(losses(root, point, allocation), uniform)
             star = " *" if d.excludes_zero else ""
             better = sum(x < 0 for x in d.per_seed)
             mean_ci = {"mean": d.mean, "ci": d.ci}
             cells.append(f"{_diff_text(mean_ci)}{star}, {better}/{len(d.per_seed)}")
-        assert f"| {tpp} | {' | '.join(cells)} |" in page, (point, cells)
+        assert f"| {size}, {tpp} | {' | '.join(cells)} |" in page, (point, cells)
     # README's sentence: the fitted best start at 0.5 tokens/param, from the ratio axis's report
     report = json.loads((results / "longrun_ratios_nano.json").read_text())
     early = next(p for p in report["points"] if p["point"] == "nano-133120")["best_ratio"]
