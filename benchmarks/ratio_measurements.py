@@ -36,24 +36,20 @@ TREND_REPORTS = "longrun_*.json"
 
 def build(results: Path = RESULTS) -> dict[str, Any]:
     """The packaged file's content, from the reports in `results` (as JSON would read it back)."""
-    from taperlm.compare.longrun import TrendRow, keep_widest, trend_rows
+    from taperlm.compare.longrun import TrendRow, keep_widest, report_rows
     from taperlm.compare.paper import PAPER_440M, PAPER_BEST, PAPER_DIFF
-    from taperlm.compare.scaling import ScalingPoint
 
-    points: list[dict[str, Any]] = []
     sources = []
-    scaling = json.loads((results / SCALING_REPORT).read_text(encoding="utf-8"))
-    rows = trend_rows([ScalingPoint.from_json(p) for p in scaling["points"]])
-    points += [{**row.to_json(), "mode": "scaling"} for row in rows]
-    sources.append(_source(SCALING_REPORT, "scaling", scaling["meta"]))
+    mode, meta, rows = report_rows(results / SCALING_REPORT)
+    points: list[dict[str, Any]] = [{**row.to_json(), "mode": mode} for row in rows]
+    sources.append(_source(SCALING_REPORT, mode, meta))
     measured: list[tuple[TrendRow, str]] = []
     for path in sorted(results.glob(TREND_REPORTS)):
         if not path.is_file():
             continue
-        trend = json.loads(path.read_text(encoding="utf-8"))
-        mode = trend["meta"]["mode"]
-        measured += [(TrendRow.from_json(row), mode) for row in trend["points"]]
-        sources.append(_source(path.name, mode, trend["meta"]))
+        mode, meta, rows = report_rows(path)
+        measured += [(row, mode) for row in rows]
+        sources.append(_source(path.name, mode, meta))
     # a point both long-training modes measured is one point: the ratio axis's wider sweep
     mode_of = {id(row): mode for row, mode in measured}
     kept = keep_widest([row for row, _ in measured])

@@ -546,6 +546,9 @@ def test_every_report_read_together(tmp_path):
     _, trend = longrun.write_trend_report(_report(tmp_path / "b", nano), "tokens")
     rows = longrun.rows_of_reports([scaling, trend])
     assert [r.point for r in rows] == [p.point for p in (*micro, *nano)]
+    # each report names its mode (the packaged measurements keep it per row)
+    assert longrun.report_rows(scaling)[0] == "scaling"
+    assert longrun.report_rows(trend)[0] == "tokens"
     assert rows[:2] == longrun.trend_rows(micro)
     assert tuple(rows[2:]) == longrun.TrendReport.from_json(json.loads(trend.read_text())).points
     md, js = longrun.write_trend(tmp_path, rows, longrun.ALL_POINTS, "cmd", 5, 5)
@@ -561,7 +564,14 @@ def test_every_report_read_together(tmp_path):
         longrun.rows_of_reports([scaling, scaling])
     assert longrun.rows_of_reports([scaling, scaling], widest=True) == rows[:2]
     bad = tmp_path / "bad.json"
-    for content in ({"meta": {}}, [], {"points": [{"point": "x"}]}, {"points": "x"}):
+    for content in (
+        {"meta": {}},
+        [],
+        {"points": [{"point": "x"}]},
+        {"points": "x"},
+        {"points": [], "trends": {}, "meta": {}},  # a trend report that names no mode
+        {"points": [], "trends": {}, "meta": "tokens"},
+    ):
         bad.write_text(json.dumps(content))
         with pytest.raises(ConfigError, match=r"bad\.json"):
             longrun.rows_of_reports([bad])

@@ -123,7 +123,7 @@ def test_a_new_trend_report_is_new_points_without_code(tmp_path):
         row["best_ratio"].update(swept)
     assert any(r["point"] == "nano-2134016" for r in tokens_rows)
     meta = {"mode": "ratios", "command": "taperlm compare --paper ratios", "done": 2, "total": 5}
-    report = {"meta": meta, "points": [shared, new]}
+    report = {"meta": meta, "points": [shared, new], "trends": {}}  # as trend.json has it
     before = ratio_measurements.build(tmp_path)
     (tmp_path / "longrun_ratios_nano.json").write_text(json.dumps(report))
     doc = ratio_measurements.build(tmp_path)

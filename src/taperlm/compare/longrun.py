@@ -664,31 +664,41 @@ def write_trend_report(report_json: Path, mode: str) -> tuple[Path, Path]:
     return write_trend(report_json.parent, rows, mode, meta["command"], meta["done"], meta["total"])
 
 
+def report_rows(path: Path) -> tuple[str, dict[str, Any], list[TrendRow]]:
+    """(mode, meta, trend rows) of one report: a scaling report (`--paper scaling`'s
+    report.json; mode "scaling") through `trend_rows`, a trend report (`--paper tokens`/`ratios`'
+    trend.json; its meta's mode) as it is. Read bounded; a file that is neither is refused
+    naming it."""
+    doc = read_json(path, MAX_RECORD_BYTES, "scaling or trend report")
+    if not isinstance(doc, dict) or not isinstance(doc.get("points"), list):
+        raise ConfigError(
+            f"{path}: not a scaling report (report.json of --paper scaling) or a trend "
+            "report (trend.json of --paper tokens/ratios): it has no list of points"
+        )
+    meta = doc.get("meta")
+    meta = meta if isinstance(meta, dict) else {}
+    try:
+        if "trends" in doc:
+            mode = meta.get("mode")
+            if not isinstance(mode, str):
+                raise ValueError("its meta names no mode")
+            return mode, meta, [TrendRow.from_json(r) for r in doc["points"]]
+        return "scaling", meta, trend_rows([ScalingPoint.from_json(p) for p in doc["points"]])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ConfigError(
+            f"{path}: a point is not as the compare modes write it ({exc}); give a report "
+            "written by taperlm compare --paper scaling/tokens/ratios"
+        ) from exc
+
+
 def rows_of_reports(paths: list[Path], widest: bool = False) -> list[TrendRow]:
-    """The trend rows of several reports, in order: a scaling report (`--paper scaling`'s
-    report.json) through `trend_rows`, a trend report (`--paper tokens`/`ratios`' trend.json)
-    as it is. A point in two reports would count twice in a fit: refused, unless `widest`, which
-    keeps the row of the widest sweep (`keep_widest`: the ratio axis's where it and the token
-    axis measured one point)."""
+    """The trend rows of several reports (`report_rows`), in order. A point in two reports
+    would count twice in a fit: refused, unless `widest`, which keeps the row of the widest
+    sweep (`keep_widest`: the ratio axis's where it and the token axis measured one point)."""
     rows: list[TrendRow] = []
     seen: dict[str, Path] = {}
     for path in paths:
-        doc = read_json(path, MAX_RECORD_BYTES, "scaling or trend report")
-        if not isinstance(doc, dict) or not isinstance(doc.get("points"), list):
-            raise ConfigError(
-                f"{path}: not a scaling report (report.json of --paper scaling) or a trend "
-                "report (trend.json of --paper tokens/ratios): it has no list of points"
-            )
-        try:
-            if "trends" in doc:
-                mine = [TrendRow.from_json(r) for r in doc["points"]]
-            else:
-                mine = trend_rows([ScalingPoint.from_json(p) for p in doc["points"]])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(
-                f"{path}: a point is not as the compare modes write it ({exc}); give a report "
-                "written by taperlm compare --paper scaling/tokens/ratios"
-            ) from exc
+        _, _, mine = report_rows(path)
         for row in mine:
             if row.point in seen and not widest:
                 raise ConfigError(
