@@ -318,6 +318,47 @@ def test_the_kept_cells_resume_the_long_training_modes(path):
             assert cfg["train"]["tokens"] == point["tokens"], p
 
 
+@pytest.mark.parametrize("path", LONGRUN_REPORTS, ids=lambda p: p.stem)
+def test_a_point_under_way_is_quoted_as_its_kept_cells(path):
+    """A point whose cells are kept but which its trend report does not have yet (under way:
+    rerunning the mode resumes it) is quoted in docs/compare.md as its kept cells say: how many
+    of its reported cells are done, and each taper's mean difference from uniform over the
+    seeds every allocation has (an interim reading, so the page cannot go stale as cells land)."""
+    import json
+
+    from taperlm.compare import longrun
+    from taperlm.compare.options import PAPER_MODE_SEEDS
+
+    mode = path.stem.split("_")[1]
+    kept = ROOT / "benchmarks/results" / path.stem
+    measured = {p["point"] for p in json.loads(path.read_text())["points"]}
+    page = _flat_text("docs/compare.md")
+    for point in sorted(p.name for p in kept.iterdir() if p.is_dir()):
+        if point in measured:
+            continue
+        loss = {
+            r.parent.name: json.loads(r.read_text())["val"]["loss"]
+            for r in (kept / point / "runs").glob("*-s[0-9]/result.json")
+        }
+        total = (1 + len(longrun.plan_of(mode).starts)) * PAPER_MODE_SEEDS
+        assert f"{point} is under way: {len(loss)} of its {total} reported cells" in page
+        seeds: dict[str, set[int]] = {}
+        for name in loss:
+            allocation, seed = name.rsplit("-s", 1)
+            seeds.setdefault(allocation, set()).add(int(seed))
+        common = sorted(set.intersection(*seeds.values()))
+        if not common or len(seeds) < 1 + len(longrun.plan_of(mode).starts):
+            continue  # no seed every allocation has yet: nothing to quote
+        means = []
+        for allocation in sorted(a for a in seeds if a != "uniform"):
+            _, start, end = allocation.split("-")
+            diff = [loss[f"{allocation}-s{s}"] - loss[f"uniform-s{s}"] for s in common]
+            means.append(f"{start}→{end} {sum(diff) / len(diff):+.4f}".replace("-", "−"))
+        seeds_text = f"seeds {common[0]}–{common[-1]}" if len(common) > 1 else f"seed {common[0]}"
+        quoted = f"{point} over {seeds_text} (interim, not a result): {', '.join(means)}"
+        assert quoted in page, quoted
+
+
 @pytest.mark.unit
 def test_wsd_first_look_against_cosine_table_is_the_two_summaries():
     """docs/compare.md's first-look table of WSD against cosine is `wsd_first_look.side_by_side`
