@@ -305,10 +305,7 @@ def test_the_kept_cells_resume_the_long_training_modes(path):
             for k in kept
             for p in (k / point["point"] / "runs").glob("*-s[0-9]/result.json")
         }
-        seeds: dict[str, set[str]] = {}
-        for name in reported:
-            allocation, seed = name.rsplit("-s", 1)
-            seeds.setdefault(allocation, set()).add(seed)
+        seeds = _seeds_by_allocation(reported)
         assert len(seeds) == allocations, (point["point"], sorted(seeds))
         # every allocation at the same seeds, at least 3 (a missing cell is a gap in the pairs)
         first = next(iter(seeds.values()))
@@ -332,6 +329,7 @@ def test_a_point_under_way_is_quoted_as_its_kept_cells(path):
     mode = path.stem.split("_")[1]
     kept = ROOT / "benchmarks/results" / path.stem
     measured = {p["point"] for p in json.loads(path.read_text())["points"]}
+    allocations = 1 + len(longrun.plan_of(mode).starts)
     page = _flat_text("docs/compare.md")
     for point in sorted(p.name for p in kept.iterdir() if p.is_dir()):
         if point in measured:
@@ -340,14 +338,13 @@ def test_a_point_under_way_is_quoted_as_its_kept_cells(path):
             r.parent.name: json.loads(r.read_text())["val"]["loss"]
             for r in (kept / point / "runs").glob("*-s[0-9]/result.json")
         }
-        total = (1 + len(longrun.plan_of(mode).starts)) * PAPER_MODE_SEEDS
+        total = allocations * PAPER_MODE_SEEDS
         assert f"{point} is under way: {len(loss)} of its {total} reported cells" in page
-        seeds: dict[str, set[int]] = {}
-        for name in loss:
-            allocation, seed = name.rsplit("-s", 1)
-            seeds.setdefault(allocation, set()).add(int(seed))
-        common = sorted(set.intersection(*seeds.values()))
-        if not common or len(seeds) < 1 + len(longrun.plan_of(mode).starts):
+        seeds = _seeds_by_allocation(loss)
+        if len(seeds) < allocations:
+            continue  # an allocation has no cell yet: no paired difference to quote
+        common = sorted(set.intersection(*seeds.values()), key=int)
+        if not common:
             continue  # no seed every allocation has yet: nothing to quote
         means = []
         for allocation in sorted(a for a in seeds if a != "uniform"):
@@ -382,6 +379,15 @@ def test_wsd_first_look_against_cosine_table_is_the_two_summaries():
     assert W.side_by_side(wsd, cosine) in page
     with pytest.raises(ValueError, match="more than the schedule"):
         W.side_by_side(wsd, {**cosine, "lr": 0.004})
+
+
+def _seeds_by_allocation(cells) -> dict[str, set[str]]:
+    """The seeds of each allocation among cell names ALLOCATION-sSEED (a run folder's name)."""
+    seeds: dict[str, set[str]] = {}
+    for name in cells:
+        allocation, seed = name.rsplit("-s", 1)
+        seeds.setdefault(allocation, set()).add(seed)
+    return seeds
 
 
 def _diff_text(diff: dict, digits: int = 4, unit: str = "") -> str:
