@@ -259,7 +259,7 @@ def _verdict(
         )
         text = (
             f"The advantage is gone: at {_where_point(g)}, the longest training measured that is "
-            f"not longer than your run's, no taper beats uniform (best measured "
+            f"not longer than your run's, no taper decidedly beats uniform (best measured "
             f"{_best_measured(g)}; "
             f"1.5 -> 0.5: {_diff(g['diff_1.5'])}). Your run trains {how_long} that: the "
             "measurements here favour no taper — uniform, or a mild taper at no measured gain."
@@ -283,7 +283,7 @@ def _verdict(
                 ),
             )
             text += (
-                f" Longer training loses it: at {_where_point(g)} no taper beats uniform "
+                f" Longer training loses it: at {_where_point(g)} no taper decidedly beats uniform "
                 f"(best measured {_best_measured(g)}; 1.5 -> 0.5: {_diff(g['diff_1.5'])})."
             )
     elif first["status"] == "hurts":
@@ -330,10 +330,17 @@ def _how_sure(a: dict[str, Any]) -> str:
     parts = []
     dp, dt = a["outside_decades"]["params"], a["outside_decades"]["tokens_per_param"]
     run = a["run"]
-    if dp > 0:
+    # within SAME_POINT_DECADES of an end of the range a run is as far out as that end ("0.0
+    # decades longer" says nothing), yet still worth naming: the longest training was measured
+    # at another size
+    if dp > SAME_POINT_DECADES:
         parts.append(f"{dp:.1f} decades larger than the largest model measured ({_params(hi)})")
-    elif dp < 0:
+    elif dp > 0:
+        parts.append(f"as large as the largest model measured ({_params(hi)})")
+    elif dp < -SAME_POINT_DECADES:
         parts.append(f"{-dp:.1f} decades smaller than the smallest model measured ({_params(lo)})")
+    elif dp < 0:
+        parts.append(f"as small as the smallest model measured ({_params(lo)})")
     if dt > 0:
         longest = a["longest_measured"]
         size_gap = math.log10(run["params"] / longest["params"])
@@ -342,14 +349,17 @@ def _how_sure(a: dict[str, Any]) -> str:
             if abs(size_gap) > SAME_POINT_DECADES
             else "your run's size"
         )
+        how_far = f"{dt:.1f} decades longer than" if dt > SAME_POINT_DECADES else "as long as"
         parts.append(
-            f"{dt:.1f} decades longer than the longest training measured ({_tpp(t_hi)} "
+            f"{how_far} the longest training measured ({_tpp(t_hi)} "
             f"tokens/param, at {_params(longest['params'])} params: {gap})"
         )
-    elif dt < 0:
+    elif dt < -SAME_POINT_DECADES:
         parts.append(
             f"{-dt:.1f} decades shorter than the shortest training measured ({_tpp(t_lo)} tokens/param)"
         )
+    elif dt < 0:
+        parts.append(f"as short as the shortest training measured ({_tpp(t_lo)} tokens/param)")
     return (
         f"Extrapolated: your run ({_params(run['params'])} params, "
         f"{_tpp(run['tokens_per_param'])} tokens/param) is {' and '.join(parts)}; the nearest "

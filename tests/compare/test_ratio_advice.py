@@ -249,10 +249,45 @@ def test_the_advantage_is_gone_only_where_training_no_longer_than_the_run_lost_i
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize(
+    "params, tpp, far, near",
+    [  # each end of each axis, once just past it (within a point's 0.05 decades) and once far
+        (1e7 * 1.05, 1.0, "0.0 decades larger", "as large as the largest model measured (10M)"),
+        (1e7 * 30, 1.0, "1.5 decades larger than the largest model measured (10M)", None),
+        (1e5 / 1.05, 1.0, "0.0 decades smaller", "as small as the smallest model measured"),
+        (1e5 / 30, 1.0, "1.5 decades smaller than the smallest model measured", None),
+        (1e6, 10 * 1.05, "0.0 decades longer", "as long as the longest training measured (10 "),
+        (1e6, 10 * 30, "1.5 decades longer than the longest training measured (10 ", None),
+        (1e6, 0.1 / 1.05, "0.0 decades shorter", "as short as the shortest training measured"),
+        (1e6, 0.1 / 30, "1.5 decades shorter than the shortest training measured", None),
+    ],
+)
+def test_how_far_outside_is_said_at_every_end(params, tpp, far, near):
+    """Past an end of the measured range by less than a point's width the advice says the run is
+    as large / small / long / short as that end, never "0.0 decades"; further out it gives the
+    decades. Points span 1e5-1e7 params and 0.1-10 tokens/param, apart from the run."""
+    doc = _doc(
+        _point("a-1", 1e5, 0.1, HELPS),
+        _point("b-1", 1e7, 0.1, HELPS),
+        _point("c-1", 1e5, 10.0, UNDECIDED),
+        _point("d-1", 1e7, 10.0, UNDECIDED),
+    )
+    a = advice(params, params * tpp, doc)
+    sure = a["how_sure"]
+    assert a["where"] == "outside" and sure.startswith("Extrapolated")
+    assert "0.0 decades" not in sure
+    if near is None:
+        assert far in sure
+    else:
+        assert near in sure and far not in sure
+
+
+@pytest.mark.unit
 def test_far_outside_the_paper_run():
     """440M parameters at 68 tokens/param: 1.9 decades larger than the largest model measured
-    (6.1M), 0.3 decades longer than the longest training (32 tokens/param, at 0.27M: 3.2 decades
-    smaller), the advantage gone at that longest point, the paper's own 1.5 -> 0.5 beside it."""
+    (6.1M), as long as the longest training (68 tokens/param, at 0.27M), so nothing is said of
+    training beyond it; the advantage gone at that longest point, the paper's own 1.5 -> 0.5
+    beside it."""
     doc = load_measurements()
     a = advice(440e6, 30e9, doc, taper="cosine:1.5:0.5", family="transformer")
     biggest = max(p["params"] for p in doc["points"])
@@ -262,15 +297,21 @@ def test_far_outside_the_paper_run():
     assert a["outside_decades"]["tokens_per_param"] == pytest.approx(
         math.log10(30e9 / 440e6 / longest["tokens_per_param"])
     )
-    assert biggest == 6_099_648 and longest["point"] == "nano-8538112"
+    assert biggest == 6_099_648 and longest["point"] == "nano-18143232"
     sure = a["how_sure"]
     assert sure.startswith("Extrapolated")
     assert "1.9 decades larger than the largest model measured (6.1M)" in sure
-    assert "0.3 decades longer than the longest training measured (32 tokens/param" in sure
-    assert "3.2 decades smaller than your run" in sure
-    assert [g["point"] for g in a["advantage_gone_at"]] == ["nano-8538112"]
-    assert a["verdict"].startswith("The advantage is gone: at nano-8538112")
-    assert "best measured uniform; 1.5 -> 0.5: +0.0064" in a["verdict"]
+    # 68.2 against 68 tokens/param: as long, not "0.0 decades longer"
+    assert "as long as the longest training measured (68 tokens/param" in sure
+    assert "3.2 decades smaller than your run" in sure and "decades longer" not in sure
+    assert [g["point"] for g in a["advantage_gone_at"]] == ["nano-18143232"]
+    assert a["verdict"].startswith("The advantage is gone: at nano-18143232")
+    assert "no taper decidedly beats uniform" in a["verdict"]
+    assert (
+        "best measured 0.5 -> 1.5: -0.0005" in a["verdict"]
+        and "1.5 -> 0.5: +0.0017" in a["verdict"]
+    )
+    assert "Your run trains as long as that" in a["verdict"]
     assert a["paper"]["distance_decades"] == pytest.approx(0, abs=1e-3)
     assert "nearer the paper's point" in a["verdict"] and "cosine 1.5 -> 0.5" in a["verdict"]
     assert "disagrees" in a["verdict"]
