@@ -253,10 +253,8 @@ def _verdict(
             gone,
             key=lambda p: distance(a["run"]["params"], run_t, p["params"], p["tokens_per_param"]),
         )
-        longer = math.log10(run_t / g["tokens_per_param"])
-        how_long = (
-            "as long as" if longer <= SAME_POINT_DECADES else f"{longer:.1f} decades longer than"
-        )
+        # g trains at most SAME_POINT_DECADES longer than the run: "as long as" at worst
+        how_long = _how_far(max(math.log10(run_t / g["tokens_per_param"]), 0.0), "long", "short")
         text = (
             f"The advantage is gone: at {_where_point(g)}, the longest training measured that is "
             f"not longer than your run's, no taper decidedly beats uniform (best measured "
@@ -315,6 +313,18 @@ def _paper_ratio(paper: dict[str, Any]) -> str:
     return f"{paper['best']:g} -> {2 - paper['best']:g}"
 
 
+_COMPARATIVE = {"large": "larger", "small": "smaller", "long": "longer", "short": "shorter"}
+
+
+def _how_far(decades: float, up: str, down: str) -> str:
+    """How far past a measured end a run is, `decades` out (< 0: below it): "1.5 decades larger
+    than", or "as large as" within a point's SAME_POINT_DECADES ("0.0 decades" says nothing)."""
+    word = up if decades >= 0 else down
+    if abs(decades) <= SAME_POINT_DECADES:
+        return f"as {word} as"
+    return f"{abs(decades):.1f} decades {_COMPARATIVE[word]} than"
+
+
 def _how_sure(a: dict[str, Any]) -> str:
     near = a["nearest"][0]
     lo, hi = a["measured_range"]["params"]
@@ -330,17 +340,12 @@ def _how_sure(a: dict[str, Any]) -> str:
     parts = []
     dp, dt = a["outside_decades"]["params"], a["outside_decades"]["tokens_per_param"]
     run = a["run"]
-    # within SAME_POINT_DECADES of an end of the range a run is as far out as that end ("0.0
-    # decades longer" says nothing), yet still worth naming: the longest training was measured
-    # at another size
-    if dp > SAME_POINT_DECADES:
-        parts.append(f"{dp:.1f} decades larger than the largest model measured ({_params(hi)})")
-    elif dp > 0:
-        parts.append(f"as large as the largest model measured ({_params(hi)})")
-    elif dp < -SAME_POINT_DECADES:
-        parts.append(f"{-dp:.1f} decades smaller than the smallest model measured ({_params(lo)})")
-    elif dp < 0:
-        parts.append(f"as small as the smallest model measured ({_params(lo)})")
+    if dp:
+        largest = dp > 0
+        parts.append(
+            f"{_how_far(dp, 'large', 'small')} the {'largest' if largest else 'smallest'} model "
+            f"measured ({_params(hi if largest else lo)})"
+        )
     if dt > 0:
         longest = a["longest_measured"]
         size_gap = math.log10(run["params"] / longest["params"])
@@ -349,17 +354,15 @@ def _how_sure(a: dict[str, Any]) -> str:
             if abs(size_gap) > SAME_POINT_DECADES
             else "your run's size"
         )
-        how_far = f"{dt:.1f} decades longer than" if dt > SAME_POINT_DECADES else "as long as"
         parts.append(
-            f"{how_far} the longest training measured ({_tpp(t_hi)} "
+            f"{_how_far(dt, 'long', 'short')} the longest training measured ({_tpp(t_hi)} "
             f"tokens/param, at {_params(longest['params'])} params: {gap})"
         )
-    elif dt < -SAME_POINT_DECADES:
-        parts.append(
-            f"{-dt:.1f} decades shorter than the shortest training measured ({_tpp(t_lo)} tokens/param)"
-        )
     elif dt < 0:
-        parts.append(f"as short as the shortest training measured ({_tpp(t_lo)} tokens/param)")
+        parts.append(
+            f"{_how_far(dt, 'long', 'short')} the shortest training measured ({_tpp(t_lo)} "
+            "tokens/param)"
+        )
     return (
         f"Extrapolated: your run ({_params(run['params'])} params, "
         f"{_tpp(run['tokens_per_param'])} tokens/param) is {' and '.join(parts)}; the nearest "
