@@ -308,7 +308,7 @@ def test_far_outside_the_paper_run():
     assert a["verdict"].startswith("The advantage is gone: at nano-18143232")
     assert "no taper decidedly beats uniform" in a["verdict"]
     assert (
-        "best measured 0.5 -> 1.5: -0.0005" in a["verdict"]
+        "best measured 2.0 -> 0.0: -0.0209" in a["verdict"]
         and "1.5 -> 0.5: +0.0017" in a["verdict"]
     )
     assert "Your run trains as long as that" in a["verdict"]

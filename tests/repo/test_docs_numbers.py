@@ -424,7 +424,11 @@ def test_ratio_axis_new_starts_are_the_kept_cells():
         }
 
     page = (ROOT / "docs/compare.md").read_text(encoding="utf-8")
-    points = (("nano", "nano-133120", "0.5"), ("nano", "nano-2134016", "8"))
+    points = (
+        ("nano", "nano-133120", "0.5"),
+        ("nano", "nano-2134016", "8"),
+        ("nano", "nano-18143232", "68"),
+    )
     for size, point, tpp in (*points, ("micro", "micro-529408", "0.5")):
         tokens, ratios = f"longrun_tokens_{size}", f"longrun_ratios_{size}"
         uniform = losses(tokens, point, "uniform")
@@ -448,6 +452,12 @@ def test_ratio_axis_new_starts_are_the_kept_cells():
     assert fitted in _flat_text("README.md")
     late = next(p for p in report["points"] if p["point"] == "nano-2134016")
     assert late["best_measured"] == "uniform"
+    longest = next(p for p in report["points"] if p["point"] == "nano-18143232")
+    steep = longest["diff_best"]
+    assert (
+        f"{longest['best_measured'].replace('cosine:', '').replace(':', ' → ')}: {_diff_text(steep, digits=3)}"
+        in _flat_text("README.md")
+    )
 
 
 @pytest.mark.unit
