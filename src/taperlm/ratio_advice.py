@@ -38,6 +38,9 @@ NEAREST = 3  # measured points the advice shows
 # 12%, well inside the spread of the budgets a sweep names one point (whole steps of a batch).
 SAME_POINT_DECADES = 0.05
 WIDTH = 100  # columns of the printed advice
+# A cosine start from which the verdict calls a winning taper steep: the paper's 1.5 -> 0.5 and
+# milder are plain tapers, 1.75 -> 0.25 and beyond (what short training favours) steep ones.
+STEEP_START = 1.75
 
 _POINT_KEYS = ("point", "size", "params", "tokens_per_param", "diff_1.5", "best_measured",
                "diff_best", "best_ratio", "mode")  # fmt: skip
@@ -203,6 +206,25 @@ def _ratio(taper: str | None) -> str:
     return f"{start} -> {end}"
 
 
+def _start(taper: str | None) -> float | None:
+    """The start of a cosine taper ("cosine:0.75:1.25" -> 0.75); None for anything else."""
+    if not taper or not taper.startswith("cosine:"):
+        return None
+    return float(taper.split(":")[1])
+
+
+def _which_way(taper: str | None) -> str:
+    """How the verdict opens for a taper that beats uniform. The measured winners run from
+    inverse tapers (MLPs widening with depth, start below 1) to the steepest start swept, so
+    the opening says which way, and how steeply, the winner tapers."""
+    start = _start(taper)
+    if start is None or start == 1.0:
+        return "Taper"
+    if start < 1.0:
+        return "Widen with depth (an inverse taper)"
+    return "Taper, steeply" if start >= STEEP_START else "Taper"
+
+
 def _best_measured(p: dict[str, Any]) -> str:
     """ "1.75 -> 0.25: -0.0660 [...]", or "uniform" alone when no swept taper beats it (its
     difference to itself is 0, and the 1.5 -> 0.5 one is reported beside it)."""
@@ -264,8 +286,9 @@ def _verdict(
         )
     elif first["status"] == "helps":
         text = (
-            f"Taper, steeply: at the nearest measured point, {_where_point(first)}, the best "
-            f"measured ratio is cosine {_ratio(first['best_measured'])} "
+            f"{_which_way(first['best_measured'])}: at the nearest measured point, "
+            f"{_where_point(first)}, the best measured ratio is cosine "
+            f"{_ratio(first['best_measured'])} "
             f"({_diff(first['diff_best'])} nats vs uniform; 1.5 -> 0.5: "
             f"{_diff(first['diff_1.5'])}), the fitted best start {_best_start(first['best_ratio'])}."
         )
@@ -298,7 +321,9 @@ def _verdict(
         )
     paper = a["paper"]
     if paper["distance_decades"] < first["distance_decades"]:
-        agree = "agrees" if first["status"] == "helps" and not gone else "disagrees"
+        # the paper's winner narrows with depth: a measured inverse taper does not agree with it
+        narrows = (_start(first["best_measured"]) or 0.0) > 1.0
+        agree = "agrees" if first["status"] == "helps" and narrows and not gone else "disagrees"
         text += (
             f" Your run is nearer the paper's point ({_params(paper['params'])} params, "
             f"{_tpp(paper['tokens_per_param'])} tokens/param: {paper['distance_decades']:.2f} "

@@ -244,6 +244,35 @@ def test_the_advantage_is_gone_only_where_training_no_longer_than_the_run_lost_i
     assert "The advantage is gone" in a["verdict"] and "1.0 decades longer" in a["verdict"]
 
 
+@pytest.mark.unit
+def test_the_verdict_says_which_way_the_winning_taper_runs():
+    """A decided winner can be any start swept, from an inverse taper (MLPs widening with depth:
+    micro at 2 tokens/param measured 0.75 -> 1.25 best) to the steepest: the verdict opens with
+    its direction, and only a winner that narrows with depth agrees with the paper's 1.5 -> 0.5."""
+    openings = {
+        "cosine:0.5:1.5": "Widen with depth (an inverse taper): ",
+        "cosine:0.75:1.25": "Widen with depth (an inverse taper): ",
+        "cosine:1.25:0.75": "Taper: ",
+        "cosine:1.5:0.5": "Taper: ",
+        "cosine:1.75:0.25": "Taper, steeply: ",
+        "cosine:1.9:0.1": "Taper, steeply: ",
+        "cosine:2.0:0.0": "Taper, steeply: ",
+    }
+    for taper, opening in openings.items():
+        start = float(taper.split(":")[1])
+        # nearest to the run, trained on the run's budget: neither gone nor lost by longer training
+        p = _point("s-a", 1e6, 1.0, HELPS, best_taper=taper, fitted=start)
+        verdict = advice(1e6, 1e6, _doc(p))["verdict"]
+        assert verdict.startswith(opening), (taper, verdict)
+        assert f"the best measured ratio is cosine {start:g}" in verdict.replace(".0 ", " ")
+        # a run beside the paper's point, the measured point trained longer (nothing gone): the
+        # paper's narrowing winner agrees with a narrowing one only
+        far = _point("s-b", 1e8, 100.0, HELPS, best_taper=taper, fitted=start)
+        verdict = advice(440e6, 440e6 * 68.18, _doc(far))["verdict"]
+        agrees = "which agrees with the measurements here" in verdict
+        assert agrees == (start > 1.0), (taper, verdict)
+
+
 # ----------------------------------------------------------------------------------------------
 # the advice at the documented kinds of run
 
