@@ -142,8 +142,8 @@ def test_a_new_trend_report_is_new_points_without_code(tmp_path):
 def test_docs_table_is_the_packaged_points_and_says_what_they_say():
     """docs/compare.md shows the points plan reads (its own rendering) and its hand-written
     "which ratio" table agrees with them: every point at <= 0.5 tokens/param decided in the
-    taper's favour, fitted 1.82-1.96; at 2 tokens/param (0.27M) no decided difference, with the
-    numbers the row quotes."""
+    taper's favour, fitted 1.82-1.96; at 2 tokens/param no decided difference at 0.27M and an
+    inverse taper ahead at 1.06M, with the numbers the row quotes."""
     page = PAGE.read_text(encoding="utf-8")
     doc = load_measurements()
     assert points_markdown(doc) in page
@@ -153,20 +153,30 @@ def test_docs_table_is_the_packaged_points_and_says_what_they_say():
     fitted = sorted(p["best_ratio"]["best"] for p in short)
     row = next(line for line in page.splitlines() if line.startswith("| ≤ 0.5 |"))
     assert f"fitted {fitted[0]:.2f}–{fitted[-1]:.2f}" in row
-    two = [p for p in doc["points"] if p["size"] == "nano" and abs(p["tokens_per_param"] - 2) < 0.1]
-    assert len(two) == 1 and status(two[0]) == "undecided"
-    d = two[0]["diff_1.5"]
+    two = {p["size"]: p for p in doc["points"] if abs(p["tokens_per_param"] - 2) < 0.1}
+    assert sorted(two) == ["micro", "nano"]
+    assert status(two["nano"]) == "undecided" and status(two["micro"]) == "helps"
+    assert two["micro"]["best_measured"] == "cosine:0.75:1.25"  # an inverse taper
 
     def minus(x: float) -> str:
         return f"{x:+.3f}".replace("-", "−")
 
-    quoted = f"{minus(d['mean'])} [{minus(d['ci'][0])}, {minus(d['ci'][1])}]"
+    def quoted(d: dict) -> str:
+        return f"{minus(d['mean'])} [{minus(d['ci'][0])}, {minus(d['ci'][1])}]"
+
     row = next(line for line in page.splitlines() if line.startswith("| ≈ 2–2.5 |"))
-    assert quoted in row
-    # and plan's advice at those points says the same
-    assert advice(two[0]["params"], two[0]["tokens"], doc)["verdict"].startswith(
-        "The advantage is gone"
-    )
+    for d in (two["nano"]["diff_1.5"], two["micro"]["diff_1.5"], two["micro"]["diff_best"]):
+        assert quoted(d) in row
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    for d in (two["micro"]["diff_1.5"], two["micro"]["diff_best"]):
+        assert quoted(d) in readme  # README's sentence on micro at 2 tokens/param
+    # and plan's advice at those points says the same: nothing decided at 0.27M (micro's inverse
+    # taper, decided at the same budget, keeps the token axis from calling it gone), and the
+    # inverse taper at 1.06M
+    verdict = advice(two["nano"]["params"], two["nano"]["tokens"], doc)["verdict"]
+    assert verdict.startswith("No decided advantage")
+    verdict = advice(two["micro"]["params"], two["micro"]["tokens"], doc)["verdict"]
+    assert verdict.startswith("Widen with depth (an inverse taper)")
     nano_short = next(p for p in short if p["size"] == "nano")
     assert advice(nano_short["params"], nano_short["tokens"], doc)["verdict"].startswith(
         "Taper, steeply"

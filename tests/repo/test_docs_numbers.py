@@ -268,6 +268,11 @@ def test_the_trend_across_every_point_is_its_reports():
         assert " ".join(line.removeprefix("- ").split()) in page
     assert "(img/all-points-advantage.png)" in page
     assert (ROOT / "docs/img/all-points-advantage.png").is_file()
+    # README's verdict quotes the extrapolation to 440M at 68 tokens/param as the fit gives it
+    fit = committed["trends"]["diff_1.5"]["440m"]
+    lo, hi = fit["prediction_ci"]
+    said = f"{fit['prediction']:+.3f} [{lo:+.3f}, {hi:+.3f}] nats".replace("-", "−")
+    assert said in " ".join((ROOT / "README.md").read_text(encoding="utf-8").split()), said
 
 
 @pytest.mark.parametrize("path", LONGRUN_REPORTS, ids=lambda p: p.stem)
