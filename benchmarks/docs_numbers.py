@@ -204,6 +204,45 @@ def ratio_advice_block() -> str:
     return f"```\n{text[text.index('ratio advice:') :].rstrip()}\n```"
 
 
+def gpu_measurements_table() -> str:
+    """What the one GPU lease measured (benchmarks/results/gpu.json and scale.json)."""
+    gpu = json.loads((ROOT / "benchmarks/results/gpu.json").read_text(encoding="utf-8"))
+    scale = json.loads((ROOT / "benchmarks/results/scale.json").read_text(encoding="utf-8"))
+    m = gpu["machine"]
+    lines = [
+        f"{m['gpu']}, torch {m['torch']}, batch {gpu['batch']} x {gpu['seq']}, bf16 autocast, "
+        "fused AdamW (`benchmarks/results/gpu.json`, `scale.json`):",
+        "",
+        "| setup | preset | taper | compiled | tokens/s | MFU | peak GiB | planned GiB "
+        "| compile s | DCP save / load s (GB) |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+
+    def row(setup: str, r: dict, compiled: str, cache: str = "") -> str:
+        planned = f"{r['planned_GiB']:.1f}" if "planned_GiB" in r else "-"
+        dcp = (
+            f"{r['dcp_save_s']:.1f} / {r['dcp_load_s']:.1f} ({r['dcp_GB']:.2f})"
+            if "dcp_save_s" in r
+            else "-"
+        )
+        warm = f"{r['warmup_s']:.1f}{cache}" if r["mode"] == "compile" else "-"
+        return (
+            f"| {setup} | {r['family']}-440m | {r['taper']} | {compiled} | {r['tokens/s']:,.0f} "
+            f"| {r['mfu_%']:.1f} % | {r['peak_GiB']:.1f} | {planned} | {warm} | {dcp} |"
+        )
+
+    for r in gpu["rows"]:
+        compiled = "whole model" if r["mode"] == "compile" else "no"
+        # The plain-module rows were timed in a second invocation, with Inductor's cache warm.
+        setup = f"plain module, widths x {gpu['multiple_of']}"
+        lines.append(row(setup, r, compiled, " (cached)"))
+    for r in scale["rows"]:
+        n = r.get("graphs", 0)
+        compiled = f"per block ({n} graph{'s' * (n != 1)})" if r["mode"] == "compile" else "no"
+        lines.append(row(f"FSDP2 on 1 rank, widths x {scale['multiple_of']}", r, compiled))
+    return "\n".join(lines)
+
+
 @dataclass(frozen=True)
 class Block:
     page: str
@@ -215,6 +254,7 @@ BLOCKS = {
     "scaling-plan-440m": Block("docs/scaling.md", scaling_plan_block, True),
     "scaling-plan-settings": Block("docs/scaling.md", scaling_settings_table, True),
     "scaling-recipe-numbers": Block("docs/scaling.md", scaling_recipe_numbers, True),
+    "scaling-gpu-measured": Block("docs/scaling.md", gpu_measurements_table, False),
     "architectures-params": Block("docs/architectures.md", architectures_params_table, False),
     "architectures-flops": Block("docs/architectures.md", architectures_flops_table, False),
     "tapers-presets": Block("docs/tapers.md", tapers_presets_table, False),

@@ -206,7 +206,7 @@ def write_shards(
                 state, storage_writer=writer, process_group=process_group, no_dist=no_dist
             )
         done: Future = Future()
-        done.set_result(own_files(meta, rank, world))
+        done.set_result(own_files(meta, rank, world, tmp))
         return done
     with _quiet():
         upload = torch_dcp.async_save(
@@ -217,7 +217,7 @@ def write_shards(
 
     def finished(f: Future) -> None:
         try:
-            result.set_result(own_files(f.result(), rank, world))
+            result.set_result(own_files(f.result(), rank, world, tmp))
         except BaseException as err:  # surfaced by the caller's .result()
             result.set_exception(err)
 
@@ -225,10 +225,20 @@ def write_shards(
     return result
 
 
-def own_files(metadata: Any, rank: int, world: int) -> list[str]:
+def own_files(metadata: Any, rank: int, world: int, root: Path) -> list[str]:
     """Files of a just-written checkpoint that `rank` hashes: those it wrote (`__<rank>_...`),
-    plus `.metadata` on rank 0; files of no rank's pattern go round-robin."""
-    files = sorted({s.relative_path for s in metadata.storage_data.values()})
+    plus `.metadata` on rank 0; files of no rank's pattern go round-robin.
+
+    The names come from the metadata `save` returns; where that carries no storage map (torch
+    2.11's `save` returned `storage_data=None` on an H200 machine, 2026-12-04), from the data
+    files in `root`, which this rank's `save` has finished writing by then."""
+    storage = getattr(metadata, "storage_data", None)
+    if storage:
+        files = sorted({s.relative_path for s in storage.values()})
+    else:
+        files = sorted(
+            p.name for p in Path(root).iterdir() if p.is_file() and p.suffix == ".distcp"
+        )
     mine = [f for f in files if f.startswith(f"__{rank}_")]
     orphans = [f for f in files if not any(f.startswith(f"__{r}_") for r in range(world))]
     mine += orphans[rank::world]
