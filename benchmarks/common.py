@@ -175,6 +175,19 @@ def write_json(name: str, data: dict[str, Any], out: str | Path | None = None) -
     )
 
 
+def failure_note(label: str, err: BaseException) -> str:
+    """A GPU benchmark's note for a part that raised: the traceback goes to stderr, the note
+    (`label: failed (Type: message)`) into the results, and the command goes on with the next
+    part. A lease of a GPU is minutes long: one broken part must not cost the others' numbers
+    (2026-12-04: a DCP error in gpu.py's memory section lost the mfu rows measured before it)."""
+    import sys
+    import traceback
+
+    traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
+    message = " ".join(str(err).split())[:300]
+    return f"{label}: failed ({type(err).__name__}: {message})"
+
+
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     """A plain fixed-width text table of `rows` restricted to `columns`."""
 

@@ -45,6 +45,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     add_gpu_benchmark_arguments,
+    failure_note,
     gpu_or_smoke,
     machine_info,
     raise_recompile_limit,
@@ -148,6 +149,10 @@ def mfu_section(
                 except NotImplementedError as err:
                     clock.notes.append(f"{label}: skipped ({err})")
                     print("not implemented", flush=True)
+                    r = None
+                except Exception as err:  # a note; the other rows go on
+                    clock.notes.append(failure_note(label, err))
+                    print("failed", flush=True)
                     r = None
                 finally:
                     release(device, compiled=mode == "compile")
@@ -258,6 +263,10 @@ def taper_section(args: argparse.Namespace, device: torch.device, clock: Clock) 
                 clock.notes.append(f"{label}: out of memory at batch {args.batch} x {seq}")
                 print("out of memory", flush=True)
                 continue
+            except Exception as err:  # a note; the other taper still runs
+                clock.notes.append(failure_note(label, err))
+                print("failed", flush=True)
+                continue
             finally:
                 release(device, compiled=False)
             losses = [
@@ -349,11 +358,24 @@ def main(argv: list[str] | None = None) -> int:
         "taper": taper_section,
     }
     results: dict[str, list[dict]] = {}
+
+    def run_section(name: str, section: Any, **kw: Any) -> list[dict]:
+        """One section; what it raised becomes a note, and the report is rewritten after it,
+        so neither an error nor a kill at the lease's end loses the sections before."""
+        try:
+            rows = section(args, device, clock, **kw)
+        except Exception as err:  # reported in the results, the rest goes on
+            print("failed", flush=True)
+            clock.notes.append(failure_note(f"section {name}", err))
+            rows = []
+        return rows
+
     for name in args.sections:
         print(f"== {name}", flush=True)
-        results[name] = sections[name](args, device, clock)
+        results[name] = run_section(name, sections[name])
+        write_report(args, device, results, clock)
     if "mfu" in args.sections:
-        late = mfu_section(args, device, clock, late=True)
+        late = run_section("mfu (late rows)", mfu_section, late=True)
         results["mfu"] = merge_rows(results["mfu"], late, args)
     mfu_cols = ["family", "taper", "mode", "params_M", "tokens/s", "step_ms", "mfu_%"]
     columns = {
@@ -369,6 +391,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{name}:\n{table(rows, cols)}")
     for n in clock.notes:
         print(n)
+    print(f"wrote {write_report(args, device, results, clock)}")
+    return 0
+
+
+def write_report(
+    args: argparse.Namespace, device: torch.device, results: dict[str, list[dict]], clock: Clock
+) -> Path:
+    """The results so far as `--json` (default benchmarks/results/gpu.json)."""
     result = {
         "benchmark": "gpu",
         "machine": machine_info(),
@@ -385,8 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         "notes": clock.notes,
         "elapsed_s": time.perf_counter() - clock.start,
     }
-    print(f"wrote {write_json('gpu_smoke' if args.smoke else 'gpu', result, args.json)}")
-    return 0
+    return write_json("gpu_smoke" if args.smoke else "gpu", result, args.json)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     add_gpu_benchmark_arguments,
+    failure_note,
     gpu_or_smoke,
     machine_info,
     raise_recompile_limit,
@@ -195,6 +196,22 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
+
+    def report(rows: list[dict[str, Any]], notes: list[str]) -> Path:
+        result = {
+            "benchmark": "scale",
+            "machine": machine_info(),
+            "device": str(device),
+            "peak_flops": peak,
+            "seq": args.seq,
+            "multiple_of": args.multiple_of,
+            "activation_checkpointing": args.activation_checkpointing,
+            "rows": rows,
+            "notes": notes,
+            "elapsed_s": time.perf_counter() - start,
+        }
+        return write_json("scale_smoke" if args.smoke else "scale", result, args.json)
+
     for number, (family, taper, mode) in enumerate(ROWS, 1):
         label = f"{number}. {family}-{args.size} {taper} {mode}"
         if args.rows and number not in args.rows:
@@ -211,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
             notes.append(f"{label}: out of memory")
             print("out of memory", flush=True)
             continue
+        except Exception as err:  # a note; the other rows go on
+            notes.append(failure_note(label, err))
+            print("failed", flush=True)
+            continue
         finally:
             gc.collect()
             if device.type == "cuda":
@@ -219,25 +240,14 @@ def main(argv: list[str] | None = None) -> int:
         r["mfu_%"] = 100 * r["tokens/s"] * r["flops_per_token"] / peak if peak else None
         rows.append({"row": number, "family": family, "taper": taper, "mode": mode, **r})
         print(f"{r['tokens/s']:,.0f} tokens/s", flush=True)
+        report(rows, notes)  # a kill at the lease's end keeps the rows done
     cols = ["row", "family", "taper", "mode", "batch", "tokens/s", "step_ms", "mfu_%"]
     cols += ["warmup_s", "graphs", "planned_GiB", "peak_GiB", "dcp_save_s", "dcp_load_s", "dcp_GB"]
     if rows:
         print(table(rows, [c for c in cols if any(c in r for r in rows)]))
     for n in notes:
         print(n)
-    result = {
-        "benchmark": "scale",
-        "machine": machine_info(),
-        "device": str(device),
-        "peak_flops": peak,
-        "seq": args.seq,
-        "multiple_of": args.multiple_of,
-        "activation_checkpointing": args.activation_checkpointing,
-        "rows": rows,
-        "notes": notes,
-        "elapsed_s": time.perf_counter() - start,
-    }
-    print(f"wrote {write_json('scale_smoke' if args.smoke else 'scale', result, args.json)}")
+    print(f"wrote {report(rows, notes)}")
     import torch.distributed as dist
 
     dist.destroy_process_group()
