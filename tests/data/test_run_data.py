@@ -179,3 +179,63 @@ def test_compare_stops_when_its_data_was_re_prepared(tmp_path, capsys):
     assert rc == 2 and "uniform-s0 was trained on other data than" in err, err
     assert "another tokenizer" in err and "fresh --out" in err
     assert (out / "runs" / "uniform-s0" / "result.json").read_bytes() == result
+
+
+def test_compare_stops_when_kept_results_were_trained_on_other_data(tmp_path, capsys):
+    """A finished cell needs only its result.json (benchmarks/results keeps no more), and that
+    holds no data record but the fingerprint of its first batches: a comparison continued on
+    other data (here re-prepared from other text; in life, the built-in corpus rebuilt from
+    updated documentation packages under another folder) is refused by that fingerprint, while
+    on the same data the kept cells are reused as they are."""
+    data = H.prepare_data(tmp_path / "d")
+    out = tmp_path / "cmp"
+    argv = H.compare_argv(data, out)
+    rc, _, err = _cli(argv, capsys)
+    assert rc == 0, err
+    cell = out / "runs" / "uniform-s0"
+    result = (cell / "result.json").read_bytes()
+    for p in cell.iterdir():  # keep result.json alone
+        if p.name != "result.json":
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    rc, _, err = _cli(argv, capsys)
+    assert rc == 0, err
+    assert (cell / "result.json").read_bytes() == result  # reused, not retrained
+    assert not (cell / "metrics.jsonl").exists()
+    other = tmp_path / "other.txt"
+    other.write_text(H.corpus_text(6000, seed=13).upper())
+    prep = ["prepare", "--source", str(other), "--tokenizer", "bpe:300", "--out", str(data)]
+    assert cli_main([*prep, "--val-tokens", "400", "--workers", "1", "--no-progress"]) == 0
+    capsys.readouterr()
+    rc, _, err = _cli(argv, capsys)
+    assert rc == 2 and "uniform-s0 was trained on other data than" in err, err
+    assert "the first batches of seed 0 differ from those its result.json records" in err
+    assert "Debian documentation" not in err and "fresh --out" in err
+    assert (cell / "result.json").read_bytes() == result
+
+
+def test_other_data_of_the_built_in_corpus_names_the_packages(tmp_path):
+    """The refusal for the built-in corpus (a cache folder `default-...`) says where other data
+    comes from: other versions of the documentation packages, and how to get the latest."""
+    import json as _json
+
+    from taperlm.compare import runner
+    from taperlm.compare.grid import Allocation, Cell
+    from taperlm.config import run_config_from_dict
+    from taperlm.taper import TaperSpec
+
+    data = H.prepare_data(tmp_path / "d")
+    default = tmp_path / "cache" / "default-bpe300-0123456789ab"
+    shutil.copytree(data, default)
+    cfg = run_config_from_dict(
+        {
+            "model": {"family": "transformer", "vocab_size": 300},
+            "train": {"seq_len": 32, "micro_batch_size": 2, "batch_tokens": 64},
+        }
+    )
+    cell = Cell(Allocation("uniform", "uniform", TaperSpec.parse("uniform")), 0, cfg)
+    right = runner.data_order_fingerprint(cell, default)
+    assert runner._other_data_order(cell, default, right) is None
+    wrong = runner.DataOrder(right.steps, "0" * 64, [1, 2, 3, 4])
+    why = runner._other_data_order(cell, default, wrong)
+    assert why and "Debian documentation packages" in why and "apt-get install" in why
+    assert "[1, 2, 3, 4]..." in why and _json.dumps(right.first_ids[:4])[1:-1] in why

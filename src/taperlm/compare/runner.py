@@ -40,6 +40,7 @@ from taperlm.analysis.sources import first_tokens, first_val_tokens
 from taperlm.checkpoint.store import list_checkpoints
 from taperlm.compare.grid import Cell
 from taperlm.config import format_differences, load_run_config, to_dict
+from taperlm.data import corpus as data_corpus
 from taperlm.data.identity import check_run_data
 from taperlm.data.tokenizer import load_tokenizer
 from taperlm.device import resolve_device
@@ -559,6 +560,12 @@ def cell_state(
     cached = read_result(run_dir)
     if cached is not None:
         _check_saved_config(run_dir, cached.config, cell, "was trained with a different config")
+        why = _other_data_order(cell, data_dir, cached.data_order) if data_dir.is_dir() else None
+        if why:
+            raise DataError(
+                f"{run_dir} was trained on other data than {data_dir}: {why}; write this "
+                "comparison to a fresh --out, or point --data at the data it was trained on"
+            )
         if evaluation_key(cached.eval_settings) == evaluation_key(settings):
             return "cached", cached
         total_steps = cell.config.train.steps
@@ -568,6 +575,29 @@ def cell_state(
         saved = load_run_config(run_dir / "config.yaml")
         _check_saved_config(run_dir, saved, cell, "holds checkpoints of a different config")
     return "train", None
+
+
+def _other_data_order(cell: Cell, data_dir: Path, recorded: DataOrder) -> str | None:
+    """Why `data_dir` is not the data a finished cell trained on, by the fingerprint of its
+    first batches (`result.json` records it), or None. A kept `result.json` is all a finished
+    cell needs, and it holds no other record of its data: without this check a corpus rebuilt
+    from other inputs under another folder (the built-in corpus after a documentation package
+    update, 2026-12-04) would mix cells of two corpora in one comparison unnoticed."""
+    now = data_order_fingerprint(cell, data_dir, recorded.steps)
+    if now.sha256 == recorded.sha256:
+        return None
+    why = (
+        f"the first batches of seed {cell.config.train.seed} differ from those its "
+        f"{RESULT_FILE} records (token ids {recorded.first_ids[:4]}... then, "
+        f"{now.first_ids[:4]}... now)"
+    )
+    if data_dir.name.startswith("default-"):
+        why += (
+            " — the built-in corpus is built from the installed Debian documentation packages, "
+            "and other versions of them give other data (the latest: "
+            f"`{data_corpus.INSTALL_COMMAND}`)"
+        )
+    return why
 
 
 def runtime_info(device: str, jobs: int) -> dict[str, Any]:
