@@ -161,6 +161,15 @@ def test_runs_without_a_record_keep_working(world, tmp_path, capsys):
     assert read_record(run_copy) is not None
 
 
+def _reprepare_from_other_text(data: Path, tmp_path: Path, capsys) -> None:
+    """Prepare `data` again, in place, from other text with the same tokenizer spec."""
+    other = tmp_path / "other.txt"
+    other.write_text(H.corpus_text(6000, seed=13).upper())
+    prep = ["prepare", "--source", str(other), "--tokenizer", "bpe:300", "--out", str(data)]
+    assert cli_main([*prep, "--val-tokens", "400", "--workers", "1", "--no-progress"]) == 0
+    capsys.readouterr()
+
+
 def test_compare_stops_when_its_data_was_re_prepared(tmp_path, capsys):
     """A comparison whose data dir was re-prepared between two invocations: its finished cells
     were trained on the old data, so mixing them with new ones is refused."""
@@ -170,11 +179,7 @@ def test_compare_stops_when_its_data_was_re_prepared(tmp_path, capsys):
     rc, _, err = _cli(argv, capsys)
     assert rc == 0, err
     result = (out / "runs" / "uniform-s0" / "result.json").read_bytes()
-    other = tmp_path / "other.txt"
-    other.write_text(H.corpus_text(6000, seed=13).upper())
-    prep = ["prepare", "--source", str(other), "--tokenizer", "bpe:300", "--out", str(data)]
-    assert cli_main([*prep, "--val-tokens", "400", "--workers", "1", "--no-progress"]) == 0
-    capsys.readouterr()
+    _reprepare_from_other_text(data, tmp_path, capsys)
     rc, _, err = _cli(argv, capsys)
     assert rc == 2 and "uniform-s0 was trained on other data than" in err, err
     assert "another tokenizer" in err and "fresh --out" in err
@@ -201,11 +206,7 @@ def test_compare_stops_when_kept_results_were_trained_on_other_data(tmp_path, ca
     assert rc == 0, err
     assert (cell / "result.json").read_bytes() == result  # reused, not retrained
     assert not (cell / "metrics.jsonl").exists()
-    other = tmp_path / "other.txt"
-    other.write_text(H.corpus_text(6000, seed=13).upper())
-    prep = ["prepare", "--source", str(other), "--tokenizer", "bpe:300", "--out", str(data)]
-    assert cli_main([*prep, "--val-tokens", "400", "--workers", "1", "--no-progress"]) == 0
-    capsys.readouterr()
+    _reprepare_from_other_text(data, tmp_path, capsys)
     rc, _, err = _cli(argv, capsys)
     assert rc == 2 and "uniform-s0 was trained on other data than" in err, err
     assert "the first batches of seed 0 differ from those its result.json records" in err
