@@ -143,7 +143,8 @@ def test_docs_table_is_the_packaged_points_and_says_what_they_say():
     """docs/compare.md shows the points plan reads (its own rendering) and its hand-written
     "which ratio" table agrees with them: every point at <= 0.5 tokens/param decided in the
     taper's favour, fitted 1.82-1.96; at 2 tokens/param no decided difference at 0.27M and an
-    inverse taper ahead at 1.06M, with the numbers the row quotes."""
+    inverse taper ahead at 1.06M, with the numbers the row quotes; at 10 (1.06M) the same inverse
+    taper ahead and 1.5->0.5 undecided, as the 8-10 row and README quote them."""
     page = PAGE.read_text(encoding="utf-8")
     doc = load_measurements()
     assert points_markdown(doc) in page
@@ -176,6 +177,17 @@ def test_docs_table_is_the_packaged_points_and_says_what_they_say():
     verdict = advice(two["nano"]["params"], two["nano"]["tokens"], doc)["verdict"]
     assert verdict.startswith("No decided advantage")
     verdict = advice(two["micro"]["params"], two["micro"]["tokens"], doc)["verdict"]
+    assert verdict.startswith("Widen with depth (an inverse taper)")
+    ten = [
+        p for p in doc["points"] if p["size"] == "micro" and abs(p["tokens_per_param"] - 10) < 0.1
+    ]
+    assert len(ten) == 1 and ten[0]["best_measured"] == "cosine:0.75:1.25"
+    lo, hi = ten[0]["diff_1.5"]["ci"]
+    assert status(ten[0]) == "helps" and lo < 0 < hi  # 1.5->0.5 undecided
+    row = next(line for line in page.splitlines() if line.startswith("| 8–10 |"))
+    for d in (ten[0]["diff_1.5"], ten[0]["diff_best"]):
+        assert quoted(d) in row and quoted(d) in readme  # the 8-10 row and README's sentence
+    verdict = advice(ten[0]["params"], ten[0]["tokens"], doc)["verdict"]
     assert verdict.startswith("Widen with depth (an inverse taper)")
     nano_short = next(p for p in short if p["size"] == "nano")
     assert advice(nano_short["params"], nano_short["tokens"], doc)["verdict"].startswith(
@@ -356,7 +368,13 @@ def test_far_outside_the_paper_run():
     assert "disagrees" in a["verdict"]
     # the nearest three, nearest first, each with its own distance
     ds = [p["distance_decades"] for p in a["nearest"]]
-    assert len(ds) == 3 and ds == sorted(ds) and ds[0] > 3
+    assert len(ds) == 3 and ds == sorted(ds)
+    # nearest: micro's longest run (1.06M, 10 tokens/param), 2.75 decades away in log space
+    first = a["nearest"][0]
+    assert first["point"] == "micro-10579968"
+    p0 = next(p for p in doc["points"] if p["point"] == first["point"])
+    far = math.hypot(math.log10(440e6 / p0["params"]), math.log10(30e9 / 440e6 / 10.0))
+    assert ds[0] == pytest.approx(far, abs=1e-3) and ds[0] > 2.7
     text = format_advice(a)
     assert "your run: 440M params x 30,000,000,000 tokens = 68.2 tokens/param" in text
     assert "this model's taper: cosine:1.5:0.5" in text and "-0.1199 nats" in text
