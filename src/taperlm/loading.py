@@ -1,6 +1,8 @@
 """Load a model for inference, with its tokenizer, from a training run directory (newest complete
 checkpoint), a checkpoint directory, or a `taperlm export` directory — for eval, export, generate
-and novelty (the one place a run's data dir, and so its tokenizer, is looked up).
+and novelty (the one place a run's data dir, and so its tokenizer, is looked up) -- and the
+tokenizer any weights were trained with (`weights_tokenizer`), which every path where weights
+meet a data dir checks (`check_tokenizer`).
 
 The checkpoint files are read through `taperlm.checkpoint.store`.
 """
@@ -8,6 +10,7 @@ The checkpoint files are read through `taperlm.checkpoint.store`.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from taperlm.checkpoint import store
@@ -20,11 +23,28 @@ from taperlm.config import (
     run_config_from_dict,
     to_dict,
 )
-from taperlm.data.identity import run_tokenizer_dir
+from taperlm.data.identity import (
+    RECORD_FILE,
+    TOKENIZER_COPY,
+    TokenizerRef,
+    copy_tokenizer,
+    data_tokenizer,
+    other_tokenizer,
+    read_record,
+    run_tokenizer_dir,
+    tokenizer_identity,
+)
 from taperlm.data.tokenizer import load_tokenizer
 from taperlm.device import out_of_memory
 from taperlm.errors import CheckpointError, ConfigError, DataError, UnsafeFileError
-from taperlm.io import MAX_RECORD_BYTES, check_regular, error_text, not_a_file, read_json
+from taperlm.io import (
+    MAX_RECORD_BYTES,
+    check_regular,
+    error_text,
+    not_a_file,
+    read_json,
+    sha256_file,
+)
 
 
 def resolve_data_dir(run_dir: Path, run_config: Any) -> Path | None:
@@ -258,3 +278,91 @@ def load_run_model(run_dir: str | Path, step: int | None = None, device: str = "
         )
     model.load_state_dict(model_state)
     return model.to(device).eval(), run_config
+
+
+# ----------------------------------------------------------------------------------------------
+# the tokenizer weights were trained with
+
+
+def _configured_data_dir(root: Path, path: Path) -> tuple[Path | None, str]:
+    """(the data dir the run's config names, if found; the data.dir setting) of weights that hold
+    neither a data record nor a tokenizer copy: from the run's config.yaml, else from the
+    checkpoint's manifest."""
+    raw: Any = ""
+    if (root / "config.yaml").is_file():
+        raw = load_run_config(root / "config.yaml").data.dir
+    elif (path / store.MANIFEST_FILE).is_file():
+        try:
+            manifest = read_json(path / store.MANIFEST_FILE, MAX_RECORD_BYTES, "manifest")
+        except UnsafeFileError as err:
+            raise CheckpointError(f"{path}: {err}") from None
+        run = manifest.get("run_config") if isinstance(manifest, dict) else None
+        data = run.get("data") if isinstance(run, dict) else None
+        raw = data.get("dir", "") if isinstance(data, dict) else ""
+    raw = raw if isinstance(raw, str) else ""
+    found, _ = _data_dir_candidates(root, SimpleNamespace(data=SimpleNamespace(dir=raw)))
+    return found, raw
+
+
+def weights_tokenizer(path: str | Path) -> TokenizerRef | None:
+    """The tokenizer the weights of `path` (a run dir, or a checkpoint dir) were trained with:
+    the one its data.json records; else the tokenizer file it holds (RUN/tokenizer: an import);
+    else, for a run that predates both, its data dir's (what `generate` uses for it). A run
+    whose data.json predates recorded identities gets its identity computed from its tokenizer
+    copy (when that is the file the record names), else is compared by the file's sha256.
+
+    None for weights that came without a tokenizer (`taperlm import` of a folder without one:
+    the data they are trained on gives them theirs). DataError when the run names a data dir
+    that is gone, so its tokenizer cannot be known (never a silent pass)."""
+    path = Path(path)
+    root = path.parent.parent if path.parent.name == store.CHECKPOINT_DIR else path
+    record = read_record(root)
+    copy = run_tokenizer_dir(root)
+    if record is not None:
+        tok = record["tokenizer"]
+        identity, origin = tok.get("identity"), str(root / RECORD_FILE)
+        if not identity and copy is not None:
+            file = copy / "tokenizer.json"
+            if sha256_file(file) == tok["sha256"]:
+                identity = tokenizer_identity(file)
+                origin = f"{file}, computed: {root / RECORD_FILE} predates recorded identities"
+        return TokenizerRef(
+            identity,
+            tok["sha256"],
+            tok.get("spec"),
+            tok.get("vocab_size"),
+            origin,
+            str(copy) if copy is not None else record.get("data_dir"),
+        )
+    if copy is not None:
+        return copy_tokenizer(copy)
+    found, raw = _configured_data_dir(root, path)
+    if found is not None:
+        ref = data_tokenizer(found)
+        note = f", its data dir's: {root} predates {RECORD_FILE} and {TOKENIZER_COPY}/"
+        return TokenizerRef(
+            ref.identity, ref.sha256, ref.spec, ref.vocab_size, ref.origin + note, ref.prepare_with
+        )
+    if raw and raw != ".":
+        raise DataError(
+            f"cannot tell which tokenizer {path} was trained with: it holds neither {RECORD_FILE} "
+            f"nor {TOKENIZER_COPY}/ (it predates them) and its data dir {raw} is gone; copy the "
+            "tokenizer it was trained with (tokenizer.json and tokenizer_meta.json) into "
+            f"{root / TOKENIZER_COPY}"
+        )
+    return None
+
+
+def check_tokenizer(weights: str | Path, data_dir: str | Path) -> None:
+    """The one check of every path where weights meet a data dir (continuing a run, an import
+    or a branch's source; train.init_from; train.distill_from; prune's calibration; the val
+    split eval, novelty and allocate read): the weights of `weights` (a run or checkpoint dir)
+    were trained with the tokenizer the tokens of `data_dir` were made with, else the one
+    refusal, `taperlm.data.identity.other_tokenizer`."""
+    weights, data_dir = Path(weights), Path(data_dir)
+    model = weights_tokenizer(weights)
+    if model is None:
+        return
+    data = data_tokenizer(data_dir)
+    if not model.same_as(data):
+        raise other_tokenizer(weights, model, data_dir, data)

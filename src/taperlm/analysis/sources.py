@@ -15,7 +15,7 @@ from taperlm.data.identity import check_run_data
 from taperlm.data.loader import open_split
 from taperlm.errors import ConfigError, DataError, UnsafeFileError
 from taperlm.io import error_text, open_regular
-from taperlm.loading import load_run, resolve_data_dir, run_root
+from taperlm.loading import check_tokenizer, load_run, resolve_data_dir, run_root
 
 
 @dataclass
@@ -180,6 +180,8 @@ def first_val_tokens(
     that asked for `n_tokens`), or when `run_dir` was trained on other data than `data_dir` now
     holds (its tokens would stand for other text)."""
 
+    if run_dir is not None:
+        check_tokenizer(run_dir, data_dir)
     if run_dir is not None and (why := check_run_data(run_dir, data_dir, ("val",))):
         raise DataError(
             f"the data dir {data_dir} of run {run_dir} changed since the run was trained: "

@@ -30,7 +30,7 @@ import json
 import os
 import shutil
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -411,6 +411,37 @@ def _pruned_meanwhile(run_dir: str | Path, path: Path, listed: list[tuple[int, P
 def is_sharded(manifest: dict[str, Any]) -> bool:
     """Whether a checkpoint holds DCP shards (format 2) rather than one model.safetensors."""
     return manifest.get("format") == "dcp"
+
+
+# Elements checked at once for NaN/inf: a boolean mask this large, never one the size of the
+# largest tensor (an embedding of a 256k vocabulary).
+_FINITE_CHUNK = 1 << 24
+
+
+def nonfinite_tensors(named: Iterable[tuple[str, Any]]) -> list[str]:
+    """Names of the floating-point tensors of `named` that hold a NaN or inf."""
+    bad = []
+    for name, t in named:
+        if not hasattr(t, "is_floating_point") or not t.is_floating_point():
+            continue
+        flat = t.detach().reshape(-1)
+        if not all(bool(chunk.isfinite().all()) for chunk in flat.split(_FINITE_CHUNK)):
+            bad.append(name)
+    return bad
+
+
+def require_finite(named: Iterable[tuple[str, Any]], where: str, fix: str) -> None:
+    """Finite or refused: the weights a run starts from (`named`, read from `where`), checked
+    before anything is written. A run never keeps a non-finite weight (the trainer refuses to
+    checkpoint one), so it never starts from one either: CheckpointError naming the tensors,
+    `where`, and `fix`."""
+    bad = nonfinite_tensors(named)
+    if bad:
+        shown = ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
+        raise CheckpointError(
+            f"{where}: {len(bad)} tensor(s) hold NaN or inf ({shown}); a run never starts from "
+            f"non-finite weights, so nothing was written. {fix}"
+        )
 
 
 def load_model_state(path: str | Path, verify: bool = True) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from taperlm.evaluation.registry import (
     zero_shot_tasks,
 )
 from taperlm.io import atomic_write_text
-from taperlm.loading import load_any, resolve_data_dir, run_root
+from taperlm.loading import check_tokenizer, load_any, resolve_data_dir, run_root
 from taperlm.outfiles import R_FILE, json_mark
 
 TASK_HELP = (
@@ -325,6 +325,7 @@ def _val_tokens(args: argparse.Namespace, run_config) -> tuple[Any, str]:
                 "config.yaml); evaluate a training run or drop val from --tasks"
             )
         raise SkippedTask("val skipped: the model has no run data dir")
+    check_tokenizer(root, run_data)
     why = check_run_data(root, run_data, ("val",))
     if why:
         raise DataError(

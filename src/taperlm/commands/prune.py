@@ -116,9 +116,10 @@ def run(args: argparse.Namespace) -> int:
     import torch  # lazy: --help stays torch-free
 
     from taperlm.analysis.novelty import measure as measure_novelty  # lazy: torch
+    from taperlm.checkpoint.store import require_finite  # lazy: as above
     from taperlm.compress import prune as P  # lazy: torch
     from taperlm.device import resolve_device  # lazy: as above
-    from taperlm.loading import require_data_dir  # lazy: torch
+    from taperlm.loading import check_tokenizer, require_data_dir  # lazy: torch
     from taperlm.training.metrics import validation_loss  # lazy: torch
 
     args.device = resolve_device(args.device)
@@ -130,11 +131,15 @@ def run(args: argparse.Namespace) -> int:
             "--set may change the pruned run's train: and data: settings only"
         )
     model, src_run = _source(args)
+    require_finite(
+        model.state_dict().items(), f"the source {args.source}", "Prune another checkpoint (--step)"
+    )
     P.check_prunable(src_run.model, model)
     width = P.target_width(src_run.model, args.params, args.params_of)
     # a shape given outright is checked before any measuring (novelty needs the measurement)
     target = None if spec is None else P.pruned_config(src_run.model, width, spec)
     data_dir = args.data or require_data_dir(_run_root(Path(args.source)), src_run)
+    check_tokenizer(args.source, data_dir)  # calibration ids must mean what the source learned
     seq_len = src_run.train.seq_len
     stats = P.measure(model, data_dir, seq_len, args.calibration_tokens)
     if target is None:

@@ -61,6 +61,7 @@ from taperlm.data.datadir import (
 )
 from taperlm.data.encode import OrderedEncoder
 from taperlm.data.heap import fix_mmap_threshold, release_free_memory
+from taperlm.data.identity import tokenizer_identity
 from taperlm.data.progress import Progress
 from taperlm.data.readers import DEFAULT_MAX_DOC_CHARS, ByteCounter, Cursor
 from taperlm.data.shards import (
@@ -69,6 +70,7 @@ from taperlm.data.shards import (
     dtype_for_vocab,
 )
 from taperlm.data.tokenizer import (
+    TOKENIZER_FILE,
     Tokenizer,
     build_tokenizer,
     load_tokenizer,
@@ -543,6 +545,8 @@ class _Preparation:
                 "shards": shards,
             }
         tokenizer_info: dict[str, Any] = {"kind": tok.kind, "spec": tok.spec, "dir": TOKENIZER_DIR}
+        # what the tokens were made with, whatever later happens to the file
+        tokenizer_info["identity"] = tokenizer_identity(self.work / TOKENIZER_DIR / TOKENIZER_FILE)
         if s.tokenizer.startswith("bpe:"):
             tokenizer_info["sample_chars"] = state["sampled_chars"]
         return {

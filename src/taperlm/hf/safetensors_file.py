@@ -107,4 +107,11 @@ def read_tensors(path: str | Path, names: list[str] | None = None) -> dict[str, 
             dtype = DTYPES[e["dtype"]][0]
             t = torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
             out[name] = t.reshape(e["shape"]).float()
+    bad = [name for name, t in out.items() if t.numel() and not bool(t.isfinite().all())]
+    if bad:  # finite or refused: no run starts from these (as `checkpoint.store.require_finite`)
+        raise CheckpointError(
+            f"{path}: {len(bad)} tensor(s) hold NaN or inf ({', '.join(bad[:4])}); a run never "
+            "starts from non-finite weights, so nothing was written. Re-download or re-export "
+            "the checkpoint (the file is damaged, or the model diverged before it was saved)"
+        )
     return out

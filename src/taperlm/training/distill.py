@@ -72,6 +72,11 @@ class Teacher:
                 f"({teacher_run.model.vocab_size}) is not the student's "
                 f"({run.model.vocab_size}); distil from a model of the same tokenizer"
             )
+        store.require_finite(
+            model.state_dict().items(),
+            f"train.distill_from {ckpt}",
+            "Distil from another checkpoint of that run",
+        )
         model.eval().requires_grad_(False)
         return cls(model, ckpt, checkpoint_identity(ckpt), cfg.distill_temperature, cfg.distill_mix)
 
@@ -120,5 +125,8 @@ def load_initial_weights(run: RunConfig, model: torch.nn.Module) -> str:
             + "; train with its own model config (`--init-from` alone uses it)"
         )
     state: dict[str, Any] = store.load_model_state(ckpt, verify=False)
+    store.require_finite(
+        state.items(), f"train.init_from {ckpt}", "Start from another checkpoint of that run"
+    )
     D.load_full_model_state(model, state)
     return checkpoint_identity(ckpt)

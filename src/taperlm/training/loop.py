@@ -153,6 +153,7 @@ class Trainer:
         self._run_dir = R.RunDir(self.out)
         self._run_dir.take(self.info)
         resume_from = R.checkpoint_to_resume(self.run, self.out, resume, self.info)
+        R.check_start_tokenizers(self.run, self.data_dir, resume_from is not None)
         if resume_from is not None:
             R.check_resume_data(self.out, self.data_dir)
         elif branch is not None:

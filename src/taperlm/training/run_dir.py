@@ -53,15 +53,15 @@ from taperlm.config import (
 from taperlm.data.identity import (
     TOKENIZER_COPY,
     check_run_data,
-    data_identity,
     read_record,
     record_run_data,
-    run_tokenizer_dir,
+    stamp_tokenizer,
 )
 from taperlm.data.loader import check_data_fits, check_vocab
 from taperlm.domains import check_output, choices
 from taperlm.errors import CheckpointError, ConfigError, DataError, RunInUseError
-from taperlm.io import atomic_write_json, os_error_cause, sha256_file
+from taperlm.io import atomic_write_json, os_error_cause
+from taperlm.loading import check_tokenizer
 from taperlm.models import TaperedLM
 from taperlm.outdirs import KINDS, check_folder, claim
 from taperlm.runlock import LOCK_FILE, RunLock
@@ -249,24 +249,29 @@ def _check_saved_config(run: RunConfig, out: Path) -> None:
 
 
 def check_resume_data(out: Path, data_dir: Path) -> None:
-    """A resumed run must read the data it was trained on (its recorded identity)."""
+    """A resumed run must read the data it was trained on (its recorded identity): tokens of
+    its own tokenizer (a run from given weights, `taperlm import`, carries theirs but no data
+    record yet), and the very splits it read before."""
+    check_tokenizer(out, data_dir)
     why = check_run_data(out, data_dir, ("train", "val"))
-    own = run_tokenizer_dir(out)
-    if not why and own is not None and read_record(out) is None:
-        # A run started from given weights (`taperlm import`) carries their tokenizer but no
-        # data record yet: the data must be tokenized by that very tokenizer.
-        theirs = data_identity(data_dir)["tokenizer"]
-        if sha256_file(own / "tokenizer.json") != theirs["sha256"]:
-            why = (
-                f"its tokenizer ({theirs.get('spec')}) is not the run's own ({own}); prepare "
-                f"the data with it: taperlm prepare --tokenizer {own} ..."
-            )
     if why:
         raise DataError(
             f"cannot resume {out}: the data dir {data_dir} is not the data this run "
             f"was trained on: {why}. Resume with that data (--data or data.dir), or train "
             "into a fresh --out"
         )
+
+
+def check_start_tokenizers(run: RunConfig, data_dir: Path, resumed: bool) -> None:
+    """The weights a new run starts from (train.init_from) and its teacher's
+    (train.distill_from, whose logits meet the student's batches) were trained with the
+    tokenizer of the run's data (`check_tokenizer`). A resumed run has its start weights
+    already (their source may be gone)."""
+    cfg = run.train
+    if cfg.init_from and not resumed:
+        check_tokenizer(Path(cfg.init_from).expanduser(), data_dir)
+    if cfg.distill_from:
+        check_tokenizer(Path(cfg.distill_from).expanduser(), data_dir)
 
 
 def write_run_record(
@@ -378,6 +383,9 @@ def write_start_run(
     when it created it), so no half-written run is left behind."""
     out = Path(out)
     run = run.resolve()
+    ckpt.require_finite(
+        weights.items(), f"the weights for {out}", "Start from weights that are all finite"
+    )
     validate_train_config(run, 1)  # what `train` would refuse when it continues, refused now
     # Built without drawing an initialisation (the weights replace it; a 7B draw takes minutes
     # and would move the caller's generators): on the meta device, then given storage. Only the
@@ -448,6 +456,7 @@ def write_start_run(
         saver.finish()
         if tokenizer is not None:
             tokenizer.save(out / TOKENIZER_COPY)
+            stamp_tokenizer(out / TOKENIZER_COPY)  # the weights' tokenizer, recorded
         save_yaml(run, out / "config.yaml")
     except BaseException:
         for name in (ckpt.CHECKPOINT_DIR, TOKENIZER_COPY, "config.yaml"):
