@@ -279,6 +279,15 @@ class Trainer:
 
     def _restore(self, path: Path) -> None:
         state = restore_training(path, self.model, self.optimizer.inner, self.optimizer.periodic)
+        # finite or refused: a checkpoint this trainer wrote never holds NaN/inf (`save`), one
+        # written otherwise (an older import, an edit) is not continued
+        bad = first_nonfinite(self.model.named_parameters(), self.optimizer.inner, self.info)
+        if bad is not None:
+            raise CheckpointError(
+                f"checkpoint {path}: {bad} holds NaN or inf (the first such tensor); a run never "
+                "starts from non-finite weights, so nothing was written. Delete this checkpoint "
+                "to resume from an earlier one"
+            )
         try:
             self._continue_from(state, path)
         except CheckpointError:
