@@ -233,3 +233,25 @@ def test_a_tokenizer_replaced_after_prepare_is_caught(world, tmp_path):
     shutil.copy(world["d2"] / "tokenizer" / "tokenizer.json", data / "tokenizer" / "tokenizer.json")
     with pytest.raises(DataError, match="is not the tokenizer the tokens of"):
         data_tokenizer(data)
+
+
+@pytest.mark.parametrize("weights", ["run", "imported"])
+def test_the_data_the_refusal_advises_is_accepted(world, weights, tmp_path, capsys):
+    """The refusal's `taperlm prepare --tokenizer ...` line, run on some text, gives data the
+    weights start from."""
+    p = _use(world, "d2")
+    out = tmp_path / "out"
+    argv = ["train", "--init-from", world[weights], "--data", p, "--out", out, "--no-progress",
+            "--stop-after-steps", "1"]  # fmt: skip
+    rc, _, err = _cli(argv, capsys)
+    assert rc == 2 and not out.exists()
+    advised = err.split("`taperlm prepare --tokenizer ", 1)[1].split(" ", 1)[0]
+    text = tmp_path / "text.txt"
+    text.write_text(H.corpus_text(6000, seed=7), encoding="utf-8")
+    new = tmp_path / "new"
+    prep = ["prepare", "--tokenizer", advised, "--source", text, "--out", new, "--val-tokens",
+            "400", "--workers", "1", "--no-progress"]  # fmt: skip
+    assert _cli(prep, capsys)[0] == 0
+    argv[argv.index(p)] = new
+    rc, _, err = _cli(argv, capsys)
+    assert rc == 0, err
