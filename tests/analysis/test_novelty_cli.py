@@ -227,5 +227,5 @@ def test_without_wikitext_a_run_uses_its_validation_split(tmp_path: Path, gpt2_d
     (tmp_path / "corpus.txt").write_text(TEXT[::-1] * 4, encoding="utf-8")
     prepare(str(tmp_path / "corpus.txt"), data_dir, "bpe:300", val_tokens=200, progress=False)
     assert main(["novelty", str(run), "--tokens", "64"]) == 2
-    err = capsys.readouterr().err
-    assert_naming(err, str(data_dir), str(run), "--data FILE")
+    err = capsys.readouterr().err  # another tokenizer: the one refusal (issue 63)
+    assert_naming(err, str(data_dir), str(run), "another tokenizer", f"--tokenizer {run}/tokenizer")

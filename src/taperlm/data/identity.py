@@ -362,6 +362,7 @@ def other_tokenizer(
     return DataError(
         f"{weights} was trained with another tokenizer than the data dir {data_dir} holds: the "
         f"model's is {model.describe()}, the data's is {data.describe()}. The same ids stand for "
-        f"other strings there: prepare the text with the model's tokenizer, `taperlm prepare "
-        f"--tokenizer {prepare} --source TEXT --out NEW_DATA`, and give NEW_DATA instead"
+        "other strings there; use data made with the model's tokenizer: the data it was trained "
+        f"on, or text prepared with it, `taperlm prepare --tokenizer {prepare} --source TEXT "
+        "--out NEW_DATA`"
     )
