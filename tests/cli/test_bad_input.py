@@ -422,8 +422,8 @@ def test_resume_with_another_data_dir(run_copy, tmp_path, capsys):
         capsys,
         str(run_copy),
         str(other),
-        "tokenizer",
-        "Resume with that data",
+        "was trained with another tokenizer",  # the one refusal (issue 63)
+        "the data it was trained on",
         unchanged=(run_copy,),
     )
 
