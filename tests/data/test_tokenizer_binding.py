@@ -107,11 +107,14 @@ def _paths(w: dict[str, Path], out: Path, own: Path) -> dict[str, tuple[Path, li
     prune = ["--out", out, "--params", "0.75", "--params-of", "non-embedding",
              "--calibration-tokens", "256"]  # fmt: skip
     step = ["--stop-after-steps", "1"]
+    ckpt = run / "checkpoints" / "step_00000002"  # a checkpoint dir names its run's tokenizer
     return {
         "resume": (own, ["train", "--out", own, "--no-progress", "--stop-after-steps", "3"]),
         "continue an import": (own, ["train", "--out", own, "--data", p, "--no-progress", *step]),
         "init-from a run": (run, ["train", "--init-from", run, "--data", p, "--out", out,
                                   "--no-progress", *step]),
+        "init-from a checkpoint": (ckpt, ["train", "--init-from", ckpt, "--data", p, "--out", out,
+                                          "--no-progress", *step]),
         "init-from a pruned run": (w["pruned"], ["train", "--init-from", w["pruned"], "--data", p,
                                                  "--out", out, "--no-progress", *step]),
         "init-from an import": (w["imported"], ["train", "--init-from", w["imported"], "--data",
