@@ -75,9 +75,10 @@ _FIXED = {
     "CharDelimiterSplit": 1,
     "UnicodeScripts": 1,
     "FixedLength": 1,
-    "WordPiece": 1,
-    "BPEDecoder": 1,
-    "CTC": 1,
+    # decoders that join tokens with a space: one more character per token
+    "WordPiece": 2,
+    "BPEDecoder": 2,
+    "CTC": 2,
     "Fuse": 1,
     "ByteFallback": 1,
 }
