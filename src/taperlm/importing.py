@@ -110,7 +110,8 @@ def read_tokenizer(folder: Path, config: dict[str, Any], vocab_size: int) -> Tok
         token = _token(side.get(key)) or _token(special.get(key))
         ids = config.get(f"{key}_id")
         ids = ids[:1] if isinstance(ids, list) else [ids]  # Llama 3 lists several EOS ids
-        if token is None and ids and isinstance(ids[0], int) and not isinstance(ids[0], bool):
+        known = ids and isinstance(ids[0], int) and not isinstance(ids[0], bool)
+        if token is None and known and 0 <= ids[0] < vocab_size:  # an id past u32 overflows
             token = backend.id_to_token(ids[0])
         return token if token is not None and backend.token_to_id(token) is not None else None
 

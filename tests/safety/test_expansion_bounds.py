@@ -37,7 +37,7 @@ from taperlm.config import ModelConfig, RunConfig, apply_overrides, run_config_f
 from taperlm.data import tokenizer_bounds as TB
 from taperlm.data.loader import open_split
 from taperlm.data.tokenizer import Tokenizer, load_tokenizer
-from taperlm.domains import MAX_CONTEXT
+from taperlm.domains import MAX_CONTEXT, MAX_VOCAB
 from taperlm.errors import ConfigError, DataError
 from taperlm.hf import llama
 from taperlm.importing import read_tokenizer
@@ -418,3 +418,18 @@ def test_distill_temperature_inside_its_domain(value):
     data = to_dict(RunConfig())
     apply_overrides(data, [f"train.distill_temperature={value}"])
     assert run_config_from_dict(data).train.distill_temperature == float(value)
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+@pytest.mark.parametrize("top", [MAX_VOCAB, 2**31, 2**32 - 1])
+def test_an_id_past_the_largest_vocabulary_is_refused(tmp_path, base_tokenizer, reader, top):
+    """One vocabulary entry with id 2^31 made prepare spend 45 s and write a data dir of
+    2,147,483,649 ids; every table sized by ids is that large."""
+    tok = json.loads(json.dumps(base_tokenizer))
+    tok["model"]["vocab"]["zz"] = top
+    path = _write(tmp_path, tok)
+    start = time.monotonic()
+    # import compares with its model's rows first; both name the id
+    with pytest.raises(DataError, match=f"has ids up to ({top:,}, past the 16,777,216|{top} but)"):
+        READERS[reader](path)
+    assert time.monotonic() - start < 10

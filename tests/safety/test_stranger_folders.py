@@ -240,3 +240,23 @@ def test_the_folder_is_never_written(tmp_path, data):
     assert main(["import", str(folder), "--out", str(tmp_path / "run")]) == 2
     assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before
     assert os.listdir(tmp_path) == ["hf"]
+
+
+CONFIG_VALUES = {  # config.json values found by trying more of the class (issue 63)
+    "eos_token_id_past_u32": ({"eos_token_id": 10**30}, "names no EOS token"),
+    "eos_token_id_negative": ({"eos_token_id": -1}, "names no EOS token"),
+    "eos_token_id_list_past_u32": ({"eos_token_id": [2**40, 0]}, "names no EOS token"),
+    "rope_theta_with_non_finite_tables": ({"rope_theta": 1e-300}, "non-finite RoPE tables"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONFIG_VALUES))
+def test_config_values_that_once_crashed_or_imported_a_broken_run(tmp_path, data, capsys, case):
+    """An EOS id past what the tokenizers library converts was an OverflowError traceback; a
+    rope_theta whose tables are non-finite imported, and generate refused the run later."""
+    folder = make_llama_folder(tmp_path / "hf", data)
+    (folder / "tokenizer_config.json").unlink()  # the EOS comes from config.json's id
+    changes, needle = CONFIG_VALUES[case]
+    cfg = json.loads((folder / "config.json").read_text()) | changes
+    (folder / "config.json").write_text(json.dumps(cfg))
+    _refused(folder, tmp_path, capsys, needle)

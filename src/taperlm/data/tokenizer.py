@@ -25,7 +25,7 @@ from tokenizers import Tokenizer as Backend
 
 from taperlm.data.datadir import TOKENIZER_DIR, resolve
 from taperlm.data.tokenizer_bounds import build_backend, check_entry_count, check_pipeline, guarded
-from taperlm.domains import choices
+from taperlm.domains import MAX_VOCAB, choices
 from taperlm.errors import DataError, UnsafeFileError
 from taperlm.io import (
     MAX_RECORD_BYTES,
@@ -75,6 +75,12 @@ class Tokenizer:
         self.bos_id: int | None = None if bos_id is None else int(bos_id)
         # The largest id + 1 (not the count of ids): a model's embedding must cover every id.
         self.vocab_size: int = max(backend.get_vocab(with_added_tokens=True).values()) + 1
+        if self.vocab_size > MAX_VOCAB:  # one id of 2^31 makes every table sized by ids huge
+            raise DataError(
+                f"tokenizer {spec!r} has ids up to {self.vocab_size - 1:,}, past the "
+                f"{MAX_VOCAB:,} rows a taperlm model's embedding can have; it is damaged or "
+                "crafted: use the tokenizer as it was released (or a bpe:N one)"
+            )
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` (no BOS/EOS added)."""

@@ -35,6 +35,7 @@ from taperlm.errors import CheckpointError, ConfigError, UnsafeFileError
 from taperlm.hf.decilm import ffn_mult_width, llama_shared_config
 from taperlm.hf.safetensors_file import read_header, read_tensors
 from taperlm.io import quoted, read_text, strict_json_loads
+from taperlm.models.layers import Rotary
 from taperlm.taper import TaperSpec
 
 ARCHITECTURES = {
@@ -302,9 +303,13 @@ def model_config(folder: str | Path, data: dict[str, Any] | None = None) -> Mode
         tie_embeddings=tied,
     )
     try:
-        return cfg.resolve()
+        cfg = cfg.resolve()
+        # the RoPE tables' finiteness over the whole context, as a model built from it checks
+        # (the run's step-0 checkpoint is written without building them: generate would refuse)
+        Rotary(cfg.head_dim, cfg.context_length, cfg.rope_theta)
     except ConfigError as err:
         raise _refuse(folder, f"its shape is not one taperlm builds ({err})") from None
+    return cfg
 
 
 # The only values of a block_configs entry's keys that describe a plain Llama block.
