@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import os
 import re
 import struct
@@ -37,7 +36,7 @@ from typing import Any, TypeVar
 from tokenizers import Tokenizer as Backend
 
 from taperlm.errors import DataError
-from taperlm.io import error_text, quoted
+from taperlm.io import error_text, parse_json, quoted
 
 # Released tokenizers hold at most about a million entries (Gemma 3: 262k ids and their merges;
 # XLM-V: 900k unigram pieces with scores); 2^23 built costs about 1 GB.
@@ -126,7 +125,8 @@ def _state(component: Any) -> Any:
     """The JSON definition of a normaliser / pre-tokeniser / decoder (None when absent)."""
     if component is None:
         return None
-    return json.loads(component.__getstate__())
+    state = component.__getstate__()
+    return parse_json(state.decode("utf-8") if isinstance(state, bytes) else state)
 
 
 def _pool_longest(charsmap: str) -> int:
