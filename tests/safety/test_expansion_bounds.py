@@ -433,3 +433,38 @@ def test_an_id_past_the_largest_vocabulary_is_refused(tmp_path, base_tokenizer, 
     with pytest.raises(DataError, match=f"has ids up to ({top:,}, past the 16,777,216|{top} but)"):
         READERS[reader](path)
     assert time.monotonic() - start < 10
+
+
+ARGS = {  # constructor arguments of the steps that need some
+    "Precompiled": lambda: (struct.pack("<I", 0) + b"a\0",),  # an empty trie, one replacement
+    "Replace": lambda: (" ", "_"),
+    "Sequence": lambda: ([],),
+    "CharDelimiterSplit": lambda: ("x",),
+    "Split": lambda: (" ", "isolated"),
+}
+
+
+def _steps() -> list[tuple[str, str]]:
+    from tokenizers import decoders, normalizers, pre_tokenizers
+
+    bases = {"Normalizer", "PreTokenizer", "Decoder", "DecodeStream"}
+    return [
+        (mod.__name__.rsplit(".", 1)[1], name)
+        for mod in (normalizers, pre_tokenizers, decoders)
+        for name in dir(mod)
+        if isinstance(getattr(mod, name), type) and not name.startswith("_") and name not in bases
+    ]
+
+
+@pytest.mark.parametrize(("module", "name"), _steps())
+def test_every_step_of_the_library_has_a_bound(module, name):
+    """Each normaliser, pre-tokeniser and decoder class the installed tokenizers library has is
+    known to `expansion` (a new one would be refused as unbounded: this test names it)."""
+    import importlib
+
+    cls = getattr(importlib.import_module(f"tokenizers.{module}"), name)
+    try:
+        step = cls(*ARGS.get(name, lambda: ())())
+    except TypeError:  # a signature this table does not know: still must be typed
+        pytest.fail(f"give {module}.{name} constructor arguments in ARGS")
+    assert TB.expansion(TB._state(step)) < float("inf")
