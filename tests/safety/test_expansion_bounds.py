@@ -468,3 +468,22 @@ def test_every_step_of_the_library_has_a_bound(module, name):
     except TypeError:  # a signature this table does not know: still must be typed
         pytest.fail(f"give {module}.{name} constructor arguments in ARGS")
     assert TB.expansion(TB._state(step)) < float("inf")
+
+
+def test_a_pattern_the_probes_miss_ends_prepare_in_one_line(tmp_path, base_tokenizer, capfd):
+    """`(\\s|\\s)*x` passes the probes (they hold no `x`) and backtracks exponentially on
+    spaces followed by `!x`: the engine's step limit ends the encode (a Rust panic, whose own
+    report and backtrace to fd 2 are silenced) and prepare says so in one line."""
+    split = _split(r"(\s|\s)*x")["pre_tokenizer"]
+    parts = {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [split, BYTE_LEVEL]}}
+    path = _write(tmp_path, _with(base_tokenizer, parts))
+    load_tokenizer(path)  # accepted at load
+    source = tmp_path / "c.txt"
+    source.write_text("hello world\n" + " " * 80 + "!x\n")
+    argv = ["prepare", "--source", str(source), "--tokenizer", str(path),
+            "--out", str(tmp_path / "d"), "--workers", "1", "--no-progress"]  # fmt: skip
+    assert main(argv) == 2
+    err = capfd.readouterr().err
+    assert err.strip().splitlines() == [err.strip()], err
+    assert f"tokenizer {path} failed on this text" in err and "panicked" not in err
+    assert not (tmp_path / "d" / "meta.json").exists()  # no data dir (its lock and marker stay)

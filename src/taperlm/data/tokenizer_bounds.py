@@ -322,9 +322,11 @@ def _probe(backend: Backend, where: str | Path) -> None:
 
 def guarded(call: Callable[[], _T], where: str) -> _T:
     """`call()` (an encode), with a panic of the tokenizers library (a regex past the engine's
-    step limit on this text) turned into a DataError naming the tokenizer `where`."""
+    step limit on this text) turned into a DataError naming the tokenizer `where` (the panic's
+    own report to fd 2, a backtrace, silenced: the error is the one line)."""
     try:
-        return call()
+        with quiet_stderr():
+            return call()
     except BaseException as err:
         if type(err).__name__ != "PanicException":
             raise
