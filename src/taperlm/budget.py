@@ -114,6 +114,7 @@ def total_params(cfg: ModelSpec) -> int:
 
 FP32 = 4
 TRAIN_BYTES_PER_PARAM = 16  # fp32 weight + gradient + AdamW's two moments
+ROPE_PREBUILT = 1 << 16  # RoPE positions a model builds at first (`models.layers.Rotary`)
 
 
 def memory_floor(cfg: ModelSpec, training: bool = False, shards: int = 1) -> tuple[int, str]:
@@ -123,7 +124,7 @@ def memory_floor(cfg: ModelSpec, training: bool = False, shards: int = 1) -> tup
     less memory cannot hold the model at all; computed from the config, nothing allocated."""
     params = total_params(cfg)
     per_param = TRAIN_BYTES_PER_PARAM if training else FP32
-    rope = 2 * cfg.context_length * cfg.head_dim * FP32
+    rope = 2 * min(cfg.context_length, ROPE_PREBUILT) * cfg.head_dim * FP32  # models.Rotary
     need = params * per_param // shards + rope
     what = (
         f"{params / 1e9:,.2f}B parameters x {per_param} bytes"

@@ -16,11 +16,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Tokenizer as Backend
-
 from taperlm.config import RunConfig, apply_overrides, run_config_from_dict, to_dict
 from taperlm.config.train import TrainConfig
 from taperlm.data.tokenizer import Tokenizer
+from taperlm.data.tokenizer_bounds import build_backend
 from taperlm.errors import ConfigError, DataError
 from taperlm.hf import llama
 from taperlm.io import read_text, strict_json_loads
@@ -70,8 +69,9 @@ def _run_config(model: Any, overrides: list[str]) -> RunConfig:
 def _json_file(path: Path) -> dict[str, Any]:
     if not path.exists():  # anything else there (a FIFO, a folder) is refused by read_text
         return {}
+    path = llama.folder_file(path.parent, path.name)
     try:
-        data = strict_json_loads(read_text(path, MAX_SIDE_FILE_BYTES, path.name))
+        data = strict_json_loads(read_text(path, MAX_SIDE_FILE_BYTES, path.name), path)
     except json.JSONDecodeError as err:
         raise DataError(f"{path} is not valid JSON ({err.msg})") from None
     return data if isinstance(data, dict) else {}
@@ -91,16 +91,17 @@ def read_tokenizer(folder: Path, config: dict[str, Any], vocab_size: int) -> Tok
     path = folder / "tokenizer.json"
     if not path.exists():
         return None
-    text = read_text(path, MAX_TOKENIZER_BYTES, "tokenizer.json")
-    try:
-        backend = Backend.from_str(text)
-    except Exception as err:  # the tokenizers library raises its own exception type
-        raise DataError(f"{path} is not a Hugging Face tokenizers file ({err})") from None
-    size = backend.get_vocab_size(with_added_tokens=True)
-    if size > vocab_size:
+    text = read_text(
+        llama.folder_file(folder, "tokenizer.json"), MAX_TOKENIZER_BYTES, "tokenizer.json"
+    )
+    backend = build_backend(text, path)  # bounded: counts, expansion, regexes (and panics)
+    # The largest id, not the count of ids: a vocabulary with a gap ({"a": 0, "b": 5000}) has
+    # two ids, and the model must still have a row for 5000 (the embedding would refuse it).
+    top = max(backend.get_vocab(with_added_tokens=True).values(), default=-1)
+    if top >= vocab_size:
         raise DataError(
-            f"{path} has {size} ids but the model's vocab_size is {vocab_size}: the tokenizer is "
-            "not this model's"
+            f"{path} has ids up to {top} but the model's vocab_size is {vocab_size} (embedding "
+            f"rows 0..{vocab_size - 1}): the tokenizer is not this model's"
         )
     side = _json_file(folder / "tokenizer_config.json")
     special = _json_file(folder / "special_tokens_map.json")
@@ -109,7 +110,8 @@ def read_tokenizer(folder: Path, config: dict[str, Any], vocab_size: int) -> Tok
         token = _token(side.get(key)) or _token(special.get(key))
         ids = config.get(f"{key}_id")
         ids = ids[:1] if isinstance(ids, list) else [ids]  # Llama 3 lists several EOS ids
-        if token is None and ids and isinstance(ids[0], int) and not isinstance(ids[0], bool):
+        known = ids and isinstance(ids[0], int) and not isinstance(ids[0], bool)
+        if token is None and known and 0 <= ids[0] < vocab_size:  # an id past u32 overflows
             token = backend.id_to_token(ids[0])
         return token if token is not None and backend.token_to_id(token) is not None else None
 

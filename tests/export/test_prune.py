@@ -292,6 +292,8 @@ def test_prune_refuses_what_it_cannot_do(base, tmp_path, capsys):
         ),
         (["--params", "0.5", "--taper", "nonsense"], "--taper 'nonsense'"),
         (["--params", "0.5", "--set", "model.d_model=64"], "train: and data: settings only"),
+        # a budget past the train split would cycle over it (issue 63): refused before measuring
+        (["--params", "0.5", "--calibration-tokens", "1000000000"], "more than the train split"),
     ]:
         out = tmp_path / f"x{len(message)}"
         assert cli_main(["prune", str(run), "--out", str(out), *extra]) == 2

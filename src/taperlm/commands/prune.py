@@ -67,8 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--calibration-tokens",
         type=number(int, up_to(MAX_TOKENS)),
-        default=65536,
-        help="train-split tokens the importance (and novelty) is measured on [65536]",
+        default=None,
+        help="train-split tokens the importance (and novelty) is measured on, at most the "
+        "split's [65536, or the whole split when smaller]",
     )
     parser.add_argument(
         "--data", type=input_path(), help="data dir (default: the source run's data.dir)"
@@ -141,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
     data_dir = args.data or require_data_dir(_run_root(Path(args.source)), src_run)
     check_tokenizer(args.source, data_dir)  # calibration ids must mean what the source learned
     seq_len = src_run.train.seq_len
+    args.calibration_tokens = P.calibration_budget(data_dir, seq_len, args.calibration_tokens)
     stats = P.measure(model, data_dir, seq_len, args.calibration_tokens)
     if target is None:
         windows = torch.cat(list(P.calibration_windows(data_dir, seq_len, args.calibration_tokens)))

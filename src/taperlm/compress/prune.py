@@ -29,9 +29,9 @@ from taperlm.budget import embedding_params, head_params, total_params
 from taperlm.compress import ParamsOf
 from taperlm.compress.importance import UnitStats, collect, mlps, top_units, unit_scores
 from taperlm.config import ModelConfig, RunConfig
-from taperlm.data.loader import TokenBatches
+from taperlm.data.loader import TokenBatches, open_split
 from taperlm.domains import choices
-from taperlm.errors import ConfigError, TaperError
+from taperlm.errors import ConfigError, DataError, TaperError
 from taperlm.families import get_family
 from taperlm.models import TaperedLM
 from taperlm.models.layers import SwiGLU
@@ -128,11 +128,39 @@ def pruned_state(
     return out
 
 
+DEFAULT_CALIBRATION_TOKENS = 65536
+
+
+def _check_budget(data_dir: Path, seq_len: int, tokens: int, windows: int) -> None:
+    """DataError when `tokens` asks for more windows than the train split holds: the batches
+    cycle, so the same windows would be counted again (1e9 tokens of a 180k-token split would
+    run for hours and measure nothing new)."""
+    if max(1, tokens // seq_len) > windows:
+        held = windows * seq_len
+        raise DataError(
+            f"--calibration-tokens {tokens:,} asks for more than the train split of {data_dir} "
+            f"holds ({windows:,} windows of {seq_len} tokens = {held:,} tokens); give "
+            f"--calibration-tokens {held} or fewer, or prepare more data"
+        )
+
+
+def calibration_budget(data_dir: Path, seq_len: int, tokens: int | None) -> int:
+    """The calibration tokens to measure on: `tokens` as given (DataError past the train
+    split), or with None the default capped at the split."""
+    _, stream = open_split(data_dir, "train", verify=False)
+    windows = (len(stream) - 1) // seq_len
+    if tokens is None:
+        return max(1, min(DEFAULT_CALIBRATION_TOKENS, windows * seq_len))
+    _check_budget(data_dir, seq_len, tokens, windows)
+    return tokens
+
+
 def calibration_windows(
     data_dir: Path, seq_len: int, tokens: int, batch_size: int = 8, seed: int = 0
 ) -> Iterator[torch.Tensor]:
     """Windows [B, seq_len] of the train split (shuffled by `seed`) holding `tokens` tokens."""
     batches = TokenBatches(data_dir, "train", seq_len, batch_size, seed=seed)
+    _check_budget(data_dir, seq_len, tokens, batches.n_windows)
     left = max(1, tokens // seq_len)
     while left > 0:
         x, _ = next(batches)

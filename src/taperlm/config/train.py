@@ -167,9 +167,11 @@ class TrainConfig:
     sha256 of its checkpoint's manifest, which pins every file) is saved in each checkpoint and a
     resume with another teacher is refused.
     """
-    distill_temperature: float = setting(1.0, "(0, inf)")
+    distill_temperature: float = setting(1.0, "[0.01, 100]")
     """T of the distillation loss (both distributions softened by T; the KL term is scaled by T^2 so
-    its gradient keeps its size as T changes).
+    its gradient keeps its size as T changes). Distillation uses T of about 1 to 20; far outside
+    [0.01, 100] the loss leaves fp32 (T = 1e30 makes T^2 infinite, T = 1e-30 the logits / T), and
+    the run would stop on a NaN loss blaming the weights.
     """
     distill_mix: float = setting(0.5, "[0, 1]")
     """weight of the KL term, in [0, 1] (1 = distillation only, 0 = LM loss only)."""

@@ -24,14 +24,15 @@ from tokenizers import AddedToken, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as Backend
 
 from taperlm.data.datadir import TOKENIZER_DIR, resolve
-from taperlm.domains import choices
+from taperlm.data.tokenizer_bounds import build_backend, check_entry_count, check_pipeline, guarded
+from taperlm.domains import MAX_VOCAB, choices
 from taperlm.errors import DataError, UnsafeFileError
 from taperlm.io import (
     MAX_RECORD_BYTES,
     atomic_write_text,
     check_regular,
-    error_text,
     not_a_file,
+    read_bytes,
     read_json,
     read_text,
 )
@@ -74,15 +75,21 @@ class Tokenizer:
         self.bos_id: int | None = None if bos_id is None else int(bos_id)
         # The largest id + 1 (not the count of ids): a model's embedding must cover every id.
         self.vocab_size: int = max(backend.get_vocab(with_added_tokens=True).values()) + 1
+        if self.vocab_size > MAX_VOCAB:  # one id of 2^31 makes every table sized by ids huge
+            raise DataError(
+                f"tokenizer {spec!r} has ids up to {self.vocab_size - 1:,}, past the "
+                f"{MAX_VOCAB:,} rows a taperlm model's embedding can have; it is damaged or "
+                "crafted: use the tokenizer as it was released (or a bpe:N one)"
+            )
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` (no BOS/EOS added)."""
-        return self.backend.encode(text, add_special_tokens=False).ids
+        return guarded(lambda: self.backend.encode(text, add_special_tokens=False).ids, self.spec)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text; the same ids as `encode` (the fast path skips offsets)."""
         encode = getattr(self.backend, "encode_batch_fast", None) or self.backend.encode_batch
-        return [e.ids for e in encode(texts, add_special_tokens=False)]
+        return guarded(lambda: [e.ids for e in encode(texts, add_special_tokens=False)], self.spec)
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=False)
@@ -203,6 +210,7 @@ def _from_hf(spec: str) -> Tokenizer:
         raise DataError(f"Hugging Face tokenizer {name!r} has no fast (tokenizers) version")
 
     backend = Backend.from_str(backend.to_str())
+    check_pipeline(backend, spec)
     eos = hf.eos_token or _find_eos(backend)
     return _with_eos(backend, "hf", spec, eos, hf.bos_token)
 
@@ -248,13 +256,9 @@ def load_tokenizer(path: str | Path, spec: str | None = None) -> Tokenizer:
             "dir from `taperlm prepare` (with tokenizer/)"
         )
     try:
-        backend = Backend.from_str(read_text(file, MAX_TOKENIZER_BYTES, "tokenizer file"))
+        backend = build_backend(read_text(file, MAX_TOKENIZER_BYTES, "tokenizer file"), file)
     except UnsafeFileError as err:
         raise DataError(str(err)) from None
-    except Exception as err:
-        raise DataError(
-            f"{file}: not a valid Hugging Face tokenizers file ({error_text(err)})"
-        ) from None
     meta = _read_json(folder / META_FILE) if file.name == TOKENIZER_FILE else {}
     _check_meta_types(folder / META_FILE, meta)
     if meta.get("eos_token"):
@@ -305,8 +309,12 @@ def _from_gpt2_files(folder: Path, spec: str) -> Tokenizer:
     try:
         vocab = check_regular(folder / "vocab.json", MAX_TOKENIZER_BYTES, "tokenizer vocabulary")
         merges = check_regular(folder / "merges.txt", MAX_TOKENIZER_BYTES, "tokenizer merges")
+        lines = read_bytes(merges, MAX_TOKENIZER_BYTES, "tokenizer merges").count(b"\n")
+        check_entry_count(
+            read_text(vocab, MAX_TOKENIZER_BYTES, "tokenizer vocabulary"), folder, lines
+        )
         model = models.BPE.from_file(str(vocab), str(merges))
-    except UnsafeFileError as err:
+    except (UnsafeFileError, DataError) as err:
         raise DataError(str(err)) from None
     except Exception as err:
         raise DataError(f"{folder}: cannot read vocab.json + merges.txt ({err})") from None

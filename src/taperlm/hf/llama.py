@@ -23,16 +23,19 @@ pickle (`pytorch_model.bin`) weights, which are never opened: loading them runs 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from taperlm.config import ModelConfig
+from taperlm.domains import MAX_CONTEXT, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH
 from taperlm.errors import CheckpointError, ConfigError, UnsafeFileError
 from taperlm.hf.decilm import ffn_mult_width, llama_shared_config
 from taperlm.hf.safetensors_file import read_header, read_tensors
-from taperlm.io import read_text, strict_json_loads
+from taperlm.io import quoted, read_text, strict_json_loads
+from taperlm.models.layers import Rotary
 from taperlm.taper import TaperSpec
 
 ARCHITECTURES = {
@@ -96,6 +99,19 @@ _READ = frozenset(
         "block_configs",
     }
 )
+# The largest value of each size read from config.json: the ends of the config domains
+# (`taperlm.domains`), checked on the raw JSON value before any per-layer list, table or tensor
+# is built from it (a 1 KB config.json with 300 million layers is refused at once).
+_SIZE_LIMITS = {
+    "hidden_size": MAX_WIDTH,
+    "intermediate_size": MAX_WIDTH,
+    "num_hidden_layers": MAX_LAYERS,
+    "num_attention_heads": MAX_HEADS,
+    "num_key_value_heads": MAX_HEADS,
+    "vocab_size": MAX_VOCAB,
+    "max_position_embeddings": MAX_CONTEXT,
+}
+NAME_MAX = 255  # bytes of one file name on Linux and macOS file systems
 # (our name, HF name); per layer under model.layers.{i}.
 _NORMS = (("mixer_norm", "input_layernorm"), ("mlp_norm", "post_attention_layernorm"))
 
@@ -104,16 +120,37 @@ def _refuse(folder: Path, what: str) -> ConfigError:
     return ConfigError(f"cannot import {folder}: {what}; nothing was written")
 
 
+def folder_file(folder: str | Path, name: str) -> Path:
+    """`folder/name`, refused before it is opened when it is a link leading outside the folder
+    (its contents, even a number read from them, could end up in a message): a link is followed
+    only to a file inside the folder or, for a Hugging Face Hub cache snapshot
+    (`.../snapshots/REV`), inside that cache's `blobs` folder, where the Hub keeps the files."""
+    folder = Path(folder)
+    path = folder / name
+    if not path.is_symlink():
+        return path
+    base = folder.resolve()
+    roots = [base, base.parent.parent / "blobs"] if base.parent.name == "snapshots" else [base]
+    target = path.resolve()
+    if not any(root in target.parents for root in roots):
+        raise UnsafeFileError(
+            f"{path} is a link to {target}, outside the checkpoint folder {folder} (and not in "
+            "a Hugging Face cache's blobs): taperlm reads a checkpoint's files only inside its "
+            "folder. Nothing was read from it; copy the file into the folder"
+        )
+    return path
+
+
 def read_config(folder: str | Path) -> dict[str, Any]:
     """The folder's config.json, read bounded and parsed strictly (a key given twice is refused)."""
     folder = Path(folder)
-    path = folder / CONFIG_FILE
+    path = folder_file(folder, CONFIG_FILE)
     if not path.exists():  # anything else there (a FIFO, a folder) is refused by read_text
         raise CheckpointError(
             f"{folder} is not a Hugging Face checkpoint folder: it has no {CONFIG_FILE}"
         )
     try:
-        data = strict_json_loads(read_text(path, MAX_CONFIG_BYTES, "config.json"))
+        data = strict_json_loads(read_text(path, MAX_CONFIG_BYTES, "config.json"), path)
     except json.JSONDecodeError as err:
         raise CheckpointError(f"{path} is not valid JSON ({err.msg})") from None
     if not isinstance(data, dict):
@@ -126,7 +163,13 @@ def _int(folder: Path, data: dict[str, Any], key: str, default: Any = None) -> i
     value = default if value is None else value  # absent, or null as some configs write it
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise CheckpointError(
-            f"{folder}/{CONFIG_FILE}: {key} must be a positive integer, got {value!r}"
+            f"{folder}/{CONFIG_FILE}: {key} must be a positive integer, got {quoted(value)}"
+        )
+    if value > _SIZE_LIMITS.get(key, value):
+        raise _refuse(
+            folder,
+            f"its {key} is {value:,}, more than the {_SIZE_LIMITS[key]:,} taperlm builds "
+            "(config.json is damaged or crafted, or the model is larger than taperlm supports)",
         )
     return value
 
@@ -260,9 +303,13 @@ def model_config(folder: str | Path, data: dict[str, Any] | None = None) -> Mode
         tie_embeddings=tied,
     )
     try:
-        return cfg.resolve()
+        cfg = cfg.resolve()
+        # the RoPE tables' finiteness over the whole context, as a model built from it checks
+        # (the run's step-0 checkpoint is written without building them: generate would refuse)
+        Rotary(cfg.head_dim, cfg.context_length, cfg.rope_theta)
     except ConfigError as err:
         raise _refuse(folder, f"its shape is not one taperlm builds ({err})") from None
+    return cfg
 
 
 # The only values of a block_configs entry's keys that describe a plain Llama block.
@@ -321,6 +368,12 @@ def _decilm_sizes(
             )
         if isinstance(mult, bool) or not isinstance(mult, (int, float)) or not mult > 0:
             raise _refuse(folder, f"layer {i}'s ffn_mult is {mult!r}, not a positive number")
+        if not math.isfinite(mult) or 2 * mult * d / 3 > MAX_WIDTH:  # before int(): inf, 1e308
+            raise _refuse(
+                folder,
+                f"layer {i}'s ffn_mult {mult!r} gives an MLP width above the {MAX_WIDTH:,} "
+                "taperlm builds (config.json is damaged or crafted)",
+            )
         widths.append(ffn_mult_width(float(mult), d))
         groups.append(group)
     if len(set(groups)) > 1:
@@ -364,6 +417,12 @@ def _file_name(folder: Path, name: str) -> str:
     separator, no `..`, not absolute), so the index cannot point anywhere the folder's own
     files do not. Links among the folder's files are followed, as for config.json: a Hugging
     Face Hub cache snapshot holds only links into its `../../blobs`."""
+    if len(name.encode("utf-8", "surrogatepass")) > NAME_MAX:
+        raise UnsafeFileError(
+            f"{folder / INDEX_FILE} names a shard of {len(name):,} characters ({quoted(name, 60)}),"
+            f" longer than any file name can be ({NAME_MAX} bytes); the index is damaged or "
+            "crafted: restore it from a copy you trust"
+        )
     if not name or name in (".", "..") or "\x00" in name or Path(name).name != name or "\\" in name:
         shown = name if len(name) <= 200 else name[:200] + "..."
         raise UnsafeFileError(
@@ -378,11 +437,13 @@ def weight_files(folder: str | Path) -> dict[str, Path]:
     model.safetensors.index.json names, each kept inside the folder)."""
     folder = Path(folder)
     if (folder / WEIGHTS_FILE).exists():
-        path = folder / WEIGHTS_FILE
+        path = folder_file(folder, WEIGHTS_FILE)
         return dict.fromkeys(read_header(path)[0], path)
     if (folder / INDEX_FILE).exists():
         try:
-            index = strict_json_loads(read_text(folder / INDEX_FILE, MAX_INDEX_BYTES, "index"))
+            index_path = folder_file(folder, INDEX_FILE)
+            text = read_text(index_path, MAX_INDEX_BYTES, "index")
+            index = strict_json_loads(text, index_path, "index")
         except json.JSONDecodeError as err:
             raise CheckpointError(f"{folder / INDEX_FILE} is not valid JSON ({err.msg})") from None
         wmap = index.get("weight_map") if isinstance(index, dict) else None
@@ -391,7 +452,12 @@ def weight_files(folder: str | Path) -> dict[str, Path]:
         out: dict[str, Path] = {}
         headers: dict[str, set[str]] = {}
         for name, file in wmap.items():
-            path = folder / _file_name(folder, file)
+            path = folder_file(folder, _file_name(folder, file))
+            if not path.exists():
+                raise CheckpointError(
+                    f"{folder / INDEX_FILE} names the shard {file!r}, which {folder} lacks (an "
+                    "interrupted download?): download the checkpoint again, or restore the file"
+                )
             if file not in headers:
                 headers[file] = set(read_header(path)[0])
             if name not in headers[file]:

@@ -46,12 +46,23 @@ class Rotary(nn.Module):
     (cat done once here, not on every call); buffers are `inv_freq`, `cos`, `sin`.
     """
 
+    # Positions built at construction: the context length, up to this many; further ones as a
+    # forward reaches them. A model claiming a 16M-token context (imported, or a config) would
+    # otherwise hold gigabytes of tables to generate two tokens.
+    PREBUILT = 1 << 16
+
     def __init__(self, head_dim: int, max_len: int, theta: float = 10000.0) -> None:
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.theta = theta
-        self._build(max_len)
+        self._build(min(max_len, self.PREBUILT))
+        if max_len > self.PREBUILT and inv_freq.device.type != "meta":
+            # the last position's angles, computed as _build computes them (fp32 products):
+            # finite here means finite tables up to max_len, without building them
+            last = torch.tensor([float(max_len - 1)]) * inv_freq.cpu()
+            if not bool(torch.isfinite(last).all()):
+                self._refuse(max_len)
 
     def _build(self, length: int) -> None:
         t = torch.arange(length, dtype=torch.float32, device=self.inv_freq.device)
@@ -64,11 +75,14 @@ class Rotary(nn.Module):
         # compiled forward is not checked: the check reads a tensor, a graph break per call.
         checkable = freqs.device.type != "meta" and not torch.compiler.is_compiling()
         if checkable and not bool(torch.isfinite(self.cos).all()):
-            raise ConfigError(
-                f"model.rope_theta = {self.theta!r} gives non-finite RoPE tables (head dim "
-                f"{2 * self.inv_freq.numel()}, {length} positions in fp32); use a base such as "
-                "10000 (Llama 2) or 500000 (Llama 3)"
-            )
+            self._refuse(length)
+
+    def _refuse(self, length: int) -> None:
+        raise ConfigError(
+            f"model.rope_theta = {self.theta!r} gives non-finite RoPE tables (head dim "
+            f"{2 * self.inv_freq.numel()}, {length} positions in fp32); use a base such as "
+            "10000 (Llama 2) or 500000 (Llama 3)"
+        )
 
     def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
         """x: [B, H, T, D] -> rotated x, positions start..start+T-1."""
