@@ -25,6 +25,7 @@ from taperlm.compare.grid import split_taper_list
 from taperlm.domains import (
     DOMAIN_KEY,
     MAX_COUNT,
+    MAX_SEED,
     MAX_TOKENS,
     MAX_WORKERS,
     choices,
@@ -89,7 +90,13 @@ PAPER_STUDIES: dict[str, str] = {
     # that sweep (and below uniform: inverse tapers) over tokens per parameter
     "tokens": "taperlm.compare.longrun:longrun_plan",
     "ratios": "taperlm.compare.longrun:longrun_plan",  # that sweep past 1.9 -> 0.1 and below 1
+    # the pre-registered check of the widening lead: micro 10 (built-in) and micro 2 (code)
+    "confirm": "taperlm.compare.confirm:confirm_plan",
+    "confirm-code": "taperlm.compare.confirm:confirm_plan",
 }
+# --paper confirm / confirm-code: the pre-registered seed cap (taperlm.compare.confirm)
+CONFIRM_SEEDS = 15
+CONFIRM_MODES = ("confirm", "confirm-code")
 PAPER_MODES = tuple(PAPER_STUDIES)  # --paper's choices
 # --paper families: the families compared (taperlm.compare.families)
 DEFAULT_FAMILIES = ("transformer", "gated", "hope", "titans-mag")
@@ -322,7 +329,12 @@ class CompareOptions:
         "measured per-run speed); ratios = that sweep and past 1.9->0.1 (1.95->0.05, 2.0->0.0) "
         "at nano 0.5/8/68 and micro 0.5/10 (estimated ~23 h; ~4 h after "
         "tokens, in a copy of its finished --out: the cells both sweep are reused); both "
-        "write trend.md with the fitted trends (docs/compare.md, 'Long training')",
+        "write trend.md with the fitted trends (docs/compare.md, 'Long training'); confirm = "
+        "the pre-registered check of the widening lead: uniform vs cosine 0.75->1.25 at micro, "
+        "10 tokens/param, lr 0.004, fresh seeds 100-114, --stop decided (~1.5-7.5 h on 2 idle "
+        "cores); confirm-code = the same pair at micro, 2 tokens/param, on the code corpus "
+        "(--data), uniform's lr tuned first (~0.7-1.9 h) (docs/compare.md, 'The confirmatory "
+        "comparison')",
         choices=PAPER_MODES,
     )
     # --paper families / scaling / tokens / ratios: the size(s) of the presets, as listed
@@ -345,9 +357,16 @@ class CompareOptions:
     # with --paper
     seeds: int | None = option(
         "--seeds",
-        f"seeds 0..N-1, the most trained: --stop may stop sooner [{DEFAULT_SEEDS}; "
+        f"N seeds (from --first-seed), the most trained: --stop may stop sooner [{DEFAULT_SEEDS}; "
         f"{MODEL_SEEDS} with --preset/--config; {PAPER_MODE_SEEDS} with --paper]",
         domain=up_to(MAX_COUNT),
+    )
+    first_seed: int = option(  # seeds first_seed..first_seed+N-1: fresh seeds for a replication
+        "--first-seed",
+        "the first seed: the seeds are N..N+--seeds-1, in order (fresh seeds for a "
+        "confirmatory comparison; --paper confirm uses 100) [0]",
+        default=0,
+        domain=up_to(MAX_SEED // 2, 0),
     )
     stop: Stop = option(  # given as text, parsed once (__post_init__): Stop.parse
         "--stop",
@@ -511,7 +530,9 @@ class CompareOptions:
         self.lr_grid = _typed(self.lr_grid, parse_lr_grid)
         if self.seeds is None:
             self.seeds = (
-                PAPER_MODE_SEEDS
+                CONFIRM_SEEDS
+                if self.paper in CONFIRM_MODES
+                else PAPER_MODE_SEEDS
                 if self.paper
                 else DEFAULT_SEEDS
                 if is_main_job(self)
