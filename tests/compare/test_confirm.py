@@ -15,7 +15,8 @@ import pytest
 
 from conftest import raises_naming
 from taperlm.cli import build_parser
-from taperlm.compare import confirm, options
+from taperlm.compare import longrun as confirm
+from taperlm.compare import options
 from taperlm.compare.grid import build_grid
 from taperlm.compare.job import check_options, reported_seeds
 from taperlm.compare.options import options_from
@@ -129,8 +130,8 @@ def test_the_modes_are_registered_and_the_docs_state_their_times():
     assert all(studies.STUDIES[m] is confirm.confirm_plan for m in confirm.CONFIRM_MODES)
     page = (ROOT / "docs/compare.md").read_text(encoding="utf-8")
     for mode in confirm.CONFIRM_MODES:
-        at_most = confirm.estimated_hours(mode)
-        at_three = confirm.estimated_hours(mode, seeds=3)
+        at_most = confirm.confirm_hours(mode)
+        at_three = confirm.confirm_hours(mode, seeds=3)
         assert f"`{mode}` | ≈ {at_three:.1f} h to ≈ {at_most:.1f} h" in page, mode
 
 

@@ -91,10 +91,10 @@ PAPER_STUDIES: dict[str, str] = {
     "tokens": "taperlm.compare.longrun:longrun_plan",
     "ratios": "taperlm.compare.longrun:longrun_plan",  # that sweep past 1.9 -> 0.1 and below 1
     # the pre-registered check of the widening lead: micro 10 (built-in) and micro 2 (code)
-    "confirm": "taperlm.compare.confirm:confirm_plan",
-    "confirm-code": "taperlm.compare.confirm:confirm_plan",
+    "confirm": "taperlm.compare.longrun:confirm_plan",
+    "confirm-code": "taperlm.compare.longrun:confirm_plan",
 }
-# --paper confirm / confirm-code: the pre-registered seed cap (taperlm.compare.confirm)
+# --paper confirm / confirm-code: the pre-registered seed cap (taperlm.compare.longrun)
 CONFIRM_SEEDS = 15
 CONFIRM_MODES = ("confirm", "confirm-code")
 PAPER_MODES = tuple(PAPER_STUDIES)  # --paper's choices
