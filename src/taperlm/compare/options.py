@@ -370,7 +370,7 @@ class CompareOptions:
     )
     stop: Stop = option(  # given as text, parsed once (__post_init__): Stop.parse
         "--stop",
-        "when to stop adding seeds (in order; the decision at n reads seeds 0..n-1 only): "
+        "when to stop adding seeds (in order; the decision at n reads the first n seeds only): "
         "decided = when every comparison's anytime-valid interval excludes 0; half-width:X = "
         "when every one is within +-X nats; equivalent[:M] = when every one lies inside +-M "
         f"nats, 'no practical difference' [M = {DEFAULT_EQUIVALENCE_MARGIN:g}]; "
