@@ -61,10 +61,9 @@ def replay(
     stop, reason = cap, "cap"
     for n in range(1, cap + 1):
         head = {k: v[:n] for k, v in losses.items()}
-        if rule.kind != "fixed" and sequential.stops_at(
-            rule, sequential.question_diffs(head, uniform, rule.question)
-        ):
-            stop, reason = n, rule.kind
+        why = sequential.stop_reason(rule, sequential.question_diffs(head, uniform, rule.question))
+        if why is not None:
+            stop, reason = n, why
             break
     full = sequential.question_diffs(losses, uniform, "each")
     used = sequential.question_diffs({k: v[:stop] for k, v in losses.items()}, uniform, "each")

@@ -17,7 +17,9 @@ that layer is attention only. Heads and memory widths must stay >= 1 (`zero_ok=F
 
 A spec that gives its sizes outright (custom widths) is checked instead of solved. A schedule
 whose layers come in blocks of one size (`groups`: `Schedule.blocks`) is solved block by block
-instead (`_solve_blocks`): its groups stay equal.
+instead (`_solve_units`): its groups stay equal. A symmetric schedule (bell, hourglass:
+`Schedule.mirrored`) is solved pair by pair the same way (layer l with layer L-1-l), so its
+widths stay symmetric wherever the budget can be split into equal pairs.
 """
 
 from __future__ import annotations
@@ -75,7 +77,18 @@ def solve_sizes(
     unit = target / (n_layers * m)  # the mean size in steps of m
     blocks = spec.record.blocks(spec, n_layers)
     if blocks is not None:
-        return _solve_blocks(spec, r, blocks, unit, target // m, (direction, enforce), budget)
+        units = _runs(blocks)
+        return _solve_units(spec, r, units, unit, target // m, (direction, enforce), budget)
+    if spec.record.mirrored and n_layers > 2:
+        units = _mirror_pairs(n_layers)
+        # the order kept is the half profile's, from the end layers in to the middle
+        half = _direction([r[u[0]] for u in units])
+        kept = half != 2 and spec.monotone is not False
+        symmetric = _solve_units(spec, r, units, unit, target // m, (half, kept), budget, True)
+        if symmetric is not None:
+            return symmetric
+        # an odd number of steps over an even depth (e.g. a KV taper's `total`) cannot be
+        # split into equal pairs: the general solver below meets it, the pairs within one step
     exact = [x * unit for x in r]  # ideal size in steps
     steps = _rounded_steps(exact, r, baseline, m, what, zero_ok)
     deficit = target // m - sum(steps)
@@ -194,38 +207,67 @@ def _meet_budget(
         deficit -= sign
 
 
-def _solve_blocks(
+def _runs(blocks: list[int]) -> list[list[int]]:
+    """The layer indices of consecutive runs of the given lengths."""
+    starts = [sum(blocks[:b]) for b in range(len(blocks))]
+    return [list(range(s, s + c)) for s, c in zip(starts, blocks)]
+
+
+def _mirror_pairs(n_layers: int) -> list[list[int]]:
+    """Layer l with layer L-1-l, from the end layers in, and the middle layer alone (odd L)."""
+    return [sorted({k, n_layers - 1 - k}) for k in range((n_layers + 1) // 2)]
+
+
+def _unit_name(spec: TaperSpec, layers: list[int], index: int) -> str:
+    if spec.record.mirrored:
+        return f"layer {layers[0]}" if len(layers) == 1 else f"layers {layers[0]} and {layers[1]}"
+    return f"group {index + 1}"
+
+
+def _solve_units(
     spec: TaperSpec,
     r: list[float],
-    blocks: list[int],
+    units: list[list[int]],
     unit: float,
     total_steps: int,
     order: tuple[int, bool],
     budget: str,
-) -> list[int]:
-    """Sizes for a schedule whose layers come in blocks that keep one size (groups): every block
-    is solved as a whole, so its layers stay equal (docs/tapers.md promises equal groups).
+    optional: bool = False,
+) -> list[int] | None:
+    """Sizes for a schedule whose layers come in units that keep one size (groups: runs of
+    consecutive layers; bell, hourglass: mirrored pairs): every unit is solved as a whole, so its
+    layers stay equal (docs/tapers.md promises equal groups and symmetric shapes). `order` is kept
+    across the units in their order. `optional`: None instead of the error when whole units
+    cannot meet the budget (the caller has another way).
 
     The multipliers are first scaled to a layer-weighted mean of exactly 1 (uneven blocks, e.g.
-    3 groups over 4 layers, give a mean of 1.125 as written): the ratios between blocks stay as
-    written. Rounding leaves a deficit that whole blocks absorb (a block of c layers moves the
+    3 groups over 4 layers, give a mean of 1.125 as written): the ratios between units stay as
+    written. Rounding leaves a deficit that whole units absorb (a unit of c layers moves the
     total by c steps), chosen to stay closest to the ideal sizes (`_block_moves`)."""
     m = spec.multiple_of
     direction, enforce = order
-    starts = [sum(blocks[:b]) for b in range(len(blocks))]
-    rb = [r[s] for s in starts]
-    mean = sum(c * x for c, x in zip(blocks, rb)) / sum(blocks)
+    counts = [len(u) for u in units]
+    rb = [r[u[0]] for u in units]
+    mean = sum(c * x for c, x in zip(counts, rb)) / sum(counts)
     exact = [x / mean * unit for x in rb]
     steps = [math.floor(x + 0.5) for x in exact]
     if min(steps) <= 0:
+        at = steps.index(min(steps))
         raise TaperError(
-            f"taper {spec.to_string()}: group {steps.index(min(steps)) + 1} rounds to a width of "
-            f"{min(steps) * m}; every group needs a positive width: raise its multiplier or "
-            "lower multiple_of"
+            f"taper {spec.to_string()}: the width of {_unit_name(spec, units[at], at)} rounds to "
+            f"{min(steps) * m}; every {'layer' if spec.record.mirrored else 'group'} needs a "
+            "positive width: "
+            + (
+                "lower the strength or multiple_of"
+                if spec.record.mirrored
+                else "raise its multiplier or lower multiple_of"
+            )
         )
-    deficit = total_steps - sum(c * s for c, s in zip(blocks, steps))
-    best = _block_moves(blocks, exact, steps, deficit, direction if enforce else None)
+    deficit = total_steps - sum(c * s for c, s in zip(counts, steps))
+    best = _block_moves(counts, exact, steps, deficit, direction if enforce else None)
     if best is None:
+        if optional:
+            return None
         raise TaperError(
             f"taper {spec.to_string()} cannot keep its groups equal at the budget {budget} "
             f"with multiple_of={m}: {abs(deficit)} step(s) of {m} cannot be "
@@ -233,8 +275,11 @@ def _solve_blocks(
             + (" without breaking the monotone order" if enforce else "")
             + "; use a depth divisible by the number of groups, or a smaller multiple_of"
         )
-    steps = best
-    return [s * m for s, c in zip(steps, blocks) for _ in range(c)]
+    sizes = [0] * len(r)
+    for layers, s in zip(units, best):
+        for i in layers:
+            sizes[i] = s * m
+    return sizes
 
 
 MAX_BLOCK_MOVE = 4  # steps of m a block may move from its rounded size to meet the budget

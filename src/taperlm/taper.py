@@ -5,7 +5,7 @@ model, or any other per-layer integer quantity: heads, memory widths, CMS level 
 `taperlm.solver` turns the multipliers into integer sizes at exactly L * B.
 
 Specification strings (CLI `--taper`): `uniform`, `cosine[:START:END]`, `linear[:START:END]`,
-`sigmoid[:START:END[:K]]`, `groups:R1,R2,...`, `custom:V1,V2,...` (multipliers if any value has a
+`sigmoid[:START:END[:K]]`, `bell[:STRENGTH]`, `hourglass[:STRENGTH]`, `groups:R1,R2,...`, `custom:V1,V2,...` (multipliers if any value has a
 decimal point, widths if all are integers), `novelty:SOURCE[:STRENGTH]` (multipliers from a
 measured per-layer rho_mlp, see `novelty_multipliers`).
 
@@ -31,6 +31,10 @@ from taperlm.io import MAX_RECORD_BYTES, quoted, read_json
 DEFAULT_START = 1.5
 DEFAULT_END = 0.5
 DEFAULT_STEEPNESS = 10.0
+# bell/hourglass: the multiplier difference between the middle and the end layers (as wide a
+# contrast as cosine 1.25 -> 0.75); below MAX_BUMP every depth keeps every multiplier > 0 for bell.
+DEFAULT_BUMP = 0.5
+MAX_BUMP = 2.0
 # Largest deviation of a novelty multiplier from 1: 0.5 spans 1.5 .. 0.5, the paper's range.
 DEFAULT_STRENGTH = 0.5
 # `novelty:pilot`: the rho_mlp values come from a pilot run that `taperlm compare` makes.
@@ -81,6 +85,10 @@ class Schedule:
     """(spec, n_layers) -> the lengths of the runs of consecutive layers that keep one size (groups:
     its equal groups), which the solver moves as wholes; None: any layer may move on its own.
     """
+    mirrored: bool = False
+    """its multipliers are symmetric about the middle of the depth (bell, hourglass): the solver
+    gives layer l and layer L-1-l one size, moving them as pairs, where the budget allows it.
+    """
 
 
 # name -> record, in the order error messages list them.
@@ -113,8 +121,8 @@ class TaperSpec:
     """How per-layer sizes are derived from a baseline size."""
 
     schedule: str = setting("uniform", Domain.choice_of(lambda: SCHEDULES, "{schedules}"))
-    """the name of a registered schedule (`SCHEDULES`): uniform | cosine | linear | sigmoid | groups
-    | custom | novelty.
+    """the name of a registered schedule (`SCHEDULES`): uniform | cosine | linear | sigmoid | bell
+    | hourglass | groups | custom | novelty.
     """
     start: float = setting(DEFAULT_START, "[0, inf)")
     """multiplier of the baseline at the first layer (cosine/linear/sigmoid); >= 0."""
@@ -126,6 +134,11 @@ class TaperSpec:
     """
     steepness: float = setting(DEFAULT_STEEPNESS, "(0, inf)")
     """k of the sigmoid schedule."""
+    bump: float = setting(DEFAULT_BUMP, "[0, 2)")
+    """bell/hourglass: the strength s, the multiplier difference between the middle and the end
+    layers (0 = uniform; docs/tapers.md has the formula); an hourglass deep enough to push its
+    middle below 0 is refused at that depth.
+    """
     groups: list[float] = setting([], "[0, inf)")
     """multipliers of n equal groups of consecutive layers (schedule `groups`)."""
     values: list[float] = setting([], "[0, inf)")
@@ -381,6 +394,80 @@ SIGMOID = Schedule(
 
 
 # ----------------------------------------------------------------------------------------------
+# Symmetric shapes: bell (middle-heavy) and hourglass (wide ends, narrow middle)
+
+
+def _parse_bump(spec: TaperSpec, args: str, text: str) -> TaperSpec:
+    """`NAME[:STRENGTH]`."""
+    parts = _split_args(args)
+    if len(parts) > 1:
+        raise TaperError(
+            f"taper {quoted(text)}: expected {spec.schedule} or {spec.schedule}:STRENGTH "
+            f"(one number, e.g. {spec.schedule}:0.5)"
+        )
+    if parts:
+        spec.bump = _number(parts[0], text)
+    spec.validate()
+    return spec
+
+
+def _check_bump(spec: TaperSpec) -> None:
+    s = spec.bump
+    if not isinstance(s, (int, float)) or not math.isfinite(s) or not 0 <= s < MAX_BUMP:
+        raise TaperError(
+            f"taper {spec.schedule} strength must be in [0, {MAX_BUMP:g}) (the multiplier "
+            f"difference between the middle and the end layers; 0 is uniform), got {s!r}"
+        )
+
+
+def bump_profile(n_layers: int) -> list[float]:
+    """b_l = (1 + cos(pi u_l)) / 2 with u_l = |2l - (L-1)| / (L-1): 0 at both end layers, 1 at
+    the middle of the depth (a layer only when L is odd), the same for layer l and L-1-l (u is
+    computed from integers, so the symmetry is exact in floating point). [0.0] for L = 1."""
+    if n_layers == 1:
+        return [0.0]
+    span = n_layers - 1
+    return [(1 + math.cos(math.pi * abs(2 * i - span) / span)) / 2 for i in range(n_layers)]
+
+
+def _bump(spec: TaperSpec, n_layers: int, sign: int) -> list[float]:
+    """r_l = 1 + sign * s * (b_l - mean b): mean exactly 1 (up to rounding of floats), so the
+    solver meets the budget; sign +1 is the bell, -1 the hourglass. TaperError where a layer's
+    multiplier would fall below 0 at this depth (only an hourglass can, its middle)."""
+    b = bump_profile(n_layers)
+    mean = math.fsum(b) / n_layers
+    r = [1 + sign * spec.bump * (x - mean) for x in b]
+    low = min(r)
+    if low < 0:
+        # the multiplier is lowest where b is furthest from its mean on the narrow side
+        worst = max(x - mean for x in b) if sign < 0 else mean - min(b)
+        raise TaperError(
+            f"taper {spec.to_string()} gives layer {r.index(low)} of {n_layers} the multiplier "
+            f"{low:.4g}; widths must be >= 0: at {n_layers} layers the strength may be at most "
+            f"{1 / worst:.4g}"
+        )
+    return r
+
+
+def bump_schedule(name: str, sign: int, label: str) -> Schedule:
+    """The record of a symmetric shape `NAME[:STRENGTH]` (bell: sign +1, hourglass: -1)."""
+    return Schedule(
+        name=name,
+        parse=_parse_bump,
+        to_string=lambda spec: f"{spec.schedule}:{_exact(spec.bump)}",
+        settings=lambda spec: {"bump": spec.bump},
+        check=_check_bump,
+        multipliers=lambda spec, n_layers: _bump(spec, n_layers, sign),
+        describe=lambda spec: f"{spec.schedule} {_fmt(spec.bump)} ({label})",
+        mirrored=True,
+    )
+
+
+BELL = bump_schedule("bell", +1, "wide middle")
+HOURGLASS = bump_schedule("hourglass", -1, "narrow middle")
+
+
+# ----------------------------------------------------------------------------------------------
 # Lists: groups and custom
 
 
@@ -546,7 +633,17 @@ NOVELTY = Schedule(
     measured=True,
 )
 
-for _schedule in (UNIFORM, COSINE, LINEAR, SIGMOID, GROUPS, CUSTOM, NOVELTY):  # the registry
+for _schedule in (
+    UNIFORM,
+    COSINE,
+    LINEAR,
+    SIGMOID,
+    BELL,
+    HOURGLASS,
+    GROUPS,
+    CUSTOM,
+    NOVELTY,
+):  # the registry
     register_schedule(_schedule)
 
 

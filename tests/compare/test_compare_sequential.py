@@ -160,3 +160,25 @@ def test_workers_stop_running_cells_the_comparison_no_longer_needs():
         for p in sleepers:
             p.kill()
             p.wait()
+
+
+def test_two_allocations_that_train_alike_stop_with_no_practical_difference(data_dir, tmp_path):  # noqa: F811
+    """uniform against the same widths given outright (custom:64,64,64): every seed's pair trains
+    alike, so `--stop equivalent` (margin 0.02 nats) stops at --min-seeds, before the cap of 6,
+    and report.md's verdict says "no practical difference (within ±0.02 nats)"."""
+    args = ["compare", *TINY, "--tapers", "uniform;same=custom:64,64,64", "--seeds", "6"]
+    out = tmp_path / "same"
+    rc, _, err = _cli([*args, "--stop", "equivalent", "--data", str(data_dir), "--out", str(out)])
+    assert rc == 0, err
+    rep = json.loads((out / "report.json").read_text())
+    s = rep["stopping"]
+    assert (s["stopped_at"], s["reason"], s["cap"]) == (3, "equivalent", 6)
+    assert s["rule"] == "equivalent:0.02"  # the margin stated
+    last = s["sequence"][-1]["comparisons"]["same"]
+    assert last["within_margin"] and last["mean"] == 0.0
+    assert rep["meta"]["settings"]["seeds"] == [0, 1, 2]
+    md = (out / "report.md").read_text()
+    verdict = next(ln for ln in md.splitlines() if ln.startswith("- **same vs uniform"))
+    assert "no practical difference (within ±0.02 nats)" in verdict
+    assert "stopped after 3 of at most 6 seeds" in md and "no practical difference" in md
+    assert "--stop equivalent" in rep["meta"]["command"]

@@ -20,6 +20,8 @@ TAPERS = [
     "sigmoid:1.5:0.5:10",
     "groups:1.5,1.0,0.5",
     "groups:1.0,1.5,0.5",
+    "bell:0.8",
+    "hourglass:0.8",
 ]
 
 

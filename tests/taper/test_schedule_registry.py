@@ -18,7 +18,7 @@ from taperlm.taper import SCHEDULES, TaperSpec, describe, multipliers, register_
 
 pytestmark = pytest.mark.unit
 
-BUILT_IN = "uniform, cosine, linear, sigmoid, groups, custom, novelty"
+BUILT_IN = "uniform, cosine, linear, sigmoid, bell, hourglass, groups, custom, novelty"
 
 
 @pytest.fixture

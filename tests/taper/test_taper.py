@@ -135,7 +135,7 @@ def test_specific_errors(spec, layers, baseline, named):
 @pytest.mark.parametrize(
     ("text", "named"),
     [
-        ("cosinus", ("'cosinus'", "uniform, cosine, linear, sigmoid, groups, custom, novelty")),
+        ("cosinus", ("'cosinus'", "uniform, cosine, linear, sigmoid, bell, hourglass, groups")),
         ("cosine:1.5", ("'cosine:1.5'", "cosine:START:END")),
         ("cosine:a:b", ("'cosine:a:b'", "'a'")),
         ("cosine:1.5:-0.5", ("end", ">= 0", "-0.5")),

@@ -460,10 +460,15 @@ def _md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return out + ["| " + " | ".join(r) + " |" for r in rows]
 
 
-def headline(data: LossVsTokens, final: Mapping[str, stats.PairedDifference | None]) -> list[str]:
+def headline(
+    data: LossVsTokens,
+    final: Mapping[str, stats.PairedDifference | None],
+    settled: Mapping[str, str] | None = None,
+) -> list[str]:
     """report.md's first section: per tapered allocation the verdict at the end of the run
     (`final`: allocation name -> its `paired_difference` of the final validation loss, the
-    table's) and where its advantage ends."""
+    table's) and where its advantage ends. `settled`: allocation label -> a verdict the stop
+    rule reached (`sequential.Stopping.settled_verdicts`: "no practical difference"), said instead."""
     if not data.allocations:
         return []
     lines = ["## Verdict", ""]
@@ -477,6 +482,8 @@ def headline(data: LossVsTokens, final: Mapping[str, stats.PairedDifference | No
         )
         if d is None or d.mean is None:
             verdict = "no finished pair of runs yet"
+        elif settled and a.label in settled:
+            verdict = settled[a.label]
         else:
             verdict = _verdict(d)
         lines.append(

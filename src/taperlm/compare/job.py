@@ -45,6 +45,7 @@ from taperlm.compare.runner import EvalSettings, Results, SharedInputs
 from taperlm.config import RunConfig
 from taperlm.data.loader import load_meta
 from taperlm.device import resolve_device
+from taperlm.domains import MAX_SEED
 from taperlm.errors import ConfigError
 from taperlm.outdirs import check_folder, claim
 from taperlm.runlock import locked
@@ -68,15 +69,27 @@ def allocations(opts: CompareOptions) -> list[Allocation]:
     return parse_allocations(texts or list(DEFAULT_TAPERS), width_step(opts))
 
 
+def reported_seeds(opts: CompareOptions) -> list[int]:
+    """The reported seeds, in order: --first-seed, +1, ... (--seeds of them)."""
+    last = opts.first_seed + opts.seeds - 1
+    if last > MAX_SEED:
+        raise ConfigError(
+            f"--first-seed {opts.first_seed} with --seeds {opts.seeds} reaches seed {last}, "
+            f"beyond the largest seed {MAX_SEED}; use a smaller --first-seed"
+        )
+    return list(range(opts.first_seed, opts.first_seed + opts.seeds))
+
+
 def check_options(opts: CompareOptions) -> tuple[list[Allocation], RunConfig]:
     """Validate everything that does not need the data (so that nothing is prepared or trained
     for a comparison that cannot run); returns (allocations, provisional base config)."""
     check_option_ranges(opts)
     sequential.rule_of(opts)  # a bad --stop fails before any work
     allocs = allocations(opts)
-    tune.check_tuning_options(opts, list(range(opts.seeds)), allocs)
+    seeds = reported_seeds(opts)
+    tune.check_tuning_options(opts, seeds, allocs)
     provisional = base_config(opts, None, None)
-    build_grid(provisional, allocs, list(range(opts.seeds)), opts.paper)
+    build_grid(provisional, allocs, seeds, opts.paper)
     validate_train_config(provisional)
     resolve_device(provisional.train.device, "train.device")  # there, before any work
     pilot_tokens(opts, provisional)  # a bad --pilot-tokens fails before any work
@@ -104,7 +117,7 @@ def run_comparison(opts: CompareOptions) -> ComparisonReport:
             )
     clock = _Clock()
     allocs, provisional = check_options(opts)
-    seeds = list(range(opts.seeds))
+    seeds = reported_seeds(opts)
     data_dir = data_dir_of(opts, provisional)
     meta = load_meta(data_dir)
     notes: list[str] = []

@@ -25,6 +25,7 @@ from taperlm.compare.grid import split_taper_list
 from taperlm.domains import (
     DOMAIN_KEY,
     MAX_COUNT,
+    MAX_SEED,
     MAX_TOKENS,
     MAX_WORKERS,
     choices,
@@ -89,7 +90,13 @@ PAPER_STUDIES: dict[str, str] = {
     # that sweep (and below uniform: inverse tapers) over tokens per parameter
     "tokens": "taperlm.compare.longrun:longrun_plan",
     "ratios": "taperlm.compare.longrun:longrun_plan",  # that sweep past 1.9 -> 0.1 and below 1
+    # the pre-registered check of the widening lead: micro 10 (built-in) and micro 2 (code)
+    "confirm": "taperlm.compare.longrun:confirm_plan",
+    "confirm-code": "taperlm.compare.longrun:confirm_plan",
 }
+# --paper confirm / confirm-code: the pre-registered seed cap (taperlm.compare.longrun)
+CONFIRM_SEEDS = 15
+CONFIRM_MODES = ("confirm", "confirm-code")
 PAPER_MODES = tuple(PAPER_STUDIES)  # --paper's choices
 # --paper families: the families compared (taperlm.compare.families)
 DEFAULT_FAMILIES = ("transformer", "gated", "hope", "titans-mag")
@@ -107,17 +114,25 @@ STOP_QUESTIONS = choices(StopQuestion)
 DEFAULT_TUNE_SEEDS = 2
 TuneScope = Literal["each", "uniform"]
 TUNE_SCOPES = choices(TuneScope)
-StopKind = Literal["fixed", "decided", "half-width"]
+StopKind = Literal["fixed", "decided", "half-width", "equivalent", "decided+equivalent"]
+# --stop equivalent[:M]: "no practical difference" once a comparison's anytime-valid interval
+# lies inside +-M nats. 0.02 nats is a 2% change of perplexity, below the seed-to-seed spread of
+# the main job's paired difference (sd 0.023 nats at 8 tokens per parameter) and below every
+# effect this project reports as decided (docs/compare.md, "Deciding no difference").
+DEFAULT_EQUIVALENCE_MARGIN = 0.02
+EQUIVALENCE_KINDS = ("equivalent", "decided+equivalent")
 
 
 @dataclass(frozen=True)
 class Stop:
     """--stop: when a comparison stops adding seeds (`taperlm.compare.sequential`), parsed once
-    from its text (`Stop.parse`: fixed | decided | half-width:X)."""
+    from its text (`Stop.parse`: fixed | decided | half-width:X | equivalent[:M] |
+    decided+equivalent[:M])."""
 
     kind: StopKind
     half_width: float | None = None  # nats, for half-width
     text: str = field(default="", compare=False)  # as given (the report's reproducing command)
+    margin: float | None = None  # nats, for equivalent and decided+equivalent
 
     @classmethod
     def parse(cls, text: str) -> Stop:
@@ -125,6 +140,18 @@ class Stop:
         given = text.strip()
         if given in ("fixed", "decided"):
             return cls(given, None, given)
+        kind, _, value = given.partition(":")
+        if kind in EQUIVALENCE_KINDS:
+            try:
+                margin = float(value) if value else DEFAULT_EQUIVALENCE_MARGIN
+            except ValueError:
+                margin = math.nan
+            if not (math.isfinite(margin) and margin > 0):
+                raise ConfigError(
+                    f"--stop {text!r}: the equivalence margin must be a positive number of "
+                    f"nats, e.g. {kind}:{DEFAULT_EQUIVALENCE_MARGIN:g}"
+                )
+            return cls(kind, None, given, margin)  # type: ignore[arg-type]
         if given.startswith("half-width:"):
             try:
                 width = float(given.split(":", 1)[1])
@@ -137,14 +164,17 @@ class Stop:
                 )
             return cls("half-width", width, given)
         raise ConfigError(
-            f"--stop must be fixed, decided or half-width:X (X in nats, e.g. half-width:0.01); "
-            f"got {text!r}"
+            f"--stop must be fixed, decided, half-width:X, equivalent[:M] or "
+            f"decided+equivalent[:M] (X, M in nats, e.g. half-width:0.01, equivalent:"
+            f"{DEFAULT_EQUIVALENCE_MARGIN:g}); got {text!r}"
         )
 
     def as_text(self) -> str:
-        """The rule as text: as given, else `half-width:X` (X as %g) or the kind."""
+        """The rule as text: as given, else `half-width:X` / `KIND:M` (as %g) or the kind."""
         if self.text:
             return self.text
+        if self.kind in EQUIVALENCE_KINDS:
+            return f"{self.kind}:{self.margin:g}"
         return f"half-width:{self.half_width:g}" if self.kind == "half-width" else self.kind
 
 
@@ -299,7 +329,12 @@ class CompareOptions:
         "measured per-run speed); ratios = that sweep and past 1.9->0.1 (1.95->0.05, 2.0->0.0) "
         "at nano 0.5/8/68 and micro 0.5/10 (estimated ~23 h; ~4 h after "
         "tokens, in a copy of its finished --out: the cells both sweep are reused); both "
-        "write trend.md with the fitted trends (docs/compare.md, 'Long training')",
+        "write trend.md with the fitted trends (docs/compare.md, 'Long training'); confirm = "
+        "the pre-registered check of the widening lead: uniform vs cosine 0.75->1.25 at micro, "
+        "10 tokens/param, lr 0.004, fresh seeds 100-114, --stop decided (~1.5-7.5 h on 2 idle "
+        "cores); confirm-code = the same pair at micro, 2 tokens/param, on the code corpus "
+        "(--data), uniform's lr tuned first (~0.7-1.9 h) (docs/compare.md, 'The confirmatory "
+        "comparison')",
         choices=PAPER_MODES,
     )
     # --paper families / scaling / tokens / ratios: the size(s) of the presets, as listed
@@ -322,16 +357,25 @@ class CompareOptions:
     # with --paper
     seeds: int | None = option(
         "--seeds",
-        f"seeds 0..N-1, the most trained: --stop may stop sooner [{DEFAULT_SEEDS}; "
+        f"N seeds (from --first-seed), the most trained: --stop may stop sooner [{DEFAULT_SEEDS}; "
         f"{MODEL_SEEDS} with --preset/--config; {PAPER_MODE_SEEDS} with --paper]",
         domain=up_to(MAX_COUNT),
     )
+    first_seed: int = option(  # seeds first_seed..first_seed+N-1: fresh seeds for a replication
+        "--first-seed",
+        "the first seed: the seeds are N..N+--seeds-1, in order (fresh seeds for a "
+        "confirmatory comparison; --paper confirm uses 100) [0]",
+        default=0,
+        domain=up_to(MAX_SEED // 2, 0),
+    )
     stop: Stop = option(  # given as text, parsed once (__post_init__): Stop.parse
         "--stop",
-        "when to stop adding seeds (in order; the decision at n reads seeds 0..n-1 only): "
+        "when to stop adding seeds (in order; the decision at n reads the first n seeds only): "
         "decided = when every comparison's anytime-valid interval excludes 0; half-width:X = "
-        "when every one is within +-X nats; fixed = all --seeds. Always at --seeds "
-        f"[{DEFAULT_STOP}]",
+        "when every one is within +-X nats; equivalent[:M] = when every one lies inside +-M "
+        f"nats, 'no practical difference' [M = {DEFAULT_EQUIVALENCE_MARGIN:g}]; "
+        "decided+equivalent[:M] = when every one is either; fixed = all --seeds. Always at "
+        f"--seeds [{DEFAULT_STOP}]",
         default=DEFAULT_STOP,
     )
     stop_alpha: float = option(  # the error rate of each comparison's confidence sequence
@@ -486,7 +530,9 @@ class CompareOptions:
         self.lr_grid = _typed(self.lr_grid, parse_lr_grid)
         if self.seeds is None:
             self.seeds = (
-                PAPER_MODE_SEEDS
+                CONFIRM_SEEDS
+                if self.paper in CONFIRM_MODES
+                else PAPER_MODE_SEEDS
                 if self.paper
                 else DEFAULT_SEEDS
                 if is_main_job(self)

@@ -513,14 +513,17 @@ def write_report(
     final = {a.name: a.diff_vs_uniform and a.diff_vs_uniform.val_loss for a in summary.allocations}
     lines: list[str] = crossing.section(vs_tokens)
     extras = [extra] if isinstance(extra, tuple) else list(extra or [])
+    settled: dict[str, str] = {}  # allocation label -> a verdict an extra settled (--stop's)
     for key, data, render in extras:  # other parts' numbers and sections, e.g. --tune-lr's
         summary.extras[key] = data
         lines += render(data)
+        if callable(getattr(data, "settled_verdicts", None)):
+            settled.update(data.settled_verdicts())
     runs = {
         name: {k: v for k, v in r.to_json().items() if k != "config"} for name, r in results.items()
     }
     report = ComparisonReport(out_dir, meta, to_dict(grid.base), summary, runs)
-    md = render_markdown(summary, meta, lines, crossing.headline(vs_tokens, final))
+    md = render_markdown(summary, meta, lines, crossing.headline(vs_tokens, final, settled))
     text = json.dumps(finite_json(report.to_json()), indent=1, allow_nan=False)
     atomic_write_text(report.json_path, text + "\n")
     atomic_write_text(report.md_path, md)

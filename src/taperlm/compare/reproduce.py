@@ -53,6 +53,8 @@ def run_arguments(
     """The arguments after the model and allocations in a reproducing command line (`pilot`:
     the pilot runs' tokens, when the grid has novelty:pilot allocations)."""
     parts = ["--seeds", str(seeds), "--tokens", str(tokens)]
+    if opts.first_seed:
+        parts[2:2] = ["--first-seed", str(opts.first_seed)]
     if opts.data is not None:
         parts += ["--data", str(opts.data)]
     for o in opts.overrides:

@@ -11,7 +11,16 @@ level). The rule:
   reported);
 - `decided`: stop at the first n >= --min-seeds where every comparison's interval excludes 0;
 - `half-width:X`: stop at the first n >= --min-seeds where every comparison's half-width <= X;
+- `equivalent[:M]`: stop at the first n >= --min-seeds where every comparison's interval lies
+  inside (-M, +M) nats: "no practical difference" (M = 0.02 unless given);
+- `decided+equivalent[:M]`: stop at the first n >= --min-seeds where every comparison is settled
+  either way: its interval excludes 0 or lies inside (-M, +M) (whichever comes first);
 - and always at the cap.
+
+A true difference of at least M in size lies outside (-M, +M), so the interval lies inside only
+when it misses the truth: the false "no practical difference" rate is at most --stop-alpha
+however often it is looked at, as the false "decided" rate is (tests/compare/test_sequential.py
+simulates both, and a naive fixed-n t interval that fails).
 
 The question (`--stop-on`): `each` = every allocation vs uniform; `best` = the comparisons the
 lowest-loss allocation rests on: it vs uniform and vs its neighbours in the allocation list
@@ -41,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 from taperlm import stats
 from taperlm.analysis.plots import plot_interval_series
 from taperlm.compare.grid import Grid
-from taperlm.compare.options import STOP_QUESTIONS, Stop, StopKind
+from taperlm.compare.options import EQUIVALENCE_KINDS, STOP_QUESTIONS, Stop, StopKind
 from taperlm.compare.report import md_table
 from taperlm.errors import ConfigError
 
@@ -61,9 +70,12 @@ class StopRule:
     alpha: float = 0.05  # the error rate of each comparison's confidence sequence
     min_seeds: int = 3
     question: str = "each"  # each | best
+    margin: float | None = None  # nats, for equivalent and decided+equivalent
 
     @property
     def text(self) -> str:
+        if self.kind in EQUIVALENCE_KINDS:
+            return f"{self.kind}:{self.margin:g}"
         return f"half-width:{self.half_width:g}" if self.kind == "half-width" else self.kind
 
 
@@ -78,7 +90,7 @@ def parse_rule(stop: Stop | str, alpha: float, min_seeds: int, question: str) ->
     if question not in QUESTIONS:
         raise ConfigError(f"--stop-on must be one of {', '.join(QUESTIONS)}; got {question!r}")
     rule = stop if isinstance(stop, Stop) else Stop.parse(stop)
-    return StopRule(rule.kind, rule.half_width, alpha, min_seeds, question)
+    return StopRule(rule.kind, rule.half_width, alpha, min_seeds, question, rule.margin)
 
 
 def rule_of(opts: Any) -> StopRule:
@@ -150,6 +162,7 @@ class ComparisonState:
     half: float  # the interval's half-width (inf while unbounded)
     ci: tuple[float, float]  # (mean - half, mean + half); (-inf, inf) while unbounded
     excludes_zero: bool  # whether the interval excludes 0
+    within_margin: bool = False  # whether it lies inside +-margin (rules with a margin only)
 
     def to_json(self) -> dict[str, Any]:
         """JSON has no infinity: an unbounded interval's half and ci are written as null."""
@@ -160,6 +173,7 @@ class ComparisonState:
             "half": self.half if bounded else None,
             "ci": list(self.ci) if bounded else None,
             "excludes_zero": self.excludes_zero,
+            "within_margin": self.within_margin,
         }
 
     @classmethod
@@ -172,6 +186,7 @@ class ComparisonState:
             math.inf if unbounded else data["half"],
             (-math.inf, math.inf) if unbounded else (ci[0], ci[1]),
             data["excludes_zero"],
+            bool(data.get("within_margin", False)),  # reports before issue 62 have none
         )
 
 
@@ -205,11 +220,30 @@ class Stopping:
     cap: int  # --seeds: the most seeds
     seeds_used: int  # the seeds the report uses
     stopped_at: int  # the n it stopped at
-    reason: str  # the rule's kind that stopped it, or "cap"
+    reason: str  # the rule's kind that stopped it (`outcome`), or "cap"
     construction: str  # the interval's construction, in words
     sequence: list[SequenceStep]  # per n = 1..stopped_at
     plotted: bool = False  # `with_plot` ran (only then is report.json's `plot` written)
     plot: str | None = None  # sequence.png (None: no bounded interval to draw)
+
+    @property
+    def margin(self) -> float | None:
+        """The equivalence margin of the rule (nats), None for a rule without one."""
+        kind, _, value = self.rule.partition(":")
+        return float(value) if kind in EQUIVALENCE_KINDS else None
+
+    def settled_verdicts(self) -> dict[str, str]:
+        """label -> the verdict of each comparison settled as "no practical difference" where it
+        stopped (report.md's "Verdict" says it in place of the fixed-n reading); {} otherwise."""
+        if self.reason not in EQUIVALENCE_KINDS or not self.sequence:
+            return {}
+        pct, margin = f"{100 * self.confidence:g}%", self.margin
+        return {
+            label: f"no practical difference (within ±{margin:g} nats), Δ {e.mean:+.4f} nats, "
+            f"{pct} anytime-valid interval [{e.ci[0]:+.4f}, {e.ci[1]:+.4f}] after {e.n} seeds"
+            for label, e in self.sequence[-1].comparisons.items()
+            if e.within_margin
+        }
 
     def to_json(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -228,19 +262,32 @@ class Stopping:
 
 
 def _state(rule: StopRule, diffs: dict[str, list[float]]) -> dict[str, ComparisonState]:
-    """label -> the confidence sequence's last entry and whether it excludes 0."""
+    """label -> the confidence sequence's last entry, whether it excludes 0 and (a rule with a
+    margin) whether it lies inside (-margin, +margin)."""
     out = {}
     for label, xs in diffs.items():
         last = stats.confidence_sequence(xs, rule.alpha)[-1]
         lo, hi = last.ci
-        out[label] = ComparisonState(last.n, last.mean, last.half, last.ci, bool(lo > 0 or hi < 0))
+        within = rule.margin is not None and -rule.margin < lo and hi < rule.margin
+        out[label] = ComparisonState(
+            last.n, last.mean, last.half, last.ci, bool(lo > 0 or hi < 0), within
+        )
     return out
 
 
 def stops_at(rule: StopRule, diffs: dict[str, list[float]]) -> bool:
     """Whether the rule stops after these differences (n = their length; the cap aside)."""
+    return stop_reason(rule, diffs) is not None
+
+
+def stop_reason(rule: StopRule, diffs: dict[str, list[float]]) -> str | None:
+    """Why the rule stops after these differences (`outcome`), None where it does not (n =
+    their length; the cap aside)."""
     n = min((len(d) for d in diffs.values()), default=0)
-    return n >= rule.min_seeds and holds(rule, _state(rule, diffs))
+    if rule.kind == "fixed" or n < rule.min_seeds:
+        return None
+    state = _state(rule, diffs)
+    return outcome(rule, state) if holds(rule, state) else None
 
 
 def holds(rule: StopRule, state: dict[str, ComparisonState]) -> bool:
@@ -249,7 +296,24 @@ def holds(rule: StopRule, state: dict[str, ComparisonState]) -> bool:
         return False
     if rule.kind == "decided":
         return all(e.excludes_zero for e in state.values())
+    if rule.kind == "equivalent":
+        return all(e.within_margin for e in state.values())
+    if rule.kind == "decided+equivalent":
+        return all(e.excludes_zero or e.within_margin for e in state.values())
     return all(e.half <= rule.half_width for e in state.values())
+
+
+def outcome(rule: StopRule, state: dict[str, ComparisonState]) -> str:
+    """Why a rule that holds here stops (report.json's `reason`): its kind; for
+    decided+equivalent, `equivalent` when every comparison is inside the margin, `decided` when
+    every one excludes 0 (and is not inside the margin), else the two together."""
+    if rule.kind != "decided+equivalent":
+        return rule.kind
+    if all(e.within_margin for e in state.values()):
+        return "equivalent"
+    if not any(e.within_margin for e in state.values()):
+        return "decided"
+    return rule.kind
 
 
 class Monitor:
@@ -271,10 +335,9 @@ class Monitor:
         while self.checked < ready:
             n = self.checked = self.checked + 1
             question = self.rule.question
-            if self.rule.kind != "fixed" and stops_at(
-                self.rule, comparisons(self.grid, results, n, question)
-            ):
-                self.stopped_at, self.reason = n, self.rule.kind
+            reason = stop_reason(self.rule, comparisons(self.grid, results, n, question))
+            if reason is not None:
+                self.stopped_at, self.reason = n, reason
                 return n < cap  # at the cap, nothing is left to skip anyway
             if n == cap:
                 self.stopped_at, self.reason = n, "cap"
@@ -335,6 +398,18 @@ def why(stopping: Stopping) -> str:
             f"stopped after {n} of at most {cap} seeds: every comparison's {pct} anytime-valid "
             "interval excludes 0 (--stop decided)"
         )
+    if reason == "equivalent":
+        return (
+            f"stopped after {n} of at most {cap} seeds: every comparison's {pct} anytime-valid "
+            f"interval lies within ±{stopping.margin:g} nats: no practical difference "
+            f"(--stop {stopping.rule})"
+        )
+    if reason == "decided+equivalent":
+        return (
+            f"stopped after {n} of at most {cap} seeds: every comparison's {pct} anytime-valid "
+            f"interval excludes 0 or lies within ±{stopping.margin:g} nats (--stop "
+            f"{stopping.rule})"
+        )
     if reason == "half-width":
         return (
             f"stopped after {n} of at most {cap} seeds: every comparison's {pct} anytime-valid "
@@ -388,7 +463,7 @@ def section(stopping: Stopping) -> list[str]:
             elif not math.isfinite(e.half):
                 cells.append(f"{e.mean:+.4f} (unbounded)")
             else:
-                mark = " *" if e.excludes_zero else ""
+                mark = (" *" if e.excludes_zero else "") + (" ≈" if e.within_margin else "")
                 cells.append(f"{e.mean:+.4f} [{e.ci[0]:+.4f}, {e.ci[1]:+.4f}]{mark}")
         rows.append(cells)
     lines = [
@@ -408,7 +483,12 @@ def section(stopping: Stopping) -> list[str]:
         "",
         *md_table(head, rows),
         "",
-        "`*`: the interval excludes 0.",
+        "`*`: the interval excludes 0."
+        + (
+            f" `≈`: it lies within ±{stopping.margin:g} nats (no practical difference)."
+            if stopping.margin is not None
+            else ""
+        ),
         "",
     ]
     if stopping.plot:

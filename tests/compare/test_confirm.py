@@ -1,0 +1,148 @@
+"""The confirmatory comparisons (`--paper confirm`, `--paper confirm-code`): each one command
+builds exactly the pre-registered comparison (docs/compare.md, "The confirmatory comparison:
+pre-registered"): the pair, the size, the tokens per parameter, the lr (fixed, or tuned as
+`--paper tokens` tunes), fresh seeds never used at these points, the rule and its cap; a setting
+that would change it is refused; the estimates in the docs are the code's. And `--first-seed`,
+which gives the fresh seeds, for any comparison."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import raises_naming
+from taperlm.cli import build_parser
+from taperlm.compare import longrun as confirm
+from taperlm.compare import options
+from taperlm.compare.grid import build_grid
+from taperlm.compare.job import check_options, reported_seeds
+from taperlm.compare.options import options_from
+from taperlm.compare.reproduce import run_arguments
+from taperlm.compare.tuning import TUNE_SEED_BASE
+from taperlm.config import to_dict
+from taperlm.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+KEPT = ROOT / "benchmarks/results/longrun_tokens_micro"
+
+
+def _opts(tmp_path: Path, *args: str):
+    parsed = build_parser().parse_args(["compare", *args, "--out", str(tmp_path / "out")])
+    return options_from(parsed)
+
+
+def _kept_configs(point: str) -> dict[str, dict]:
+    """cell -> the resolved config of every kept cell of a `--paper tokens` micro point."""
+    return {
+        p.parent.name: json.loads(p.read_text())["config"]
+        for p in sorted((KEPT / point / "runs").glob("*/result.json"))
+    }
+
+
+def test_confirm_builds_the_micro_10_comparison_on_fresh_seeds(tmp_path):
+    opts = _opts(tmp_path, "--paper", "confirm")
+    sub = confirm.confirm_options(opts)
+    allocs, provisional = check_options(sub)
+    assert [a.spec.to_string() for a in allocs] == ["uniform", "cosine:0.75:1.25"]
+    seeds = reported_seeds(sub)
+    assert seeds == list(range(100, 115))
+    assert (sub.stop.as_text(), sub.stop_alpha, sub.min_seeds, sub.stop_on) == (
+        "decided", 0.05, 3, "each"
+    )  # fmt: skip
+    assert not sub.tune_lr and sub.data is None and sub.paper is None
+    # the kept micro-10 point: its reported seeds were 0-4, its lr tuning's 10000-10001; the
+    # fresh seeds share none of them
+    kept = _kept_configs("micro-10579968")
+    used = {c["train"]["seed"] for c in kept.values()}
+    assert used == {0, 1, 2, 3, 4, TUNE_SEED_BASE, TUNE_SEED_BASE + 1}
+    assert not used & set(seeds)
+    # every cell trains as that point's did but for the seed (and where the data sits, and the
+    # vocabulary, which is sized to the data when it is read)
+    ref = kept["uniform-s0"]
+    grid = build_grid(provisional, allocs, seeds)
+    for alloc in ("uniform", "cosine-0.75-1.25"):
+        got, want = to_dict(grid.cell(alloc, 100).config), kept[f"{alloc}-s0"]
+        assert got["train"] == want["train"] | {"seed": 100}, alloc
+        assert {k: v for k, v in got["model"].items() if k != "vocab_size"} == {
+            k: v for k, v in want["model"].items() if k != "vocab_size"
+        }, alloc
+    assert ref["train"]["lr"] == 0.004 == provisional.train.lr
+    assert provisional.train.tokens == 10_579_968
+    # the report's reproducing command names the fresh seeds
+    args = run_arguments(sub, len(seeds), provisional.train.tokens)
+    assert args[:6] == ["--seeds", "15", "--first-seed", "100", "--tokens", "10579968"]
+    assert "train.lr=0.004" in args
+
+
+def test_confirm_code_tunes_uniform_on_the_code_corpus(tmp_path):
+    (tmp_path / "code").mkdir()
+    opts = _opts(tmp_path, "--paper", "confirm-code", "--data", str(tmp_path / "code"))
+    sub = confirm.confirm_options(opts)
+    allocs, provisional = check_options(sub)
+    assert [a.spec.to_string() for a in allocs] == ["uniform", "cosine:0.75:1.25"]
+    assert sub.data == tmp_path / "code" and sub.preset == "transformer-micro"
+    assert provisional.train.tokens == 2_115_584  # 2 tokens per parameter at bpe:2048
+    assert (sub.tune_lr, sub.tune_scope, sub.lr_grid_extend) == (True, "uniform", 3)
+    assert not any(o.startswith("train.lr=") for o in sub.overrides)
+    assert reported_seeds(sub) == list(range(100, 115))
+    # the built-in micro-2 point's cells used seeds 0-4 (and 10000-10001 to tune) too, and its
+    # cells trained as these will but for the seed and the lr (tuned on the code corpus first)
+    kept = _kept_configs("micro-2115584")
+    assert {c["train"]["seed"] for c in kept.values()} == {0, 1, 2, 3, 4, 10000, 10001}
+    grid = build_grid(provisional, allocs, reported_seeds(sub))
+    got, want = to_dict(grid.cell("uniform", 100).config)["train"], kept["uniform-s0"]["train"]
+    assert got | {"seed": 0, "lr": want["lr"]} == want
+
+
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["--paper", "confirm-code"], ("confirm-code", "code corpus", "--data DIR")),
+        (["--paper", "confirm", "--data", "."], ("built-in corpus", "no --data")),
+        (["--paper", "confirm", "--tapers", "uniform;cosine"], ("pre-registered", "--tapers")),
+        (["--paper", "confirm", "--tokens", "1000"], ("pre-registered", "--tokens")),
+        (["--paper", "confirm", "--first-seed", "7"], ("pre-registered", "--first-seed")),
+        (["--paper", "confirm", "--tune-lr"], ("pre-registered", "--tune-lr")),
+        (["--paper", "confirm", "--preset", "transformer-nano"], ("pre-registered", "--preset")),
+        (["--paper", "confirm", "--seeds", "5"], ("--stop decided", "--seeds 15")),
+        (["--paper", "confirm", "--stop", "fixed"], ("--stop decided", "exactly these")),
+        (["--paper", "confirm", "--stop-alpha", "0.1"], ("--stop-alpha 0.05",)),
+    ],
+)
+def test_what_would_change_the_pre_registration_is_refused(tmp_path, args, named):
+    with raises_naming(ConfigError, *named):
+        confirm.confirm_options(_opts(tmp_path, *args))
+
+
+def test_the_same_rule_given_explicitly_is_accepted(tmp_path):
+    args = ["--paper", "confirm", "--seeds", "15", "--stop", "decided", "--min-seeds", "3"]
+    sub = confirm.confirm_options(_opts(tmp_path, *args))
+    assert reported_seeds(sub) == list(range(100, 115))
+
+
+def test_the_modes_are_registered_and_the_docs_state_their_times():
+    from taperlm.compare import studies
+
+    assert options.CONFIRM_MODES == confirm.CONFIRM_MODES
+    assert all(studies.STUDIES[m] is confirm.confirm_plan for m in confirm.CONFIRM_MODES)
+    page = (ROOT / "docs/compare.md").read_text(encoding="utf-8")
+    for mode in confirm.CONFIRM_MODES:
+        at_most = confirm.confirm_hours(mode)
+        at_three = confirm.confirm_hours(mode, seeds=3)
+        assert f"`{mode}` | ≈ {at_three:.1f} h to ≈ {at_most:.1f} h" in page, mode
+
+
+def test_first_seed_shifts_every_seed_and_is_checked(tmp_path):
+    opts = _opts(tmp_path, "--preset", "transformer-tiny", "--seeds", "3", "--first-seed", "42")
+    assert reported_seeds(opts) == [42, 43, 44]
+    assert reported_seeds(dataclasses.replace(opts, first_seed=0)) == [0, 1, 2]
+    huge = dataclasses.replace(opts, first_seed=2**32 - 2)
+    with raises_naming(ConfigError, "--first-seed", "--seeds 3", "smaller --first-seed"):
+        reported_seeds(huge)
+    # tuning seeds (10000 on) must stay disjoint from the reported ones
+    clash = dataclasses.replace(opts, first_seed=TUNE_SEED_BASE - 1, tune_lr=True)
+    with raises_naming(ConfigError, "tuning seeds", "overlap"):
+        check_options(clash)
