@@ -12,14 +12,13 @@ from __future__ import annotations
 from taperlm.compare.grid import build_grid
 from taperlm.compare.job import check_options
 from taperlm.compare.options import CompareOptions
+from taperlm.compare.studies import STUDIES
+from taperlm.compare.study import COMPARISON
 from taperlm.training.planner import H100_PEAK_FLOPS, MEASURED_MFU, gpu_hours
 
 
 def dry_run(opts: CompareOptions) -> str:
     """The dry run's text for the study `opts` name (every comparison of a --paper study)."""
-    from taperlm.compare.studies import STUDIES  # lazy: the registry imports every study
-    from taperlm.compare.study import COMPARISON
-
     plan = STUDIES[opts.paper or COMPARISON](opts)
     lines = [
         f"taperlm compare --dry-run: nothing is trained or written. GPU-hours = tokens x model "

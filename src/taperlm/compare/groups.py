@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from taperlm.errors import ConfigError, TrainingError
+from taperlm.outdirs import claim
+from taperlm.runlock import locked
 
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 ACTIONS = (None, "checkpoint", "stop")  # a step's answer, by rank of urgency
@@ -134,10 +136,12 @@ def run_rank(task: CellTask, stopping: Callable[[], bool]) -> str | None:
         cell_state,
         run_cell,
     )
-    from taperlm.outdirs import claim
-    from taperlm.runlock import locked
-    from taperlm.training.distributed import broadcast_object, init_distributed, shutdown
-    from taperlm.training.loop import train
+    from taperlm.training.distributed import (  # lazy: torch
+        broadcast_object,
+        init_distributed,
+        shutdown,
+    )
+    from taperlm.training.loop import train  # lazy: torch
 
     cell, run_dir = task.cell, Path(task.run_dir)
     info = init_distributed(cell.config.train.device)
@@ -175,7 +179,7 @@ def _agreed_hook(clock: Callable[[int, int], str | None]):
     def hook(step: int, total: int, loss: float) -> str | None:
         wish = ACTIONS.index(clock(step, total))
         import torch  # lazy: torch is loaded by now
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: as torch above
 
         if dist.is_available() and dist.is_initialized():
             on = (

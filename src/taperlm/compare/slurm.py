@@ -31,6 +31,7 @@ cell stops before training. flock locks hold across hosts on NFSv4 and on Lustre
 from __future__ import annotations
 
 import hashlib
+import os
 import shlex
 import shutil
 import subprocess
@@ -39,6 +40,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from taperlm.compare.executor import PendingCells
 from taperlm.compare.grid import Cell
@@ -212,10 +215,8 @@ class CellJob:
         self.task = task
 
     def __call__(self) -> str | None:
-        import os
 
         import submitit
-        import torch
 
         submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -297,7 +298,7 @@ class SlurmExecutor:
     ) -> SlurmExecutor:
         slurm = SlurmSettings.from_options(opts)
         check_cluster(slurm)
-        return cls(opts.out, jobs, data_dir, settings, slurm, opts.threads, opts.wait)
+        return cls(opts.out, jobs, data_dir, settings, slurm, opts.threads, opts.wait, POLL_S)
 
     @property
     def name(self) -> str:
