@@ -16,6 +16,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -150,3 +151,27 @@ def test_killed_job_resumes_and_every_cell_equals_local(cluster, data_dir, tmp_p
     rc, _, err = _cli(args)  # all done: nothing submitted, the report written from the cells
     assert rc == 0, err
     assert all(len(_record(out, c)) == n for c, n in ((victim, 2), (CELLS[1], 1)))
+
+
+def test_two_commands_never_submit_one_folder_at_once(cluster, data_dir, tmp_path):  # noqa: F811
+    """Another process (another login node's command) holds the comparison folder: this one is
+    refused, naming it, and submits nothing; each cell's job then holds its run dir the same way
+    (`taperlm.runlock`), so a cell never trains twice at once."""
+    out = tmp_path / "cmp"
+    out.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from taperlm.runlock import locked\n"
+         "with locked(sys.argv[1], 'comparison folder'):\n"
+         "    print('held', flush=True); time.sleep(120)", str(out)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        args = ["compare", *TINY, "--executor", "slurm", "--data", str(data_dir),
+                "--out", str(out)]  # fmt: skip
+        rc, _, err = _cli(args)
+        assert rc != 0 and "is in use by pid" in err and str(holder.pid) in err
+        assert cluster.jobs() == [] and not (out / "slurm").exists()
+    finally:
+        holder.kill()
+        holder.wait()

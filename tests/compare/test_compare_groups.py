@@ -10,6 +10,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -150,3 +151,30 @@ def test_cell_of_two_gloo_processes_equals_torchrun_train(data_dir, tmp_path):  
     assert result["train"]["steps"] == 8
     report = json.loads((out / "report.json").read_text())
     assert "--nproc-per-cell 2" in report["meta"]["command"]
+
+
+def test_a_cell_held_elsewhere_is_not_trained_twice(tmp_path):
+    """A second job of one cell (two login nodes submitted it) finds its run dir held by the
+    first and stops before training, naming the holder."""
+    from taperlm.errors import RunInUseError
+
+    run_dir = tmp_path / "runs" / "c-s0"
+    run_dir.mkdir(parents=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from taperlm.runlock import locked\n"
+         "with locked(sys.argv[1]):\n    print('held', flush=True); time.sleep(120)",
+         str(run_dir)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        train = SimpleNamespace(device="cpu", checkpoint_every=0)
+        cell = SimpleNamespace(name="c-s0", config=SimpleNamespace(train=train))
+        task = groups.CellTask(cell, str(run_dir), str(tmp_path), {}, 1, 1)
+        with pytest.raises(RunInUseError, match=f"pid {holder.pid}"):
+            groups.run_rank(task, lambda: False)
+        assert not (run_dir / "sessions.jsonl").exists()  # no session started, nothing trained
+        assert not (run_dir / "checkpoints").exists()
+    finally:
+        holder.kill()
+        holder.wait()
