@@ -140,6 +140,11 @@ def test_killed_job_resumes_and_every_cell_equals_local(cluster, data_dir, tmp_p
         assert b["val"] == a["val"], cell  # bit for bit: the loss as stored
         assert b["novelty"] == a["novelty"], cell
         assert b["curve"] == a["curve"], cell
+    # the verdict (the stop's record, the paired differences over training, the paper's
+    # comparison) is the local executor's: nothing in a report depends on where cells ran
+    rl, rs = (json.loads((o / "report.json").read_text()) for o in (local, out))
+    for key in ("stopping", "loss_vs_tokens", "paper_comparison", "checks"):
+        assert rs[key] == rl[key], key
     resumed = json.loads((out / "runs" / victim / "result.json").read_text())["train"]
     assert resumed["resumed_from_step"] > 0  # it went on from its checkpoint
     sessions = [

@@ -149,6 +149,7 @@ def test_cell_of_two_gloo_processes_equals_torchrun_train(data_dir, tmp_path):  
     assert losses(cell) == losses(tmp_path / "train")
     result = json.loads((cell / "result.json").read_text())
     assert result["train"]["steps"] == 8
+    assert [s["processes"] for s in result["sessions"] if s["phase"] == "train"] == [2]
     report = json.loads((out / "report.json").read_text())
     assert "--nproc-per-cell 2" in report["meta"]["command"]
 

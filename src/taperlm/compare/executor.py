@@ -202,7 +202,9 @@ def run_grid(
     announced: list[bool] = []  # the stop was said
     if monitor is not None and monitor.update(results):  # decided from the cache alone
         todo, announced = [], [True]
-    display = GridDisplay(grid, runs, min(jobs, len(todo)), progress, log)
+    # a bar per worker of this machine (cells elsewhere report only when done)
+    bars = min(jobs, len(todo)) if executor is None or isinstance(executor, Executor) else 1
+    display = GridDisplay(grid, runs, bars, progress, log)
     for cell in grid.cells:
         if cell.name in results:
             display.done(cell, results[cell.name], "cached")
