@@ -26,6 +26,10 @@ spent, so the command ends in time):
    (so the run needs no files; its losses say the path works, not which taper is better).
    Loss at steps 1, 10, 25, 50 and tokens/s of each.
 
+4. **cells** (opt-in: `--sections cells`, on a machine of several GPUs): one `taperlm compare`
+   cell with as many processes as there are GPUs (`--nproc-per-cell`, the local executor), its
+   tokens/s beside `taperlm train` under torchrun with as many processes on the same config.
+
 `--smoke` runs every section on CPU with the `*-tiny` presets, bf16 autocast on CPU, one
 warm-up and one timed step, Dynamo with the `eager` backend (tracing without Inductor's C++
 build; tests/training/test_gpu_paths.py runs Inductor) for the first family, and 4 taper steps.
@@ -292,6 +296,77 @@ def taper_section(args: argparse.Namespace, device: torch.device, clock: Clock) 
     return rows
 
 
+def cells_section(args: argparse.Namespace, device: torch.device, clock: Clock) -> list[dict]:
+    """Section 4 (opt-in, `--sections cells`; issue 59): one `taperlm compare` cell with as many
+    processes as the machine has GPUs (`--nproc-per-cell`, the local executor), its tokens/s
+    beside `taperlm train` under torchrun with as many processes on the cell's own config.yaml.
+    With --smoke: 2 gloo processes on CPU, a tiny preset."""
+    import json
+    import shutil
+    import subprocess
+    import tempfile
+
+    from taperlm.cli import main as cli_main
+    from taperlm.training.metrics import read_metrics
+
+    nproc = 2 if args.smoke else torch.cuda.device_count()
+    label = f"compare cell, {nproc} processes, beside taperlm train under torchrun"
+    if clock.spent(label):
+        return []
+    tmp = Path(tempfile.mkdtemp(prefix="taperlm-gpu-cells-", dir=args.tmp))
+    try:
+        data = Path(args.data) if args.data else None
+        if data is None:
+            src = tmp / "corpus.txt"
+            synthetic_corpus(src, 5_000 if args.smoke else 300_000)
+            data = tmp / "data"
+            argv = ["prepare", "--source", str(src), "--tokenizer", "bpe:2048", "--out", str(data)]
+            if cli_main([*argv, "--workers", "1", "--no-progress"]) != 0:
+                raise RuntimeError("taperlm prepare of the synthetic corpus failed")
+        seq = min(args.seq, 32 if args.smoke else 2048)  # the smoke corpus's val split: 63
+        batch_tokens = args.batch * seq * nproc
+        steps = 4 if args.smoke else args.taper_steps
+        preset = "transformer-tiny" if args.smoke else f"transformer-{args.size}"
+        sets = [f"train.seq_len={seq}", f"train.micro_batch_size={args.batch}",
+                f"train.batch_tokens={batch_tokens}", "train.log_every=1",
+                f"train.eval_every={steps}", f"train.eval_tokens={seq}",
+                f"train.device={device.type}"]  # fmt: skip
+        if not args.smoke:
+            sets += ["train.precision=bf16", "train.compile=true", "train.parallel=fsdp"]
+        cmd = [sys.executable, "-m", "taperlm.cli", "compare", "--preset", preset, "--tapers",
+               "uniform", "--seeds", "1", "--stop", "fixed", "--tokens", str(batch_tokens * steps),
+               "--nproc-per-cell", str(nproc), "--jobs", "1", "--val-tokens", str(seq),
+               "--novelty-tokens", str(seq), "--eval-tasks", "none", "--no-progress",
+               "--data", str(data), "--out", str(tmp / "cmp")]  # fmt: skip
+        for o in sets:
+            cmd += ["--set", o]
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"taperlm compare failed: {r.stderr[-2000:]}")
+        cell = tmp / "cmp" / "runs" / "uniform-s0"
+        result = json.loads((cell / "result.json").read_text())
+        rows = [{"what": f"compare cell x {nproc}", "tokens/s": result["train"]["tokens_per_s"],
+                 "wall_s": time.perf_counter() - t0}]  # fmt: skip
+        t0 = time.perf_counter()
+        run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+               str(nproc), "-m", "taperlm.cli", "train", "--config", str(cell / "config.yaml"),
+               "--out", str(tmp / "train"), "--no-progress"]  # fmt: skip
+        r = subprocess.run(run, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"taperlm train under torchrun failed: {r.stderr[-2000:]}")
+        rates = [x["tokens_per_s"] for x in read_metrics(tmp / "train" / "metrics.jsonl")
+                 if x.get("tokens_per_s")]  # fmt: skip
+        rows.append({"what": f"taperlm train, torchrun x {nproc}",
+                     "tokens/s": sum(rates) / len(rates) if rates else None,
+                     "wall_s": time.perf_counter() - t0})  # fmt: skip
+        for row in rows:
+            print(f"{row['what']}: {row['tokens/s'] or 0:,.0f} tokens/s", flush=True)
+        return rows
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def merge_rows(rows: list[dict], more: list[dict], args: argparse.Namespace) -> list[dict]:
     """MFU rows in the order of --families, --modes, --tapers, each tapered row with its
     tokens/s ratio to the uniform row of the same family and mode."""
@@ -329,14 +404,15 @@ def release(device: torch.device, compiled: bool) -> None:
         torch._dynamo.reset()
 
 
-SECTIONS = ("mfu", "memory", "taper")
+SECTIONS = ("mfu", "memory", "taper", "cells")
+DEFAULT_SECTIONS = ("mfu", "memory", "taper")  # cells: opt-in (a machine of several GPUs)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_gpu_benchmark_arguments(p)
     p.set_defaults(budget_s=450.0)
-    p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
+    p.add_argument("--sections", nargs="+", default=list(DEFAULT_SECTIONS), choices=SECTIONS)
     p.add_argument("--families", nargs="+", default=["transformer", "titans-mag"], choices=FAMILIES)
     p.add_argument("--tapers", nargs="+", default=["cosine"])
     p.add_argument("--modes", nargs="+", default=["compile", "eager"], choices=["eager", "compile"])
@@ -356,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         "mfu": mfu_section,
         "memory": memory_section,
         "taper": taper_section,
+        "cells": cells_section,
     }
     results: dict[str, list[dict]] = {}
 
@@ -384,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
                    "dcp_save_s", "dcp_load_s", "dcp_GB"],
         "taper": ["taper", "steps", "loss@1", "loss@10", "loss@25", "loss@50", "final loss",
                   "tokens/s", "wall_s"],
+        "cells": ["what", "tokens/s", "wall_s"],
     }  # fmt: skip
     for name, rows in results.items():
         if rows:
@@ -412,6 +490,7 @@ def write_report(
         "rows": results.get("mfu", []),
         "memory": results.get("memory", []),
         "taper": results.get("taper", []),
+        "cells": results.get("cells", []),
         "notes": clock.notes,
         "elapsed_s": time.perf_counter() - clock.start,
     }

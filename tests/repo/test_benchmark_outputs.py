@@ -91,6 +91,7 @@ ALLOWED_WRITES = {
     ("families", "_reset_peak_rss", "open"): "/proc/self/clear_refs (a kernel control file)",
     ("gpu", "synthetic_corpus", "write_text"): "a corpus in its own temporary folder",
     ("gpu", "taper_section", "rmtree"): "its own temporary folder",
+    ("gpu", "cells_section", "rmtree"): "its own temporary folder",
     ("scale", "run_row", "rmtree"): "its own temporary folder",
     ("prepare_scale", "memory", "unlink"): "inputs it made in its temporary folder",
     ("prepare_scale", "reader", "unlink"): "inputs it made in its temporary folder",

@@ -46,5 +46,15 @@ def run(args: argparse.Namespace) -> int:
     opts = options_from(args)
     # $TAPERLM_SET joins --set: the report's reproducing command then shows it as --set.
     opts.overrides = [*opts.overrides, *env_overrides()]
-    run_study(opts)  # every mode is a study (taperlm.compare.studies)
+    if opts.dry_run:  # the cost, before anything is spent: nothing is created
+        from taperlm.compare.dryrun import dry_run  # lazy: torch
+
+        print(dry_run(opts))
+        return 0
+    from taperlm.compare.executor import PendingCells  # lazy: torch
+
+    try:
+        run_study(opts)  # every mode is a study (taperlm.compare.studies)
+    except PendingCells as pending:  # cells queued on a cluster: rerun to update
+        print(f"taperlm compare: {pending}")
     return 0

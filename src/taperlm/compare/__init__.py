@@ -28,7 +28,10 @@ the report that puts them together), declared with its `--paper` name in
   workers, or here when one runs at a time, with progress and Ctrl-C; how many at a time; the
   call every stage makes and `train_reported`, which adds seeds by `sequential`'s rule);
   `workers` (the spawned worker processes, whose entry point sets torch's threads before
-  importing it); `sequential` (--stop: seeds added in order until the question is settled).
+  importing it); `groups` (--nproc-per-cell: a cell as a torchrun-style group of processes on
+  its own devices); `slurm` (--executor slurm: each cell a Slurm job through submitit, the
+  output folder as the state); `dryrun` (--dry-run: the cells' GPU-hours before anything is
+  spent); `sequential` (--stop: seeds added in order until the question is settled).
 - the reading: `summary` (`ComparisonSummary` of `AllocationSummary`s: means, paired differences
   with t-based CIs, agreement with the paper; `to_json` is report.json's part); `report`
   (report.md, report.json: `ComparisonReport`, what a study's report is written from); `plots`;

@@ -13,6 +13,7 @@ than report, call `train_cells`.
 
 from __future__ import annotations
 
+import importlib
 import signal
 import sys
 import threading
@@ -20,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from tqdm.auto import tqdm
@@ -28,6 +29,7 @@ from tqdm.auto import tqdm
 from taperlm import cpus
 from taperlm.compare import runner, sequential
 from taperlm.compare.grid import Cell, Grid
+from taperlm.compare.groups import device_slots, run_groups
 from taperlm.compare.options import CompareOptions
 from taperlm.compare.runner import (
     CellInterrupted,
@@ -39,6 +41,7 @@ from taperlm.compare.runner import (
     read_result,
 )
 from taperlm.compare.workers import run_in_workers
+from taperlm.device import resolve_device
 from taperlm.progress import progress_bar
 
 
@@ -171,6 +174,7 @@ def run_grid(
     jobs: int = 1,
     threads: int = 1,
     monitor: sequential.Monitor | None = None,
+    executor: CellExecutor | None = None,
 ) -> Results:
     """Run every cell (resuming/caching as described above); cell name -> result.
 
@@ -181,7 +185,9 @@ def run_grid(
     Ctrl-C stops the running cells at their next step with a checkpoint and raises
     KeyboardInterrupt. With a `monitor` (`taperlm.compare.sequential.Monitor`), no cell is
     started once it has stopped (cells already running finish); the result then holds the cells
-    that were done, the monitor's seeds among them."""
+    that were done, the monitor's seeds among them. `executor`: where the cells run (None:
+    this machine, `Executor`); one that leaves cells queued elsewhere raises its pending error
+    with `results` set to the cells done."""
     runs = out_dir / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     settings_dict = settings.to_dict()
@@ -196,7 +202,9 @@ def run_grid(
     announced: list[bool] = []  # the stop was said
     if monitor is not None and monitor.update(results):  # decided from the cache alone
         todo, announced = [], [True]
-    display = GridDisplay(grid, runs, min(jobs, len(todo)), progress, log)
+    # a bar per worker of this machine (cells elsewhere report only when done)
+    bars = min(jobs, len(todo)) if executor is None or isinstance(executor, Executor) else 1
+    display = GridDisplay(grid, runs, bars, progress, log)
     for cell in grid.cells:
         if cell.name in results:
             display.done(cell, results[cell.name], "cached")
@@ -223,12 +231,64 @@ def run_grid(
 
     try:
         with StopRequest() as stop:
-            Executor(jobs, threads, data_dir, settings).run(
-                todo, runs, display, finished, stop, wants
-            )
+            runner_of = executor or Executor(jobs, threads, data_dir, settings)
+            runner_of.run(todo, runs, display, finished, stop, wants)
+    except PendingCells as pending:  # queued elsewhere: what is done so far goes with it
+        pending.results = {c.name: results[c.name] for c in grid.cells if c.name in results}
+        raise
     finally:
         display.close()
     return {c.name: results[c.name] for c in grid.cells if c.name in results}
+
+
+class PendingCells(Exception):
+    """Cells still queued or running elsewhere (a cluster) and the caller did not wait for them:
+    the command returns, and running it again picks up their results. `results`: the cells done
+    so far (set by `run_grid`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.results: Results = {}
+
+
+class CellExecutor(Protocol):
+    """Where a grid's cells run: the one interface between a comparison (its grid, its
+    sequential stop, its report) and the machines. Two implementations: `Executor` (this
+    machine) and `taperlm.compare.slurm.SlurmExecutor` (a Slurm cluster); another (Ray,
+    Kubernetes) is one more class with this method, made by `make_executor`, and touches no
+    study and no report.
+
+    `run` brings the cells of `todo` to done into runs/<cell> (each cell's folder is its whole
+    state: result.json marks it done), calling `finished(cell, result, status)` for each one
+    done, in this process; `display` (GridDisplay) shows progress, `stop` (StopRequest) tells of
+    a Ctrl-C, `wants(cell)` whether a cell not yet started is still wanted (a sequential stop
+    decided: no). It returns once every wanted cell is done, raises KeyboardInterrupt after a
+    stop, or `PendingCells` when cells are still queued or running
+    elsewhere and the caller did not ask to wait for them."""
+
+    def run(self, todo: list[Cell], runs: Path, display, finished, stop, wants) -> None: ...
+
+
+# --executor NAME -> "module:class" of its implementation (imported when chosen), made with
+# (options, jobs, data dir, evaluation settings).
+EXECUTORS: dict[str, str] = {
+    "local": "taperlm.compare.executor:Executor",
+    "slurm": "taperlm.compare.slurm:SlurmExecutor",
+}
+
+
+def make_executor(
+    opts: CompareOptions | None, jobs: int, threads: int, data_dir: Path, settings: EvalSettings
+) -> CellExecutor:
+    """The executor --executor names (None options: the local one, `jobs` at a time)."""
+    name = "local" if opts is None else opts.executor
+    if name == "local":
+        nproc = 1 if opts is None else opts.nproc_per_cell
+        return Executor(jobs, threads, data_dir, settings, nproc)
+    module, cls = EXECUTORS[name].split(":")
+    return getattr(importlib.import_module(module), cls).from_options(
+        opts, jobs, data_dir, settings
+    )
 
 
 @dataclass(frozen=True)
@@ -236,18 +296,25 @@ class Executor:
     """Where a grid's cells run: `jobs` worker processes, or this process when one cell runs at
     a time (or only one is left). Either way each cell is brought to done by
     `taperlm.compare.runner.run_one` with `threads` torch threads and the same inputs: the same
-    numbers whatever `jobs` is."""
+    numbers whatever `jobs` is. With `nproc` > 1 (or cells on several GPUs) each cell is a group
+    of `nproc` processes on its own devices (`taperlm.compare.groups`)."""
 
     jobs: int  # cells at a time (1: here, one after the other)
     threads: int  # torch threads per cell
     data_dir: Path  # the comparison's data
     settings: EvalSettings  # how every cell is evaluated
+    nproc: int = 1  # processes per cell (--nproc-per-cell)
 
     def run(self, todo: list[Cell], runs: Path, display, finished, stop, wants) -> None:
-        """Run the cells of `todo` into runs/<cell>: `display` (GridDisplay) shows progress,
-        `finished(cell, result, status)` takes each result, `stop` (StopRequest) tells of a
-        Ctrl-C, `wants(cell)` whether a cell not yet started is still wanted."""
-        if self.jobs > 1 and len(todo) > 1:
+        """Run the cells of `todo` into runs/<cell> (`CellExecutor.run`)."""
+        gpus = _cuda_devices(todo)
+        if self.nproc > 1 or (gpus and self.jobs > 1 and len(todo) > 1):
+            slots = device_slots(gpus, self.nproc, self.jobs) if gpus else None
+            run_groups(
+                todo, runs, self.data_dir, self.settings, self.jobs, self.threads, self.nproc,
+                slots, display, finished, stop, wants,
+            )  # fmt: skip
+        elif self.jobs > 1 and len(todo) > 1:
             run_in_workers(
                 todo, runs, self.data_dir, self.settings, self.jobs, self.threads,
                 display, finished, stop, wants,
@@ -255,6 +322,14 @@ class Executor:
         else:
             shared = SharedInputs(self.data_dir, self.settings)
             _run_here(todo, runs, shared, self.threads, display, finished, stop, wants)
+
+
+def _cuda_devices(todo: list[Cell]) -> int:
+    """GPUs visible to this process when the cells train on CUDA, else 0 (CPU cells)."""
+    if not todo or not torch.cuda.is_available():
+        return 0
+    on = resolve_device(todo[0].config.train.device)
+    return torch.cuda.device_count() if on.startswith("cuda") else 0
 
 
 def _run_here(todo, runs, shared, threads, display, finished, stop, wants) -> None:
@@ -313,22 +388,41 @@ def choose_jobs(
     todo = sum(cell_state(c, runs / c.name, settings.to_dict())[0] != "cached" for c in grid.cells)
     if todo == 0:
         return 1
-    if opts.jobs is not None:
+    nproc = opts.nproc_per_cell  # processes per cell (each opts.threads torch threads)
+    gpus = 0 if opts.executor != "local" else _cuda_devices(grid.cells)
+    if opts.executor != "local":  # cells in flight on the cluster: a wave
+        jobs = opts.jobs or slurm_wave(opts, grid)
+        why = f"--jobs {jobs}" if opts.jobs else "a wave; --jobs N to override"
+    elif opts.jobs is not None:
         jobs, usable = opts.jobs, usable_cpus()
         why = f"--jobs {jobs}; {usable} usable CPU(s)"
-        if jobs * opts.threads > usable:
-            why += f", OVERSUBSCRIBED: {jobs * opts.threads} threads (slower, same numbers)"
+        if gpus:
+            why = f"--jobs {jobs}; {gpus} GPU(s)"
+        elif jobs * opts.threads * nproc > usable:
+            why += f", OVERSUBSCRIBED: {jobs * opts.threads * nproc} threads (slower, same numbers)"
+    elif gpus:
+        jobs = max(1, min(todo, gpus // nproc))
+        why = f"{gpus} GPU(s), {nproc} per cell; --jobs N to override"
     else:
         idle, usable, busy = idle_cpus()
-        jobs = max(1, min(todo, idle // opts.threads))
+        jobs = max(1, min(todo, idle // (opts.threads * nproc)))
         why = f"{usable} usable CPU(s), {busy:.1f} busy with other processes; --jobs N to override"
     most = "up to " if reported and opts.stop.kind != "fixed" else ""
+    group = f" x {nproc} process(es)" if nproc > 1 else ""
     print(
-        f"taperlm compare: {most}{todo} cell(s) to run, {min(jobs, todo)} at a time with "
+        f"taperlm compare: {most}{todo} cell(s) to run, {min(jobs, todo)} at a time{group} with "
         f"{opts.threads} torch thread(s) each ({why})",
         file=sys.stderr,
     )
     return jobs
+
+
+def slurm_wave(opts: CompareOptions, grid: Grid) -> int:
+    """Cells in flight on a cluster by default: every cell of the fixed design, else the cells
+    of the first --min-seeds seeds (the sequential stop decides after each wave)."""
+    if opts.stop.kind == "fixed":
+        return len(grid.cells)
+    return len(grid.allocations) * min(len(grid.seeds), max(1, opts.min_seeds))
 
 
 def train_cells(
@@ -355,6 +449,7 @@ def train_cells(
         jobs=jobs,
         threads=opts.threads,
         monitor=monitor,
+        executor=make_executor(opts, jobs, opts.threads, data_dir, settings),
     )
 
 

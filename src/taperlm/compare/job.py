@@ -21,7 +21,7 @@ import torch
 from taperlm import __version__
 from taperlm.compare import sequential, tuning_report
 from taperlm.compare import tuning as tune
-from taperlm.compare.executor import choose_jobs, train_reported
+from taperlm.compare.executor import PendingCells, choose_jobs, train_reported
 from taperlm.compare.grid import (
     DEFAULT_TAPERS,
     Allocation,
@@ -117,6 +117,10 @@ def run_comparison(opts: CompareOptions) -> ComparisonReport:
             )
     clock = _Clock()
     allocs, provisional = check_options(opts)
+    if opts.executor == "slurm":  # a cluster that refuses the jobs: before any work
+        from taperlm.compare.slurm import SlurmSettings, check_cluster  # lazy: optional extra
+
+        check_cluster(SlurmSettings.from_options(opts))
     seeds = reported_seeds(opts)
     data_dir = data_dir_of(opts, provisional)
     meta = load_meta(data_dir)
@@ -171,9 +175,17 @@ def _run_locked(
         report(grid, results, f" (PARTIAL: {len(results)}/{len(grid.cells)} runs done)")
 
     cap_grid = grid
-    grid, results, stopping = train_reported(
-        opts, grid, data_dir, settings, jobs=jobs, on_seed_done=partial
-    )
+    try:
+        grid, results, stopping = train_reported(
+            opts, grid, data_dir, settings, jobs=jobs, on_seed_done=partial
+        )
+    except PendingCells as pending:  # cells still queued on a cluster: the report so far
+        done = {c.seed for c in grid.cells if c.name in pending.results}
+        done -= {c.seed for c in grid.cells if c.name not in pending.results}
+        kept = {c.name: pending.results[c.name] for c in grid.cells if c.seed in done}
+        if kept:  # the seeds whose every cell is done, as a seed's end writes it
+            partial(kept)
+        raise
     if tuning:
         if tuning.scope == "each":
             tune.run_tuned(opts, grid, results, tuning, data_dir, settings, cap_grid)

@@ -121,6 +121,9 @@ StopKind = Literal["fixed", "decided", "half-width", "equivalent", "decided+equi
 # effect this project reports as decided (docs/compare.md, "Deciding no difference").
 DEFAULT_EQUIVALENCE_MARGIN = 0.02
 EQUIVALENCE_KINDS = ("equivalent", "decided+equivalent")
+# --executor: where cells run (taperlm.compare.executor.EXECUTORS)
+ExecutorName = Literal["local", "slurm"]
+EXECUTOR_NAMES = choices(ExecutorName)
 
 
 @dataclass(frozen=True)
@@ -514,6 +517,64 @@ class CompareOptions:
     )
     no_progress: bool = option(
         "--no-progress", "no progress bars", default=False, action="store_true"
+    )
+    # Where and how cells run (issue 59): processes per cell, the executor, the cost first.
+    nproc_per_cell: int = option(
+        "--nproc-per-cell",
+        "processes per cell: each cell trains as a torchrun-style group of N processes on its "
+        "own devices (N GPUs, or N gloo processes on CPU), DDP or FSDP2 as train.parallel says; "
+        "--jobs then defaults to the devices available / N [1]",
+        default=1,
+        domain=up_to(MAX_WORKERS),
+    )
+    executor: ExecutorName = option(
+        "--executor",
+        "where cells run: local = this machine; slurm = each cell a Slurm job (submitit; "
+        "docs/cluster.md) [local]",
+        default="local",
+        choices=EXECUTOR_NAMES,
+    )
+    dry_run: bool = option(
+        "--dry-run",
+        "list the cells, each cell's GPU-hours from the planner, the total for the fixed design "
+        "and the range with the sequential stop, and the jobs it would submit; trains nothing "
+        "and creates nothing",
+        default=False,
+        action="store_true",
+    )
+    wait: bool = option(
+        "--wait",
+        "--executor slurm: wait until every cell is done, then write the report (default: "
+        "submit what is missing, show every cell's state and return; rerun to update)",
+        default=False,
+        action="store_true",
+    )
+    slurm_partition: str | None = option("--slurm-partition", "Slurm partition of the jobs")
+    slurm_account: str | None = option("--slurm-account", "Slurm account charged")
+    slurm_qos: str | None = option("--slurm-qos", "Slurm QOS of the jobs")
+    slurm_time: str | None = option(
+        "--slurm-time",
+        "time limit of each cell's job (Slurm's format, e.g. 12:00:00 or 2-00:00:00); a cell "
+        "that runs out of time is requeued and resumes from its last checkpoint",
+    )
+    slurm_nodes: int = option(
+        "--slurm-nodes",
+        "nodes per cell (its --nproc-per-cell processes are split evenly across them) [1]",
+        default=1,
+        domain=up_to(MAX_WORKERS),
+    )
+    slurm_gpus_per_node: int | None = option(
+        "--slurm-gpus-per-node",
+        "GPUs per node of a cell's job [its processes per node on CUDA; 0 on CPU]",
+        domain=up_to(MAX_WORKERS, 0),
+    )
+    slurm_constraint: str | None = option(
+        "--slurm-constraint", "Slurm node features the jobs need (e.g. h100)"
+    )
+    slurm_extra: str = option(
+        "--slurm-extra",
+        "further sbatch arguments for every job, e.g. '--mem=0 --exclusive'",
+        default="",
     )
     loggers: list[str] | None = None  # train.loggers of every cell (None: the config's)
 

@@ -79,5 +79,7 @@ def run_arguments(
             parts += ["--lr-grid-extend", str(opts.lr_grid_extend)]
     parts += ["--stop", opts.stop.as_text(), "--stop-alpha", f"{opts.stop_alpha:g}"]
     parts += ["--min-seeds", str(opts.min_seeds), "--stop-on", opts.stop_on]
+    if opts.nproc_per_cell > 1:  # the order of a step's sums: the last bits of the numbers
+        parts += ["--nproc-per-cell", str(opts.nproc_per_cell)]
     parts += ["--out", str(opts.out)]  # --jobs/--threads change the speed, never the numbers
     return parts

@@ -608,6 +608,8 @@ def runtime_info(device: str, jobs: int) -> dict[str, Any]:
     return {
         "threads": torch.get_num_threads(),
         "jobs": jobs,
+        # processes the cell trains on (--nproc-per-cell: a torchrun-style group sets it)
+        "processes": int(os.environ.get("WORLD_SIZE", "1")),
         "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "device": device,

@@ -251,6 +251,24 @@ def plan_training(
     return plan
 
 
+# The MFU `taperlm compare --dry-run` assumes: transformer-440m compiled on one H200, bf16, at
+# 2K context (docs/scaling.md, "Verified on one H200"), of the dense bf16 peak of an H100/H200.
+MEASURED_MFU = 0.395
+H100_PEAK_FLOPS = 989e12
+
+
+def gpu_hours(
+    cfg: ModelConfig,
+    tokens: int,
+    seq_len: int,
+    mfu: float = MEASURED_MFU,
+    peak_flops: float = H100_PEAK_FLOPS,
+) -> float:
+    """GPU-hours of training `cfg` on `tokens` tokens: the time formula of `plan_training`
+    (the module docstring) times its GPUs, which does not depend on how many there are."""
+    return tokens * flops_per_token(cfg, seq_len) / (peak_flops * mfu) / 3600.0
+
+
 def _memory_lines(
     cfg: ModelConfig,
     gpus: int,
