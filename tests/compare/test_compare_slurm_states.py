@@ -174,3 +174,41 @@ def test_a_decided_comparison_cancels_its_queued_cells(tmp_path, monkeypatch):
     for name in cancelled:
         record = slurm.CellRecord.read(tmp_path / "slurm" / "cells" / f"{name}.json")
         assert record.cancelled == [record.jobs[-1]["id"]]
+
+
+def _executor_fields() -> list:
+    import dataclasses
+
+    return [
+        f
+        for f in dataclasses.fields(CompareOptions)
+        if f.name.startswith("slurm_") or f.name == "wait"
+    ]
+
+
+def _non_default(f) -> object:
+    """A value other than the field's default, of its kind."""
+    if f.default is False:
+        return True
+    if f.type in ("int", "int | None") or isinstance(f.default, int):
+        return 2
+    return "x"
+
+
+def test_every_slurm_option_is_enumerated():
+    names = {f.name for f in _executor_fields()}
+    assert {"wait", "slurm_partition", "slurm_account", "slurm_time", "slurm_extra"} <= names
+
+
+@pytest.mark.parametrize("field", _executor_fields(), ids=lambda f: f.name)
+def test_slurm_options_refused_with_the_local_executor(field, tmp_path):
+    """Every --slurm-* option (and --wait) given without --executor slurm is refused by name,
+    before anything is created, instead of being silently ignored."""
+    from taperlm.compare.job import check_options
+    from taperlm.compare.options import FLAG_KEY
+
+    out = tmp_path / "cmp"
+    opts = CompareOptions(out=out, **{field.name: _non_default(field)})
+    with pytest.raises(ConfigError, match=rf"{field.metadata[FLAG_KEY]}.*--executor slurm"):
+        check_options(opts)
+    assert not out.exists()

@@ -8,6 +8,7 @@ precedence of settings): `taperlm.compare.recipe`; the data dir and evaluation s
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -32,6 +33,7 @@ from taperlm.compare.grid import (
 )
 from taperlm.compare.inputs import check_niah_lengths, data_dir_of, eval_settings
 from taperlm.compare.options import (
+    FLAG_KEY,
     CompareOptions,
     check_option_ranges,
     model_preset,
@@ -84,6 +86,7 @@ def check_options(opts: CompareOptions) -> tuple[list[Allocation], RunConfig]:
     """Validate everything that does not need the data (so that nothing is prepared or trained
     for a comparison that cannot run); returns (allocations, provisional base config)."""
     check_option_ranges(opts)
+    check_executor_options(opts)
     sequential.rule_of(opts)  # a bad --stop fails before any work
     allocs = allocations(opts)
     seeds = reported_seeds(opts)
@@ -94,6 +97,31 @@ def check_options(opts: CompareOptions) -> tuple[list[Allocation], RunConfig]:
     resolve_device(provisional.train.device, "train.device")  # there, before any work
     pilot_tokens(opts, provisional)  # a bad --pilot-tokens fails before any work
     return allocs, provisional
+
+
+def executor_only_options(opts: CompareOptions) -> list[str]:
+    """The Slurm executor's options (--slurm-*, --wait) that `opts` set to other than their
+    defaults: every field whose flag names the executor, found from the fields themselves so
+    that a new --slurm-* option is covered without a list to keep."""
+    given = []
+    for f in dataclasses.fields(opts):
+        if (f.name.startswith("slurm_") or f.name == "wait") and getattr(opts, f.name) != f.default:
+            given.append(f.metadata[FLAG_KEY])
+    return given
+
+
+def check_executor_options(opts: CompareOptions) -> None:
+    """The Slurm executor's options mean nothing on this machine: given without
+    `--executor slurm`, they are refused rather than silently ignored."""
+    if opts.executor == "slurm":
+        return
+    given = executor_only_options(opts)
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for --executor slurm, "
+            f"but this comparison runs with --executor {opts.executor}: add --executor slurm "
+            "to run its cells as Slurm jobs, or drop the option"
+        )
 
 
 @dataclass
