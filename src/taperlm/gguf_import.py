@@ -2,12 +2,13 @@
 to a `ModelConfig` and its tensors dequantized, renamed and fused into a `TaperedLM` state dict,
 for `taperlm import FILE.gguf` (`taperlm.importing`). The inverse of `taperlm.gguf_export`.
 
-What carries over exactly: llama.cpp's `llama` architecture — RMSNorm (its eps), RoPE (its base,
+What carries over exactly: llama.cpp's `llama` architecture, and `deci` (its per-layer MLP
+widths, as `taperlm export --format gguf` writes a tapered or pruned model; width 0 a layer
+without an FFN) with one head count — RMSNorm (its eps), RoPE (its base,
 and `linear` scaling from `rope.scaling.type`/`.factor`; llama.cpp's adjacent-pair RoPE, so the
 rows of Q and K, and their biases, are permuted back to rotate-half within each head),
 grouped-query attention, a head dim from `attention.key_length`, optional attention biases
-(`attn_q.bias` ... `attn_output.bias`), SwiGLU, a tied head (no `output` tensor) or not, and
-per-layer MLP widths (`feed_forward_length` as an array). Quantized tensors (Q8_0, Q4_K, ...)
+(`attn_q.bias` ... `attn_output.bias`), SwiGLU, a tied head (no `output` tensor) or not. Quantized tensors (Q8_0, Q4_K, ...)
 are dequantized to float32: the run holds the dequantized values, and which types the file
 held is recorded (`quantization`).
 
@@ -32,7 +33,9 @@ from taperlm.errors import CheckpointError, ConfigError
 from taperlm.gguf_file import GGUFHeader, read_header, read_tensors
 from taperlm.taper import TaperSpec
 
-ARCHITECTURE = "llama"
+# llama.cpp's `llama` and `deci` (the same Llama block with per-layer MLP widths, as
+# `taperlm.gguf_export` writes a tapered or pruned model; width 0: a layer without an FFN)
+ARCHITECTURES = ("llama", "deci")
 # The keys of the architecture's namespace that this reader maps (below) or that change nothing
 # taperlm computes (`rope.scaling.finetuned`: a note; `expert_*` checked to be absent or 0).
 _KNOWN = frozenset(
@@ -85,11 +88,11 @@ def _number(path: Path, meta: dict[str, Any], key: str, default: float) -> float
 def _check_keys(path: Path, meta: dict[str, Any]) -> str:
     """The architecture's key prefix; refusals for what this reader cannot carry."""
     arch = meta.get("general.architecture")
-    if arch != ARCHITECTURE:
+    if arch not in ARCHITECTURES:
         raise _refuse(
             path,
             f"its architecture is {arch!r} (general.architecture); taperlm imports GGUF files "
-            f"of llama.cpp's {ARCHITECTURE!r} architecture",
+            f"of llama.cpp's {' or '.join(map(repr, ARCHITECTURES))} architecture",
         )
     if meta.get("split.count", 1) != 1:
         raise _refuse(path, "it is one part of a split GGUF file; merge the parts first")
@@ -111,12 +114,18 @@ def _check_keys(path: Path, meta: dict[str, Any]) -> str:
     return p
 
 
-def _per_layer(path: Path, meta: dict[str, Any], key: str, layers: int, default: Any = None) -> list[int]:  # fmt: skip
+def _per_layer(path: Path, meta: dict[str, Any], key: str, layers: int, default: Any = None, zero_ok: bool = False) -> list[int]:  # fmt: skip
     value = meta.get(key, default)
     values = value if isinstance(value, list) else [value] * layers
     if len(values) != layers:
         raise CheckpointError(f"{path}: GGUF key {key} lists {len(values)} values, not {layers}")
-    return [_int(path, {key: v}, key) for v in values]
+
+    def one(v: Any) -> int:
+        if zero_ok and isinstance(v, int) and not isinstance(v, bool) and v == 0:
+            return 0  # a deci layer without an FFN
+        return _int(path, {key: v}, key)
+
+    return [one(v) for v in values]
 
 
 def _rope(path: Path, header: GGUFHeader, p: str) -> RopeScaling | None:
@@ -162,7 +171,7 @@ def model_config(path: str | Path, header: GGUFHeader) -> ModelConfig:
             f"RoPE rotates {meta[p + 'rope.dimension_count']} of each head's {head_dim} "
             "dimensions (a partial rotary dimension); taperlm's RoPE rotates the whole head",
         )
-    widths = _per_layer(path, meta, p + "feed_forward_length", layers)
+    widths = _per_layer(path, meta, p + "feed_forward_length", layers, zero_ok=p == "deci.")
     if sum(widths) % layers:
         raise _refuse(path, f"its MLP widths {widths} do not sum to a multiple of {layers}")
     embed = header.tensors.get("token_embd.weight")
@@ -223,11 +232,14 @@ def _expected(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             p + "attn_k.weight": (kv * hd, d),
             p + "attn_v.weight": (kv * hd, d),
             p + "attn_output.weight": (d, q * hd),
-            p + "ffn_norm.weight": (d,),
-            p + "ffn_gate.weight": (width, d),
-            p + "ffn_up.weight": (width, d),
-            p + "ffn_down.weight": (d, width),
         }
+        if width > 0:  # llama.cpp's deci: a layer of width 0 has no ffn_* tensors
+            out |= {
+                p + "ffn_norm.weight": (d,),
+                p + "ffn_gate.weight": (width, d),
+                p + "ffn_up.weight": (width, d),
+                p + "ffn_down.weight": (d, width),
+            }
         if cfg.attention_bias != "none":
             out |= {p + "attn_q.bias": (q * hd,), p + "attn_k.bias": (kv * hd,)}
             out[p + "attn_v.bias"] = (kv * hd,)
@@ -270,7 +282,16 @@ def read_weights(path: str | Path, header: GGUFHeader, cfg: ModelConfig) -> dict
         p, b = f"blk.{i}.", f"blocks.{i}."
         q, kv = cfg.attention_heads(i)
         out[b + "mixer_norm.weight"] = t[p + "attn_norm.weight"]
-        out[b + "mlp_norm.weight"] = t[p + "ffn_norm.weight"]
+        width, d = cfg.mlp_widths[i], cfg.d_model  # type: ignore[index]
+        if width == 0:  # no FFN: our norm feeds a zero-width MLP (its gain changes nothing)
+            out[b + "mlp_norm.weight"] = torch.ones(d)
+            out[b + "mlp.w_in.weight"] = torch.zeros(0, d)
+            out[b + "mlp.w_out.weight"] = torch.zeros(d, 0)
+        else:
+            out[b + "mlp_norm.weight"] = t[p + "ffn_norm.weight"]
+            gate_up = [t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]]
+            out[b + "mlp.w_in.weight"] = torch.cat(gate_up)
+            out[b + "mlp.w_out.weight"] = t[p + "ffn_down.weight"]
         out[b + "mixer.qkv.weight"] = torch.cat(
             [_unpermute(t[p + "attn_q.weight"], q), _unpermute(t[p + "attn_k.weight"], kv),
              t[p + "attn_v.weight"]]
@@ -283,8 +304,6 @@ def read_weights(path: str | Path, header: GGUFHeader, cfg: ModelConfig) -> dict
             )  # fmt: skip
         if cfg.attention_bias == "qkvo":
             out[b + "mixer.out.bias"] = t[p + "attn_output.bias"]
-        out[b + "mlp.w_in.weight"] = torch.cat([t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]])
-        out[b + "mlp.w_out.weight"] = t[p + "ffn_down.weight"]
     return out
 
 

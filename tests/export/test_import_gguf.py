@@ -369,3 +369,75 @@ def test_a_fifo_is_refused_without_blocking(tmp_path, capsys):
     assert "FIFO" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
     shutil.rmtree(tmp_path / "run", ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# the way back out: a pruned (per-layer widths) model through GGUF and back
+
+
+def _pruned(data: Path, root: Path) -> Path:
+    """A 1-step tiny run pruned to half its MLP parameters as a cosine 1.5 -> 0.5 taper."""
+    run, pruned = root / "run", root / "pruned"
+    assert main([*H.train_argv(data, run), "--stop-after-steps", "1"]) == 0
+    argv = ["prune", str(run), "--out", str(pruned), "--params", "0.5", "--params-of",
+            "non-embedding", "--taper", "cosine:1.5:0.5", "--calibration-tokens", "256"]  # fmt: skip
+    assert main(argv) == 0
+    return pruned
+
+
+@pytest.mark.parametrize("taper", ["pruned", "cosine:2:0"])
+def test_per_layer_widths_go_through_gguf_and_back(tmp_path, data, capsys, taper):
+    """A pruned run (export --format gguf writes llama.cpp's `deci` with its per-layer widths),
+    and a taper with an FFN-free layer (width 0, no ffn_* tensors), import back from the f32
+    file to the very weights and logits."""
+    if taper == "pruned":
+        run = _pruned(data, tmp_path)
+    else:
+        run = tmp_path / "run"
+        argv = [
+            *H.train_argv(data, run, f"model.taper={taper}"),
+            "--stop-after-steps",
+            "1",
+        ]
+        assert main(argv) == 0
+    model, _ = load_run_model(run)
+    assert len(set(model.config.mlp_widths)) > 1
+    assert (0 in model.config.mlp_widths) == (taper != "pruned"), model.config.mlp_widths
+    gguf_path = tmp_path / "m.gguf"
+    argv = ["export", str(run), "--format", "gguf", "--dtype", "f32", "--out", str(gguf_path)]
+    assert main(argv) == 0
+    assert main(["import", str(gguf_path), "--out", str(tmp_path / "back")]) == 0
+    capsys.readouterr()
+    back, _ = load_run_model(tmp_path / "back")
+    assert back.config.mlp_widths == model.config.mlp_widths
+    a, b = model.state_dict(), back.state_dict()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    # only an FFN-free layer's MLP norm, which feeds nothing, is not in the file
+    assert all(k.endswith("mlp_norm.weight") for k in different), different
+    ids = torch.randint(0, 300, (2, 30), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(_logits(back, ids), _logits(model, ids), atol=ATOL, rtol=0)
+
+
+@pytest.mark.slow
+def test_llama_cpp_runs_a_pruned_model(tmp_path, data):
+    """The pruned run's GGUF file (f32, `deci` per-layer widths) loaded by llama.cpp itself
+    (llama-cpp-python, built from source): its logits of a prompt are ours."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    run = _pruned(data, tmp_path)
+    from taperlm.loading import load_any
+
+    model, tok, _ = load_any(run)
+    path = tmp_path / "pruned.gguf"
+    argv = ["export", str(run), "--format", "gguf", "--dtype", "f32", "--out", str(path)]
+    assert main(argv) == 0
+    f32 = llama_cpp.GGML_TYPE_F32
+    llm = llama_cpp.Llama(
+        model_path=str(path), n_ctx=64, n_batch=64, logits_all=True, n_threads=1,
+        type_k=f32, type_v=f32, flash_attn=False, verbose=False,
+    )  # fmt: skip
+    ids = tok.encode("The cat sat on the mat, and then the dog came in.")[:30]
+    llm.eval(ids)
+    theirs = np.asarray(llm.scores[: len(ids)], dtype=np.float64)
+    with torch.no_grad():
+        ours = model(torch.tensor([ids])).logits[0].double().numpy()
+    np.testing.assert_allclose(theirs, ours, atol=1e-3)
