@@ -343,3 +343,27 @@ def test_train_export_and_load_in_transformers(tmp_path, data, capsys, case):
     assert back.config.rope_scaling == model.config.rope_scaling
     a, b = model.state_dict(), back.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_formats_without_the_options_refuse_them_by_name(tmp_path, data, capsys):
+    """block-configs (a DeciLM block has no biases or q/k norms) and GGUF (llama.cpp computes
+    q/k norms only in its qwen3 architecture) refuse an imported Qwen3, nothing written; a KV
+    taper with biases is refused too."""
+    from taperlm.config import ModelConfig
+    from taperlm.errors import ConfigError
+
+    folder = make(tmp_path / "hf", data, "qwen3-bias-llama3")
+    run = tmp_path / "run"
+    assert import_(folder, run) == 0
+    capsys.readouterr()
+    out = tmp_path / "m.gguf"
+    assert main(["export", str(run), "--format", "gguf", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "model.qk_norm" in err and "Traceback" not in err, err
+    assert not out.exists()
+    from taperlm.hf.decilm import decilm_config
+
+    with pytest.raises(ConfigError, match=r"without model\.attention_bias, model\.qk_norm, model"):
+        decilm_config(load_run_model(run)[0].config)
+    with pytest.raises(ConfigError, match=r"model\.attention_bias with a KV taper"):
+        ModelConfig(attention_bias="qkv", n_kv_heads=4, kv_taper="cosine:1.0:0.5").resolve()
