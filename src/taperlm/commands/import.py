@@ -7,10 +7,10 @@ carry (yarn RoPE, a sliding window, ...) is refused by name."""
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from taperlm.domains import input_path, output_path
+from taperlm.io import read_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     )
     record = Path(args.out) / "import.json"  # a GGUF import's source and quantization
     if record.is_file():
-        quant = json.loads(record.read_text(encoding="utf-8")).get("quantization", {})
+        quant = read_json(record, 1 << 20, "import.json").get("quantization", {})
         kinds = ", ".join(f"{n} {k}" for k, n in quant.items())
         print(
             f"source: a GGUF file whose tensors are {kinds}; dequantized to float32 (import.json)"
