@@ -8,6 +8,13 @@ Which llama.cpp architecture:
       builds both its tensors and its compute graph from the per-layer arrays
       `deci.feed_forward_length`, `deci.attention.head_count` and `.head_count_kv`.
 
+Imported checkpoints' attention options: q/k/v (and output) biases become llama.cpp's optional
+`attn_q.bias` ... `attn_output.bias` of the `llama` architecture (Q and K biases permuted as
+their rows); `linear` RoPE scaling its `rope.scaling.type`/`.factor`; `llama3` RoPE scaling
+the `rope_freqs` tensor of per-frequency divisors, as llama.cpp's converter writes Llama 3.x.
+Per-head q/k norms (Qwen3) are refused: llama.cpp computes them only in its `qwen3`
+architecture, which this export does not write.
+
 A layer of MLP width 0 (attention only, docs/tapers.md "Zero widths") is written as llama.cpp's
 `deci` writes Nemotron's FFN-free layers: `feed_forward_length` 0 at that layer and no `ffn_*`
 tensors (its graph skips the FFN where n_ff is 0; our layer's MLP norm feeds nothing, so
@@ -47,7 +54,8 @@ _NORMAL, _CONTROL, _USER_DEFINED, _UNUSED = 1, 3, 4, 5
 
 
 def check_supported(cfg: Any) -> None:
-    """ConfigError unless llama.cpp can run a model of this config (Transformer++ only)."""
+    """ConfigError unless llama.cpp can run a model of this config (Transformer++ only; biases
+    in the uniform `llama` architecture; no q/k norms)."""
 
     if cfg.family not in LLAMA_CPP_FAMILIES:
         runs = ", ".join(LLAMA_CPP_FAMILIES)
@@ -56,6 +64,20 @@ def check_supported(cfg: Any) -> None:
             f"architecture for its blocks); only these families run there: {runs}. Export a "
             "Hugging Face directory instead: taperlm export RUN --out DIR"
         )
+    if getattr(cfg, "qk_norm", False):
+        raise ConfigError(
+            "GGUF export: model.qk_norm (Qwen3's per-head q/k norms) is computed by llama.cpp's "
+            "qwen3 architecture only, which this export does not write; export --format llama "
+            "(a Qwen3ForCausalLM folder) and convert that with llama.cpp's own converter"
+        )
+    if getattr(cfg, "attention_bias", "none") != "none":
+        q_rows = {cfg.attention_heads(i)[0] * cfg.head_dim for i in range(cfg.n_layers)}
+        if architecture(cfg) != "llama" or q_rows != {cfg.d_model}:
+            raise ConfigError(
+                "GGUF export: llama.cpp takes attention biases in its llama architecture, with "
+                "the same heads and MLP width in every layer and n_heads x head_dim = d_model; "
+                "this model has per-layer sizes or another head dim: export --format hf"
+            )
 
 
 def architecture(cfg: Any) -> str:
@@ -97,6 +119,16 @@ def gguf_tensors(model: Any, dtype: str = "f16") -> dict[str, Any]:
             p + "attn_v.weight": arr(v),
             p + "attn_output.weight": arr(block.mixer.out.weight),
         }
+        qkv_bias, out_bias = block.mixer.qkv.bias, block.mixer.out.bias
+        if qkv_bias is not None:
+            qb, kb, vb = qkv_bias.detach().split([heads * hd, kv_heads * hd, kv_heads * hd])
+            out |= {
+                p + "attn_q.bias": _permute_rope(arr(qb, matrix=False)[:, None], heads)[:, 0],
+                p + "attn_k.bias": _permute_rope(arr(kb, matrix=False)[:, None], kv_heads)[:, 0],
+                p + "attn_v.bias": arr(vb, matrix=False),
+            }
+        if out_bias is not None:
+            out[p + "attn_output.bias"] = arr(out_bias, matrix=False)
         if block.mlp.width > 0:  # an FFN-free layer has no ffn_* tensors (see the docstring)
             out |= {
                 p + "ffn_norm.weight": arr(block.mlp_norm.weight, matrix=False),
@@ -105,9 +137,24 @@ def gguf_tensors(model: Any, dtype: str = "f16") -> dict[str, Any]:
                 p + "ffn_down.weight": arr(block.mlp.w_out.weight),
             }
     out["output_norm.weight"] = arr(model.norm.weight, matrix=False)
+    scaling = getattr(cfg, "rope_scaling", None)
+    if scaling is not None and scaling.type == "llama3":
+        out["rope_freqs.weight"] = rope_freq_divisors(hd, cfg.rope_theta, scaling)
     if not cfg.tie_embeddings:
         out["output.weight"] = arr(model.lm_head.weight)
     return out
+
+
+def rope_freq_divisors(head_dim: int, theta: float, scaling: Any) -> Any:
+    """llama.cpp's `rope_freqs` (f32, head_dim / 2): the number each plain RoPE frequency
+    theta^(-2i/head_dim) is divided by to give the scaled one (`taperlm.models.layers.
+    scaled_frequencies`)."""
+    import torch  # lazy: the export's model is a torch model anyway
+
+    from taperlm.models.layers import scaled_frequencies  # lazy: torch
+
+    plain = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    return (plain / scaled_frequencies(plain, scaling)).float().numpy()
 
 
 def gguf_vocab(tokenizer: Any, vocab_size: int) -> dict[str, Any]:
@@ -206,6 +253,10 @@ def write_gguf(
         w.add_value_length(cfg.head_dim)
         w.add_rope_dimension_count(cfg.head_dim)
         w.add_rope_freq_base(float(cfg.rope_theta))
+        scaling = getattr(cfg, "rope_scaling", None)
+        if scaling is not None and scaling.type == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(float(scaling.factor))
         w.add_layer_norm_rms_eps(float(cfg.norm_eps))
         w.add_vocab_size(cfg.vocab_size)
         w.add_tokenizer_model("gpt2")

@@ -8,6 +8,11 @@ file name of the folder, no code is ever run (no `auto_map`, no pickle). The run
 widths are the checkpoint's, whose step-0 checkpoint holds its weights, and whose tokenizer is
 the folder's tokenizer.json (when it has one): its logits equal transformers' on the same ids,
 and `train --out RUN --data DATA` continues training it.
+
+A GGUF file (`taperlm import model.gguf`) of llama.cpp's llama architecture is read the same
+way (`taperlm.gguf_import`: a bounded header, dequantized tensors); the run has no tokenizer (the
+file's vocabulary is llama.cpp's, not a tokenizers file), and its `import.json` records the
+source and which ggml types (quantizations) its tensors had.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ def import_checkpoint(
     `data.*` KEY=VALUE, as `--set`) set how `taperlm train` continues it. Returns the run's
     config and tokenizer (None when the folder has no tokenizer.json)."""
     folder = Path(folder)
+    if folder.suffix.lower() == ".gguf" and not folder.is_dir():
+        return import_gguf(folder, out, overrides or []), None
     data = llama.read_config(folder)
     model = llama.model_config(folder, data)
     run = _run_config(model, overrides or [])
@@ -43,6 +50,29 @@ def import_checkpoint(
     tokenizer = read_tokenizer(folder, data, model.vocab_size)
     write_start_run(out, run, weights, tokenizer)
     return run, tokenizer
+
+
+IMPORT_RECORD = "import.json"  # a GGUF import's source and quantization, in the run dir
+
+
+def import_gguf(path: Path, out: str | Path, overrides: list[str]) -> RunConfig:
+    """Import the GGUF file `path` as run directory `out` (no tokenizer); the run's
+    `import.json` names the file and the ggml types of its tensors (dequantized to fp32)."""
+    from taperlm import gguf_import  # lazy: only GGUF imports need the gguf package
+
+    header, model = gguf_import.read(path)
+    run = _run_config(model, overrides)
+    weights = gguf_import.read_weights(path, header, model)
+    record = {
+        "source": str(path),
+        "format": "gguf",
+        "architecture": header.metadata.get("general.architecture"),
+        "name": header.metadata.get("general.name"),
+        "quantization": gguf_import.quantization(header),
+        "dequantized_to": "float32",
+    }
+    write_start_run(out, run, weights, None, {IMPORT_RECORD: json.dumps(record, indent=2)})
+    return run
 
 
 def _run_config(model: Any, overrides: list[str]) -> RunConfig:

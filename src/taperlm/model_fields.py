@@ -34,6 +34,9 @@ class ModelFields(Protocol):
     layer_kv_heads: list[int] | None
     context_length: int
     rope_theta: float
+    rope_scaling: Any  # a `taperlm.config.model.RopeScaling`, or None (plain RoPE)
+    attention_bias: str
+    qk_norm: bool
     norm_eps: float
     options: Any  # the family's options dataclass (None for families without options)
 

@@ -156,6 +156,8 @@ NULLABLE = {
     ("model", "mlp_widths"),
     ("model", "layer_heads"),
     ("model", "layer_kv_heads"),
+    ("model", "rope_scaling"),  # plain RoPE
+    ("model", "attention_head_dim"),  # d_model / n_heads
     ("train", "peak_flops"),
 }
 NULL_CASES = [

@@ -30,7 +30,7 @@ from taperlm.config import (
     run_config_from_dict,
     to_dict,
 )
-from taperlm.config.model import InitScheme
+from taperlm.config.model import AttentionBias, InitScheme, RopeScaling, RopeType
 from taperlm.config.train import (
     ActivationCheckpointing,
     CompileScope,
@@ -54,6 +54,8 @@ pytestmark = pytest.mark.unit
 # every config field that is a closed set -> its Literal (all of them, not a sample)
 FIELDS: dict[str, Any] = {
     "model.init": InitScheme,
+    "model.attention_bias": AttentionBias,
+    "model.rope_scaling.type": RopeType,
     "model.gated.gate": GateKind,
     "model.titans.variant": Variant,
     "train.schedule": LRScheduleName,
@@ -87,6 +89,7 @@ OPTIONS: dict[tuple[str, str], Any] = {
 def _sections() -> dict[str, type]:
     """Section path -> config dataclass: the run's sections and every family's options."""
     out: dict[str, type] = {"model": ModelConfig, "train": TrainConfig, "data": DataConfig}
+    out["model.rope_scaling"] = RopeScaling  # a nested section (null by default)
     out.update({f"model.{f.name}": f.options for f in FAMILIES.values() if f.options})
     return out
 
@@ -153,6 +156,8 @@ def _set(d: dict, key: str, value: Any) -> None:
     section, *path, name = key.split(".")
     node = d[section]
     for part in path:
+        if node.get(part) is None:  # a null nested section (model.rope_scaling)
+            node[part] = to_dict(RopeScaling()) if part == "rope_scaling" else {}
         node = node[part]
     node[name] = [value] if key == "train.loggers" else value
 

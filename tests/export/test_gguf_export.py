@@ -20,6 +20,7 @@ from eval_helpers import tiny_tokenizer
 gguf = pytest.importorskip("gguf")
 
 from taperlm.cli import main  # noqa: E402
+from taperlm.config.model import RopeScaling  # noqa: E402
 from taperlm.errors import ConfigError, DataError  # noqa: E402
 from taperlm.gguf_export import check_supported, write_gguf  # noqa: E402
 from taperlm.models import TaperedLM  # noqa: E402
@@ -35,7 +36,17 @@ MODELS = {
     "both-gqa-tied": dict(
         taper="linear:1.5:0.5", head_taper="linear:1.5:0.5", n_kv_heads=2, tie_embeddings=True
     ),
+    # imported checkpoints' options: Llama 3.x RoPE (head dim 8, theta 1e4: wavelengths 6.3,
+    # 63, 628, 6283 against an original context of 128, so every branch of llama3 is used) with
+    # q/k/v/o biases; Qwen2's q/k/v biases with linear RoPE scaling
+    "biases-llama3": dict(
+        attention_bias="qkvo",
+        n_kv_heads=2,
+        rope_scaling=RopeScaling(factor=8.0, original_context=128),
+    ),
+    "qkv-bias-linear": dict(attention_bias="qkv", rope_scaling=RopeScaling("linear", 4.0)),
 }
+UNIFORM = {"uniform", "biases-llama3", "qkv-bias-linear"}
 
 
 def make_model(kind: str, seed: int = 0, context_length: int = 128) -> tuple[TaperedLM, object]:
@@ -45,7 +56,12 @@ def make_model(kind: str, seed: int = 0, context_length: int = 128) -> tuple[Tap
               "init_std": 0.4}  # fmt: skip
     cfg = tiny_config(preset="transformer-tiny", **{**fields, **MODELS[kind]})
     torch.manual_seed(seed)
-    return TaperedLM(cfg).eval(), tok
+    model = TaperedLM(cfg).eval()
+    with torch.no_grad():  # biases start at zero: give them values that show
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0.0, 0.5)
+    return model, tok
 
 
 def read(path: Path) -> tuple[dict, dict]:
@@ -68,7 +84,7 @@ def test_file_has_every_tensor_and_the_per_layer_metadata(tmp_path: Path, kind: 
     heads = [cfg.attention_heads(i) for i in range(cfg.n_layers)]
     uniform = len(set(cfg.mlp_widths)) == 1 and len(set(heads)) == 1
     arch = "llama" if uniform else "deci"
-    assert (kind == "uniform") == uniform
+    assert (kind in UNIFORM) == uniform
     assert meta["general.architecture"] == arch
     expect_ff = cfg.mlp_widths[0] if uniform else cfg.mlp_widths
     assert meta[f"{arch}.feed_forward_length"] == expect_ff
@@ -97,6 +113,14 @@ def test_file_has_every_tensor_and_the_per_layer_metadata(tmp_path: Path, kind: 
             f"blk.{i}.attn_v.weight": (kv * hd, d),
             f"blk.{i}.attn_output.weight": (d, h * hd),
         }
+        if cfg.attention_bias != "none":
+            want |= {
+                f"blk.{i}.attn_q.bias": (h * hd,),
+                f"blk.{i}.attn_k.bias": (kv * hd,),
+                f"blk.{i}.attn_v.bias": (kv * hd,),
+            }
+        if cfg.attention_bias == "qkvo":
+            want[f"blk.{i}.attn_output.bias"] = (d,)
         if w > 0:  # an FFN-free layer (width 0) has no ffn_* tensors, as llama.cpp's deci
             want |= {
                 f"blk.{i}.ffn_norm.weight": (d,),
@@ -104,10 +128,15 @@ def test_file_has_every_tensor_and_the_per_layer_metadata(tmp_path: Path, kind: 
                 f"blk.{i}.ffn_up.weight": (w, d),
                 f"blk.{i}.ffn_down.weight": (d, w),
             }
+    if cfg.rope_scaling is not None and cfg.rope_scaling.type == "llama3":
+        want["rope_freqs.weight"] = (hd // 2,)
+    if cfg.rope_scaling is not None and cfg.rope_scaling.type == "linear":
+        assert meta[f"{arch}.rope.scaling.type"] == "linear"
+        assert meta[f"{arch}.rope.scaling.factor"] == cfg.rope_scaling.factor
     assert {k: v.shape for k, v in tensors.items()} == want
     for name, arr in tensors.items():  # llama.cpp wants norms in f32
         assert arr.dtype == (np.float32 if arr.ndim == 1 else np.float16), name
-    if kind != "uniform":
+    if kind not in UNIFORM:
         assert len(set(cfg.mlp_widths)) > 1 or len(set(heads)) > 1
     assert (kind == "zero-mlp") == (0 in cfg.mlp_widths)
 
@@ -155,10 +184,11 @@ def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
 
-def _rope_pairs(x: np.ndarray, base: float) -> np.ndarray:
-    """llama.cpp's "normal" RoPE: rotates adjacent pairs (2i, 2i+1); x [T, H, hd]."""
+def _rope_pairs(x: np.ndarray, base: float, divisors: np.ndarray | float = 1.0) -> np.ndarray:
+    """llama.cpp's "normal" RoPE: rotates adjacent pairs (2i, 2i+1); x [T, H, hd]; each
+    frequency divided by `divisors` (its `rope_freqs` tensor, or a linear scaling factor)."""
     T, _, hd = x.shape
-    theta = np.arange(T)[:, None] * base ** (-np.arange(0, hd, 2) / hd)  # [T, hd/2]
+    theta = np.arange(T)[:, None] * base ** (-np.arange(0, hd, 2) / hd) / divisors  # [T, hd/2]
     cos, sin = np.cos(theta)[:, None], np.sin(theta)[:, None]
     a, b = x[..., 0::2], x[..., 1::2]
     out = np.empty_like(x)
@@ -181,21 +211,33 @@ def llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray:
     n_ff = per_layer("feed_forward_length")
     hd, eps = meta[f"{arch}.attention.key_length"], meta[f"{arch}.attention.layer_norm_rms_epsilon"]
     base = meta[f"{arch}.rope.freq_base"]
+    # llama.cpp divides each frequency by rope_freqs (Llama 3.x) and multiplies every one by
+    # 1 / rope.scaling.factor for linear scaling
+    divisors = t.get("rope_freqs.weight", 1.0)
+    if meta.get(f"{arch}.rope.scaling.type") == "linear":
+        divisors = divisors * meta[f"{arch}.rope.scaling.factor"]
+    zero = np.zeros(1)
+
+    def bias(name: str) -> np.ndarray:  # llama.cpp's optional attention biases
+        return t.get(name, zero)
+
     x = t["token_embd.weight"][ids]
     T = len(ids)
     mask = np.triu(np.full((T, T), -np.inf), 1)
     for i in range(n):
         p, H, Hkv = f"blk.{i}.", heads[i], kv_heads[i]
         h = _rms(x, t[p + "attn_norm.weight"], eps)
-        q = _rope_pairs((h @ t[p + "attn_q.weight"].T).reshape(T, H, hd), base)
-        k = _rope_pairs((h @ t[p + "attn_k.weight"].T).reshape(T, Hkv, hd), base)
-        v = (h @ t[p + "attn_v.weight"].T).reshape(T, Hkv, hd)
+        q = h @ t[p + "attn_q.weight"].T + bias(p + "attn_q.bias")
+        k = h @ t[p + "attn_k.weight"].T + bias(p + "attn_k.bias")
+        q = _rope_pairs(q.reshape(T, H, hd), base, divisors)
+        k = _rope_pairs(k.reshape(T, Hkv, hd), base, divisors)
+        v = (h @ t[p + "attn_v.weight"].T + bias(p + "attn_v.bias")).reshape(T, Hkv, hd)
         k, v = np.repeat(k, H // Hkv, axis=1), np.repeat(v, H // Hkv, axis=1)
         s = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd) + mask
         a = np.exp(s - s.max(-1, keepdims=True))
         a /= a.sum(-1, keepdims=True)
         y = np.einsum("hts,shd->thd", a, v).reshape(T, H * hd)
-        x = x + y @ t[p + "attn_output.weight"].T
+        x = x + y @ t[p + "attn_output.weight"].T + bias(p + "attn_output.bias")
         if n_ff[i] == 0:  # llama.cpp's deci graph: an FFN-free layer skips the FFN
             continue
         h = _rms(x, t[p + "ffn_norm.weight"], eps)
@@ -230,6 +272,34 @@ def test_the_check_fails_without_the_permutation(tmp_path: Path, monkeypatch) ->
     ids = tok.encode("The cat sat on the mat.")
     path = write_gguf(model, tok, tmp_path / "m.gguf", dtype="f32")
     assert np.abs(llama_cpp_logits(path, ids) - ours(model, ids)).max() > 1.0
+
+
+@pytest.mark.parametrize("left_out", ["rope_freqs.weight", "attn_q.bias", "attn_output.bias"])
+def test_the_check_sees_the_rope_freqs_and_the_biases(tmp_path: Path, monkeypatch, left_out):
+    """The reference computation depends on the llama3 divisors and on each bias: a file
+    without one of them gives other logits."""
+    import taperlm.gguf_export as ge
+
+    real = ge.gguf_tensors
+    monkeypatch.setattr(
+        ge,
+        "gguf_tensors",
+        lambda model, dtype: {k: v for k, v in real(model, dtype).items() if left_out not in k},
+    )
+    model, tok = make_model("biases-llama3")
+    ids = tok.encode("The cat sat on the mat, and then the dog came in.")[:24]
+    path = write_gguf(model, tok, tmp_path / "m.gguf", dtype="f32")
+    assert np.abs(llama_cpp_logits(path, ids) - ours(model, ids)).max() > 1e-2
+
+
+def test_qk_norm_and_per_layer_biases_are_refused_by_name(tmp_path: Path) -> None:
+    """Per-head q/k norms (Qwen3) and biases with per-layer sizes have no llama/deci form."""
+    qwen3 = tiny_config(preset="transformer-tiny", qk_norm=True)
+    with raises_naming(ConfigError, "model.qk_norm", "qwen3"):
+        check_supported(qwen3)
+    tapered = tiny_config(preset="transformer-tiny", taper="cosine", attention_bias="qkv")
+    with raises_naming(ConfigError, "attention biases", "per-layer sizes"):
+        check_supported(tapered)
 
 
 # ----------------------------------------------------------------------------------------------

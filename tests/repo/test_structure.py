@@ -402,7 +402,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "assembly",
         ),
     ),
-    ("model", ("models", "generation", "hf", "gguf_export")),
+    ("model", ("models", "generation", "hf", "gguf_export", "gguf_file", "gguf_import")),
     ("data", ("data",)),
     (
         "runs",

@@ -1,13 +1,16 @@
 """`taperlm import HF_FOLDER --out RUN`: a Llama-architecture Hugging Face checkpoint folder
-(LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM; safetensors) becomes a taperlm run
-whose logits equal transformers'; `taperlm train --out RUN --data DATA` continues training it.
-What the run cannot carry (RoPE scaling, biases, a sliding window, ...) is refused by name."""
+(LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM; safetensors), or a
+GGUF file of llama.cpp's llama architecture, becomes a taperlm run whose logits equal
+transformers'; `taperlm train --out RUN --data DATA` continues training it. What the run cannot
+carry (yarn RoPE, a sliding window, ...) is refused by name."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from taperlm.domains import input_path, output_path
+from taperlm.io import read_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,7 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "folder",
         type=input_path(),
         help="a Hugging Face checkpoint folder (config.json, model.safetensors or its shards, "
-        "tokenizer.json); never a Hub name: nothing is downloaded",
+        "tokenizer.json), or a .gguf file of llama.cpp's llama architecture (dequantized); "
+        "never a Hub name: nothing is downloaded",
     )
     parser.add_argument(
         "--out", type=output_path("dir"), required=True, help="run directory (created)"
@@ -47,7 +51,20 @@ def run(args: argparse.Namespace) -> int:
         f"imported {args.folder} to {args.out}: {m.n_layers} layers, d_model {m.d_model}, "
         f"{mlp}, {heads}, vocab {m.vocab_size}" + (", tied head" if m.tie_embeddings else "")
     )
-    if tokenizer is None:
+    record = Path(args.out) / "import.json"  # a GGUF import's source and quantization
+    if record.is_file():
+        quant = read_json(record, 1 << 20, "import.json").get("quantization", {})
+        kinds = ", ".join(f"{n} {k}" for k, n in quant.items())
+        print(
+            f"source: a GGUF file whose tensors are {kinds}; dequantized to float32 (import.json)"
+        )
+    if tokenizer is None and record.is_file():
+        print(
+            "note: a GGUF file's vocabulary is llama.cpp's, so the run has no tokenizer; train "
+            "it on data tokenized with the model's own tokenizer (`taperlm train --out RUN "
+            "--data DATA`)"
+        )
+    elif tokenizer is None:
         print(
             "note: the folder has no tokenizer.json, so the run has no tokenizer; generate and "
             "eval need one: train it on data (`taperlm train --out RUN --data DATA`)"

@@ -36,6 +36,44 @@ from taperlm.taper import TEXT_SPEC, TaperSpec, text_spec
 
 # How init_std applies to each matrix (`ModelConfig.init`).
 InitScheme = Literal["fixed", "fan_in"]
+# How RoPE's frequencies are rescaled (`RopeScaling.type`): the kinds whose frequencies taperlm
+# computes as transformers does (transformers' `rope_type` of the same name).
+RopeType = Literal["linear", "llama3"]
+# Which attention projections have a bias (`ModelConfig.attention_bias`): none (Llama, Mistral,
+# Qwen3), q/k/v (Qwen2, Qwen2.5), or q/k/v and the output (Llama's attention_bias: true).
+AttentionBias = Literal["none", "qkv", "qkvo"]
+
+
+@dataclass
+class RopeScaling:
+    """RoPE frequencies rescaled for a longer context than the model was first trained for, as
+    transformers computes them for the `rope_type` of the same name (`taperlm.models.layers.
+    Rotary`): `linear` divides every frequency by `factor`; `llama3` (Llama 3.1 and later)
+    divides the low frequencies (wavelengths longer than original_context / low_freq_factor) by
+    `factor`, keeps the high ones (shorter than original_context / high_freq_factor) and blends
+    linearly in between. Imported checkpoints carry it; export writes it back."""
+
+    type: RopeType = setting("llama3", RopeType)
+    """linear | llama3: which rescaling (transformers' rope_type)."""
+    factor: float = setting(8.0, "(0, inf)")
+    """how much longer the context is than the original one: frequencies are divided by it."""
+    low_freq_factor: float = setting(1.0, "(0, inf)")
+    """llama3: wavelengths longer than original_context / low_freq_factor are fully rescaled."""
+    high_freq_factor: float = setting(4.0, "(0, inf)")
+    """llama3: wavelengths shorter than original_context / high_freq_factor are kept; must be
+    larger than low_freq_factor."""
+    original_context: int = setting(8192, up_to(MAX_CONTEXT))
+    """llama3: the context length of the original training (transformers'
+    original_max_position_embeddings)."""
+
+    def validate(self, where: str) -> None:
+        """The factors' relation (their ranges are the fields' domains)."""
+        check_domains(self, where)
+        if self.type == "llama3" and not self.high_freq_factor > self.low_freq_factor:
+            raise ConfigError(
+                f"{where}: llama3 RoPE scaling needs high_freq_factor > low_freq_factor, got "
+                f"{self.high_freq_factor} and {self.low_freq_factor}"
+            )
 
 
 def check_taper_spec(spec: TaperSpec, where: str) -> None:
@@ -101,6 +139,18 @@ class ModelConfig:
     """maximum sequence length (RoPE tables, evaluation windows)."""
     rope_theta: float = setting(10000.0, "(0, inf)")
     """RoPE base."""
+    rope_scaling: RopeScaling | None = None
+    """RoPE frequencies rescaled for a longer context (`RopeScaling`: linear or llama3, as
+    Llama 3.x checkpoints have); null = plain RoPE. Transformer++ only."""
+    attention_bias: AttentionBias = setting("none", AttentionBias)
+    """which attention projections add a learned bias: none | qkv (Qwen2/2.5) | qkvo (q/k/v and
+    the output, Llama's attention_bias). Transformer++ only; biases start at zero."""
+    qk_norm: bool = False
+    """RMSNorm (a learned gain of head_dim, model.norm_eps) of each query and key head before
+    RoPE, as Qwen3 has. Transformer++ only."""
+    attention_head_dim: int | None = setting(None, up_to(MAX_WIDTH))
+    """the attention head dim when it is not d_model / n_heads (Qwen3 states one); null =
+    d_model / n_heads. Transformer++ only."""
     norm_eps: float = setting(1e-6, "(0, inf)")
     """RMSNorm epsilon."""
     tie_embeddings: bool = False
@@ -149,7 +199,7 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.attention_head_dim or self.d_model // self.n_heads
 
     @property
     def kv_heads(self) -> int:
@@ -232,12 +282,14 @@ class ModelConfig:
         check_taper_spec(self.taper, "model.taper")
         if fam.options is not None and isinstance(self.options, fam.options):
             check_domains(self.options, f"model.{self.family}")
-        if self.d_model % self.n_heads:
+        if self.d_model % self.n_heads and self.attention_head_dim is None:
             raise ConfigError(
                 f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})"
             )
         if self.head_dim % 2:
-            raise ConfigError(f"head dim d_model/n_heads = {self.head_dim} must be even for RoPE")
+            what = "model.attention_head_dim" if self.attention_head_dim else "d_model/n_heads"
+            raise ConfigError(f"head dim {what} = {self.head_dim} must be even for RoPE")
+        self._validate_attention_options(fam)
         if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
             raise ConfigError(
                 f"model.n_kv_heads ({self.n_kv_heads}) must divide model.n_heads ({self.n_heads})"
@@ -269,6 +321,38 @@ class ModelConfig:
                 f"{type(self.options).__name__}"
             )
         fam.validate(self)
+
+    def _validate_attention_options(self, fam: Any) -> None:
+        """The Transformer++ attention options (RoPE scaling, biases, q/k norm, an explicit head
+        dim: what imported checkpoints carry) are set only on a transformer model; biases
+        with a KV taper are refused (its budget trades K/V weights, not their biases)."""
+        if self.rope_scaling is not None:
+            if not isinstance(self.rope_scaling, RopeScaling):
+                raise ConfigError(
+                    f"model.rope_scaling must be a mapping (type, factor, ...), got "
+                    f"{quoted(self.rope_scaling)}"
+                )
+            self.rope_scaling.validate("model.rope_scaling")
+        set_ = [
+            name
+            for name, value in (
+                ("rope_scaling", self.rope_scaling),
+                ("attention_bias", self.attention_bias != "none"),
+                ("qk_norm", self.qk_norm),
+                ("attention_head_dim", self.attention_head_dim),
+            )
+            if value
+        ]
+        if set_ and self.family != "transformer":
+            raise ConfigError(
+                f"model.{set_[0]} is an option of the transformer family's attention; the "
+                f"{self.family} family does not have it: leave it at its default"
+            )
+        if self.attention_bias != "none" and self.layer_kv_heads is not None:
+            raise ConfigError(
+                "model.attention_bias with a KV taper: the taper's budget trades K/V weight "
+                "rows, not their biases; use kv_taper: uniform"
+            )
 
     def _check_head_spec(
         self, fam: Any, key: str, parse: Any, resolved: Any, noun: str, example: str

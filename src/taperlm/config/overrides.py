@@ -89,6 +89,8 @@ def apply_override(
     _check_override(data, parts, value, f"{origin} {quoted(text)}")
     node = data
     for p in parts[:-1]:
+        if isinstance(node, dict) and node.get(p, 0) is None:
+            node[p] = {}  # a null section (model.rope_scaling: plain RoPE) takes its first key
         node = node.setdefault(p, {})
         if not isinstance(node, dict):
             raise ConfigError(f"{origin} {quoted(text)}: {p!r} is not a section")

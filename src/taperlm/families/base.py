@@ -51,10 +51,17 @@ def attention_params(cfg: ModelFields, layer: int) -> dict[str, int]:
     2 d d_h per KV head, which the MLP widths take up: taperlm.kv_taper)."""
     d, hd = cfg.d_model, cfg.head_dim
     heads, kv_heads = cfg.attention_heads(layer)
-    return {
+    out = {
         "attn_qkv": d * (heads + 2 * kv_heads) * hd,
         "attn_out": heads * hd * d,
     }
+    # Transformer++'s options for imported checkpoints (absent, and not counted, by default)
+    bias = getattr(cfg, "attention_bias", "none")
+    if bias != "none":
+        out["attn_bias"] = (heads + 2 * kv_heads) * hd + (d if bias == "qkvo" else 0)
+    if getattr(cfg, "qk_norm", False):
+        out["qk_norm"] = 2 * hd
+    return out
 
 
 def attention_span_flops(cfg: ModelFields, layer: int, span: int) -> int:

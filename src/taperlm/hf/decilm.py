@@ -101,9 +101,9 @@ def llama_shared_config(cfg: Any) -> dict[str, Any]:
         "max_position_embeddings": cfg.context_length,
         "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_theta,
-        "rope_scaling": None,
+        "rope_scaling": rope_scaling_config(getattr(cfg, "rope_scaling", None)),
         "hidden_act": "silu",
-        "attention_bias": False,
+        "attention_bias": getattr(cfg, "attention_bias", "none") == "qkvo",
         "mlp_bias": False,
         "tie_word_embeddings": cfg.tie_embeddings,
         "torch_dtype": "float32",
@@ -111,8 +111,35 @@ def llama_shared_config(cfg: Any) -> dict[str, Any]:
     }
 
 
+def rope_scaling_config(scaling: Any) -> dict[str, Any] | None:
+    """A `model.rope_scaling` as config.json's `rope_scaling` (transformers' rope_type and key
+    names; read by transformers 4 and, beside the top-level rope_theta, by transformers 5)."""
+    if scaling is None:
+        return None
+    out: dict[str, Any] = {"rope_type": scaling.type, "factor": scaling.factor}
+    if scaling.type == "llama3":
+        out |= {
+            "low_freq_factor": scaling.low_freq_factor,
+            "high_freq_factor": scaling.high_freq_factor,
+            "original_max_position_embeddings": scaling.original_context,
+        }
+    return out
+
+
 def decilm_config(cfg: Any) -> dict[str, Any]:
-    """The config.json of a `DeciLMForCausalLM` with this model's per-layer widths and heads."""
+    """The config.json of a `DeciLMForCausalLM` with this model's per-layer widths and heads;
+    ConfigError for attention a DeciLM block does not have (biases, q/k norms, a head dim
+    other than d_model / n_heads)."""
+    odd = [
+        f"model.{name}"
+        for name, plain in (("attention_bias", "none"), ("qk_norm", False))
+        if getattr(cfg, name, plain) != plain
+    ] + (["model.attention_head_dim"] if getattr(cfg, "attention_head_dim", None) else [])
+    if odd:
+        raise ConfigError(
+            f"a DeciLM (block-configs) block is a plain Llama block, without {', '.join(odd)}; "
+            "export --format hf or gguf"
+        )
     blocks = block_configs(cfg)
     return {
         "architectures": ["DeciLMForCausalLM"],

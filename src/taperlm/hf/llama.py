@@ -3,21 +3,24 @@ its config.json mapped to a `ModelConfig` and its safetensors weights renamed an
 ours, for `taperlm import` (`taperlm.importing`).
 
 What carries over exactly: `LlamaForCausalLM`, and the same computation under the names
-`Qwen2ForCausalLM` and `MistralForCausalLM` — RMSNorm (its eps), RoPE in the rotate-half form
-(the form of both transformers and taperlm, so Q and K rows need no permutation; its theta),
-SwiGLU with silu, grouped-query attention, a tied or untied head — and `DeciLMForCausalLM`
-whose `block_configs` give per-layer MLP widths (`taperlm.hf.decilm`; plain Llama blocks, one
-KV head count). The widths become the run's resolved `mlp_widths` (a uniform taper, or a custom
-one with the per-layer widths), every tensor's shape checked against them.
+`Qwen2ForCausalLM`, `Qwen3ForCausalLM` and `MistralForCausalLM` — RMSNorm (its eps), RoPE in
+the rotate-half form (the form of both transformers and taperlm, so Q and K rows need no
+permutation; its theta, and `linear` or `llama3` scaling as `model.rope_scaling`, read from
+`rope_parameters` (transformers 5) or `rope_scaling` and a top-level `rope_theta` (earlier
+releases)), SwiGLU with silu, grouped-query attention, a tied or untied head, attention biases
+as `model.attention_bias` (Qwen2's q/k/v biases; Llama's and Qwen3's `attention_bias: true`,
+q/k/v and output), Qwen3's per-head q/k RMSNorm (`model.qk_norm`) and an explicit `head_dim`
+(`model.attention_head_dim`) — and `DeciLMForCausalLM` whose `block_configs` give per-layer
+MLP widths (`taperlm.hf.decilm`; plain Llama blocks, one KV head count). The widths become the
+run's resolved `mlp_widths` (a uniform taper, or a custom one with the per-layer widths), every
+tensor's shape checked against them.
 
 What is refused, by name, because the result would not compute what transformers computes:
-any RoPE scaling or partial rotary factor (llama3, yarn, linear, dynamic, ...), attention or
-MLP biases (Llama's `attention_bias`/`mlp_bias`; Qwen2's q/k/v biases unless every one is
-exactly zero, as in a freshly initialised model: taperlm's attention has no biases), a sliding
-window shorter than the context (Mistral, Qwen2's `use_sliding_window`), an activation other
-than silu, a `head_dim` other than hidden_size / num_attention_heads, quantized weights, a
-folder that ships its own code (`auto_map`), any config key this reader does not know, and
-pickle (`pytorch_model.bin`) weights, which are never opened: loading them runs code.
+RoPE scaling of another type (yarn, longrope, dynamic, ...) or a partial rotary factor, MLP
+biases (`mlp_bias`), a sliding window shorter than the context (Mistral, Qwen2's
+`use_sliding_window`), an activation other than silu, quantized weights, a folder that ships
+its own code (`auto_map`), any config key this reader does not know, and pickle
+(`pytorch_model.bin`) weights, which are never opened: loading them runs code.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 import torch
 
 from taperlm.config import ModelConfig
+from taperlm.config.model import RopeScaling
 from taperlm.domains import MAX_CONTEXT, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH
 from taperlm.errors import CheckpointError, ConfigError, UnsafeFileError
 from taperlm.hf.decilm import ffn_mult_width, llama_shared_config
@@ -41,6 +45,7 @@ from taperlm.taper import TaperSpec
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
     "MistralForCausalLM": "mistral",
     # Llama blocks with per-layer sizes (`taperlm.hf.decilm`), as `export --format
     # block-configs` writes them
@@ -174,38 +179,71 @@ def _int(folder: Path, data: dict[str, Any], key: str, default: Any = None) -> i
     return value
 
 
-def _rope(folder: Path, data: dict[str, Any]) -> float:
-    """RoPE theta; any scaling or partial rotary factor refused by name (transformers 5 writes
-    `rope_parameters`, earlier releases `rope_theta` and `rope_scaling`)."""
+# The keys of a RoPE settings object (`rope_parameters`, `rope_scaling`) of each type taperlm
+# computes, beyond rope_type/type and rope_theta: required, then optional.
+_ROPE_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "default": ((), ()),
+    "linear": (("factor",), ()),
+    "llama3": (
+        ("factor", "low_freq_factor", "high_freq_factor"),
+        ("original_max_position_embeddings",),
+    ),
+}
+
+
+def _positive(folder: Path, key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise CheckpointError(f"{folder}/{CONFIG_FILE}: {key} must be positive, got {value!r}")
+    return float(value)
+
+
+def _rope(folder: Path, data: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+    """(RoPE theta, its scaling) from `rope_parameters` (transformers 5) or `rope_scaling` and a
+    top-level `rope_theta` (earlier releases; a `rope_scaling` wins, as in transformers).
+    Types other than default, linear and llama3, and a partial rotary factor, are refused by
+    name."""
     params = data.get("rope_parameters")
     scaling = data.get("rope_scaling")
+    for key, value in (("rope_parameters", params), ("rope_scaling", scaling)):
+        if value is not None and not isinstance(value, dict):
+            raise CheckpointError(f"{folder}/{CONFIG_FILE}: {key} is not an object")
     theta = data.get("rope_theta", 10000.0)
     if params is not None:
-        if not isinstance(params, dict):
-            raise CheckpointError(f"{folder}/{CONFIG_FILE}: rope_parameters is not an object")
-        extra = sorted(set(params) - {"rope_type", "rope_theta", "type"})
-        kind = params.get("rope_type", params.get("type", "default"))
-        if kind != "default" or extra:
-            raise _refuse(
-                folder,
-                f"its RoPE is rope_type {kind!r}"
-                + (f" with {', '.join(extra)}" if extra else "")
-                + "; taperlm's RoPE is the plain (default) one, without scaling or a partial "
-                "rotary factor",
-            )
         theta = params.get("rope_theta", theta)
-    if scaling is not None:
-        kind = (
-            scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else scaling
+    where, spec = ("rope_scaling", scaling) if scaling else ("rope_parameters", params or {})
+    kind = spec.get("rope_type", spec.get("type", "default"))
+    if kind not in _ROPE_KEYS:
+        raise _refuse(
+            folder,
+            f"its RoPE is rope_type {kind!r} ({where}); taperlm computes RoPE of type "
+            f"{', '.join(_ROPE_KEYS)} only",
         )
-        if kind != "default":
-            raise _refuse(
-                folder,
-                f"it uses RoPE scaling {kind!r} (rope_scaling); taperlm's RoPE has no scaling",
-            )
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
-        raise CheckpointError(f"{folder}/{CONFIG_FILE}: rope_theta must be positive, got {theta!r}")
-    return float(theta)
+    required, optional = _ROPE_KEYS[kind]
+    extra = sorted(set(spec) - {"rope_type", "type", "rope_theta", *required, *optional})
+    if extra:
+        raise _refuse(
+            folder,
+            f"its RoPE ({where}, rope_type {kind!r}) has {', '.join(extra)}; taperlm's RoPE "
+            "rotates the whole head, with no further settings",
+        )
+    missing = [k for k in required if k not in spec]
+    if missing:
+        raise CheckpointError(
+            f"{folder}/{CONFIG_FILE}: {where} of rope_type {kind!r} lacks {', '.join(missing)}"
+        )
+    theta = _positive(folder, "rope_theta", theta)
+    if kind == "default":
+        return theta, None
+    values = {k: _positive(folder, f"{where}.{k}", spec[k]) for k in required}
+    if kind == "linear":
+        return theta, RopeScaling(type="linear", factor=values["factor"])
+    context = spec.get("original_max_position_embeddings", data.get("max_position_embeddings"))
+    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+        raise CheckpointError(
+            f"{folder}/{CONFIG_FILE}: {where}.original_max_position_embeddings must be a "
+            f"positive integer, got {context!r}"
+        )
+    return theta, RopeScaling(type="llama3", original_context=context, **values)
 
 
 def model_config(folder: str | Path, data: dict[str, Any] | None = None) -> ModelConfig:
@@ -266,16 +304,24 @@ def model_config(folder: str | Path, data: dict[str, Any] | None = None) -> Mode
         raise _refuse(
             folder, f"its activation is {act!r} (hidden_act); taperlm's MLP is SwiGLU with silu"
         )
-    for key in ("attention_bias", "mlp_bias"):
-        if data.get(key):
-            raise _refuse(folder, f"it has {key}: true; taperlm's attention and MLP have no biases")
+    if data.get("mlp_bias"):
+        raise _refuse(folder, "it has mlp_bias: true; taperlm's MLP has no biases")
+    family = ARCHITECTURES[arch]
+    bias = _attention_bias(folder, data, family)
     head_dim = data.get("head_dim")
-    if head_dim is not None and (d % heads or head_dim != d // heads):
-        raise _refuse(
-            folder,
-            f"its head_dim is {head_dim}, not hidden_size / num_attention_heads = {d}/{heads}; "
-            "taperlm's head dim is always d_model / n_heads",
-        )
+    if head_dim is not None:
+        head_dim = _int(folder, data, "head_dim")
+        if head_dim % 2:
+            raise _refuse(folder, f"its head_dim {head_dim} is odd; RoPE rotates pairs")
+        if family == "nemotron-nas" and (d % heads or head_dim != d // heads):
+            raise _refuse(
+                folder,
+                f"its head_dim is {head_dim}, not hidden_size / num_attention_heads = "
+                f"{d}/{heads}, which a DeciLM block has",
+            )
+    explicit_head_dim = (
+        None if head_dim is None or (d % heads == 0 and head_dim == d // heads) else head_dim
+    )
     _check_window(folder, data, ARCHITECTURES[arch], context)
     eps = data.get("rms_norm_eps", 1e-6)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
@@ -283,6 +329,7 @@ def model_config(folder: str | Path, data: dict[str, Any] | None = None) -> Mode
     tied = data.get("tie_word_embeddings", False)
     if not isinstance(tied, bool):
         raise CheckpointError(f"{folder}/{CONFIG_FILE}: tie_word_embeddings must be true or false")
+    theta, rope_scaling = _rope(folder, data)
     cfg = ModelConfig(
         family="transformer",
         vocab_size=_int(folder, data, "vocab_size"),
@@ -298,7 +345,11 @@ def model_config(folder: str | Path, data: dict[str, Any] | None = None) -> Mode
         ),
         mlp_widths=widths,
         context_length=context,
-        rope_theta=_rope(folder, data),
+        rope_theta=theta,
+        rope_scaling=rope_scaling,
+        attention_bias=bias,
+        qk_norm=family == "qwen3",
+        attention_head_dim=explicit_head_dim,
         norm_eps=float(eps),
         tie_embeddings=tied,
     )
@@ -306,10 +357,28 @@ def model_config(folder: str | Path, data: dict[str, Any] | None = None) -> Mode
         cfg = cfg.resolve()
         # the RoPE tables' finiteness over the whole context, as a model built from it checks
         # (the run's step-0 checkpoint is written without building them: generate would refuse)
-        Rotary(cfg.head_dim, cfg.context_length, cfg.rope_theta)
+        Rotary.of_model(cfg)
     except ConfigError as err:
         raise _refuse(folder, f"its shape is not one taperlm builds ({err})") from None
     return cfg
+
+
+def _attention_bias(folder: Path, data: dict[str, Any], family: str) -> str:
+    """`model.attention_bias` of a checkpoint: Qwen2 always has q/k/v biases (no output bias);
+    Llama's and Qwen3's `attention_bias: true` adds them to q, k, v and the output; the other
+    architectures (Mistral, DeciLM) have none, and an `attention_bias: true` there is refused."""
+    flag = data.get("attention_bias", False)
+    if not isinstance(flag, bool):
+        raise CheckpointError(f"{folder}/{CONFIG_FILE}: attention_bias must be true or false")
+    if family == "qwen2":
+        return "qkv"
+    if not flag:
+        return "none"
+    if family in ("llama", "qwen3"):
+        return "qkvo"
+    raise _refuse(
+        folder, f"it has attention_bias: true, which a {family} model's attention does not have"
+    )
 
 
 # The only values of a block_configs entry's keys that describe a plain Llama block.
@@ -479,7 +548,8 @@ def weight_files(folder: str | Path) -> dict[str, Path]:
 
 
 def _hf_names(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor a Llama checkpoint of `cfg` holds (Qwen2's biases aside) and its shape."""
+    """Every tensor a Llama-family checkpoint of `cfg` holds and its shape (attention biases
+    and q/k norms where `cfg` has them)."""
     d, hd = cfg.d_model, cfg.head_dim
     out: dict[str, tuple[int, ...]] = {
         "model.embed_tokens.weight": (cfg.vocab_size, d),
@@ -501,57 +571,42 @@ def _hf_names(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             p + "mlp.up_proj.weight": (width, d),
             p + "mlp.down_proj.weight": (d, width),
         }
-    return out
-
-
-def _biases(cfg: ModelConfig) -> dict[str, int]:
-    """Qwen2's q/k/v bias tensors and their lengths."""
-    out = {}
-    for i in range(cfg.n_layers):
-        q, kv = cfg.attention_heads(i)
-        p = f"model.layers.{i}.self_attn."
-        out |= {p + "q_proj.bias": q * cfg.head_dim}
-        out |= {p + n: kv * cfg.head_dim for n in ("k_proj.bias", "v_proj.bias")}
+        a = p + "self_attn."
+        if cfg.attention_bias != "none":
+            out |= {a + "q_proj.bias": (q * hd,)}
+            out |= {a + n: (kv * hd,) for n in ("k_proj.bias", "v_proj.bias")}
+        if cfg.attention_bias == "qkvo":
+            out[a + "o_proj.bias"] = (d,)
+        if cfg.qk_norm:
+            out |= {a + "q_norm.weight": (hd,), a + "k_norm.weight": (hd,)}
     return out
 
 
 def read_weights(folder: str | Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """The checkpoint's weights as a `TaperedLM` state dict of `cfg` (fp32): every tensor
-    present with its shape, nothing unknown, biases only where all of them are zero."""
+    present with its shape, nothing unknown."""
     folder = Path(folder)
     files = weight_files(folder)
     shapes = _file_shapes(files)
     # Old checkpoints saved the RoPE frequencies as a buffer; they are recomputed from theta.
     shapes = {k: v for k, v in shapes.items() if not k.endswith("rotary_emb.inv_freq")}
     expected = _hf_names(cfg)
-    biases = _biases(cfg)
     if cfg.tie_embeddings and "lm_head.weight" in shapes:
         expected["lm_head.weight"] = (cfg.vocab_size, cfg.d_model)  # checked equal below
     missing = sorted(set(expected) - set(shapes))
-    unknown = sorted(set(shapes) - set(expected) - set(biases))
+    unknown = sorted(set(shapes) - set(expected))
     if missing or unknown:
         shown = (f"missing {missing[:4]}" if missing else "") + (
             f"{'; ' if missing else ''}unknown {unknown[:4]}" if unknown else ""
         )
         raise _refuse(folder, f"its weights are not a {cfg.n_layers}-layer Llama's ({shown})")
-    wrong = [f"{k}: {shapes[k]} vs {v}" for k, v in expected.items() if shapes[k] != v] + [
-        f"{k}: {shapes[k]} vs ({n},)"
-        for k, n in biases.items()
-        if k in shapes and shapes[k] != (n,)
-    ]
+    wrong = [f"{k}: {shapes[k]} vs {v}" for k, v in expected.items() if shapes[k] != v]
     if wrong:
         raise _refuse(
             folder,
             f"its weights do not have the shapes its config.json gives ({'; '.join(wrong[:4])})",
         )
-    hf = _load(files, [*expected, *(k for k in biases if k in shapes)])
-    nonzero = [k for k in biases if k in hf and bool(hf[k].any())]
-    if nonzero:
-        raise _refuse(
-            folder,
-            f"its attention has non-zero biases ({nonzero[0]}, ... {len(nonzero)} tensors; "
-            "Qwen2 has q/k/v biases); taperlm's attention has none, so its logits would differ",
-        )
+    hf = _load(files, list(expected))
     tied_head = hf.get("lm_head.weight") if cfg.tie_embeddings else None
     if tied_head is not None and not torch.equal(tied_head, hf["model.embed_tokens.weight"]):
         raise _refuse(
@@ -579,8 +634,9 @@ def _load(files: dict[str, Path], names: list[str]) -> dict[str, torch.Tensor]:
 
 
 def to_taperlm(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """HF Llama tensors -> a `TaperedLM` state dict: q/k/v fused into `qkv` (rows q, k, v) and
-    gate/up into `w_in` (rows gate, up). Both use rotate-half RoPE, so rows keep their order."""
+    """HF Llama tensors -> a `TaperedLM` state dict: q/k/v (weights and biases) fused into
+    `qkv` (rows q, k, v) and gate/up into `w_in` (rows gate, up). Both use rotate-half RoPE, so
+    rows keep their order."""
     out = {
         "embed.weight": hf["model.embed_tokens.weight"],
         "norm.weight": hf["model.norm.weight"],
@@ -594,6 +650,15 @@ def to_taperlm(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch
             [hf[a + n + "_proj.weight"] for n in ("q", "k", "v")], dim=0
         )
         out[b + "mixer.out.weight"] = hf[a + "o_proj.weight"]
+        if cfg.attention_bias != "none":
+            out[b + "mixer.qkv.bias"] = torch.cat(
+                [hf[a + n + "_proj.bias"] for n in ("q", "k", "v")], dim=0
+            )
+        if cfg.attention_bias == "qkvo":
+            out[b + "mixer.out.bias"] = hf[a + "o_proj.bias"]
+        if cfg.qk_norm:
+            out[b + "mixer.q_norm.weight"] = hf[a + "q_norm.weight"]
+            out[b + "mixer.k_norm.weight"] = hf[a + "k_norm.weight"]
         m = p + "mlp."
         out[b + "mlp.w_in.weight"] = torch.cat(
             [hf[m + "gate_proj.weight"], hf[m + "up_proj.weight"]]
@@ -623,6 +688,14 @@ def from_taperlm(model: Any) -> dict[str, torch.Tensor]:
         a = p + "self_attn."
         out |= {a + "q_proj.weight": qw, a + "k_proj.weight": kw, a + "v_proj.weight": vw}
         out[a + "o_proj.weight"] = state[b + "mixer.out.weight"]
+        if cfg.attention_bias != "none":
+            qb, kb, vb = state[b + "mixer.qkv.bias"].split([q * hd, kv * hd, kv * hd])
+            out |= {a + "q_proj.bias": qb, a + "k_proj.bias": kb, a + "v_proj.bias": vb}
+        if cfg.attention_bias == "qkvo":
+            out[a + "o_proj.bias"] = state[b + "mixer.out.bias"]
+        if cfg.qk_norm:
+            out[a + "q_norm.weight"] = state[b + "mixer.q_norm.weight"]
+            out[a + "k_norm.weight"] = state[b + "mixer.k_norm.weight"]
         gate, up = state[b + "mlp.w_in.weight"].chunk(2)
         m = p + "mlp."
         out |= {m + "gate_proj.weight": gate, m + "up_proj.weight": up}
@@ -632,7 +705,9 @@ def from_taperlm(model: Any) -> dict[str, torch.Tensor]:
 
 def llama_config(cfg: ModelConfig) -> dict[str, Any]:
     """The config.json of a plain `LlamaForCausalLM` equal to a uniform Transformer++ model
-    (every layer the same MLP width and heads); ConfigError naming what differs otherwise."""
+    (every layer the same MLP width and heads); ConfigError naming what differs otherwise. A
+    model with q/k/v biases only is a `Qwen2ForCausalLM`, one with q/k norms a
+    `Qwen3ForCausalLM` (the architectures that compute them)."""
     if cfg.family != "transformer":
         raise ConfigError(
             f"a LlamaForCausalLM has Llama blocks (Transformer++); model family {cfg.family!r} "
@@ -646,11 +721,24 @@ def llama_config(cfg: ModelConfig) -> dict[str, Any]:
             "with --format block-configs (DeciLM), or --format hf / gguf"
         )
     ((width, (heads, kv)),) = shapes
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+    arch, model_type = "LlamaForCausalLM", "llama"
+    if cfg.qk_norm:
+        if cfg.attention_bias == "qkv":
+            raise ConfigError(
+                "no transformers architecture has q/k norms and q/k/v biases without an output "
+                "bias (Qwen3's attention_bias biases the output too); export --format hf"
+            )
+        arch, model_type = "Qwen3ForCausalLM", "qwen3"
+    elif cfg.attention_bias == "qkv":
+        arch, model_type = "Qwen2ForCausalLM", "qwen2"
+    out = {
+        "architectures": [arch],
+        "model_type": model_type,
         **llama_shared_config(cfg),
         "intermediate_size": width,
         "num_attention_heads": heads,
         "num_key_value_heads": kv,
     }
+    if model_type == "qwen2":
+        del out["attention_bias"]  # Qwen2's q/k/v biases are not an option there
+    return out

@@ -115,7 +115,7 @@ class TaperLMPreTrainedModel(PreTrainedModel):
         # buffers, not in the checkpoint) must be recomputed here.
         if isinstance(module, Rotary):
             cfg = self.config.model_config()
-            fresh = Rotary(cfg.head_dim, cfg.context_length, cfg.rope_theta)
+            fresh = Rotary.of_model(cfg)
             device = module.inv_freq.device
             if device.type == "meta":
                 device = torch.device("cpu")

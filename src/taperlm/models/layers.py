@@ -1,7 +1,8 @@
 """Building blocks shared by every family: RMSNorm, RoPE, SwiGLU, (gated) causal attention and
 the pre-norm residual `Block`.
 
-Conventions: no biases; row-major `nn.Linear`; attention through
+Conventions: no biases (except attention's optional ones, `model.attention_bias`, for imported
+checkpoints); row-major `nn.Linear`; attention through
 `F.scaled_dot_product_attention`, which picks flash / memory-efficient kernels on GPU. In fp32
 on CPU in eager mode, RMSNorm and the training loss run on the hand-written kernels of
 `taperlm.models.cpu_kernels` (fewer passes over memory; the same function, tested).
@@ -51,9 +52,13 @@ class Rotary(nn.Module):
     # otherwise hold gigabytes of tables to generate two tokens.
     PREBUILT = 1 << 16
 
-    def __init__(self, head_dim: int, max_len: int, theta: float = 10000.0) -> None:
+    def __init__(
+        self, head_dim: int, max_len: int, theta: float = 10000.0, scaling: Any = None
+    ) -> None:
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        if scaling is not None:
+            inv_freq = scaled_frequencies(inv_freq, scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.theta = theta
         self._build(min(max_len, self.PREBUILT))
@@ -84,6 +89,13 @@ class Rotary(nn.Module):
             "10000 (Llama 2) or 500000 (Llama 3)"
         )
 
+    @classmethod
+    def of_model(cls, cfg: ModelFields, max_len: int | None = None) -> Rotary:
+        """The RoPE of model `cfg` (its head dim, theta and scaling), tables for `max_len`
+        positions (default: its context)."""
+        length = cfg.context_length if max_len is None else max_len
+        return cls(cfg.head_dim, length, cfg.rope_theta, getattr(cfg, "rope_scaling", None))
+
     def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
         """x: [B, H, T, D] -> rotated x, positions start..start+T-1."""
         T = x.shape[-2]
@@ -93,6 +105,27 @@ class Rotary(nn.Module):
         sin = self.sin[start : start + T].to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
         return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def scaled_frequencies(inv_freq: torch.Tensor, scaling: Any) -> torch.Tensor:
+    """RoPE frequencies rescaled by `scaling` (a `RopeScaling`), the formulas of transformers'
+    rope types of the same names: `linear` divides each by the factor; `llama3` divides those
+    whose wavelength 2 pi / f exceeds original_context / low_freq_factor, keeps those below
+    original_context / high_freq_factor, and in between blends f / factor and f with the weight
+    s = (original_context / wavelength - low) / (high - low) on the unscaled one."""
+    if scaling.type == "linear":
+        return inv_freq / scaling.factor
+    if scaling.type != "llama3":
+        raise ConfigError(f"model.rope_scaling.type {scaling.type!r} is not linear or llama3")
+    factor, low, high = scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor
+    context = scaling.original_context
+    wavelength = 2 * math.pi / inv_freq
+    long_waves = wavelength > context / low
+    short_waves = wavelength < context / high
+    scaled = torch.where(long_waves, inv_freq / factor, inv_freq)
+    smooth = (context / wavelength - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    return torch.where(~long_waves & ~short_waves, blended, scaled)
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -186,6 +219,8 @@ class Attention(nn.Module):
         rotary: Rotary,
         gate: str | None = None,
         head_dim: int | None = None,
+        bias: str = "none",
+        qk_norm_eps: float | None = None,
     ) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
@@ -193,10 +228,16 @@ class Attention(nn.Module):
         self.gate = gate
         hd = self.head_dim
         self.gate_dim = {None: 0, "elementwise": n_heads * hd, "headwise": n_heads}[gate]
-        self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * hd + self.gate_dim, bias=False)
-        self.out = nn.Linear(n_heads * hd, d_model, bias=False)
+        qkv_rows = (n_heads + 2 * n_kv_heads) * hd + self.gate_dim
+        self.qkv = nn.Linear(d_model, qkv_rows, bias=bias in ("qkv", "qkvo"))
+        self.out = nn.Linear(n_heads * hd, d_model, bias=bias == "qkvo")
         self.out.residual_out = True  # type: ignore[attr-defined]
         self.rotary = rotary
+        # Qwen3's per-head RMSNorm of queries and keys (one gain of head_dim each), before RoPE
+        self.qk_norm = qk_norm_eps is not None
+        if self.qk_norm:
+            self.q_norm = RMSNorm(hd, qk_norm_eps)  # type: ignore[arg-type]
+            self.k_norm = RMSNorm(hd, qk_norm_eps)  # type: ignore[arg-type]
 
     @classmethod
     def of_layer(
@@ -205,7 +246,16 @@ class Attention(nn.Module):
         """Layer l's attention: its own query/KV heads (`cfg.attention_heads`), the model's
         head dim."""
         heads, kv_heads = cfg.attention_heads(layer)
-        return cls(cfg.d_model, heads, kv_heads, rotary, gate=gate, head_dim=cfg.head_dim)
+        return cls(
+            cfg.d_model,
+            heads,
+            kv_heads,
+            rotary,
+            gate=gate,
+            head_dim=cfg.head_dim,
+            bias=getattr(cfg, "attention_bias", "none"),
+            qk_norm_eps=cfg.norm_eps if getattr(cfg, "qk_norm", False) else None,
+        )
 
     def new_cache(self) -> KVCache:
         return KVCache()
@@ -219,6 +269,8 @@ class Attention(nn.Module):
         q = q.view(B, T, H, hd).transpose(1, 2)
         k = k.view(B, T, Hkv, hd).transpose(1, 2)
         v = v.view(B, T, Hkv, hd).transpose(1, 2)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         start = cache.get_seq_length() if cache is not None else 0
         q, k = self.rotary(q, start), self.rotary(k, start)
         if cache is not None:

@@ -55,7 +55,7 @@ class TaperedLM(nn.Module):
             cfg.resolve()
         _check_fits(cfg)
         self.config = cfg
-        parts = dict(self.parts(cfg, Rotary(cfg.head_dim, cfg.context_length, cfg.rope_theta)))
+        parts = dict(self.parts(cfg, Rotary.of_model(cfg)))
         self.embed = parts.pop("embed")()
         self.blocks = nn.ModuleList(parts.pop(f"blocks.{i}")() for i in range(cfg.n_layers))
         self.norm = parts.pop("norm")()

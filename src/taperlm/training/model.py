@@ -154,7 +154,7 @@ def materialize(
     tensors = dict(model.named_parameters(remove_duplicate=False))
     tensors.update(model.named_buffers(remove_duplicate=False))
     filled: set[str] = set()
-    rotary = Rotary(cfg.head_dim, cfg.context_length, cfg.rope_theta)
+    rotary = Rotary.of_model(cfg)
     for prefix, build in model.parts(cfg, rotary):
         if paired_seed is not None:
             # each part's construction draws (Titans' persistent tokens, convolutions, memory

@@ -149,7 +149,7 @@ def block_activation_bytes(cfg: ModelConfig, layer: int, batch: int, seq_len: in
     torch.set_default_dtype(torch.bfloat16)  # build the block as FSDP2's bf16 policy computes it
     try:
         with torch.device("meta"):
-            rotary = Rotary(cfg.head_dim, max(cfg.context_length, seq_len), cfg.rope_theta)
+            rotary = Rotary.of_model(cfg, max(cfg.context_length, seq_len))
             block = dict(TaperedLM.parts(cfg, rotary))[f"blocks.{layer}"]()
     finally:
         torch.set_default_dtype(previous)

@@ -376,9 +376,11 @@ def write_start_run(
     run: RunConfig,
     weights: dict[str, torch.Tensor],
     tokenizer: Any | None = None,
+    records: dict[str, str] | None = None,
 ) -> Path:
     """Write run directory `out` (new, or empty) whose step-0 checkpoint holds `weights` (a
-    `TaperedLM` state dict of `run.model`, loaded strictly) and whose tokenizer is `tokenizer`.
+    `TaperedLM` state dict of `run.model`, loaded strictly) and whose tokenizer is `tokenizer`;
+    `records` (file name -> text) are written beside config.yaml (an import's provenance).
     Takes the run's lock while writing; a failure removes what this call wrote (and the folder,
     when it created it), so no half-written run is left behind."""
     out = Path(out)
@@ -458,8 +460,10 @@ def write_start_run(
             tokenizer.save(out / TOKENIZER_COPY)
             stamp_tokenizer(out / TOKENIZER_COPY)  # the weights' tokenizer, recorded
         save_yaml(run, out / "config.yaml")
+        for name, text in (records or {}).items():
+            (out / name).write_text(text, encoding="utf-8")
     except BaseException:
-        for name in (ckpt.CHECKPOINT_DIR, TOKENIZER_COPY, "config.yaml"):
+        for name in (ckpt.CHECKPOINT_DIR, TOKENIZER_COPY, "config.yaml", *(records or {})):
             path = out / name
             if name not in before and path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)
