@@ -82,6 +82,7 @@ OPTIONS: dict[tuple[str, str], Any] = {
     ("prune", "--score"): compress.Score,
     ("compare", "--stop-on"): compare_options.StopQuestion,
     ("compare", "--tune-lr-scope"): compare_options.TuneScope,
+    ("compare", "--executor"): compare_options.ExecutorName,
     ("compare", "--paper"): tuple(compare_options.PAPER_STUDIES),  # a registry of studies
 }
 
