@@ -36,7 +36,10 @@ def test_the_checkpoint_format_is_a_room_below_training_and_loading():
         "dcp.py",
         "safe_load.py",
     }
-    sources = {**_sources(SRC / "checkpoint"), "loading.py": (SRC / "loading.py").read_text()}
+    sources = {
+        **_sources(SRC / "checkpoint"),
+        "checkpoint/loading.py": (SRC / "checkpoint/loading.py").read_text(),
+    }
     assert not [
         n
         for n, text in sources.items()
@@ -58,4 +61,4 @@ def test_one_training_step_reads_top_to_bottom():
 def test_inference_loading_lives_outside_training():
     training = _sources(SRC / "training")
     assert not [n for n, text in training.items() if "def load_run_model" in text]
-    assert "def load_run_model" in (SRC / "loading.py").read_text(encoding="utf-8")
+    assert "def load_run_model" in (SRC / "checkpoint/loading.py").read_text(encoding="utf-8")

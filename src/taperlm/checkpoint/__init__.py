@@ -7,5 +7,5 @@
 - `safe_load`: reading DCP files without running code from them (an unpickling allow-list).
 
 Training writes checkpoints (`taperlm.training.checkpointer`, the trainer's collective saver);
-eval, generate, export and distillation read them (`taperlm.loading`): the format is a room of
+eval, generate, export and distillation read them (`taperlm.checkpoint.loading`): the format is a room of
 its own, below both. Import the submodules directly; nothing is imported here."""

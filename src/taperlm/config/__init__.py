@@ -37,7 +37,7 @@ from taperlm.config.overrides import (
 from taperlm.config.run import RUNTIME_KEYS, RunConfig, runtime_keys
 from taperlm.config.train import DataConfig, TrainConfig
 from taperlm.errors import ConfigError
-from taperlm.io import DuplicateKeyError, StrictLoader
+from taperlm.files.io import DuplicateKeyError, StrictLoader
 
 __all__ = [
     "OVERRIDES_ENV",
