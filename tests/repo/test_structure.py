@@ -583,7 +583,7 @@ def test_every_repository_path_the_docs_cite_exists():
 
 def _readme_layout() -> set[str]:
     """The module paths (below src/taperlm) that README's Layout block names. A line indented by
-    two spaces starts a folder (`data/  a.py b.py`) or lists top-level modules (`io.py ...`);
+    two spaces starts a folder (`data/  a.py b.py`) or lists top-level modules (`cli.py ...`);
     a deeper line continues the folder above; a `sub/` token inside a folder's line opens a
     subpackage for the rest of the line; `#` starts a comment."""
     text = (REPO / "README.md").read_text(encoding="utf-8")

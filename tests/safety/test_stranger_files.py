@@ -65,7 +65,7 @@ OPEN_PATTERNS = {
     "decompress": re.compile(r"\bGzipFile\(|\bgzip\.open\(|\bZstdDecompressor\(|\blzma\.|\bbz2\."),
 }
 
-# (module, pattern) -> why it is safe. The safe primitives themselves live in io.py.
+# (module, pattern) -> why it is safe. The safe primitives themselves live in files/io.py.
 RAW_OPENS: dict[tuple[str, str], str] = {
     ("files/io.py", "open()"): "the primitives: open_regular (O_NONBLOCK + fstat), open_append "
     "(O_NOFOLLOW + fstat), atomic_output's fsync of its own temporary file, fsync_dir",

@@ -6,7 +6,7 @@ A JSON or YAML file nested 200,000 deep was a RecursionError traceback from ever
 depth and alias expansion before parsing, one clear error naming the file.
 
 - `test_every_structured_parse_goes_through_the_bounded_reader` walks src/ and fails on any
-  json/yaml parse call outside io.py (a new unbounded reader fails it);
+  json/yaml parse call outside files/io.py (a new unbounded reader fails it);
 - the shapes (deep arrays, objects, block and flow YAML, alias bombs, aliases that nest deep,
   huge integers) are tried on the parsers;
 - every structured file kind taperlm reads is made deep and read by the command that reads it.

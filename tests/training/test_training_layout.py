@@ -21,10 +21,10 @@ def test_no_fault_injection_hook_in_the_library():
     assert not (SRC / "training" / "fault_injection.py").exists()
 
 
-def test_the_checkpoint_format_is_a_room_below_training_and_loading():
-    """The format (directory, shards, safe reader) is one package outside training/, which
-    keeps only the live run's saver; neither it nor loading imports training, so training may
-    read a finished run (the distillation teacher) without a loop."""
+def test_the_checkpoint_format_and_the_loader_are_a_room_below_training():
+    """The format (directory, shards, safe reader) and the loader of finished runs are one
+    package outside training/, which keeps only the live run's saver; nothing in it imports
+    training, so training may read a finished run (the distillation teacher) without a loop."""
     training = SRC / "training"
     assert not list((training / "checkpoint").glob("*.py"))  # a stale __pycache__ may linger
     assert [p.name for p in training.glob("*.py") if "checkpoint" in p.name or "dcp" in p.name] == [
@@ -35,14 +35,11 @@ def test_the_checkpoint_format_is_a_room_below_training_and_loading():
         "store.py",
         "dcp.py",
         "safe_load.py",
-    }
-    sources = {
-        **_sources(SRC / "checkpoint"),
-        "checkpoint/loading.py": (SRC / "checkpoint/loading.py").read_text(),
+        "loading.py",
     }
     assert not [
         n
-        for n, text in sources.items()
+        for n, text in _sources(SRC / "checkpoint").items()
         if re.search(r"^\s*(from|import) taperlm\.training", text, re.M)
     ]
 

@@ -1,6 +1,6 @@
 """`taperlm plan`: per-layer widths, parameters and FLOPs of a taper beside its uniform baseline;
 with `--gpus N`, also the per-GPU memory and the time of the run (training/planner.py); and the
-ratio advice for the run's parameters and training tokens (ratio_advice.py: what the packaged
+ratio advice for the run's parameters and training tokens (spec/ratio_advice.py: what the packaged
 measurements say about the taper's ratio, and how sure)."""
 
 from __future__ import annotations
