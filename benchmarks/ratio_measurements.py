@@ -29,7 +29,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-PACKAGED = ROOT / "src" / "taperlm" / "ratio_measurements.json"
+PACKAGED = ROOT / "src" / "taperlm" / "spec" / "ratio_measurements.json"
 SCALING_REPORT = "scaling_report.json"
 TREND_REPORTS = "longrun_*.json"
 

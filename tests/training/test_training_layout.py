@@ -30,12 +30,12 @@ def test_the_checkpoint_format_and_the_loader_are_a_room_below_training():
     assert [p.name for p in training.glob("*.py") if "checkpoint" in p.name or "dcp" in p.name] == [
         "checkpointer.py"
     ]
-    assert {p.name for p in (SRC / "checkpoint").glob("*.py")} == {
-        "__init__.py",
-        "store.py",
-        "dcp.py",
-        "safe_load.py",
-        "loading.py",
+    assert {p.relative_to(SRC).as_posix() for p in (SRC / "checkpoint").glob("*.py")} == {
+        "checkpoint/__init__.py",
+        "checkpoint/store.py",
+        "checkpoint/dcp.py",
+        "checkpoint/safe_load.py",
+        "checkpoint/loading.py",
     }
     assert not [
         n
