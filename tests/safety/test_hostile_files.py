@@ -275,6 +275,11 @@ ALLOWED: dict[tuple[str, str], str] = {
         "import_module",
     ): "the study functions of options.PAPER_STUDIES, our table",
     ("compare/studies.py", "importlib"): "(the import of import_module above)",
+    (
+        "compare/executor.py",
+        "import_module",
+    ): "--executor's implementation from EXECUTORS, our table",
+    ("compare/executor.py", "importlib"): "(the import of import_module above)",
     ("data/readers.py", "importlib"): "(the import of import_module above)",
     ("data/readers.py", "import_module"): "optional packages by their fixed names (zstandard, ...)",
     ("analysis/sources.py", "trust_remote_code"): "passes the user's --trust-remote-code flag",
