@@ -35,7 +35,7 @@ import pytest
 
 from taperlm.config import OVERRIDES_ENV, ModelConfig
 from taperlm.evaluation.locate import EVAL_DATA_ENV, NO_EVAL_DATA, eval_data_dir
-from taperlm.taper import TaperSpec
+from taperlm.spec.taper import TaperSpec
 
 # Tests live in one folder per feature (tests/model, tests/training, ...) and share fixtures and
 # helpers across them by module name (`from test_compare import TINY`, `import fault_harness`), as
@@ -77,7 +77,7 @@ def tiny_config(
     (`n_layers=3`, `tie_embeddings=True`) or, by their names, the family's options
     (`variant="mac"`, `levels=2`, `gate="headwise"`). With `preset` (e.g. "titans-mag-tiny") the
     family and its options come from that preset instead (shape still TINY_SHAPE)."""
-    from taperlm.presets import get_preset
+    from taperlm.config.presets import get_preset
 
     if preset is not None:
         base = get_preset(preset, resolve=False)

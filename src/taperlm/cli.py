@@ -14,10 +14,10 @@ import sys
 
 from taperlm import __version__
 from taperlm.commands.common import resume_command
-from taperlm.device import is_out_of_memory, memory_error
-from taperlm.domains import check_arguments
 from taperlm.errors import TaperlmError
-from taperlm.io import bounded_message
+from taperlm.files.io import bounded_message
+from taperlm.runtime.device import is_out_of_memory, memory_error
+from taperlm.spec.domains import check_arguments
 from taperlm.training.interrupt import interrupted_message
 
 # name -> one-line help; the module taperlm.commands.<name> implements it.
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args._argv = argv  # for messages that repeat the command (resume_command)
     try:
-        # Every numeric option's declared domain (taperlm.domains), before the command runs.
+        # Every numeric option's declared domain (taperlm.spec.domains), before the command runs.
         check_arguments(subcommand_parser(parser, args._command), args)
         return int(_module(args._command).run(args) or 0)
     except TaperlmError as err:

@@ -1,4 +1,4 @@
-"""The ratio advice `taperlm plan` prints (taperlm.ratio_advice): its packaged measurements are the
+"""The ratio advice `taperlm plan` prints (taperlm.spec.ratio_advice): its packaged measurements are the
 reports' own, docs/compare.md shows the same points and says what they say, and the arithmetic
 (nearest points in log space, decades outside the measured range, the token-axis rule that
 says the advantage is gone) is right on synthetic points where a wrong rule would answer
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from taperlm.errors import MalformedFileError
-from taperlm.ratio_advice import (
+from taperlm.spec.ratio_advice import (
     MEASUREMENTS,
     advantage_gone,
     advice,
@@ -67,7 +67,7 @@ def _doc(*points: dict) -> dict:
 
 
 def test_packaged_measurements_are_the_reports():
-    """src/taperlm/ratio_measurements.json equals what benchmarks/ratio_measurements.py makes of
+    """src/taperlm/spec/ratio_measurements.json equals what benchmarks/ratio_measurements.py makes of
     the reports in benchmarks/results now: a report rewritten (a new point) without the file
     regenerated fails here."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -77,7 +77,7 @@ def test_packaged_measurements_are_the_reports():
         sys.path.remove(str(ROOT / "benchmarks"))
     built = ratio_measurements.build()
     stale = (
-        "src/taperlm/ratio_measurements.json differs from benchmarks/results: run "
+        "src/taperlm/spec/ratio_measurements.json differs from benchmarks/results: run "
         "`python3 benchmarks/ratio_measurements.py`, then `python3 benchmarks/docs_numbers.py "
         "--only ratio-measurements --only ratio-advice-440m`"
     )

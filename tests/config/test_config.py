@@ -24,10 +24,10 @@ from taperlm.config import (
     to_dict,
 )
 from taperlm.config import model as model_module
+from taperlm.config.presets import get_preset, preset_names
 from taperlm.errors import ConfigError
 from taperlm.models import TaperedLM
-from taperlm.presets import get_preset, preset_names
-from taperlm.taper import TaperSpec
+from taperlm.spec.taper import TaperSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -116,7 +116,7 @@ def test_bad_yaml_files(tmp_path, text, named):
 
 
 def test_every_preset_resolves_with_exact_budget():
-    from taperlm.budget import total_params
+    from taperlm.config.budget import total_params
 
     for name in preset_names():
         cfg = get_preset(name, TaperSpec.parse("cosine"))
@@ -124,7 +124,7 @@ def test_every_preset_resolves_with_exact_budget():
 
 
 def test_440m_preset_is_about_440m():
-    from taperlm.budget import total_params
+    from taperlm.config.budget import total_params
 
     n = total_params(get_preset("transformer-440m"))
     assert 420e6 < n < 470e6
@@ -265,7 +265,7 @@ def test_tapered_lm_takes_a_resolved_config_and_resolves_a_loaded_one_once(monke
 def test_assembly_records_which_layer_set_each_key():
     """One assembly for every command: a higher layer's value wins whatever the order the
     layers are applied in, and the record says which layer set each key."""
-    from taperlm.assembly import Assembly, Layer
+    from taperlm.config.assembly import Assembly, Layer
 
     asm = Assembly.start(None, "transformer-tiny")
     assert asm.layer_of("model.d_model") is Layer.PRESET and not asm.given("model.d_model")
@@ -284,7 +284,7 @@ def test_assembly_records_which_layer_set_each_key():
 
 def test_a_model_changes_family_only_explicitly():
     """Options of another family are refused by name, never swapped for defaults silently."""
-    from taperlm.presets import get_preset
+    from taperlm.config.presets import get_preset
 
     hope = get_preset("hope-tiny")
     with raises_naming(ConfigError, "model.family 'transformer'", "HopeConfig"):

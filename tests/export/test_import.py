@@ -21,8 +21,8 @@ transformers = pytest.importorskip("transformers")
 transformers.utils.logging.disable_progress_bar()  # stderr holds only the command's own lines
 
 from taperlm.checkpoint import store  # noqa: E402
+from taperlm.checkpoint.loading import load_any, load_run_model  # noqa: E402
 from taperlm.cli import main  # noqa: E402
-from taperlm.loading import load_any, load_run_model  # noqa: E402
 
 VOCAB = 320  # the harness tokenizer's 300 ids, padded as real checkpoints often are
 ARCHS = {
@@ -345,7 +345,7 @@ def test_the_start_checkpoint_resumes_as_a_fresh_adamw(tmp_path, data):
 
 
 def test_import_leaves_the_callers_generators_alone(tmp_path, data):
-    from taperlm.importing import import_checkpoint
+    from taperlm.interop.importing import import_checkpoint
 
     folder = make_hf(tmp_path / "hf", data)
     torch.manual_seed(123)

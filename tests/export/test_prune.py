@@ -13,17 +13,17 @@ import torch.nn.functional as F
 
 import fault_harness
 from conftest import raises_naming, tiny_config
-from taperlm.budget import total_params
+from taperlm.checkpoint.loading import load_run_model
 from taperlm.cli import main as cli_main
 from taperlm.compress import prune as P
 from taperlm.compress.importance import SCORES, UnitStats, collect, top_units, unit_scores
 from taperlm.config import apply_overrides, run_config_from_dict, to_dict
+from taperlm.config.budget import total_params
+from taperlm.config.presets import get_preset
 from taperlm.errors import ConfigError
-from taperlm.loading import load_run_model
 from taperlm.models import TaperedLM
-from taperlm.presets import get_preset
-from taperlm.solver import solve_sizes
-from taperlm.taper import TaperSpec
+from taperlm.spec.solver import solve_sizes
+from taperlm.spec.taper import TaperSpec
 from taperlm.training.loop import train
 
 SHAPES = ["uniform", "cosine:1.5:0.5", "linear:1.25:0.75", "groups:1.5,1.0,0.5"]

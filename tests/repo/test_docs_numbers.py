@@ -85,8 +85,8 @@ PRESETS = ["transformer-440m", "titans-mag-440m"]
 
 @pytest.mark.parametrize("column", [0, 1], ids=PRESETS)
 def test_dry_run_rows_the_code_determines(column):
-    from taperlm.budget import total_params
-    from taperlm.presets import get_preset
+    from taperlm.config.budget import total_params
+    from taperlm.config.presets import get_preset
     from taperlm.training.planner import parameter_shapes, shard_numel
 
     cfg = get_preset(PRESETS[column])
@@ -321,7 +321,7 @@ def test_the_kept_cells_resume_the_long_training_modes(path):
 
     from taperlm.compare import longrun
     from taperlm.compare.runner import read_result
-    from taperlm.outdirs import check_folder
+    from taperlm.files.outdirs import check_folder
 
     mode, size = path.stem.split("_")[1:]
     kept = [ROOT / "benchmarks/results" / path.stem]
@@ -450,7 +450,7 @@ def test_ratio_axis_new_starts_are_the_kept_cells():
     recomputed here: a cell or a number changed fails."""
     import json
 
-    from taperlm.stats import paired_difference
+    from taperlm.analysis.stats import paired_difference
 
     results = ROOT / "benchmarks/results"
 

@@ -286,7 +286,10 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("data/tokenizer.py", "trust_remote_code"): "trust_remote_code=False, explicitly",
     ("evaluation/harness.py", "importlib"): "importlib.resources: our packaged task templates",
     ("hf/autoregister.py", "importlib"): "a meta-path hook registering taperlm with transformers",
-    ("io.py", "yaml.load"): "parse_yaml: StrictLoader, a SafeLoader subclass (builds no objects)",
+    (
+        "files/io.py",
+        "yaml.load",
+    ): "parse_yaml: StrictLoader, a SafeLoader subclass (builds no objects)",
     ("training/loggers.py", "importlib"): "find_spec of the optional logger packages by fixed name",
 }
 

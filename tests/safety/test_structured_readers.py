@@ -2,11 +2,11 @@
 
 A JSON or YAML file nested 200,000 deep was a RecursionError traceback from every reader; a
 418-byte YAML alias bomb ran to the memory cap. Now every JSON/YAML parse in src/ goes through
-`taperlm.io` (`read_json`/`parse_json`/`read_yaml`/`parse_yaml`): sizes checked before reading,
+`taperlm.files.io` (`read_json`/`parse_json`/`read_yaml`/`parse_yaml`): sizes checked before reading,
 depth and alias expansion before parsing, one clear error naming the file.
 
 - `test_every_structured_parse_goes_through_the_bounded_reader` walks src/ and fails on any
-  json/yaml parse call outside io.py (a new unbounded reader fails it);
+  json/yaml parse call outside files/io.py (a new unbounded reader fails it);
 - the shapes (deep arrays, objects, block and flow YAML, alias bombs, aliases that nest deep,
   huge integers) are tried on the parsers;
 - every structured file kind taperlm reads is made deep and read by the command that reads it.
@@ -26,7 +26,7 @@ import fault_harness as H
 from conftest import assert_own_options, raises_naming
 from taperlm.cli import main as cli_main
 from taperlm.errors import ConfigError, MalformedFileError
-from taperlm.io import (
+from taperlm.files.io import (
     MAX_DEPTH,
     MAX_MESSAGE,
     json_depth,
@@ -78,18 +78,18 @@ def parse_calls(source: str) -> list[str]:
 
 @pytest.mark.unit
 def test_every_structured_parse_goes_through_the_bounded_reader():
-    """Only taperlm/io.py parses JSON or YAML; every other module reads through it."""
+    """Only taperlm/files/io.py parses JSON or YAML; every other module reads through it."""
     offenders = {
         path.relative_to(SRC).as_posix(): calls
         for path in sorted(SRC.rglob("*.py"))
-        if path.name != "io.py" or path.parent != SRC
+        if path != SRC / "files/io.py"
         if (calls := parse_calls(path.read_text(encoding="utf-8")))
     }
     assert not offenders, (
-        f"JSON/YAML parsed outside taperlm.io (use read_json/parse_json/read_yaml/parse_yaml, "
+        f"JSON/YAML parsed outside taperlm.files.io (use read_json/parse_json/read_yaml/parse_yaml, "
         f"which bound size, depth and aliases): {offenders}"
     )
-    assert parse_calls((SRC / "io.py").read_text(encoding="utf-8"))  # the walk sees io.py's
+    assert parse_calls((SRC / "files/io.py").read_text(encoding="utf-8"))  # the walk sees io.py's
 
 
 @pytest.mark.unit
@@ -328,8 +328,8 @@ def test_the_checkers_of_an_existing_out_file_and_folder(trained, tmp_path, caps
     """outfiles: an existing --out JSON is ours only if it says so (a deep one is not, and is
     refused without a traceback); outdirs: a folder whose config.json/marker is deep is not
     recognised as taperlm's."""
-    from taperlm.outdirs import written_files
-    from taperlm.outfiles import check_output_file
+    from taperlm.files.outdirs import written_files
+    from taperlm.files.outfiles import check_output_file
 
     out = tmp_path / "eval.json"
     _deep(out)

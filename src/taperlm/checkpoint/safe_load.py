@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from taperlm.errors import CheckpointError, UnsafeFileError
-from taperlm.io import MAX_RECORD_BYTES, check_stored_zip, error_text, open_regular
+from taperlm.files.io import MAX_RECORD_BYTES, check_stored_zip, error_text, open_regular
 
 METADATA_FILE = ".metadata"
 

@@ -7,7 +7,7 @@
 SOURCE is a novelty measurement (the JSON of `taperlm novelty --json`, a compare cell's
 result.json, or a run dir holding either), or a model to measure first with the options of
 `taperlm novelty` (a run dir, a Hugging Face model dir, hf:NAME). The per-layer mean rho_mlp
-becomes multipliers by the novelty rule (`taperlm.taper.novelty_multipliers`: more width where
+becomes multipliers by the novelty rule (`taperlm.spec.taper.novelty_multipliers`: more width where
 a layer writes new directions, less where it reinforces; `--strength` = the largest change of a
 layer's width), and the exact-budget solver turns them into widths (monotone not required).
 The target model is `--preset`/`--config`, else the run's own config; `--out` writes it as a
@@ -22,16 +22,16 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from taperlm.assembly import Assembly, Layer
-from taperlm.budget import plan
 from taperlm.commands.common import add_model_arguments, build_run_config
 from taperlm.commands.novelty import add_measure_arguments, measure_model
 from taperlm.config import OVERRIDES_ENV, dump_yaml, env_overrides, load_run_config, to_dict
-from taperlm.domains import domain_of_field, input_path, number, output_path
+from taperlm.config.assembly import Assembly, Layer
+from taperlm.config.budget import plan
 from taperlm.errors import ConfigError
-from taperlm.io import atomic_write_text
-from taperlm.outfiles import R_FILE, yaml_mark
-from taperlm.taper import DEFAULT_STRENGTH, TaperSpec, describe, multipliers, read_rho_mlp
+from taperlm.files.io import atomic_write_text
+from taperlm.files.outfiles import R_FILE, yaml_mark
+from taperlm.spec.domains import domain_of_field, input_path, number, output_path
+from taperlm.spec.taper import DEFAULT_STRENGTH, TaperSpec, describe, multipliers, read_rho_mlp
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -10,12 +10,12 @@ import os
 import shlex
 import sys
 
-from taperlm.assembly import Assembly, Layer
 from taperlm.config import OVERRIDES_ENV, RunConfig, env_overrides, file_notes
+from taperlm.config.assembly import Assembly, Layer
 from taperlm.config.train import Logger
-from taperlm.domains import choices, domain_of_field, input_path, number
 from taperlm.errors import ConfigError
-from taperlm.taper import TaperSpec
+from taperlm.spec.domains import choices, domain_of_field, input_path, number
+from taperlm.spec.taper import TaperSpec
 
 
 def add_model_arguments(
@@ -69,7 +69,7 @@ def add_model_arguments(
 
 def build_run_config(args: argparse.Namespace) -> RunConfig:
     """The run config of the command line, resolved once: --preset or --config < --taper,
-    --head-taper, --kv-taper, --multiple-of < --set < $TAPERLM_SET (`taperlm.assembly`)."""
+    --head-taper, --kv-taper, --multiple-of < --set < $TAPERLM_SET (`taperlm.config.assembly`)."""
     # Notes for what replaces a config file the user gave (not a continued run's own config,
     # whose changes the resume checks report).
     from_file = bool(getattr(args, "config", None)) and not getattr(args, "implicit_config", False)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from taperlm.domains import input_path, output_path
-from taperlm.io import read_json
+from taperlm.files.io import read_json
+from taperlm.spec.domains import input_path, output_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from taperlm.importing import import_checkpoint  # lazy: torch; --help stays torch-free
+    from taperlm.interop.importing import import_checkpoint  # lazy: torch; --help stays torch-free
 
     run_config, tokenizer = import_checkpoint(args.folder, args.out, args.overrides)
     m = run_config.model

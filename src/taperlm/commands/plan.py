@@ -1,6 +1,6 @@
 """`taperlm plan`: per-layer widths, parameters and FLOPs of a taper beside its uniform baseline;
 with `--gpus N`, also the per-GPU memory and the time of the run (training/planner.py); and the
-ratio advice for the run's parameters and training tokens (ratio_advice.py: what the packaged
+ratio advice for the run's parameters and training tokens (spec/ratio_advice.py: what the packaged
 measurements say about the taper's ratio, and how sure)."""
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ import dataclasses
 import json
 import textwrap
 
-from taperlm.budget import format_plan, plan, plan_to_dict, total_params
 from taperlm.commands.common import add_model_arguments, build_run_config
 from taperlm.config import TrainConfig, dump_yaml
+from taperlm.config.budget import format_plan, plan, plan_to_dict, total_params
+from taperlm.config.presets import get_preset, preset_names
 from taperlm.config.train import Parallel
-from taperlm.domains import MAX_BATCH, choices, domain_of_field, number, output_path, up_to
+from taperlm.files.io import atomic_write_json
+from taperlm.files.outfiles import R_FILE, json_mark
 from taperlm.hf.decilm import decilm_config
-from taperlm.io import atomic_write_json
-from taperlm.outfiles import R_FILE, json_mark
-from taperlm.presets import get_preset, preset_names
-from taperlm.ratio_advice import advice, format_advice
+from taperlm.spec.domains import MAX_BATCH, choices, domain_of_field, number, output_path, up_to
+from taperlm.spec.ratio_advice import advice, format_advice
 from taperlm.training.planner import format_memory_plan, parse_bytes, plan_training
 
 

@@ -23,10 +23,18 @@ from pathlib import Path
 
 from taperlm.compress import ParamsOf, Score
 from taperlm.config import apply_overrides, run_config_from_dict, to_dict
-from taperlm.domains import MAX_COUNT, MAX_TOKENS, choices, input_path, number, output_path, up_to
 from taperlm.errors import ConfigError
-from taperlm.io import atomic_write_text
-from taperlm.taper import DEFAULT_STRENGTH, TaperSpec
+from taperlm.files.io import atomic_write_text
+from taperlm.spec.domains import (
+    MAX_COUNT,
+    MAX_TOKENS,
+    choices,
+    input_path,
+    number,
+    output_path,
+    up_to,
+)
+from taperlm.spec.taper import DEFAULT_STRENGTH, TaperSpec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,7 +102,7 @@ def _source(args: argparse.Namespace):
 
     The one place a source is read: a Hugging Face Llama-architecture folder will be imported
     into a run here first (`taperlm import`), then pruned like any run."""
-    from taperlm.loading import load_run_model  # lazy: torch; --help stays torch-free
+    from taperlm.checkpoint.loading import load_run_model  # lazy: torch; --help stays torch-free
 
     return load_run_model(args.source, step=args.step, device=args.device)
 
@@ -117,10 +125,10 @@ def run(args: argparse.Namespace) -> int:
     import torch  # lazy: --help stays torch-free
 
     from taperlm.analysis.novelty import measure as measure_novelty  # lazy: torch
+    from taperlm.checkpoint.loading import check_tokenizer, require_data_dir  # lazy: torch
     from taperlm.checkpoint.store import require_finite  # lazy: as above
     from taperlm.compress import prune as P  # lazy: torch
-    from taperlm.device import resolve_device  # lazy: as above
-    from taperlm.loading import check_tokenizer, require_data_dir  # lazy: torch
+    from taperlm.runtime.device import resolve_device  # lazy: as above
     from taperlm.training.metrics import validation_loss  # lazy: torch
 
     args.device = resolve_device(args.device)

@@ -28,7 +28,8 @@ from taperlm.commands.common import (
     resume_command,
 )
 from taperlm.config import TrainConfig
-from taperlm.domains import (
+from taperlm.errors import ConfigError, TrainingWarning
+from taperlm.spec.domains import (
     MAX_COUNT,
     choices,
     count,
@@ -38,7 +39,6 @@ from taperlm.domains import (
     output_path,
     up_to,
 )
-from taperlm.errors import ConfigError, TrainingWarning
 from taperlm.training import ResumeMode
 from taperlm.training.interrupt import SignalStop, interrupted_message
 

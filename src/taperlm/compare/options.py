@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from taperlm.compare.grid import split_taper_list
-from taperlm.domains import (
+from taperlm.errors import ConfigError
+from taperlm.evaluation.niah import parse_lengths
+from taperlm.spec.domains import (
     DOMAIN_KEY,
     MAX_COUNT,
     MAX_SEED,
@@ -35,8 +37,6 @@ from taperlm.domains import (
     output_path,
     up_to,
 )
-from taperlm.errors import ConfigError
-from taperlm.evaluation.niah import parse_lengths
 
 # The main job: `taperlm compare` naming no model (no --preset, --config or --paper). It runs where
 # its answer holds for training as people do it, not only early in training (issue 38): at

@@ -1,6 +1,6 @@
 """The training recipe of `taperlm compare` and the base config every cell starts from.
 
-The base config is assembled like every command's (`taperlm.assembly`): compare's recipe
+The base config is assembled like every command's (`taperlm.config.assembly`): compare's recipe
 and what it derives (whole steps, warmup, evaluation and checkpoint intervals, the data's
 vocabulary, the logged group) are the `Layer.RECIPE` between the preset and the user's settings,
 so each applies only where the user chose nothing: recipe < the config file < `--tokens` <
@@ -15,7 +15,6 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from taperlm.assembly import Assembly, Layer
 from taperlm.compare.options import (
     DEFAULT_TOKENS,
     MAIN_CURVE_POINTS,
@@ -27,6 +26,7 @@ from taperlm.compare.options import (
     model_preset,
 )
 from taperlm.config import ModelConfig, RunConfig, TrainConfig
+from taperlm.config.assembly import Assembly, Layer
 from taperlm.errors import ConfigError
 
 # Compare's CPU recipe (docs/compare.md, "Precision of the main job"). What made the main job

@@ -2,7 +2,7 @@
 
 The folder is a stranger's: config.json is parsed strictly (`taperlm.hf.llama`), safetensors
 headers are bounded and checked before a byte of data is read (`taperlm.hf.safetensors_file`),
-tokenizer files are read through `taperlm.io.read_text`, a shard name from the index is a plain
+tokenizer files are read through `taperlm.files.io.read_text`, a shard name from the index is a plain
 file name of the folder, no code is ever run (no `auto_map`, no pickle). The run
 (`taperlm.training.run_dir.write_start_run`) is a Transformer++ model whose resolved per-layer
 widths are the checkpoint's, whose step-0 checkpoint holds its weights, and whose tokenizer is
@@ -10,7 +10,7 @@ the folder's tokenizer.json (when it has one): its logits equal transformers' on
 and `train --out RUN --data DATA` continues training it.
 
 A GGUF file (`taperlm import model.gguf`) of llama.cpp's llama architecture is read the same
-way (`taperlm.gguf_import`: a bounded header, dequantized tensors); the run has no tokenizer (the
+way (`taperlm.interop.gguf_import`: a bounded header, dequantized tensors); the run has no tokenizer (the
 file's vocabulary is llama.cpp's, not a tokenizers file), and its `import.json` records the
 source and which ggml types (quantizations) its tensors had.
 """
@@ -26,8 +26,8 @@ from taperlm.config.train import TrainConfig
 from taperlm.data.tokenizer import Tokenizer
 from taperlm.data.tokenizer_bounds import build_backend
 from taperlm.errors import ConfigError, DataError
+from taperlm.files.io import read_text, strict_json_loads
 from taperlm.hf import llama
-from taperlm.io import read_text, strict_json_loads
 from taperlm.training.run_dir import write_start_run
 
 MAX_TOKENIZER_BYTES = 256 << 20  # tokenizer.json of a 256k vocabulary is ~20 MiB
@@ -58,7 +58,7 @@ IMPORT_RECORD = "import.json"  # a GGUF import's source and quantization, in the
 def import_gguf(path: Path, out: str | Path, overrides: list[str]) -> RunConfig:
     """Import the GGUF file `path` as run directory `out` (no tokenizer); the run's
     `import.json` names the file and the ggml types of its tensors (dequantized to fp32)."""
-    from taperlm import gguf_import  # lazy: only GGUF imports need the gguf package
+    from taperlm.interop import gguf_import  # lazy: only GGUF imports need the gguf package
 
     header, model = gguf_import.read(path)
     run = _run_config(model, overrides)

@@ -24,18 +24,18 @@ from typing import Any
 
 from taperlm.config.loading import run_config_from_dict
 from taperlm.config.overrides import apply_override, clear_resolved_sizes
+from taperlm.config.presets import config_data
 from taperlm.config.run import RunConfig
 from taperlm.errors import ConfigError
-from taperlm.io import quoted
-from taperlm.presets import config_data
-from taperlm.taper import TaperSpec
+from taperlm.files.io import quoted
+from taperlm.spec.taper import TaperSpec
 
 
 class Layer(enum.IntEnum):
     """Where a setting came from; a higher layer's value wins."""
 
     DEFAULT = 0  # the config dataclasses' own defaults (keys with no record)
-    PRESET = 1  # a named preset's model (`taperlm.presets`)
+    PRESET = 1  # a named preset's model (`taperlm.config.presets`)
     RECIPE = 2  # a command's own recipe and what it derives (`taperlm.compare.recipe`)
     FILE = 3  # --config FILE, or a continued run's own config.yaml
     OPTIONS = 4  # the command's own options (--taper, --multiple-of, compare's --tokens, ...)

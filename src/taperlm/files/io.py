@@ -40,7 +40,7 @@ def atomic_output(path: str | Path, fsync: bool = False) -> Iterator[Path]:
     """Yield a temporary path to write `path` through (e.g. for `savefig`, `torch.save`); it is
     renamed into place when the block ends without an error and removed when it raises. Missing
     folders above `path` are created: an output option may name a new folder (`--out res/x.json`),
-    which the commands' argument checks accept (`taperlm.domains.check_output`)."""
+    which the commands' argument checks accept (`taperlm.spec.domains.check_output`)."""
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(final)
