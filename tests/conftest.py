@@ -121,6 +121,30 @@ def raises_naming(error: type[BaseException], *tokens: str) -> Iterator[pytest.E
     assert not missing, f"{missing} not named in: {info.value}"
 
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+README_RESULTS = ("<!-- README's results: begin", "<!-- README's results: end -->")
+
+
+def flat_text(text: str) -> str:
+    """`text` with its line breaks and runs of spaces made single spaces, so that a quoted number
+    is found wherever the prose wraps it."""
+    return " ".join(text.split())
+
+
+def readme_results_text() -> str:
+    """docs/compare.md's section "README's results" (the measurements that opened README.md
+    until issue 60, moved there unchanged), flattened: the tests that checked README's numbers
+    check them here, and in README where it still quotes them."""
+    page = (REPO_ROOT / "docs" / "compare.md").read_text(encoding="utf-8")
+    begin, end = README_RESULTS
+    return flat_text(page.split(begin, 1)[1].split(end, 1)[0])
+
+
+def readme_text() -> str:
+    """README.md, flattened (`flat_text`)."""
+    return flat_text((REPO_ROOT / "README.md").read_text(encoding="utf-8"))
+
+
 def assert_naming(text: str, *tokens: str) -> None:
     """`text` (a message a command printed, warned or logged) names every token: the
     `raises_naming` check for what is not an exception."""
