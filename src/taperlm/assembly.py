@@ -289,13 +289,16 @@ class Assembly:
         sets: Sequence[str] = (),
         recipe: Recipe | None = None,
         env: bool = True,
+        check: bool = True,
     ) -> Assembly:
         """The layers above the base, in their one order: the command's options (checked
         against `--set` first, `check_agreement`) < `sets` (--set) < $TAPERLM_SET (unless `env`
         is False: a caller that already read it as `sets`). The recipe is applied last, below
         every key set (`put`), so that a `--set` of a whole section (`train={...}`) records only
-        the section and the recipe still fills its keys. Returns self."""
-        check_agreement(options, sets)
+        the section and the recipe still fills its keys. `check` False: the caller checked the
+        options against the user's own --set (`sets` also holds $TAPERLM_SET). Returns self."""
+        if check:
+            check_agreement(options, sets)
         applied = {o.key: o.value for o in options if o.applies and o.value is not None}
         tapers = [applied.pop(k, None) for k in TAPER_OPTION_KEYS]
         if any(t is not None for t in tapers):
