@@ -253,8 +253,8 @@ class Assembly:
     wanted (a preset, a continued run's own config).
     """
     names: dict[Layer, str] = field(default_factory=dict)
-    """the name of each named layer applied: the base (`preset transformer-tiny`, a file) and the
-    recipe (`compare-cpu`); `where` says which layer, by name, set a key."""
+    """the name of each named layer applied: the base (`preset transformer-tiny`, `file c.yaml`)
+    and the recipe (`recipe compare-cpu`); `where` says which layer, by name, set a key."""
 
     @classmethod
     def start(cls, config: str | Path | None, preset: str | None, notes: bool = False) -> Assembly:
@@ -267,7 +267,8 @@ class Assembly:
     def of(cls, data: dict[str, Any], source: str, layer: Layer, notes: bool = False) -> Assembly:
         """The base layer `data` (a config's dict form, e.g. a run's own config), each of its
         keys recorded as set by `layer`."""
-        asm = cls(data, source, notes=[] if notes else None, names={layer: source})
+        name = f"file {source}" if layer == Layer.FILE else source
+        asm = cls(data, source, notes=[] if notes else None, names={layer: name})
         for section, values in data.items():
             for key in values if isinstance(values, dict) else ():
                 asm.origins[f"{section}.{key}"] = layer
@@ -280,8 +281,7 @@ class Assembly:
     def where(self, key: str) -> str:
         """Which layer set dotted `key`, by name where it has one (`recipe compare-cpu`)."""
         layer = self.layer_of(key)
-        name = self.names.get(layer)
-        return f"{layer.name.lower()} {name}" if name else layer.name.lower()
+        return self.names.get(layer) or layer.name.lower()
 
     def assemble(
         self,
@@ -315,7 +315,7 @@ class Assembly:
         if env:
             self.overrides(env_overrides(), Layer.ENV, OVERRIDES_ENV)
         if recipe is not None:
-            self.names[Layer.RECIPE] = recipe.name
+            self.names[Layer.RECIPE] = f"recipe {recipe.name}"
             for key, value in recipe.settings.items():
                 self.put(key, value, Layer.RECIPE)
         return self
