@@ -299,7 +299,9 @@ def test_assemble_applies_the_layers_in_their_one_order(monkeypatch):
     asm.assemble(options, ["train.tokens=8192", "train.warmup_tokens=0"], recipe)
     cfg = asm.build()
     assert (cfg.train.tokens, cfg.train.loggers, cfg.train.lr) == (8192, ["tensorboard"], 3e-3)
-    assert cfg.train.seq_len == 64 and cfg.model.init_std == 0.1 and cfg.model.taper.multiple_of == 8
+    assert (
+        cfg.train.seq_len == 64 and cfg.model.init_std == 0.1 and cfg.model.taper.multiple_of == 8
+    )
     assert asm.layer_of("train.tokens") is Layer.SET and asm.layer_of("train.lr") is Layer.ENV
     assert asm.layer_of("train.loggers") is Layer.OPTIONS
     assert asm.where("train.seq_len") == "recipe cpu"

@@ -120,6 +120,6 @@ def test_an_option_and_its_set_twin_agree_or_are_refused(command, flag, key, tmp
     assert flag in str(err.value) and f"--set {key}=" in str(err.value), err.value
     # the command itself refuses, before any work, with the same one line
     assert cli_main(argv) == 2
-    out, stderr = capsys.readouterr()
+    _, stderr = capsys.readouterr()
     assert stderr == f"taperlm {command}: error: {err.value}\n", stderr
     assert not (tmp_path / "new2").exists()
