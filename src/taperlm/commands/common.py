@@ -6,6 +6,7 @@ SPEC`, `--multiple-of N`, `--set key=value`, and the config assembly of plan, tr
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import shlex
 import sys
@@ -81,14 +82,16 @@ def add_model_arguments(
 def command_settings(args: argparse.Namespace) -> list[OptionSetting]:
     """What the options of `args`' command that set a config key were given (`taperlm.assembly
     .option_settings`), derived from the command's own declarations."""
-    from taperlm.cli import build_parser, subcommand_parser  # lazy: the CLI imports this module
-
     if getattr(args, "_settings", None) is not None:  # read once by `taperlm.cli.main`
         return args._settings
     command = getattr(args, "_command", None)
     if not command:
         return []
-    return option_settings(subcommand_parser(build_parser(only=command), command), args)
+    # the command's own declarations, by name as `taperlm.cli` loads them (the CLI imports this
+    # module, so not through it)
+    parser = argparse.ArgumentParser(add_help=False)
+    importlib.import_module(f"taperlm.commands.{command}").add_arguments(parser)
+    return option_settings(parser, args)
 
 
 def build_run_config(
