@@ -14,6 +14,7 @@ import sys
 
 from taperlm import __version__
 from taperlm.commands.common import resume_command
+from taperlm.config.assembly import check_agreement, option_settings
 from taperlm.errors import TaperlmError
 from taperlm.files.io import bounded_message
 from taperlm.runtime.device import is_out_of_memory, memory_error
@@ -80,7 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     args._argv = argv  # for messages that repeat the command (resume_command)
     try:
         # Every numeric option's declared domain (taperlm.spec.domains), before the command runs.
-        check_arguments(subcommand_parser(parser, args._command), args)
+        command_parser = subcommand_parser(parser, args._command)
+        check_arguments(command_parser, args)
+        # Every option that sets a config key against a --set of that key, for every command,
+        # from the declarations (`taperlm.config.assembly.add_setting_argument`): agree or refuse.
+        args._settings = option_settings(command_parser, args)
+        check_agreement(args._settings, getattr(args, "overrides", None) or [])
         return int(_module(args._command).run(args) or 0)
     except TaperlmError as err:
         print(f"taperlm {args._command}: error: {bounded_message(str(err))}", file=sys.stderr)

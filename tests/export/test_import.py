@@ -398,6 +398,26 @@ def test_model_settings_cannot_be_overridden(tmp_path, data, capsys):
     assert "--set changed the model" in capsys.readouterr().err
 
 
+def test_taperlm_set_applies_after_set_and_may_not_change_the_model(
+    tmp_path, data, capsys, monkeypatch
+):
+    """import honours $TAPERLM_SET like every command that builds a run config: after --set (it
+    wins), and, like --set, never on the checkpoint's model (refused naming TAPERLM_SET)."""
+    from taperlm.config import load_run_config
+
+    folder = make_hf(tmp_path / "hf", data)
+    monkeypatch.setenv("TAPERLM_SET", "train.lr=3e-4 train.tokens=65536")
+    args = ("--set", "train.lr=1e-4", "--set", "train.warmup_tokens=1024")
+    assert import_(folder, tmp_path / "run", *args) == 0
+    train = load_run_config(tmp_path / "run" / "config.yaml").train
+    assert (train.lr, train.tokens, train.warmup_tokens) == (3e-4, 65536, 1024)
+    for setting, named in (("model.n_layers=2", "model.n_layers=2"), ("d_model=64", "d_model")):
+        monkeypatch.setenv("TAPERLM_SET", setting)
+        assert import_(folder, tmp_path / f"run-{named}") == 2
+        err = capsys.readouterr().err
+        assert "TAPERLM_SET" in err and named in err and "checkpoint's" in err, err
+
+
 # ----------------------------------------------------------------------------------------------
 # the run is a normal run
 

@@ -22,10 +22,10 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from taperlm.commands.common import add_model_arguments, build_run_config
+from taperlm.commands.common import add_model_arguments, build_run_config, command_settings
 from taperlm.commands.novelty import add_measure_arguments, measure_model
-from taperlm.config import OVERRIDES_ENV, dump_yaml, env_overrides, load_run_config, to_dict
-from taperlm.config.assembly import Assembly, Layer
+from taperlm.config import dump_yaml, load_run_config, to_dict
+from taperlm.config.assembly import Assembly, Layer, add_setting_argument
 from taperlm.config.budget import plan
 from taperlm.errors import ConfigError
 from taperlm.files.io import atomic_write_text
@@ -44,8 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a novelty JSON (`taperlm novelty --json`, a compare result.json), a run dir "
         "holding one, or a model to measure: a run dir, a Hugging Face model dir, hf:NAME",
     )
-    parser.add_argument(
+    add_setting_argument(  # read beside the config: the allocation's spec replaces model.taper
+        parser,
         "--strength",
+        "model.taper.strength",
+        applies=False,
         type=number(float, domain_of_field(TaperSpec, "strength")),
         help="largest change of a layer's width as a fraction of the baseline, in (0, 1) "
         "[default 0.5: widths within 0.5x..1.5x, the paper's cosine range]",
@@ -127,9 +130,7 @@ def _target(args: argparse.Namespace):
             "--preset NAME or --config FILE"
         )
     asm = Assembly.of(to_dict(load_run_config(own)), str(own), Layer.FILE)
-    asm.overrides(args.overrides, Layer.SET, "--set")
-    asm.overrides(env_overrides(), Layer.ENV, OVERRIDES_ENV)
-    return asm.resolve()
+    return asm.assemble(command_settings(args), args.overrides).resolve()
 
 
 def _as_dict(cfg, p, how: str, out: Path | None) -> dict[str, Any]:

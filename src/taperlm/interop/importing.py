@@ -21,7 +21,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from taperlm.config import RunConfig, apply_overrides, run_config_from_dict, to_dict
+from taperlm.config import OVERRIDES_ENV, RunConfig, env_overrides, to_dict
+from taperlm.config.assembly import Assembly, Layer, Recipe
 from taperlm.config.train import TrainConfig
 from taperlm.data.tokenizer import Tokenizer
 from taperlm.data.tokenizer_bounds import build_backend
@@ -76,24 +77,28 @@ def import_gguf(path: Path, out: str | Path, overrides: list[str]) -> RunConfig:
 
 
 def _run_config(model: Any, overrides: list[str]) -> RunConfig:
-    """The run's config: the checkpoint's model, training settings from `overrides` (the
-    defaults otherwise, with seq_len no longer than the model's context)."""
-    fixed = [o for o in overrides if o.split("=", 1)[0].strip().startswith("model.")]
-    if fixed:
-        raise ConfigError(
-            f"--set {fixed[0]}: the model of an imported run is the checkpoint's; set train.* "
-            "and data.* only"
-        )
-    data = to_dict(RunConfig(model=model))
-    data["train"]["seq_len"] = min(TrainConfig().seq_len, model.context_length)
-    apply_overrides(data, overrides)
-    run = run_config_from_dict(data, "import").resolve()
-    if to_dict(run.model) != to_dict(model):  # a bare key that --set looked up in model
-        raise ConfigError(
-            "--set changed the model of the imported run; the model is the checkpoint's: set "
-            "train.* and data.* keys (with their section) only"
-        )
-    return run
+    """The run's config, by the one assembly (`taperlm.config.assembly`): the checkpoint's model (the
+    base layer, as a preset's), the import's recipe (seq_len no longer than the model's context)
+    < `overrides` (--set) < $TAPERLM_SET; neither may change the model."""
+    env = env_overrides()
+    for origin, texts in (("--set", overrides), (OVERRIDES_ENV, env)):
+        fixed = [o for o in texts if o.split("=", 1)[0].strip().startswith("model.")]
+        if fixed:
+            raise ConfigError(
+                f"{origin} {fixed[0]}: the model of an imported run is the checkpoint's; set "
+                "train.* and data.* only"
+            )
+    asm = Assembly.of(to_dict(RunConfig(model=model)), "import", Layer.PRESET)
+    recipe = Recipe("import", {"train.seq_len": min(TrainConfig().seq_len, model.context_length)})
+    asm.assemble((), overrides, recipe)
+    for key, layer in asm.origins.items():  # a bare key (`d_model=8`) looked up in model
+        if key.startswith("model.") and layer >= Layer.SET:
+            origin = "--set" if layer == Layer.SET else OVERRIDES_ENV
+            raise ConfigError(
+                f"{origin} changed the model of the imported run ({key}); the model is the "
+                "checkpoint's: set train.* and data.* keys (with their section) only"
+            )
+    return asm.resolve()
 
 
 def _json_file(path: Path) -> dict[str, Any]:
