@@ -354,6 +354,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ): "SafeReader: FileSystemReader with the allow-list",
     ("cli.py", "import_module"): "taperlm.commands.<name> for a fixed table of command names",
     ("cli.py", "importlib"): "(the import of import_module above)",
+    ("commands/common.py", "import_module"): "taperlm.commands.<name> as cli.py names it",
+    ("commands/common.py", "importlib"): "(the import of import_module above)",
     (
         "compare/studies.py",
         "import_module",
