@@ -137,13 +137,10 @@ def _pruned_settings(args: argparse.Namespace, src_run) -> Assembly:
     for key in ("train.init_from", "train.distill_from"):
         asm.put(key, "", Layer.OPTIONS)
     asm.assemble(command_settings(args), args.overrides)
-    for key, layer in asm.origins.items():  # a bare key (`d_model=64`) looked up in model
-        if key.startswith("model.") and layer >= Layer.SET:
-            origin = "--set" if layer == Layer.SET else OVERRIDES_ENV
-            raise ConfigError(
-                f"{origin} changed {key}: the pruned model's shape comes from --params and "
-                "--taper; --set may change the pruned run's train: and data: settings only"
-            )
+    asm.refuse_model_settings(
+        "the pruned model's shape comes from --params and --taper; --set may change the pruned "
+        "run's train: and data: settings only"
+    )
     return asm
 
 

@@ -325,6 +325,15 @@ class Assembly:
         $TAPERLM_SET), which a command's recipe and derived values must not override."""
         return self.layer_of(key) > Layer.RECIPE
 
+    def refuse_model_settings(self, why: str) -> None:
+        """ConfigError naming the first `model.*` key that --set or $TAPERLM_SET changed, for a
+        command whose model comes from elsewhere (import: the checkpoint's; prune: --params and
+        --taper); `why` says where it comes from and what may be set instead."""
+        for key, layer in self.origins.items():  # a bare key (`d_model=64`) looked up in model
+            if key.startswith("model.") and layer >= Layer.SET:
+                origin = "--set" if layer == Layer.SET else OVERRIDES_ENV
+                raise ConfigError(f"{origin} changed {key}: {why}")
+
     def put(self, key: str, value: Any, layer: Layer) -> bool:
         """Set dotted `section.key` to `value` unless a higher layer set it; whether it did."""
         if self.layer_of(key) > layer:

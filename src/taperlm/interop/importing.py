@@ -91,13 +91,10 @@ def _run_config(model: Any, overrides: list[str]) -> RunConfig:
     asm = Assembly.of(to_dict(RunConfig(model=model)), "import", Layer.PRESET)
     recipe = Recipe("import", {"train.seq_len": min(TrainConfig().seq_len, model.context_length)})
     asm.assemble((), overrides, recipe)
-    for key, layer in asm.origins.items():  # a bare key (`d_model=8`) looked up in model
-        if key.startswith("model.") and layer >= Layer.SET:
-            origin = "--set" if layer == Layer.SET else OVERRIDES_ENV
-            raise ConfigError(
-                f"{origin} changed the model of the imported run ({key}); the model is the "
-                "checkpoint's: set train.* and data.* keys (with their section) only"
-            )
+    asm.refuse_model_settings(
+        "the imported run's model is the checkpoint's; set train.* and data.* keys (with their "
+        "section) only"
+    )
     return asm.resolve()
 
 
