@@ -10,9 +10,10 @@ the folder's tokenizer.json (when it has one): its logits equal transformers' on
 and `train --out RUN --data DATA` continues training it.
 
 A GGUF file (`taperlm import model.gguf`) of llama.cpp's llama architecture is read the same
-way (`taperlm.gguf_import`: a bounded header, dequantized tensors); the run has no tokenizer (the
-file's vocabulary is llama.cpp's, not a tokenizers file), and its `import.json` records the
-source and which ggml types (quantizations) its tensors had.
+way (`taperlm.gguf_import`: a bounded header, dequantized tensors); its tokenizer is rebuilt from
+llama.cpp's vocabulary where `taperlm.gguf_tokenizer` can do that exactly (byte-level BPE with a
+known pre-tokenizer), and its `import.json` records the source, which ggml types
+(quantizations) its tensors had, and whether (or why not) the run has its tokenizer.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def import_checkpoint(
     config and tokenizer (None when the folder has no tokenizer.json)."""
     folder = Path(folder)
     if folder.suffix.lower() == ".gguf" and not folder.is_dir():
-        return import_gguf(folder, out, overrides or []), None
+        return import_gguf(folder, out, overrides or [])
     data = llama.read_config(folder)
     model = llama.model_config(folder, data)
     run = _run_config(model, overrides or [])
@@ -55,14 +56,19 @@ def import_checkpoint(
 IMPORT_RECORD = "import.json"  # a GGUF import's source and quantization, in the run dir
 
 
-def import_gguf(path: Path, out: str | Path, overrides: list[str]) -> RunConfig:
-    """Import the GGUF file `path` as run directory `out` (no tokenizer); the run's
-    `import.json` names the file and the ggml types of its tensors (dequantized to fp32)."""
+def import_gguf(
+    path: Path, out: str | Path, overrides: list[str]
+) -> tuple[RunConfig, Tokenizer | None]:
+    """Import the GGUF file `path` as run directory `out`, with the file's tokenizer where it
+    can be rebuilt exactly (`taperlm.gguf_tokenizer`); the run's `import.json` names the file,
+    the ggml types of its tensors (dequantized to fp32) and why the run has no tokenizer, if so."""
     from taperlm import gguf_import  # lazy: only GGUF imports need the gguf package
+    from taperlm.gguf_tokenizer import read_tokenizer as read_gguf_tokenizer
 
     header, model = gguf_import.read(path)
     run = _run_config(model, overrides)
     weights = gguf_import.read_weights(path, header, model)
+    tokenizer, why = read_gguf_tokenizer(path, header.metadata, model.vocab_size)
     record = {
         "source": str(path),
         "format": "gguf",
@@ -70,9 +76,10 @@ def import_gguf(path: Path, out: str | Path, overrides: list[str]) -> RunConfig:
         "name": header.metadata.get("general.name"),
         "quantization": gguf_import.quantization(header),
         "dequantized_to": "float32",
-    }
-    write_start_run(out, run, weights, None, {IMPORT_RECORD: json.dumps(record, indent=2)})
-    return run
+        "tokenizer": "rebuilt from the file's tokenizer.ggml.* metadata" if tokenizer else None,
+    } | ({"no_tokenizer_because": why} if tokenizer is None else {})
+    write_start_run(out, run, weights, tokenizer, {IMPORT_RECORD: json.dumps(record, indent=2)})
+    return run, tokenizer
 
 
 def _run_config(model: Any, overrides: list[str]) -> RunConfig:
