@@ -199,17 +199,41 @@ def corpus(work: Path, source: Path) -> Path:
 # measurements
 
 
-def cached(work: Path, name: str, compute: Any) -> dict[str, Any]:
-    """A finished cell from --work/cells, or `compute()` written there."""
+def cached(work: Path, name: str, compute: Any, settings: dict[str, Any]) -> dict[str, Any]:
+    """A finished cell from --work/cells, or `compute()` written there; a cell measured with
+    other `settings` (token counts, limits) stops the benchmark rather than being mixed in."""
     path = work / "cells" / f"{name}.json"
     if path.is_file():
-        return json.loads(path.read_text(encoding="utf-8"))
+        cell = json.loads(path.read_text(encoding="utf-8"))
+        if cell.get("settings") != settings:
+            raise SystemExit(
+                f"{path} was measured with {cell.get('settings')}, not {settings}; use another "
+                "--work for other settings"
+            )
+        return cell
     t0 = time.perf_counter(), time.process_time()
-    result = compute()
+    result = compute() | {"settings": settings}
     result["wall_s"], result["cpu_s"] = time.perf_counter() - t0[0], time.process_time() - t0[1]
     path.parent.mkdir(parents=True, exist_ok=True)
     write_output(path, json.dumps(result, indent=2) + "\n")
     return result
+
+
+MEASURE_SETTINGS = (
+    "val_tokens",
+    "limit",
+    "seq_len",
+    "calibration_tokens",
+    "heal_tokens",
+    "heal_lr",
+    "distill_mix",
+    "distill_temperature",
+)
+
+
+def cell_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What a cell's numbers depend on besides the model (a rerun with others is refused)."""
+    return {k: getattr(args, k) for k in MEASURE_SETTINGS}
 
 
 def measure(model: Any, tokenizer: Any, data_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -275,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = load_tokenizer(src_dir / "tokenizer")
     model, src_cfg = load_run_model(src_dir)
-    base = cached(work, "baseline", lambda: measure(model, tokenizer, data_dir, args))
+    base = cached(
+        work, "baseline", lambda: measure(model, tokenizer, data_dir, args), cell_settings(args)
+    )
     print(f"baseline: val loss {base['val_loss']:.4f}", file=sys.stderr)
     if args.stage in ("prune", "heal"):
         run_prune_and_heal(work, args, model, tokenizer, src_cfg, src_dir, data_dir)
@@ -329,10 +355,12 @@ def run_prune_and_heal(work, args, model, tokenizer, src_cfg, src_dir, data_dir)
 
     seq = args.seq_len
     windows = torch.cat(list(P.calibration_windows(data_dir, seq, args.calibration_tokens)))
+    settings = cell_settings(args)
     rho = cached(
         work,
         "novelty",
         lambda: {"rho_mlp": measure_novelty(model, windows, seq_len=seq).means("rho_mlp")},
+        settings,
     )["rho_mlp"]
     stats = P.measure(model, data_dir, seq, args.calibration_tokens)
     shapes = plan(src_cfg.model, args.fractions, rho, str(src_dir))
@@ -341,7 +369,8 @@ def run_prune_and_heal(work, args, model, tokenizer, src_cfg, src_dir, data_dir)
     for key, entry in shapes.items():
         name = key.replace("/", "-")
         if "config" not in entry:
-            cached(work, f"prune-{name}", lambda entry=entry: {"refused": entry["refused"]})
+            cached(work, f"prune-{name}", lambda e=entry: {"refused": e["refused"]}, settings)
+            print(f"{key}: not pruned to ({entry['refused']})", file=sys.stderr)
             continue
         pdir = work / f"pruned-{name}"
         run_cfg = copy.deepcopy(run_base)
@@ -358,7 +387,7 @@ def run_prune_and_heal(work, args, model, tokenizer, src_cfg, src_dir, data_dir)
                 "after_prune": measure(pr.model, tokenizer, data_dir, args),
             }
 
-        cell = cached(work, f"prune-{name}", after)
+        cell = cached(work, f"prune-{name}", after, settings)
         print(f"{key}: after pruning {cell['after_prune']['val_loss']:.4f}", file=sys.stderr)
         if args.stage != "heal":
             continue
@@ -370,7 +399,7 @@ def run_prune_and_heal(work, args, model, tokenizer, src_cfg, src_dir, data_dir)
                 healed, _ = load_run_model(hdir)
                 return {"healed": measure(healed, tokenizer, data_dir, args)}
 
-            cell = cached(work, f"heal-{name}-s{s}", heal)
+            cell = cached(work, f"heal-{name}-s{s}", heal, settings)
             print(f"{key} seed {s}: healed {cell['healed']['val_loss']:.4f}", file=sys.stderr)
 
 

@@ -403,7 +403,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("model", ("models", "generation", "hf", "gguf_export", "gguf_file", "gguf_import")),
-    ("data", ("data",)),
+    ("data", ("data", "gguf_tokenizer")),
     (
         "runs",
         ("checkpoint", "training", "evaluation", "analysis", "loading", "importing", "compress"),
