@@ -1,4 +1,4 @@
-"""The tokenizer of a GGUF file rebuilt on import (`taperlm.gguf_tokenizer`): our own GGUF export
+"""The tokenizer of a GGUF file rebuilt on import (`taperlm.importing.read_gguf_tokenizer`): our own GGUF export
 imports back with a tokenizer that encodes every text as the run's did; llama.cpp's digit-first
 pre-tokenizers (SmolLM's `smollm`) split as llama.cpp does, not as GPT-2's regex; control
 tokens are matched in text; every kind it cannot rebuild exactly gives no tokenizer and says
@@ -20,7 +20,9 @@ pytest.importorskip("gguf")
 from taperlm.cli import main
 from taperlm.data.tokenizer import load_tokenizer
 from taperlm.gguf_export import write_gguf
-from taperlm.gguf_tokenizer import PRE_TOKENIZERS, read_tokenizer, tokenizer_json
+from taperlm.importing import PRE_TOKENIZERS
+from taperlm.importing import gguf_tokenizer_json as tokenizer_json
+from taperlm.importing import read_gguf_tokenizer as read_tokenizer
 
 TEXTS = [
     "Hello world, it's 2024!\n\n  def f(x):\treturn x",

@@ -403,7 +403,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("model", ("models", "generation", "hf", "gguf_export", "gguf_file", "gguf_import")),
-    ("data", ("data", "gguf_tokenizer")),
+    ("data", ("data",)),
     (
         "runs",
         ("checkpoint", "training", "evaluation", "analysis", "loading", "importing", "compress"),
