@@ -264,6 +264,27 @@ def measure(model: Any, tokenizer: Any, data_dir: Path, args: argparse.Namespace
     }
 
 
+def baseline_markdown(data: dict[str, Any]) -> str:
+    """docs/compress.md's table of the measurement before pruning: validation loss, then each
+    task's paper column (its metric in percent, ± its standard error) and the items scored."""
+    from taperlm.evaluation.registry import get_task
+
+    base = data["baseline"]
+    head, cells = ["val loss (tokens)"], [f"{base['val_loss']:.4f} ({base['val_tokens']:,})"]
+    for name, res in base["tasks"].items():
+        for col in get_task(name).columns:
+            if not col.average:  # LAMBADA's perplexity: the accuracy is the column compared
+                continue
+            err = res["stderr"].get(col.metric)
+            head.append(f"{col.label} ({col.metric}, n={res['n']})")
+            cells.append(
+                f"{res['metrics'][col.metric] * col.scale:.1f} ± {(err or 0) * col.scale:.1f}"
+            )
+    return "\n".join(
+        ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), "| " + " | ".join(cells) + " |"]
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, required=True, help="imports, data, run dirs, cells")
@@ -339,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python", "benchmarks/pretrained_prune.py", *(argv or sys.argv[1:])]),
     }
     write_json("pretrained_prune", data, args.json)
+    print(baseline_markdown(data))
     return 0
 
 

@@ -84,3 +84,17 @@ def test_finished_cells_pair_each_shape_with_the_uniform_prune(bench, tmp_path):
     diff = out["0.5/widening"]["healed_vs_uniform"]
     assert diff["mean"] == pytest.approx(sum(a - b for a, b in zip(*losses.values())) / 3 * -1)
     assert out["0.5/uniform"]["healed_vs_uniform"]["mean"] == 0
+
+
+def test_the_docs_table_is_the_results_own(bench):
+    """docs/compress.md's table of the measurement before pruning is what the committed results
+    JSON renders to (the script prints it)."""
+    repo = BENCH.parent
+    data = json.loads((repo / "benchmarks/results/pretrained_prune.json").read_text())
+    doc = (repo / "docs/compress.md").read_text(encoding="utf-8")
+    block = doc.split("<!-- pretrained_prune:baseline -->\n")[1].split("\n<!-- /pretrained_prune")[
+        0
+    ]
+    assert block == bench.baseline_markdown(data)
+    assert data["import"]["quantization"] == {"Q4_1": 210, "F32": 61, "Q8_0": 1}
+    assert data["baseline"]["settings"]["limit"] == 200 and data["baseline"]["val_tokens"] == 16_384
