@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from outputs import STAMP, claim_folder, folder_problem, write_output
-from taperlm.stats import t_quantile
+from taperlm.analysis.stats import t_quantile
 
 TAPERS = "uniform;cosine:1.5:0.5"
 TAPERED = "cosine-1.5-0.5"

@@ -145,8 +145,8 @@ ARCH_FAMILIES = ("transformer", "hope", "titans-mac", "titans-mag", "titans-mal"
 
 
 def architectures_params_table() -> str:
-    from taperlm.budget import total_params
-    from taperlm.presets import get_preset
+    from taperlm.config.budget import total_params
+    from taperlm.config.presets import get_preset
 
     rows = [
         "| size | " + " | ".join(ARCH_FAMILIES) + " |",
@@ -159,8 +159,8 @@ def architectures_params_table() -> str:
 
 
 def architectures_flops_table() -> str:
-    from taperlm.budget import flops_per_token
-    from taperlm.presets import get_preset
+    from taperlm.config.budget import flops_per_token
+    from taperlm.config.presets import get_preset
 
     head = ["transformer GFLOP/tok", *ARCH_FAMILIES[1:]]
     rows = ["| size | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
@@ -171,8 +171,8 @@ def architectures_flops_table() -> str:
 
 
 def tapers_presets_table() -> str:
-    from taperlm.budget import total_params
-    from taperlm.presets import get_preset
+    from taperlm.config.budget import total_params
+    from taperlm.config.presets import get_preset
 
     rows = [
         "| preset | layers | d_model | heads | mlp_width | params |",
@@ -190,7 +190,7 @@ def tapers_presets_table() -> str:
 
 def ratio_measurements_table() -> str:
     """The measured points `taperlm plan`'s ratio advice reads (the packaged file)."""
-    from taperlm.ratio_advice import load_measurements, points_markdown
+    from taperlm.spec.ratio_advice import load_measurements, points_markdown
 
     return points_markdown(load_measurements())
 

@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from outputs import STAMP, output_file, write_output
-from taperlm import stats
+from taperlm.analysis import stats
 
 RUNS = 20_000
 SEED = 62

@@ -31,11 +31,11 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
+    from taperlm.checkpoint.loading import load_any
     from taperlm.evaluation.harness import make_hflm, run_lm_eval, write_task_dir
     from taperlm.evaluation.registry import load_task
     from taperlm.evaluation.scoring import Scorer
     from taperlm.evaluation.suite import run_task
-    from taperlm.loading import load_any
 
     model, tok, _ = load_any(args.model)
     L = model.config.context_length

@@ -66,8 +66,8 @@ def _peak_rss_bytes() -> int:
 def _build(name: str, seed: int = 0):
     import torch
 
+    from taperlm.config.presets import get_preset
     from taperlm.models import TaperedLM
-    from taperlm.presets import get_preset
 
     torch.manual_seed(seed)
     cfg = get_preset(name)
@@ -149,7 +149,7 @@ def run_size(size: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     """One interleaved comparison of every family at preset size `size`."""
     import torch
 
-    from taperlm.budget import flops_per_token, total_params
+    from taperlm.config.budget import flops_per_token, total_params
 
     steps, cfgs = {}, {}
     for fam in args.families:

@@ -28,9 +28,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_info, median, paired_ratio, table, write_json
 from outputs import output_file
-from taperlm.generation import SamplingConfig, generate_tokens
+from taperlm.config.presets import get_preset
 from taperlm.models import TaperedLM
-from taperlm.presets import get_preset
+from taperlm.models.generation import SamplingConfig, generate_tokens
 
 PRESETS = ["transformer-tiny", "titans-mac-tiny", "titans-mag-tiny", "titans-mal-tiny"]
 HF_PRESETS = ["transformer-tiny", "gated-tiny", "hope-tiny", *PRESETS[1:]]

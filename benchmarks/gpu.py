@@ -13,7 +13,7 @@ spent, so the command ends in time):
    chunk loop (layers x chunks steps in one graph), so it compiles for minutes. A few warm-up steps (where compilation happens; `warmup_s`) precede the timed steps,
    with `torch.cuda.synchronize()` around the timed region. Peak memory of each row.
 
-       MFU = tokens/s x flops_per_token(cfg, seq) / peak     (taperlm.budget.flops_per_token)
+       MFU = tokens/s x flops_per_token(cfg, seq) / peak     (taperlm.config.budget.flops_per_token)
 
    with the dense bf16 peak of the GPU (H100/H200 989 TFLOP/s, A100 312; `--peak-tflops`).
 2. **memory**: transformer-440m (cosine) the way `taperlm train` shards it (meta init, FSDP2
@@ -57,10 +57,10 @@ from common import (
     warm_and_time,
     write_json,
 )
-from taperlm.budget import flops_per_token, total_params
+from taperlm.config.budget import flops_per_token, total_params
+from taperlm.config.presets import get_preset, preset_families
 from taperlm.errors import ConfigError, TaperError
-from taperlm.presets import get_preset, preset_families
-from taperlm.taper import TaperSpec
+from taperlm.spec.taper import TaperSpec
 
 FAMILIES = tuple(preset_families())  # transformer, gated, hope, titans-mac, ...
 # Dense bf16 peak FLOP/s (no sparsity), matched against torch.cuda.get_device_name().

@@ -10,7 +10,7 @@ context C: a prompt of C random tokens is prefilled with the cache, then `--new-
 are decoded greedily one at a time; decode tokens/s = new tokens / process CPU seconds of the
 decoding steps (prefill excluded, it is reported apart). Cache bytes = the bytes of the key and
 value tensors the caches hold after the last step (batch 1, fp32), checked equal to
-`taperlm.budget.kv_cache_bytes` (what `taperlm plan` prints); the bf16 figure is half. Peak cache
+`taperlm.config.budget.kv_cache_bytes` (what `taperlm plan` prints); the bf16 figure is half. Peak cache
 bytes add the one layer whose cache `torch.cat` copies at a step (old + new tensor alive at
 once). Contestants run interleaved over rounds (rotating order); medians and the ratio to the
 first contestant are reported.
@@ -30,10 +30,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_info, median, paired_ratio, table, write_json
 from outputs import output_file
-from taperlm.budget import kv_cache_bytes, total_params
 from taperlm.compare.grid import parse_allocation
+from taperlm.config.budget import kv_cache_bytes, total_params
+from taperlm.config.presets import get_preset
 from taperlm.models import TaperedLM
-from taperlm.presets import get_preset
 
 ALLOCATIONS = [
     "uniform",

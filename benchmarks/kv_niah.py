@@ -34,12 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from common import machine_info, table, write_json
 from niah_helpers import copy_drill, digit_pair_tokenizer, needle_example
 from outputs import output_file
-from taperlm.budget import kv_cache_bytes, total_params
 from taperlm.compare.grid import parse_allocation
 from taperlm.config import ModelConfig
+from taperlm.config.budget import kv_cache_bytes, total_params
 from taperlm.evaluation.suite import run_niah
 from taperlm.models import TaperedLM
-from taperlm.taper import TaperSpec
+from taperlm.spec.taper import TaperSpec
 from test_eval_niah_trained import (
     DRILLS,
     LENGTHS,

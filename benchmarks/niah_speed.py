@@ -45,10 +45,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from taperlm.config.presets import get_preset
     from taperlm.evaluation.niah import parse_lengths
     from taperlm.evaluation.suite import run_niah
     from taperlm.models import TaperedLM
-    from taperlm.presets import get_preset
 
     torch.set_num_threads(args.threads)
     lengths = parse_lengths(args.lengths, "--lengths")

@@ -50,7 +50,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS_DIR, machine_info, raise_recompile_limit, table, write_json
 from outputs import output_file
-from taperlm.presets import get_preset, preset_families
+from taperlm.config.presets import get_preset, preset_families
 
 FAMILIES = tuple(preset_families())
 SHAPES = ("tiny", "440m-layer")

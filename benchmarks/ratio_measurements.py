@@ -1,7 +1,7 @@
 """The package's copy of the ratio measurements, written from the reports in benchmarks/results.
 
-`taperlm plan` advises on the taper's ratio from src/taperlm/ratio_measurements.json
-(`taperlm.ratio_advice`): the wheel has no benchmarks/, so the points ship with the package.
+`taperlm plan` advises on the taper's ratio from src/taperlm/spec/ratio_measurements.json
+(`taperlm.spec.ratio_advice`): the wheel has no benchmarks/, so the points ship with the package.
 This script writes that file from the reports the compare modes wrote:
 
 - results/scaling_report.json (`taperlm compare --paper scaling`): each point turned into the
@@ -29,7 +29,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-PACKAGED = ROOT / "src" / "taperlm" / "ratio_measurements.json"
+PACKAGED = ROOT / "src" / "taperlm" / "spec" / "ratio_measurements.json"
 SCALING_REPORT = "scaling_report.json"
 TREND_REPORTS = "longrun_*.json"
 

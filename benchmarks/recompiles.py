@@ -17,9 +17,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import raise_recompile_limit, table, write_json
 from outputs import output_file
+from taperlm.config.presets import get_preset
 from taperlm.models import TaperedLM
-from taperlm.presets import get_preset
-from taperlm.taper import TaperSpec
+from taperlm.spec.taper import TaperSpec
 
 
 def graphs(preset: str, taper: str, scope: str, dynamic_widths: bool) -> tuple[int, int]:

@@ -20,7 +20,7 @@ block shape (benchmarks/recompiles.py), so widths are rounded to multiples of 25
 (13 distinct widths for the cosine 440M stack instead of 20 at 128); the compile seconds are
 the `warmup_s` column and the graph count `graphs`.
 
-MFU = tokens/s x flops_per_token(cfg, seq) / peak (taperlm.budget; H100/H200 989 TFLOP/s dense
+MFU = tokens/s x flops_per_token(cfg, seq) / peak (taperlm.config.budget; H100/H200 989 TFLOP/s dense
 bf16, A100 312; `--peak-tflops` for others).
 """
 
@@ -50,10 +50,10 @@ from common import (
     warm_and_time,
     write_json,
 )
-from taperlm.budget import flops_per_token
 from taperlm.config import TrainConfig
-from taperlm.presets import get_preset
-from taperlm.taper import TaperSpec
+from taperlm.config.budget import flops_per_token
+from taperlm.config.presets import get_preset
+from taperlm.spec.taper import TaperSpec
 
 ROWS = [
     ("transformer", "cosine", "eager"),

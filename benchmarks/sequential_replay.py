@@ -33,9 +33,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from outputs import STAMP, output_file, write_output
-from taperlm import stats
+from taperlm.analysis import stats
 from taperlm.compare import sequential
-from taperlm.io import read_text
+from taperlm.files.io import read_text
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_INPUTS = [RESULTS / "scaling_report.json"]

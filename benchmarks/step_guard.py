@@ -25,8 +25,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import interleaved, machine_info, median, paired_ratio, table, write_json
 from outputs import output_file
-from taperlm.device import resolve_device
-from taperlm.presets import get_preset, preset_families
+from taperlm.config.presets import get_preset, preset_families
+from taperlm.runtime.device import resolve_device
 from taperlm.training import distributed as D
 from taperlm.training.guard import StepGuard
 from taperlm.training.model import autocast

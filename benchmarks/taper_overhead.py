@@ -33,9 +33,9 @@ from common import (
 )
 from outputs import output_file
 from taperlm.config import ModelConfig
+from taperlm.config.presets import get_preset, preset_families
 from taperlm.errors import ConfigError, TaperError
-from taperlm.presets import get_preset, preset_families
-from taperlm.taper import TaperSpec
+from taperlm.spec.taper import TaperSpec
 
 FAMILIES = tuple(preset_families())  # transformer, gated, hope, titans-mac, ...
 

@@ -49,7 +49,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, {bench!r})
 from common import raise_recompile_limit
 from op_count import count_kernels, make_step
-from taperlm.presets import get_preset
+from taperlm.config.presets import get_preset
 raise_recompile_limit(64)
 torch.manual_seed(0)
 # every per-layer size re-resolved at the cut depth (the preset is uniform: same shapes)
@@ -68,7 +68,7 @@ print("RESULT", json.dumps({{"warmup_s": warm, "kernels": kernels}}))
 CHILD_EAGER = """
 import json, sys, time, torch
 from taperlm.models import TaperedLM
-from taperlm.presets import get_preset
+from taperlm.config.presets import get_preset
 torch.manual_seed(0)
 cfg = get_preset("titans-mag-tiny")
 model = TaperedLM(cfg)

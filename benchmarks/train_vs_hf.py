@@ -35,7 +35,7 @@ from common import interleaved, machine_info, median, paired_ratio, table, write
 from outputs import output_file
 from taperlm.config import ModelConfig
 from taperlm.models import TaperedLM, cpu_kernels
-from taperlm.taper import TaperSpec
+from taperlm.spec.taper import TaperSpec
 
 
 def build_ours(args: argparse.Namespace) -> TaperedLM:

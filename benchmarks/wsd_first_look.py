@@ -27,11 +27,11 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from outputs import STAMP, claim_folder, folder_problem, write_output
-from taperlm.budget import total_params
+from taperlm.analysis.stats import paired_difference
 from taperlm.config import RunConfig
-from taperlm.presets import get_preset
-from taperlm.stats import paired_difference
-from taperlm.taper import TaperSpec
+from taperlm.config.budget import total_params
+from taperlm.config.presets import get_preset
+from taperlm.spec.taper import TaperSpec
 
 ALLOCATIONS = {"uniform": "uniform", "cosine-1.5-0.5": "cosine:1.5:0.5"}
 BATCH = 1024

@@ -35,7 +35,7 @@ import pytest
 
 from taperlm.config import OVERRIDES_ENV, ModelConfig
 from taperlm.evaluation.locate import EVAL_DATA_ENV, NO_EVAL_DATA, eval_data_dir
-from taperlm.taper import TaperSpec
+from taperlm.spec.taper import TaperSpec
 
 # Tests live in one folder per feature (tests/model, tests/training, ...) and share fixtures and
 # helpers across them by module name (`from test_compare import TINY`, `import fault_harness`), as
@@ -77,7 +77,7 @@ def tiny_config(
     (`n_layers=3`, `tie_embeddings=True`) or, by their names, the family's options
     (`variant="mac"`, `levels=2`, `gate="headwise"`). With `preset` (e.g. "titans-mag-tiny") the
     family and its options come from that preset instead (shape still TINY_SHAPE)."""
-    from taperlm.presets import get_preset
+    from taperlm.config.presets import get_preset
 
     if preset is not None:
         base = get_preset(preset, resolve=False)
@@ -119,6 +119,30 @@ def raises_naming(error: type[BaseException], *tokens: str) -> Iterator[pytest.E
         yield info
     missing = [t for t in tokens if t not in str(info.value)]
     assert not missing, f"{missing} not named in: {info.value}"
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+README_RESULTS = ("<!-- README's results: begin", "<!-- README's results: end -->")
+
+
+def flat_text(text: str) -> str:
+    """`text` with its line breaks and runs of spaces made single spaces, so that a quoted number
+    is found wherever the prose wraps it."""
+    return " ".join(text.split())
+
+
+def readme_results_text() -> str:
+    """docs/compare.md's section "README's results" (the measurements that opened README.md
+    until issue 60, moved there unchanged), flattened: the tests that checked README's numbers
+    check them here, and in README where it still quotes them."""
+    page = (REPO_ROOT / "docs" / "compare.md").read_text(encoding="utf-8")
+    begin, end = README_RESULTS
+    return flat_text(page.split(begin, 1)[1].split(end, 1)[0])
+
+
+def readme_text() -> str:
+    """README.md, flattened (`flat_text`)."""
+    return flat_text((REPO_ROOT / "README.md").read_text(encoding="utf-8"))
 
 
 def assert_naming(text: str, *tokens: str) -> None:

@@ -208,7 +208,7 @@ def install_hooks() -> None:
 
     loop.Trainer._restore = restore  # type: ignore[method-assign]
 
-    from taperlm import runlock
+    from taperlm.files import runlock
 
     real_acquire, real_release = runlock.RunLock.acquire, runlock.RunLock.release
 

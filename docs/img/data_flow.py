@@ -11,7 +11,7 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 # name -> (x, y, text): the rooms of the flow, top (the command line) to bottom (what is written)
 BOXES = {
     "cli": (0.50, 0.93, "CLI: cli.py -> commands/<name>.py\n(parse, call the library)"),
-    "config": (0.22, 0.76, "config: config.py, presets.py\ntaper.py, kv_taper.py, budget.py\nfamilies/ (resolved widths)"),
+    "config": (0.22, 0.76, "config: config/ (presets, budget),\nspec/ (tapers, solver),\nfamilies/ (resolved widths)"),
     "plan": (0.78, 0.76, "plan: budgets, FLOPs,\nwidths (no torch)"),
     "model": (0.22, 0.56, "model: models/ (TaperedLM),\nfamilies/ blocks"),
     "data": (0.78, 0.56, "data: data/ prepare -> shards,\ntokenizer, loader"),
@@ -19,7 +19,7 @@ BOXES = {
     "run": (0.50, 0.20, "run dir: config.yaml, metrics.jsonl,\ncheckpoints/, plots"),
     "eval": (0.16, 0.05, "eval: evaluation/\nval ppl, zero-shot, S-NIAH"),
     "compare": (0.50, 0.05, "compare/: grid of runs\nreport.md, report.json, PNGs"),
-    "export": (0.84, 0.05, "export: hf/, gguf_export.py\ngenerate, novelty"),
+    "export": (0.84, 0.05, "export: hf/, interop/ (GGUF)\ngenerate, novelty"),
 }
 ARROWS = [
     ("cli", "config"), ("cli", "plan"), ("cli", "data"), ("config", "model"), ("config", "plan"),

@@ -14,10 +14,11 @@ import sys
 
 from taperlm import __version__
 from taperlm.commands.common import resume_command
-from taperlm.device import is_out_of_memory, memory_error
-from taperlm.domains import check_arguments
+from taperlm.config.assembly import check_agreement, option_settings
 from taperlm.errors import TaperlmError
-from taperlm.io import bounded_message
+from taperlm.files.io import bounded_message
+from taperlm.runtime.device import is_out_of_memory, memory_error
+from taperlm.spec.domains import check_arguments
 from taperlm.training.interrupt import interrupted_message
 
 # name -> one-line help; the module taperlm.commands.<name> implements it.
@@ -79,8 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args._argv = argv  # for messages that repeat the command (resume_command)
     try:
-        # Every numeric option's declared domain (taperlm.domains), before the command runs.
-        check_arguments(subcommand_parser(parser, args._command), args)
+        # Every numeric option's declared domain (taperlm.spec.domains), before the command runs.
+        command_parser = subcommand_parser(parser, args._command)
+        check_arguments(command_parser, args)
+        # Every option that sets a config key against a --set of that key, for every command,
+        # from the declarations (`taperlm.config.assembly.add_setting_argument`): agree or refuse.
+        args._settings = option_settings(command_parser, args)
+        check_agreement(args._settings, getattr(args, "overrides", None) or [])
         return int(_module(args._command).run(args) or 0)
     except TaperlmError as err:
         print(f"taperlm {args._command}: error: {bounded_message(str(err))}", file=sys.stderr)

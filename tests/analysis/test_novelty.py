@@ -20,9 +20,9 @@ from taperlm.analysis.novelty import (
     find_layers,
     measure,
 )
+from taperlm.analysis.stats import pearson
 from taperlm.errors import ConfigError
 from taperlm.models import TaperedLM
-from taperlm.stats import pearson
 
 
 def tiny_tapered(seed: int = 0) -> TaperedLM:

@@ -12,14 +12,13 @@ from hypothesis import strategies as st
 
 from checkpoint_helpers import save_checkpoint
 from conftest import raises_naming, tiny_config
-from taperlm import budget
 from taperlm.cli import main
-from taperlm.config import RunConfig, load_run_config, run_config_from_dict, to_dict
+from taperlm.config import RunConfig, budget, load_run_config, run_config_from_dict, to_dict
 from taperlm.errors import ConfigError, TaperError
+from taperlm.files.outfiles import written_by_taperlm
 from taperlm.models import TaperedLM
-from taperlm.outfiles import written_by_taperlm
-from taperlm.solver import solve_sizes
-from taperlm.taper import TaperSpec, multipliers, novelty_multipliers, read_rho_mlp
+from taperlm.spec.solver import solve_sizes
+from taperlm.spec.taper import TaperSpec, multipliers, novelty_multipliers, read_rho_mlp
 
 RHO = [0.15, 0.14, 0.50, 0.50, 0.45, 0.24]  # uniform transformer-tiny, docs/compare.md
 

@@ -98,9 +98,9 @@ def test_a_run_that_needs_more_memory_than_there_is(trained, tmp_path, capsys, m
     """A size that cannot be allocated, where the free memory is unknown (so the up-front
     check cannot refuse it): one line naming the allocation and what to change, and no run
     dir left behind."""
-    import taperlm.device
+    import taperlm.runtime.device
 
-    monkeypatch.setattr(taperlm.device, "available_memory", lambda device="cpu": None)
+    monkeypatch.setattr(taperlm.runtime.device, "available_memory", lambda device="cpu": None)
     data, _ = trained
     out = tmp_path / "run"
     rc = cli_main(H.train_argv(data, out, *HUGE))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from taperlm.cli import COMMANDS, main
-from taperlm.progress import progress_bar
+from taperlm.runtime.progress import progress_bar
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,7 +41,7 @@ def test_every_preset_and_example_config_trains_its_own_tokens_without_a_note():
     """A preset's (and every configs/ example's) own train.tokens is whole steps: the trainer's
     rounding note is for tokens the user asked for."""
     from taperlm.config import load_run_config, run_config_from_dict
-    from taperlm.presets import config_data, preset_names
+    from taperlm.config.presets import config_data, preset_names
 
     for name in preset_names():
         cfg = run_config_from_dict(config_data(None, name)[0], name).resolve()

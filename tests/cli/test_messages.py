@@ -20,7 +20,7 @@ import pytest
 import fault_harness as H
 from conftest import assert_own_options
 from taperlm.cli import main as cli_main
-from taperlm.io import not_a_file, os_error_cause
+from taperlm.files.io import not_a_file, os_error_cause
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "taperlm"
 
@@ -147,13 +147,13 @@ def test_only_a_full_disk_is_called_a_full_disk():
         for i, line in enumerate(p.read_text().splitlines(), 1)
         if "disk space" in line.lower() or "free space" in line.lower()
     ]
-    assert hits == ["io.py:" + hits[0].split(":")[1]] and len(hits) == 1, hits
+    assert hits == ["files/io.py:" + hits[0].split(":")[1]] and len(hits) == 1, hits
 
 
 def test_rope_theta_that_breaks_the_tables_is_named():
+    from taperlm.config.presets import get_preset
     from taperlm.errors import ConfigError
     from taperlm.models import TaperedLM
-    from taperlm.presets import get_preset
 
     cfg = get_preset("transformer-tiny")
     cfg.rope_theta = 1e-300

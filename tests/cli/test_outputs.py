@@ -1,6 +1,6 @@
 """Class 3 of issue 16: every output path of every command is checked before the work starts.
 
-The output options are found by walking every subcommand's parser (`taperlm.domains.output_path`
+The output options are found by walking every subcommand's parser (`taperlm.spec.domains.output_path`
 marks them; `input_path` marks what a command reads). Each is tried with every bad kind of path:
 empty, a file where a folder is expected or the reverse, a path below a file, a place where no
 file can be created, and the path of one of the command's own inputs (the run dir itself, the
@@ -20,7 +20,7 @@ import fault_harness as H
 from conftest import assert_own_options
 from taperlm.cli import COMMANDS, build_parser, subcommand_parser
 from taperlm.cli import main as cli_main
-from taperlm.domains import PathArg
+from taperlm.spec.domains import PathArg
 
 pytestmark = pytest.mark.unit
 
@@ -166,7 +166,7 @@ def test_bad_output_path_stops_before_work(cmd, option, kind, bad, inp, tmp_path
 def test_good_output_paths_pass_the_check(tmp_path):
     """The check refuses nothing legitimate: a new path in a writable folder, an existing empty
     folder, an existing file to be replaced, a missing parent chain."""
-    from taperlm.domains import check_output
+    from taperlm.spec.domains import check_output
 
     (tmp_path / "empty").mkdir()
     (tmp_path / "old.json").write_text("{}")
@@ -180,12 +180,12 @@ def test_good_output_paths_pass_the_check(tmp_path):
 def test_eval_out_folder_fails_before_loading_the_model(tmp_path, capsys, monkeypatch):
     """The issue's example: `eval RUN --out FOLDER` used to evaluate for an hour and then die
     with IsADirectoryError; now nothing is loaded."""
-    import taperlm.loading
+    import taperlm.checkpoint.loading
 
     def boom(*a, **k):
         raise AssertionError("the model was loaded before the output path was checked")
 
-    monkeypatch.setattr(taperlm.loading, "load_any", boom)
+    monkeypatch.setattr(taperlm.checkpoint.loading, "load_any", boom)
     (tmp_path / "results").mkdir()
     rc = cli_main(["eval", str(tmp_path), "--out", str(tmp_path / "results"), "--device", "cpu"])
     assert rc == 2

@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from taperlm.budget import total_params
 from taperlm.cli import main
 from taperlm.config import TrainConfig
-from taperlm.presets import get_preset
-from taperlm.ratio_advice import advice, format_advice
+from taperlm.config.budget import total_params
+from taperlm.config.presets import get_preset
+from taperlm.spec.ratio_advice import advice, format_advice
 
 
 def _json(capsys, *argv: str) -> dict:

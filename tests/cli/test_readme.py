@@ -1,12 +1,14 @@
 """The README's commands work on a fresh copy of the repository, offline, without ../shared.
 
-The commands are read from README.md itself: the `taperlm` commands of the set-up block (the
-main job) and every line of the Usage block (continuations joined, comments dropped), and they
-run exactly as printed, in a fresh copy (its files, `git init`, no ../shared, no network, an
-empty cache); afterwards `git status` is clean, so every output the README makes is git-ignored.
-A line may only be made smaller through what the README documents and the line does not show:
-the `TAPERLM_SET` overrides of `QUICK` for the lines that train. The line the README marks
-*(needs internet)* must fail offline with a clear error (no traceback).
+The commands are read from README.md itself: every `taperlm` and `torchrun` command of its
+```bash blocks, in the order they appear (continuations joined, comments dropped, `&&` chains
+split: the main job's set-up line ends in `taperlm compare`), and they run exactly as printed,
+in a fresh copy (its files, `git init`, no ../shared, no network, an empty cache); afterwards
+`git status` is clean, so every output the README makes is git-ignored. A line may only be made
+smaller through what the README documents and the line does not show: the `TAPERLM_SET`
+overrides of `QUICK` for the lines that train. The line the README marks *(needs internet)*
+must fail offline with a clear error (no traceback). The page itself is a guide: its first
+command within the first screen, a table of every subcommand.
 
 - default: every command parses, every output path is git-ignored, the lines that need no
   model (`taperlm plan`) run as printed in a fresh copy;
@@ -32,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from taperlm.cli import build_parser
+from taperlm.cli import COMMANDS, build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,6 +48,8 @@ QUICK_SET = (
     "model.n_layers=3 model.d_model=64 model.n_heads=2 model.mlp_width=128 " + QUICK_TRAIN_SET
 )
 QUICK: dict[str, dict[str, str]] = {
+    # the quick start is small as printed (and trains on the corpus it prepares itself)
+    "taperlm train --preset transformer-nano": {},
     # a run from a pruned model's weights keeps that model: the training settings only
     "taperlm train --init-from": {"TAPERLM_SET": QUICK_TRAIN_SET},
     **{f: {"TAPERLM_SET": QUICK_SET} for f in ("taperlm train", "torchrun", "taperlm compare")},
@@ -53,29 +57,32 @@ QUICK: dict[str, dict[str, str]] = {
 NEEDS_INTERNET = "(needs internet)"
 
 
-def readme_commands() -> list[str]:
-    """The `taperlm` commands of the set-up block and every command of the Usage block."""
+def _bash_lines() -> list[str]:
+    """Every line of README's ```bash blocks, in order, continuations joined."""
     text = (REPO / "README.md").read_text(encoding="utf-8")
-    setup = text.split("## Set up", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
-    commands = [c.strip() for c in setup.split("&&") if c.strip().startswith("taperlm ")]
-    usage = text.split("## Usage", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
-    lines = re.sub(r"\\\n\s*", "", usage).splitlines()
-    commands += [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
-    return commands
+    blocks = [b.split("```", 1)[0] for b in text.split("```bash\n")[1:]]
+    return [ln.strip() for b in blocks for ln in re.sub(r"\\\n\s*", "", b).splitlines()]
+
+
+def _is_command(part: str) -> bool:
+    return part.startswith(("taperlm ", "torchrun "))
+
+
+def readme_commands() -> list[str]:
+    """The `taperlm`/`torchrun` commands of README's bash blocks (each part of an `&&` chain)."""
+    parts = [c.strip() for ln in _bash_lines() if not ln.startswith("#") for c in ln.split("&&")]
+    return [c for c in parts if _is_command(c)]
 
 
 def internet_commands() -> list[str]:
-    """The Usage commands whose comment says they need the internet."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    usage = text.split("## Usage", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
-    lines = re.sub(r"\\\n\s*", "", usage).splitlines()
+    """The commands whose comment says they need the internet."""
     out, comment = [], ""
-    for ln in (x.strip() for x in lines):
+    for ln in _bash_lines():
         if ln.startswith("#"):
             comment += ln
         elif ln:
             if NEEDS_INTERNET in comment:
-                out.append(ln)
+                out += [c.strip() for c in ln.split("&&") if _is_command(c.strip())]
             comment = ""
     return out
 
@@ -96,9 +103,29 @@ def _extra_env(command: str, table: dict[str, dict[str, str]]) -> dict[str, str]
 def test_readme_has_the_commands_it_promises():
     commands = readme_commands()
     subcommands = {_cli_args(c)[0] for c in commands}
-    assert subcommands >= {"plan", "prepare", "train", "eval", "export", "generate", "novelty"}
+    assert subcommands == set(COMMANDS)  # every subcommand shown at work
     assert "taperlm compare --out runs/compare" in commands  # the main job
     assert any(c.startswith("torchrun ") for c in commands)
+
+
+def _section(title: str) -> str:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_is_a_guide_that_starts_with_how_to_use_the_tool():
+    """The first screen holds the install block; the quick start runs plan, prepare, train and
+    eval; the Commands table names every subcommand, once, in the CLI's order."""
+    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+    assert lines.index("```bash") < 40
+    headings = [ln.removeprefix("## ") for ln in lines if ln.startswith("## ")]
+    assert headings[:3] == ["Install", "Quick start", "Commands"]
+    quick = [_cli_args(c)[0] for c in readme_commands() if c in _section("Quick start")]
+    assert quick == ["plan", "prepare", "train", "eval"]
+    table = re.findall(r"^\| `taperlm (\w+)` \|", _section("Commands"), flags=re.M)
+    assert table == list(COMMANDS)
+    assert "(docs/img/taper-widths.png)" in "\n".join(lines[:15])
+    assert (REPO / "docs/img/taper-widths.png").is_file()
 
 
 @pytest.mark.parametrize("command", readme_commands())
@@ -201,9 +228,9 @@ def _run_readme(tmp_path: Path, table: dict[str, dict[str, str]], timeout: float
     pytest.importorskip("transformers")  # export/novelty of an export (the [eval] extra)
     copy, env = _copy_and_environment(tmp_path)
     offline = set(internet_commands())
-    # the main job last (with QUICK it trains on data/default, which the usage block prepares)
+    # in the page's order: the main job comes after the usage block, so with QUICK it trains on
+    # the data/default that block prepares
     commands = readme_commands()
-    commands = commands[1:] + commands[:1]
     outputs = {}
     for command in commands:
         extra = _extra_env(command, table)

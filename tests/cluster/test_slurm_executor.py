@@ -161,11 +161,11 @@ def test_killed_job_resumes_and_every_cell_equals_local(cluster, data_dir, tmp_p
 def test_two_commands_never_submit_one_folder_at_once(cluster, data_dir, tmp_path):  # noqa: F811
     """Another process (another login node's command) holds the comparison folder: this one is
     refused, naming it, and submits nothing; each cell's job then holds its run dir the same way
-    (`taperlm.runlock`), so a cell never trains twice at once."""
+    (`taperlm.files.runlock`), so a cell never trains twice at once."""
     out = tmp_path / "cmp"
     out.mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from taperlm.runlock import locked\n"
+        [sys.executable, "-c", "import sys, time; from taperlm.files.runlock import locked\n"
          "with locked(sys.argv[1], 'comparison folder'):\n"
          "    print('held', flush=True); time.sleep(120)", str(out)],
         stdout=subprocess.PIPE, text=True,

@@ -23,7 +23,15 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import assert_naming, raises_naming
-from taperlm import cpus
+from taperlm.analysis.stats import (
+    Summary,
+    paired_difference,
+    pairwise_agreement,
+    relative_ppl_change,
+    spearman,
+    summary,
+    t_quantile,
+)
 from taperlm.cli import main
 from taperlm.compare import executor, runner
 from taperlm.compare.grid import (
@@ -34,17 +42,9 @@ from taperlm.compare.grid import (
 )
 from taperlm.compare.paper import PAPER_SWEEP
 from taperlm.config import RunConfig, TrainConfig
+from taperlm.config.presets import get_preset
 from taperlm.errors import ConfigError
-from taperlm.presets import get_preset
-from taperlm.stats import (
-    Summary,
-    paired_difference,
-    pairwise_agreement,
-    relative_ppl_change,
-    spearman,
-    summary,
-    t_quantile,
-)
+from taperlm.runtime import cpus
 
 TINY = [
     "--preset",
@@ -947,8 +947,8 @@ def test_allocation_syntax_with_heads_and_novelty():
 
 
 def test_novelty_pilot_and_head_taper_grid(data_dir, tmp_path):
-    from taperlm.solver import solve_sizes
-    from taperlm.taper import TaperSpec, rho_mlp_of
+    from taperlm.spec.solver import solve_sizes
+    from taperlm.spec.taper import TaperSpec, rho_mlp_of
 
     out = tmp_path / "out"
     tapers = "uniform;novelty:pilot;both=cosine+heads:cosine"
@@ -1127,7 +1127,7 @@ def test_cpu_recipe_model_settings_apply_to_small_presets_only(tmp_path):
     it; a config file's model section, --set and the paper's sizes keep their own."""
     from taperlm.compare.options import CompareOptions
     from taperlm.compare.recipe import COMPARE_MODEL, base_config
-    from taperlm.presets import preset_families
+    from taperlm.config.presets import preset_families
 
     init = COMPARE_MODEL.init_std
     assert init != 0.02  # else this test could not tell the two apart

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from taperlm import stats
+from taperlm.analysis import stats
 from taperlm.compare import crossing as cx
 
 TOKENS = [1000, 2000, 4000, 8000, 16000]
@@ -72,7 +72,7 @@ def test_pairing_by_seed_and_shared_evaluations():
     assert first.n == 2 and first.mean == pytest.approx(-0.2)
     assert first.tokens_per_param == pytest.approx(1.0)
     assert first.per_seed == pytest.approx((-0.1, -0.3))
-    # the interval is taperlm.stats.paired_difference's t interval
+    # the interval is taperlm.analysis.stats.paired_difference's t interval
     half = 12.7062 * math.sqrt(0.02) / math.sqrt(2)
     assert first.ci == pytest.approx((-0.2 - half, -0.2 + half), abs=1e-3)
 

@@ -162,7 +162,7 @@ def test_a_cell_held_elsewhere_is_not_trained_twice(tmp_path):
     run_dir = tmp_path / "runs" / "c-s0"
     run_dir.mkdir(parents=True)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from taperlm.runlock import locked\n"
+        [sys.executable, "-c", "import sys, time; from taperlm.files.runlock import locked\n"
          "with locked(sys.argv[1]):\n    print('held', flush=True); time.sleep(120)",
          str(run_dir)],
         stdout=subprocess.PIPE, text=True,

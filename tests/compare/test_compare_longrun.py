@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from taperlm.analysis.stats import PairedDifference
 from taperlm.compare import longrun
 from taperlm.compare.job import check_options
 from taperlm.compare.options import CompareOptions, declared_options
 from taperlm.compare.scaling import BestRatioFit, ScalingPoint
 from taperlm.errors import ConfigError
-from taperlm.stats import PairedDifference
-from taperlm.taper import TaperSpec
+from taperlm.spec.taper import TaperSpec
 from test_compare import data_dir  # noqa: F401 (fixture)
 from test_compare_scaling import TOY_ARGS
 
@@ -30,8 +30,8 @@ def test_token_axis_plan_meets_the_brief():
     """nano: budgets spanning >= 2 orders of magnitude up to >= 68 tokens per parameter; micro
     up to >= 10; every budget within one batch of its tokens per parameter, at the parameters
     of the size's own corpus vocabulary (nano 512, micro 2048)."""
-    from taperlm.budget import total_params
-    from taperlm.presets import get_preset
+    from taperlm.config.budget import total_params
+    from taperlm.config.presets import get_preset
 
     plan = longrun.plan_of("tokens")
     sizes = {s.name: s for s in plan.sizes}
@@ -59,7 +59,7 @@ def test_ratio_axis_goes_past_the_old_edge_with_distinct_widths():
     assert plan.starts == (0.5, 0.75, 1.25, 1.5, 1.75, 1.9, 1.95, 2.0)
     assert set(plan.starts) > set(longrun.plan_of("tokens").starts)  # contains the token axis's
     nano = next(s for s in plan.sizes if s.name == "nano")
-    from taperlm.solver import solve_sizes
+    from taperlm.spec.solver import solve_sizes
 
     widths = {
         s: tuple(solve_sizes(TaperSpec.parse(f"cosine:{s}:{2 - s:g}", 8), 4, 176, zero_ok=True))
@@ -82,7 +82,7 @@ def test_both_modes_sweep_below_uniform(mode):
     the trend rows map a start below 1 to its allocation (not to uniform's 1.0)."""
     from taperlm.compare import scaling
     from taperlm.compare.grid import parse_allocations
-    from taperlm.solver import solve_sizes
+    from taperlm.spec.solver import solve_sizes
 
     plan = longrun.plan_of(mode)
     assert {0.5, 0.75} <= set(plan.starts) and min(plan.starts) == 0.5

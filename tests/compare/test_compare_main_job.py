@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from taperlm.budget import total_params
 from taperlm.cli import build_parser
 from taperlm.compare import job
 from taperlm.compare.grid import build_grid
@@ -31,6 +30,7 @@ from taperlm.compare.options import (
 from taperlm.compare.recipe import COMPARE_TRAIN, base_config
 from taperlm.compare.reproduce import canonical_command
 from taperlm.config import to_dict
+from taperlm.config.budget import total_params
 
 ROOT = Path(__file__).resolve().parents[2]
 # a reported cell of the --paper tokens point at 8 tokens per parameter (uniform's tuned lr)

@@ -260,3 +260,78 @@ def test_consumers_read_the_typed_values(monkeypatch):
     assert settings.niah_lengths == [256, 128]
     assert tuning.lr_grid(opts.lr_grid, 1.0) == [0.001, 0.002, 0.004]
     assert families.family_presets(fams) == ["gated"] and families.preset_size(fams) == "tiny"
+
+
+def _prepared(root: Path, tokenizer: str) -> Path:
+    """A small prepared data dir (its vocabulary: `tokenizer`'s size)."""
+    import random
+
+    from taperlm.data.prepare import prepare
+
+    rng = random.Random(0)
+    words = "the cat dog runs fast slow over under a bird sings loud tree house river".split()
+    lines = (" ".join(rng.choice(words) for _ in range(8)) + "." for _ in range(300))
+    root.mkdir()
+    (root / "text.txt").write_text("\n".join(lines) + "\n")
+    prepare(str(root / "text.txt"), root / "data", tokenizer, val_tokens=300, progress=False)
+    return root / "data"
+
+
+def test_data_and_its_set_twin_name_one_folder_for_cells_vocabulary_and_evaluation(
+    tmp_path, monkeypatch, capsys
+):
+    """`compare --data X --set data.dir=Y` once trained the cells on Y while the vocabulary and
+    the evaluation came from X. Now the two are refused unless they name the same folder, and
+    whichever layer gives data.dir (--data, --set, $TAPERLM_SET above both), the cells, the
+    vocabulary and the evaluation read that one folder: checked on the options path, without
+    training (check_options, data_dir_of, base_config)."""
+    from taperlm.cli import main as cli_main
+    from taperlm.compare.inputs import data_dir_of
+    from taperlm.compare.job import check_options
+    from taperlm.compare.recipe import base_config
+    from taperlm.data.datadir import load_meta
+
+    x, y = _prepared(tmp_path / "x", "bpe:300"), _prepared(tmp_path / "y", "bpe:280")
+    vocab = {d: int(load_meta(d)["vocab_size"]) for d in (x, y)}
+    assert vocab[x] != vocab[y]
+    out = str(tmp_path / "cmp")
+    argv = ["compare", "--data", str(x), "--set", f"data.dir={y}", "--out", out, "--dry-run"]
+    assert cli_main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"taperlm compare: error: --data {x} and --set data.dir={y} set data.dir to different "
+        "values; give one of them (or the same value)\n"
+    )
+    with raises_naming(ConfigError, "--data", "data.dir"):  # the Python API too
+        check_options(CompareOptions(out=OUT, data=x, overrides=[f"data.dir={y}"]))
+
+    def folders(opts: CompareOptions) -> tuple[Path, str, int, str]:
+        """(the folder read for the vocabulary and evaluation, the cells' data.dir, their
+        vocabulary, the recipe named) of `opts`."""
+        _, provisional = check_options(opts)
+        data_dir = data_dir_of(opts, provisional)
+        base = base_config(opts, data_dir, int(load_meta(data_dir)["vocab_size"]))
+        return data_dir, base.data.dir, base.model.vocab_size, base.train.lr
+
+    y_is = (y.resolve(), str(y.resolve()), vocab[y])
+    monkeypatch.chdir(tmp_path)  # the same folder, spelt relative and absolute: accepted
+    both = CompareOptions(out=OUT, data=Path("y/data"), overrides=[f"data.dir={y}"])
+    assert folders(both)[:3] == y_is
+    assert folders(CompareOptions(out=OUT, overrides=[f"data.dir={y}"]))[:3] == y_is
+    assert folders(CompareOptions(out=OUT, data=y))[:3] == y_is
+    # $TAPERLM_SET (which `taperlm compare` appends to --set) is above --data: all of it on Y
+    monkeypatch.setenv("TAPERLM_SET", f"data.dir={y}")
+    from_env = CompareOptions(out=OUT, data=x, overrides=[f"data.dir={y}"])
+    assert folders(from_env)[:3] == y_is
+
+
+def test_a_comparison_records_its_named_recipe(tmp_path):
+    """compare's training recipes are named layers of the one assembly, next to presets."""
+    from taperlm.compare.recipe import compare_recipe
+
+    assert compare_recipe(CompareOptions(out=OUT), "transformer").name == "compare-main"
+    micro = CompareOptions(out=OUT, preset="transformer-micro")
+    assert compare_recipe(micro, "transformer").name == "compare-cpu"
+    assert compare_recipe(micro, "titans").name == "compare-cpu-titans"
+    paper = CompareOptions(out=OUT, preset="transformer-440m")
+    recipe = compare_recipe(paper, "transformer")
+    assert recipe.name == "paper-440m" and recipe.settings["train.seq_len"] == 4096

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from conftest import raises_naming
+from taperlm.analysis.stats import PairedDifference
 from taperlm.compare import scaling
 from taperlm.compare.options import CompareOptions
 from taperlm.errors import ConfigError
-from taperlm.stats import PairedDifference
 from test_compare import TINY, _cli, data_dir  # noqa: F401 (fixture)
 
 STARTS = [1.0, 1.25, 1.5, 1.75, 1.9]
@@ -278,7 +278,7 @@ def test_default_plan_meets_the_brief():
     for *_, sub in points:
         allocs, base = check_options(sub)
         assert len(allocs) == 5 and base.train.tokens == sub.tokens
-        from taperlm.budget import total_params
+        from taperlm.config.budget import total_params
 
         base.model.vocab_size = 2048  # the default corpus's tokenizer (bpe:2048) sets it
         params.append(total_params(base.model))
@@ -321,7 +321,7 @@ INTERRUPTED_MODES = {
 @pytest.mark.parametrize("mode", sorted(INTERRUPTED_MODES))
 def test_a_compare_stopped_in_its_first_cell_resumes(mode, data_dir, tmp_path, monkeypatch):  # noqa: F811
     from taperlm.compare import runner
-    from taperlm.outdirs import check_folder, kind_of
+    from taperlm.files.outdirs import check_folder, kind_of
 
     def stop(*args, **kwargs):
         raise KeyboardInterrupt

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from taperlm.loading import load_run_model
-from taperlm.solver import solve_sizes
-from taperlm.taper import TaperSpec
+from taperlm.checkpoint.loading import load_run_model
+from taperlm.spec.solver import solve_sizes
+from taperlm.spec.taper import TaperSpec
 from test_compare import TINY, _cli, data_dir  # noqa: F401 (fixture)
 
 SHAPES = "uniform;bell;narrow=hourglass:0.8"

@@ -12,7 +12,7 @@ from taperlm.cli import build_parser
 from taperlm.compare import studies
 from taperlm.compare.options import PAPER_MODES, CompareOptions, options_from
 from taperlm.compare.study import COMPARISON, Part, StudyPlan, StudyProgress
-from taperlm.io import atomic_write_json, atomic_write_text
+from taperlm.files.io import atomic_write_json, atomic_write_text
 from test_compare import ALLOCS, TINY, data_dir  # noqa: F401 (fixture)
 
 

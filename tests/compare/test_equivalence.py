@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import raises_naming
-from taperlm import stats
+from taperlm.analysis import stats
 from taperlm.compare import sequential
 from taperlm.compare.options import DEFAULT_EQUIVALENCE_MARGIN, CompareOptions, Stop
 from taperlm.errors import ConfigError

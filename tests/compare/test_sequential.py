@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 
 from conftest import raises_naming
-from taperlm import stats
+from taperlm.analysis import stats
 from taperlm.compare import sequential
 from taperlm.compare.grid import build_grid, parse_allocations
 from taperlm.compare.options import CompareOptions
 from taperlm.config import RunConfig, TrainConfig
+from taperlm.config.presets import get_preset
 from taperlm.errors import ConfigError
-from taperlm.presets import get_preset
 
 ALPHA = 0.05
 RUNS = 4000  # simulated comparisons per setting

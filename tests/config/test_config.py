@@ -24,10 +24,10 @@ from taperlm.config import (
     to_dict,
 )
 from taperlm.config import model as model_module
+from taperlm.config.presets import get_preset, preset_names
 from taperlm.errors import ConfigError
 from taperlm.models import TaperedLM
-from taperlm.presets import get_preset, preset_names
-from taperlm.taper import TaperSpec
+from taperlm.spec.taper import TaperSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -116,7 +116,7 @@ def test_bad_yaml_files(tmp_path, text, named):
 
 
 def test_every_preset_resolves_with_exact_budget():
-    from taperlm.budget import total_params
+    from taperlm.config.budget import total_params
 
     for name in preset_names():
         cfg = get_preset(name, TaperSpec.parse("cosine"))
@@ -124,7 +124,7 @@ def test_every_preset_resolves_with_exact_budget():
 
 
 def test_440m_preset_is_about_440m():
-    from taperlm.budget import total_params
+    from taperlm.config.budget import total_params
 
     n = total_params(get_preset("transformer-440m"))
     assert 420e6 < n < 470e6
@@ -265,7 +265,7 @@ def test_tapered_lm_takes_a_resolved_config_and_resolves_a_loaded_one_once(monke
 def test_assembly_records_which_layer_set_each_key():
     """One assembly for every command: a higher layer's value wins whatever the order the
     layers are applied in, and the record says which layer set each key."""
-    from taperlm.assembly import Assembly, Layer
+    from taperlm.config.assembly import Assembly, Layer
 
     asm = Assembly.start(None, "transformer-tiny")
     assert asm.layer_of("model.d_model") is Layer.PRESET and not asm.given("model.d_model")
@@ -282,9 +282,67 @@ def test_assembly_records_which_layer_set_each_key():
     assert cfg.model.mlp_widths is not None and sum(cfg.model.mlp_widths) == 4 * 352
 
 
+def test_assemble_applies_the_layers_in_their_one_order(monkeypatch):
+    """`Assembly.assemble`, which every command calls: options < --set < $TAPERLM_SET, a named
+    recipe below all of them (and above the preset) whatever the order; `where` names it."""
+    from taperlm.config.assembly import Assembly, Layer, OptionSetting, Recipe
+
+    monkeypatch.setenv("TAPERLM_SET", "train.lr=3e-3")
+    recipe = Recipe("cpu", {"train.lr": 1e-3, "train.seq_len": 64, "model.init_std": 0.1})
+    options = [
+        OptionSetting("--tokens", "train.tokens", 8192),
+        OptionSetting("--logger", "train.loggers", ["tensorboard"]),
+        OptionSetting("--multiple-of", "model.taper.multiple_of", 8),
+        OptionSetting("--seq-len", "train.seq_len", 512, applies=False),  # a planning input
+    ]
+    asm = Assembly.start(None, "transformer-tiny")
+    asm.assemble(options, ["train.tokens=8192", "train.warmup_tokens=0"], recipe)
+    cfg = asm.build()
+    assert (cfg.train.tokens, cfg.train.loggers, cfg.train.lr) == (8192, ["tensorboard"], 3e-3)
+    assert (
+        cfg.train.seq_len == 64 and cfg.model.init_std == 0.1 and cfg.model.taper.multiple_of == 8
+    )
+    assert asm.layer_of("train.tokens") is Layer.SET and asm.layer_of("train.lr") is Layer.ENV
+    assert asm.layer_of("train.loggers") is Layer.OPTIONS
+    assert asm.where("train.seq_len") == "recipe cpu"
+    assert asm.where("model.d_model") == "preset transformer-tiny"
+    assert asm.where("train.lr") == "env" and asm.where("train.eps") == "default"
+    monkeypatch.setenv("TAPERLM_SET", "train.loggers=[wandb]")  # above --logger, as everywhere
+    asm = Assembly.start(None, "transformer-tiny").assemble(options, [])
+    assert asm.build().train.loggers == ["wandb"]
+    with raises_naming(ConfigError, "--tokens 8192", "--set train.tokens=4096"):
+        Assembly.start(None, "transformer-tiny").assemble(options, ["train.tokens=4096"])
+
+
+def test_logger_and_taperlm_set_apply_in_one_order_in_train_and_compare(tmp_path, monkeypatch):
+    """--logger is an option in both train and compare: $TAPERLM_SET wins over it in both; and
+    --set of train.loggers must agree with it in both."""
+    from taperlm.cli import build_parser
+    from taperlm.commands.train import _resolve_config
+    from taperlm.compare.options import CompareOptions
+    from taperlm.compare.recipe import base_config
+
+    monkeypatch.setenv("TAPERLM_SET", "train.loggers=[wandb]")
+    argv = ["train", "--preset", "transformer-tiny", "--logger", "tensorboard", "--out",
+            str(tmp_path / "run")]  # fmt: skip
+    args = build_parser(only="train").parse_args(argv)
+    assert _resolve_config(args).train.loggers == ["wandb"]
+    env = ["train.loggers=[wandb]"]  # as `taperlm compare` adds $TAPERLM_SET to --set
+    opts = CompareOptions(out=tmp_path / "c", preset="transformer-tiny", loggers=["tensorboard"],
+                          overrides=env)  # fmt: skip
+    assert base_config(opts, None, None).train.loggers == ["wandb"]
+    monkeypatch.delenv("TAPERLM_SET")
+    opts = dataclasses.replace(opts, overrides=["train.loggers=[wandb]"])
+    with raises_naming(ConfigError, "--logger tensorboard", "--set train.loggers=[wandb]"):
+        base_config(opts, None, None)
+    args = build_parser(only="train").parse_args([*argv, "--set", "train.loggers=[wandb]"])
+    with raises_naming(ConfigError, "--logger tensorboard", "--set train.loggers=[wandb]"):
+        _resolve_config(args)
+
+
 def test_a_model_changes_family_only_explicitly():
     """Options of another family are refused by name, never swapped for defaults silently."""
-    from taperlm.presets import get_preset
+    from taperlm.config.presets import get_preset
 
     hope = get_preset("hope-tiny")
     with raises_naming(ConfigError, "model.family 'transformer'", "HopeConfig"):

@@ -25,8 +25,8 @@ from taperlm.config import (
     run_config_from_dict,
     to_dict,
 )
+from taperlm.config.presets import get_preset
 from taperlm.errors import ConfigError
-from taperlm.presets import get_preset
 
 
 def full_config() -> dict:
@@ -296,7 +296,7 @@ def _other_value(cls: type, name: str, default: object) -> object:
     """A valid value of option `name` other than its default."""
     import typing
 
-    from taperlm.domains import domain_of_field
+    from taperlm.spec.domains import domain_of_field
 
     hint = typing.get_type_hints(cls)[name]
     if hint is bool or isinstance(default, bool):
@@ -365,7 +365,7 @@ def test_other_family_options_are_an_error_on_every_path(
     compare's base config."""
     from taperlm.compare.options import CompareOptions
     from taperlm.compare.recipe import base_config
-    from taperlm.presets import preset_names
+    from taperlm.config.presets import preset_names
 
     preset = next(p for p in preset_names() if "tiny" in p and get_preset(p).family == fam)
     shown = str(value).lower() if isinstance(value, bool) else value

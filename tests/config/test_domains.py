@@ -25,10 +25,10 @@ from conftest import assert_own_options
 from taperlm.cli import COMMANDS, build_parser, subcommand_parser
 from taperlm.cli import main as cli_main
 from taperlm.config import ModelConfig, RunConfig, TrainConfig, to_dict
-from taperlm.domains import Domain, Number, check_domains, field_domain
+from taperlm.config.presets import get_preset, preset_families, preset_names
 from taperlm.errors import ConfigError
 from taperlm.families import FAMILIES
-from taperlm.presets import get_preset, preset_families, preset_names
+from taperlm.spec.domains import Domain, Number, check_domains, field_domain
 
 # ----------------------------------------------------------------------------------------------
 # discovery
@@ -122,7 +122,7 @@ def test_every_field_declares_a_domain():
         if dom is None and tp in (int, float, str)
     ]
     assert not missing, (
-        f"config fields without a declared domain (taperlm.domains.setting): {missing}"
+        f"config fields without a declared domain (taperlm.spec.domains.setting): {missing}"
     )
     typed = [(f"{w}.{n}", tp, d) for w, n, tp, _, d in config_fields() if d is not None]
     wrong = [k for k, tp, d in typed if (tp is str) == d.numeric]
@@ -136,7 +136,7 @@ def test_every_numeric_option_declares_a_domain():
         for cmd, a in numeric_options()
         if not isinstance(a.type, Number)
     ]
-    assert not missing, f"numeric options without a domain (taperlm.domains.number): {missing}"
+    assert not missing, f"numeric options without a domain (taperlm.spec.domains.number): {missing}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -363,8 +363,8 @@ def _advice_fstrings(source: str) -> list[str]:
 
 # (module, advice text) -> why the value is inside its domain by construction
 ADVICE_ALLOWED = {
-    ("domains.py", "set "): "set_advice itself: after check_field accepted the value",
-    ("domains.py", " (e.g. --set "): "set_advice itself",
+    ("spec/domains.py", "set "): "set_advice itself: after check_field accepted the value",
+    ("spec/domains.py", " (e.g. --set "): "set_advice itself",
     ("config/convert.py", "set model.family="): "a registered family's name",
 }
 
@@ -409,7 +409,7 @@ def _config_int_fields() -> list[tuple[type, str, str]]:
 def test_set_advice_names_only_values_inside_the_domain(cls, name, section):
     """For every bounded field: one past its upper end is never advised (the advice says no
     setting fits and names the end); its upper end itself is."""
-    from taperlm.domains import set_advice
+    from taperlm.spec.domains import set_advice
 
     dom = field_domain(next(f for f in dataclasses.fields(cls) if f.name == name))
     integer = typing.get_type_hints(cls)[name] in (int, int | None)

@@ -15,8 +15,8 @@ MODULES = [
     "config/model.py",
     "config/train.py",
     "config/run.py",
-    "assembly.py",
-    "taper.py",
+    "config/assembly.py",
+    "spec/taper.py",
     *sorted(p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "families").glob("*.py")),
 ]
 

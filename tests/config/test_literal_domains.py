@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from taperlm import compress, gguf_export, training
+from taperlm import compress, training
 from taperlm.cli import COMMANDS, build_parser, subcommand_parser
 from taperlm.commands import eval as eval_command
 from taperlm.commands import export as export_command
@@ -31,6 +31,7 @@ from taperlm.config import (
     to_dict,
 )
 from taperlm.config.model import AttentionBias, InitScheme, RopeScaling, RopeType
+from taperlm.config.presets import get_preset
 from taperlm.config.train import (
     ActivationCheckpointing,
     CompileScope,
@@ -42,12 +43,12 @@ from taperlm.config.train import (
     Parallel,
     Precision,
 )
-from taperlm.domains import choices, domain_of, field_domain
 from taperlm.errors import ConfigError
 from taperlm.families import FAMILIES
 from taperlm.families.gated import GateKind
 from taperlm.families.titans import Variant
-from taperlm.presets import get_preset
+from taperlm.interop import gguf_export
+from taperlm.spec.domains import choices, domain_of, field_domain
 
 pytestmark = pytest.mark.unit
 
@@ -82,6 +83,7 @@ OPTIONS: dict[tuple[str, str], Any] = {
     ("prune", "--score"): compress.Score,
     ("compare", "--stop-on"): compare_options.StopQuestion,
     ("compare", "--tune-lr-scope"): compare_options.TuneScope,
+    ("compare", "--executor"): compare_options.ExecutorName,
     ("compare", "--paper"): tuple(compare_options.PAPER_STUDIES),  # a registry of studies
 }
 
@@ -196,7 +198,7 @@ def test_every_allowed_value_round_trips_through_config_yaml(key, tmp_path: Path
 def test_the_memory_taper_is_a_spec_written_as_its_text(tmp_path: Path):
     """`model.titans.memory_taper`, like the head and KV tapers: parsed once when set, written
     back as the text it was given."""
-    from taperlm.taper import TaperSpec
+    from taperlm.spec.taper import TaperSpec
 
     cfg = get_preset("titans-mag-tiny", resolve=False)
     cfg.options = dataclasses.replace(cfg.options, memory_taper="cosine", memory_multiple_of=8)

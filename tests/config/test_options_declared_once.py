@@ -1,5 +1,5 @@
 """Options declared once: every option of every command either sets a config field, and then
-takes its type, range or choices from that field's declared domain (`taperlm.domains`), or is
+takes its type, range or choices from that field's declared domain (`taperlm.spec.domains`), or is
 named here as the command's own. A new option that is neither fails this test."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from taperlm.cli import build_parser, subcommand_parser
 from taperlm.commands.common import _logger_list
 from taperlm.config import DataConfig, ModelConfig, TrainConfig
-from taperlm.domains import Number, PathArg, domain_of_field
-from taperlm.taper import TaperSpec
+from taperlm.spec.domains import Number, PathArg, domain_of_field
+from taperlm.spec.taper import TaperSpec
 
 pytestmark = pytest.mark.unit
 

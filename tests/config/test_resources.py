@@ -18,9 +18,9 @@ import pytest
 import test_domains as T
 from conftest import raises_naming
 from taperlm.cli import main as cli_main
-from taperlm.domains import Number
+from taperlm.config.presets import get_preset
 from taperlm.errors import ResourceError
-from taperlm.presets import get_preset
+from taperlm.spec.domains import Number
 
 ABSURD = 10**30  # beyond every integer domain, beyond int64 and a float's exact range
 FAST_S = 60  # generous: the refusal takes well under a second; a walk into the work takes minutes
@@ -143,7 +143,7 @@ def test_a_model_too_large_to_train_is_refused_before_any_allocation(tmp_path, c
 
 @pytest.mark.unit
 def test_fsdp_shards_divide_the_floor():
-    from taperlm.budget import memory_floor, total_params
+    from taperlm.config.budget import memory_floor, total_params
 
     cfg = get_preset("transformer-440m")
     one, _ = memory_floor(cfg, training=True)
@@ -159,7 +159,7 @@ def test_building_a_model_checks_the_memory_it_needs(monkeypatch):
     it stops with the numbers; on the meta device nothing is checked."""
     import torch
 
-    import taperlm.device as device
+    import taperlm.runtime.device as device
     from taperlm.models import TaperedLM
 
     cfg = get_preset("transformer-tiny")
@@ -174,7 +174,7 @@ def test_building_a_model_checks_the_memory_it_needs(monkeypatch):
 
 @pytest.mark.unit
 def test_available_memory_reads_this_machine():
-    from taperlm.device import available_memory
+    from taperlm.runtime.device import available_memory
 
     have = available_memory("cpu")
     assert have is None or 0 < have < 2**50

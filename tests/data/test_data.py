@@ -172,7 +172,7 @@ def test_every_tokenizer_kind_loads_and_an_unknown_one_is_named(tmp_path: Path) 
     """tokenizer_meta.json's kind is one of TokenizerKind's: each loads as written; any other
     value (a damaged or foreign file) stops with the field, the value and the allowed kinds."""
     from taperlm.data.tokenizer import TokenizerKind
-    from taperlm.domains import choices
+    from taperlm.spec.domains import choices
 
     tok = train_bpe([make_text(300, 2)], 280)
     tok.save(tmp_path / "tk")

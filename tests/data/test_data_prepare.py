@@ -281,7 +281,7 @@ def test_refuses_foreign_folder_and_bad_arguments(text_folder: Path, tmp_path: P
     assert "taperlm prepare: error:" in err and "--force" in err
     assert main([*argv, "--force"]) == 0
     assert (out / "notes.txt").read_text() == "keep me" and (out / "meta.json").is_file()
-    # The command line checks each option's domain before any work (taperlm.domains) ...
+    # The command line checks each option's domain before any work (taperlm.spec.domains) ...
     for bad, message in [
         # the option, its allowed range and the value given
         (["--val-fraction", "0.9"], ("--val-fraction", "(0, 0.5]", "0.9")),
@@ -314,7 +314,7 @@ def test_refuses_foreign_folder_and_bad_arguments(text_folder: Path, tmp_path: P
 
 
 def test_count_arguments_accept_readable_numbers(text_folder: Path, tmp_path: Path) -> None:
-    from taperlm.domains import count
+    from taperlm.spec.domains import count
 
     _count = count("[1, inf)")
     assert _count("30e9") == _count("30_000_000_000") == _count("30,000,000,000") == 30 * 10**9

@@ -20,7 +20,7 @@ import pytest
 from taperlm.data import corpus, shards
 from taperlm.data import prepare as prep
 from taperlm.data.prepare import prepare
-from taperlm.io import FULL_HASH_BYTES, SAMPLE_BLOCK, file_identity
+from taperlm.files.io import FULL_HASH_BYTES, SAMPLE_BLOCK, file_identity
 from test_data_prepare import _fail_nth, digest, write_folder
 
 # thing -> (its inputs, where they are checked, the test that changes each)
@@ -212,7 +212,7 @@ def test_cells_recorded_with_path_bound_identities_stay_cached(tmp_path):
     """A result written before identities were by content ([size, mtime, ctime, digest] of the
     novelty text, at its old path) is still recognised as the same evaluation."""
     from taperlm.compare.runner import EvalSettings, evaluation_key
-    from taperlm.io import file_identity
+    from taperlm.files.io import file_identity
 
     text = tmp_path / "new" / "wiki.txt"
     text.parent.mkdir()

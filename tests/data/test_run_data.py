@@ -224,7 +224,7 @@ def test_other_data_of_the_built_in_corpus_names_the_packages(tmp_path):
     from taperlm.compare import runner
     from taperlm.compare.grid import Allocation, Cell
     from taperlm.config import run_config_from_dict
-    from taperlm.taper import TaperSpec
+    from taperlm.spec.taper import TaperSpec
 
     data = H.prepare_data(tmp_path / "d")
     default = tmp_path / "cache" / "default-bpe300-0123456789ab"

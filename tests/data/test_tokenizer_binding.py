@@ -18,6 +18,7 @@ import pytest
 
 import fault_harness as H
 from conftest import assert_naming
+from taperlm.checkpoint.loading import check_tokenizer, weights_tokenizer
 from taperlm.cli import main as cli_main
 from taperlm.data.identity import (
     RECORD_FILE,
@@ -29,8 +30,7 @@ from taperlm.data.identity import (
     tokenizer_identity,
 )
 from taperlm.errors import DataError
-from taperlm.io import atomic_write_json
-from taperlm.loading import check_tokenizer, weights_tokenizer
+from taperlm.files.io import atomic_write_json
 
 TRAIN_SETS = [s for s in H.TINY_SETS if s.startswith("train.")]
 

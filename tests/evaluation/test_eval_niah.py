@@ -20,7 +20,7 @@ from taperlm.cli import main as cli_main
 from taperlm.errors import ConfigError, DataError
 from taperlm.evaluation import niah
 from taperlm.evaluation.suite import format_table, niah_lengths, paper_row, run_niah
-from taperlm.generation import greedy_batch
+from taperlm.models.generation import greedy_batch
 
 FAMILIES = ["transformer", "gated", "hope", "titans-mac", "titans-mag", "titans-mal"]
 PROSE = (
@@ -235,7 +235,7 @@ def _hand_written(monkeypatch, texts_for) -> None:
         assert max_new_tokens == 128 and eos_id == tok.eos_id
         return [tok.encode(texts_for(i)) for i in range(len(prompts))]
 
-    monkeypatch.setattr("taperlm.generation.greedy_batch", fake)
+    monkeypatch.setattr("taperlm.models.generation.greedy_batch", fake)
 
 
 @pytest.mark.parametrize(

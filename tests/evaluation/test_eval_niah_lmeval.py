@@ -46,8 +46,8 @@ def test_niah_single_1_items_generations_and_scores_equal_lm_eval(
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
+    from taperlm.checkpoint.loading import load_any
     from taperlm.hf.export import export_model
-    from taperlm.loading import load_any
 
     export = export_model(niah_model(context_length=512), tmp_path / "export", niah_tokenizer())
     model, tokenizer, _ = load_any(export)

@@ -83,8 +83,8 @@ def test_import_takes_the_export_back(tmp_path: Path, capsys) -> None:
     """`taperlm import` of a block-configs export: the per-layer widths as a custom taper and
     the very weights; a DeciLM layer that is not a plain Llama block, or KV heads that differ
     per layer, are refused by name."""
-    from taperlm.importing import import_checkpoint
-    from taperlm.loading import load_run_model
+    from taperlm.checkpoint.loading import load_run_model
+    from taperlm.interop.importing import import_checkpoint
 
     model = make_model()
     out = export_block_configs(model, tmp_path / "x", tiny_tokenizer())
@@ -133,8 +133,8 @@ def test_what_the_format_cannot_carry_is_refused_by_name(tmp_path: Path) -> None
 def test_per_layer_kv_heads() -> None:
     """A KV taper at a size where its freed parameters fill whole 256-wide MLP steps: each layer's
     n_heads_in_group gives back its KV heads, the query heads stay uniform."""
-    from taperlm.presets import get_preset
-    from taperlm.taper import TaperSpec
+    from taperlm.config.presets import get_preset
+    from taperlm.spec.taper import TaperSpec
 
     cfg = get_preset("transformer-440m", resolve=False)
     cfg.taper = TaperSpec.parse("cosine", multiple_of=256)

@@ -43,7 +43,7 @@ def test_round_trip_logits_equal(tmp_path: Path, family: str) -> None:
 
 
 def test_tapered_widths_and_tied_embeddings_survive(tmp_path: Path) -> None:
-    from taperlm.taper import TaperSpec
+    from taperlm.spec.taper import TaperSpec
 
     model = tiny_model(
         n_layers=3,
@@ -68,8 +68,8 @@ FAMILIES = ["transformer", "gated", "hope", "titans-mac", "titans-mag", "titans-
 def test_generate_with_cache_matches_our_greedy_decoding(tmp_path: Path, family: str) -> None:
     """`generate()` of the export decodes incrementally with a transformers cache (a prompt
     once, then one token per forward) and gives `taperlm generate`'s greedy tokens."""
-    from taperlm.generation import SamplingConfig, generate_tokens
     from taperlm.hf.modeling import TaperLMCache
+    from taperlm.models.generation import SamplingConfig, generate_tokens
 
     model, tok = tiny_model(family), tiny_tokenizer()
     out = export_model(model, tmp_path / "hf", tok)

@@ -22,9 +22,9 @@ gguf = pytest.importorskip("gguf")
 from taperlm.cli import main  # noqa: E402
 from taperlm.config.model import RopeScaling  # noqa: E402
 from taperlm.errors import ConfigError, DataError  # noqa: E402
-from taperlm.gguf_export import check_supported, write_gguf  # noqa: E402
+from taperlm.files.outfiles import written_by_taperlm  # noqa: E402
+from taperlm.interop.gguf_export import check_supported, write_gguf  # noqa: E402
 from taperlm.models import TaperedLM  # noqa: E402
-from taperlm.outfiles import written_by_taperlm  # noqa: E402
 
 # (id, model fields): uniform; MLP taper; head taper; both with grouped-query attention and tied
 # embeddings (the head taper moves whole KV groups)
@@ -161,7 +161,7 @@ def test_gpt2_style_files_give_the_same_tokenizer(tmp_path: Path) -> None:
     """A tokenizer read from GPT-2 files (vocab.json + merges.txt, EOS a plain vocabulary
     entry) exports like the BPE it was written from, EOS marked as a control token."""
     from taperlm.data.tokenizer import load_tokenizer
-    from taperlm.gguf_export import gguf_vocab
+    from taperlm.interop.gguf_export import gguf_vocab
 
     tok = tiny_tokenizer()
     data = json.loads(tok.backend.to_str())["model"]
@@ -265,7 +265,7 @@ def test_llama_cpp_computation_from_the_file_gives_our_logits(tmp_path: Path, ki
 
 def test_the_check_fails_without_the_permutation(tmp_path: Path, monkeypatch) -> None:
     """The reference above is sensitive to the RoPE layout (it is not a tautology)."""
-    import taperlm.gguf_export as ge
+    import taperlm.interop.gguf_export as ge
 
     monkeypatch.setattr(ge, "_permute_rope", lambda w, heads: w)
     model, tok = make_model("head-taper")
@@ -278,7 +278,7 @@ def test_the_check_fails_without_the_permutation(tmp_path: Path, monkeypatch) ->
 def test_the_check_sees_the_rope_freqs_and_the_biases(tmp_path: Path, monkeypatch, left_out):
     """The reference computation depends on the llama3 divisors and on each bias: a file
     without one of them gives other logits."""
-    import taperlm.gguf_export as ge
+    import taperlm.interop.gguf_export as ge
 
     real = ge.gguf_tensors
     monkeypatch.setattr(
@@ -311,9 +311,9 @@ OTHER_PRESETS = ["gated-tiny", "hope-tiny", "titans-mac-tiny", "titans-mag-tiny"
 
 def test_only_transformer_is_marked_for_llama_cpp() -> None:
     """Every registered family is either written for llama.cpp or refused (one test each)."""
+    from taperlm.config.presets import get_preset
     from taperlm.families import FAMILIES
-    from taperlm.gguf_export import LLAMA_CPP_FAMILIES
-    from taperlm.presets import get_preset
+    from taperlm.interop.gguf_export import LLAMA_CPP_FAMILIES
 
     assert list(LLAMA_CPP_FAMILIES) == ["transformer"]
     assert {get_preset(p, resolve=False).family for p in OTHER_PRESETS} == set(FAMILIES) - {
@@ -325,7 +325,7 @@ def test_only_transformer_is_marked_for_llama_cpp() -> None:
 def test_other_families_are_refused_clearly(
     tmp_path: Path, preset: str, monkeypatch, capsys
 ) -> None:
-    import taperlm.loading
+    import taperlm.checkpoint.loading
 
     cfg = tiny_config(preset=preset)
     with raises_naming(ConfigError, repr(cfg.family), "llama.cpp", "taperlm export RUN --out DIR"):
@@ -335,7 +335,9 @@ def test_other_families_are_refused_clearly(
     with raises_naming(ConfigError, repr(cfg.family), "llama.cpp"):
         write_gguf(model, tok, tmp_path / "m.gguf")
     # the command: one line naming the family, nothing written
-    monkeypatch.setattr(taperlm.loading, "load_run", lambda run, step=None: (model, tok, None))
+    monkeypatch.setattr(
+        taperlm.checkpoint.loading, "load_run", lambda run, step=None: (model, tok, None)
+    )
     (tmp_path / "run").mkdir()
     argv = ["export", str(tmp_path / "run"), "--format", "gguf", "--out", str(tmp_path / "m.gguf")]
     assert main(argv) == 2
@@ -382,7 +384,7 @@ def tapered_run(tmp_path_factory) -> Path:
 
 
 def test_export_command_writes_a_file_llama_cpp_reads(tapered_run: Path, tmp_path: Path, capsys):
-    from taperlm.loading import load_run
+    from taperlm.checkpoint.loading import load_run
 
     out = tmp_path / "model.gguf"
     assert main(["export", str(tapered_run), "--format", "gguf", "--out", str(out)]) == 0
@@ -455,7 +457,7 @@ def test_llama_cpp_runs_the_file(tmp_path: Path, kind: str, dtype: str) -> None:
     tol = 1e-3 if dtype == "f32" else 0.15  # logits up to ~10; f16 also rounds activations
     np.testing.assert_allclose(theirs, ours(model, ids), atol=tol)
     # greedy decoding, one token per llama.cpp eval (its KV cache) against ours
-    from taperlm.generation import greedy_batch
+    from taperlm.models.generation import greedy_batch
 
     llm.reset()
     prompt = ids[:8]

@@ -1,4 +1,4 @@
-"""The tokenizer of a GGUF file rebuilt on import (`taperlm.importing.read_gguf_tokenizer`): our own GGUF export
+"""The tokenizer of a GGUF file rebuilt on import (`taperlm.interop.importing.read_gguf_tokenizer`): our own GGUF export
 imports back with a tokenizer that encodes every text as the run's did; llama.cpp's digit-first
 pre-tokenizers (SmolLM's `smollm`) split as llama.cpp does, not as GPT-2's regex; control
 tokens are matched in text; every kind it cannot rebuild exactly gives no tokenizer and says
@@ -19,10 +19,10 @@ pytest.importorskip("gguf")
 
 from taperlm.cli import main
 from taperlm.data.tokenizer import load_tokenizer
-from taperlm.gguf_export import write_gguf
-from taperlm.importing import PRE_TOKENIZERS
-from taperlm.importing import gguf_tokenizer_json as tokenizer_json
-from taperlm.importing import read_gguf_tokenizer as read_tokenizer
+from taperlm.interop.gguf_export import write_gguf
+from taperlm.interop.importing import PRE_TOKENIZERS
+from taperlm.interop.importing import gguf_tokenizer_json as tokenizer_json
+from taperlm.interop.importing import read_gguf_tokenizer as read_tokenizer
 
 TEXTS = [
     "Hello world, it's 2024!\n\n  def f(x):\treturn x",
@@ -116,7 +116,7 @@ def test_a_file_without_a_tokenizer_imports_and_says_why(tmp_path, capsys):
     """A GGUF with no tokenizer.ggml.* keys: the run has weights, no tokenizer, and the reason."""
     gguf = pytest.importorskip("gguf")
     from conftest import tiny_config
-    from taperlm.gguf_export import gguf_tensors
+    from taperlm.interop.gguf_export import gguf_tensors
 
     cfg = tiny_config(vocab_size=64)
     model = __import__("taperlm.models", fromlist=["TaperedLM"]).TaperedLM(cfg)

@@ -21,8 +21,8 @@ transformers = pytest.importorskip("transformers")
 transformers.utils.logging.disable_progress_bar()  # stderr holds only the command's own lines
 
 from taperlm.checkpoint import store  # noqa: E402
+from taperlm.checkpoint.loading import load_any, load_run_model  # noqa: E402
 from taperlm.cli import main  # noqa: E402
-from taperlm.loading import load_any, load_run_model  # noqa: E402
 
 VOCAB = 320  # the harness tokenizer's 300 ids, padded as real checkpoints often are
 ARCHS = {
@@ -345,7 +345,7 @@ def test_the_start_checkpoint_resumes_as_a_fresh_adamw(tmp_path, data):
 
 
 def test_import_leaves_the_callers_generators_alone(tmp_path, data):
-    from taperlm.importing import import_checkpoint
+    from taperlm.interop.importing import import_checkpoint
 
     folder = make_hf(tmp_path / "hf", data)
     torch.manual_seed(123)
@@ -396,6 +396,26 @@ def test_model_settings_cannot_be_overridden(tmp_path, data, capsys):
     assert "the model of an imported run is the checkpoint's" in capsys.readouterr().err
     assert import_(folder, tmp_path / "run", "--set", "d_model=64") == 2
     assert "--set changed the model" in capsys.readouterr().err
+
+
+def test_taperlm_set_applies_after_set_and_may_not_change_the_model(
+    tmp_path, data, capsys, monkeypatch
+):
+    """import honours $TAPERLM_SET like every command that builds a run config: after --set (it
+    wins), and, like --set, never on the checkpoint's model (refused naming TAPERLM_SET)."""
+    from taperlm.config import load_run_config
+
+    folder = make_hf(tmp_path / "hf", data)
+    monkeypatch.setenv("TAPERLM_SET", "train.lr=3e-4 train.tokens=65536")
+    args = ("--set", "train.lr=1e-4", "--set", "train.warmup_tokens=1024")
+    assert import_(folder, tmp_path / "run", *args) == 0
+    train = load_run_config(tmp_path / "run" / "config.yaml").train
+    assert (train.lr, train.tokens, train.warmup_tokens) == (3e-4, 65536, 1024)
+    for setting, named in (("model.n_layers=2", "model.n_layers=2"), ("d_model=64", "d_model")):
+        monkeypatch.setenv("TAPERLM_SET", setting)
+        assert import_(folder, tmp_path / f"run-{named}") == 2
+        err = capsys.readouterr().err
+        assert "TAPERLM_SET" in err and named in err and "checkpoint's" in err, err
 
 
 # ----------------------------------------------------------------------------------------------

@@ -22,9 +22,9 @@ import fault_harness as H
 transformers = pytest.importorskip("transformers")
 transformers.utils.logging.disable_progress_bar()
 
+from taperlm.checkpoint.loading import load_any, load_run_model  # noqa: E402
 from taperlm.cli import main  # noqa: E402
 from taperlm.config.model import RopeScaling  # noqa: E402
-from taperlm.loading import load_any, load_run_model  # noqa: E402
 from taperlm.models.layers import Rotary  # noqa: E402
 
 VOCAB = 320
@@ -326,7 +326,7 @@ def test_train_export_and_load_in_transformers(tmp_path, data, capsys, case):
     with torch.no_grad():
         torch.testing.assert_close(theirs(ids).logits, ours, atol=ATOL, rtol=0)
     # decoding: transformers' KV cache and ours give the same greedy tokens
-    from taperlm.generation import greedy_batch
+    from taperlm.models.generation import greedy_batch
 
     prompt = ids[0, :6].tolist()
     with torch.no_grad():

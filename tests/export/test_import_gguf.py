@@ -24,9 +24,9 @@ gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 transformers.utils.logging.disable_progress_bar()
 
+from taperlm.checkpoint.loading import load_run_model  # noqa: E402
 from taperlm.cli import main  # noqa: E402
-from taperlm.gguf_export import write_gguf  # noqa: E402
-from taperlm.loading import load_run_model  # noqa: E402
+from taperlm.interop.gguf_export import write_gguf  # noqa: E402
 
 VOCAB = 320
 ATOL = 1e-4
@@ -219,7 +219,7 @@ def test_gguf_imports_with_transformers_logits(tmp_path, capsys, qtype, tied, bi
 
 
 def test_our_gguf_export_imports_back(tmp_path, data):
-    """A run with q/k/v/o biases and linear RoPE scaling, exported by `taperlm.gguf_export` in
+    """A run with q/k/v/o biases and linear RoPE scaling, exported by `taperlm.interop.gguf_export` in
     f32, imports with the run's logits (Q/K rows and biases permuted back)."""
     from conftest import tiny_config
     from taperlm.config.model import RopeScaling
@@ -424,7 +424,7 @@ def test_llama_cpp_runs_a_pruned_model(tmp_path, data):
     (llama-cpp-python, built from source): its logits of a prompt are ours."""
     llama_cpp = pytest.importorskip("llama_cpp")
     run = _pruned(data, tmp_path)
-    from taperlm.loading import load_any
+    from taperlm.checkpoint.loading import load_any
 
     model, tok, _ = load_any(run)
     path = tmp_path / "pruned.gguf"

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import tiny_config
-from taperlm import budget
-from taperlm.config import RunConfig, TrainConfig
+from taperlm.config import RunConfig, TrainConfig, budget
 from taperlm.hf.model_card import TRAIN_SETTINGS
 
 pytest.importorskip("transformers")
@@ -61,14 +60,16 @@ def test_card_without_a_run_config_has_no_training_section(tmp_path: Path) -> No
 
 
 def test_export_command_writes_the_card_with_the_runs_settings(tmp_path: Path, monkeypatch):
-    import taperlm.loading
+    import taperlm.checkpoint.loading
     from eval_helpers import tiny_tokenizer
     from taperlm.cli import main
 
     tok = tiny_tokenizer()
     model = _model(vocab_size=tok.vocab_size)
     rc = _run_config(model)
-    monkeypatch.setattr(taperlm.loading, "load_run", lambda run, step=None: (model, tok, rc))
+    monkeypatch.setattr(
+        taperlm.checkpoint.loading, "load_run", lambda run, step=None: (model, tok, rc)
+    )
     (tmp_path / "run").mkdir()
     assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
     card = (tmp_path / "hf" / "README.md").read_text()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from taperlm.config import ModelConfig
-from taperlm.taper import TaperSpec
+from taperlm.spec.taper import TaperSpec
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 

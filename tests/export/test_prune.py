@@ -13,17 +13,17 @@ import torch.nn.functional as F
 
 import fault_harness
 from conftest import raises_naming, tiny_config
-from taperlm.budget import total_params
+from taperlm.checkpoint.loading import load_run_model
 from taperlm.cli import main as cli_main
 from taperlm.compress import prune as P
 from taperlm.compress.importance import SCORES, UnitStats, collect, top_units, unit_scores
 from taperlm.config import apply_overrides, run_config_from_dict, to_dict
+from taperlm.config.budget import total_params
+from taperlm.config.presets import get_preset
 from taperlm.errors import ConfigError
-from taperlm.loading import load_run_model
 from taperlm.models import TaperedLM
-from taperlm.presets import get_preset
-from taperlm.solver import solve_sizes
-from taperlm.taper import TaperSpec
+from taperlm.spec.solver import solve_sizes
+from taperlm.spec.taper import TaperSpec
 from taperlm.training.loop import train
 
 SHAPES = ["uniform", "cosine:1.5:0.5", "linear:1.25:0.75", "groups:1.5,1.0,0.5"]
@@ -280,6 +280,23 @@ def test_prune_to_the_measured_novelty(base, tmp_path, capsys):
     spec = cfg.model.taper
     assert spec.schedule == "novelty" and len(spec.rho_mlp) == 4
     assert cfg.model.mlp_widths == solve_sizes(spec, 4, cfg.model.mlp_width)
+
+
+def test_prune_honours_taperlm_set_after_set(base, tmp_path, capsys, monkeypatch):
+    """prune's run config comes from the one assembly like every command's: $TAPERLM_SET applies
+    after --set (it wins), and may not change the pruned model either (refused naming it)."""
+    _, run = base
+    out = tmp_path / "env"
+    argv = ["prune", str(run), "--out", str(out), "--params", "0.8", "--calibration-tokens", "256"]
+    monkeypatch.setenv("TAPERLM_SET", "train.lr=0.0005 train.log_every=3")
+    assert cli_main([*argv, "--set", "train.lr=0.002", "--set", "train.eval_tokens=64"]) == 0
+    _, cfg = load_run_model(out)
+    assert (cfg.train.lr, cfg.train.log_every, cfg.train.eval_tokens) == (0.0005, 3, 64)
+    for setting in ("model.d_model=64", "d_model=64"):
+        monkeypatch.setenv("TAPERLM_SET", setting)
+        assert cli_main(["prune", str(run), "--out", str(tmp_path / "x"), "--params", "0.8"]) == 2
+        err = capsys.readouterr().err
+        assert "TAPERLM_SET" in err and "train: and data: settings only" in err, err
 
 
 def test_prune_refuses_what_it_cannot_do(base, tmp_path, capsys):

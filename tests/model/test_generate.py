@@ -10,7 +10,7 @@ import torch
 
 from eval_helpers import tiny_model, tiny_tokenizer
 from taperlm.errors import ConfigError
-from taperlm.generation import SamplingConfig, filter_logits, generate_tokens, stream_text
+from taperlm.models.generation import SamplingConfig, filter_logits, generate_tokens, stream_text
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,16 @@ import pytest
 import torch
 
 from conftest import assert_naming, raises_naming, tiny_config
-from taperlm import budget, families
+from taperlm import families
 from taperlm.cli import main
-from taperlm.config import ModelConfig, RunConfig, apply_overrides, run_config_from_dict, to_dict
+from taperlm.config import (
+    ModelConfig,
+    RunConfig,
+    apply_overrides,
+    budget,
+    run_config_from_dict,
+    to_dict,
+)
 from taperlm.errors import ConfigError
 from taperlm.models import TaperedLM
 
@@ -172,7 +179,7 @@ def test_kv_cache_incremental_equals_full(family, gqa):
 
 @pytest.mark.parametrize("family", ["transformer", "titans"])
 def test_generation_with_tapered_heads(family):
-    from taperlm.generation import SamplingConfig, generate_tokens
+    from taperlm.models.generation import SamplingConfig, generate_tokens
 
     torch.manual_seed(0)
     cfg = headed(family, n_kv_heads=2)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from conftest import raises_naming, tiny_config
-from taperlm import budget
-from taperlm.config import ModelConfig
+from taperlm.config import ModelConfig, budget
+from taperlm.config.presets import get_preset, preset_names
 from taperlm.errors import ConfigError
 from taperlm.families.hope import split_width
 from taperlm.models import TaperedLM
@@ -16,8 +16,7 @@ from taperlm.models.hope import (
     is_due,
     periodic_parameters,
 )
-from taperlm.presets import get_preset, preset_names
-from taperlm.taper import TaperSpec
+from taperlm.spec.taper import TaperSpec
 
 
 def hope_cfg(taper: str = "uniform", **hope) -> ModelConfig:

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from taperlm.config import ModelConfig
+from taperlm.config.presets import get_preset
 from taperlm.errors import ConfigError
 from taperlm.models import TaperedLM
 from taperlm.models.layers import SwiGLU
-from taperlm.presets import get_preset
-from taperlm.taper import TaperSpec
+from taperlm.spec.taper import TaperSpec
 from taperlm.training.model import build_on_meta, materialize
 
 STEEP = "cosine:1.9:0.1"  # widths from ~1.9x to ~0.1x the baseline: a 10x+ spread

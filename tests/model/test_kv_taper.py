@@ -13,13 +13,20 @@ import pytest
 import torch
 
 from conftest import raises_naming, tiny_config
-from taperlm import budget, families
+from taperlm import families
 from taperlm.cli import main
-from taperlm.config import ModelConfig, RunConfig, apply_overrides, run_config_from_dict, to_dict
+from taperlm.config import (
+    ModelConfig,
+    RunConfig,
+    apply_overrides,
+    budget,
+    run_config_from_dict,
+    to_dict,
+)
+from taperlm.config.kv_taper import kv_step, solve_kv_heads
 from taperlm.errors import ConfigError, TaperError
-from taperlm.kv_taper import kv_step, solve_kv_heads
 from taperlm.models import TaperedLM
-from taperlm.taper import TaperSpec
+from taperlm.spec.taper import TaperSpec
 from test_head_taper import FAMILIES, IDS, OPTIONS, attention_formula
 
 # (MLP taper, head taper, KV taper): alone and combined
@@ -211,7 +218,7 @@ def test_bf16_cache_bytes_match_plan():
 
 @pytest.mark.parametrize("family", ["transformer", "titans"])
 def test_generation_with_tapered_kv_heads(family):
-    from taperlm.generation import SamplingConfig, generate_tokens
+    from taperlm.models.generation import SamplingConfig, generate_tokens
 
     torch.manual_seed(0)
     cfg = kv_model(family, "cosine:1.0:0.25", head_taper="cosine")
@@ -225,8 +232,8 @@ def test_generation_with_tapered_kv_heads(family):
 
 def test_export_round_trip_and_cached_generate(tmp_path):
     transformers = pytest.importorskip("transformers")
-    from taperlm.generation import SamplingConfig, generate_tokens
     from taperlm.hf.export import export_model
+    from taperlm.models.generation import SamplingConfig, generate_tokens
 
     torch.manual_seed(0)
     cfg = kv_model("gated", "cosine:1.0:0.25", head_taper="cosine", taper="cosine")
@@ -384,7 +391,7 @@ def test_plan_shows_kv_heads_and_cache_bytes(capsys):
 
 
 def _preset_dict() -> dict:
-    from taperlm.presets import get_preset
+    from taperlm.config.presets import get_preset
 
     m = to_dict(RunConfig(model=get_preset("transformer-tiny")))["model"]
     m.pop("mlp_widths", None)
@@ -394,9 +401,9 @@ def _preset_dict() -> dict:
 def test_compare_draws_the_kv_pareto_plot_only_with_kv_tapers(tmp_path):
     from types import SimpleNamespace
 
+    from taperlm.analysis.stats import paired_difference
     from taperlm.compare.plots import _kv_pareto_plot
     from taperlm.compare.summary import DiffVsUniform
-    from taperlm.stats import paired_difference
 
     def entry(label, kv_bytes, diff):
         d = None

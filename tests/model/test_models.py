@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import tiny_config
-from taperlm.budget import flops_per_token, layer_budgets, total_params
 from taperlm.config import ModelConfig
+from taperlm.config.budget import flops_per_token, layer_budgets, total_params
 from taperlm.models import TaperedLM
 
 TAPERS = [

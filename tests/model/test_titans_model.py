@@ -11,13 +11,12 @@ import torch
 import torch.nn.functional as F
 
 from conftest import raises_naming, tiny_config
-from taperlm import budget
-from taperlm.config import ModelConfig
+from taperlm.config import ModelConfig, budget
+from taperlm.config.presets import get_preset, preset_names
 from taperlm.errors import ConfigError
 from taperlm.models import TaperedLM
 from taperlm.models.titans import segment_attention, sliding_window_attention
-from taperlm.presets import get_preset, preset_names
-from taperlm.taper import TaperSpec
+from taperlm.spec.taper import TaperSpec
 
 VARIANTS = ("mac", "mag", "mal")
 
@@ -106,7 +105,7 @@ def test_decoding_cache_select_reorders_the_batch(variant: str) -> None:
 def test_cached_greedy_generation_equals_recomputation(variant: str) -> None:
     """Greedy tokens with the cache equal recomputing the whole prefix each step, over many
     chunks, windows and segments."""
-    from taperlm.generation import SamplingConfig, generate_tokens
+    from taperlm.models.generation import SamplingConfig, generate_tokens
 
     torch.manual_seed(8)
     model = TaperedLM(small_cfg(variant)).eval()

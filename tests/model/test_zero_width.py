@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from conftest import raises_naming, tiny_config
-from taperlm.budget import flops_per_token, total_params
+from taperlm.config.budget import flops_per_token, total_params
 from taperlm.errors import ConfigError, TaperError
 from taperlm.models import TaperedLM
-from taperlm.solver import solve_sizes
-from taperlm.taper import TaperSpec
+from taperlm.spec.solver import solve_sizes
+from taperlm.spec.taper import TaperSpec
 
 ZERO_FAMILIES = {  # family or preset -> tiny_config arguments
     "transformer": dict(family="transformer"),

@@ -97,7 +97,7 @@ ALLOWED_WRITES = {
     ("prepare_scale", "reader", "unlink"): "inputs it made in its temporary folder",
     ("prepare_scale", "make_input", "open"): "inputs it makes in its temporary folder",
     ("prepare_scale", "main", "write_text"): "benchmarks/results (the repository's own)",
-    ("ratio_measurements", "main", "write_text"): "src/taperlm/ratio_measurements.json, the "
+    ("ratio_measurements", "main", "write_text"): "src/taperlm/spec/ratio_measurements.json, the "
     "package's copy of the measurements, which only this script writes",
     ("trend_all_points", "main", "write_text"): "benchmarks/results/trend_all_points.json and "
     ".md (the repository's own, which only this script writes)",

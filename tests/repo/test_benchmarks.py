@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_config
+from taperlm.config.presets import get_preset
 from taperlm.models import TaperedLM, cpu_kernels
 from taperlm.models.layers import RMSNorm, Rotary, cross_entropy
-from taperlm.presets import get_preset
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -354,7 +354,7 @@ def _precision_report(per_seed: list[float]) -> dict:
     n = len(per_seed)
     mean = sum(per_seed) / n
     sd = (sum((x - mean) ** 2 for x in per_seed) / (n - 1)) ** 0.5
-    from taperlm.stats import t_quantile
+    from taperlm.analysis.stats import t_quantile
 
     h = t_quantile(0.975, n - 1) * sd / n**0.5
     diff = {"mean": mean, "std": sd, "n": n, "per_seed": per_seed, "ci": [mean - h, mean + h]}
@@ -523,8 +523,8 @@ def test_op_count_440m_layer_is_the_first_layer_of_every_family_at_440m():
     level widths, Titans' memory widths), built on the meta device."""
     import torch
 
+    from taperlm.config.presets import get_preset
     from taperlm.models import TaperedLM
-    from taperlm.presets import get_preset
 
     op_count = _op_count()
 

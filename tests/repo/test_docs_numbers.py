@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import readme_results_text, readme_text
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import docs_numbers as D  # noqa: E402
@@ -85,8 +87,8 @@ PRESETS = ["transformer-440m", "titans-mag-440m"]
 
 @pytest.mark.parametrize("column", [0, 1], ids=PRESETS)
 def test_dry_run_rows_the_code_determines(column):
-    from taperlm.budget import total_params
-    from taperlm.presets import get_preset
+    from taperlm.config.budget import total_params
+    from taperlm.config.presets import get_preset
     from taperlm.training.planner import parameter_shapes, shard_numel
 
     cfg = get_preset(PRESETS[column])
@@ -301,11 +303,12 @@ def test_the_trend_across_every_point_is_its_reports():
         assert " ".join(line.removeprefix("- ").split()) in page
     assert "(img/all-points-advantage.png)" in page
     assert (ROOT / "docs/img/all-points-advantage.png").is_file()
-    # README's verdict quotes the extrapolation to 440M at 68 tokens/param as the fit gives it
+    # README and its former verdict (docs/compare.md, "README's results") quote the
+    # extrapolation to 440M at 68 tokens/param as the fit gives it
     fit = committed["trends"]["diff_1.5"]["440m"]
     lo, hi = fit["prediction_ci"]
     said = f"{fit['prediction']:+.3f} [{lo:+.3f}, {hi:+.3f}] nats".replace("-", "−")
-    assert said in " ".join((ROOT / "README.md").read_text(encoding="utf-8").split()), said
+    assert said in readme_text() and said in readme_results_text(), said
 
 
 @pytest.mark.parametrize("path", LONGRUN_REPORTS, ids=lambda p: p.stem)
@@ -321,7 +324,7 @@ def test_the_kept_cells_resume_the_long_training_modes(path):
 
     from taperlm.compare import longrun
     from taperlm.compare.runner import read_result
-    from taperlm.outdirs import check_folder
+    from taperlm.files.outdirs import check_folder
 
     mode, size = path.stem.split("_")[1:]
     kept = [ROOT / "benchmarks/results" / path.stem]
@@ -450,7 +453,7 @@ def test_ratio_axis_new_starts_are_the_kept_cells():
     recomputed here: a cell or a number changed fails."""
     import json
 
-    from taperlm.stats import paired_difference
+    from taperlm.analysis.stats import paired_difference
 
     results = ROOT / "benchmarks/results"
 
@@ -483,19 +486,20 @@ def test_ratio_axis_new_starts_are_the_kept_cells():
             mean_ci = {"mean": d.mean, "ci": d.ci}
             cells.append(f"{_diff_text(mean_ci)}{star}, {better}/{len(d.per_seed)}")
         assert f"| {size}, {tpp} | {' | '.join(cells)} |" in page, (point, cells)
-    # README's sentence: the fitted best start at 0.5 tokens/param, from the ratio axis's report
+    # README's sentence (and its former verdict, now docs/compare.md's "README's results"): the
+    # fitted best start at 0.5 tokens/param, from the ratio axis's report
     report = json.loads((results / "longrun_ratios_nano.json").read_text())
     by_point = {p["point"]: p for p in report["points"]}
     early = by_point["nano-133120"]["best_ratio"]
     lo, hi = early["ci"]
     fitted = f"{early['best']:.2f} [{lo:.2f}, {hi:.2f}] at 0.5 tokens per parameter, uniform at 8"
-    assert fitted in _flat_text("README.md")
+    assert fitted in readme_text() and fitted in readme_results_text()
     assert by_point["nano-2134016"]["best_measured"] == "uniform"
-    # at 68: the best measured ratio and its difference, as README's sentence quotes them
+    # at 68: the best measured ratio and its difference, as those sentences quote them
     longest = by_point["nano-18143232"]
     start, end = longest["best_measured"].removeprefix("cosine:").split(":")
     steep = f"{start} → {end}: {_diff_text(longest['diff_best'], digits=3)}"
-    assert steep in _flat_text("README.md")
+    assert steep in readme_text() and steep in readme_results_text()
 
 
 @pytest.mark.unit
@@ -521,7 +525,8 @@ def test_own_lr_check_is_its_report(report: str, tokens: int, taper_lr: float):
     better = sum(d < 0 for d in own["per_seed"])
     assert f"better in {better} of {own['n']} seeds" in page
     assert _diff_text(shared) in page
-    assert _diff_text(own, digits=3) in _flat_text("README.md")
+    said = _diff_text(own, digits=3)  # README's sentence and its former verdict
+    assert said in readme_text() and said in readme_results_text()
 
 
 def _component_rows(reports: list[dict]) -> list[str]:

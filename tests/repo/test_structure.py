@@ -16,20 +16,21 @@ import pytest
 import torch
 
 from conftest import import_docs_example, raises_naming
-from taperlm import budget, families
+from taperlm import families
 from taperlm.cli import main
 from taperlm.config import (
     ModelConfig,
     RunConfig,
+    budget,
     from_dict,
     load_run_config,
     run_config_from_dict,
     to_dict,
 )
+from taperlm.config.presets import get_preset, preset_names
 from taperlm.errors import ConfigError
 from taperlm.models import TaperedLM
-from taperlm.presets import get_preset, preset_names
-from taperlm.taper import TaperSpec
+from taperlm.spec.taper import TaperSpec
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src" / "taperlm"
@@ -175,23 +176,28 @@ def test_no_import_circle():
     fams = [m for m in graph if m.startswith("taperlm.families")]
     assert len(fams) >= 6
     for m in fams:  # families never reach back to the config (which imports them)
-        assert not {"taperlm.config", "taperlm.presets", "taperlm.models.lm"} & graph[m], m
+        assert not {"taperlm.config", "taperlm.config.presets", "taperlm.models.lm"} & graph[m], m
 
 
 def test_models_and_families_do_not_zig_zag():
     """Families build their blocks from the torch modules of `taperlm.models`, which never import
     a family back, nor anything that imports the families (the config, the budget, the presets):
-    the blocks read a config through `taperlm.model_fields`, and `TaperedLM` is handed its
+    the blocks read a config through `taperlm.spec.model_fields`, and `TaperedLM` is handed its
     family's block factory by the config (`ModelSpec.build_block`) instead of looking it up in
     `taperlm.families`. A family never imports `TaperedLM`."""
-    upper = ("taperlm.families", "taperlm.config", "taperlm.budget", "taperlm.presets")
+    upper = (
+        "taperlm.families",
+        "taperlm.config",
+        "taperlm.config.budget",
+        "taperlm.config.presets",
+    )
     graph = _import_graph()
     assert "taperlm.models.lm" in graph
     for m, targets in graph.items():
         if m == "taperlm.models" or m.startswith("taperlm.models."):
             assert not [t for t in targets if t.startswith(upper)], m
-        if m == "taperlm.model_fields":
-            assert targets <= {"taperlm.taper"}, m
+        if m == "taperlm.spec.model_fields":
+            assert targets <= {"taperlm.spec.taper"}, m
         if m.startswith("taperlm.families"):
             assert not {"taperlm.models", "taperlm.models.lm"} & targets, m
 
@@ -210,20 +216,28 @@ KEPT_ROOM_LOOPS: dict[tuple[str, str], str] = {}
 def test_no_two_rooms_import_each_other():
     """No room (a top-level module or package) imports another that imports it back, even
     through other modules: models and families (the config hands `TaperedLM` its block
-    factory), config and presets (the assembly that reads presets sits above both), budget and
-    config (the budget reads a config through `ModelSpec`)."""
+    factory), spec and families (the families are written in the spec's vocabulary; the budget
+    and the KV taper that read the families sit in config/), interop and training (the loader
+    that training reads runs with sits in checkpoint/, below training; `importing` above it)."""
     rooms: dict[str, set[str]] = {}
     for m, targets in _import_graph().items():
         rooms.setdefault(_room(m), set()).update(_room(t) for t in targets if _room(t) != _room(m))
     loops = [tuple(c) for c in _cycles({r: t & set(rooms) for r, t in rooms.items()})]
     assert sorted(loops) == sorted(KEPT_ROOM_LOOPS), f"rooms that import each other: {loops}"
-    assert not {"taperlm.presets", "taperlm.assembly"} & rooms["taperlm.config"]
-    assert not {"taperlm.config", "taperlm.presets"} & rooms["taperlm.budget"]
+    # inside config/: the typed config never imports the presets or the assembly that read it,
+    # and the budget reads a config through `ModelSpec` (`taperlm.spec.model_fields`)
+    graph = _import_graph()
+    readers = {"taperlm.config.presets", "taperlm.config.assembly"}
+    for m in graph:
+        if (m == "taperlm.config" or m.startswith("taperlm.config.")) and m not in readers:
+            assert not readers & graph[m], m
+    assert not {"taperlm.config", "taperlm.config.model"} & graph["taperlm.config.budget"]
+    assert "taperlm.spec.model_fields" in graph["taperlm.config.budget"]
 
 
 def test_config_families_and_plan_do_not_import_torch():
     code = (
-        "import sys, taperlm.config, taperlm.families, taperlm.presets, taperlm.budget, "
+        "import sys, taperlm.config, taperlm.families, taperlm.config.presets, taperlm.config.budget, "
         "taperlm.compare.grid\n"
         "from taperlm.cli import main\n"
         "main(['plan', '--preset', 'titans-mac-tiny', '--taper', 'cosine'])\n"
@@ -294,9 +308,9 @@ def test_v01_run_dir_loads_resumes_and_compares(tmp_path):
     """A run dir whose config.yaml and checkpoint manifest are in the 0.1 layout: the model loads,
     `taperlm train --out RUN` continues it, and compare sees no config conflict."""
     from fault_harness import corpus_text
+    from taperlm.checkpoint.loading import load_run_model
     from taperlm.checkpoint.store import find_checkpoint
     from taperlm.compare.runner import _check_saved_config
-    from taperlm.loading import load_run_model
 
     data = tmp_path / "data"
     (tmp_path / "corpus.txt").write_text(corpus_text(), encoding="utf-8")
@@ -370,44 +384,13 @@ def test_progress_bar_postfixes_are_formatted_text():
 # the structure rules of docs/design.md, read from the code (AST only)
 
 # The layers, low to high (docs/design.md#layers): a module imports only from its own layer or
-# lower ones. A module is placed by its longest dotted prefix below `taperlm`.
+# lower ones. A module is placed by its top-level name below `taperlm` (a package: all its modules).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    (
-        "foundation",
-        (
-            "errors",
-            "io",
-            "domains",
-            "cpus",
-            "device",
-            "progress",
-            "stats",
-            "runlock",
-            "outdirs",
-            "outfiles",
-        ),
-    ),
-    (
-        "specification",
-        (
-            "taper",
-            "solver",
-            "model_fields",
-            "kv_taper",
-            "families",
-            "budget",
-            "config",
-            "presets",
-            "ratio_advice",
-            "assembly",
-        ),
-    ),
-    ("model", ("models", "generation", "hf", "gguf_export", "gguf_file", "gguf_import")),
+    ("foundation", ("errors", "files", "runtime")),
+    ("specification", ("spec", "families", "config")),
+    ("model", ("models", "hf")),
     ("data", ("data",)),
-    (
-        "runs",
-        ("checkpoint", "training", "evaluation", "analysis", "loading", "importing", "compress"),
-    ),
+    ("runs", ("checkpoint", "training", "evaluation", "analysis", "compress", "interop")),
     ("compare", ("compare",)),
     ("commands", ("commands",)),
     ("cli", ("cli",)),
@@ -600,7 +583,7 @@ def test_every_repository_path_the_docs_cite_exists():
 
 def _readme_layout() -> set[str]:
     """The module paths (below src/taperlm) that README's Layout block names. A line indented by
-    two spaces starts a folder (`data/  a.py b.py`) or lists top-level modules (`io.py ...`);
+    two spaces starts a folder (`data/  a.py b.py`) or lists top-level modules (`cli.py ...`);
     a deeper line continues the folder above; a `sub/` token inside a folder's line opens a
     subpackage for the rest of the line; `#` starts a comment."""
     text = (REPO / "README.md").read_text(encoding="utf-8")

@@ -3,11 +3,12 @@ non-Python file of the package, and (slow; CI runs it) `python -m build` of a cl
 checkout giving a wheel and an sdist that pass `twine check` and, each installed in a fresh
 virtual environment, run `taperlm --version`, `taperlm plan` and a tiny `prepare` + `train`.
 
-The environments are made with --system-site-packages and installed into with --no-index: the
-dependencies (torch is 200+ MB) come from this interpreter's installation, offline, while pip
-still resolves every requirement of the package's metadata against them (a missing or
-incompatible dependency fails the install), and taperlm itself comes from the wheel or sdist
-(the test checks where it is imported from, since an editable install may also be visible).
+The environments see this interpreter's site-packages after their own and are installed into
+with --no-index: the dependencies (torch is 200+ MB) come from this interpreter's installation,
+offline, while pip still resolves every requirement of the package's metadata against them (a
+missing or incompatible dependency fails the install), and taperlm itself comes from the wheel
+or sdist (the test checks where it is imported from, since an editable install may also be
+visible). This interpreter may itself be a virtual environment (CI's: `.ci/run`).
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from __future__ import annotations
 import fnmatch
 import os
 import shutil
+import site
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -103,9 +106,16 @@ def _venv_with(package: Path, root: Path) -> Path:
     """A fresh virtual environment with `package` (wheel or sdist) installed offline; its bin."""
     # without pip of its own: its bundled pip/setuptools would shadow the installed ones (torch
     # needs a newer setuptools than venv bundles); this interpreter's pip installs into it
-    _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(root)],
-         cwd=root.parent)  # fmt: skip
+    _run([sys.executable, "-m", "venv", "--without-pip", str(root)], cwd=root.parent)
     py = root / "bin" / "python"
+    # This interpreter's site-packages after the environment's own, as site dirs (their .pth files
+    # apply). Not --system-site-packages: where this interpreter is itself a virtual environment,
+    # that would give the base interpreter's packages, without torch.
+    own = _run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+               cwd=root.parent).strip()  # fmt: skip
+    ours = dict.fromkeys([*site.getsitepackages(), sysconfig.get_paths()["purelib"]])
+    lines = [f"import site; site.addsitedir({d!r})" for d in ours if Path(d).is_dir()]
+    (Path(own) / "_this_interpreters_site.pth").write_text("\n".join(lines) + "\n")
     _run([str(py), "-m", "pip", "install", "--quiet", "--no-index", "--no-build-isolation",
           str(package)], cwd=root.parent)  # fmt: skip
     where = _run([str(py), "-c", "import taperlm; print(taperlm.__file__)"], cwd=root.parent)

@@ -242,8 +242,8 @@ def test_reader_of_a_training_run_always_loads(data, tmp_path):
     import subprocess
     import sys
 
+    from taperlm.checkpoint.loading import load_run_model
     from taperlm.checkpoint.store import list_checkpoints
-    from taperlm.loading import load_run_model
 
     run = tmp_path / "run"
     argv = [*H.train_argv(data, run)]

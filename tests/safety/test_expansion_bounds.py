@@ -31,18 +31,18 @@ import torch
 from tokenizers import Tokenizer as Backend
 
 import fault_harness as H
-from taperlm.budget import ROPE_PREBUILT, memory_floor
 from taperlm.cli import main
 from taperlm.config import ModelConfig, RunConfig, apply_overrides, run_config_from_dict, to_dict
+from taperlm.config.budget import ROPE_PREBUILT, memory_floor
 from taperlm.data import tokenizer_bounds as TB
 from taperlm.data.loader import open_split
 from taperlm.data.tokenizer import Tokenizer, load_tokenizer
-from taperlm.domains import MAX_CONTEXT, MAX_VOCAB
 from taperlm.errors import ConfigError, DataError
 from taperlm.hf import llama
-from taperlm.importing import read_tokenizer
+from taperlm.interop.importing import read_tokenizer
 from taperlm.models import TaperedLM
 from taperlm.models.layers import Rotary
+from taperlm.spec.domains import MAX_CONTEXT, MAX_VOCAB
 
 
 @pytest.fixture(scope="module")
@@ -359,7 +359,7 @@ def test_a_16m_context_builds_only_the_positions_used():
     assert ROPE_PREBUILT == Rotary.PREBUILT
     for r in _rotaries(model):
         assert r.cos.shape[0] == Rotary.PREBUILT
-    from taperlm.generation import SamplingConfig, generate_tokens
+    from taperlm.models.generation import SamplingConfig, generate_tokens
 
     out = list(generate_tokens(model, [1, 2, 3], SamplingConfig(max_new_tokens=2, temperature=0)))
     assert len(out) <= 2

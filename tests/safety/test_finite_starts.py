@@ -19,9 +19,9 @@ import torch
 import fault_harness as H
 from conftest import assert_naming, raises_naming
 from taperlm.checkpoint import store
+from taperlm.checkpoint.loading import load_run_model
 from taperlm.cli import main as cli_main
 from taperlm.errors import CheckpointError
-from taperlm.loading import load_run_model
 from taperlm.training.run_dir import write_start_run
 
 transformers = pytest.importorskip("transformers")

@@ -39,8 +39,8 @@ from taperlm.config import (
 from taperlm.data.shards import HEADER_SIZE, open_shard, parse_header, write_shard
 from taperlm.errors import DataError, TaperlmError
 from taperlm.evaluation.registry import get_task, load_task
-from taperlm.solver import solve_sizes
-from taperlm.taper import TaperSpec
+from taperlm.spec.solver import solve_sizes
+from taperlm.spec.taper import TaperSpec
 
 pytestmark = pytest.mark.unit
 
@@ -136,7 +136,7 @@ OVERRIDE_VALUES = st.one_of(
 )
 def test_set_overrides(parts):
     from taperlm.config import to_dict
-    from taperlm.presets import get_preset
+    from taperlm.config.presets import get_preset
 
     data = {"model": to_dict(get_preset("transformer-tiny", resolve=False))}
     overrides = [k + sep + v for k, sep, v in parts]
@@ -365,7 +365,7 @@ def test_structured_text_parsers(leaf, depth, kinds, siblings):
     refuses it otherwise (brackets inside strings never count); parse_yaml agrees on the same
     text (JSON is YAML); random text is read or refused with a MalformedFileError only."""
     from taperlm.errors import MalformedFileError
-    from taperlm.io import MAX_DEPTH, parse_json, parse_yaml
+    from taperlm.files.io import MAX_DEPTH, parse_json, parse_yaml
 
     value = _nested([leaf, *siblings], depth, kinds)
     text = json.dumps(value)

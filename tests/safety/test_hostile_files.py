@@ -12,6 +12,7 @@ deserialisation and dynamic-code call and fails on one that is not in `ALLOWED` 
 
 from __future__ import annotations
 
+import enum
 import io
 import json
 import os
@@ -183,6 +184,89 @@ def test_metadata_allow_list_covers_a_real_checkpoint(trained):
     assert any(k.startswith("model.") for k in meta.state_dict_metadata)
 
 
+class _EnumsByName(pickle.Pickler):
+    """Pickles an enum member as `getattr(EnumClass, "NAME")`, as Python 3.11.2 (Debian 12's)
+    does, whichever Python runs the test."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, enum.Enum):
+            return getattr, (type(obj), obj.name)
+        return NotImplemented
+
+
+class _EnumsByValue(pickle.Pickler):
+    """Pickles an enum member as `EnumClass(value)`, as other Pythons (3.11.7, 3.12) do."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, enum.Enum):
+            return type(obj), (obj.value,)
+        return NotImplemented
+
+
+def _pickled(obj, pickler=pickle.Pickler) -> bytes:
+    buf = io.BytesIO()
+    pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
+
+
+def test_an_index_whose_enums_are_pickled_by_name_reads_the_same(trained, tmp_path):
+    """A checkpoint written under either Python reads under either: its index re-pickled with
+    every enum by name (Debian 12's python) and by value (others) reads equal to the original."""
+    from taperlm.checkpoint import safe_load
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(_newest(trained), ckpt)
+    meta = safe_load.read_metadata(ckpt)
+    by_name, by_value = _pickled(meta, _EnumsByName), _pickled(meta, _EnumsByValue)
+    assert b"getattr" in by_name and b"getattr" not in by_value
+    for data in (by_name, by_value):
+        (ckpt / safe_load.METADATA_FILE).write_bytes(data)
+        assert safe_load.read_metadata(ckpt) == meta
+
+
+def test_getattr_in_an_index_reaches_allowed_enum_members_only():
+    """Every member of every allow-listed enum reads back by name and by value; a getattr of
+    anything else (a method, a class attribute, an enum outside the list) stops the read."""
+    import importlib
+
+    from taperlm.checkpoint import safe_load
+    from taperlm.errors import CheckpointError
+
+    def load(data: bytes):
+        return safe_load._IndexUnpickler(io.BytesIO(data), Path("x/.metadata")).load()
+
+    enums = [
+        getattr(importlib.import_module(module), name)
+        for module, names in safe_load.ALLOWED.items()
+        for name in names
+        if isinstance(getattr(importlib.import_module(module), name), enum.EnumMeta)
+    ]
+    assert len(enums) >= 3  # _MEM_FORMAT_ENCODING, LoadItemType, WriteItemType
+    for cls in enums:
+        for member in cls:
+            assert load(_pickled(member, _EnumsByName)) is member
+            assert load(_pickled(member, _EnumsByValue)) is member
+
+    class Reduce:
+        def __init__(self, *args) -> None:
+            self.args = args
+
+        def __reduce__(self):
+            return getattr, self.args
+
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    member = enums[0]
+    for target, attr in (
+        (Metadata, "__init__"),  # an allowed class that is no enum
+        (member, "__class__"),  # an enum's attribute that is no member
+        (Path, "home"),  # an allowed class's method
+        (enum.Enum, "__new__"),  # an enum class outside the list
+    ):
+        with pytest.raises(CheckpointError, match="never holds"):
+            load(_pickled(Reduce(target, attr)))
+
+
 def _hf_folder_with_code(folder: Path, marker: Path, model_type: str) -> None:
     code = f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n"
     (folder / "modeling_evil.py").write_text(code)
@@ -275,13 +359,21 @@ ALLOWED: dict[tuple[str, str], str] = {
         "import_module",
     ): "the study functions of options.PAPER_STUDIES, our table",
     ("compare/studies.py", "importlib"): "(the import of import_module above)",
+    (
+        "compare/executor.py",
+        "import_module",
+    ): "--executor's implementation from EXECUTORS, our table",
+    ("compare/executor.py", "importlib"): "(the import of import_module above)",
     ("data/readers.py", "importlib"): "(the import of import_module above)",
     ("data/readers.py", "import_module"): "optional packages by their fixed names (zstandard, ...)",
     ("analysis/sources.py", "trust_remote_code"): "passes the user's --trust-remote-code flag",
     ("data/tokenizer.py", "trust_remote_code"): "trust_remote_code=False, explicitly",
     ("evaluation/harness.py", "importlib"): "importlib.resources: our packaged task templates",
     ("hf/autoregister.py", "importlib"): "a meta-path hook registering taperlm with transformers",
-    ("io.py", "yaml.load"): "parse_yaml: StrictLoader, a SafeLoader subclass (builds no objects)",
+    (
+        "files/io.py",
+        "yaml.load",
+    ): "parse_yaml: StrictLoader, a SafeLoader subclass (builds no objects)",
     ("training/loggers.py", "importlib"): "find_spec of the optional logger packages by fixed name",
 }
 

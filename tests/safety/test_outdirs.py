@@ -2,7 +2,7 @@
 and never deletes, overwrites or chmods a file it did not write -- `--force` included.
 
 Every folder output of every command (found by walking the parsers, checked against
-`taperlm.outdirs.OUTPUT_FOLDERS`) is tried with every kind of folder: new, empty, its own kind,
+`taperlm.files.outdirs.OUTPUT_FOLDERS`) is tried with every kind of folder: new, empty, its own kind,
 each other command's kind, a user's non-empty folder, a file, a symlink to each of those and a
 dangling symlink. A refused case ends at once with exit code 2 and a line naming the option, and
 leaves every file (content and mode) as it was; an accepted one passes the check. The commands'
@@ -23,9 +23,9 @@ import fault_harness as H
 from conftest import assert_own_options, raises_naming
 from taperlm.cli import COMMANDS, build_parser, subcommand_parser
 from taperlm.cli import main as cli_main
-from taperlm.domains import PathArg
 from taperlm.errors import ConfigError
-from taperlm.outdirs import KINDS, OUTPUT_FOLDERS, check_folder
+from taperlm.files.outdirs import KINDS, OUTPUT_FOLDERS, check_folder
+from taperlm.spec.domains import PathArg
 
 FOLDERS = sorted(
     (cmd, a.option_strings[0] if a.option_strings else a.dest)
@@ -272,7 +272,7 @@ def test_export_records_its_files_and_force_replaces_only_those(trained, tmp_pat
     pytest.importorskip("transformers")
     import json
 
-    from taperlm.io import sha256_file
+    from taperlm.files.io import sha256_file
 
     out = tmp_path / "exp"
     assert cli_main(["export", str(trained), "--out", str(out)]) == 0
@@ -308,7 +308,7 @@ def test_export_records_its_files_and_force_replaces_only_those(trained, tmp_pat
 def test_every_folder_kind_says_how_a_rerun_treats_its_files():
     """Every kind of folder a command writes is in REWRITES: either its files are installed
     (`install_files`, replaced only while unchanged) or it is the command's own state."""
-    from taperlm.outdirs import REWRITES
+    from taperlm.files.outdirs import REWRITES
 
     assert set(REWRITES) == set(KINDS)
     assert {k for k, v in REWRITES.items() if v == "install"} == {"export", "lm-eval-tasks"}

@@ -3,7 +3,7 @@ taperlm wrote (its mark inside the file's own format), never a file of the user'
 included -- and never writes through or replaces a symbolic link.
 
 Every file output of every command (found by walking the parsers, checked against
-`taperlm.outfiles.OUTPUT_FILES`) is tried with every state of its path: new, a taperlm file of
+`taperlm.files.outfiles.OUTPUT_FILES`) is tried with every state of its path: new, a taperlm file of
 its format, a taperlm file of another format, a user's file, a folder, a link to a taperlm file,
 to a user's file and a dangling link -- with and without --force where the command has one. A
 refused case ends at once with exit code 2 and a line naming the option and leaves every byte
@@ -22,8 +22,7 @@ import pytest
 
 from taperlm.cli import COMMANDS, build_parser, subcommand_parser
 from taperlm.cli import main as cli_main
-from taperlm.domains import PathArg
-from taperlm.outfiles import (
+from taperlm.files.outfiles import (
     FORCE_TO_REPLACE,
     GGUF_KEY,
     OUTPUT_FILES,
@@ -32,6 +31,7 @@ from taperlm.outfiles import (
     written_by_taperlm,
     yaml_mark,
 )
+from taperlm.spec.domains import PathArg
 
 
 def _file_options() -> list[tuple[str, str]]:
@@ -55,7 +55,7 @@ def test_every_file_output_has_a_format():
 def _png(path: Path, mark: bool) -> None:
     from matplotlib.figure import Figure
 
-    from taperlm.outfiles import png_metadata
+    from taperlm.files.outfiles import png_metadata
 
     fig = Figure(figsize=(1, 1))
     fig.subplots().plot([0, 1])
@@ -216,7 +216,7 @@ def test_every_file_output_may_name_a_new_folder(tmp_path):
     `io.atomic_output` (JSON, text, YAML, PNG, GGUF), which does; none may stop with a raw
     FileNotFoundError."""
     from taperlm.analysis.plots import plot_width_profiles
-    from taperlm.io import atomic_output, atomic_write_json, atomic_write_text
+    from taperlm.files.io import atomic_output, atomic_write_json, atomic_write_text
 
     atomic_write_text(tmp_path / "a" / "b" / "x.txt", "x\n")
     atomic_write_json(tmp_path / "c" / "d" / "x.json", {"x": 1})

@@ -1,4 +1,4 @@
-"""The primitives every reader of a stranger's file goes through (taperlm.io): nothing opened
+"""The primitives every reader of a stranger's file goes through (taperlm.files.io): nothing opened
 can block, a name read from a file stays inside its folder, and a declared or actual size past
 the format's limit is refused before it is read."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from conftest import raises_naming
 from taperlm.errors import UnsafeFileError
-from taperlm.io import open_regular, path_inside, read_bytes, read_text
+from taperlm.files.io import open_regular, path_inside, read_bytes, read_text
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,7 @@ safe primitives fails here:
 
 * `test_every_open_is_a_safe_one`: every way a module opens or reads a file by name (open,
   Path.read_text/read_bytes, torch.load, numpy.memmap, safetensors, tokenizers' from_file,
-  pyarrow, gzip, zstandard) is either `taperlm.io`'s `open_regular` / `read_bytes` /
+  pyarrow, gzip, zstandard) is either `taperlm.files.io`'s `open_regular` / `read_bytes` /
   `read_text` / `check_regular` or listed in `RAW_OPENS` with the reason it is safe;
 * `test_every_deletion_and_replace_is_listed`: every call that deletes, renames or replaces a
   path is listed in `REMOVALS` with the folder it acts in (each folder whose links
@@ -37,14 +37,14 @@ import fault_harness as H
 from conftest import raises_naming
 from taperlm.cli import main as cli_main
 from taperlm.errors import CheckpointError, ConfigError, DataError, TaperlmError, UnsafeFileError
-from taperlm.io import (
+from taperlm.files.io import (
     check_stored_zip,
     error_text,
     links_leading_out,
     open_append,
     sha256_file,
 )
-from taperlm.outdirs import KINDS, OUTPUT_FOLDERS, check_folder, claim
+from taperlm.files.outdirs import KINDS, OUTPUT_FOLDERS, check_folder, claim
 from test_hostile_files import code_lines
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "taperlm"
@@ -65,17 +65,23 @@ OPEN_PATTERNS = {
     "decompress": re.compile(r"\bGzipFile\(|\bgzip\.open\(|\bZstdDecompressor\(|\blzma\.|\bbz2\."),
 }
 
-# (module, pattern) -> why it is safe. The safe primitives themselves live in io.py.
+# (module, pattern) -> why it is safe. The safe primitives themselves live in files/io.py.
 RAW_OPENS: dict[tuple[str, str], str] = {
-    ("io.py", "open()"): "the primitives: open_regular (O_NONBLOCK + fstat), open_append "
+    ("files/io.py", "open()"): "the primitives: open_regular (O_NONBLOCK + fstat), open_append "
     "(O_NOFOLLOW + fstat), atomic_output's fsync of its own temporary file, fsync_dir",
     ("cli.py", "open()"): "os.devnull for --quiet",
-    ("domains.py", "open()"): "O_CREAT|O_EXCL probe file of a writability check (never follows)",
-    ("runlock.py", "open()"): "the lock file, after not_a_file refused a FIFO/folder there; a "
+    (
+        "spec/domains.py",
+        "open()",
+    ): "O_CREAT|O_EXCL probe file of a writability check (never follows)",
+    (
+        "files/runlock.py",
+        "open()",
+    ): "the lock file, after not_a_file refused a FIFO/folder there; a "
     "FIFO opened read-write does not block",
-    ("cpus.py", "read_text"): "/proc and /sys/fs/cgroup files of the kernel",
-    ("device.py", "read_text"): "/proc/meminfo and cgroup memory files of the kernel",
-    ("runlock.py", "read_text"): "/proc/<pid>/stat of the kernel",
+    ("runtime/cpus.py", "read_text"): "/proc and /sys/fs/cgroup files of the kernel",
+    ("runtime/device.py", "read_text"): "/proc/meminfo and cgroup memory files of the kernel",
+    ("files/runlock.py", "read_text"): "/proc/<pid>/stat of the kernel",
     ("evaluation/harness.py", "read_text"): "a task YAML inside the installed package",
     ("evaluation/harness.py", "open()"): "writes data/<task>.jsonl into the lm-eval tasks "
     "folder, whose links check_folder refused",
@@ -102,7 +108,7 @@ RAW_OPENS: dict[tuple[str, str], str] = {
     "just wrote into its own temporary checkpoint",
     ("checkpoint/safe_load.py", "torch.load"): "a DCP byte item, the bytes of a "
     "_Slice that check_stored_zip passed",
-    ("loading.py", "safetensors"): "an export's model.safetensors after check_regular",
+    ("checkpoint/loading.py", "safetensors"): "an export's model.safetensors after check_regular",
     ("data/tokenizer_bounds.py", "open()"): "os.devnull opened for writing: fd 2 silenced "
     "while the tokenizers library may print a Rust panic",
 }
@@ -126,7 +132,7 @@ def test_every_open_is_a_safe_one():
     hits = _open_hits()
     unknown = sorted(hits - set(RAW_OPENS))
     assert not unknown, (
-        "new raw opens/reads of a file: use taperlm.io.open_regular / read_bytes / read_text / "
+        "new raw opens/reads of a file: use taperlm.files.io.open_regular / read_bytes / read_text / "
         f"check_regular, or add a reason to RAW_OPENS: {unknown}"
     )
     stale = sorted(set(RAW_OPENS) - hits)
@@ -152,16 +158,16 @@ REMOVAL = re.compile(
 # module -> where its deletions, renames and replacements act (every folder is one whose links
 # outdirs.check_folder refused before the command wrote, or the path is checked by path_inside).
 REMOVALS: dict[str, str] = {
-    "io.py": "atomic_output / replace_dir: a temporary beside the target, renamed over it "
+    "files/io.py": "atomic_output / replace_dir: a temporary beside the target, renamed over it "
     "(os.replace replaces a link itself, never its target)",
-    "domains.py": "its own O_EXCL probe file",
+    "spec/domains.py": "its own O_EXCL probe file",
     "training/run_dir.py": "the lock and marker it created in a run dir it created; after a "
     "failed import, what it created in the run dir it claimed (checkpoints/, the tokenizer copy, "
     "config.yaml, its lock and marker)",
     "checkpoint/store.py": "checkpoints/ of a run dir (check_folder walked it): temp "
     "dirs named by pid, step_* dirs renamed aside then removed",
     "hf/export.py": "its own staging folder inside the export folder",
-    "outdirs.py": "install_files: its staged files moved in, and stale files of the folder's "
+    "files/outdirs.py": "install_files: its staged files moved in, and stale files of the folder's "
     "record (each name path_inside checked, and unchanged since it wrote them)",
     "evaluation/harness.py": "its own staging folder inside the lm-eval tasks folder",
     "compare/inputs.py": "its own temporary and target folders inside the compare folder",
@@ -278,7 +284,7 @@ def test_a_symlinked_tensorboard_folder_gets_nothing(trained, data, tmp_path, ca
 def test_export_record_cannot_delete_outside(tmp_path):
     """An edited `.taperlm-export` record listing `../victim/thesis.txt` with its hash: the
     install refuses it, the file stays."""
-    from taperlm.outdirs import install_files
+    from taperlm.files.outdirs import install_files
 
     out = tmp_path / "out"
     claim(out, "export")
@@ -561,7 +567,7 @@ def test_a_parquet_page_declaring_too_much_is_refused_from_its_footer(tmp_path):
 def test_no_printed_message_is_unbounded(monkeypatch, capsys):
     """Whatever a message quotes from a file (a 10 MB key name), the CLI prints a bounded line."""
     from taperlm.commands import plan
-    from taperlm.io import MAX_MESSAGE
+    from taperlm.files.io import MAX_MESSAGE
 
     def crafted(args):
         raise CheckpointError("checkpoint X does not fit: " + "k" * (10 << 20))
@@ -726,7 +732,7 @@ def test_a_fifo_never_blocks_and_is_named(case, data, trained, tmp_path):
 
 def _input_options() -> list[tuple[str, str]]:
     from taperlm.cli import COMMANDS, build_parser, subcommand_parser
-    from taperlm.domains import PathArg
+    from taperlm.spec.domains import PathArg
 
     parser = build_parser()
     found = []
@@ -758,7 +764,7 @@ def test_every_input_option_refuses_a_special_file(tmp_path, command, option, ki
     import argparse
 
     from taperlm.cli import build_parser, subcommand_parser
-    from taperlm.domains import check_arguments
+    from taperlm.spec.domains import check_arguments
 
     sub = subcommand_parser(build_parser(), command)
     args = argparse.Namespace(**{a.dest: a.default for a in sub._actions})

@@ -2,14 +2,18 @@
 
 A JSON or YAML file nested 200,000 deep was a RecursionError traceback from every reader; a
 418-byte YAML alias bomb ran to the memory cap. Now every JSON/YAML parse in src/ goes through
-`taperlm.io` (`read_json`/`parse_json`/`read_yaml`/`parse_yaml`): sizes checked before reading,
+`taperlm.files.io` (`read_json`/`parse_json`/`read_yaml`/`parse_yaml`): sizes checked before reading,
 depth and alias expansion before parsing, one clear error naming the file.
 
 - `test_every_structured_parse_goes_through_the_bounded_reader` walks src/ and fails on any
-  json/yaml parse call outside io.py (a new unbounded reader fails it);
+  json/yaml parse call outside files/io.py (a new unbounded reader fails it);
 - the shapes (deep arrays, objects, block and flow YAML, alias bombs, aliases that nest deep,
   huge integers) are tried on the parsers;
-- every structured file kind taperlm reads is made deep and read by the command that reads it.
+- every structured file kind taperlm reads is made deep and read by the command that reads it;
+- the YAML ones under three parsers of events (the installed one, PyYAML's pure-Python one, and
+  one with a nesting limit of its own, as libyaml 0.2.5 in PyYAML 6.0.4's wheels has, which
+  refuses a deep flow collection before its first event): the error is the reader's own, and
+  names the file and the problem, whichever parser saw the text first.
 """
 
 from __future__ import annotations
@@ -21,12 +25,15 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
+from yaml.scanner import ScannerError
 
 import fault_harness as H
+import taperlm.files.io
 from conftest import assert_own_options, raises_naming
 from taperlm.cli import main as cli_main
 from taperlm.errors import ConfigError, MalformedFileError
-from taperlm.io import (
+from taperlm.files.io import (
     MAX_DEPTH,
     MAX_MESSAGE,
     json_depth,
@@ -78,18 +85,18 @@ def parse_calls(source: str) -> list[str]:
 
 @pytest.mark.unit
 def test_every_structured_parse_goes_through_the_bounded_reader():
-    """Only taperlm/io.py parses JSON or YAML; every other module reads through it."""
+    """Only taperlm/files/io.py parses JSON or YAML; every other module reads through it."""
     offenders = {
         path.relative_to(SRC).as_posix(): calls
         for path in sorted(SRC.rglob("*.py"))
-        if path.name != "io.py" or path.parent != SRC
+        if path != SRC / "files/io.py"
         if (calls := parse_calls(path.read_text(encoding="utf-8")))
     }
     assert not offenders, (
-        f"JSON/YAML parsed outside taperlm.io (use read_json/parse_json/read_yaml/parse_yaml, "
+        f"JSON/YAML parsed outside taperlm.files.io (use read_json/parse_json/read_yaml/parse_yaml, "
         f"which bound size, depth and aliases): {offenders}"
     )
-    assert parse_calls((SRC / "io.py").read_text(encoding="utf-8"))  # the walk sees io.py's
+    assert parse_calls((SRC / "files/io.py").read_text(encoding="utf-8"))  # the walk sees io.py's
 
 
 @pytest.mark.unit
@@ -124,6 +131,54 @@ BOMB = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
 ALIAS_DEPTH = "a0: &a0 [x]\n" + "".join(f"a{i + 1}: &a{i + 1} [*a{i}]\n" for i in range(200))
 
 
+class NestingLimitedLoader(yaml.SafeLoader):
+    """A YAML parser with a nesting limit of its own, as libyaml 0.2.5 has (PyYAML 6.0.4's
+    wheels): past 1,000 levels it raises a ScannerError, in flow style before its first event
+    (it looks ahead up to 1,024 characters for a key)."""
+
+    LIMIT = 1000
+
+    def fetch_flow_collection_start(self, TokenClass):
+        if self.flow_level >= self.LIMIT:
+            raise ScannerError(
+                "while increasing flow level", None, "exceeded maximum nesting depth",
+                self.get_mark(),
+            )  # fmt: skip
+        super().fetch_flow_collection_start(TokenClass)
+
+    def add_indent(self, column: int) -> bool:
+        if len(self.indents) >= self.LIMIT:
+            raise ScannerError(
+                "while increasing block level", None, "exceeded maximum nesting depth",
+                self.get_mark(),
+            )  # fmt: skip
+        return super().add_indent(column)
+
+
+EVENT_PARSERS = {
+    "installed": taperlm.files.io._YAML_EVENTS_LOADER,
+    "pure Python": yaml.SafeLoader,
+    "nesting limit of its own": NestingLimitedLoader,
+}
+
+
+@pytest.fixture(params=EVENT_PARSERS)
+def yaml_parser(request, monkeypatch) -> str:
+    """The reader's YAML events come from each parser in turn."""
+    monkeypatch.setattr(taperlm.files.io, "_YAML_EVENTS_LOADER", EVENT_PARSERS[request.param])
+    return request.param
+
+
+@pytest.mark.unit
+def test_the_nesting_limited_parser_refuses_deep_flow_before_its_first_event():
+    """The stand-in behaves as libyaml 0.2.5 does: no event at all before its own refusal."""
+    collections = 0
+    with pytest.raises(ScannerError, match="exceeded maximum nesting depth"):
+        for event in yaml.parse(DEEP_YAML["flow"], Loader=NestingLimitedLoader):
+            collections += isinstance(event, yaml.CollectionStartEvent)
+    assert collections == 0
+
+
 @pytest.mark.unit
 @pytest.mark.parametrize("shape", DEEP_JSON)
 def test_deep_json_is_refused_before_parsing(shape):
@@ -135,11 +190,18 @@ def test_deep_json_is_refused_before_parsing(shape):
 
 @pytest.mark.unit
 @pytest.mark.parametrize("shape", DEEP_YAML)
-def test_deep_yaml_is_refused_before_parsing(shape):
+def test_deep_yaml_is_refused_before_parsing(shape, yaml_parser):
     t0 = time.perf_counter()
-    with pytest.raises(MalformedFileError, match="nests deeper than"):
+    with raises_naming(MalformedFileError, "config file", "c.yaml", "nests deeper than"):
         parse_yaml(DEEP_YAML[shape], "c.yaml", "config file")
     assert time.perf_counter() - t0 < 5
+
+
+@pytest.mark.unit
+def test_a_syntax_error_is_not_called_too_deep(yaml_parser):
+    """Where the parser gives up on a text that is not deep, it is a syntax error with its line."""
+    with raises_naming(MalformedFileError, "config file", "c.yaml", "not valid YAML", "line 2"):
+        parse_yaml("a: [1, 2]\nb: c: d\n", "c.yaml", "config file")
 
 
 @pytest.mark.unit
@@ -252,7 +314,7 @@ def trained(data, tmp_path_factory) -> Path:
 
 
 @pytest.mark.unit
-def test_config_file(tmp_path, capsys):
+def test_config_file(tmp_path, capsys, yaml_parser):
     path = tmp_path / "c.yaml"
     _deep(path, "yaml")
     _fails_cleanly(["plan", "--config", str(path)], capsys, str(path), "nests deeper")
@@ -263,7 +325,7 @@ def test_config_file(tmp_path, capsys):
 
 
 @pytest.mark.unit
-def test_set_and_the_environment(monkeypatch, capsys):
+def test_set_and_the_environment(monkeypatch, capsys, yaml_parser):
     value = "[" * DEEP + "]" * DEEP
     argv = ["plan", "--preset", "transformer-tiny", "--set", f"model.taper={value}"]
     _fails_cleanly(argv, capsys, "--set", "nests deeper")
@@ -328,8 +390,8 @@ def test_the_checkers_of_an_existing_out_file_and_folder(trained, tmp_path, caps
     """outfiles: an existing --out JSON is ours only if it says so (a deep one is not, and is
     refused without a traceback); outdirs: a folder whose config.json/marker is deep is not
     recognised as taperlm's."""
-    from taperlm.outdirs import written_files
-    from taperlm.outfiles import check_output_file
+    from taperlm.files.outdirs import written_files
+    from taperlm.files.outfiles import check_output_file
 
     out = tmp_path / "eval.json"
     _deep(out)

@@ -13,8 +13,8 @@ from conftest import import_docs_example, raises_naming
 from taperlm.cli import main
 from taperlm.config import from_dict
 from taperlm.errors import TaperError
-from taperlm.solver import solve_sizes
-from taperlm.taper import SCHEDULES, TaperSpec, describe, multipliers, register_schedule
+from taperlm.spec.solver import solve_sizes
+from taperlm.spec.taper import SCHEDULES, TaperSpec, describe, multipliers, register_schedule
 
 pytestmark = pytest.mark.unit
 

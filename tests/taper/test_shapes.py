@@ -16,8 +16,8 @@ from conftest import raises_naming
 from taperlm.cli import main
 from taperlm.config import from_dict
 from taperlm.errors import TaperError
-from taperlm.solver import solve_sizes
-from taperlm.taper import TaperSpec, bump_profile, describe, multipliers
+from taperlm.spec.solver import solve_sizes
+from taperlm.spec.taper import TaperSpec, bump_profile, describe, multipliers
 
 pytestmark = pytest.mark.unit
 

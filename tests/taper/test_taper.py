@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from conftest import raises_naming
 from taperlm.errors import TaperError
-from taperlm.solver import solve_sizes
-from taperlm.taper import TaperSpec, multipliers
+from taperlm.spec.solver import solve_sizes
+from taperlm.spec.taper import TaperSpec, multipliers
 
 pytestmark = pytest.mark.unit
 
@@ -205,8 +205,8 @@ def test_groups_stay_equal_at_every_depth(groups):
     of c and c + 1 layers may need several steps to meet the budget exactly), or the solver
     refuses with a TaperError that says so. Fails for the old solver, which pinned the end layers and moved
     the rounding deficit onto single interior layers (4 layers: four different widths)."""
-    from taperlm.solver import MAX_BLOCK_MOVE, solve_sizes
-    from taperlm.taper import TaperSpec
+    from taperlm.spec.solver import MAX_BLOCK_MOVE, solve_sizes
+    from taperlm.spec.taper import TaperSpec
 
     spec = TaperSpec.parse("groups:" + ",".join(map(str, groups)))
     tolerance = (MAX_BLOCK_MOVE + 0.5) * spec.multiple_of
@@ -237,8 +237,8 @@ def test_groups_stay_equal_at_every_depth(groups):
 
 def test_groups_over_four_layers_is_three_equal_groups():
     """The issue's case: groups:1.5,1.0,0.5 over 4 layers gives groups of 2, 1, 1 layers."""
-    from taperlm.solver import solve_sizes
-    from taperlm.taper import TaperSpec
+    from taperlm.spec.solver import solve_sizes
+    from taperlm.spec.taper import TaperSpec
 
     widths = solve_sizes(TaperSpec.parse("groups:1.5,1.0,0.5"), 4, 352)
     assert widths[0] == widths[1] > widths[2] > widths[3]

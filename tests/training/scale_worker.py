@@ -21,8 +21,8 @@ import torch.distributed as dist
 
 
 def meta_init_checks() -> dict[str, bool]:
+    from taperlm.config.presets import get_preset
     from taperlm.models import TaperedLM
-    from taperlm.presets import get_preset
     from taperlm.training import distributed as D
     from taperlm.training.model import build_on_meta, materialize
 
@@ -60,7 +60,7 @@ def meta_init_checks() -> dict[str, bool]:
 
 
 def mixed_precision_checks() -> dict[str, object]:
-    from taperlm.presets import get_preset
+    from taperlm.config.presets import get_preset
     from taperlm.training import distributed as D
     from taperlm.training.model import build_on_meta, materialize
 
@@ -103,7 +103,7 @@ def _storage_bytes(tensors) -> int:
 def memory_checks() -> dict[str, dict[str, list[int]]]:
     """{preset: {line: [measured, planned]}} for parameters, gradients, optimizer and the step
     guard's copy."""
-    from taperlm.presets import get_preset
+    from taperlm.config.presets import get_preset
     from taperlm.training import distributed as D
     from taperlm.training.guard import StepGuard
     from taperlm.training.model import build_on_meta, materialize

@@ -18,7 +18,7 @@ from conftest import TINY_RUN_SETS
 from taperlm.checkpoint import store as ckpt
 from taperlm.cli import main as cli_main
 from taperlm.config import RunConfig, apply_overrides, run_config_from_dict, save_yaml, to_dict
-from taperlm.presets import get_preset
+from taperlm.config.presets import get_preset
 from taperlm.training.cooldowns import budget_dir, train_budgets
 from taperlm.training.loop import train
 from taperlm.training.metrics import read_metrics

@@ -17,11 +17,11 @@ from conftest import TINY_RUN_SETS, raises_naming
 from taperlm.checkpoint import store as ckpt
 from taperlm.cli import main as cli_main
 from taperlm.config import RunConfig, apply_overrides, run_config_from_dict, to_dict
+from taperlm.config.presets import get_preset
 from taperlm.data.loader import TokenBatches
 from taperlm.errors import CheckpointError, ConfigError
 from taperlm.models import TaperedLM
 from taperlm.models.loss import distillation_kl
-from taperlm.presets import get_preset
 from taperlm.training.loop import Trainer, train
 from taperlm.training.metrics import read_metrics
 

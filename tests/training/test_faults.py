@@ -575,7 +575,7 @@ def test_two_concurrent_writers_many_trials(setup, tmp_path):
 
 def _hold_lock_in_child(directory: Path, what: str = "run dir") -> int:
     """Fork a process that takes `directory`'s lock and sleeps; returns its pid once it holds."""
-    from taperlm.runlock import RunLock
+    from taperlm.files.runlock import RunLock
 
     r, w = os.pipe()
     pid = os.fork()

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY_RUN_SETS, torchrun_command
-from taperlm.presets import preset_families
+from taperlm.config.presets import preset_families
 from taperlm.training.metrics import read_metrics
 
 FAMILIES = list(preset_families())

@@ -59,9 +59,9 @@ def test_a_model_too_large_for_the_gpu_is_refused_up_front(data, tmp_path, capsy
 
 def test_a_model_too_large_for_the_gpu_is_one_line(data, tmp_path, capsys, monkeypatch):
     """The allocator's own failure (the free memory made unknown to the up-front check)."""
-    import taperlm.device
+    import taperlm.runtime.device
 
-    monkeypatch.setattr(taperlm.device, "available_memory", lambda device="cpu": None)
+    monkeypatch.setattr(taperlm.runtime.device, "available_memory", lambda device="cpu": None)
     out = tmp_path / "run"
     rc = cli_main(H.train_argv(data, out, *_too_large_for_the_gpu()))
     err = capsys.readouterr().err

@@ -21,8 +21,8 @@ from logger_readers import tb_scalars, tb_texts, wandb_runs
 from taperlm.cli import main as cli_main
 from taperlm.commands.common import logger_names
 from taperlm.config import apply_overrides, run_config_from_dict, to_dict
+from taperlm.config.presets import get_preset
 from taperlm.errors import ConfigError, TrainingWarning
-from taperlm.presets import get_preset
 from taperlm.training import loggers as L
 from taperlm.training.loop import train
 from taperlm.training.metrics import read_metrics

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from taperlm.cli import main as cli_main
+from taperlm.config.presets import get_preset
 from taperlm.errors import ConfigError
-from taperlm.presets import get_preset
 from taperlm.training import planner as P
 
 

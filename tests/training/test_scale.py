@@ -15,11 +15,11 @@ import torch.nn.functional as F
 from checkpoint_helpers import full_model_state, full_optimizer_state
 from conftest import raises_naming
 from taperlm.checkpoint import store as ckpt
+from taperlm.checkpoint.loading import load_run_model
+from taperlm.config.presets import get_preset
 from taperlm.errors import ConfigError
-from taperlm.loading import load_run_model
 from taperlm.models import TaperedLM
 from taperlm.models.loss import chunked_cross_entropy
-from taperlm.presets import get_preset
 from taperlm.training.loop import Trainer, train
 from taperlm.training.model import build_on_meta, fsdp_mixed_precision, materialize, uncompile
 from taperlm.training.optim import param_groups, parameter_periods
@@ -346,7 +346,7 @@ def test_scale_options_are_checked(data_dir, tmp_path, key, value):  # noqa: F81
 
 
 def _paired(preset: str, taper: str, seed: int = 3) -> torch.nn.Module:
-    from taperlm.taper import TaperSpec
+    from taperlm.spec.taper import TaperSpec
 
     torch.manual_seed(seed)
     model = build_on_meta(get_preset(preset, TaperSpec.parse(taper)))

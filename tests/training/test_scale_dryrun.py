@@ -71,7 +71,7 @@ def _events(log: Path, event: str) -> list[dict]:
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_440m_dry_run_fsdp2_two_ranks(preset, tmp_path):
-    from taperlm.presets import get_preset
+    from taperlm.config.presets import get_preset
     from taperlm.training.metrics import read_metrics
     from taperlm.training.planner import GiB, plan_training
 

@@ -20,11 +20,11 @@ import torch
 import fault_harness
 from conftest import TINY_RUN_SETS, assert_naming, raises_naming
 from taperlm.checkpoint import store as ckpt
+from taperlm.checkpoint.loading import load_run_model
 from taperlm.cli import main as cli_main
 from taperlm.config import RunConfig, apply_overrides, run_config_from_dict, to_dict
+from taperlm.config.presets import get_preset
 from taperlm.errors import CheckpointError, ConfigError, DataError, TrainingWarning
-from taperlm.loading import load_run_model
-from taperlm.presets import get_preset
 from taperlm.training.loop import TrainingError, train
 from taperlm.training.metrics import read_metrics
 from taperlm.training.optim import LRSchedule, param_groups

@@ -19,7 +19,7 @@ import pytest
 
 from taperlm.cli import main as cli_main
 from taperlm.config import apply_overrides, run_config_from_dict, to_dict
-from taperlm.presets import get_preset
+from taperlm.config.presets import get_preset
 from taperlm.training.loop import train
 
 

@@ -25,7 +25,7 @@ import torch
 
 from conftest import TINY_RUN_SETS, torchrun_command
 from taperlm.checkpoint import store as ckpt
-from taperlm.loading import load_run_model
+from taperlm.checkpoint.loading import load_run_model
 from taperlm.training.metrics import read_metrics
 
 pytestmark = pytest.mark.distributed

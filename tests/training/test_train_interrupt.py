@@ -20,7 +20,7 @@ import pytest
 from conftest import assert_naming, torchrun_command
 from taperlm.checkpoint import store as ckpt
 from taperlm.cli import main as cli_main
-from taperlm.runlock import holder_of
+from taperlm.files.runlock import holder_of
 from taperlm.training.metrics import read_metrics
 
 SMALL = [

@@ -21,25 +21,25 @@ def test_no_fault_injection_hook_in_the_library():
     assert not (SRC / "training" / "fault_injection.py").exists()
 
 
-def test_the_checkpoint_format_is_a_room_below_training_and_loading():
-    """The format (directory, shards, safe reader) is one package outside training/, which
-    keeps only the live run's saver; neither it nor loading imports training, so training may
-    read a finished run (the distillation teacher) without a loop."""
+def test_the_checkpoint_format_and_the_loader_are_a_room_below_training():
+    """The format (directory, shards, safe reader) and the loader of finished runs are one
+    package outside training/, which keeps only the live run's saver; nothing in it imports
+    training, so training may read a finished run (the distillation teacher) without a loop."""
     training = SRC / "training"
     assert not list((training / "checkpoint").glob("*.py"))  # a stale __pycache__ may linger
     assert [p.name for p in training.glob("*.py") if "checkpoint" in p.name or "dcp" in p.name] == [
         "checkpointer.py"
     ]
-    assert {p.name for p in (SRC / "checkpoint").glob("*.py")} == {
-        "__init__.py",
-        "store.py",
-        "dcp.py",
-        "safe_load.py",
+    assert {p.relative_to(SRC).as_posix() for p in (SRC / "checkpoint").glob("*.py")} == {
+        "checkpoint/__init__.py",
+        "checkpoint/store.py",
+        "checkpoint/dcp.py",
+        "checkpoint/safe_load.py",
+        "checkpoint/loading.py",
     }
-    sources = {**_sources(SRC / "checkpoint"), "loading.py": (SRC / "loading.py").read_text()}
     assert not [
         n
-        for n, text in sources.items()
+        for n, text in _sources(SRC / "checkpoint").items()
         if re.search(r"^\s*(from|import) taperlm\.training", text, re.M)
     ]
 
@@ -58,4 +58,4 @@ def test_one_training_step_reads_top_to_bottom():
 def test_inference_loading_lives_outside_training():
     training = _sources(SRC / "training")
     assert not [n for n, text in training.items() if "def load_run_model" in text]
-    assert "def load_run_model" in (SRC / "loading.py").read_text(encoding="utf-8")
+    assert "def load_run_model" in (SRC / "checkpoint/loading.py").read_text(encoding="utf-8")

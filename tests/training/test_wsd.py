@@ -16,9 +16,9 @@ from conftest import TINY_RUN_SETS
 from taperlm.checkpoint import store as ckpt
 from taperlm.cli import main as cli_main
 from taperlm.config import RunConfig, apply_overrides, run_config_from_dict, to_dict
+from taperlm.config.presets import get_preset
 from taperlm.config.train import LRScheduleName
 from taperlm.errors import ConfigError
-from taperlm.presets import get_preset
 from taperlm.training.loop import train
 from taperlm.training.metrics import read_metrics
 from taperlm.training.optim import SCHEDULE_KINDS, LRKind, LRSchedule

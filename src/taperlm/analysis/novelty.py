@@ -40,9 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from taperlm.analysis.stats import pearson
 from taperlm.errors import ConfigError
-from taperlm.progress import progress_bar
-from taperlm.stats import pearson
+from taperlm.runtime.progress import progress_bar
 
 MLP_NAMES: tuple[str, ...] = ("mlp", "feed_forward", "ffn")
 KNOWN_LAYER_PATHS: tuple[str, ...] = ("blocks", "transformer.h", "model.layers", "gpt_neox.layers")

@@ -15,8 +15,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter, MaxNLocator
 
-from taperlm.io import atomic_output
-from taperlm.outfiles import png_metadata
+from taperlm.files.io import atomic_output
+from taperlm.files.outfiles import png_metadata
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

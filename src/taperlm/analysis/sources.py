@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
+from taperlm.checkpoint.loading import check_tokenizer, load_run, resolve_data_dir, run_root
 from taperlm.data.identity import check_run_data
 from taperlm.data.loader import open_split
 from taperlm.errors import ConfigError, DataError, UnsafeFileError
-from taperlm.io import error_text, open_regular
-from taperlm.loading import check_tokenizer, load_run, resolve_data_dir, run_root
+from taperlm.files.io import error_text, open_regular
 
 
 @dataclass

@@ -4,8 +4,10 @@
   pruning, reading);
 - `dcp`: the tensors inside it, as `torch.distributed.checkpoint` shards (model, optimizer,
   pending gradients), written and read by every rank;
-- `safe_load`: reading DCP files without running code from them (an unpickling allow-list).
+- `safe_load`: reading DCP files without running code from them (an unpickling allow-list);
+- `loading`: the one loader of runs, checkpoints and exports back into a model (eval, generate,
+  export, novelty, distillation and resume read through it).
 
-Training writes checkpoints (`taperlm.training.checkpointer`, the trainer's collective saver);
-eval, generate, export and distillation read them (`taperlm.loading`): the format is a room of
-its own, below both. Import the submodules directly; nothing is imported here."""
+Training writes checkpoints (`taperlm.training.checkpointer`, the trainer's collective saver)
+and reads its teacher and start weights through `loading`: the room sits below training.
+Import the submodules directly; nothing is imported here."""

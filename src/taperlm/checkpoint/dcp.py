@@ -45,7 +45,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from taperlm.checkpoint import safe_load
 from taperlm.errors import CheckpointError
-from taperlm.io import error_text, sha256_file
+from taperlm.files.io import error_text, sha256_file
 
 MODEL_KEY = "model"
 OPTIMIZER_KEY = "optimizer"

@@ -22,6 +22,7 @@ block), and loads each item only when it is an uncompressed torch archive that f
 from __future__ import annotations
 
 import contextlib
+import enum
 import io
 import os
 import pickle
@@ -37,7 +38,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from taperlm.errors import CheckpointError, UnsafeFileError
-from taperlm.io import MAX_RECORD_BYTES, check_stored_zip, error_text, open_regular
+from taperlm.files.io import MAX_RECORD_BYTES, check_stored_zip, error_text, open_regular, quoted
 
 METADATA_FILE = ".metadata"
 
@@ -73,10 +74,29 @@ class _IndexUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if name in ALLOWED.get(module, ()):
             return super().find_class(module, name)
+        if (module, name) == ("builtins", "getattr"):
+            return self._enum_member  # the only getattr an index holds: an enum member by name
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
-        raise CheckpointError(
-            f"{self._source} refers to {module}.{name}, which a checkpoint index never holds: "
+        raise self._refused(f"{module}.{name}")
+
+    def _enum_member(self, cls: Any, name: Any) -> enum.Enum:
+        """`getattr(cls, name)` for a member of an allow-listed enum only: some Pythons (3.11.2,
+        Debian 12's) pickle an enum member as `getattr(EnumClass, "NAME")`, others by value."""
+        allowed = ALLOWED.get(getattr(cls, "__module__", ""), ())
+        if not (
+            isinstance(cls, enum.EnumMeta)
+            and getattr(cls, "__qualname__", None) in allowed
+            and isinstance(name, str)
+            and name in cls.__members__
+        ):
+            shown = getattr(cls, "__qualname__", type(cls).__name__)
+            raise self._refused(f"getattr({quoted(shown)}, {quoted(name)})")
+        return cls.__members__[name]
+
+    def _refused(self, what: str) -> CheckpointError:
+        return CheckpointError(
+            f"{self._source} refers to {what}, which a checkpoint index never holds: "
             "the file was altered or is not a taperlm checkpoint. It was not loaded (nothing "
             "in it ran); delete this checkpoint or use one from a source you trust"
         )

@@ -1,6 +1,6 @@
 """A checkpoint directory on disk: its layout, atomic commit, manifest, verification, lookup,
 pruning and reading (the tensors inside are `dcp.py`'s; loading a model for inference is
-`taperlm.loading`'s).
+`taperlm.checkpoint.loading`'s).
 
 Layout of a run directory::
 
@@ -21,7 +21,7 @@ temp dir that is ignored and cleaned up later. Loading verifies sizes and hashes
 bit flips are detected; the hashing can be split over ranks (`part`), so no rank reads every shard.
 
 Checkpoints of format version 1 (one `model.safetensors` with full weights, the optimizer inside
-`state.pt`) are still read by `taperlm.loading.load_run_model`, `load_model_state` and resume.
+`state.pt`) are still read by `taperlm.checkpoint.loading.load_run_model`, `load_model_state` and resume.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from taperlm.errors import CheckpointError, MalformedFileError, TrainingWarning, UnsafeFileError
-from taperlm.io import (
+from taperlm.files.io import (
     MAX_RECORD_BYTES,
     atomic_write_text,
     check_regular,
@@ -50,7 +50,7 @@ from taperlm.io import (
     replace_dir,
     sha256_file,
 )
-from taperlm.runlock import pid_alive
+from taperlm.files.runlock import pid_alive
 
 CHECKPOINT_DIR = "checkpoints"
 MODEL_FILE = "model.safetensors"  # format version 1 only

@@ -7,7 +7,7 @@
 SOURCE is a novelty measurement (the JSON of `taperlm novelty --json`, a compare cell's
 result.json, or a run dir holding either), or a model to measure first with the options of
 `taperlm novelty` (a run dir, a Hugging Face model dir, hf:NAME). The per-layer mean rho_mlp
-becomes multipliers by the novelty rule (`taperlm.taper.novelty_multipliers`: more width where
+becomes multipliers by the novelty rule (`taperlm.spec.taper.novelty_multipliers`: more width where
 a layer writes new directions, less where it reinforces; `--strength` = the largest change of a
 layer's width), and the exact-budget solver turns them into widths (monotone not required).
 The target model is `--preset`/`--config`, else the run's own config; `--out` writes it as a
@@ -22,16 +22,16 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from taperlm.assembly import Assembly, Layer
-from taperlm.budget import plan
-from taperlm.commands.common import add_model_arguments, build_run_config
+from taperlm.commands.common import add_model_arguments, build_run_config, command_settings
 from taperlm.commands.novelty import add_measure_arguments, measure_model
-from taperlm.config import OVERRIDES_ENV, dump_yaml, env_overrides, load_run_config, to_dict
-from taperlm.domains import domain_of_field, input_path, number, output_path
+from taperlm.config import dump_yaml, load_run_config, to_dict
+from taperlm.config.assembly import Assembly, Layer, add_setting_argument
+from taperlm.config.budget import plan
 from taperlm.errors import ConfigError
-from taperlm.io import atomic_write_text
-from taperlm.outfiles import R_FILE, yaml_mark
-from taperlm.taper import DEFAULT_STRENGTH, TaperSpec, describe, multipliers, read_rho_mlp
+from taperlm.files.io import atomic_write_text
+from taperlm.files.outfiles import R_FILE, yaml_mark
+from taperlm.spec.domains import domain_of_field, input_path, number, output_path
+from taperlm.spec.taper import DEFAULT_STRENGTH, TaperSpec, describe, multipliers, read_rho_mlp
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,8 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a novelty JSON (`taperlm novelty --json`, a compare result.json), a run dir "
         "holding one, or a model to measure: a run dir, a Hugging Face model dir, hf:NAME",
     )
-    parser.add_argument(
+    add_setting_argument(  # read beside the config: the allocation's spec replaces model.taper
+        parser,
         "--strength",
+        "model.taper.strength",
+        applies=False,
         type=number(float, domain_of_field(TaperSpec, "strength")),
         help="largest change of a layer's width as a fraction of the baseline, in (0, 1) "
         "[default 0.5: widths within 0.5x..1.5x, the paper's cosine range]",
@@ -127,9 +130,7 @@ def _target(args: argparse.Namespace):
             "--preset NAME or --config FILE"
         )
     asm = Assembly.of(to_dict(load_run_config(own)), str(own), Layer.FILE)
-    asm.overrides(args.overrides, Layer.SET, "--set")
-    asm.overrides(env_overrides(), Layer.ENV, OVERRIDES_ENV)
-    return asm.resolve()
+    return asm.assemble(command_settings(args), args.overrides).resolve()
 
 
 def _as_dict(cfg, p, how: str, out: Path | None) -> dict[str, Any]:

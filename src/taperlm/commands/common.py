@@ -1,21 +1,29 @@
-"""The argument group shared by the commands that take a model config (plan, train, compare):
-`--preset NAME | --config FILE`, `--taper SPEC`, `--head-taper SPEC`, `--kv-taper SPEC`,
-`--multiple-of N`,
-`--set key=value`, and the config assembly of plan and train. No torch import."""
+"""The argument group shared by the commands that take a model config (plan, train, compare,
+allocate): `--preset NAME | --config FILE`, `--taper SPEC`, `--head-taper SPEC`, `--kv-taper
+SPEC`, `--multiple-of N`, `--set key=value`, and the config assembly of plan, train and allocate
+(`build_run_config`, through `taperlm.config.assembly`). No torch import."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import shlex
 import sys
 
-from taperlm.assembly import Assembly, Layer
-from taperlm.config import OVERRIDES_ENV, RunConfig, env_overrides, file_notes
+from taperlm.config import RunConfig, file_notes
+from taperlm.config.assembly import (
+    Assembly,
+    OptionSetting,
+    Recipe,
+    add_set_argument,
+    add_setting_argument,
+    option_settings,
+)
 from taperlm.config.train import Logger
-from taperlm.domains import choices, domain_of_field, input_path, number
 from taperlm.errors import ConfigError
-from taperlm.taper import TaperSpec
+from taperlm.spec.domains import choices, domain_of_field, input_path, number
+from taperlm.spec.taper import TaperSpec
 
 
 def add_model_arguments(
@@ -31,57 +39,76 @@ def add_model_arguments(
     )
     src.add_argument("--config", type=input_path(), help="YAML config file (model:, data:, train:)")
     if taper:
-        parser.add_argument(
+        add_setting_argument(
+            parser,
             "--taper",
+            "model.taper",
             help="taper spec: uniform | cosine[:START:END] | linear[:START:END] | "
             "sigmoid[:START:END[:K]] | groups:R1,R2,.. | custom:W1,W2,.. | "
             "novelty:SOURCE[:STRENGTH] (default: the config's)",
         )
-        parser.add_argument(
+        add_setting_argument(
+            parser,
             "--head-taper",
+            "model.head_taper",
             help="taper of the attention query heads per layer, same spec language (e.g. "
             "cosine:1.25:0.75; KV heads follow at the model's group size) (default: the config's)",
         )
-        parser.add_argument(
+        add_setting_argument(
+            parser,
             "--kv-taper",
+            "model.kv_taper",
             help="taper of the KV heads per layer: multipliers of each layer's default KV heads "
             "(e.g. cosine:1.0:0.25, groups:0.5; custom integers are counts), the nearest "
             "divisors of its query heads; the MLP widths take up the parameters saved "
             "(default: the config's)",
         )
-    parser.add_argument(
+    add_setting_argument(
+        parser,
         "--multiple-of",
+        "model.taper.multiple_of",
         type=number(int, domain_of_field(TaperSpec, "multiple_of")),
         help="round every width to a multiple of N (default 16, as in the paper)",
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value, e.g. --set model.n_layers=12 or --set train.lr=1e-3 "
+    add_set_argument(
+        parser,
+        "override a config value, e.g. --set model.n_layers=12 or --set train.lr=1e-3 "
         "(repeatable; a later --set of the same key wins; with --config, each value it replaces "
         "is printed as a note; $TAPERLM_SET, e.g. 'train.tokens=8192 model.n_layers=2', "
         "applies after)",
     )
 
 
-def build_run_config(args: argparse.Namespace) -> RunConfig:
-    """The run config of the command line, resolved once: --preset or --config < --taper,
-    --head-taper, --kv-taper, --multiple-of < --set < $TAPERLM_SET (`taperlm.assembly`)."""
+def command_settings(args: argparse.Namespace) -> list[OptionSetting]:
+    """What the options of `args`' command that set a config key were given (`taperlm.config.assembly
+    .option_settings`), derived from the command's own declarations."""
+    if getattr(args, "_settings", None) is not None:  # read once by `taperlm.cli.main`
+        return args._settings
+    command = getattr(args, "_command", None)
+    if not command:
+        return []
+    # the command's own declarations, by name as `taperlm.cli` loads them (the CLI imports this
+    # module, so not through it)
+    parser = argparse.ArgumentParser(add_help=False)
+    importlib.import_module(f"taperlm.commands.{command}").add_arguments(parser)
+    return option_settings(parser, args)
+
+
+def build_run_config(
+    args: argparse.Namespace,
+    options: list[OptionSetting] | None = None,
+    recipe: Recipe | None = None,
+) -> RunConfig:
+    """The run config of the command line, resolved once, by the one assembly
+    (`taperlm.config.assembly.Assembly.assemble`): --preset or --config < the command's options
+    (`options`, else the declared ones of `args`' command) < --set < $TAPERLM_SET."""
     # Notes for what replaces a config file the user gave (not a continued run's own config,
     # whose changes the resume checks report).
     from_file = bool(getattr(args, "config", None)) and not getattr(args, "implicit_config", False)
     asm = Assembly.start(getattr(args, "config", None), getattr(args, "preset", None), from_file)
-    asm.taper_options(
-        args.taper,
-        getattr(args, "head_taper", None),
-        getattr(args, "kv_taper", None),
-        args.multiple_of,
-    )
-    asm.overrides(args.overrides, Layer.SET, "--set")
-    asm.overrides(env_overrides(), Layer.ENV, OVERRIDES_ENV)
+    if options is None:
+        options = command_settings(args)
+    asm.assemble(options, args.overrides, recipe)
     cfg = asm.resolve()
     notes = asm.notes or []
     if from_file:
@@ -111,8 +138,11 @@ def _logger_list(text: str) -> list[str]:
 
 def add_logger_argument(parser: argparse.ArgumentParser) -> None:
     """--logger NAME[,NAME] (repeatable): train.loggers, beside metrics.jsonl."""
-    parser.add_argument(
+    add_setting_argument(
+        parser,
         "--logger",
+        "train.loggers",
+        logger_names,
         dest="loggers",
         type=_logger_list,
         action="append",

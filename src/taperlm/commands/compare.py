@@ -44,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
 
     args.loggers = logger_names(args.loggers)
     opts = options_from(args)
-    # $TAPERLM_SET joins --set: the report's reproducing command then shows it as --set.
+    # $TAPERLM_SET joins --set, after it (its layer is above --set: `taperlm.config.assembly`), so the
+    # report's reproducing command shows it as --set.
     opts.overrides = [*opts.overrides, *env_overrides()]
     if opts.dry_run:  # the cost, before anything is spent: nothing is created
         from taperlm.compare.dryrun import dry_run  # lazy: torch

@@ -11,18 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
+from taperlm.checkpoint.loading import check_tokenizer, load_any, resolve_data_dir, run_root
 from taperlm.data.identity import check_run_data
-from taperlm.device import resolve_device
-from taperlm.domains import (
-    MAX_BATCH,
-    MAX_CONTEXT,
-    MAX_COUNT,
-    choices,
-    input_path,
-    number,
-    output_path,
-    up_to,
-)
 from taperlm.errors import ConfigError, DataError
 from taperlm.evaluation.harness import write_task_dir
 from taperlm.evaluation.locate import eval_data_dir
@@ -34,9 +24,19 @@ from taperlm.evaluation.registry import (
     task_names,
     zero_shot_tasks,
 )
-from taperlm.io import atomic_write_text
-from taperlm.loading import check_tokenizer, load_any, resolve_data_dir, run_root
-from taperlm.outfiles import R_FILE, json_mark
+from taperlm.files.io import atomic_write_text
+from taperlm.files.outfiles import R_FILE, json_mark
+from taperlm.runtime.device import resolve_device
+from taperlm.spec.domains import (
+    MAX_BATCH,
+    MAX_CONTEXT,
+    MAX_COUNT,
+    choices,
+    input_path,
+    number,
+    output_path,
+    up_to,
+)
 
 TASK_HELP = (
     "auto (default: val + every task of the suite whose files are found locally), or "

@@ -10,10 +10,10 @@ import argparse
 from pathlib import Path
 from typing import Literal
 
-from taperlm.domains import MAX_COUNT, choices, input_path, number, output_path, up_to
 from taperlm.errors import ConfigError
-from taperlm.gguf_export import DTYPES, check_supported, write_gguf
-from taperlm.outdirs import check_folder, claim, kind_of
+from taperlm.files.outdirs import check_folder, claim, kind_of
+from taperlm.interop.gguf_export import DTYPES, check_supported, write_gguf
+from taperlm.spec.domains import MAX_COUNT, choices, input_path, number, output_path, up_to
 
 # --format: a Hugging Face model dir | one GGUF file | a plain Llama dir | a DeciLM dir
 ExportFormat = Literal["hf", "gguf", "llama", "block-configs"]
@@ -74,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
         import transformers  # noqa: F401
     except ImportError:
         raise ConfigError("export needs transformers: pip install 'taperlm[hf]'") from None
+    from taperlm.checkpoint.loading import load_run  # lazy: torch; --help stays torch-free
     from taperlm.hf.export import export_model  # lazy: torch and the hf extra (checked above)
-    from taperlm.loading import load_run  # lazy: torch; --help stays torch-free
 
     model, tokenizer, run_config = load_run(args.run, step=args.step)
     if args.format in ("llama", "block-configs"):
@@ -91,7 +91,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_gguf(args: argparse.Namespace) -> int:
-    from taperlm.loading import load_run, run_root  # lazy: torch; --help stays torch-free
+    from taperlm.checkpoint.loading import (  # lazy: torch; --help stays torch-free
+        load_run,
+        run_root,
+    )
 
     out: Path = args.out  # checked before: new, or an earlier GGUF export under --force
     model, tokenizer, _ = load_run(args.run, step=args.step)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from taperlm.device import resolve_device
-from taperlm.domains import (
+from taperlm.files.io import atomic_write_text
+from taperlm.runtime.device import resolve_device
+from taperlm.spec.domains import (
     MAX_CONTEXT,
     MAX_COUNT,
     MAX_SEED,
@@ -16,7 +17,6 @@ from taperlm.domains import (
     output_path,
     up_to,
 )
-from taperlm.io import atomic_write_text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,12 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from taperlm.generation import (  # lazy: torch; --help stays torch-free
+    from taperlm.checkpoint.loading import load_any  # lazy: torch; --help stays torch-free
+    from taperlm.models.generation import (  # lazy: torch; --help stays torch-free
         SamplingConfig,
         generate_tokens,
         stream_text,
     )
-    from taperlm.loading import load_any  # lazy: torch; --help stays torch-free
 
     device = resolve_device(args.device)
     cfg = SamplingConfig(

@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from taperlm.domains import input_path, output_path
-from taperlm.io import read_json
+from taperlm.config.assembly import add_set_argument
+from taperlm.files.io import read_json
+from taperlm.spec.domains import input_path, output_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,19 +25,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", type=output_path("dir"), required=True, help="run directory (created)"
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a train.* or data.* setting of the run, for `taperlm train --out RUN` to continue "
-        "with (e.g. --set train.lr=1e-4 --set train.tokens=1000000); repeatable",
+    add_set_argument(
+        parser,
+        "a train.* or data.* setting of the run, for `taperlm train --out RUN` to continue "
+        "with (e.g. --set train.lr=1e-4 --set train.tokens=1000000); repeatable; "
+        "$TAPERLM_SET applies after",
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    from taperlm.importing import import_checkpoint  # lazy: torch; --help stays torch-free
+    from taperlm.interop.importing import import_checkpoint  # lazy: torch; --help stays torch-free
 
     run_config, tokenizer = import_checkpoint(args.folder, args.out, args.overrides)
     m = run_config.model

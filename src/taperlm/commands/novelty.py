@@ -9,8 +9,12 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from taperlm.device import resolve_device
-from taperlm.domains import (
+from taperlm.errors import ConfigError, DataError
+from taperlm.evaluation.locate import wikitext_test
+from taperlm.files.io import atomic_write_json
+from taperlm.files.outfiles import R_FILE, json_mark
+from taperlm.runtime.device import resolve_device
+from taperlm.spec.domains import (
     MAX_BATCH,
     MAX_CONTEXT,
     MAX_COUNT,
@@ -21,10 +25,6 @@ from taperlm.domains import (
     output_path,
     up_to,
 )
-from taperlm.errors import ConfigError, DataError
-from taperlm.evaluation.locate import wikitext_test
-from taperlm.io import atomic_write_json
-from taperlm.outfiles import R_FILE, json_mark
 
 # --dtype: the precision a Hugging Face model's weights are loaded in
 LoadDtype = Literal["fp32", "bf16", "fp16"]

@@ -10,28 +10,35 @@ import dataclasses
 import json
 import textwrap
 
-from taperlm.budget import format_plan, plan, plan_to_dict, total_params
 from taperlm.commands.common import add_model_arguments, build_run_config
 from taperlm.config import TrainConfig, dump_yaml
+from taperlm.config.assembly import add_setting_argument
+from taperlm.config.budget import format_plan, plan, plan_to_dict, total_params
+from taperlm.config.presets import get_preset, preset_names
 from taperlm.config.train import Parallel
-from taperlm.domains import MAX_BATCH, choices, domain_of_field, number, output_path, up_to
+from taperlm.files.io import atomic_write_json
+from taperlm.files.outfiles import R_FILE, json_mark
 from taperlm.hf.decilm import decilm_config
-from taperlm.io import atomic_write_json
-from taperlm.outfiles import R_FILE, json_mark
-from taperlm.presets import get_preset, preset_names
-from taperlm.ratio_advice import advice, format_advice
+from taperlm.spec.domains import MAX_BATCH, choices, domain_of_field, number, output_path, up_to
+from taperlm.spec.ratio_advice import advice, format_advice
 from taperlm.training.planner import format_memory_plan, parse_bytes, plan_training
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
-    parser.add_argument(
+    add_setting_argument(  # a planning input: beside the config, not written into it
+        parser,
         "--seq-len",
+        "train.seq_len",
+        applies=False,
         type=number(int, domain_of_field(TrainConfig, "seq_len")),
         help="context for the attention FLOPs and the KV-cache totals (default: the model's)",
     )
-    parser.add_argument(
+    add_setting_argument(  # a planning input: beside the config, not written into it
+        parser,
         "--tokens",
+        "train.tokens",
+        applies=False,
         type=number(float, domain_of_field(TrainConfig, "tokens")),
         help="training tokens T of the planned run: the ratio advice reads the measurements "
         "nearest its parameters and tokens per parameter; with --gpus, the time plan too "
@@ -61,24 +68,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="GPUs of the run: print per-GPU memory and time",
     )
     g.add_argument("--gpu-memory", default="80GB", help="memory of one GPU (default 80GB)")
-    g.add_argument(
+    add_setting_argument(
+        g,
         "--micro-batch",
+        "train.micro_batch_size",
+        applies=False,
         type=number(int, domain_of_field(TrainConfig, "micro_batch_size")),
         help="sequences per GPU per forward pass",
     )
-    g.add_argument("--parallel", choices=choices(Parallel), help="default: the config's")
-    g.add_argument(
-        "--activation-checkpointing", action="store_true", help="recompute each block in backward"
+    add_setting_argument(
+        g,
+        "--parallel",
+        "train.parallel",
+        applies=False,
+        choices=choices(Parallel),
+        help="default: the config's",
+    )
+    add_setting_argument(
+        g,
+        "--activation-checkpointing",
+        "train.activation_checkpointing",
+        _checkpointing,
+        applies=False,
+        action="store_true",
+        help="recompute each block in backward",
     )
     g.add_argument(
         "--mfu", type=number(float, "(0, 1]"), default=0.4, help="assumed MFU (default 0.4)"
     )
-    g.add_argument(
+    add_setting_argument(
+        g,
         "--peak-tflops",
+        "train.peak_flops",
+        _tflops,
+        applies=False,
         type=number(float, domain_of_field(TrainConfig, "peak_flops")),
         default=989.0,
         help="dense bf16 peak of one GPU (H100: 989)",
     )
+
+
+def _checkpointing(on: bool) -> str:
+    """--activation-checkpointing as train.activation_checkpointing."""
+    return "full" if on else "none"
+
+
+def _tflops(tflops: float) -> float:
+    """--peak-tflops (TFLOP/s) as train.peak_flops (FLOP/s)."""
+    return tflops * 1e12
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from taperlm.domains import (
+from taperlm.spec.domains import (
     MAX_COUNT,
     MAX_SEED,
     MAX_TOKENS,

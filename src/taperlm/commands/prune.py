@@ -21,12 +21,22 @@ import copy
 import json
 from pathlib import Path
 
+from taperlm.commands.common import command_settings
 from taperlm.compress import ParamsOf, Score
-from taperlm.config import apply_overrides, run_config_from_dict, to_dict
-from taperlm.domains import MAX_COUNT, MAX_TOKENS, choices, input_path, number, output_path, up_to
+from taperlm.config import OVERRIDES_ENV, env_overrides, to_dict
+from taperlm.config.assembly import Assembly, Layer, add_set_argument, add_setting_argument
 from taperlm.errors import ConfigError
-from taperlm.io import atomic_write_text
-from taperlm.taper import DEFAULT_STRENGTH, TaperSpec
+from taperlm.files.io import atomic_write_text
+from taperlm.spec.domains import (
+    MAX_COUNT,
+    MAX_TOKENS,
+    choices,
+    input_path,
+    number,
+    output_path,
+    up_to,
+)
+from taperlm.spec.taper import DEFAULT_STRENGTH, TaperSpec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,20 +81,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="train-split tokens the importance (and novelty) is measured on, at most the "
         "split's [65536, or the whole split when smaller]",
     )
-    parser.add_argument(
-        "--data", type=input_path(), help="data dir (default: the source run's data.dir)"
+    add_setting_argument(
+        parser,
+        "--data",
+        "data.dir",
+        str,
+        type=input_path(),
+        help="data dir of the calibration and of the pruned run (default: the source run's "
+        "data.dir)",
     )
     parser.add_argument(
         "--step", type=number(int, up_to(MAX_COUNT, 0)), help="source checkpoint STEP (newest)"
     )
     parser.add_argument("--device", default="cpu", help="cpu | cuda | auto [cpu]")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a train/data setting of the pruned run's config (e.g. train.tokens=65536)",
+    add_set_argument(
+        parser,
+        "override a train/data setting of the pruned run's config (e.g. train.tokens=65536); "
+        "$TAPERLM_SET applies after",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -94,7 +107,7 @@ def _source(args: argparse.Namespace):
 
     The one place a source is read: a Hugging Face Llama-architecture folder will be imported
     into a run here first (`taperlm import`), then pruned like any run."""
-    from taperlm.loading import load_run_model  # lazy: torch; --help stays torch-free
+    from taperlm.checkpoint.loading import load_run_model  # lazy: torch; --help stays torch-free
 
     return load_run_model(args.source, step=args.step, device=args.device)
 
@@ -113,24 +126,46 @@ def _spec(text: str) -> TaperSpec | None:
         raise ConfigError(f"--taper {text!r}: {err}") from None
 
 
+def _pruned_settings(args: argparse.Namespace, src_run) -> Assembly:
+    """The pruned run's train: and data: settings, by the one assembly (`taperlm.config.assembly`): the
+    source's config < --data < --set < $TAPERLM_SET; the model section is the pruned one (set
+    after the pruning). The calibration reads the data.dir assembled here, so the pruned run's
+    config names the data it was calibrated on."""
+    asm = Assembly.of(to_dict(src_run), "taperlm prune", Layer.FILE)
+    # the pruned model is a new start: not the source's start weights or teacher (a healed
+    # source names both); --set may still name them
+    for key in ("train.init_from", "train.distill_from"):
+        asm.put(key, "", Layer.OPTIONS)
+    asm.assemble(command_settings(args), args.overrides)
+    for key, layer in asm.origins.items():  # a bare key (`d_model=64`) looked up in model
+        if key.startswith("model.") and layer >= Layer.SET:
+            origin = "--set" if layer == Layer.SET else OVERRIDES_ENV
+            raise ConfigError(
+                f"{origin} changed {key}: the pruned model's shape comes from --params and "
+                "--taper; --set may change the pruned run's train: and data: settings only"
+            )
+    return asm
+
+
 def run(args: argparse.Namespace) -> int:
     import torch  # lazy: --help stays torch-free
 
     from taperlm.analysis.novelty import measure as measure_novelty  # lazy: torch
+    from taperlm.checkpoint.loading import check_tokenizer, require_data_dir  # lazy: torch
     from taperlm.checkpoint.store import require_finite  # lazy: as above
     from taperlm.compress import prune as P  # lazy: torch
-    from taperlm.device import resolve_device  # lazy: as above
-    from taperlm.loading import check_tokenizer, require_data_dir  # lazy: torch
+    from taperlm.runtime.device import resolve_device  # lazy: as above
     from taperlm.training.metrics import validation_loss  # lazy: torch
 
     args.device = resolve_device(args.device)
     spec = _spec(args.taper)
-    model_keys = [o for o in args.overrides if o.split("=", 1)[0].strip().startswith("model.")]
-    if model_keys:
-        raise ConfigError(
-            f"--set {model_keys[0]}: the pruned model's shape comes from --params and --taper; "
-            "--set may change the pruned run's train: and data: settings only"
-        )
+    for origin, texts in (("--set", args.overrides), (OVERRIDES_ENV, env_overrides())):
+        model_keys = [o for o in texts if o.split("=", 1)[0].strip().startswith("model.")]
+        if model_keys:
+            raise ConfigError(
+                f"{origin} {model_keys[0]}: the pruned model's shape comes from --params and "
+                "--taper; --set may change the pruned run's train: and data: settings only"
+            )
     model, src_run = _source(args)
     require_finite(
         model.state_dict().items(), f"the source {args.source}", "Prune another checkpoint (--step)"
@@ -139,7 +174,12 @@ def run(args: argparse.Namespace) -> int:
     width = P.target_width(src_run.model, args.params, args.params_of)
     # a shape given outright is checked before any measuring (novelty needs the measurement)
     target = None if spec is None else P.pruned_config(src_run.model, width, spec)
-    data_dir = args.data or require_data_dir(_run_root(Path(args.source)), src_run)
+    asm = _pruned_settings(args, src_run)
+    if asm.layer_of("data.dir") > Layer.FILE:  # --data, --set or $TAPERLM_SET: that folder
+        data_dir = Path(asm.data["data"]["dir"]).expanduser()
+    else:
+        data_dir = require_data_dir(_run_root(Path(args.source)), src_run)
+        asm.put("data.dir", str(data_dir), Layer.FILE)
     check_tokenizer(args.source, data_dir)  # calibration ids must mean what the source learned
     seq_len = src_run.train.seq_len
     args.calibration_tokens = P.calibration_budget(data_dir, seq_len, args.calibration_tokens)
@@ -151,14 +191,8 @@ def run(args: argparse.Namespace) -> int:
         target = P.pruned_config(src_run.model, width, spec.with_novelty(rho))
     pruned = P.prune(model, target, stats, args.score)
 
-    data = to_dict(src_run)
-    data["model"] = to_dict(target)
-    data["data"]["dir"] = str(data_dir)
-    # the pruned model is a new start: not the source's start weights or teacher (a healed
-    # source names both)
-    data["train"]["init_from"] = data["train"]["distill_from"] = ""
-    apply_overrides(data, args.overrides)
-    run_cfg = run_config_from_dict(data, "taperlm prune").resolve()
+    asm.data["model"] = to_dict(target)
+    run_cfg = asm.resolve()
     P.write_run(copy.deepcopy(run_cfg), args.out, pruned.model)
     cfg = run_cfg.train
     device = torch.device(args.device)

@@ -5,8 +5,9 @@
     taperlm train --preset transformer-tiny --data DATA --out RUN --logger tensorboard
     taperlm train --branch-from LONG --tokens 2e6 --out RUN   # a WSD run's cooldown at 2M tokens
 
-Config precedence: preset / config file < --taper / --multiple-of < --set < --tokens, --logger
-(< $TAPERLM_SET). Without --preset or --config, an existing RUN/config.yaml is used (so `taperlm
+Config precedence (`taperlm.config.assembly`): preset / config file < the options (--taper,
+--multiple-of, --data, --tokens, --logger, --init-from, --distill-from) < --set < $TAPERLM_SET;
+an option and a --set of its key must agree. Without --preset or --config, an existing RUN/config.yaml is used (so `taperlm
 train --out RUN` continues a run); with --branch-from LONG, LONG's
 (`taperlm.training.cooldowns.train_branch`).
 """
@@ -23,12 +24,12 @@ from taperlm.commands.common import (
     add_logger_argument,
     add_model_arguments,
     build_run_config,
-    logger_names,
-    print_notes,
     resume_command,
 )
 from taperlm.config import TrainConfig
-from taperlm.domains import (
+from taperlm.config.assembly import add_setting_argument
+from taperlm.errors import ConfigError, TrainingWarning
+from taperlm.spec.domains import (
     MAX_COUNT,
     choices,
     count,
@@ -38,22 +39,34 @@ from taperlm.domains import (
     output_path,
     up_to,
 )
-from taperlm.errors import ConfigError, TrainingWarning
 from taperlm.training import ResumeMode
 from taperlm.training.interrupt import SignalStop, interrupted_message
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
-    parser.add_argument("--data", type=input_path(), help="data dir written by `taperlm prepare`")
-    parser.add_argument(
+    add_setting_argument(
+        parser,
+        "--data",
+        "data.dir",
+        _resolved,
+        type=input_path(),
+        help="data dir written by `taperlm prepare`",
+    )
+    add_setting_argument(
+        parser,
         "--init-from",
+        "train.init_from",
+        _resolved,
         type=input_path(),
         help="start from the weights of this run dir or checkpoint (e.g. `taperlm prune`'s); "
         "without --preset/--config its config is the model's (train.init_from)",
     )
-    parser.add_argument(
+    add_setting_argument(
+        parser,
         "--distill-from",
+        "train.distill_from",
+        _resolved,
         type=input_path(),
         help="distil from this teacher (a run dir or checkpoint of the same vocabulary): "
         "train.distill_mix x KL at train.distill_temperature + the rest LM loss "
@@ -67,11 +80,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "RUN's config with only train.tokens changed, started from RUN's newest checkpoint at or "
         "before the budget's decay start, into --out (RUN is only read)",
     )
-    parser.add_argument(
+    add_setting_argument(
+        parser,
         "--tokens",
+        "train.tokens",
         type=count(domain_of_field(TrainConfig, "tokens")),
         metavar="N",
-        help="training tokens (train.tokens, e.g. 2e6; after --set); with --branch-from, the "
+        help="training tokens (train.tokens, e.g. 2e6); with --branch-from, the "
         "branch's budget (required there)",
     )
     parser.add_argument(
@@ -92,6 +107,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="stop (with a checkpoint) once N steps are done; rerun to continue",
     )
     add_logger_argument(parser)
+
+
+def _resolved(path: Path) -> str:
+    """A path option's value as the config holds it: absolute, so that a run dir's config names
+    the same folder from anywhere."""
+    return str(path.resolve())
 
 
 def _resolve_config(args: argparse.Namespace):
@@ -119,25 +140,8 @@ def _resolve_config(args: argparse.Namespace):
             )
         args.config = saved
         args.implicit_config = True  # the run's own config: the resume checks report changes
-    for option, key in (("init_from", "train.init_from"), ("distill_from", "train.distill_from")):
-        path = getattr(args, option)
-        if path is not None:  # before --set: a later --set of the same key wins
-            args.overrides = [f"{key}={path.resolve()}", *args.overrides]
-    names = logger_names(args.loggers)
-    if names is not None:  # after --set: the option named on the command line wins
-        args.overrides = [*args.overrides, f"train.loggers=[{','.join(names)}]"]
-    if getattr(args, "tokens", None) is not None:  # after --set, as --logger
-        args.overrides = [*args.overrides, f"train.tokens={args.tokens}"]
-    cfg = build_run_config(args)
-    if args.data is not None:
-        given = str(args.data.resolve())
-        differs = cfg.data.dir and Path(cfg.data.dir).expanduser().resolve() != Path(given)
-        if differs and not getattr(args, "implicit_config", False):
-            print_notes(
-                args, [f"--data {args.data} replaces {args.config}'s data.dir {cfg.data.dir}"]
-            )
-        cfg.data.dir = given
-    elif cfg.data.dir:
+    cfg = build_run_config(args)  # the options, --set and $TAPERLM_SET: taperlm.config.assembly
+    if cfg.data.dir:
         cfg.data.dir = str(Path(cfg.data.dir).expanduser())
     return cfg
 

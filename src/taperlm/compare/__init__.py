@@ -39,8 +39,8 @@ the report that puts them together), declared with its `--paper` name in
   tokens seen during training, where the taper's advantage ends, and its bootstrap interval).
 """
 
+from taperlm.analysis.stats import paired_difference, t_quantile
 from taperlm.compare.grid import Allocation, Cell, Grid, build_grid, paper_allocations
-from taperlm.stats import paired_difference, t_quantile
 
 __all__ = [
     "Allocation",

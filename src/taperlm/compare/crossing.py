@@ -9,7 +9,7 @@ evaluations every `train.eval_every` steps, `CellResult.curve`), per tapered all
 
 - at every tokens value that all paired seeds share: the mean difference (tapered − uniform, the
   same seed = the same data order and init seed) with its 95% Student-t interval
-  (`taperlm.stats.paired_difference`);
+  (`taperlm.analysis.stats.paired_difference`);
 - the crossing: the tokens where the mean difference last goes from < 0 to >= 0 and stays >= 0
   to the end of the run, interpolated linearly in log tokens between the two evaluations around
   it; or no crossing, saying on which side the curve ends (below zero at the end: the taper is
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from taperlm import stats
+from taperlm.analysis import stats
 from taperlm.analysis.plots import _figure, _save
 
 if TYPE_CHECKING:

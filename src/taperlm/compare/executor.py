@@ -26,7 +26,6 @@ from typing import Any, Protocol
 import torch
 from tqdm.auto import tqdm
 
-from taperlm import cpus
 from taperlm.compare import runner, sequential
 from taperlm.compare.grid import Cell, Grid
 from taperlm.compare.groups import device_slots, run_groups
@@ -41,8 +40,9 @@ from taperlm.compare.runner import (
     read_result,
 )
 from taperlm.compare.workers import run_in_workers
-from taperlm.device import resolve_device
-from taperlm.progress import progress_bar
+from taperlm.runtime import cpus
+from taperlm.runtime.device import resolve_device
+from taperlm.runtime.progress import progress_bar
 
 
 class StopRequest:

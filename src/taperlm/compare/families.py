@@ -25,15 +25,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from taperlm.assembly import Assembly, Layer
 from taperlm.compare.family_table import FamilyMeta, write_family_report
 from taperlm.compare.grid import FAMILIES_TAPERS
 from taperlm.compare.options import DEFAULT_FAMILIES, CompareOptions, list_text
 from taperlm.compare.reproduce import run_arguments
 from taperlm.compare.study import Part, StudyPlan, StudyProgress
+from taperlm.config.assembly import Assembly, Layer
+from taperlm.config.presets import PAPER_SHAPES, SMALL_SHAPES, preset_families
 from taperlm.errors import ConfigError
 from taperlm.families import FAMILIES
-from taperlm.presets import PAPER_SHAPES, SMALL_SHAPES, preset_families
 
 # The main job's size: the default table (4 families x 5 seeds) fits about half an hour on 2 cores.
 DEFAULT_PRESET_SIZE = "micro"

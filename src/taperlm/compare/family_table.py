@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from taperlm import stats
+from taperlm.analysis import stats
 from taperlm.analysis.plots import plot_intervals
+from taperlm.analysis.stats import PairedDifference
 from taperlm.compare.paper import PAPER_760M_CLAIM, PAPER_760M_COLUMNS, paper_760m
 from taperlm.compare.report import (
     CHANCE_NOTE,
@@ -31,8 +32,7 @@ from taperlm.compare.report import (
     zero_shot_cell,
 )
 from taperlm.compare.summary import AllocationSummary, DesignChecks
-from taperlm.io import atomic_write_json, atomic_write_text
-from taperlm.stats import PairedDifference
+from taperlm.files.io import atomic_write_json, atomic_write_text
 
 PLOT = "families.png"
 

@@ -32,7 +32,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from taperlm.budget import flops_per_token, kv_cache_bytes, total_params
 from taperlm.compare.paper import (
     PAPER_CONTROLLED,
     PAPER_SIGMOID_K,
@@ -41,9 +40,10 @@ from taperlm.compare.paper import (
     SWEEP_SCHEDULES,
 )
 from taperlm.config import RunConfig, to_dict
+from taperlm.config.budget import flops_per_token, kv_cache_bytes, total_params
 from taperlm.errors import ConfigError, TaperError
 from taperlm.families import FAMILIES
-from taperlm.taper import TaperSpec
+from taperlm.spec.taper import TaperSpec
 
 DEFAULT_TAPERS = ("uniform", "cosine:1.5:0.5")
 HEADS = "heads:"  # an allocation's head-taper component: SPEC+heads:HEAD_SPEC or heads:HEAD_SPEC
@@ -424,7 +424,7 @@ def _allocated(model: Any, alloc: Allocation, spec: TaperSpec) -> Any:
 
 def _check_budget(alloc: Allocation, got: dict[str, Any], want: dict[str, Any]) -> None:
     # A KV taper keeps the parameters; its FLOPs/token are equal too except in a family that
-    # repeats K/V projections (Titans MAC, taperlm.budget), where they may differ by design.
+    # repeats K/V projections (Titans MAC, taperlm.config.budget), where they may differ by design.
     keys = ("params",) if alloc.kv_taper != "uniform" else ("params", "flops_per_token")
     for key in keys:
         if got[key] != want[key]:

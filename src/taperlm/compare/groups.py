@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from taperlm.errors import ConfigError, TrainingError
-from taperlm.outdirs import claim
-from taperlm.runlock import locked
+from taperlm.files.outdirs import claim
+from taperlm.files.runlock import locked
 
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 ACTIONS = (None, "checkpoint", "stop")  # a step's answer, by rank of urgency

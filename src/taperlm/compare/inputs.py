@@ -77,10 +77,10 @@ def default_corpus_dir(progress: bool, tokenizer: str = DEFAULT_CORPUS_TOKENIZER
 
 
 def data_dir_of(opts: CompareOptions, provisional: RunConfig) -> Path:
-    """--data, else the config's data.dir, else the default corpus (prepared once)."""
-    if opts.data is not None:
-        data_dir = opts.data.expanduser().resolve()
-    elif provisional.data.dir:
+    """The assembled data.dir of the provisional base config (--data, a config file's, --set or
+    $TAPERLM_SET: `taperlm.compare.recipe.base_config`), else the default corpus (prepared
+    once). The one folder the cells train on and the vocabulary and evaluation are read from."""
+    if provisional.data.dir:
         data_dir = Path(provisional.data.dir).expanduser().resolve()
     else:
         tokenizer = corpus_tokenizer(opts)

@@ -46,11 +46,11 @@ from taperlm.compare.reproduce import canonical_command
 from taperlm.compare.runner import EvalSettings, Results, SharedInputs
 from taperlm.config import RunConfig
 from taperlm.data.loader import load_meta
-from taperlm.device import resolve_device
-from taperlm.domains import MAX_SEED
 from taperlm.errors import ConfigError
-from taperlm.outdirs import check_folder, claim
-from taperlm.runlock import locked
+from taperlm.files.outdirs import check_folder, claim
+from taperlm.files.runlock import locked
+from taperlm.runtime.device import resolve_device
+from taperlm.spec.domains import MAX_SEED
 from taperlm.training.settings import validate_train_config
 
 

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from taperlm.analysis.plots import _figure, _save
-from taperlm.budget import total_params
+from taperlm.analysis.stats import PairedDifference
 from taperlm.compare.options import (
     CONFIRM_SEEDS,
     DEFAULT_MIN_SEEDS,
@@ -66,10 +66,10 @@ from taperlm.compare.scaling import (
     scaling_plan,
 )
 from taperlm.compare.study import Part, StudyPlan, run_plan
+from taperlm.config.budget import total_params
+from taperlm.config.presets import get_preset
 from taperlm.errors import ConfigError
-from taperlm.io import MAX_RECORD_BYTES, atomic_write_json, atomic_write_text, read_json
-from taperlm.presets import get_preset
-from taperlm.stats import PairedDifference
+from taperlm.files.io import MAX_RECORD_BYTES, atomic_write_json, atomic_write_text, read_json
 
 # The sizes of the long-training sweeps: preset, the vocabulary of its built-in corpus
 # (`taperlm.compare.inputs.SIZE_CORPUS_TOKENIZERS`) and its width step.

@@ -8,7 +8,10 @@ names; a --stop rule) is parsed once, into a typed value, when `CompareOptions` 
 (`list_text`, `Stop.as_text`).
 
 The model options (--preset, --config, --multiple-of, --set) and --logger are the shared ones of
-`taperlm.commands.common`; their fields carry no flag here.
+`taperlm.commands.common`; their fields carry no flag here. An option that sets a config key
+(--tokens: train.tokens, --data: data.dir) names it (`option(..., key=...)`): it is declared
+with `taperlm.config.assembly.add_setting_argument`, like every command's, and is a layer of the base
+config's assembly (`taperlm.compare.recipe.base_config`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from taperlm.compare.grid import split_taper_list
-from taperlm.domains import (
+from taperlm.config.assembly import OptionSetting, add_setting_argument
+from taperlm.errors import ConfigError
+from taperlm.evaluation.niah import parse_lengths
+from taperlm.spec.domains import (
     DOMAIN_KEY,
     MAX_COUNT,
     MAX_SEED,
@@ -35,8 +41,6 @@ from taperlm.domains import (
     output_path,
     up_to,
 )
-from taperlm.errors import ConfigError
-from taperlm.evaluation.niah import parse_lengths
 
 # The main job: `taperlm compare` naming no model (no --preset, --config or --paper). It runs where
 # its answer holds for training as people do it, not only early in training (issue 38): at
@@ -260,6 +264,7 @@ def _typed(value: Any, parse: Callable[[str], Any]) -> Any:
 
 FLAG_KEY = "flag"  # the dataclasses.field metadata key of an option's command-line flag
 ARGPARSE_KEY = "argparse"  # further add_argument keywords (action, choices, metavar, ...)
+CONFIG_KEY = "config_key"  # the dotted run-config key an option sets (`data.dir`), if any
 
 
 def option(
@@ -269,17 +274,20 @@ def option(
     domain: str | None = None,
     type: Any = None,
     kind: type = int,
+    key: str | None = None,
     **argparse_kwargs: Any,
 ) -> Any:
     """A `CompareOptions` field and its command-line option: `domain` (a range of `kind`, int
     unless said) makes the option's type `number(kind, domain)` and is checked by
-    `check_option_ranges`."""
+    `check_option_ranges`; `key` names the run-config key the option sets."""
     if domain is not None:
         type = number(kind, domain)
     kwargs = {"help": help, **argparse_kwargs}
     if type is not None:
         kwargs["type"] = type
     metadata = {FLAG_KEY: flag, ARGPARSE_KEY: kwargs}
+    if key is not None:
+        metadata[CONFIG_KEY] = key
     if domain is not None:
         metadata[DOMAIN_KEY] = domain_of(domain)
     if isinstance(default, list):
@@ -408,12 +416,14 @@ class CompareOptions:
         f"training tokens per run [default {DEFAULT_TOKENS:,}, 8 tokens per parameter of "
         f"{DEFAULT_PRESET}; with --preset/--config/--paper {RECIPE_TOKENS:,}]",
         domain=up_to(MAX_TOKENS),
+        key="train.tokens",
     )
     data: Path | None = option(
         "--data",
         "data dir from `taperlm prepare` (default: the built-in corpus, prepared once into "
         "the cache)",
         type=input_path(),
+        key="data.dir",
     )
     val_tokens: int = option(
         "--val-tokens",
@@ -638,7 +648,32 @@ def add_option_arguments(parser: argparse.ArgumentParser) -> None:
             kwargs["default"] = f.default
         elif f.default_factory is not dataclasses.MISSING:
             kwargs["default"] = f.default_factory()
-        parser.add_argument(f.metadata[FLAG_KEY], **kwargs)
+        if CONFIG_KEY in f.metadata:
+            add_setting_argument(parser, f.metadata[FLAG_KEY], f.metadata[CONFIG_KEY], **kwargs)
+        else:
+            parser.add_argument(f.metadata[FLAG_KEY], **kwargs)
+
+
+def _setting(value: Any) -> Any:
+    """An option's value in the run config's form: a path absolute (the folder it names from
+    anywhere, as every cell's config holds it)."""
+    return str(value.expanduser().resolve()) if isinstance(value, Path) else value
+
+
+def option_settings_of(opts: CompareOptions) -> list[OptionSetting]:
+    """What `opts` give the options that set a run-config key (compare's own, by their
+    declared key, and the shared --logger), as the assembly takes them."""
+    out = [
+        OptionSetting(f.metadata[FLAG_KEY], f.metadata[CONFIG_KEY], _setting(getattr(opts, f.name)))
+        for f in declared_options()
+        if CONFIG_KEY in f.metadata
+    ]
+    return [
+        *out,
+        OptionSetting("--logger", "train.loggers", opts.loggers),
+        # the cells' width step (`width_step`), not the base config's taper
+        OptionSetting("--multiple-of", "model.taper.multiple_of", opts.multiple_of, False),
+    ]
 
 
 def options_from(args: argparse.Namespace) -> CompareOptions:

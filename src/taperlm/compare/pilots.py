@@ -14,7 +14,7 @@ from taperlm.compare.recipe import base_config
 from taperlm.compare.runner import EvalSettings
 from taperlm.config import RunConfig
 from taperlm.errors import ConfigError
-from taperlm.taper import rho_mlp_of
+from taperlm.spec.taper import rho_mlp_of
 
 # The pilot trains this fraction of a run's tokens (whole batches).
 PILOT_FRACTION = 0.25

@@ -11,9 +11,9 @@ import numpy as np
 # module attribute calls: tests record what each plot is given
 from taperlm.analysis import plots as analysis_plots
 from taperlm.analysis.novelty import NoveltyResult, TokenStats
+from taperlm.analysis.stats import relative_ppl_change as relative_change
 from taperlm.compare.grid import Grid
-from taperlm.stats import relative_ppl_change as relative_change
-from taperlm.taper import TaperSpec
+from taperlm.spec.taper import TaperSpec
 
 if TYPE_CHECKING:
     from taperlm.compare.runner import CellResult, Results

@@ -1,11 +1,13 @@
 """The training recipe of `taperlm compare` and the base config every cell starts from.
 
-The base config is assembled like every command's (`taperlm.assembly`): compare's recipe
-and what it derives (whole steps, warmup, evaluation and checkpoint intervals, the data's
+The base config is assembled like every command's (`taperlm.config.assembly.Assembly.assemble`):
+compare's recipe (a named `Recipe`: `compare-cpu`, `compare-main`, the paper's `paper-SIZE`) and
+what it derives (whole steps, warmup, evaluation and checkpoint intervals, the data's
 vocabulary, the logged group) are the `Layer.RECIPE` between the preset and the user's settings,
-so each applies only where the user chose nothing: recipe < the config file < `--tokens` <
-`--set` (with $TAPERLM_SET) < `--logger`. Which keys the user gave is read from the assembly's
-record (`Assembly.given`).
+so each applies only where the user chose nothing: recipe < the config file < `--tokens`,
+`--data`, `--logger` < `--set` < $TAPERLM_SET. Which keys the user gave is read from the
+assembly's record (`Assembly.given`). The data every cell trains on, the vocabulary and the
+evaluation all come from the one assembled `data.dir` (`taperlm.compare.inputs.data_dir_of`).
 """
 
 from __future__ import annotations
@@ -13,9 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from pathlib import Path
-from typing import Any
 
-from taperlm.assembly import Assembly, Layer
 from taperlm.compare.options import (
     DEFAULT_TOKENS,
     MAIN_CURVE_POINTS,
@@ -25,8 +25,10 @@ from taperlm.compare.options import (
     CompareOptions,
     is_main_job,
     model_preset,
+    option_settings_of,
 )
-from taperlm.config import ModelConfig, RunConfig, TrainConfig
+from taperlm.config import ModelConfig, RunConfig, TrainConfig, env_overrides
+from taperlm.config.assembly import Assembly, Layer, Recipe, check_agreement
 from taperlm.errors import ConfigError
 
 # Compare's CPU recipe (docs/compare.md, "Precision of the main job"). What made the main job
@@ -87,25 +89,24 @@ def base_config(
     notes: list[str] | None = None,
 ) -> RunConfig:
     """The uniform run config every cell starts from (before taper and seed); what it had to
-    change (train.tokens rounded up to whole steps) is appended to `notes`."""
+    change (train.tokens rounded up to whole steps) is appended to `notes`. `data_dir` is the
+    folder `data_dir_of` found for this config (None: not looked up yet), the same folder as the
+    assembled data.dir whenever one is given: it is written here resolved."""
     asm = Assembly.start(opts.config, model_preset(opts))
     family = (asm.data.get("model") or {}).get("family")  # the recipe's: before any --set
     # Compare reads the model, data and train sections only; every cell gets its own taper.
     asm.data = {key: dict(asm.data.get(key) or {}) for key in ("model", "data", "train")}
     asm.data["model"].pop("taper", None)
     asm.clear_sizes()
-    if opts.tokens is not None:
-        asm.put("train.tokens", opts.tokens, Layer.OPTIONS)
-    asm.overrides(opts.overrides, Layer.SET, "--set")
-    if opts.loggers is not None:  # after --set: the option named on the command line wins
-        asm.put("train.loggers", opts.loggers, Layer.SET)
-    # The recipe below every key the user gave; put last, where a --set of a whole section
-    # (`train={...}`) records only the section, so the recipe still fills its keys.
-    for section, recipe in (("model", _model_recipe(opts)), ("train", _train_recipe(opts, family))):
-        for key, value in recipe_changes(recipe).items():
-            asm.put(f"{section}.{key}", value, Layer.RECIPE)
-    if data_dir is not None:
-        asm.put("data.dir", str(data_dir), Layer.OPTIONS)
+    # $TAPERLM_SET is already among opts.overrides, after --set (`taperlm.commands.compare`): an
+    # option is checked against the user's own --set only, as on every command's command line.
+    options = option_settings_of(opts)
+    env = set(env_overrides())
+    check_agreement(options, [o for o in opts.overrides if o not in env])
+    recipe = compare_recipe(opts, family)
+    asm.assemble(options, opts.overrides, recipe, env=False, check=False)
+    if data_dir is not None:  # the assembled folder (resolved), or the default corpus
+        asm.put("data.dir", str(data_dir), max(asm.layer_of("data.dir"), Layer.RECIPE))
     if data_vocab is not None and not opts.config:
         asm.put("model.vocab_size", data_vocab, Layer.RECIPE)  # a preset follows the data's
     cfg = asm.build()
@@ -124,16 +125,20 @@ def base_config(
     return cfg.resolve()
 
 
-def recipe_changes(recipe: ModelConfig | TrainConfig | None) -> dict[str, Any]:
-    """The fields where `recipe` departs from its class's defaults (what the recipe sets)."""
-    if recipe is None:
-        return {}
-    plain = type(recipe)()
-    return {
-        f.name: getattr(recipe, f.name)
-        for f in dataclasses.fields(recipe)
-        if not f.metadata.get("section") and getattr(recipe, f.name) != getattr(plain, f.name)
-    }
+def compare_recipe(opts: CompareOptions, family_name: str | None) -> Recipe:
+    """The named training recipe of a comparison: the paper's at one of its sizes
+    (`paper-440m`), the main job's (`compare-main`), or compare's CPU recipe (`compare-cpu`,
+    `compare-cpu-titans` with a family's own lr)."""
+    size = _preset_size(opts)
+    if size in PAPER_TOKENS:
+        name = f"paper-{size}"
+    elif is_main_job(opts):
+        name = "compare-main"
+    elif (family_name or "transformer") in FAMILY_LR:
+        name = f"compare-cpu-{family_name}"
+    else:
+        name = "compare-cpu"
+    return Recipe.of(name, model=_model_recipe(opts), train=_train_recipe(opts, family_name))
 
 
 def _log_group(out: Path) -> str:

@@ -1,7 +1,7 @@
 """The comparison report: report.json (every number, `taperlm.compare.summary`), report.md and
 the PNGs (`taperlm.compare.plots`).
 
-Statistics (see `taperlm.stats`):
+Statistics (see `taperlm.analysis.stats`):
 - per allocation: mean and sample std over seeds of val loss, val ppl, tokens/s, train loss;
 - paired difference vs uniform per seed (same seed = same data order and init seed), mean, std,
   n and the 95% Student-t confidence interval; a CI that excludes 0 is marked `*`;
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from taperlm.analysis.stats import PairedDifference, Summary, relative_ppl_change
 from taperlm.compare import crossing
 from taperlm.compare.grid import Grid
 from taperlm.compare.plots import PLOTS, write_plots
@@ -35,8 +36,7 @@ from taperlm.compare.summary import (
     summarize,
 )
 from taperlm.config import to_dict
-from taperlm.io import atomic_write_text, finite_json, parse_json
-from taperlm.stats import PairedDifference, Summary, relative_ppl_change
+from taperlm.files.io import atomic_write_text, finite_json, parse_json
 
 if TYPE_CHECKING:
     from taperlm.compare.runner import Results

@@ -43,11 +43,10 @@ from taperlm.config import format_differences, load_run_config, to_dict
 from taperlm.data import corpus as data_corpus
 from taperlm.data.identity import check_run_data
 from taperlm.data.tokenizer import load_tokenizer
-from taperlm.device import resolve_device
 from taperlm.errors import ConfigError, DataError, MalformedFileError, UnsafeFileError
 from taperlm.evaluation import niah
 from taperlm.evaluation.registry import get_task, load_task, needs_haystack
-from taperlm.io import (
+from taperlm.files.io import (
     MAX_RECORD_BYTES,
     atomic_write_json,
     finite_json,
@@ -58,8 +57,9 @@ from taperlm.io import (
     read_json,
     sha256_file,
 )
-from taperlm.outdirs import claim
-from taperlm.runlock import locked
+from taperlm.files.outdirs import claim
+from taperlm.files.runlock import locked
+from taperlm.runtime.device import resolve_device
 from taperlm.training.metrics import read_metrics
 
 if TYPE_CHECKING:
@@ -502,7 +502,7 @@ def _zero_shot(model, shared: SharedInputs, cell: Cell) -> ZeroShotRecord | None
 def evaluate_cell(cell: Cell, run_dir: Path, shared: SharedInputs) -> dict[str, Any]:
     """Validation loss, zero-shot tasks and novelty of a trained cell (its final checkpoint)."""
     from taperlm.analysis.novelty import measure  # lazy: torch; compare --help stays torch-free
-    from taperlm.loading import load_run_model  # lazy: loads torch models
+    from taperlm.checkpoint.loading import load_run_model  # lazy: loads torch models
     from taperlm.training.metrics import validation_loss  # lazy: torch
 
     # Evaluated where it trained (train.device).

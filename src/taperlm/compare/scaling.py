@@ -34,17 +34,17 @@ from typing import Any
 import numpy as np
 
 from taperlm.analysis.plots import _figure, _save
+from taperlm.analysis.stats import PairedDifference
 from taperlm.compare.options import list_text
 from taperlm.compare.paper import PAPER_POINT
 from taperlm.compare.recipe import PAPER_TOKENS
 from taperlm.compare.report import ComparisonReport, diff_ci, md_table, produced_by
 from taperlm.compare.reproduce import run_arguments
 from taperlm.compare.study import Part, StudyPlan, StudyProgress, run_plan
+from taperlm.config.presets import PAPER_SHAPES, SMALL_SHAPES
 from taperlm.errors import ConfigError
-from taperlm.io import atomic_write_json, atomic_write_text
-from taperlm.presets import PAPER_SHAPES, SMALL_SHAPES
-from taperlm.stats import PairedDifference
-from taperlm.taper import TaperSpec
+from taperlm.files.io import atomic_write_json, atomic_write_text
+from taperlm.spec.taper import TaperSpec
 
 # Start ratios of the cosine sweep (end = 2 - start); 1.0 is uniform.
 SCALING_STARTS = (1.25, 1.5, 1.75, 1.9)

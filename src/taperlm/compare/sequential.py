@@ -4,7 +4,7 @@ settled, with an error rate that holds however often it looks (`--stop`, `--stop
 
 After every completed seed n (all of its cells done) the paired differences of the question's
 comparisons over seeds 0..n-1 get their anytime-valid confidence sequence
-(`taperlm.stats.confidence_sequence`: valid at every n at once, so stopping on it keeps its
+(`taperlm.analysis.stats.confidence_sequence`: valid at every n at once, so stopping on it keeps its
 level). The rule:
 
 - `fixed`: every seed up to the cap (the design before this module: the sequence is still
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from taperlm import stats
+from taperlm.analysis import stats
 from taperlm.analysis.plots import plot_interval_series
 from taperlm.compare.grid import Grid
 from taperlm.compare.options import EQUIVALENCE_KINDS, STOP_QUESTIONS, Stop, StopKind

@@ -20,7 +20,7 @@ signal, USR2 90 s before the limit) and resumes from its cell's last checkpoint 
 (scancel, a node failure, an error) is resubmitted by the next run of the command, again resuming
 from the last checkpoint, until a cell has failed MAX_ATTEMPTS times: then it is reported with its
 log and not submitted again. What keeps one cell from training twice at once, from two login
-nodes: the command holds the comparison folder's lock (`taperlm.runlock`, flock on OUT/.lock)
+nodes: the command holds the comparison folder's lock (`taperlm.files.runlock`, flock on OUT/.lock)
 while it submits, so two commands never submit at the same time, and one sees the other's jobs
 queued or running in `squeue` and does not submit them again; and rank 0 of every cell's job holds
 the cell's run dir lock (flock on runs/<cell>/.lock) while it trains, so a second job of the same
@@ -49,7 +49,7 @@ from taperlm.compare.groups import CellTask, run_rank
 from taperlm.compare.options import CompareOptions
 from taperlm.compare.runner import EvalSettings, cell_state
 from taperlm.errors import ConfigError
-from taperlm.io import MAX_RECORD_BYTES, atomic_write_json, read_json
+from taperlm.files.io import MAX_RECORD_BYTES, atomic_write_json, read_json
 
 MAX_ATTEMPTS = 3  # jobs of one cell that ended without finishing it before it is given up
 POLL_S = 30.0  # --wait: seconds between looks at the queue

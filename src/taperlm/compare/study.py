@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 from taperlm.compare.job import check_options, run_comparison
 from taperlm.compare.options import CompareOptions
-from taperlm.outdirs import check_folder, claim
-from taperlm.runlock import locked
+from taperlm.files.outdirs import check_folder, claim
+from taperlm.files.runlock import locked
 
 if TYPE_CHECKING:
     from taperlm.compare.report import ComparisonReport

@@ -1,5 +1,5 @@
 """The numbers behind a comparison report: per allocation, budgets and summaries over seeds
-(mean, sample std), paired differences vs uniform with t intervals (`taperlm.stats`), novelty
+(mean, sample std), paired differences vs uniform with t intervals (`taperlm.analysis.stats`), novelty
 correlations, zero-shot rows, the design checks and the comparison with the paper.
 """
 
@@ -10,12 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from taperlm import stats
+from taperlm.analysis import stats
+from taperlm.analysis.stats import PairedDifference, PairwiseAgreement, Summary
 from taperlm.compare.grid import Grid, PilotRun
 from taperlm.compare.paper import PAPER_BEST_SWEEP_RATIO, PAPER_SWEEP, SWEEP_SCHEDULES
 from taperlm.evaluation.suite import at_chance, chance_columns, paper_columns
-from taperlm.stats import PairedDifference, PairwiseAgreement, Summary
-from taperlm.taper import TaperSpec
+from taperlm.spec.taper import TaperSpec
 
 if TYPE_CHECKING:
     from taperlm.compare.runner import CellResult

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from taperlm import stats
+from taperlm.analysis import stats
+from taperlm.analysis.stats import PairedDifference, Summary
 from taperlm.compare.executor import train_cells, train_reported
 from taperlm.compare.grid import Allocation, Cell, Grid, build_grid
 from taperlm.compare.options import DEFAULT_TUNE_SEEDS, TUNE_SCOPES
@@ -47,7 +48,6 @@ from taperlm.compare.runner import CellResult, Results
 from taperlm.compare.sequential import Stopping
 from taperlm.compare.summary import summarize
 from taperlm.errors import ConfigError
-from taperlm.stats import PairedDifference, Summary
 
 # Tuning seeds start here: far above any reported seed count, so the two sets never meet.
 TUNE_SEED_BASE = 10_000

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from taperlm.compress import Score
-from taperlm.domains import choices
 from taperlm.models.layers import SwiGLU
+from taperlm.spec.domains import choices
 
 SCORES = choices(Score)
 DEFAULT_SCORE = "weight_act"  # lowest loss right after pruning (docs/compress.md)

@@ -25,17 +25,17 @@ from typing import Any
 
 import torch
 
-from taperlm.budget import embedding_params, head_params, total_params
 from taperlm.compress import ParamsOf
 from taperlm.compress.importance import UnitStats, collect, mlps, top_units, unit_scores
 from taperlm.config import ModelConfig, RunConfig
+from taperlm.config.budget import embedding_params, head_params, total_params
 from taperlm.data.loader import TokenBatches, open_split
-from taperlm.domains import choices
 from taperlm.errors import ConfigError, DataError, TaperError
 from taperlm.families import get_family
 from taperlm.models import TaperedLM
 from taperlm.models.layers import SwiGLU
-from taperlm.taper import TaperSpec
+from taperlm.spec.domains import choices
+from taperlm.spec.taper import TaperSpec
 from taperlm.training.loop import Trainer
 
 # What `--params` is a fraction or a count of.

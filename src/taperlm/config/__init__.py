@@ -3,7 +3,13 @@
 
 - `model`: `ModelConfig` (per-layer sizes resolved from the tapers, validated once in `resolve()`);
 - `train`: `DataConfig`, `TrainConfig`; `run`: `RunConfig` and the settings a resumed run may change;
-- `convert`: dict <-> dataclass; `loading`: YAML files; `overrides`: `--set` and $TAPERLM_SET.
+- `convert`: dict <-> dataclass; `loading`: YAML files; `overrides`: `--set` and $TAPERLM_SET;
+- `kv_taper`: per-layer KV heads (the KV taper, solved at the MLP budget);
+- `budget`: parameters, FLOPs, KV cache and memory per layer, and the plan table (read from a
+  model config through `taperlm.spec.model_fields.ModelSpec`, never from `model`);
+- `presets`: named presets; `assembly`: the one assembly of a run config from its layers
+  (defaults, preset, recipe, file, options, `--set`, environment). These two read the typed
+  config above and are never imported by it (nor by this `__init__`): import them directly.
 
 Configs written by taperlm 0.1, which carried every family's section, still load.
 """
@@ -37,7 +43,7 @@ from taperlm.config.overrides import (
 from taperlm.config.run import RUNTIME_KEYS, RunConfig, runtime_keys
 from taperlm.config.train import DataConfig, TrainConfig
 from taperlm.errors import ConfigError
-from taperlm.io import DuplicateKeyError, StrictLoader
+from taperlm.files.io import DuplicateKeyError, StrictLoader
 
 __all__ = [
     "OVERRIDES_ENV",

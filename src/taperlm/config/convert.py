@@ -11,12 +11,12 @@ from typing import Any
 
 from taperlm.config.model import ModelConfig, check_taper_spec
 from taperlm.config.train import DataConfig, TrainConfig
-from taperlm.domains import check_field
 from taperlm.errors import ConfigError, TaperError
 from taperlm.families import FAMILIES
 from taperlm.families.gated import check_gate
-from taperlm.io import quoted
-from taperlm.taper import TaperSpec, read_rho_mlp
+from taperlm.files.io import quoted
+from taperlm.spec.domains import check_field
+from taperlm.spec.taper import TaperSpec, read_rho_mlp
 
 
 def to_dict(obj: Any) -> Any:

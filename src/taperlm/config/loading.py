@@ -1,4 +1,4 @@
-"""Config files: strict, bounded YAML (`taperlm.io.parse_yaml`: a key given twice, deep nesting
+"""Config files: strict, bounded YAML (`taperlm.files.io.parse_yaml`: a key given twice, deep nesting
 and alias bombs are errors), load/save/dump of run configs, and
 notes on what a file holds that its resolved config does not use."""
 
@@ -15,18 +15,18 @@ from taperlm.config.model import ModelConfig
 from taperlm.config.run import RunConfig
 from taperlm.errors import ConfigError, TaperError, UnsafeFileError
 from taperlm.families import FAMILIES
-from taperlm.io import (
+from taperlm.files.io import (
     MAX_CONFIG_BYTES,
     atomic_write_text,
     not_a_file,
     parse_yaml,
     read_yaml,
 )
-from taperlm.solver import solve_sizes
+from taperlm.spec.solver import solve_sizes
 
 
 def strict_yaml_load(text: str, name: str | Path | None = None, what: str = "YAML") -> Any:
-    """YAML text as `taperlm.io.parse_yaml` builds it: bounded depth and alias expansion, a key
+    """YAML text as `taperlm.files.io.parse_yaml` builds it: bounded depth and alias expansion, a key
     given twice refused (DuplicateKeyError's message, as a MalformedFileError)."""
     return parse_yaml(text, name, what)
 

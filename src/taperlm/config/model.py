@@ -15,8 +15,18 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from taperlm.budget import memory_floor
-from taperlm.domains import (
+from taperlm.config.budget import memory_floor
+from taperlm.config.kv_taper import (
+    KVHeads,
+    kv_heads_removed,
+    kv_step,
+    mlp_width_credit,
+    solve_kv_heads,
+)
+from taperlm.errors import ConfigError, TaperError
+from taperlm.families import FAMILIES, get_family
+from taperlm.files.io import quoted
+from taperlm.spec.domains import (
     MAX_CONTEXT,
     MAX_HEADS,
     MAX_LAYERS,
@@ -27,12 +37,8 @@ from taperlm.domains import (
     setting,
     up_to,
 )
-from taperlm.errors import ConfigError, TaperError
-from taperlm.families import FAMILIES, get_family
-from taperlm.io import quoted
-from taperlm.kv_taper import KVHeads, kv_heads_removed, kv_step, mlp_width_credit, solve_kv_heads
-from taperlm.solver import solve_sizes
-from taperlm.taper import TEXT_SPEC, TaperSpec, text_spec
+from taperlm.spec.solver import solve_sizes
+from taperlm.spec.taper import TEXT_SPEC, TaperSpec, text_spec
 
 # How init_std applies to each matrix (`ModelConfig.init`).
 InitScheme = Literal["fixed", "fan_in"]
@@ -128,7 +134,7 @@ class ModelConfig:
     """taper spec of the KV heads per layer (same language; multipliers of the layer's default H_l /
     g KV heads, any mean; custom integers are counts). Each layer gets the nearest divisor of its
     query heads, and the MLP widths take up the K/V parameters saved, at the same total
-    (taperlm.kv_taper, docs/tapers.md). Given and written as text, parsed once when set, like
+    (taperlm.config.kv_taper, docs/tapers.md). Given and written as text, parsed once when set, like
     `head_taper`.
     """
     layer_kv_heads: list[int] | None = setting(None, up_to(MAX_HEADS))
@@ -221,12 +227,12 @@ class ModelConfig:
     def build_block(self, layer: int, rotary: Any) -> Any:
         """Layer `layer`'s torch block, built by this model's family (`Family.build_block`): the
         config hands its family's block factory to `TaperedLM`, so the torch model imports no
-        family (`taperlm.model_fields.ModelSpec`)."""
+        family (`taperlm.spec.model_fields.ModelSpec`)."""
         return get_family(self.family).build_block(self, layer, rotary)
 
     def memory_floor(self) -> tuple[int, str]:
         """(bytes, what they are) the built model's fp32 weights and RoPE tables need at least
-        on one device (`taperlm.budget.memory_floor`), checked by `TaperedLM` before it
+        on one device (`taperlm.config.budget.memory_floor`), checked by `TaperedLM` before it
         allocates."""
         return memory_floor(self)
 
@@ -435,7 +441,7 @@ class ModelConfig:
         `mlp_widths` from the taper (taking up the K/V parameters the KV taper saves) and the
         family's per-layer sizes (e.g. Hope level widths, Titans memory widths) when absent,
         validate, and return self, marked `resolved`. Every command resolves its config once,
-        in the assembly (`taperlm.assembly`); a resolved config is returned as is."""
+        in the assembly (`taperlm.config.assembly`); a resolved config is returned as is."""
         if self.resolved:
             return self
         self.validate()

@@ -19,10 +19,10 @@ from taperlm.config.convert import (
 from taperlm.config.loading import strict_yaml_load
 from taperlm.config.model import ModelConfig
 from taperlm.config.train import DataConfig, TrainConfig
-from taperlm.domains import check_field
 from taperlm.errors import ConfigError, MalformedFileError
 from taperlm.families import FAMILIES
-from taperlm.io import YAMLSyntaxError, quoted
+from taperlm.files.io import YAMLSyntaxError, quoted
+from taperlm.spec.domains import check_field
 
 
 def parse_override(text: str, origin: str = "--set") -> tuple[str, Any]:

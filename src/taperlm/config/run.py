@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from taperlm.config.model import ModelConfig
 from taperlm.config.train import DataConfig, TrainConfig
-from taperlm.domains import check_domains
+from taperlm.spec.domains import check_domains
 
 
 @dataclass

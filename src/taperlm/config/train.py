@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from taperlm.domains import (
+from taperlm.spec.domains import (
     MAX_BATCH,
     MAX_CONTEXT,
     MAX_COUNT,
@@ -16,7 +16,7 @@ from taperlm.domains import (
 )
 
 # The closed sets of the train section, each declared once: the field's type, its domain and
-# any command-line option's choices (`taperlm.domains.choices`).
+# any command-line option's choices (`taperlm.spec.domains.choices`).
 LRScheduleName = Literal["cosine", "wsd"]
 Precision = Literal["auto", "fp32", "bf16"]
 CompileScope = Literal["model", "blocks"]
@@ -42,7 +42,7 @@ class DataConfig:
 class TrainConfig:
     """The training loop.
 
-    Every field declares its allowed values beside it (`taperlm.domains.setting`), and a field
+    Every field declares its allowed values beside it (`taperlm.spec.domains.setting`), and a field
     marked `runtime=True` may change when a run is resumed: it affects speed, logging or where
     things run, not which updates are made (up to floating-point reordering).
     """

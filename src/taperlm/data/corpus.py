@@ -27,7 +27,7 @@ from taperlm.data import readers
 from taperlm.data.markup import pod_to_text, rst_to_text
 from taperlm.data.readers import ByteCounter, Cursor, Document
 from taperlm.errors import DataError
-from taperlm.io import file_identity, open_regular
+from taperlm.files.io import file_identity, open_regular
 
 DEFAULT_PACKAGES = ("python3.11-doc", "perl-doc", "linux-doc-6.1")
 INSTALL_COMMAND = "sudo apt-get update && sudo apt-get install -y " + " ".join(DEFAULT_PACKAGES)

@@ -34,8 +34,15 @@ from pathlib import Path
 from typing import Any
 
 from taperlm.errors import ConfigError, DataError, UnsafeFileError
-from taperlm.io import MAX_RECORD_BYTES, fsync_dir, not_a_file, parse_json, path_inside, read_text
-from taperlm.outdirs import check_folder
+from taperlm.files.io import (
+    MAX_RECORD_BYTES,
+    fsync_dir,
+    not_a_file,
+    parse_json,
+    path_inside,
+    read_text,
+)
+from taperlm.files.outdirs import check_folder
 
 META_FILE = "meta.json"
 MARKER_FILE = ".taperlm-prepare"
@@ -98,7 +105,7 @@ def is_prepare_output(directory: Path) -> bool:
 
 def check_out_dir(out: Path, force: bool) -> None:
     """A data dir may be written into `out`: new, empty or a data dir; with `force`, also a
-    folder of the user's where none of the names prepare writes is taken (`taperlm.outdirs`)."""
+    folder of the user's where none of the names prepare writes is taken (`taperlm.files.outdirs`)."""
 
     if out.exists() and not out.is_dir():
         raise DataError(f"--out {out} is a file; choose a folder")

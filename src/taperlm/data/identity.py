@@ -17,9 +17,9 @@ sha256 of its normalised definition: tokenizer.json parsed and written again wit
 and no whitespace (and merges in one spelling), so a re-serialised file keeps it while any change
 of vocabulary, merges, normaliser, pre-tokeniser or special tokens changes it. A data dir
 records it in meta.json (`tokenizer.identity`), a trained run in data.json, an imported one in
-RUN/tokenizer/tokenizer_meta.json (`stamp_tokenizer`). `taperlm.loading.weights_tokenizer`
+RUN/tokenizer/tokenizer_meta.json (`stamp_tokenizer`). `taperlm.checkpoint.loading.weights_tokenizer`
 finds the tokenizer any weights were trained with (recorded, or computed from the file a run
-holds when it predates the record), and `taperlm.loading.check_tokenizer` compares it on every
+holds when it predates the record), and `taperlm.checkpoint.loading.check_tokenizer` compares it on every
 path where weights meet a data dir, with one refusal (`other_tokenizer`).
 """
 
@@ -36,7 +36,7 @@ from typing import Any
 from taperlm.data import datadir
 from taperlm.data.tokenizer import MAX_TOKENIZER_BYTES
 from taperlm.errors import DataError, UnsafeFileError
-from taperlm.io import (
+from taperlm.files.io import (
     MAX_RECORD_BYTES,
     atomic_write_json,
     read_json,
@@ -45,7 +45,7 @@ from taperlm.io import (
     sha256_file,
     strict_json_loads,
 )
-from taperlm.runlock import pid_alive
+from taperlm.files.runlock import pid_alive
 
 RECORD_FILE = "data.json"
 TOKENIZER_COPY = "tokenizer"

@@ -30,9 +30,9 @@ import torch
 from taperlm.config import ModelConfig
 from taperlm.data.datadir import META_FILE, SPLITS, load_meta, resolve, split_shards
 from taperlm.data.shards import TokenStream, open_shard
-from taperlm.domains import MAX_VOCAB, set_advice
 from taperlm.errors import DataError
-from taperlm.io import quoted
+from taperlm.files.io import quoted
+from taperlm.spec.domains import MAX_VOCAB, set_advice
 
 __all__ = ["TokenBatches", "check_vocab", "load_meta", "open_split", "val_batches"]
 

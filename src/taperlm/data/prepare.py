@@ -44,7 +44,6 @@ from typing import Any
 import numpy as np
 
 from taperlm import __version__
-from taperlm.cpus import usable_cpus
 from taperlm.data import val_split
 from taperlm.data.corpus import Source, open_source
 from taperlm.data.datadir import (
@@ -78,7 +77,8 @@ from taperlm.data.tokenizer import (
     train_bpe,
 )
 from taperlm.errors import DataError, UnsafeFileError
-from taperlm.io import MAX_RECORD_BYTES, atomic_write_text, fsync_dir, read_json
+from taperlm.files.io import MAX_RECORD_BYTES, atomic_write_text, fsync_dir, read_json
+from taperlm.runtime.cpus import usable_cpus
 
 __all__ = ["MARKER_FILE", "META_FILE", "META_FORMAT", "doc_hash", "prepare"]
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from taperlm.errors import DataError, MalformedFileError, UnsafeFileError
-from taperlm.io import bounded_line, check_regular, not_a_file, open_regular, parse_json
+from taperlm.files.io import bounded_line, check_regular, not_a_file, open_regular, parse_json
 
 DEFAULT_MAX_DOC_CHARS = 1_000_000
 DATA_EXTRA = "pip install 'taperlm[data]'"

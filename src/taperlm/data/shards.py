@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from taperlm.errors import DataError, UnsafeFileError
-from taperlm.io import not_a_file, open_regular
+from taperlm.files.io import not_a_file, open_regular
 
 MAGIC = b"TAPERTOK"
 VERSION = 1

@@ -25,9 +25,8 @@ from tokenizers import Tokenizer as Backend
 
 from taperlm.data.datadir import TOKENIZER_DIR, resolve
 from taperlm.data.tokenizer_bounds import build_backend, check_entry_count, check_pipeline, guarded
-from taperlm.domains import MAX_VOCAB, choices
 from taperlm.errors import DataError, UnsafeFileError
-from taperlm.io import (
+from taperlm.files.io import (
     MAX_RECORD_BYTES,
     atomic_write_text,
     check_regular,
@@ -36,6 +35,7 @@ from taperlm.io import (
     read_json,
     read_text,
 )
+from taperlm.spec.domains import MAX_VOCAB, choices
 
 EOS_TOKEN = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"

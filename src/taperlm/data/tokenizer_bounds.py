@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 from tokenizers import Tokenizer as Backend
 
 from taperlm.errors import DataError
-from taperlm.io import error_text, parse_json, quoted
+from taperlm.files.io import error_text, parse_json, quoted
 
 # Released tokenizers hold at most about a million entries (Gemma 3: 262k ids and their merges;
 # XLM-V: 900k unigram pieces with scores); 2^23 built costs about 1 GB.

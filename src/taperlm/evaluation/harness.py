@@ -20,7 +20,7 @@ from typing import Any
 
 from taperlm.errors import DataError
 from taperlm.evaluation.registry import load_task, zero_shot_tasks
-from taperlm.outdirs import check_folder, claim, install_files
+from taperlm.files.outdirs import check_folder, claim, install_files
 
 PLACEHOLDER = "__TAPERLM_DATA__"
 UTILS_FILE = "taperlm_utils.py"

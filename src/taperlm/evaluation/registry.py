@@ -17,7 +17,7 @@ from taperlm.errors import DataError
 from taperlm.evaluation import niah
 from taperlm.evaluation.record import Column, Item, Task
 from taperlm.evaluation.tasks import ZERO_SHOT
-from taperlm.io import sha256_file
+from taperlm.files.io import sha256_file
 
 TASKS: dict[str, Task] = {}
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from taperlm.errors import DataError
-from taperlm.progress import progress_bar
+from taperlm.runtime.progress import progress_bar
 
 
 class Tokenizer(Protocol):

@@ -25,13 +25,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from taperlm import generation
 from taperlm.errors import ConfigError, DataError
 from taperlm.evaluation import niah
 from taperlm.evaluation.record import Column, Task
 from taperlm.evaluation.registry import TASKS, TaskData, needs_haystack
 from taperlm.evaluation.scoring import Scorer
-from taperlm.progress import progress_bar
+from taperlm.models import generation
+from taperlm.runtime.progress import progress_bar
 
 
 @dataclass

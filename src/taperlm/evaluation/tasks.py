@@ -19,7 +19,7 @@ from typing import Any
 
 from taperlm.errors import DataError, MalformedFileError, UnsafeFileError
 from taperlm.evaluation.record import Column, HubSource, Item, Task, choice_item
-from taperlm.io import parse_json, read_text
+from taperlm.files.io import parse_json, read_text
 
 # ----------------------------------------------------------------------------------------------
 # lm-eval's text transforms (facts of its task definitions, reimplemented)

@@ -9,7 +9,7 @@ pre-norm residual blocks
 (`taperlm.models.layers.Block`) whose layer-l MLP has the tapered width `mlp_widths[l]`. The
 record says how to check and resolve the family's options, how many parameters and FLOPs each
 component has, how to build a block, which presets it has and what `taperlm plan` shows for it.
-Families read a config through `ModelFields` (`taperlm.model_fields`, which the torch blocks of
+Families read a config through `ModelFields` (`taperlm.spec.model_fields`, which the torch blocks of
 `taperlm.models` read it through too) and never import `taperlm.config` (which imports them), so
 there is no import circle.
 """
@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from taperlm.model_fields import ModelFields
+from taperlm.spec.model_fields import ModelFields
 
 # (cfg, layer) -> parameter count by component, e.g. {"attn_qkv": ..., "norms": ...}
 ComponentParams = Callable[[ModelFields, int], dict[str, int]]
@@ -48,7 +48,7 @@ def attention_params(cfg: ModelFields, layer: int) -> dict[str, int]:
     """Q, K, V and output projections of layer l's attention: H_l query heads and H_l / g KV
     heads of the model's head dim (`cfg.attention_heads(layer)`); linear in H_l, so a head
     taper with the same total heads keeps the budget (a KV taper changes only the K/V rows,
-    2 d d_h per KV head, which the MLP widths take up: taperlm.kv_taper)."""
+    2 d d_h per KV head, which the MLP widths take up: taperlm.config.kv_taper)."""
     d, hd = cfg.d_model, cfg.head_dim
     heads, kv_heads = cfg.attention_heads(layer)
     out = {
@@ -115,7 +115,7 @@ class Family:
     mixer_params: ComponentParams
     """exact parameter counts by component of layer l's mixer, equal to `numel` of the built
     modules. Components named `norms*`, `conv*`, `bias*` or `vector*` are not matmul weights
-    (`taperlm.budget`).
+    (`taperlm.config.budget`).
     """
     mlp_params: ComponentParams = swiglu_mlp_params
     """the same for layer l's MLP."""

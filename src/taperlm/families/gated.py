@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from taperlm.domains import choices, setting
 from taperlm.errors import ConfigError
 from taperlm.families.base import Family, ModelFields, attention_params
 from taperlm.families.transformer import attention_block
+from taperlm.spec.domains import choices, setting
 
 GateKind = Literal["elementwise", "headwise"]
 GATE_KINDS = choices(GateKind)

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from taperlm.domains import MAX_COUNT, MAX_DEPTH, MAX_WIDTH, setting, up_to
 from taperlm.errors import ConfigError
 from taperlm.families.base import Family, ModelFields, swiglu_params
 from taperlm.families.transformer import attention_mixer_params
+from taperlm.spec.domains import MAX_COUNT, MAX_DEPTH, MAX_WIDTH, setting, up_to
 
 
 @dataclass

@@ -12,7 +12,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from taperlm.domains import (
+from taperlm.errors import ConfigError, TaperError
+from taperlm.families.base import (
+    Family,
+    ModelFields,
+    attention_params,
+    attention_span_flops,
+)
+from taperlm.files.io import quoted
+from taperlm.spec.domains import (
     MAX_CONTEXT,
     MAX_DEPTH,
     MAX_HEADS,
@@ -21,16 +29,8 @@ from taperlm.domains import (
     setting,
     up_to,
 )
-from taperlm.errors import ConfigError, TaperError
-from taperlm.families.base import (
-    Family,
-    ModelFields,
-    attention_params,
-    attention_span_flops,
-)
-from taperlm.io import quoted
-from taperlm.solver import solve_sizes
-from taperlm.taper import TEXT_SPEC, TaperSpec, text_spec
+from taperlm.spec.solver import solve_sizes
+from taperlm.spec.taper import TEXT_SPEC, TaperSpec, text_spec
 
 # How the memory combines with attention: as context, as gate, as layer.
 Variant = Literal["mac", "mag", "mal"]

@@ -23,11 +23,11 @@ from tokenizers import Tokenizer
 
 from taperlm.config import to_dict
 from taperlm.errors import DataError
+from taperlm.files.io import MAX_RECORD_BYTES, read_json
+from taperlm.files.outdirs import install_files
 from taperlm.hf.decilm import decilm_config
 from taperlm.hf.llama import from_taperlm, llama_config
 from taperlm.hf.model_card import model_card
-from taperlm.io import MAX_RECORD_BYTES, read_json
-from taperlm.outdirs import install_files
 
 CONFIG_FILE = "configuration_taperlm.py"
 MODELING_FILE = "modeling_taperlm.py"

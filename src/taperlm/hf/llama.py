@@ -1,6 +1,6 @@
 """A Llama-architecture Hugging Face checkpoint folder read as a Transformer++ `TaperedLM`:
 its config.json mapped to a `ModelConfig` and its safetensors weights renamed and fused into
-ours, for `taperlm import` (`taperlm.importing`).
+ours, for `taperlm import` (`taperlm.interop.importing`).
 
 What carries over exactly: `LlamaForCausalLM`, and the same computation under the names
 `Qwen2ForCausalLM`, `Qwen3ForCausalLM` and `MistralForCausalLM` — RMSNorm (its eps), RoPE in
@@ -34,13 +34,13 @@ import torch
 
 from taperlm.config import ModelConfig
 from taperlm.config.model import RopeScaling
-from taperlm.domains import MAX_CONTEXT, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH
 from taperlm.errors import CheckpointError, ConfigError, UnsafeFileError
+from taperlm.files.io import quoted, read_text, strict_json_loads
 from taperlm.hf.decilm import ffn_mult_width, llama_shared_config
 from taperlm.hf.safetensors_file import read_header, read_tensors
-from taperlm.io import quoted, read_text, strict_json_loads
 from taperlm.models.layers import Rotary
-from taperlm.taper import TaperSpec
+from taperlm.spec.domains import MAX_CONTEXT, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH
+from taperlm.spec.taper import TaperSpec
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -105,7 +105,7 @@ _READ = frozenset(
     }
 )
 # The largest value of each size read from config.json: the ends of the config domains
-# (`taperlm.domains`), checked on the raw JSON value before any per-layer list, table or tensor
+# (`taperlm.spec.domains`), checked on the raw JSON value before any per-layer list, table or tensor
 # is built from it (a 1 KB config.json with 300 million layers is refused at once).
 _SIZE_LIMITS = {
     "hidden_size": MAX_WIDTH,

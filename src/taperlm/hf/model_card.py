@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from taperlm.budget import format_plan, plan
-from taperlm.taper import describe
+from taperlm.config.budget import format_plan, plan
+from taperlm.spec.taper import describe
 
 # The run settings a reader needs to judge or reproduce a training run, in this order.
 TRAIN_SETTINGS = (

@@ -1,7 +1,7 @@
 """Read a safetensors file that a stranger wrote, bounded: the header's length and JSON are
 checked before anything else is read, every tensor's byte range must lie inside the file and
 match its dtype and shape, and each tensor is read with one bounded read through
-`taperlm.io.open_regular` (a FIFO or device is refused without blocking). No code runs: the
+`taperlm.files.io.open_regular` (a FIFO or device is refused without blocking). No code runs: the
 format is a JSON header and raw little-endian numbers.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from taperlm.errors import CheckpointError
-from taperlm.io import open_regular, quoted, strict_json_loads
+from taperlm.files.io import open_regular, quoted, strict_json_loads
 
 # A header lists names, dtypes, shapes and offsets: a few hundred bytes per tensor. 100 MiB is far
 # beyond any real model's (Llama 3 405B: ~1 MiB) and keeps a crafted length from being allocated.

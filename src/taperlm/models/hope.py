@@ -23,8 +23,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from taperlm.model_fields import ModelFields
 from taperlm.models.layers import Attention, Block, RMSNorm, Rotary, SwiGLU
+from taperlm.spec.model_fields import ModelFields
 
 
 class ContinuumMemory(nn.Module):

@@ -21,9 +21,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from taperlm.errors import ConfigError
-from taperlm.model_fields import ModelFields
 from taperlm.models import cpu_kernels
 from taperlm.models.loss import chunked_cross_entropy
+from taperlm.spec.model_fields import ModelFields
 
 
 class RMSNorm(nn.Module):

@@ -16,10 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from taperlm.device import check_memory
 from taperlm.errors import ConfigError
-from taperlm.model_fields import ModelSpec
 from taperlm.models.layers import RMSNorm, Rotary, cross_entropy, init_weights
+from taperlm.runtime.device import check_memory
+from taperlm.spec.model_fields import ModelSpec
 
 
 def _check_fits(cfg: ModelSpec) -> None:

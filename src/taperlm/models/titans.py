@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from taperlm.model_fields import ModelFields
 from taperlm.models.layers import Block, RMSNorm, Rotary, SwiGLU
 from taperlm.models.memory import MemoryState, MemoryStream, NeuralMemory
+from taperlm.spec.model_fields import ModelFields
 
 
 def window_mask(window: int, n_persistent: int, first: bool, device=None) -> torch.Tensor:

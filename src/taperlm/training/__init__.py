@@ -5,7 +5,7 @@ run's checkpoints saved and restored (`checkpointer`; their format on disk is
 (`settings`), distributed wrapping (`distributed`), metrics and loggers (`metrics`, `loggers`),
 Ctrl-C (`interrupt`), start weights and the distillation teacher (`distill`), WSD cooldown
 branches (`cooldowns`) and `plan --gpus` (`planner`); loading a trained model for inference is
-`taperlm.loading`'s. Import the submodules directly; nothing heavy is imported here (the
+`taperlm.checkpoint.loading`'s. Import the submodules directly; nothing heavy is imported here (the
 warning category, `TrainingWarning`, lives in `taperlm.errors`)."""
 
 from __future__ import annotations

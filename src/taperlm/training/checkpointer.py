@@ -34,7 +34,7 @@ from taperlm.checkpoint.dcp import (
     write_shards,
 )
 from taperlm.errors import CheckpointError
-from taperlm.io import error_text
+from taperlm.files.io import error_text
 from taperlm.training import distributed as D
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from taperlm.checkpoint import store as ckpt
 from taperlm.config import RunConfig, format_differences
 from taperlm.errors import ConfigError, MalformedFileError
-from taperlm.io import read_json
+from taperlm.files.io import read_json
 from taperlm.training.loop import StepHook, TrainResult, train
 from taperlm.training.run_dir import (
     BRANCH_FILE,

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from taperlm.checkpoint import store
+from taperlm.checkpoint.loading import load_run_model
 from taperlm.config import (
     ModelConfig,
     RunConfig,
@@ -26,8 +27,7 @@ from taperlm.config import (
     to_dict,
 )
 from taperlm.errors import CheckpointError, ConfigError
-from taperlm.io import sha256_file
-from taperlm.loading import load_run_model
+from taperlm.files.io import sha256_file
 from taperlm.models.loss import distillation_kl
 from taperlm.training import distributed as D
 

@@ -20,8 +20,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import distribute_tensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from taperlm.device import resolve_device
 from taperlm.errors import ConfigError
+from taperlm.runtime.device import resolve_device
 
 
 @dataclass

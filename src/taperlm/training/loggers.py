@@ -38,7 +38,7 @@ import yaml
 
 from taperlm.config import to_dict
 from taperlm.errors import TrainingWarning, UnsafeFileError
-from taperlm.io import MAX_RECORD_BYTES, atomic_write_json, read_json
+from taperlm.files.io import MAX_RECORD_BYTES, atomic_write_json, read_json
 
 # The package each logger needs and the extra that installs it.
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}

@@ -34,15 +34,15 @@ from typing import Any
 
 import torch
 
-from taperlm.budget import total_params
 from taperlm.checkpoint import store as ckpt
 from taperlm.checkpoint.dcp import training_state
 from taperlm.config import RunConfig, to_dict
+from taperlm.config.budget import total_params
 from taperlm.data.loader import TokenBatches
-from taperlm.device import is_out_of_memory, memory_error, out_of_memory
 from taperlm.errors import CheckpointError, DataError, TrainingError
-from taperlm.io import error_text
-from taperlm.progress import progress_bar
+from taperlm.files.io import error_text
+from taperlm.runtime.device import is_out_of_memory, memory_error, out_of_memory
+from taperlm.runtime.progress import progress_bar
 from taperlm.training import distributed as D
 from taperlm.training import run_dir as R
 from taperlm.training import warn

@@ -2,7 +2,7 @@
 utilisation (MFU), the validation loss, and the loss curve drawn as RUN/loss.png.
 
 MFU = tokens_per_s x flops_per_token / (world_size x peak FLOP/s per device), with
-flops_per_token from `taperlm.budget.flops_per_token` (6N + attention, forward + backward) and the
+flops_per_token from `taperlm.config.budget.flops_per_token` (6N + attention, forward + backward) and the
 peak from `PEAK_FLOPS` below: dense bf16 tensor-core throughput per device from the vendors' data
 sheets (no sparsity). On CPU there is no meaningful peak, so MFU is null unless
 `train.peak_flops` gives one.
@@ -25,10 +25,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from taperlm.budget import flops_per_token
 from taperlm.config import RunConfig
+from taperlm.config.budget import flops_per_token
 from taperlm.errors import MalformedFileError, TrainingError
-from taperlm.io import atomic_output, atomic_write_text, open_append, open_regular, parse_json
+from taperlm.files.io import atomic_output, atomic_write_text, open_append, open_regular, parse_json
 
 if TYPE_CHECKING:
     import torch

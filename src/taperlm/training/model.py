@@ -34,9 +34,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import distribute_tensor
 
-from taperlm.budget import memory_floor
 from taperlm.config import ModelConfig, RunConfig
-from taperlm.device import check_memory
+from taperlm.config.budget import memory_floor
 from taperlm.models import TaperedLM
 from taperlm.models.layers import (
     Rotary,
@@ -45,6 +44,7 @@ from taperlm.models.layers import (
     paired_init,
     set_activation_checkpointing,
 )
+from taperlm.runtime.device import check_memory
 from taperlm.training import distributed as D
 from taperlm.training import warn
 from taperlm.training.optim import parameter_periods

@@ -14,7 +14,7 @@ first dimension is split in `gpus` chunks of ceil(rows / gpus) rows):
 | logits | bf16 logits and their gradient [B, T, V] (the chunked loss adds one 64 MiB fp32 chunk), the final norm's fp32 input and the head's input | same |
 | runtime reserve | CUDA context, NCCL buffers, allocator fragmentation: 2 GiB + 5 % (assumed, not derived) | same |
 
-Time: `tokens x flops_per_token / (gpus x peak x mfu)` with `taperlm.budget.flops_per_token`
+Time: `tokens x flops_per_token / (gpus x peak x mfu)` with `taperlm.config.budget.flops_per_token`
 (6N + attention, model FLOPs); activation checkpointing recomputes the forward pass, so its time
 is x4/3 at the same hardware utilisation. Disk: token shards (2 bytes per token for vocabularies
 up to 65536, else 4), and a checkpoint = fp32 weights + AdamW moments (12 bytes per parameter).
@@ -30,8 +30,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from taperlm.budget import flops_per_token
 from taperlm.config import ModelConfig
+from taperlm.config.budget import flops_per_token
 from taperlm.errors import ConfigError
 
 GiB = 1 << 30

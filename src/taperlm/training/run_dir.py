@@ -40,6 +40,7 @@ import torch
 
 from taperlm.checkpoint import store as ckpt
 from taperlm.checkpoint.dcp import training_state
+from taperlm.checkpoint.loading import check_tokenizer
 from taperlm.config import (
     RUNTIME_KEYS,
     RunConfig,
@@ -58,13 +59,12 @@ from taperlm.data.identity import (
     stamp_tokenizer,
 )
 from taperlm.data.loader import check_data_fits, check_vocab
-from taperlm.domains import check_output, choices
 from taperlm.errors import CheckpointError, ConfigError, DataError, RunInUseError
-from taperlm.io import atomic_write_json, os_error_cause
-from taperlm.loading import check_tokenizer
+from taperlm.files.io import atomic_write_json, os_error_cause
+from taperlm.files.outdirs import KINDS, check_folder, claim
+from taperlm.files.runlock import LOCK_FILE, RunLock
 from taperlm.models import TaperedLM
-from taperlm.outdirs import KINDS, check_folder, claim
-from taperlm.runlock import LOCK_FILE, RunLock
+from taperlm.spec.domains import check_output, choices
 from taperlm.training import ResumeMode
 from taperlm.training import distributed as D
 from taperlm.training.checkpointer import (

@@ -26,7 +26,7 @@ def accumulation_steps(cfg: TrainConfig, world_size: int) -> int:
 
 
 def validate_train_config(run: RunConfig, world_size: int = 1) -> None:
-    """Every declared domain (`taperlm.domains`), then the checks between train fields."""
+    """Every declared domain (`taperlm.spec.domains`), then the checks between train fields."""
     run.validate()
     t = run.train
     if t.seq_len > run.model.context_length:

@@ -1,6 +1,6 @@
 """A GGUF file of a Llama-architecture model read as a Transformer++ model: its metadata mapped
 to a `ModelConfig` and its tensors dequantized, renamed and fused into a `TaperedLM` state dict,
-for `taperlm import FILE.gguf` (`taperlm.importing`). The inverse of `taperlm.gguf_export`.
+for `taperlm import FILE.gguf` (`taperlm.interop.importing`). The inverse of `taperlm.interop.gguf_export`.
 
 What carries over exactly: llama.cpp's `llama` architecture, and `deci` (its per-layer MLP
 widths, as `taperlm export --format gguf` writes a tapered or pruned model; width 0 a layer
@@ -30,11 +30,11 @@ import torch
 from taperlm.config import ModelConfig
 from taperlm.config.model import RopeScaling
 from taperlm.errors import CheckpointError, ConfigError
-from taperlm.gguf_file import GGUFHeader, read_header, read_tensors
-from taperlm.taper import TaperSpec
+from taperlm.interop.gguf_file import GGUFHeader, read_header, read_tensors
+from taperlm.spec.taper import TaperSpec
 
 # llama.cpp's `llama` and `deci` (the same Llama block with per-layer MLP widths, as
-# `taperlm.gguf_export` writes a tapered or pruned model; width 0: a layer without an FFN)
+# `taperlm.interop.gguf_export` writes a tapered or pruned model; width 0: a layer without an FFN)
 ARCHITECTURES = ("llama", "deci")
 # The keys of the architecture's namespace that this reader maps (below) or that change nothing
 # taperlm computes (`rope.scaling.finetuned`: a note; `expert_*` checked to be absent or 0).
@@ -60,7 +60,7 @@ _KNOWN = frozenset(
     }
 )
 # Namespaces that describe the file, its tokenizer or its quantization run, not the model
-# (`taperlm.`: which program wrote it, `taperlm.outfiles.GGUF_KEY`).
+# (`taperlm.`: which program wrote it, `taperlm.files.outfiles.GGUF_KEY`).
 _OTHER_NAMESPACES = ("general.", "tokenizer.", "quantize.", "taperlm.")
 
 
@@ -250,7 +250,7 @@ def _expected(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
     """Rows of Q or K (or their bias) from llama.cpp's adjacent pairs back to rotate-half (the
-    inverse of `taperlm.gguf_export._permute_rope`)."""
+    inverse of `taperlm.interop.gguf_export._permute_rope`)."""
     rows = w.shape[0]
     half = rows // heads // 2
     return w.reshape(heads, half, 2, -1).transpose(1, 2).reshape(w.shape)

@@ -2,7 +2,7 @@
 
 The folder is a stranger's: config.json is parsed strictly (`taperlm.hf.llama`), safetensors
 headers are bounded and checked before a byte of data is read (`taperlm.hf.safetensors_file`),
-tokenizer files are read through `taperlm.io.read_text`, a shard name from the index is a plain
+tokenizer files are read through `taperlm.files.io.read_text`, a shard name from the index is a plain
 file name of the folder, no code is ever run (no `auto_map`, no pickle). The run
 (`taperlm.training.run_dir.write_start_run`) is a Transformer++ model whose resolved per-layer
 widths are the checkpoint's, whose step-0 checkpoint holds its weights, and whose tokenizer is
@@ -10,10 +10,10 @@ the folder's tokenizer.json (when it has one): its logits equal transformers' on
 and `train --out RUN --data DATA` continues training it.
 
 A GGUF file (`taperlm import model.gguf`) of llama.cpp's llama architecture is read the same
-way (`taperlm.gguf_import`: a bounded header, dequantized tensors); its tokenizer is rebuilt from
-llama.cpp's vocabulary where `read_gguf_tokenizer` (below) can do that exactly (byte-level BPE with a
-known pre-tokenizer), and its `import.json` records the source, which ggml types
-(quantizations) its tensors had, and whether (or why not) the run has its tokenizer.
+way (`taperlm.interop.gguf_import`: a bounded header, dequantized tensors); its tokenizer is
+rebuilt from llama.cpp's vocabulary where `read_gguf_tokenizer` (below) can do that exactly
+(byte-level BPE with a known pre-tokenizer), and its `import.json` records the source, which
+ggml types (quantizations) its tensors had, and whether (or why not) the run has its tokenizer.
 """
 
 from __future__ import annotations
@@ -22,13 +22,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from taperlm.config import RunConfig, apply_overrides, run_config_from_dict, to_dict
+from taperlm.config import OVERRIDES_ENV, RunConfig, env_overrides, to_dict
+from taperlm.config.assembly import Assembly, Layer, Recipe
 from taperlm.config.train import TrainConfig
 from taperlm.data.tokenizer import Tokenizer
 from taperlm.data.tokenizer_bounds import build_backend
 from taperlm.errors import ConfigError, DataError
+from taperlm.files.io import read_text, strict_json_loads
 from taperlm.hf import llama
-from taperlm.io import read_text, strict_json_loads
 from taperlm.training.run_dir import write_start_run
 
 MAX_TOKENIZER_BYTES = 256 << 20  # tokenizer.json of a 256k vocabulary is ~20 MiB
@@ -62,7 +63,7 @@ def import_gguf(
     """Import the GGUF file `path` as run directory `out`, with the file's tokenizer where it
     can be rebuilt exactly (`read_gguf_tokenizer`); the run's `import.json` names the file,
     the ggml types of its tensors (dequantized to fp32) and why the run has no tokenizer, if so."""
-    from taperlm import gguf_import  # lazy: only GGUF imports need the gguf package
+    from taperlm.interop import gguf_import  # lazy: only GGUF imports need the gguf package
 
     header, model = gguf_import.read(path)
     run = _run_config(model, overrides)
@@ -82,24 +83,28 @@ def import_gguf(
 
 
 def _run_config(model: Any, overrides: list[str]) -> RunConfig:
-    """The run's config: the checkpoint's model, training settings from `overrides` (the
-    defaults otherwise, with seq_len no longer than the model's context)."""
-    fixed = [o for o in overrides if o.split("=", 1)[0].strip().startswith("model.")]
-    if fixed:
-        raise ConfigError(
-            f"--set {fixed[0]}: the model of an imported run is the checkpoint's; set train.* "
-            "and data.* only"
-        )
-    data = to_dict(RunConfig(model=model))
-    data["train"]["seq_len"] = min(TrainConfig().seq_len, model.context_length)
-    apply_overrides(data, overrides)
-    run = run_config_from_dict(data, "import").resolve()
-    if to_dict(run.model) != to_dict(model):  # a bare key that --set looked up in model
-        raise ConfigError(
-            "--set changed the model of the imported run; the model is the checkpoint's: set "
-            "train.* and data.* keys (with their section) only"
-        )
-    return run
+    """The run's config, by the one assembly (`taperlm.config.assembly`): the checkpoint's model (the
+    base layer, as a preset's), the import's recipe (seq_len no longer than the model's context)
+    < `overrides` (--set) < $TAPERLM_SET; neither may change the model."""
+    env = env_overrides()
+    for origin, texts in (("--set", overrides), (OVERRIDES_ENV, env)):
+        fixed = [o for o in texts if o.split("=", 1)[0].strip().startswith("model.")]
+        if fixed:
+            raise ConfigError(
+                f"{origin} {fixed[0]}: the model of an imported run is the checkpoint's; set "
+                "train.* and data.* only"
+            )
+    asm = Assembly.of(to_dict(RunConfig(model=model)), "import", Layer.PRESET)
+    recipe = Recipe("import", {"train.seq_len": min(TrainConfig().seq_len, model.context_length)})
+    asm.assemble((), overrides, recipe)
+    for key, layer in asm.origins.items():  # a bare key (`d_model=8`) looked up in model
+        if key.startswith("model.") and layer >= Layer.SET:
+            origin = "--set" if layer == Layer.SET else OVERRIDES_ENV
+            raise ConfigError(
+                f"{origin} changed the model of the imported run ({key}); the model is the "
+                "checkpoint's: set train.* and data.* keys (with their section) only"
+            )
+    return asm.resolve()
 
 
 def _json_file(path: Path) -> dict[str, Any]:

@@ -35,9 +35,8 @@ from taperlm.data.identity import (
     tokenizer_identity,
 )
 from taperlm.data.tokenizer import load_tokenizer
-from taperlm.device import out_of_memory
 from taperlm.errors import CheckpointError, ConfigError, DataError, UnsafeFileError
-from taperlm.io import (
+from taperlm.files.io import (
     MAX_RECORD_BYTES,
     check_regular,
     error_text,
@@ -45,6 +44,7 @@ from taperlm.io import (
     read_json,
     sha256_file,
 )
+from taperlm.runtime.device import out_of_memory
 
 
 def resolve_data_dir(run_dir: Path, run_config: Any) -> Path | None:

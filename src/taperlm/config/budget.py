@@ -28,7 +28,7 @@ tokens' keys and values a second time (counted in its mixer FLOPs), so its FLOPs
 that repeated projection; `plan` then reports the difference instead of asserting equality.
 The KV cache (`kv_cache_entries`) is what a KV taper changes on purpose.
 
-The formulas read a `taperlm.config.ModelConfig` through `taperlm.model_fields.ModelSpec`, so the
+The formulas read a `taperlm.config.ModelConfig` through `taperlm.spec.model_fields.ModelSpec`, so the
 config (which offers the model's weight floor, `ModelConfig.memory_floor`) may import this module.
 """
 
@@ -36,11 +36,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from taperlm.config.kv_taper import CACHE_DTYPE_BYTES
 from taperlm.errors import TaperError, TaperlmError
 from taperlm.families import family
-from taperlm.kv_taper import CACHE_DTYPE_BYTES
-from taperlm.model_fields import ModelSpec
-from taperlm.taper import describe
+from taperlm.spec.model_fields import ModelSpec
+from taperlm.spec.taper import describe
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Which files a command may replace: a new path, or a file taperlm wrote -- never a file of the
-user's, `--force` included (the file counterpart of `taperlm.outdirs`).
+user's, `--force` included (the file counterpart of `taperlm.files.outdirs`).
 
 Every named output file carries a mark inside its own format, added by its writer:
 
@@ -10,7 +10,7 @@ Every named output file carries a mark inside its own format, added by its write
 - plain text (`generate --out`) has no place for a mark, so it is written only to a new path.
 
 `check_output_file` runs for every output file before the command starts
-(`taperlm.domains.check_arguments`); a symbolic link at the path is never written through nor
+(`taperlm.spec.domains.check_arguments`); a symbolic link at the path is never written through nor
 replaced.
 """
 
@@ -21,7 +21,7 @@ import struct
 from pathlib import Path
 
 from taperlm.errors import ConfigError, UnsafeFileError
-from taperlm.io import MAX_RECORD_BYTES, open_regular, read_json
+from taperlm.files.io import MAX_RECORD_BYTES, open_regular, read_json
 
 WRITTEN_BY = "written by taperlm"
 JSON_KEY = "written_by"

@@ -1,6 +1,6 @@
 """The exact integer size solver of a taper (pure Python; no torch).
 
-The solver turns a taper's multipliers r_l (`taperlm.taper`) into integers that are multiples
+The solver turns a taper's multipliers r_l (`taperlm.spec.taper`) into integers that are multiples
 of `multiple_of` and whose sum is exactly L * B, so a tapered model holds exactly the parameters
 and FLOPs of its baseline (the paper's principle and schedules):
 
@@ -28,7 +28,7 @@ import itertools
 import math
 
 from taperlm.errors import TaperError
-from taperlm.taper import TaperSpec, multipliers
+from taperlm.spec.taper import TaperSpec, multipliers
 
 # How far the multipliers' mean may stray from 1 before the solver tries to repair it (uneven group
 # sizes in shallow models give e.g. 1.125); beyond this the schedule itself breaks the budget.

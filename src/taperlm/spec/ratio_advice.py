@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from taperlm.errors import MalformedFileError
-from taperlm.io import read_json
+from taperlm.files.io import read_json
 
 MEASUREMENTS = Path(__file__).with_name("ratio_measurements.json")
 MAX_MEASUREMENTS_BYTES = 1 << 20  # a few dozen points are ~20 KB
@@ -181,7 +181,7 @@ def advice(
             {"point": p["point"], "mode": p["mode"], "tokens_per_param": p["tokens_per_param"]}
             for p in gone
         ],
-        "source": doc.get("source", "taperlm/ratio_measurements.json"),
+        "source": doc.get("source", "taperlm/spec/ratio_measurements.json"),
     }
     out["verdict"] = _verdict(out, points, near, gone)
     out["how_sure"] = _how_sure(out)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from taperlm.errors import ConfigError, RunInUseError, UnsafeFileError
-from taperlm.io import not_a_file, os_error_cause, parse_json, read_text
+from taperlm.files.io import not_a_file, os_error_cause, parse_json, read_text
 
 LOCK_FILE = ".lock"
 LOCK_BYTES = 64 << 10  # what a holder records (pid, host, command) is a few hundred bytes

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from taperlm.errors import TaperError
 from taperlm.families.base import swiglu_params
-from taperlm.model_fields import ModelFields
-from taperlm.taper import TaperSpec, multipliers
+from taperlm.spec.model_fields import ModelFields
+from taperlm.spec.taper import TaperSpec, multipliers
 
 # Bytes per cached key/value entry by dtype (what `taperlm plan` reports).
 CACHE_DTYPE_BYTES = {"bf16": 2, "fp32": 4}

@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from taperlm.errors import ConfigError
-from taperlm.io import not_a_file, quoted
-from taperlm.outdirs import OUTPUT_FOLDERS, check_folder
-from taperlm.outfiles import FORCE_TO_REPLACE, OUTPUT_FILES, check_output_file
+from taperlm.files.io import not_a_file, quoted
+from taperlm.files.outdirs import OUTPUT_FOLDERS, check_folder
+from taperlm.files.outfiles import FORCE_TO_REPLACE, OUTPUT_FILES, check_output_file
 
 DOMAIN_KEY = "domain"  # the dataclasses.field metadata key
 MAX_SEED = 2**32 - 1  # seeds of every RNG taperlm seeds (numpy's legacy seed is 32-bit)
@@ -376,7 +376,7 @@ _BLOCKING_KINDS = ("a FIFO (named pipe)", "a socket", "a device")
 def _check_input_kind(name: str, path: Path) -> None:
     """ConfigError when an input path is a FIFO, socket or device: every input of every command
     is a file or a folder, and reading a pipe or device could block or never end (the readers
-    refuse them too, through `taperlm.io.open_regular`; this names the option first)."""
+    refuse them too, through `taperlm.files.io.open_regular`; this names the option first)."""
     kind = not_a_file(path)
     if kind in _BLOCKING_KINDS:
         raise ConfigError(

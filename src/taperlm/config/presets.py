@@ -36,7 +36,7 @@ from taperlm.config import ModelConfig, load_yaml, to_dict
 from taperlm.errors import ConfigError
 from taperlm.families import FAMILIES, Family
 from taperlm.families.base import PresetOptions
-from taperlm.taper import TaperSpec
+from taperlm.spec.taper import TaperSpec
 
 PAPER_SHAPES: dict[str, dict] = {
     "440m": dict(n_layers=24, d_model=1152, n_heads=16, mlp_width=3072),

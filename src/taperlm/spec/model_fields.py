@@ -2,7 +2,7 @@
 (`taperlm.config.ModelConfig`, documented field by field there): `ModelFields` (a family's and a
 block's view) and `ModelSpec` (the whole model's: also its family's block factory).
 
-It sits below `taperlm.families`, `taperlm.budget`, `taperlm.config` and `taperlm.models`, so that
+It sits below `taperlm.families`, `taperlm.config.budget`, `taperlm.config` and `taperlm.models`, so that
 the torch models never import a family, the budget or the config (which import the families):
 the config hands its family's block factory to `TaperedLM` (`ModelSpec.build_block`), and the
 families import the torch blocks only inside their block factories. The import graph has no
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from taperlm.taper import TaperSpec
+from taperlm.spec.taper import TaperSpec
 
 
 class ModelFields(Protocol):

@@ -4,7 +4,7 @@ it did not write.
 
 Every folder a command fills carries its kind's marker file (`claim`), written before anything
 else; folders written before the markers existed are recognised by their layout (`legacy`).
-`check_folder` runs for every folder output before the command starts (`taperlm.domains`) and
+`check_folder` runs for every folder output before the command starts (`taperlm.spec.domains`) and
 again where a library caller reaches the writer directly (the trainer).
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from taperlm.errors import ConfigError, UnsafeFileError
-from taperlm.io import (
+from taperlm.files.io import (
     MAX_RECORD_BYTES,
     atomic_write_json,
     path_inside,
@@ -24,7 +24,7 @@ from taperlm.io import (
     refuse_links_leading_out,
     sha256_file,
 )
-from taperlm.runlock import LOCK_FILE
+from taperlm.files.runlock import LOCK_FILE
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Read a GGUF file that a stranger wrote, bounded (the reading half of `taperlm.gguf_export`).
+"""Read a GGUF file that a stranger wrote, bounded (the reading half of `taperlm.interop.gguf_export`).
 
 The `gguf` package's reader memory-maps the whole file and trusts its header: a crafted count
 or length makes it allocate or walk without bound. So the header is parsed here, every number
@@ -7,7 +7,7 @@ array's declared length against the bytes left in the file (and a cap), value ty
 format's closed set (arrays of arrays refused), tensor ranks, dimensions, element counts and
 ggml types, the alignment, and every tensor's byte range inside the file, aligned, with no two
 ranges overlapping. Tensors are then read with one bounded read each through
-`taperlm.io.open_regular` (a FIFO or device is refused without blocking) and dequantized to
+`taperlm.files.io.open_regular` (a FIFO or device is refused without blocking) and dequantized to
 float32 with `gguf.quants.dequantize` (numpy only: no code runs from the file).
 """
 
@@ -24,7 +24,7 @@ from typing import IO, Any
 import numpy as np
 
 from taperlm.errors import CheckpointError, ConfigError
-from taperlm.io import open_regular
+from taperlm.files.io import open_regular
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)  # 1 used 32-bit counts and is long gone

@@ -2,7 +2,7 @@
 
 A taper assigns layer l of L a multiplier r_l of a baseline size B (the MLP width of the uniform
 model, or any other per-layer integer quantity: heads, memory widths, CMS level widths);
-`taperlm.solver` turns the multipliers into integer sizes at exactly L * B.
+`taperlm.spec.solver` turns the multipliers into integer sizes at exactly L * B.
 
 Specification strings (CLI `--taper`): `uniform`, `cosine[:START:END]`, `linear[:START:END]`,
 `sigmoid[:START:END[:K]]`, `bell[:STRENGTH]`, `hourglass[:STRENGTH]`, `groups:R1,R2,...`, `custom:V1,V2,...` (multipliers if any value has a
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from taperlm.domains import MAX_WIDTH, Domain, setting, up_to
 from taperlm.errors import TaperError, UnsafeFileError
-from taperlm.io import MAX_RECORD_BYTES, quoted, read_json
+from taperlm.files.io import MAX_RECORD_BYTES, quoted, read_json
+from taperlm.spec.domains import MAX_WIDTH, Domain, setting, up_to
 
 DEFAULT_START = 1.5
 DEFAULT_END = 0.5

@@ -39,10 +39,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from taperlm.domains import choices
 from taperlm.errors import ConfigError, DataError
-from taperlm.io import atomic_output, parse_json
-from taperlm.outfiles import GGUF_KEY, WRITTEN_BY
+from taperlm.files.io import atomic_output, parse_json
+from taperlm.files.outfiles import GGUF_KEY, WRITTEN_BY
+from taperlm.spec.domains import choices
 
 GGUFDtype = Literal["f16", "f32"]  # the weight matrices' precision (norms stay f32)
 DTYPES = choices(GGUFDtype)

@@ -40,7 +40,7 @@ def atomic_output(path: str | Path, fsync: bool = False) -> Iterator[Path]:
     """Yield a temporary path to write `path` through (e.g. for `savefig`, `torch.save`); it is
     renamed into place when the block ends without an error and removed when it raises. Missing
     folders above `path` are created: an output option may name a new folder (`--out res/x.json`),
-    which the commands' argument checks accept (`taperlm.domains.check_output`)."""
+    which the commands' argument checks accept (`taperlm.spec.domains.check_output`)."""
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(final)
@@ -387,6 +387,13 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _json_too_deep(where: str) -> MalformedFileError:
+    return MalformedFileError(
+        f"{where} nests deeper than {MAX_DEPTH} levels: no file taperlm reads is nested like "
+        "that, so it was not written by taperlm, or it is damaged"
+    )
+
+
 def parse_json(
     text: str, name: str | Path | None = None, what: str = "JSON", strict: bool = False
 ) -> Any:
@@ -397,10 +404,7 @@ def parse_json(
     nested too deeply, a key given twice."""
     where = _where(name, what)
     if json_depth(text) > MAX_DEPTH:
-        raise MalformedFileError(
-            f"{where} nests deeper than {MAX_DEPTH} levels: no file taperlm reads is nested like "
-            "that, so it was not written by taperlm, or it is damaged"
-        )
+        raise _json_too_deep(where)
     try:
         return json.loads(text, object_pairs_hook=_unique_pairs if strict else None)
     except json.JSONDecodeError as err:
@@ -409,8 +413,8 @@ def parse_json(
             if err.doc
             else f"{where}: {err.msg}"
         ) from None
-    except RecursionError:  # unreachable after the scan; a clear error all the same
-        raise MalformedFileError(f"{where} nests too deeply to be read") from None
+    except RecursionError:  # unreachable after the scan; the same error all the same
+        raise _json_too_deep(where) from None
     except ValueError as err:  # an integer of more digits than Python converts (4,300)
         raise MalformedFileError(f"{where} is not JSON taperlm reads: {quoted(str(err))}") from None
 
@@ -535,13 +539,20 @@ class StrictLoader(yaml.SafeLoader):
 
 
 _YAML_EVENTS_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_TOO_DEEP = f"it nests deeper than {MAX_DEPTH} levels"
 
 
 def yaml_shape_problem(text: str) -> str | None:
     """Why `text` may not be built as YAML, from its parser's events alone (nothing is built):
     collections nested deeper than MAX_DEPTH, or more than MAX_YAML_NODES nodes once every alias
     is expanded (an "alias bomb": each level of anchors multiplies the nodes). None when fine;
-    a syntax error is left to the loader, which reports it with its line."""
+    a syntax error is left to the loader, which reports it with its line.
+
+    The answer does not depend on the parser: one with a nesting limit of its own (libyaml
+    0.2.5, bundled with PyYAML 6.0.4, stops at 1,000 levels) looks up to 1,024 characters ahead
+    for a key in flow style, so `[[[[...` is refused by it before it sends a single event. When
+    the parser gives up, the brackets are counted as JSON's are (`json_depth`, an upper bound),
+    and a text that deep is refused as too deep rather than handed to the recursive loader."""
     anchors: dict[str, tuple[int, int]] = {}  # anchor -> (expanded nodes, depth below)
     stack: list[list[Any]] = []  # per open collection: [anchor, nodes, depth below]
     total = 0
@@ -551,7 +562,7 @@ def yaml_shape_problem(text: str) -> str | None:
                 stack.append([event.anchor, 1, 0])
                 total += 1
                 if len(stack) > MAX_DEPTH:
-                    return f"it nests deeper than {MAX_DEPTH} levels"
+                    return _TOO_DEEP
                 continue
             if isinstance(event, yaml.CollectionEndEvent):
                 anchor, size, below = stack.pop()
@@ -580,7 +591,7 @@ def yaml_shape_problem(text: str) -> str | None:
                     "values out, or use fewer levels of anchors"
                 )
     except yaml.YAMLError:
-        return None
+        return _TOO_DEEP if json_depth(text) > MAX_DEPTH else None
     return None
 
 
@@ -603,8 +614,8 @@ def parse_yaml(text: str, name: str | Path | None = None, what: str = "YAML") ->
         raise YAMLSyntaxError(
             f"{where} is not valid YAML{at}: {getattr(err, 'problem', None) or err}"
         ) from None
-    except RecursionError:  # unreachable after the shape check; a clear error all the same
-        raise MalformedFileError(f"{where} nests too deeply to be read") from None
+    except RecursionError:  # unreachable after the shape check; the same error all the same
+        raise MalformedFileError(f"{where} is refused: {_TOO_DEEP}") from None
 
 
 def read_yaml(path: str | Path, max_bytes: int = MAX_CONFIG_BYTES, what: str = "YAML file") -> Any:
