@@ -49,18 +49,24 @@ def run(args: argparse.Namespace) -> int:
         f"imported {args.folder} to {args.out}: {m.n_layers} layers, d_model {m.d_model}, "
         f"{mlp}, {heads}, vocab {m.vocab_size}" + (", tied head" if m.tie_embeddings else "")
     )
-    record = Path(args.out) / "import.json"  # a GGUF import's source and quantization
-    if record.is_file():
-        quant = read_json(record, 1 << 20, "import.json").get("quantization", {})
-        kinds = ", ".join(f"{n} {k}" for k, n in quant.items())
+    record_path = Path(args.out) / "import.json"  # a GGUF import's source and quantization
+    record = read_json(record_path, 1 << 20, "import.json") if record_path.is_file() else None
+    if record is not None:
+        kinds = ", ".join(f"{n} {k}" for k, n in record.get("quantization", {}).items())
         print(
             f"source: a GGUF file whose tensors are {kinds}; dequantized to float32 (import.json)"
         )
-    if tokenizer is None and record.is_file():
+    if tokenizer is not None and record is not None:
         print(
-            "note: a GGUF file's vocabulary is llama.cpp's, so the run has no tokenizer; train "
-            "it on data tokenized with the model's own tokenizer (`taperlm train --out RUN "
-            "--data DATA`)"
+            f"tokenizer: rebuilt from the file's vocabulary ({tokenizer.vocab_size} ids, EOS "
+            f"{tokenizer.eos_token!r}); prepare data with it: taperlm prepare --tokenizer "
+            f"{Path(args.out) / 'tokenizer'} --out DATA"
+        )
+    if tokenizer is None and record is not None:
+        why = record.get("no_tokenizer_because", "")
+        print(
+            f"note: the run has no tokenizer ({why}); train it on data tokenized with the "
+            "model's own tokenizer (`taperlm train --out RUN --data DATA`)"
         )
     elif tokenizer is None:
         print(

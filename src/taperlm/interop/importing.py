@@ -10,9 +10,10 @@ the folder's tokenizer.json (when it has one): its logits equal transformers' on
 and `train --out RUN --data DATA` continues training it.
 
 A GGUF file (`taperlm import model.gguf`) of llama.cpp's llama architecture is read the same
-way (`taperlm.interop.gguf_import`: a bounded header, dequantized tensors); the run has no tokenizer (the
-file's vocabulary is llama.cpp's, not a tokenizers file), and its `import.json` records the
-source and which ggml types (quantizations) its tensors had.
+way (`taperlm.interop.gguf_import`: a bounded header, dequantized tensors); its tokenizer is
+rebuilt from llama.cpp's vocabulary where `read_gguf_tokenizer` (below) can do that exactly
+(byte-level BPE with a known pre-tokenizer), and its `import.json` records the source, which
+ggml types (quantizations) its tensors had, and whether (or why not) the run has its tokenizer.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def import_checkpoint(
     config and tokenizer (None when the folder has no tokenizer.json)."""
     folder = Path(folder)
     if folder.suffix.lower() == ".gguf" and not folder.is_dir():
-        return import_gguf(folder, out, overrides or []), None
+        return import_gguf(folder, out, overrides or [])
     data = llama.read_config(folder)
     model = llama.model_config(folder, data)
     run = _run_config(model, overrides or [])
@@ -56,14 +57,18 @@ def import_checkpoint(
 IMPORT_RECORD = "import.json"  # a GGUF import's source and quantization, in the run dir
 
 
-def import_gguf(path: Path, out: str | Path, overrides: list[str]) -> RunConfig:
-    """Import the GGUF file `path` as run directory `out` (no tokenizer); the run's
-    `import.json` names the file and the ggml types of its tensors (dequantized to fp32)."""
+def import_gguf(
+    path: Path, out: str | Path, overrides: list[str]
+) -> tuple[RunConfig, Tokenizer | None]:
+    """Import the GGUF file `path` as run directory `out`, with the file's tokenizer where it
+    can be rebuilt exactly (`read_gguf_tokenizer`); the run's `import.json` names the file,
+    the ggml types of its tensors (dequantized to fp32) and why the run has no tokenizer, if so."""
     from taperlm.interop import gguf_import  # lazy: only GGUF imports need the gguf package
 
     header, model = gguf_import.read(path)
     run = _run_config(model, overrides)
     weights = gguf_import.read_weights(path, header, model)
+    tokenizer, why = read_gguf_tokenizer(path, header.metadata, model.vocab_size)
     record = {
         "source": str(path),
         "format": "gguf",
@@ -71,9 +76,10 @@ def import_gguf(path: Path, out: str | Path, overrides: list[str]) -> RunConfig:
         "name": header.metadata.get("general.name"),
         "quantization": gguf_import.quantization(header),
         "dequantized_to": "float32",
-    }
-    write_start_run(out, run, weights, None, {IMPORT_RECORD: json.dumps(record, indent=2)})
-    return run
+        "tokenizer": "rebuilt from the file's tokenizer.ggml.* metadata" if tokenizer else None,
+    } | ({"no_tokenizer_because": why} if tokenizer is None else {})
+    write_start_run(out, run, weights, tokenizer, {IMPORT_RECORD: json.dumps(record, indent=2)})
+    return run, tokenizer
 
 
 def _run_config(model: Any, overrides: list[str]) -> RunConfig:
@@ -154,3 +160,151 @@ def read_tokenizer(folder: Path, config: dict[str, Any], vocab_size: int) -> Tok
             "eos_token, or config.json eos_token_id); taperlm needs one to separate documents"
         )
     return Tokenizer(backend, kind="import", spec=str(folder), eos_token=eos, bos_token=bos)
+
+
+# ----------------------------------------------------------------------------------------------
+# a GGUF file's tokenizer
+#
+# The tokenizer a GGUF file holds (llama.cpp's `tokenizer.ggml.*` metadata) as a taperlm
+# `Tokenizer` (`read_gguf_tokenizer`), so that an imported run can be evaluated and trained on text tokenized the way the
+# model was trained (`taperlm import FILE.gguf`).
+#
+# Rebuilt: llama.cpp's `gpt2` kind, a byte-level BPE (its tokens are the ids' strings, its merges
+# "left right" pairs in rank order), with the pre-tokenizer its `tokenizer.ggml.pre` names, where
+# that is one known exactly here:
+#
+# - `gpt-2` (also `default`, or the key absent): GPT-2's split regex (what `taperlm export --format
+#   gguf` writes);
+# - `smollm`, `starcoder`, `refact`, `codeshell`: every digit alone first, then GPT-2's regex
+#   (llama.cpp splits these with `\\p{N}` before the GPT-2 pattern; SmolLM/SmolLM2's own
+#   tokenizer.json is `Digits(individual_digits)` + `ByteLevel`).
+#
+# Control tokens (token type 3) and user-defined ones (4) are added tokens, as in the tokenizer.json
+# the file was converted from: text that spells one is that one id. The JSON built here goes through
+# `taperlm.data.tokenizer_bounds.build_backend` like any tokenizer read from a file (entry counts,
+# patterns, probes). Any other kind (`llama`: SentencePiece; another pre-tokenizer) gives no
+# tokenizer and the reason, which the import states; nothing here guesses.
+
+# llama.cpp's token types (`llama_token_type`): 1 normal, 2 unknown, 3 control, 4 user-defined,
+# 5 unused, 6 byte (SentencePiece byte tokens only)
+_CONTROL, _USER_DEFINED = 3, 4
+_BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}  # fmt: skip
+_DIGITS_THEN_GPT2 = {
+    "type": "Sequence",
+    "pretokenizers": [{"type": "Digits", "individual_digits": True}, _BYTE_LEVEL],
+}
+# tokenizer.ggml.pre -> the tokenizers pre-tokenizer that splits text as llama.cpp does
+PRE_TOKENIZERS: dict[str, dict[str, Any]] = {
+    "default": _BYTE_LEVEL,
+    "gpt-2": _BYTE_LEVEL,
+    "smollm": _DIGITS_THEN_GPT2,
+    "starcoder": _DIGITS_THEN_GPT2,
+    "refact": _DIGITS_THEN_GPT2,
+    "codeshell": _DIGITS_THEN_GPT2,
+}
+
+
+def _special(meta: dict[str, Any], key: str, tokens: list[str]) -> str | None:
+    value = meta.get(f"tokenizer.ggml.{key}_token_id")
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(tokens):
+        return tokens[value]
+    return None
+
+
+def _strings(meta: dict[str, Any], key: str) -> list[str] | None:
+    value = meta.get(key)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    return None
+
+
+def gguf_tokenizer_json(meta: dict[str, Any], vocab_size: int) -> tuple[dict[str, Any] | None, str]:
+    """The tokenizer.json (as a dict) of the GGUF metadata `meta` for a model of `vocab_size`
+    rows, or None and why it cannot be rebuilt exactly."""
+    kind = meta.get("tokenizer.ggml.model")
+    if kind is None:
+        return None, "the file holds no tokenizer (tokenizer.ggml.model)"
+    if kind != "gpt2":
+        return None, (
+            f"its tokenizer is llama.cpp's {kind!r} kind; taperlm rebuilds the 'gpt2' kind "
+            "(byte-level BPE) only"
+        )
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if pre not in PRE_TOKENIZERS:
+        return None, (
+            f"its pre-tokenizer is {pre!r} (tokenizer.ggml.pre), not one taperlm rebuilds "
+            f"exactly ({', '.join(PRE_TOKENIZERS)})"
+        )
+    tokens, merges = (
+        _strings(meta, "tokenizer.ggml.tokens"),
+        _strings(meta, "tokenizer.ggml.merges"),
+    )
+    if tokens is None or merges is None:
+        return None, "its tokenizer.ggml.tokens or .merges is not a list of strings"
+    if len(tokens) > vocab_size:
+        return None, f"it has {len(tokens):,} tokens but the model only {vocab_size:,} rows"
+    if len(set(tokens)) != len(tokens):
+        return None, "its token list names a token twice"
+    if any(m.count(" ") != 1 for m in merges):
+        return None, "a merge of its tokenizer.ggml.merges is not two tokens joined by one space"
+    types = meta.get("tokenizer.ggml.token_type")
+    if not isinstance(types, list) or len(types) != len(tokens):
+        types = [1] * len(tokens)
+    added = [
+        {"id": i, "content": tokens[i], "single_word": False, "lstrip": False,
+         "rstrip": False, "normalized": t == _USER_DEFINED, "special": t == _CONTROL}
+        for i, t in enumerate(types) if t in (_CONTROL, _USER_DEFINED)
+    ]  # fmt: skip
+    data = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": PRE_TOKENIZERS[pre],
+        "post_processor": None,
+        "decoder": {
+            "type": "ByteLevel",
+            "add_prefix_space": True,
+            "trim_offsets": True,
+            "use_regex": True,
+        },
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": {t: i for i, t in enumerate(tokens)},
+            "merges": [m.split(" ") for m in merges],
+        },
+    }
+    return data, ""
+
+
+def read_gguf_tokenizer(
+    path: str | Path, meta: dict[str, Any], vocab_size: int
+) -> tuple[Tokenizer | None, str]:
+    """The GGUF file's tokenizer (EOS/BOS from its token ids) and "", or None and why not."""
+    data, why = gguf_tokenizer_json(meta, vocab_size)
+    if data is None:
+        return None, why
+    tokens = meta["tokenizer.ggml.tokens"]
+    eos = _special(meta, "eos", tokens)
+    if eos is None:
+        return None, "it names no EOS token (tokenizer.ggml.eos_token_id)"
+    try:
+        backend = build_backend(json.dumps(data), path)
+    except DataError as err:
+        return None, f"its tokenizer cannot be built ({err})"
+    tokenizer = Tokenizer(
+        backend,
+        kind="import",
+        spec=str(path),
+        eos_token=eos,
+        bos_token=_special(meta, "bos", tokens),
+    )
+    return tokenizer, ""

