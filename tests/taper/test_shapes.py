@@ -37,7 +37,7 @@ def test_formula_at_five_layers():
     assert bump_profile(1) == [0.0] and bump_profile(2) == [0.0, 0.0]
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     shape=st.sampled_from(SHAPES),
     strength=st.floats(0, 1.99),
