@@ -87,7 +87,12 @@ def main(argv: list[str] | None = None) -> int:
         # from the declarations (`taperlm.config.assembly.add_setting_argument`): agree or refuse.
         args._settings = option_settings(command_parser, args)
         check_agreement(args._settings, getattr(args, "overrides", None) or [])
-        return int(_module(args._command).run(args) or 0)
+        status = int(_module(args._command).run(args) or 0)
+        # what is still buffered goes out here, where a closed pipe is caught below, not in the
+        # interpreter's final flush ("Exception ignored ... BrokenPipeError" on a block-buffered
+        # stdout, the default when PYTHONUNBUFFERED is not set)
+        sys.stdout.flush()
+        return status
     except TaperlmError as err:
         print(f"taperlm {args._command}: error: {bounded_message(str(err))}", file=sys.stderr)
         return 2

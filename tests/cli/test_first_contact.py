@@ -115,11 +115,12 @@ def test_compare_without_data_says_which_corpus_it_trains_on(tmp_path, monkeypat
     )
 
 
+@pytest.mark.parametrize("unbuffered", [False, True], ids=["block-buffered", "unbuffered"])
 @pytest.mark.parametrize(
     "argv",
     [["plan", "--list-presets"], ["plan", "--preset", "transformer-440m", "--taper", "cosine"]],
 )
-def test_output_piped_into_a_reader_that_stopped_is_not_an_error(argv):
+def test_output_piped_into_a_reader_that_stopped_is_not_an_error(argv, unbuffered):
     """`taperlm plan ... | head -1`: once the reader has closed the pipe, the command ends quietly
     with status 0, no BrokenPipeError traceback (the CLI catches it for every command). The
     pipe's read end is closed before the command writes, so every write fails."""
@@ -127,6 +128,11 @@ def test_output_piped_into_a_reader_that_stopped_is_not_an_error(argv):
     os.close(read_end)
     code = "import sys; from taperlm.cli import main; sys.exit(main(sys.argv[1:]))"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    # both stdout modes: block-buffered (a user's default: what is left is written by the final
+    # flush) and unbuffered (PYTHONUNBUFFERED, as some shells and CI set it)
+    env.pop("PYTHONUNBUFFERED", None)
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
     try:
         done = subprocess.run(
             [sys.executable, "-c", code, *argv], stdout=write_end, stderr=subprocess.PIPE,
