@@ -6,7 +6,7 @@ scratch for the same total tokens (docs/compress.md).
     python benchmarks/prune.py --smoke --work /tmp/prune-smoke          # seconds
 
 1. The source: transformer-micro, uniform, trained with `taperlm compare`'s CPU recipe
-   (compare/recipe.py: the built-in default corpus with its 2,048-token vocabulary, 327,680
+   (compare/comparison.py: the built-in default corpus with its 2,048-token vocabulary, 327,680
    tokens, seed 0).
 2. For each target size (--fractions of its non-embedding parameters) and shape (cosine, uniform,
    novelty measured on the calibration text), `taperlm prune`'s library: the exact solver's widths,
@@ -42,9 +42,8 @@ from kv_decode import decode
 from outputs import claim_folder, folder_problem, output_file, save_figure, write_output
 from taperlm.analysis.stats import paired_difference, summary
 from taperlm.checkpoint.loading import load_run_model
-from taperlm.compare.inputs import default_corpus_dir
+from taperlm.compare.comparison import base_config, default_corpus_dir
 from taperlm.compare.options import CompareOptions
-from taperlm.compare.recipe import base_config
 from taperlm.compress import prune as P
 from taperlm.compress.importance import DEFAULT_SCORE, SCORES
 from taperlm.config import RunConfig

@@ -9,7 +9,7 @@ This script writes that file from the reports the compare modes wrote:
 - every results/longrun_*.json (`--paper tokens` / `--paper ratios` trend reports): their rows
   as they are, one per point (where both modes measured a point, the ratio axis's row: its
   sweep contains the token axis's, `longrun.keep_widest`);
-- the paper's 440M point from `taperlm.compare.paper`.
+- the paper's 440M point from `taperlm.compare.grid`.
 
 A new measured point is a new or rewritten report followed by this script (and
 `python benchmarks/docs_numbers.py --only ratio-measurements` for the docs' table);
@@ -36,8 +36,8 @@ TREND_REPORTS = "longrun_*.json"
 
 def build(results: Path = RESULTS) -> dict[str, Any]:
     """The packaged file's content, from the reports in `results` (as JSON would read it back)."""
+    from taperlm.compare.grid import PAPER_440M, PAPER_BEST, PAPER_DIFF
     from taperlm.compare.longrun import TrendRow, keep_widest, report_rows
-    from taperlm.compare.paper import PAPER_440M, PAPER_BEST, PAPER_DIFF
 
     sources = []
     mode, meta, rows = report_rows(results / SCALING_REPORT)

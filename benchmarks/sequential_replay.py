@@ -9,7 +9,7 @@ report.json of any `taperlm compare` run (the main job, `--paper sweep|controlle
 `OUT/<family>/report.json`, a `--tune-lr` run) and a `--paper scaling` report.json.
 
 For each comparison it walks the seeds in order with the rule compare uses
-(`taperlm.compare.sequential.stops_at` on the per-seed losses) and reports the seeds and the
+(`taperlm.compare.statistics.stops_at` on the per-seed losses) and reports the seeds and the
 summed run time of the fixed design (every seed) and of the sequential one (the seeds up to the
 stop, plus any fixed stage such as lr tuning), and whether the sequential verdict (each
 comparison's sign where its anytime-valid interval excludes 0) agrees with the fixed design's
@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from outputs import STAMP, output_file, write_output
 from taperlm.analysis import stats
-from taperlm.compare import sequential
+from taperlm.compare import statistics
 from taperlm.files.io import read_text
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -42,8 +42,8 @@ DEFAULT_INPUTS = [RESULTS / "scaling_report.json"]
 MAX_REPORT_BYTES = 256 << 20
 
 
-def _rule(args: argparse.Namespace, question: str) -> sequential.StopRule:
-    return sequential.parse_rule(args.stop, args.alpha, args.min_seeds, question)
+def _rule(args: argparse.Namespace, question: str) -> statistics.StopRule:
+    return statistics.parse_rule(args.stop, args.alpha, args.min_seeds, question)
 
 
 def replay(
@@ -52,7 +52,7 @@ def replay(
     uniform: str,
     seed_s: list[float],
     fixed_s: float,
-    rule: sequential.StopRule,
+    rule: statistics.StopRule,
 ) -> dict[str, Any]:
     """One comparison: `losses` label -> per-seed losses (or losses relative to uniform's),
     seeds in order; `seed_s` the recorded run seconds of each seed; `fixed_s` the run seconds
@@ -61,12 +61,12 @@ def replay(
     stop, reason = cap, "cap"
     for n in range(1, cap + 1):
         head = {k: v[:n] for k, v in losses.items()}
-        why = sequential.stop_reason(rule, sequential.question_diffs(head, uniform, rule.question))
+        why = statistics.stop_reason(rule, statistics.question_diffs(head, uniform, rule.question))
         if why is not None:
             stop, reason = n, why
             break
-    full = sequential.question_diffs(losses, uniform, "each")
-    used = sequential.question_diffs({k: v[:stop] for k, v in losses.items()}, uniform, "each")
+    full = statistics.question_diffs(losses, uniform, "each")
+    used = statistics.question_diffs({k: v[:stop] for k, v in losses.items()}, uniform, "each")
     verdicts = []
     for label, xs in full.items():
         fixed = stats.paired_difference(dict(enumerate(xs)), dict.fromkeys(range(len(xs)), 0.0))

@@ -102,7 +102,7 @@ def test_set_help_names_the_environment_overrides(command, capsys):
 def test_compare_without_data_says_which_corpus_it_trains_on(tmp_path, monkeypatch):
     """No --data: compare keeps its own corpus (the main job's numbers depend on its tokenizer)
     and says so, naming a folder `taperlm prepare` wrote here that it does not use."""
-    from taperlm.compare.inputs import DEFAULT_CORPUS_TOKENIZER, default_corpus_note
+    from taperlm.compare.comparison import DEFAULT_CORPUS_TOKENIZER, default_corpus_note
 
     monkeypatch.chdir(tmp_path)
     note = default_corpus_note(tmp_path / "cache")

@@ -24,7 +24,7 @@ import pytest
 
 import slurm_localhost
 from taperlm.cli import main
-from taperlm.compare import slurm as slurm_executor
+from taperlm.compare import slurm
 from test_compare import data_dir  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -95,7 +95,7 @@ def test_wrong_partition_is_refused_before_anything_is_submitted(cluster, data_d
 
 
 def test_killed_job_resumes_and_every_cell_equals_local(cluster, data_dir, tmp_path, monkeypatch):  # noqa: F811
-    monkeypatch.setattr(slurm_executor, "POLL_S", 1.0)
+    monkeypatch.setattr(slurm, "POLL_S", 1.0)
     local, out = tmp_path / "local", tmp_path / "slurm"
     rc, _, err = _cli(
         ["compare", *TINY, "--jobs", "1", "--data", str(data_dir), "--out", str(local)]

@@ -33,14 +33,16 @@ from taperlm.analysis.stats import (
     t_quantile,
 )
 from taperlm.cli import main
-from taperlm.compare import executor, runner
+from taperlm.compare import cell as compare_cell
+from taperlm.compare import execute
+from taperlm.compare import results as compare_results
 from taperlm.compare.grid import (
+    PAPER_SWEEP,
     build_grid,
     paper_allocations,
     parse_allocations,
     split_taper_list,
 )
-from taperlm.compare.paper import PAPER_SWEEP
 from taperlm.config import RunConfig, TrainConfig
 from taperlm.config.presets import get_preset
 from taperlm.errors import ConfigError
@@ -172,7 +174,8 @@ def test_grid_runs_end_to_end(finished):
     assert "taperlm compare --preset transformer-tiny" in md
     assert "![widths](widths.png)" in md and "## Novelty" in md
     # the difference against tokens seen: report.json's curve, the verdict leading report.md
-    from taperlm.compare.crossing import PLOT_FILE, LossVsTokens
+    from taperlm.compare.figures import CROSSING_PLOT as PLOT_FILE
+    from taperlm.compare.results import LossVsTokens
 
     vs_tokens = LossVsTokens.from_json(rep["loss_vs_tokens"])
     (late,) = vs_tokens.allocations
@@ -190,7 +193,7 @@ def test_typed_records_read_back_the_files_they_came_from(finished):
     """report.json's summary and every result.json read into their typed records and written
     back give the same JSON, key order included (a rerun that finds a comparison done rewrites
     its report from these records)."""
-    from taperlm.compare.report import ComparisonReport
+    from taperlm.compare.results import ComparisonReport
 
     out = finished[0]
     rep = _report(out)
@@ -198,7 +201,7 @@ def test_typed_records_read_back_the_files_they_came_from(finished):
     assert json.dumps(again) == json.dumps(rep)
     for cell in (out / "runs").iterdir():
         data = json.loads((cell / "result.json").read_text())
-        assert json.dumps(runner.CellResult.from_json(data).to_json()) == json.dumps(data)
+        assert json.dumps(compare_results.CellResult.from_json(data).to_json()) == json.dumps(data)
 
 
 def test_kept_results_read_back_unchanged():
@@ -209,7 +212,9 @@ def test_kept_results_read_back_unchanged():
     assert paths
     for path in paths:
         data = json.loads(path.read_text())
-        assert json.dumps(runner.CellResult.from_json(data).to_json()) == json.dumps(data), path
+        assert json.dumps(compare_results.CellResult.from_json(data).to_json()) == json.dumps(
+            data
+        ), path
 
 
 def test_paired_ci_matches_hand_computation(finished):
@@ -525,7 +530,7 @@ def test_compare_options_are_declared_once(tmp_path):
     import argparse
 
     from taperlm.commands.compare import add_arguments
-    from taperlm.compare.job import check_options
+    from taperlm.compare.comparison import check_options
     from taperlm.compare.options import CompareOptions, declared_options, options_from
 
     parser = argparse.ArgumentParser()
@@ -674,16 +679,16 @@ def test_machine_load_changes_no_number(finished, tmp_path, monkeypatch):
     timed checkpoint: a checkpoint after every step gives the very numbers of the fixture's run
     (saving a checkpoint reads the training state and never perturbs it)."""
     out_1, args, _ = finished
-    monkeypatch.setattr(runner, "CHECKPOINT_SECONDS", 0.0)  # "a minute" passes every step
+    monkeypatch.setattr(compare_cell, "CHECKPOINT_SECONDS", 0.0)  # "a minute" passes every step
     timed = []
-    clock = runner.CheckpointClock.__call__
+    clock = compare_cell.CheckpointClock.__call__
 
     def counting(self, step, total):
         action = clock(self, step, total)
         timed.append(action == "checkpoint")
         return action
 
-    monkeypatch.setattr(runner.CheckpointClock, "__call__", counting)
+    monkeypatch.setattr(compare_cell.CheckpointClock, "__call__", counting)
     out_2 = tmp_path / "loaded"
     rc, _, stderr = _cli(_with(args, {"--out": str(out_2)}))
     assert rc == 0, stderr
@@ -694,7 +699,7 @@ def test_machine_load_changes_no_number(finished, tmp_path, monkeypatch):
 def test_mixed_settings_are_reported(finished, tmp_path):
     """A cell whose sessions ran with different thread counts is named in the report."""
     from taperlm.compare.report import _execution_lines
-    from taperlm.compare.summary import execution
+    from taperlm.compare.statistics import execution
 
     out, _, _ = finished
     rep = _report(out)
@@ -774,11 +779,11 @@ def test_a_blip_is_not_a_job():
     ],
 )
 def test_default_jobs_never_oversubscribe(usable, busy, threads, cells, want, capsys):
-    from taperlm.compare.executor import choose_jobs
+    from taperlm.compare.execute import choose_jobs
     from taperlm.compare.options import CompareOptions
 
     grid = SimpleNamespace(cells=[SimpleNamespace(name=f"c{i}") for i in range(cells)])
-    settings = runner.EvalSettings()
+    settings = compare_cell.EvalSettings()
     jobs = choose_jobs(
         CompareOptions(out=Path("x"), threads=threads),
         grid,
@@ -801,7 +806,9 @@ def test_checkpoint_clock():
     own periodic ones count) and stops once asked."""
     now = [0.0]
     stop = [False]
-    clock = runner.CheckpointClock(checkpoint_every=10, stop=lambda: stop[0], clock=lambda: now[0])
+    clock = compare_cell.CheckpointClock(
+        checkpoint_every=10, stop=lambda: stop[0], clock=lambda: now[0]
+    )
     actions = []
     for step in range(1, 31):
         now[0] += 7.0  # 7 s a step
@@ -821,7 +828,7 @@ def test_ctrl_c_stops_at_the_next_step_and_names_the_command(data_dir, tmp_path,
         "compare", *TINY, *ALLOCS, "--seeds", "1", "--set", "train.checkpoint_every=100",
         "--data", str(data_dir), "--out", str(out),
     ]  # fmt: skip
-    real_step = executor.GridDisplay.step
+    real_step = execute.GridDisplay.step
     sent = []
 
     def step(self, slot, cell, step, total, loss):
@@ -830,7 +837,7 @@ def test_ctrl_c_stops_at_the_next_step_and_names_the_command(data_dir, tmp_path,
             sent.append(1)
             os.kill(os.getpid(), signal.SIGINT)
 
-    monkeypatch.setattr(executor.GridDisplay, "step", step)
+    monkeypatch.setattr(execute.GridDisplay, "step", step)
     rc, _, stderr = _cli(args)
     assert rc == 130
     assert "stopping" in stderr and "late-s0 stopped at step 1/4 (checkpointed)" in stderr
@@ -839,7 +846,7 @@ def test_ctrl_c_stops_at_the_next_step_and_names_the_command(data_dir, tmp_path,
     assert ckpts == ["step_00000001"]
     assert (out / "runs" / "uniform-s0" / "result.json").is_file()
     assert not (out / "runs" / "late-s0" / "result.json").exists()
-    monkeypatch.setattr(executor.GridDisplay, "step", real_step)
+    monkeypatch.setattr(execute.GridDisplay, "step", real_step)
     rc, _, stderr = _cli(args)
     assert rc == 0, stderr
     assert "uniform-s0: cached;" in stderr and "late-s0: resumed;" in stderr
@@ -1041,7 +1048,7 @@ def test_paper_families_end_to_end(data_dir, tmp_path):
     assert rc == 0 and "trained" not in stderr, stderr
     assert _report(out)["families"][1]["diff_val_loss"] == fams[1]["diff_val_loss"]
     # report.json is the table's records' layout: it reads back as them and they write it
-    from taperlm.compare.family_table import FamilyMeta, FamilyRow, FamilyTable, RelativeChange
+    from taperlm.compare.families import FamilyMeta, FamilyRow, FamilyTable, RelativeChange
 
     meta = FamilyMeta.from_json(rep["meta"])
     assert meta.to_json() == rep["meta"] and FamilyMeta.from_json(meta.to_json()) == meta
@@ -1079,8 +1086,8 @@ def test_paper_families_bad_input(data_dir, tmp_path, extra, message):
 
 
 def test_paper_sizes_train_with_the_paper_recipe(tmp_path):
+    from taperlm.compare.comparison import base_config
     from taperlm.compare.options import CompareOptions
-    from taperlm.compare.recipe import base_config
 
     cfg = base_config(CompareOptions(out=tmp_path, preset="gated-760m"), None, None)
     t = cfg.train
@@ -1106,12 +1113,7 @@ def test_default_seeds_depend_on_the_mode(tmp_path):
     """The main job's seeds are sized to its 15 minutes; a named model's comparison keeps its
     15; a paper grid (16 allocations) or the family table would take hours on a CPU at those:
     --paper modes default to fewer; an explicit --seeds always wins."""
-    from taperlm.compare.options import (
-        DEFAULT_SEEDS,
-        MODEL_SEEDS,
-        PAPER_MODE_SEEDS,
-        CompareOptions,
-    )
+    from taperlm.compare.options import DEFAULT_SEEDS, MODEL_SEEDS, PAPER_MODE_SEEDS, CompareOptions
 
     assert MODEL_SEEDS > PAPER_MODE_SEEDS and DEFAULT_SEEDS > PAPER_MODE_SEEDS
     assert CompareOptions(out=tmp_path).seeds == DEFAULT_SEEDS
@@ -1125,8 +1127,8 @@ def test_default_seeds_depend_on_the_mode(tmp_path):
 def test_cpu_recipe_model_settings_apply_to_small_presets_only(tmp_path):
     """compare's init_std is part of its CPU recipe: every small preset of every family gets
     it; a config file's model section, --set and the paper's sizes keep their own."""
+    from taperlm.compare.comparison import COMPARE_MODEL, base_config
     from taperlm.compare.options import CompareOptions
-    from taperlm.compare.recipe import COMPARE_MODEL, base_config
     from taperlm.config.presets import preset_families
 
     init = COMPARE_MODEL.init_std
@@ -1151,7 +1153,7 @@ def test_cpu_recipe_model_settings_apply_to_small_presets_only(tmp_path):
 
 
 def test_no_skill_accuracy_and_chance_marks():
-    from taperlm.compare.family_table import verdict
+    from taperlm.compare.families import verdict
     from taperlm.evaluation.registry import TaskData
     from taperlm.evaluation.suite import at_chance, chance_columns, no_skill_accuracy
 
@@ -1184,7 +1186,7 @@ def test_paper_mode_plots_ours_beside_the_paper(data_dir, tmp_path):
     assert (out / "paper.png").stat().st_size > 0 and "![against the paper](paper.png)" in md
     assert "sweep.png" not in md  # the sweep's own plot only in the sweep
     # the sweep plot: one line per schedule against the start ratio, the paper's dotted
-    from taperlm.compare.plots import _sweep_plot
+    from taperlm.compare.figures import _sweep_plot
 
     rows = [("cosine:1.5:0.5", -1.0, -2.0, 0.0), ("cosine:1.25:0.75", -0.5, None, None)]
     rows += [("sigmoid:1.5:0.5:10.0", 0.5, 0.0, 1.0)]
@@ -1196,9 +1198,9 @@ def test_paper_mode_plots_ours_beside_the_paper(data_dir, tmp_path):
 def test_niah_prose_is_part_of_the_evaluation_settings(tmp_path):
     """S-NIAH-2/3 cells record their prose in the settings that decide re-evaluation (cells of
     an older prose are evaluated again); grids without them keep their old settings."""
-    from taperlm.compare.inputs import eval_settings
+    from taperlm.compare.cell import EvalSettings
+    from taperlm.compare.comparison import eval_settings
     from taperlm.compare.options import CompareOptions
-    from taperlm.compare.runner import EvalSettings
 
     niah = eval_settings(CompareOptions(out=tmp_path, eval_tasks="niah")).to_dict()
     assert niah["niah_haystack"] == "python-docs" and niah["eval_data"] is None

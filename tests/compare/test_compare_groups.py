@@ -18,7 +18,8 @@ import pytest
 
 from conftest import torchrun_command
 from taperlm.cli import main
-from taperlm.compare import executor, groups, runner
+from taperlm.compare import cell as compare_cell
+from taperlm.compare import execute, workers
 from taperlm.compare.options import CompareOptions
 from taperlm.errors import ConfigError
 from test_compare import data_dir  # noqa: F401 (fixture)
@@ -31,7 +32,7 @@ from test_compare import data_dir  # noqa: F401 (fixture)
 def test_device_slots_are_disjoint_and_complete(devices, nproc, jobs):
     """Every running cell gets exactly nproc devices, no device goes to two cells, and every
     device named exists."""
-    slots = groups.device_slots(devices, nproc, jobs)
+    slots = workers.device_slots(devices, nproc, jobs)
     assert len(slots) == jobs
     assert all(len(s) == nproc for s in slots)
     used = [d for s in slots for d in s]
@@ -42,28 +43,28 @@ def test_device_slots_are_disjoint_and_complete(devices, nproc, jobs):
 @pytest.mark.parametrize("devices,nproc,jobs", [(8, 2, 5), (8, 16, 1), (1, 2, 1), (8, 1, 9)])
 def test_device_slots_refuse_what_does_not_fit(devices, nproc, jobs):
     with pytest.raises(ConfigError, match=r"--nproc-per-cell|--jobs"):
-        groups.device_slots(devices, nproc, jobs)
+        workers.device_slots(devices, nproc, jobs)
 
 
 def test_group_env_is_torchruns():
     """What each rank of a group is given: torchrun's variables, and on GPUs its own devices
     only (a cell's numbers then do not depend on which devices it got)."""
-    envs = [groups.group_env(r, 4, 29500, [4, 5, 6, 7]) for r in range(4)]
+    envs = [workers.group_env(r, 4, 29500, [4, 5, 6, 7]) for r in range(4)]
     assert [e["RANK"] for e in envs] == ["0", "1", "2", "3"]
     assert all(e["WORLD_SIZE"] == "4" and e["MASTER_PORT"] == "29500" for e in envs)
     assert {e["CUDA_VISIBLE_DEVICES"] for e in envs} == {"4,5,6,7"}
-    assert "CUDA_VISIBLE_DEVICES" not in groups.group_env(0, 2, 1, None)  # CPU: gloo
+    assert "CUDA_VISIBLE_DEVICES" not in workers.group_env(0, 2, 1, None)  # CPU: gloo
 
 
 @pytest.mark.parametrize("gpus,nproc,cells,want", [(8, 8, 10, 1), (8, 2, 10, 4), (8, 1, 3, 3)])
 def test_default_jobs_are_devices_over_nproc(gpus, nproc, cells, want, monkeypatch, capsys):
-    monkeypatch.setattr(executor, "_cuda_devices", lambda cells: gpus)
+    monkeypatch.setattr(execute, "_cuda_devices", lambda cells: gpus)
     grid = SimpleNamespace(cells=[SimpleNamespace(name=f"c{i}") for i in range(cells)])
-    jobs = executor.choose_jobs(
+    jobs = execute.choose_jobs(
         CompareOptions(out=Path("x"), nproc_per_cell=nproc),
         grid,
         Path("x"),
-        runner.EvalSettings(),
+        compare_cell.EvalSettings(),
         cell_state=lambda cell, run_dir, settings: ("train", None),
     )
     assert jobs == want
@@ -171,9 +172,9 @@ def test_a_cell_held_elsewhere_is_not_trained_twice(tmp_path):
         assert holder.stdout.readline().strip() == "held"
         train = SimpleNamespace(device="cpu", checkpoint_every=0)
         cell = SimpleNamespace(name="c-s0", config=SimpleNamespace(train=train))
-        task = groups.CellTask(cell, str(run_dir), str(tmp_path), {}, 1, 1)
+        task = workers.CellTask(cell, str(run_dir), str(tmp_path), {}, 1, 1)
         with pytest.raises(RunInUseError, match=f"pid {holder.pid}"):
-            groups.run_rank(task, lambda: False)
+            workers.run_rank(task, lambda: False)
         assert not (run_dir / "sessions.jsonl").exists()  # no session started, nothing trained
         assert not (run_dir / "checkpoints").exists()
     finally:

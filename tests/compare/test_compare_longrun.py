@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from taperlm.analysis.stats import PairedDifference
+from taperlm.compare import grid as compare_grid
 from taperlm.compare import longrun
-from taperlm.compare.job import check_options
+from taperlm.compare.comparison import check_options
 from taperlm.compare.options import CompareOptions, declared_options
 from taperlm.compare.scaling import BestRatioFit, ScalingPoint
 from taperlm.errors import ConfigError
@@ -112,7 +113,7 @@ def test_every_point_is_a_valid_comparison(mode):
     """Checked without training or data: the allocations, the tokens, nano's width step and
     bpe:512 corpus; the sizes can be chosen with --preset-size."""
     from taperlm.compare import scaling
-    from taperlm.compare.inputs import corpus_tokenizer
+    from taperlm.compare.comparison import corpus_tokenizer
 
     opts = CompareOptions(out=Path("x"), paper=mode)
     points = scaling.point_options(opts, longrun.plan_of(mode))
@@ -309,7 +310,7 @@ def test_trend_report_from_synthetic_points(tmp_path):
             pts.append(_point(size, params, tpp, d, 1.8 - 0.1 * math.log10(tpp), 0.0))
     md, js = longrun.write_trend_report(_report(tmp_path, pts), "tokens")
     trend = json.loads(js.read_text())
-    at = math.log10(longrun.PAPER_440M["tokens_per_param"])  # 68.2
+    at = math.log10(compare_grid.PAPER_440M["tokens_per_param"])  # 68.2
     for size, level in (("nano", -0.05), ("micro", -0.07)):
         fit = trend["trends"]["diff_1.5"][size]
         assert fit["coefficients"][1] == pytest.approx(0.04, abs=1e-6)
@@ -321,7 +322,7 @@ def test_trend_report_from_synthetic_points(tmp_path):
         assert (tmp_path / plot).stat().st_size > 1000
     text = md.read_text()
     assert "PARTIAL: 8/8" not in text and "| nano-133408 |" in text
-    assert f"{ext['prediction']:+.4f}" in text and f"{longrun.PAPER_DIFF:+.4f}" in text
+    assert f"{ext['prediction']:+.4f}" in text and f"{compare_grid.PAPER_DIFF:+.4f}" in text
     assert trend["points"][0]["best_measured"] == "cosine:1.9:0.1"
 
 

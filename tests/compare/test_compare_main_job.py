@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from taperlm.cli import build_parser
-from taperlm.compare import job
+from taperlm.compare import comparison
+from taperlm.compare.comparison import COMPARE_TRAIN, base_config, corpus_tokenizer
 from taperlm.compare.grid import build_grid
-from taperlm.compare.inputs import corpus_tokenizer
 from taperlm.compare.options import (
     DEFAULT_PRESET,
     DEFAULT_TOKENS,
@@ -25,10 +25,9 @@ from taperlm.compare.options import (
     PAPER_MODE_PRESET,
     RECIPE_TOKENS,
     CompareOptions,
+    canonical_command,
     options_from,
 )
-from taperlm.compare.recipe import COMPARE_TRAIN, base_config
-from taperlm.compare.reproduce import canonical_command
 from taperlm.config import to_dict
 from taperlm.config.budget import total_params
 from taperlm.config.loading import run_config_from_dict
@@ -36,7 +35,7 @@ from taperlm.config.loading import run_config_from_dict
 ROOT = Path(__file__).resolve().parents[2]
 # a reported cell of the --paper tokens point at 8 tokens per parameter (uniform's tuned lr)
 MEASURED = ROOT / "benchmarks/results/longrun_tokens_nano/nano-2134016/runs/uniform-s0/result.json"
-NANO_VOCAB = 512  # compare.inputs.SIZE_CORPUS_TOKENIZERS: nano reads bpe:512
+NANO_VOCAB = 512  # compare.comparison.SIZE_CORPUS_TOKENIZERS: nano reads bpe:512
 
 
 def _main(tmp_path: Path, **kw) -> CompareOptions:
@@ -52,7 +51,7 @@ def test_main_job_trains_nano_to_8_tokens_per_parameter(tmp_path):
     assert t.tokens / total_params(cfg.model) == pytest.approx(8.0, abs=t.batch_tokens / 2e5)
     assert (t.lr, t.eval_tokens) == (MAIN_LR, MAIN_EVAL_TOKENS)
     assert t.eval_every == t.steps // MAIN_CURVE_POINTS
-    allocs, _ = job.check_options(opts)
+    allocs, _ = comparison.check_options(opts)
     grid = build_grid(cfg, allocs, [0], None)
     widths = grid.budget[allocs[1].name]["widths"]
     assert all(w % MAIN_MULTIPLE_OF == 0 for w in widths) and widths[0] > widths[-1]
@@ -98,7 +97,7 @@ def test_named_models_and_paper_modes_keep_the_general_recipe(tmp_path):
 @pytest.mark.parametrize("extra", [[], ["train.lr=1e-3"]])
 def test_the_reported_command_reproduces_the_main_job(tmp_path, extra):
     opts = _main(tmp_path, overrides=extra)
-    allocs, _ = job.check_options(opts)
+    allocs, _ = comparison.check_options(opts)
     cfg = base_config(opts, None, NANO_VOCAB)
     grid = build_grid(cfg, allocs, list(range(opts.seeds)), None)
     command = canonical_command(opts, grid)
@@ -107,7 +106,7 @@ def test_the_reported_command_reproduces_the_main_job(tmp_path, extra):
     assert again.preset == "transformer-nano"  # named now: the general recipe, unless said
     cfg2 = base_config(again, None, NANO_VOCAB)
     assert to_dict(cfg2) == to_dict(cfg)
-    grid2 = build_grid(cfg2, job.allocations(again), list(range(again.seeds)), None)
+    grid2 = build_grid(cfg2, comparison.allocations(again), list(range(again.seeds)), None)
     assert [grid2.budget[a.name]["widths"] for a in grid2.allocations] == [
         grid.budget[a.name]["widths"] for a in grid.allocations
     ]

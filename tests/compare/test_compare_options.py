@@ -14,8 +14,7 @@ import pytest
 from conftest import raises_naming
 from taperlm.cli import build_parser
 from taperlm.compare import options as options_module
-from taperlm.compare.options import CompareOptions, list_text, options_from
-from taperlm.compare.reproduce import run_arguments
+from taperlm.compare.options import CompareOptions, list_text, options_from, run_arguments
 from taperlm.errors import ConfigError
 
 OUT = Path("cmp")
@@ -190,9 +189,9 @@ def test_reproducing_arguments_parse_back_to_the_same_options(argv):
     ],
 )
 def test_reproducing_command_gives_the_same_allocations(tapers):
+    from taperlm.compare.comparison import check_options
     from taperlm.compare.grid import build_grid
-    from taperlm.compare.job import check_options
-    from taperlm.compare.reproduce import canonical_command
+    from taperlm.compare.options import canonical_command
 
     def allocations(opts):
         allocs, base = check_options(opts)
@@ -241,8 +240,7 @@ def test_consumers_read_the_typed_values(monkeypatch):
     """The checks, the evaluation settings and the lr grid read the parsed values: with every
     parser made to fail after the options are made, they still run."""
     from taperlm.compare import families, grid, tuning
-    from taperlm.compare.inputs import eval_settings
-    from taperlm.compare.job import allocations, check_options
+    from taperlm.compare.comparison import allocations, check_options, eval_settings
 
     opts = _options(["--preset", "transformer-tiny", "--out", "o", *EVERY_LIST])
     fams = _options(["--out", "o", "--paper", "families", "--families", "gated", "--preset-size", "tiny"])  # fmt: skip
@@ -286,9 +284,7 @@ def test_data_and_its_set_twin_name_one_folder_for_cells_vocabulary_and_evaluati
     vocabulary and the evaluation read that one folder: checked on the options path, without
     training (check_options, data_dir_of, base_config)."""
     from taperlm.cli import main as cli_main
-    from taperlm.compare.inputs import data_dir_of
-    from taperlm.compare.job import check_options
-    from taperlm.compare.recipe import base_config
+    from taperlm.compare.comparison import base_config, check_options, data_dir_of
     from taperlm.data.datadir import load_meta
 
     x, y = _prepared(tmp_path / "x", "bpe:300"), _prepared(tmp_path / "y", "bpe:280")
@@ -326,7 +322,7 @@ def test_data_and_its_set_twin_name_one_folder_for_cells_vocabulary_and_evaluati
 
 def test_a_comparison_records_its_named_recipe(tmp_path):
     """compare's training recipes are named layers of the one assembly, next to presets."""
-    from taperlm.compare.recipe import compare_recipe
+    from taperlm.compare.comparison import compare_recipe
 
     assert compare_recipe(CompareOptions(out=OUT), "transformer").name == "compare-main"
     micro = CompareOptions(out=OUT, preset="transformer-micro")

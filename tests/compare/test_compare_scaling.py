@@ -14,7 +14,7 @@ import pytest
 
 from conftest import raises_naming
 from taperlm.analysis.stats import PairedDifference
-from taperlm.compare import scaling
+from taperlm.compare import grid, scaling
 from taperlm.compare.options import CompareOptions
 from taperlm.errors import ConfigError
 from test_compare import TINY, _cli, data_dir  # noqa: F401 (fixture)
@@ -147,7 +147,7 @@ def test_scaling_records_read_back_as_written():
     data = json.loads((root / "benchmarks/results/scaling_report.json").read_text())
     meta = scaling.ScalingMeta.from_json(data["meta"])
     assert scaling.ScalingMeta.from_json(meta.to_json()) == meta
-    written = {**meta.to_json(), "paper_point": scaling.PAPER_POINT, "plot": "scaling.png"}
+    written = {**meta.to_json(), "paper_point": grid.PAPER_POINT, "plot": "scaling.png"}
     assert "mode" not in data["meta"]  # written before the modes: --paper scaling's
     assert written == {**data["meta"], "mode": "scaling"}
     for p in data["points"]:
@@ -271,7 +271,7 @@ def test_default_plan_meets_the_brief():
     with pytest.raises(ConfigError):
         scaling.point_options(CompareOptions(out=Path("x"), paper="scaling", tokens=5), plan)
     # every point of the default sweep is a valid comparison (checked without training)
-    from taperlm.compare.job import check_options
+    from taperlm.compare.comparison import check_options
 
     points = scaling.point_options(CompareOptions(out=Path("x"), paper="scaling"), plan)
     params = []
@@ -288,7 +288,7 @@ def test_default_plan_meets_the_brief():
 def test_paper_sizes_plan():
     """--preset-size 440m,760m,1.3b: the paper's sizes, each at half and all of its tokens, with
     the paper's recipe (checked without training)."""
-    from taperlm.compare.job import check_options
+    from taperlm.compare.comparison import check_options
 
     opts = CompareOptions(out=Path("x"), paper="scaling", preset_size="440m,760m,1.3b")
     points = scaling.point_options(opts, scaling.plan_for(opts))
@@ -320,13 +320,13 @@ INTERRUPTED_MODES = {
 
 @pytest.mark.parametrize("mode", sorted(INTERRUPTED_MODES))
 def test_a_compare_stopped_in_its_first_cell_resumes(mode, data_dir, tmp_path, monkeypatch):  # noqa: F811
-    from taperlm.compare import runner
+    from taperlm.compare import cell
     from taperlm.files.outdirs import check_folder, kind_of
 
     def stop(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(runner, "run_one", stop)  # the one per-cell seam of every executor
+    monkeypatch.setattr(cell, "run_one", stop)  # the one per-cell seam of every executor
     monkeypatch.setattr(scaling, "DEFAULT_PLAN", TOY)  # the CLI's sweep, at toy sizes
     out = tmp_path / "o"
     args = ["compare", *INTERRUPTED_MODES[mode], "--seeds", "1", "--data", str(data_dir)]

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from taperlm.compare import slurm
+from taperlm.compare.cell import EvalSettings
 from taperlm.compare.options import CompareOptions
-from taperlm.compare.runner import EvalSettings
 from taperlm.errors import ConfigError
 
 
@@ -204,7 +204,7 @@ def test_every_slurm_option_is_enumerated():
 def test_slurm_options_refused_with_the_local_executor(field, tmp_path):
     """Every --slurm-* option (and --wait) given without --executor slurm is refused by name,
     before anything is created, instead of being silently ignored."""
-    from taperlm.compare.job import check_options
+    from taperlm.compare.comparison import check_options
     from taperlm.compare.options import FLAG_KEY
 
     out = tmp_path / "cmp"

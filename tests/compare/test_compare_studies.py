@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from taperlm.cli import build_parser
-from taperlm.compare import studies
+from taperlm.compare import study
 from taperlm.compare.options import PAPER_MODES, CompareOptions, options_from
 from taperlm.compare.study import COMPARISON, Part, StudyPlan, StudyProgress
 from taperlm.files.io import atomic_write_json, atomic_write_text
@@ -39,18 +39,18 @@ def toy_study(opts: CompareOptions) -> StudyPlan:
 
 def test_every_mode_is_a_registered_study():
     """The registry holds the plain comparison and exactly --paper's choices, in their order."""
-    assert list(studies.STUDIES) == [COMPARISON, *PAPER_MODES]
+    assert list(study.studies()) == [COMPARISON, *PAPER_MODES]
 
 
 def test_a_toy_study_is_one_registered_function(data_dir, tmp_path, monkeypatch, capsys):  # noqa: F811
-    monkeypatch.setattr(studies, "STUDIES", dict(studies.STUDIES))  # registered for this test
-    studies.study("toy")(toy_study)
+    monkeypatch.setattr(study, "REGISTERED", {})  # registered for this test
+    study.study("toy")(toy_study)
     out = tmp_path / "toy"
     args = build_parser().parse_args(
         ["compare", *TINY, *ALLOCS, "--seeds", "2", "--data", str(data_dir), "--out", str(out)]
     )
     opts = dataclasses.replace(options_from(args), paper="toy")
-    _, js = studies.run_study(opts)
+    _, js = study.run_study(opts)
     doc = json.loads(js.read_text())
     assert doc["done"] == doc["total"] == 2 and set(doc["diffs"]) == {"t128", "t192"}
     for key in ("t128", "t192"):  # each part a complete comparison of its own
@@ -60,6 +60,6 @@ def test_a_toy_study_is_one_registered_function(data_dir, tmp_path, monkeypatch,
     err = capsys.readouterr().err
     assert "taperlm compare --paper toy: budget 1/2: 128 tokens into" in err
     # the skeleton's resume: a rerun trains nothing and rewrites the same report
-    studies.run_study(opts)
+    study.run_study(opts)
     assert json.loads(js.read_text()) == doc
     assert "trained" not in capsys.readouterr().err

@@ -15,12 +15,10 @@ import pytest
 
 from conftest import raises_naming
 from taperlm.cli import build_parser
-from taperlm.compare import longrun as confirm
-from taperlm.compare import options
+from taperlm.compare import longrun, options
+from taperlm.compare.comparison import check_options, reported_seeds
 from taperlm.compare.grid import build_grid
-from taperlm.compare.job import check_options, reported_seeds
-from taperlm.compare.options import options_from
-from taperlm.compare.reproduce import run_arguments
+from taperlm.compare.options import options_from, run_arguments
 from taperlm.compare.tuning import TUNE_SEED_BASE
 from taperlm.config import to_dict
 from taperlm.config.loading import run_config_from_dict
@@ -45,7 +43,7 @@ def _kept_configs(point: str) -> dict[str, dict]:
 
 def test_confirm_builds_the_micro_10_comparison_on_fresh_seeds(tmp_path):
     opts = _opts(tmp_path, "--paper", "confirm")
-    sub = confirm.confirm_options(opts)
+    sub = longrun.confirm_options(opts)
     allocs, provisional = check_options(sub)
     assert [a.spec.to_string() for a in allocs] == ["uniform", "cosine:0.75:1.25"]
     seeds = reported_seeds(sub)
@@ -84,7 +82,7 @@ def test_confirm_builds_the_micro_10_comparison_on_fresh_seeds(tmp_path):
 def test_confirm_code_tunes_uniform_on_the_code_corpus(tmp_path):
     (tmp_path / "code").mkdir()
     opts = _opts(tmp_path, "--paper", "confirm-code", "--data", str(tmp_path / "code"))
-    sub = confirm.confirm_options(opts)
+    sub = longrun.confirm_options(opts)
     allocs, provisional = check_options(sub)
     assert [a.spec.to_string() for a in allocs] == ["uniform", "cosine:0.75:1.25"]
     assert sub.data == tmp_path / "code" and sub.preset == "transformer-micro"
@@ -118,24 +116,24 @@ def test_confirm_code_tunes_uniform_on_the_code_corpus(tmp_path):
 )
 def test_what_would_change_the_pre_registration_is_refused(tmp_path, args, named):
     with raises_naming(ConfigError, *named):
-        confirm.confirm_options(_opts(tmp_path, *args))
+        longrun.confirm_options(_opts(tmp_path, *args))
 
 
 def test_the_same_rule_given_explicitly_is_accepted(tmp_path):
     args = ["--paper", "confirm", "--seeds", "15", "--stop", "decided", "--min-seeds", "3"]
-    sub = confirm.confirm_options(_opts(tmp_path, *args))
+    sub = longrun.confirm_options(_opts(tmp_path, *args))
     assert reported_seeds(sub) == list(range(100, 115))
 
 
 def test_the_modes_are_registered_and_the_docs_state_their_times():
-    from taperlm.compare import studies
+    from taperlm.compare import study
 
-    assert options.CONFIRM_MODES == confirm.CONFIRM_MODES
-    assert all(studies.STUDIES[m] is confirm.confirm_plan for m in confirm.CONFIRM_MODES)
+    assert options.CONFIRM_MODES == longrun.CONFIRM_MODES
+    assert all(study.studies()[m] is longrun.confirm_plan for m in longrun.CONFIRM_MODES)
     page = (ROOT / "docs/compare.md").read_text(encoding="utf-8")
-    for mode in confirm.CONFIRM_MODES:
-        at_most = confirm.confirm_hours(mode)
-        at_three = confirm.confirm_hours(mode, seeds=3)
+    for mode in longrun.CONFIRM_MODES:
+        at_most = longrun.confirm_hours(mode)
+        at_three = longrun.confirm_hours(mode, seeds=3)
         assert f"`{mode}` | ≈ {at_three:.1f} h to ≈ {at_most:.1f} h" in page, mode
 
 

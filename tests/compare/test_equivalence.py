@@ -16,7 +16,8 @@ import pytest
 
 from conftest import raises_naming
 from taperlm.analysis import stats
-from taperlm.compare import sequential
+from taperlm.compare import report, statistics
+from taperlm.compare import results as compare_results
 from taperlm.compare.options import DEFAULT_EQUIVALENCE_MARGIN, CompareOptions, Stop
 from taperlm.errors import ConfigError
 from test_sequential import _fake_results, _grid, _t_halfwidths
@@ -82,7 +83,7 @@ def test_the_rule_compare_applies_is_the_simulated_one():
     margin, cap = 0.02, 12
     x = rng.normal(rng.choice([-1, 0, 1], size=(300, 1)) * margin, 0.5 * margin, size=(300, cap))
     means, half = stats.running_halfwidths(x, ALPHA)
-    rule = sequential.parse_rule(f"equivalent:{margin}", ALPHA, MIN_SEEDS, "each")
+    rule = statistics.parse_rule(f"equivalent:{margin}", ALPHA, MIN_SEEDS, "each")
     for row, m, h in zip(x, means, half):
         inside = (np.abs(m) + h < margin)[MIN_SEEDS - 1 :]
         want = int(inside.argmax()) + MIN_SEEDS if inside.any() else None
@@ -90,16 +91,16 @@ def test_the_rule_compare_applies_is_the_simulated_one():
             (
                 n
                 for n in range(1, cap + 1)
-                if sequential.stop_reason(rule, {"a": row[:n].tolist()}) == "equivalent"
+                if statistics.stop_reason(rule, {"a": row[:n].tolist()}) == "equivalent"
             ),
             None,
         )
         assert got == want
-    both = sequential.parse_rule(f"decided+equivalent:{margin}", ALPHA, MIN_SEEDS, "each")
+    both = statistics.parse_rule(f"decided+equivalent:{margin}", ALPHA, MIN_SEEDS, "each")
     zero = rng.normal(0.0, 0.5 * margin, size=(400, 15))
     wrong = sum(
         any(
-            sequential.stop_reason(both, {"a": row[:n].tolist()}) == "decided" for n in range(1, 16)
+            statistics.stop_reason(both, {"a": row[:n].tolist()}) == "decided" for n in range(1, 16)
         )
         for row in zero
     )
@@ -122,7 +123,7 @@ def test_forms_of_the_rule(text, kind, margin, as_text):
     stop = Stop.parse(text)
     assert (stop.kind, stop.margin, stop.as_text()) == (kind, margin, text)
     assert dataclasses.replace(stop, text="").as_text() == as_text
-    rule = sequential.parse_rule(stop, ALPHA, MIN_SEEDS, "each")
+    rule = statistics.parse_rule(stop, ALPHA, MIN_SEEDS, "each")
     assert (rule.kind, rule.margin, rule.text) == (kind, margin, as_text)
 
 
@@ -130,7 +131,7 @@ def test_forms_of_the_rule(text, kind, margin, as_text):
     "text", ["equivalent:0", "equivalent:-0.1", "equivalent:nan", "decided+equivalent:x"]
 )
 def test_bad_margins_fail_before_any_work(tmp_path, text):
-    from taperlm.compare.job import check_options
+    from taperlm.compare.comparison import check_options
 
     with raises_naming(ConfigError, "--stop", repr(text), "margin", "positive"):
         check_options(dataclasses.replace(CompareOptions(out=tmp_path), stop=text))
@@ -154,19 +155,19 @@ def test_reasons_section_and_verdicts(stop, effects, sd, want_reason, want_n):
     grid = _grid(8)
     names = [a.name for a in grid.allocations]
     results = _fake_results(grid, {names[k]: v for k, v in effects.items()}, sd, seed=4)
-    rule = sequential.parse_rule(stop, ALPHA, MIN_SEEDS, "each")
-    monitor = sequential.Monitor(rule, grid)
+    rule = statistics.parse_rule(stop, ALPHA, MIN_SEEDS, "each")
+    monitor = statistics.Monitor(rule, grid)
     monitor.update(results)
     assert (monitor.reason, monitor.stopped_at) == (want_reason, want_n)
-    rec = sequential.record(rule, grid, results, monitor.stopped_at, monitor.reason, 8)
+    rec = statistics.record(rule, grid, results, monitor.stopped_at, monitor.reason, 8)
     assert type(rec).from_json(rec.to_json()) == rec
-    text = "\n".join(sequential.section(rec))
-    assert sequential.why(rec) in text
+    text = "\n".join(report.stopping_section(rec))
+    assert report.why(rec) in text
     verdicts = rec.settled_verdicts()
     labels = {a.name: a.label for a in grid.allocations}
     if want_reason in ("equivalent", "decided+equivalent"):
-        assert "no practical difference" in sequential.why(rec) or want_reason != "equivalent"
-        assert f"within ±{rule.margin:g} nats" in sequential.why(rec)
+        assert "no practical difference" in report.why(rec) or want_reason != "equivalent"
+        assert f"within ±{rule.margin:g} nats" in report.why(rec)
         assert "≈" in text and f"within ±{rule.margin:g} nats (no practical difference)" in text
         # only the comparisons inside the margin get the verdict
         inside = {labels[names[k]] for k, v in effects.items() if v == 0.0}
@@ -179,10 +180,10 @@ def test_reasons_section_and_verdicts(stop, effects, sd, want_reason, want_n):
 
 def test_a_report_before_the_margin_reads_back():
     """report.json written before equivalence (no `within_margin`) reads as outside any margin."""
-    state = sequential.ComparisonState(4, -0.01, 0.02, (-0.03, 0.01), False, False)
+    state = compare_results.ComparisonState(4, -0.01, 0.02, (-0.03, 0.01), False, False)
     data = state.to_json()
     del data["within_margin"]
-    assert sequential.ComparisonState.from_json(data) == state
+    assert compare_results.ComparisonState.from_json(data) == state
 
 
 # ---------------------------------------------------------------------------- the main job

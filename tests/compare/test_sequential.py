@@ -17,7 +17,7 @@ import pytest
 
 from conftest import raises_naming
 from taperlm.analysis import stats
-from taperlm.compare import sequential
+from taperlm.compare import report, statistics
 from taperlm.compare.grid import build_grid, parse_allocations
 from taperlm.compare.options import CompareOptions
 from taperlm.config import RunConfig, TrainConfig
@@ -147,7 +147,7 @@ def _grid(seeds: int, tapers: str = "uniform;cosine:1.5:0.5;cosine:1.9:0.1"):
 
 
 def _result(loss: float, seed: int) -> SimpleNamespace:
-    """The part of a cell's result (`taperlm.compare.runner.CellResult`) the stop rule reads."""
+    """The part of a cell's result (`taperlm.compare.results.CellResult`) the stop rule reads."""
     return SimpleNamespace(val=SimpleNamespace(loss=loss), seed=seed)
 
 
@@ -167,7 +167,7 @@ def _first_decision(grid, results, rule) -> int:
     for n in range(rule.min_seeds, len(grid.seeds) + 1):
         if all(
             (lambda ci: ci[0] > 0 or ci[1] < 0)(stats.confidence_sequence(d, rule.alpha)[-1].ci)
-            for d in sequential.comparisons(grid, results, n, "each").values()
+            for d in statistics.comparisons(grid, results, n, "each").values()
         ):
             return n
     return len(grid.seeds)
@@ -180,7 +180,7 @@ def test_the_stop_depends_only_on_the_seeds_before_it_whatever_finishes_first():
     grid = _grid(12)
     names = [a.name for a in grid.allocations]
     results = _fake_results(grid, {names[1]: -0.08, names[2]: -0.05}, 0.02, seed=1)
-    rule = sequential.parse_rule("decided", 0.05, 3, "each")
+    rule = statistics.parse_rule("decided", 0.05, 3, "each")
     want = _first_decision(grid, results, rule)
     assert 3 <= want < 12
     rng = random.Random(0)
@@ -188,7 +188,7 @@ def test_the_stop_depends_only_on_the_seeds_before_it_whatever_finishes_first():
         order = [c.name for c in grid.cells]
         if trial:
             rng.shuffle(order)
-        monitor, done = sequential.Monitor(rule, grid), {}
+        monitor, done = statistics.Monitor(rule, grid), {}
         for name in order:
             done[name] = results[name]
             monitor.update(done)
@@ -198,7 +198,7 @@ def test_the_stop_depends_only_on_the_seeds_before_it_whatever_finishes_first():
     extreme = dict(results)
     for a in names:
         extreme[grid.cell(a, want).name] = _result(1e6, want)
-    monitor = sequential.Monitor(rule, grid)
+    monitor = statistics.Monitor(rule, grid)
     monitor.update(extreme)
     assert monitor.stopped_at == want
 
@@ -216,24 +216,24 @@ def test_rules_and_their_reasons(stop, effects, want_reason):
     grid = _grid(8)
     names = [a.name for a in grid.allocations]
     results = _fake_results(grid, {names[k]: v for k, v in effects.items()}, 0.02, seed=2)
-    rule = sequential.parse_rule(stop, 0.05, 3, "each")
-    monitor = sequential.Monitor(rule, grid)
+    rule = statistics.parse_rule(stop, 0.05, 3, "each")
+    monitor = statistics.Monitor(rule, grid)
     monitor.update(results)
     assert monitor.reason == want_reason
     assert monitor.stopped_at == (3 if want_reason == "half-width" else 8)
-    rec = sequential.record(rule, grid, results, monitor.stopped_at, monitor.reason, 8)
+    rec = statistics.record(rule, grid, results, monitor.stopped_at, monitor.reason, 8)
     assert [s.n for s in rec.sequence] == list(range(1, monitor.stopped_at + 1))
     assert type(rec).from_json(rec.to_json()) == rec and "plot" not in rec.to_json()
     assert rec.rule == stop.replace("1e-9", "1e-09")
-    text = "\n".join(sequential.section(rec))
-    assert sequential.why(rec) in text and "## When it stopped" in text
+    text = "\n".join(report.stopping_section(rec))
+    assert report.why(rec) in text and "## When it stopped" in text
 
 
 def test_best_question_rests_on_the_best_and_its_neighbours():
     grid = _grid(6, "uniform;cosine:1.25:0.75;cosine:1.5:0.5;cosine:1.75:0.25")
     names = [a.name for a in grid.allocations]
     results = _fake_results(grid, {names[1]: -0.05, names[2]: -0.15, names[3]: -0.10}, 0.01, 3)
-    labels = set(sequential.comparisons(grid, results, 6, "best"))
+    labels = set(statistics.comparisons(grid, results, 6, "best"))
     a = {x.name: x.label for x in grid.allocations}
     best = a[names[2]]
     assert labels == {f"{best} − {a[n]}" for n in (names[0], names[1], names[3])}
@@ -251,7 +251,7 @@ def test_best_question_rests_on_the_best_and_its_neighbours():
     ],
 )
 def test_bad_stop_options_fail_before_any_work(tmp_path: Path, field, value, named):
-    from taperlm.compare.job import check_options
+    from taperlm.compare.comparison import check_options
 
     # a --stop text is parsed where the options are built; the ranges are checked by check_options
     with raises_naming(ConfigError, *named):

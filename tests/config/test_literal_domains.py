@@ -18,7 +18,7 @@ from taperlm.cli import COMMANDS, build_parser, subcommand_parser
 from taperlm.commands import eval as eval_command
 from taperlm.commands import export as export_command
 from taperlm.commands import novelty as novelty_command
-from taperlm.compare import options as compare_options
+from taperlm.compare import options
 from taperlm.config import (
     DataConfig,
     ModelConfig,
@@ -81,10 +81,10 @@ OPTIONS: dict[tuple[str, str], Any] = {
     ("export", "--dtype"): gguf_export.GGUFDtype,
     ("prune", "--params-of"): compress.ParamsOf,
     ("prune", "--score"): compress.Score,
-    ("compare", "--stop-on"): compare_options.StopQuestion,
-    ("compare", "--tune-lr-scope"): compare_options.TuneScope,
-    ("compare", "--executor"): compare_options.ExecutorName,
-    ("compare", "--paper"): tuple(compare_options.PAPER_STUDIES),  # a registry of studies
+    ("compare", "--stop-on"): options.StopQuestion,
+    ("compare", "--tune-lr-scope"): options.TuneScope,
+    ("compare", "--executor"): options.ExecutorName,
+    ("compare", "--paper"): tuple(options.PAPER_STUDIES),  # a registry of studies
 }
 
 

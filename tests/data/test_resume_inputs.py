@@ -146,7 +146,7 @@ def test_default_corpus_fingerprint_follows_its_files(tmp_path, monkeypatch):
 
 
 def test_compare_cells_see_an_edited_novelty_text(tmp_path):
-    from taperlm.compare.runner import EvalSettings
+    from taperlm.compare.cell import EvalSettings
 
     text = tmp_path / "wiki.txt"
     text.write_text("some text to measure novelty on\n" * 100)
@@ -161,7 +161,7 @@ def test_compare_cells_see_an_edited_novelty_text(tmp_path):
 def _settings_with_inputs(root: Path):
     """EvalSettings whose every input file (novelty text, a zero-shot task's local files) lies
     under `root`."""
-    from taperlm.compare.runner import EvalSettings
+    from taperlm.compare.cell import EvalSettings
     from taperlm.evaluation.registry import get_task
 
     (root / "wiki.txt").parent.mkdir(parents=True, exist_ok=True)
@@ -180,7 +180,7 @@ def test_compare_cells_know_their_inputs_by_content_not_by_path(tmp_path):
     re-evaluates. A new EvalSettings field must say whether it names an input file."""
     import dataclasses
 
-    from taperlm.compare.runner import _INPUT_PATHS, EvalSettings, evaluation_key
+    from taperlm.compare.cell import _INPUT_PATHS, EvalSettings, evaluation_key
 
     not_paths = {"val_tokens", "eval_tasks", "eval_limit", "eval_batch_size", "novelty_tokens",
                  "niah_lengths", "niah_haystack"}  # fmt: skip
@@ -201,7 +201,7 @@ def test_compare_cells_know_their_inputs_by_content_not_by_path(tmp_path):
 
 
 def _settings_with_inputs_read(root: Path) -> dict:
-    from taperlm.compare.runner import EvalSettings
+    from taperlm.compare.cell import EvalSettings
 
     return EvalSettings(
         novelty_text=str(root / "wiki.txt"), eval_data=str(root / "data"), eval_tasks=["piqa"]
@@ -211,7 +211,7 @@ def _settings_with_inputs_read(root: Path) -> dict:
 def test_cells_recorded_with_path_bound_identities_stay_cached(tmp_path):
     """A result written before identities were by content ([size, mtime, ctime, digest] of the
     novelty text, at its old path) is still recognised as the same evaluation."""
-    from taperlm.compare.runner import EvalSettings, evaluation_key
+    from taperlm.compare.cell import EvalSettings, evaluation_key
     from taperlm.files.io import file_identity
 
     text = tmp_path / "new" / "wiki.txt"
@@ -230,7 +230,7 @@ def test_cells_recorded_with_path_bound_identities_stay_cached(tmp_path):
 def test_default_corpus_cache_is_keyed_by_its_inputs(tmp_path, monkeypatch):
     """compare's prepared default corpus lives under a name derived from its inputs: a changed
     input (an upgraded package, another pipeline version) gets a fresh one, never the stale."""
-    from taperlm.compare import inputs
+    from taperlm.compare import comparison
 
     monkeypatch.setenv("TAPERLM_CACHE", str(tmp_path / "cache"))
     ident = [["pkg:a.txt", 10, 1]]
@@ -243,20 +243,20 @@ def test_default_corpus_cache_is_keyed_by_its_inputs(tmp_path, monkeypatch):
         built.append(spec)
 
     monkeypatch.setattr(prep, "prepare", fake_prepare)
-    first = inputs.default_corpus_dir(progress=False)
-    assert inputs.default_corpus_dir(progress=False) == first and len(built) == 1  # reused
+    first = comparison.default_corpus_dir(progress=False)
+    assert comparison.default_corpus_dir(progress=False) == first and len(built) == 1  # reused
     ident[0][2] = 2
-    second = inputs.default_corpus_dir(progress=False)
+    second = comparison.default_corpus_dir(progress=False)
     assert second != first and len(built) == 2
     monkeypatch.setattr(prep, "PIPELINE_VERSION", prep.PIPELINE_VERSION + 1)
-    assert inputs.default_corpus_dir(progress=False) not in (first, second)
+    assert comparison.default_corpus_dir(progress=False) not in (first, second)
     digest12 = hashlib.sha256(json.dumps([prep.PIPELINE_VERSION, ident]).encode()).hexdigest()
-    assert inputs.default_corpus_dir(progress=False).name.endswith(digest12[:12])
+    assert comparison.default_corpus_dir(progress=False).name.endswith(digest12[:12])
 
 
 def test_eval_settings_round_trip_through_workers(tmp_path):
     """Workers rebuild the settings from to_dict(): the identity it adds is not a setting."""
-    from taperlm.compare.runner import EvalSettings
+    from taperlm.compare.cell import EvalSettings
 
     text = tmp_path / "wiki.txt"
     text.write_text("text\n" * 10)

@@ -221,7 +221,8 @@ def test_other_data_of_the_built_in_corpus_names_the_packages(tmp_path):
     comes from: other versions of the documentation packages, and how to get the latest."""
     import json as _json
 
-    from taperlm.compare import runner
+    from taperlm.compare import cell as compare_cell
+    from taperlm.compare import results
     from taperlm.compare.grid import Allocation, Cell
     from taperlm.config import run_config_from_dict
     from taperlm.spec.taper import TaperSpec
@@ -236,9 +237,9 @@ def test_other_data_of_the_built_in_corpus_names_the_packages(tmp_path):
         }
     )
     cell = Cell(Allocation("uniform", "uniform", TaperSpec.parse("uniform")), 0, cfg)
-    right = runner.data_order_fingerprint(cell, default)
-    assert runner._other_data_order(cell, default, right) is None
-    wrong = runner.DataOrder(right.steps, "0" * 64, [1, 2, 3, 4])
-    why = runner._other_data_order(cell, default, wrong)
+    right = compare_cell.data_order_fingerprint(cell, default)
+    assert compare_cell._other_data_order(cell, default, right) is None
+    wrong = results.DataOrder(right.steps, "0" * 64, [1, 2, 3, 4])
+    why = compare_cell._other_data_order(cell, default, wrong)
     assert why and "Debian documentation packages" in why and "apt-get install" in why
     assert "[1, 2, 3, 4]..." in why and _json.dumps(right.first_ids[:4])[1:-1] in why

@@ -94,7 +94,7 @@ def test_toy_task_runs_through_eval(toy_task, run_dir, tmp_path, capsys):
 def test_toy_task_is_a_compare_option(toy_task, tmp_path):
     """`compare --eval-tasks` reads the same registry: the toy task is accepted by name and
     belongs to `all` (after the paper suite and NIAH, whose order the reports keep)."""
-    from taperlm.compare.inputs import compare_task_groups, eval_settings
+    from taperlm.compare.comparison import compare_task_groups, eval_settings
     from taperlm.compare.options import CompareOptions
 
     groups = compare_task_groups()

@@ -323,7 +323,7 @@ def test_the_kept_cells_resume_the_long_training_modes(path):
     import json
 
     from taperlm.compare import longrun
-    from taperlm.compare.runner import read_result
+    from taperlm.compare.cell import read_result
     from taperlm.files.outdirs import check_folder
 
     mode, size = path.stem.split("_")[1:]

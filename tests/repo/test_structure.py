@@ -310,7 +310,7 @@ def test_v01_run_dir_loads_resumes_and_compares(tmp_path):
     from fault_harness import corpus_text
     from taperlm.checkpoint.loading import load_run_model
     from taperlm.checkpoint.store import find_checkpoint
-    from taperlm.compare.runner import _check_saved_config
+    from taperlm.compare.cell import _check_saved_config
 
     data = tmp_path / "data"
     (tmp_path / "corpus.txt").write_text(corpus_text(), encoding="utf-8")

@@ -272,7 +272,8 @@ def test_reader_of_a_training_run_always_loads(data, tmp_path):
 def test_damaged_compare_cell_file_is_recomputed_or_skipped(name, kind, tmp_path):
     """A damaged result.json reads as missing (the cell is evaluated again from its final
     checkpoint); damaged sessions.jsonl lines are left out of the report's session record."""
-    from taperlm.compare.runner import RESULT_VERSION, read_result, read_sessions
+    from taperlm.compare.cell import read_result, read_sessions
+    from taperlm.compare.results import RESULT_VERSION
 
     cell = tmp_path / "cell"
     cell.mkdir()

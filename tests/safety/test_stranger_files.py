@@ -170,7 +170,7 @@ REMOVALS: dict[str, str] = {
     "files/outdirs.py": "install_files: its staged files moved in, and stale files of the folder's "
     "record (each name path_inside checked, and unchanged since it wrote them)",
     "evaluation/harness.py": "its own staging folder inside the lm-eval tasks folder",
-    "compare/inputs.py": "its own temporary and target folders inside the compare folder",
+    "compare/comparison.py": "its own temporary and target folders inside the compare folder",
     "data/val_split.py": "shards of the prepare's own work folder",
     "data/identity.py": "its own temporary and stale copies of the run's tokenizer",
     "data/datadir.py": "moves of shard names meta.json may hold (split_shards checks them, "
@@ -690,7 +690,7 @@ def _append(data: Path, run: Path, tmp: Path) -> Any:
 
 
 def _result(data: Path, run: Path, tmp: Path) -> Any:
-    from taperlm.compare.runner import read_result
+    from taperlm.compare.cell import read_result
 
     _fifo(tmp / "result.json")
     assert read_result(tmp) is None  # a damaged result is recomputed

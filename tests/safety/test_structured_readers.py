@@ -380,7 +380,8 @@ def test_checkpoint_manifest_falls_back_to_the_previous_checkpoint(trained, tmp_
 
 
 def test_compare_cell_result_json_is_recomputed(tmp_path):
-    from taperlm.compare.runner import RESULT_FILE, read_result
+    from taperlm.compare.cell import read_result
+    from taperlm.compare.results import RESULT_FILE
 
     _deep(tmp_path / RESULT_FILE)
     assert read_result(tmp_path) is None  # damaged: recomputed like a missing one

@@ -8,7 +8,7 @@
   regularized incomplete beta function, evaluated by its continued fraction (modified Lentz).
 - `confidence_sequence`: an anytime-valid confidence sequence for the mean of paired
   differences with unknown variance (a scale-invariant Gaussian-mixture t-test martingale, Lai
-  1976; Wang & Ramdas 2023), for deciding as seeds arrive (`taperlm.compare.sequential`).
+  1976; Wang & Ramdas 2023), for deciding as seeds arrive (`taperlm.compare.statistics`).
 - `pearson`: the correlation of two sequences (nan when undefined); `spearman` and
   `pairwise_agreement`: how well an ordering matches a reference ordering.
 """

@@ -12,9 +12,9 @@
     taperlm compare --paper ratios --out cmp-ratios             # the sweep past 1.9 -> 0.1
 
 Parses the arguments and runs the study of `--paper` (none: the plain comparison) with
-`taperlm.compare.studies.run_study`: every mode is a study registered there. The options, their
+`taperlm.compare.study.run_study`: every mode is a study registered there. The options, their
 domains and defaults are declared once in `taperlm.compare.options`; the training recipe and the precedence of settings in
-`taperlm.compare.recipe`; the default corpus cache in `taperlm.compare.inputs`. No torch import
+`taperlm.compare.comparison`; the default corpus cache in `taperlm.compare.comparison`. No torch import
 here.
 """
 
@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from taperlm.compare.studies import run_study  # lazy: torch only once a job runs
+    from taperlm.compare.study import run_study  # lazy: torch only once a job runs
 
     args.loggers = logger_names(args.loggers)
     opts = options_from(args)
@@ -48,14 +48,14 @@ def run(args: argparse.Namespace) -> int:
     # report's reproducing command shows it as --set.
     opts.overrides = [*opts.overrides, *env_overrides()]
     if opts.dry_run:  # the cost, before anything is spent: nothing is created
-        from taperlm.compare.dryrun import dry_run  # lazy: torch
+        from taperlm.compare.study import dry_run  # lazy: torch
 
         print(dry_run(opts))
         return 0
-    from taperlm.compare.executor import PendingCells  # lazy: torch
+    from taperlm.compare.execute import PendingCells  # lazy: torch
 
     try:
-        run_study(opts)  # every mode is a study (taperlm.compare.studies)
+        run_study(opts)  # every mode is a study (taperlm.compare.study)
     except PendingCells as pending:  # cells queued on a cluster: rerun to update
         print(f"taperlm compare: {pending}")
     return 0

@@ -32,8 +32,7 @@ it, the figure draws it hollow, and no best-ratio trend goes through it.
 
 Its last section is the check of the lead these modes found: `--paper confirm` and
 `--paper confirm-code` (`confirm_plan`), the pre-registered comparisons of uniform against cosine
-0.75 -> 1.25 on fresh seeds.
-"""
+0.75 -> 1.25 on fresh seeds."""
 
 from __future__ import annotations
 
@@ -48,6 +47,8 @@ import numpy as np
 
 from taperlm.analysis.plots import _figure, _save
 from taperlm.analysis.stats import PairedDifference
+from taperlm.compare.comparison import COMPARE_TRAIN
+from taperlm.compare.grid import PAPER_440M, PAPER_BEST, PAPER_DIFF
 from taperlm.compare.options import (
     CONFIRM_SEEDS,
     DEFAULT_MIN_SEEDS,
@@ -55,8 +56,6 @@ from taperlm.compare.options import (
     CompareOptions,
     list_text,
 )
-from taperlm.compare.paper import PAPER_440M, PAPER_BEST, PAPER_DIFF
-from taperlm.compare.recipe import COMPARE_TRAIN
 from taperlm.compare.report import md_table
 from taperlm.compare.scaling import (
     SCALING_STARTS,
@@ -72,7 +71,7 @@ from taperlm.errors import ConfigError
 from taperlm.files.io import MAX_RECORD_BYTES, atomic_write_json, atomic_write_text, read_json
 
 # The sizes of the long-training sweeps: preset, the vocabulary of its built-in corpus
-# (`taperlm.compare.inputs.SIZE_CORPUS_TOKENIZERS`) and its width step.
+# (`taperlm.compare.comparison.SIZE_CORPUS_TOKENIZERS`) and its width step.
 SIZES = {
     "nano": ("transformer-nano", 512, 8),
     "micro": ("transformer-micro", 2048, None),

@@ -11,20 +11,24 @@ The model options (--preset, --config, --multiple-of, --set) and --logger are th
 `taperlm.commands.common`; their fields carry no flag here. An option that sets a config key
 (--tokens: train.tokens, --data: data.dir) names it (`option(..., key=...)`): it is declared
 with `taperlm.config.assembly.add_setting_argument`, like every command's, and is a layer of the base
-config's assembly (`taperlm.compare.recipe.base_config`).
-"""
+config's assembly (`taperlm.compare.comparison.base_config`).
+
+The command line written back: `canonical_command` is the command that reproduces a comparison,
+every choice explicit (report.json's `command`); `run_arguments` are its run arguments, which
+the multi-part studies reuse per comparison."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import math
+import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from taperlm.compare.grid import split_taper_list
+from taperlm.compare.grid import Grid, split_taper_list
 from taperlm.config.assembly import OptionSetting, add_setting_argument
 from taperlm.errors import ConfigError
 from taperlm.evaluation.niah import parse_lengths
@@ -111,7 +115,7 @@ DEFAULT_FAMILIES = ("transformer", "gated", "hope", "titans-mag")
 DEFAULT_STOP = "decided"
 DEFAULT_STOP_ALPHA = 0.05
 DEFAULT_MIN_SEEDS = 3
-# --stop-on: the comparisons that must be settled (taperlm.compare.sequential.comparisons)
+# --stop-on: the comparisons that must be settled (taperlm.compare.statistics.comparisons)
 StopQuestion = Literal["each", "best"]
 STOP_QUESTIONS = choices(StopQuestion)
 # --tune-lr (taperlm.compare.tuning): tuning seeds per (allocation, lr), and the scopes
@@ -125,7 +129,7 @@ StopKind = Literal["fixed", "decided", "half-width", "equivalent", "decided+equi
 # effect this project reports as decided (docs/compare.md, "Deciding no difference").
 DEFAULT_EQUIVALENCE_MARGIN = 0.02
 EQUIVALENCE_KINDS = ("equivalent", "decided+equivalent")
-# --executor: where cells run (taperlm.compare.executor.EXECUTORS)
+# --executor: where cells run (taperlm.compare.execute.EXECUTORS)
 ExecutorName = Literal["local", "slurm"]
 EXECUTOR_NAMES = choices(ExecutorName)
 
@@ -204,7 +208,7 @@ def _float_text(x: float) -> str:
 
 def parse_tapers(text: str) -> tuple[str, ...]:
     """--tapers: its allocation specs, split as `taperlm.compare.grid.split_taper_list` says
-    (each is parsed into an allocation by `taperlm.compare.job.allocations`, at the width step
+    (each is parsed into an allocation by `taperlm.compare.comparison.allocations`, at the width step
     the model's options give)."""
     return tuple(split_taper_list(text))
 
@@ -403,7 +407,7 @@ class CompareOptions:
         default=DEFAULT_MIN_SEEDS,
         domain=up_to(MAX_COUNT),
     )
-    stop_on: StopQuestion = option(  # taperlm.compare.sequential.comparisons
+    stop_on: StopQuestion = option(  # taperlm.compare.statistics.comparisons
         "--stop-on",
         "--stop: the comparisons that must be settled: each = every allocation vs uniform "
         "(default); best = the lowest-loss allocation vs uniform and vs its neighbours in the "
@@ -432,7 +436,7 @@ class CompareOptions:
         domain=up_to(MAX_TOKENS, 0),
     )
     # the task and group names listed (list_items; none and val: no task), each group expanded
-    # and every name checked against the task registry by taperlm.compare.inputs.eval_settings
+    # and every name checked against the task registry by taperlm.compare.comparison.eval_settings
     eval_tasks: tuple[str, ...] = option(
         "--eval-tasks",
         "tasks after training: none (default), paper (the nine zero-shot tasks), niah "
@@ -690,3 +694,72 @@ def check_option_ranges(opts: CompareOptions) -> None:
         domain = f.metadata.get(DOMAIN_KEY)
         if domain is not None:
             domain.check(getattr(opts, f.name), f.metadata[FLAG_KEY])
+
+
+def canonical_command(opts: CompareOptions, grid: Grid) -> str:
+    """A command line that reproduces this comparison (every choice explicit)."""
+    parts = ["taperlm", "compare"]
+    if opts.config:
+        parts += ["--config", str(opts.config)]
+    else:
+        parts += ["--preset", str(model_preset(opts))]
+    if grid.paper:
+        parts += ["--paper", grid.paper]
+    else:
+        specs = [
+            a.spec_string if a.label == a.spec_string else f"{a.name}={a.spec_string}"
+            for a in grid.allocations
+        ]
+        parts += ["--tapers", ";".join(specs)]
+    step = width_step(opts)
+    if step:
+        parts += ["--multiple-of", str(step)]
+    pilot = grid.pilot and grid.pilot.tokens
+    args = run_arguments(opts, len(grid.seeds), grid.base.train.tokens, pilot)
+    if is_main_job(opts):
+        # the main job's own recipe, which a named --preset does not get: said as --set (before
+        # the user's own, which the values already include)
+        t = grid.base.train
+        main = [f"train.lr={t.lr:g}", f"train.eval_tokens={t.eval_tokens}"]
+        main.append(f"train.eval_every={t.eval_every}")
+        at = args.index("--tokens") + 2
+        args[at:at] = [x for o in main for x in ("--set", o)]
+    return shlex.join(parts + args)
+
+
+def run_arguments(
+    opts: CompareOptions, seeds: int, tokens: int, pilot: int | None = None
+) -> list[str]:
+    """The arguments after the model and allocations in a reproducing command line (`pilot`:
+    the pilot runs' tokens, when the grid has novelty:pilot allocations)."""
+    parts = ["--seeds", str(seeds), "--tokens", str(tokens)]
+    if opts.first_seed:
+        parts[2:2] = ["--first-seed", str(opts.first_seed)]
+    if opts.data is not None:
+        parts += ["--data", str(opts.data)]
+    for o in opts.overrides:
+        parts += ["--set", o]
+    parts += ["--val-tokens", str(opts.val_tokens), "--eval-tasks", list_text(opts.eval_tasks)]
+    if opts.eval_tasks not in ((), ("none",)):
+        parts += ["--eval-limit", str(opts.eval_limit)]
+    if opts.eval_niah_lengths:
+        parts += ["--eval-niah-lengths", list_text(opts.eval_niah_lengths)]
+    parts += ["--novelty-tokens", str(opts.novelty_tokens)]
+    if opts.novelty_data is not None:
+        parts += ["--novelty-data", str(opts.novelty_data)]
+    if pilot is not None:
+        parts += ["--pilot-tokens", str(pilot)]
+    if opts.tune_lr:
+        parts.append("--tune-lr")
+        if opts.lr_grid is not None:  # else each model's default grid, around its recipe's lr
+            parts += ["--lr-grid", list_text(opts.lr_grid)]
+        parts += ["--tune-seeds", str(opts.tune_seeds or DEFAULT_TUNE_SEEDS)]
+        parts += ["--tune-lr-scope", opts.tune_scope or "each"]
+        if opts.lr_grid_extend:
+            parts += ["--lr-grid-extend", str(opts.lr_grid_extend)]
+    parts += ["--stop", opts.stop.as_text(), "--stop-alpha", f"{opts.stop_alpha:g}"]
+    parts += ["--min-seeds", str(opts.min_seeds), "--stop-on", opts.stop_on]
+    if opts.nproc_per_cell > 1:  # the order of a step's sums: the last bits of the numbers
+        parts += ["--nproc-per-cell", str(opts.nproc_per_cell)]
+    parts += ["--out", str(opts.out)]  # --jobs/--threads change the speed, never the numbers
+    return parts

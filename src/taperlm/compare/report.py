@@ -1,45 +1,308 @@
-"""The comparison report: report.json (every number, `taperlm.compare.summary`), report.md and
-the PNGs (`taperlm.compare.plots`).
-
-Statistics (see `taperlm.analysis.stats`):
-- per allocation: mean and sample std over seeds of val loss, val ppl, tokens/s, train loss;
-- paired difference vs uniform per seed (same seed = same data order and init seed), mean, std,
-  n and the 95% Student-t confidence interval; a CI that excludes 0 is marked `*`;
-- novelty: Pearson r of rho_mlp (and rho_block) with depth, mean ± std over seeds, and the
-  per-layer rho means averaged over seeds;
-- paper comparison (allocations the paper reports): Spearman rank correlation between our mean
-  val ppl and the paper's, the fraction of allocation pairs ordered as in the paper (pairs tied
-  in the paper skipped), and for the sweep the paper's two claims (cosine < linear < sigmoid at
-  every ratio; cosine best at 1.5 -> 0.5).
-"""
+"""report.md of a comparison, rendered from its typed results (`taperlm.compare.results`):
+the header, the validation table with paired differences (a CI that excludes 0 is marked `*`),
+zero-shot and novelty sections, the paper comparison, the difference against tokens with its
+crossing (`crossing_section`), the sequential stop (`stopping_section`, `why`) and --tune-lr's
+"Learning rate tuning" section (`tuning_section`); `write_report` writes report.json, report.md
+and the figures (`taperlm.compare.figures`) of one comparison."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from taperlm.analysis import stats
 from taperlm.analysis.stats import PairedDifference, Summary, relative_ppl_change
-from taperlm.compare import crossing
+from taperlm.compare.figures import CROSSING_PLOT, PLOTS, crossing_plot, write_plots
 from taperlm.compare.grid import Grid
-from taperlm.compare.plots import PLOTS, write_plots
-from taperlm.compare.summary import (
+from taperlm.compare.results import (
+    AllocationCurve,
     AllocationSummary,
+    ComparisonReport,
     ComparisonSummary,
+    DeltaAt,
     Execution,
     ExecutionSetting,
+    LossVsTokens,
+    LrTuning,
     PaperComparison,
     PilotSummary,
+    Results,
+    Stopping,
     ZeroShotColumn,
+)
+from taperlm.compare.statistics import (
+    BELOW_AT_END,
+    BOOTSTRAP_RESAMPLES,
+    CROSSED,
+    REPORT_KEY,
+    TOO_SHORT,
+    loss_vs_tokens,
     summarize,
 )
 from taperlm.config import to_dict
-from taperlm.files.io import atomic_write_text, finite_json, parse_json
+from taperlm.files.io import (
+    atomic_write_text,
+    finite_json,
+    parse_json,
+)
 
 if TYPE_CHECKING:
-    from taperlm.compare.runner import Results
+    pass
+
+
+def fmt_signed(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:+.2f}"
+
+
+TABLE_POINTS = 6  # rows of report.md's table: evaluations spread evenly in log tokens
+
+
+# ----------------------------------------------------------------------------------------------
+# report.md and the PNG
+
+
+def fmt_tokens(tokens: float) -> str:
+    """1,234,567 -> 1.23M (tables and lines)."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if tokens >= scale:
+            return f"{tokens / scale:.3g}{unit}"
+    return f"{tokens:.0f}"
+
+
+def crossing_text(curve: AllocationCurve, params: int) -> str:
+    """One sentence: where the advantage ends (with its interval), or why nothing crosses."""
+    c, iv = curve.crossing, curve.interval
+    if c.kind == TOO_SHORT:
+        return "fewer than 2 evaluations shared by every seed: no curve to read"
+    end = curve.points[-1]
+    if c.kind == CROSSED:
+        assert c.tokens is not None
+        text = (
+            f"the mean difference crosses zero at **{fmt_tokens(c.tokens)} tokens = "
+            f"{c.tokens / params:.2f} tokens/param** and stays at or above it to the end "
+            f"({fmt_tokens(end.tokens)} = {end.tokens_per_param:.2f} tokens/param)"
+        )
+        if c.recrossed:
+            text += "; it had been at or above zero before and dipped below again"
+    elif c.kind == BELOW_AT_END:
+        text = (
+            "no crossing within the run: the mean difference is below zero at the end "
+            f"({end.mean:+.4f} at {end.tokens_per_param:.2f} tokens/param), the taper still ahead"
+        )
+    else:
+        text = (
+            "no crossing within the run: the mean difference is at or above zero at every "
+            "evaluation, the taper never ahead"
+        )
+    if iv is None:
+        return text + " (one seed: no interval)"
+    share = f"{100 * iv.share_not_crossing:.1f}%"
+    detail = f"below zero at the end in {iv.below_at_end}, never below in {iv.never_below}"
+    if not iv.share_not_crossing:
+        detail = "every resample crosses"
+    if iv.tokens is None:
+        return text + f"; no bootstrap resample of the seeds crosses ({detail})"
+    lo, hi = iv.tokens
+    return text + (
+        f"; 95% bootstrap interval over seeds {lo / params:.2f}–{hi / params:.2f} tokens/param "
+        f"({fmt_tokens(lo)}–{fmt_tokens(hi)} tokens); {share} of {iv.resamples:,} resamples "
+        f"without a crossing ({detail})"
+    )
+
+
+def table_rows(curve: AllocationCurve, k: int = TABLE_POINTS) -> list[DeltaAt]:
+    """`k` evaluations spread evenly in log tokens, the first and the last among them."""
+    pts = curve.points
+    if len(pts) <= k:
+        return list(pts)
+    logs = np.log([p.tokens for p in pts])
+    targets = np.linspace(logs[0], logs[-1], k)
+    picked = sorted({int(np.argmin(np.abs(logs - x))) for x in targets})
+    return [pts[i] for i in picked]
+
+
+def _ci_text(p: DeltaAt) -> str:
+    if p.ci is None:
+        return f"{p.mean:+.4f}"
+    return f"{p.mean:+.4f} [{p.ci[0]:+.4f}, {p.ci[1]:+.4f}]"
+
+
+def crossing_section(data: LossVsTokens) -> list[str]:
+    """report.md's section: per tapered allocation a table at a few evaluations and the
+    crossing line."""
+    if not data.allocations:
+        return []
+    evals = "" if data.eval_tokens is None else f" (each on {data.eval_tokens:,} val tokens)"
+    lines = [
+        "## Difference against tokens seen",
+        "",
+        f"The paired difference tapered − uniform at the evaluations during training{evals}, "
+        "mean over seeds with its 95% Student-t interval; the crossing is where the mean "
+        "difference last goes from below zero to at or above it and stays there (interpolated "
+        f"in log tokens), its interval the 2.5–97.5 percentiles over {BOOTSTRAP_RESAMPLES:,} "
+        "bootstrap resamples of the seeds. Points before the end are of runs whose lr has not "
+        "decayed yet, so the crossing is not the budget at which a run trained to that length "
+        f"stops favouring the taper. Every evaluation is in report.json (`{REPORT_KEY}`) and "
+        f"drawn in {CROSSING_PLOT}.",
+        "",
+    ]
+    for a in data.allocations:
+        lines += [f"**{a.label}** ({len(a.seeds)} seeds): {crossing_text(a, data.params)}.", ""]
+        rows = [
+            [f"{p.tokens:,}", f"{p.tokens_per_param:.2f}", _ci_text(p), _better(p)]
+            for p in table_rows(a)
+        ]
+        if rows:
+            lines += md_table(
+                ["tokens", "tokens/param", "Δ loss, nats [95% CI]", "seeds taper better"], rows
+            )
+            lines.append("")
+    return lines
+
+
+def _better(p: DeltaAt) -> str:
+    return f"{sum(d < 0 for d in p.per_seed)}/{p.n}"
+
+
+def headline(
+    data: LossVsTokens,
+    final: Mapping[str, stats.PairedDifference | None],
+    settled: Mapping[str, str] | None = None,
+) -> list[str]:
+    """report.md's first section: per tapered allocation the verdict at the end of the run
+    (`final`: allocation name -> its `paired_difference` of the final validation loss, the
+    table's) and where its advantage ends. `settled`: allocation label -> a verdict the stop
+    rule reached (`sequential.Stopping.settled_verdicts`: "no practical difference"), said instead."""
+    if not data.allocations:
+        return []
+    lines = ["## Verdict", ""]
+    for a in data.allocations:
+        d = final.get(a.name)
+        end = a.points[-1] if a.points else None
+        at = (
+            ""
+            if end is None
+            else f" at {end.tokens:,} tokens ({end.tokens_per_param:.2f} tokens/param)"
+        )
+        if d is None or d.mean is None:
+            verdict = "no finished pair of runs yet"
+        elif settled and a.label in settled:
+            verdict = settled[a.label]
+        else:
+            verdict = _verdict(d)
+        lines.append(
+            f"- **{a.label} vs uniform{at}: {verdict}.** {_cap(crossing_text(a, data.params))}."
+        )
+    lines.append("")
+    return lines
+
+
+def _verdict(d: stats.PairedDifference) -> str:
+    m, ci = d.mean, d.ci
+    assert m is not None  # headline() reports a missing mean before asking for a verdict
+    better = sum(x < 0 for x in d.per_seed)
+    seeds = f", taper better in {better} of {d.n} seeds"
+    if ci is None:
+        return f"Δ {m:+.4f} nats (one seed, no interval)"
+    span = f"Δ {m:+.4f} nats [{ci[0]:+.4f}, {ci[1]:+.4f}]{seeds}"
+    if ci[1] < 0:
+        return f"the taper is better, {span}"
+    if ci[0] > 0:
+        return f"the taper is WORSE than uniform, {span}"
+    return f"no difference decided, {span}"
+
+
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def why(stopping: Stopping) -> str:
+    """One sentence: when and why the comparison stopped."""
+    n, cap, pct = stopping.stopped_at, stopping.cap, f"{100 * stopping.confidence:g}%"
+    reason = stopping.reason
+    if reason == "decided":
+        return (
+            f"stopped after {n} of at most {cap} seeds: every comparison's {pct} anytime-valid "
+            "interval excludes 0 (--stop decided)"
+        )
+    if reason == "equivalent":
+        return (
+            f"stopped after {n} of at most {cap} seeds: every comparison's {pct} anytime-valid "
+            f"interval lies within ±{stopping.margin:g} nats: no practical difference "
+            f"(--stop {stopping.rule})"
+        )
+    if reason == "decided+equivalent":
+        return (
+            f"stopped after {n} of at most {cap} seeds: every comparison's {pct} anytime-valid "
+            f"interval excludes 0 or lies within ±{stopping.margin:g} nats (--stop "
+            f"{stopping.rule})"
+        )
+    if reason == "half-width":
+        return (
+            f"stopped after {n} of at most {cap} seeds: every comparison's {pct} anytime-valid "
+            f"interval is within ±{stopping.rule.split(':')[1]} nats (--stop {stopping.rule})"
+        )
+    if stopping.rule == "fixed":
+        return f"ran all {cap} seeds (--stop fixed: the fixed design)"
+    return (
+        f"ran all {cap} seeds (the cap, --seeds) without the rule --stop {stopping.rule} being met"
+    )
+
+
+def stopping_section(stopping: Stopping) -> list[str]:
+    """report.md's "When it stopped" section."""
+    pct = f"{100 * stopping.confidence:g}%"
+    labels: list[str] = []
+    for step in stopping.sequence:
+        labels += [k for k in step.comparisons if k not in labels]
+    head = ["seeds", *(f"{k}: Δ nats [{pct} anytime]" for k in labels)]
+    rows = []
+    for step in stopping.sequence:
+        cells = [str(step.n) + (" (stop)" if step.stops else "")]
+        for k in labels:
+            e = step.comparisons.get(k)
+            if e is None:
+                cells.append("")
+            elif not math.isfinite(e.half):
+                cells.append(f"{e.mean:+.4f} (unbounded)")
+            else:
+                mark = (" *" if e.excludes_zero else "") + (" ≈" if e.within_margin else "")
+                cells.append(f"{e.mean:+.4f} [{e.ci[0]:+.4f}, {e.ci[1]:+.4f}]{mark}")
+        rows.append(cells)
+    lines = [
+        "## When it stopped",
+        "",
+        f"The comparison {why(stopping)}.",
+        "",
+        f"Rule `--stop {stopping.rule}`, error rate {stopping.alpha:g} per comparison, "
+        f"at least {stopping.min_seeds} seeds, at most {stopping.cap} (`--seeds`), "
+        f"question `--stop-on {stopping.stop_on}`. Seeds are added in order and the decision "
+        "at n uses seeds 0..n-1 only, so the stop is the same on any number of workers; cells "
+        "of later seeds that were already running may be in runs/ (checkpointed or done) but "
+        f"are not part of this report. The interval is the {pct} {stopping.construction}: it holds at every "
+        "n at once, so stopping on it keeps its level. The Student-t intervals of the tables "
+        "above are the fixed-n ones at the n it stopped at, shown for comparison with fixed "
+        "designs; after a data-dependent stop only the anytime-valid interval keeps its level.",
+        "",
+        *md_table(head, rows),
+        "",
+        "`*`: the interval excludes 0."
+        + (
+            f" `≈`: it lies within ±{stopping.margin:g} nats (no practical difference)."
+            if stopping.margin is not None
+            else ""
+        ),
+        "",
+    ]
+    if stopping.plot:
+        lines += [f"![the interval as seeds are added]({stopping.plot})", ""]
+    return lines
+
 
 # another part's report: (report.json key, its data, the lines of its report.md section)
 Extra = tuple[str, Any, Callable[[Any], list[str]]]
@@ -343,14 +606,13 @@ def _plots_section(plots: dict[str, str], s: dict[str, Any]) -> list[str]:
         "paper": "perplexity change vs uniform beside the paper's",
         "sweep": "the sweep: perplexity change vs start ratio per schedule, beside the paper's",
         "kv_pareto": "paired validation-loss difference vs uniform against KV-cache bytes per token",
-        crossing.REPORT_KEY: "paired difference vs uniform against tokens per parameter, with "
-        "the crossing",
+        REPORT_KEY: "paired difference vs uniform against tokens per parameter, with the crossing",
     }
     lines = ["", "## Plots", ""]
     lines += [f"- [{captions[key]}]({file})" for key, file in plots.items()]
     lines += ["", f"![widths]({PLOTS['widths']})"]
-    if crossing.REPORT_KEY in plots:
-        lines.append(f"![difference against tokens]({plots[crossing.REPORT_KEY]})")
+    if REPORT_KEY in plots:
+        lines.append(f"![difference against tokens]({plots[REPORT_KEY]})")
     if "val_loss_diff" in plots:
         lines.append(f"![val loss difference]({PLOTS['val_loss_diff']})")
     if "paper" in plots:
@@ -453,45 +715,6 @@ def _paper_section(pc: PaperComparison, allocs: list[AllocationSummary]) -> list
     return lines
 
 
-# ----------------------------------------------------------------------------------------------
-# writing
-
-
-@dataclass
-class ComparisonReport:
-    """A comparison's report.json, typed: what a study puts its comparisons together from."""
-
-    out: Path  # the comparison's folder (report.md, report.json and the PNGs)
-    meta: dict[str, Any]  # how it was produced: title, command, model, settings, times, plots
-    base_config: dict[str, Any]  # the config every cell started from (`taperlm.config.to_dict`)
-    summary: ComparisonSummary  # every number (other parts' under its extras)
-    runs: dict[str, dict[str, Any]]  # cell -> its result.json without the config
-
-    @property
-    def md_path(self) -> Path:
-        return self.out / "report.md"
-
-    @property
-    def json_path(self) -> Path:
-        return self.out / "report.json"
-
-    def to_json(self) -> dict[str, Any]:
-        """report.json's object."""
-        return {
-            "meta": self.meta,
-            "base_config": self.base_config,
-            **self.summary.to_json(),
-            "runs": self.runs,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any], out: Path) -> ComparisonReport:
-        """The report `to_json` wrote into `out`."""
-        return cls(
-            out, data["meta"], data["base_config"], ComparisonSummary.from_json(data), data["runs"]
-        )
-
-
 def write_report(
     grid: Grid,
     results: Results,
@@ -506,12 +729,12 @@ def write_report(
     meta = dict(meta)
     meta["plots"] = write_plots(grid, results, out_dir, summary)
     # the difference against tokens seen: where the taper's advantage ends (every report)
-    vs_tokens = crossing.loss_vs_tokens(grid, results)
-    if crossing.plot(vs_tokens, out_dir / crossing.PLOT_FILE):
-        meta["plots"][crossing.REPORT_KEY] = crossing.PLOT_FILE
-    summary.extras[crossing.REPORT_KEY] = vs_tokens.to_json()
+    vs_tokens = loss_vs_tokens(grid, results)
+    if crossing_plot(vs_tokens, out_dir / CROSSING_PLOT):
+        meta["plots"][REPORT_KEY] = CROSSING_PLOT
+    summary.extras[REPORT_KEY] = vs_tokens.to_json()
     final = {a.name: a.diff_vs_uniform and a.diff_vs_uniform.val_loss for a in summary.allocations}
-    lines: list[str] = crossing.section(vs_tokens)
+    lines: list[str] = crossing_section(vs_tokens)
     extras = [extra] if isinstance(extra, tuple) else list(extra or [])
     settled: dict[str, str] = {}  # allocation label -> a verdict an extra settled (--stop's)
     for key, data, render in extras:  # other parts' numbers and sections, e.g. --tune-lr's
@@ -523,10 +746,104 @@ def write_report(
         name: {k: v for k, v in r.to_json().items() if k != "config"} for name, r in results.items()
     }
     report = ComparisonReport(out_dir, meta, to_dict(grid.base), summary, runs)
-    md = render_markdown(summary, meta, lines, crossing.headline(vs_tokens, final, settled))
+    md = render_markdown(summary, meta, lines, headline(vs_tokens, final, settled))
     text = json.dumps(finite_json(report.to_json()), indent=1, allow_nan=False)
     atomic_write_text(report.json_path, text + "\n")
     atomic_write_text(report.md_path, md)
     # what a study reads is what the file holds (non-finite numbers null, keys strings), as a
     # rerun that finds this comparison done would read it
     return ComparisonReport.from_json(parse_json(text, report.json_path), out_dir)
+
+
+def tuning_section(t: LrTuning) -> list[str]:
+    """report.md's "Learning rate tuning" section."""
+    lrs = t.lrs
+    lines = [
+        "## Learning rate tuning",
+        "",
+        f"`--tune-lr`: every {'allocation' if t.scope == 'each' else 'uniform run'} trained "
+        f"at lr {', '.join(f'{x:g}' for x in lrs)} on tuning seeds {t.tuning_seeds} "
+        f"(disjoint from the reported seeds {t.reported_seeds}); chosen lr = the lowest mean "
+        "validation loss over the tuning seeds. "
+        + (
+            "Every allocation was then trained at uniform's chosen lr: the table above is at "
+            "that lr."
+            if t.scope == "uniform"
+            else "The reported seeds then ran each allocation at its own chosen lr."
+        ),
+        "",
+        *_curves_table(t),
+        "",
+        "Mean validation loss over the tuning seeds ± the half-width of its 95% t interval. "
+        "`(grid edge)`: the best lr is the grid's smallest or largest, so the optimum may lie "
+        "beyond it; widen --lr-grid.",
+        "",
+    ]
+    if t.tuned:
+        lines += _tuned_table(t)
+    if t.tuned_stopping:
+        lines += [f"The own-lr comparison {why(t.tuned_stopping)}.", ""]
+    c = t.cost
+    if c.factor is not None:
+        lines += [
+            f"Extra cost of tuning: {c.tuning_cells} tuning runs ({c.tuning_s / 60:.1f} min of "
+            f"run time) + {c.tuned_cells} reported runs at lrs other than the recipe's "
+            f"({c.tuned_s / 60:.1f} min), against {c.reported_s / 60:.1f} min for the "
+            f"reported grid itself ({c.factor:.2f}x in all).",
+            "",
+        ]
+    lines += [
+        f"![loss vs lr]({t.plot})" if t.plot else "",
+        "",
+    ]
+    return lines
+
+
+def _curves_table(t: LrTuning) -> list[str]:
+    """Mean validation loss of every allocation at every lr of the grid, and the chosen lr."""
+    head = ["allocation", *(f"lr {x:g}" for x in t.lrs), "chosen lr"]
+    rows = []
+    for c in t.curves.values():
+        cells = []
+        for p in c.curve:
+            if p.loss.mean is None:
+                cells.append("–")
+            elif p.ci is None:
+                cells.append(f"{p.loss.mean:.4f}")
+            else:
+                cells.append(f"{p.loss.mean:.4f} ± {(p.ci[1] - p.ci[0]) / 2:.4f}")
+        edge = " (grid edge)" if c.at_edge else ""
+        rows.append([c.label, *cells, f"**{c.chosen_lr:g}**{edge}"])
+    return md_table(head, rows)
+
+
+def _tuned_table(t: LrTuning) -> list[str]:
+    """Scope `each`: the paired differences vs uniform at the shared lr and at own lrs."""
+    rows = [
+        [
+            a.label,
+            f"{t.recipe_lr:g}",
+            diff_ci(a.shared_diff, ".4f"),
+            f"{a.lr:g}",
+            diff_ci(a.tuned_diff, ".4f"),
+            mean_pm(a.shared_loss, ".4f"),
+            mean_pm(a.tuned_loss, ".4f"),
+        ]
+        for a in t.tuned
+    ]
+    head = [
+        "allocation",
+        "shared lr",
+        "Δ loss vs uniform, shared lr [95% CI]",
+        "own lr",
+        "Δ loss vs uniform, own lrs [95% CI]",
+        "val loss, shared lr",
+        "val loss, own lr",
+    ]
+    return [
+        *md_table(head, rows),
+        "",
+        "Both differences are paired over the reported seeds (each allocation minus uniform "
+        "of the same seed); at own lrs each side runs at its own chosen lr.",
+        "",
+    ]

@@ -18,8 +18,7 @@ interval is a bound, not an interval.
 
 OUT/report.md, report.json and scaling.png put the points together: best ratio against
 parameters (one line per token budget) and against tokens per parameter, beside the paper's 440M
-point (1.5 -> 0.5 at 30B tokens).
-"""
+point (1.5 -> 0.5 at 30B tokens)."""
 
 from __future__ import annotations
 
@@ -35,11 +34,11 @@ import numpy as np
 
 from taperlm.analysis.plots import _figure, _save
 from taperlm.analysis.stats import PairedDifference
-from taperlm.compare.options import list_text
-from taperlm.compare.paper import PAPER_POINT
-from taperlm.compare.recipe import PAPER_TOKENS
-from taperlm.compare.report import ComparisonReport, diff_ci, md_table, produced_by
-from taperlm.compare.reproduce import run_arguments
+from taperlm.compare.comparison import PAPER_TOKENS
+from taperlm.compare.grid import PAPER_POINT
+from taperlm.compare.options import list_text, run_arguments
+from taperlm.compare.report import diff_ci, md_table, produced_by
+from taperlm.compare.results import ComparisonReport
 from taperlm.compare.study import Part, StudyPlan, StudyProgress, run_plan
 from taperlm.config.presets import PAPER_SHAPES, SMALL_SHAPES
 from taperlm.errors import ConfigError

@@ -3,7 +3,7 @@ submitit (the `[slurm]` extra; docs/cluster.md says why submitit).
 
 A cell's job runs its --nproc-per-cell processes as the job's tasks across --slurm-nodes nodes;
 every task exports the torchrun environment (submitit's `TorchDistributedEnvironment`) and runs
-the rank code of the local executor's process groups (`taperlm.compare.groups.run_rank`), so a
+the rank code of the local executor's process groups (`taperlm.compare.workers.run_rank`), so a
 cell computes what it computes on one machine with the same number of processes. Cells that go
 out together (a wave) are one job array.
 
@@ -16,7 +16,7 @@ and logs, submits only what is missing, and writes the report from the finished 
 
 Faults: a job that runs out of time or is preempted is requeued by submitit (Slurm's warning
 signal, USR2 90 s before the limit) and resumes from its cell's last checkpoint (at most
-`runner.CHECKPOINT_SECONDS` old, or the cell's own train.checkpoint_every); a job killed otherwise
+`taperlm.compare.cell.CHECKPOINT_SECONDS` old, or the cell's own train.checkpoint_every); a job killed otherwise
 (scancel, a node failure, an error) is resubmitted by the next run of the command, again resuming
 from the last checkpoint, until a cell has failed MAX_ATTEMPTS times: then it is reported with its
 log and not submitted again. What keeps one cell from training twice at once, from two login
@@ -25,8 +25,7 @@ while it submits, so two commands never submit at the same time, and one sees th
 queued or running in `squeue` and does not submit them again; and rank 0 of every cell's job holds
 the cell's run dir lock (flock on runs/<cell>/.lock) while it trains, so a second job of the same
 cell stops before training. flock locks hold across hosts on NFSv4 and on Lustre mounted with
-`flock` (docs/cluster.md).
-"""
+`flock` (docs/cluster.md)."""
 
 from __future__ import annotations
 
@@ -43,11 +42,11 @@ from typing import Any
 
 import torch
 
-from taperlm.compare.executor import PendingCells
+from taperlm.compare.cell import EvalSettings, cell_state
+from taperlm.compare.execute import PendingCells
 from taperlm.compare.grid import Cell
-from taperlm.compare.groups import CellTask, run_rank
 from taperlm.compare.options import CompareOptions
-from taperlm.compare.runner import EvalSettings, cell_state
+from taperlm.compare.workers import CellTask, run_rank
 from taperlm.errors import ConfigError
 from taperlm.files.io import MAX_RECORD_BYTES, atomic_write_json, read_json
 

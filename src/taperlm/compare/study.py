@@ -1,31 +1,42 @@
 """What a study is and how one runs. Every mode of `taperlm compare` is a study: a function of
 the options returning a `StudyPlan` (the comparisons to run and the report that puts them
-together), registered in `taperlm.compare.studies` under its `--paper` name and run by the one
+together), registered here (`studies`) under its `--paper` name and run by the one
 skeleton here, `run_plan`.
 
 A comparison is one `taperlm compare` grid (allocations x seeds at one budget,
-`taperlm.compare.job.run_comparison`). A plan of one comparison without a report of its own (the
+`taperlm.compare.comparison.run_comparison`). A plan of one comparison without a report of its own (the
 plain comparison, `--paper controlled`, `--paper sweep`) runs it in --out itself; a plan of
 several (`families`, `scaling`, `tokens`, `ratios`) runs each in its own folder under --out,
 resumably, and rewrites its report after each.
-"""
+
+The registry: every mode is declared with its name in `taperlm.compare.options.PAPER_STUDIES`
+(the one list of the modes, torch-free: it is also `--paper`'s choices) or registered with
+`@study(NAME)`; `run_study` runs the one asked for. tests/compare/test_compare_studies.py
+registers a toy one and runs it.
+
+`--dry-run` (`dry_run`): Lists every comparison's cells with each cell's GPU-hours (the planner's time formula,
+`taperlm.training.planner.gpu_hours`, at the MFU docs/scaling.md measured on one H200), the total
+of the fixed design (every seed) and the range the sequential stop spans (from --min-seeds
+seeds to all of them), and the jobs it would submit. It prepares no data, trains nothing and
+creates no file or folder: it reads only the options (and the presets they name)."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from taperlm.compare.job import check_options, run_comparison
-from taperlm.compare.options import CompareOptions
+from taperlm.compare.comparison import check_options, reported_seeds, run_comparison
+from taperlm.compare.grid import build_grid
+from taperlm.compare.options import PAPER_MODES, PAPER_STUDIES, CompareOptions
+from taperlm.compare.results import ComparisonReport
+from taperlm.errors import ConfigError
 from taperlm.files.outdirs import check_folder, claim
 from taperlm.files.runlock import locked
-
-if TYPE_CHECKING:
-    from taperlm.compare.report import ComparisonReport
+from taperlm.training.planner import H100_PEAK_FLOPS, MEASURED_MFU, gpu_hours
 
 # The study of `taperlm compare` without --paper.
 COMPARISON = "comparison"
@@ -114,3 +125,99 @@ def run_plan(opts: CompareOptions, study: Study) -> tuple[Path, Path]:
             md, js_all = plan.report(progress)
     print(f"wrote {md} and {js_all} ({progress.wall() / 60:.1f} min)")
     return md, js_all
+
+
+def _study_at(ref: str) -> Study:
+    """The study function a "module:function" reference of `PAPER_STUDIES` names."""
+    module, name = ref.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+# Studies registered with `@study(NAME)`, besides the ones `PAPER_STUDIES` declares.
+REGISTERED: dict[str, Study] = {}
+
+
+def studies() -> dict[str, Study]:
+    """name -> study: the plain comparison, the --paper modes in the order --help lists them,
+    then any registered with `@study`. Resolved when asked, not at import: the multi-part
+    studies' modules import this one."""
+    declared = {name: _study_at(ref) for name, ref in PAPER_STUDIES.items()}
+    return {COMPARISON: single, **declared, **REGISTERED}
+
+
+def study(name: str) -> Callable[[Study], Study]:
+    """Register the decorated function as the study `name` (`--paper NAME`)."""
+
+    def register(fn: Study) -> Study:
+        REGISTERED[name] = fn
+        return fn
+
+    return register
+
+
+def run_study(opts: CompareOptions) -> tuple[Path, Path]:
+    """Run the study of `opts.paper` (None: the plain comparison); returns (report.md,
+    report.json)."""
+    name = opts.paper or COMPARISON
+    known = studies()
+    if name not in known:
+        raise ConfigError(f"--paper {name!r} is unknown; choose from {', '.join(PAPER_MODES)}")
+    return run_plan(opts, known[name])
+
+
+def dry_run(opts: CompareOptions) -> str:
+    """The dry run's text for the study `opts` name (every comparison of a --paper study)."""
+    plan = studies()[opts.paper or COMPARISON](opts)
+    lines = [
+        f"taperlm compare --dry-run: nothing is trained or written. GPU-hours = tokens x model "
+        f"FLOPs/token / ({H100_PEAK_FLOPS / 1e12:.0f} TFLOP/s x {100 * MEASURED_MFU:.1f}% MFU): "
+        "the dense bf16 peak of an H100/H200 and the MFU measured for transformer-440m on one "
+        "H200 (docs/scaling.md); evaluation, checkpoints and queueing not included."
+    ]
+    fixed = low = 0.0
+    cells = 0
+    for part in plan.parts:
+        allocs, provisional = check_options(part.opts)
+        seeds = reported_seeds(part.opts)
+        grid = build_grid(provisional, allocs, seeds, part.opts.paper)
+        t = provisional.train
+        if len(plan.parts) > 1:
+            lines.append(f"\n{part.key}: {part.what} into {part.opts.out}")
+        nproc = part.opts.nproc_per_cell
+        lines.append(
+            f"{len(grid.allocations)} allocations x {len(seeds)} seeds = {len(grid.cells)} cells "
+            f"of {t.tokens:,} tokens, {nproc} process(es) each:"
+        )
+        first = min(len(seeds), max(1, part.opts.min_seeds))
+        for cell in grid.cells:
+            hours = gpu_hours(cell.config.model, t.tokens, t.seq_len)
+            fixed += hours
+            low += hours if cell.seed < first else 0.0
+            wall = f", {hours / nproc:,.1f} h on {nproc} GPUs" if nproc > 1 else ""
+            lines.append(f"  {cell.name}: {hours:,.1f} GPU-hours{wall}")
+        cells += len(grid.cells)
+        if part.opts.tune_lr:
+            lines.append("  (--tune-lr's tuning cells come on top; not counted here)")
+        if any(a.needs_pilot for a in allocs):
+            lines.append("  (novelty:pilot's pilot runs come on top; not counted here)")
+    stop = opts.stop.kind
+    lines.append(f"\ntotal, fixed design (every seed): {fixed:,.1f} GPU-hours in {cells} cells")
+    if stop != "fixed":
+        lines.append(
+            f"with --stop {opts.stop.as_text()}: between {low:,.1f} GPU-hours (decided at "
+            f"--min-seeds {opts.min_seeds}) and {fixed:,.1f} (never decided: every seed)"
+        )
+    lines.append("jobs: " + _jobs(opts, cells))
+    return "\n".join(lines)
+
+
+def _jobs(opts: CompareOptions, cells: int) -> str:
+    if opts.executor == "slurm":
+        from taperlm.compare.slurm import describe_jobs  # lazy: the Slurm executor
+
+        return describe_jobs(opts, cells)
+    at = f"--jobs {opts.jobs}" if opts.jobs else "as many as the devices allow"
+    return (
+        f"{cells} cell(s) on this machine, {at} at a time, each a group of "
+        f"{opts.nproc_per_cell} process(es)"
+    )

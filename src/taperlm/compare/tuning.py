@@ -24,8 +24,7 @@ grid and the new tuning cells train (the others are reused), at most N times; th
 
 `--tune-lr-scope uniform` tunes the uniform allocation only and trains every allocation at its
 lr (the baseline tuned, the others at the same lr): the scaling sweep's choice, at a fraction of
-the cost.
-"""
+the cost."""
 
 from __future__ import annotations
 
@@ -35,18 +34,23 @@ import math
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from taperlm.analysis import stats
-from taperlm.analysis.stats import PairedDifference, Summary
-from taperlm.compare.executor import train_cells, train_reported
+from taperlm.compare.execute import train_cells, train_reported
 from taperlm.compare.grid import Allocation, Cell, Grid, build_grid
 from taperlm.compare.options import DEFAULT_TUNE_SEEDS, TUNE_SCOPES
-from taperlm.compare.runner import CellResult, Results
-from taperlm.compare.sequential import Stopping
-from taperlm.compare.summary import summarize
+from taperlm.compare.results import (
+    CellResult,
+    LrCurve,
+    LrPoint,
+    LrTuning,
+    Results,
+    TunedRow,
+    TuningCost,
+)
+from taperlm.compare.statistics import summarize
 from taperlm.errors import ConfigError
 
 # Tuning seeds start here: far above any reported seed count, so the two sets never meet.
@@ -126,142 +130,6 @@ def tuning_grid(
     cells.sort(key=lambda c: seeds.index(c.seed))
     first = next(c.config for c in cells if c.allocation.is_uniform)
     return Grid(grid_allocs, list(seeds), cells, first, budget), names
-
-
-@dataclass(frozen=True)
-class LrPoint:
-    """One lr of an allocation's tuning curve: its validation loss over the tuning seeds."""
-
-    lr: float  # the peak lr
-    loss: Summary  # the validation loss over the tuning seeds
-    ci: list[float] | None  # the mean's 95% t interval (None: fewer than two seeds)
-    per_seed: dict[str, float]  # tuning seed -> its loss
-
-    def to_json(self) -> dict[str, Any]:
-        return {"lr": self.lr, **self.loss.to_json(), "ci": self.ci, "per_seed": self.per_seed}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> LrPoint:
-        return cls(data["lr"], Summary.from_json(data), data["ci"], data["per_seed"])
-
-
-@dataclass(frozen=True)
-class LrCurve:
-    """An allocation's loss against lr and the lr chosen from it."""
-
-    label: str  # the allocation's label
-    curve: list[LrPoint]  # per lr of the grid, ascending
-    chosen_lr: float  # the lowest mean (ties to the lr nearest the recipe's)
-    at_edge: bool  # the choice is the grid's smallest or largest lr
-
-    def to_json(self) -> dict[str, Any]:
-        curve = [p.to_json() for p in self.curve]
-        return {
-            "label": self.label,
-            "curve": curve,
-            "chosen_lr": self.chosen_lr,
-            "at_edge": self.at_edge,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> LrCurve:
-        curve = [LrPoint.from_json(p) for p in data["curve"]]
-        return cls(data["label"], curve, data["chosen_lr"], data["at_edge"])
-
-
-@dataclass
-class TuningCost:
-    """What tuning cost, in cells and in their recorded seconds (filled in as it runs)."""
-
-    tuning_cells: int  # cells of the tuning grid
-    tuning_s: float  # their seconds
-    tuned_cells: int | None = None  # reported cells at lrs other than the recipe's
-    tuned_s: float | None = None  # their seconds
-    reported_s: float | None = None  # the reported grid's seconds
-    factor: float | None = None  # (reported + tuning + tuned) / reported
-
-    def to_json(self) -> dict[str, Any]:
-        """The parts known so far (None: not yet)."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {k: v for k, v in out.items() if v is not None}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TuningCost:
-        return cls(**{f.name: data.get(f.name) for f in dataclasses.fields(cls)})
-
-
-@dataclass(frozen=True)
-class TunedRow:
-    """Scope `each`: one allocation vs uniform at the shared lr and at their own lrs."""
-
-    name: str  # the allocation's name
-    label: str  # its label
-    lr: float  # its chosen lr
-    lr_used: list[float]  # the lrs its reported cells trained at
-    runs: str  # the name its own-lr cells run under
-    shared_loss: Summary  # its validation loss at the shared lr
-    tuned_loss: Summary  # ... at its own lr
-    shared_diff: PairedDifference | None  # vs uniform at the shared lr (None: uniform)
-    tuned_diff: PairedDifference | None  # vs uniform at their own lrs (None: uniform)
-    tuned_per_seed: dict[str, float]  # seed -> its loss at its own lr
-
-    def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for key in ("shared_loss", "tuned_loss", "shared_diff", "tuned_diff"):
-            out[key] = None if out[key] is None else out[key].to_json()
-        return out
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TunedRow:
-        out = {f.name: data[f.name] for f in dataclasses.fields(cls)}
-        for key in ("shared_loss", "tuned_loss"):
-            out[key] = Summary.from_json(data[key])
-        for key in ("shared_diff", "tuned_diff"):
-            out[key] = None if data[key] is None else PairedDifference.from_json(data[key])
-        return cls(**out)
-
-
-@dataclass
-class LrTuning:
-    """--tune-lr: the curves, the choices and the cost (report.json's `lr_tuning`; filled in
-    as the comparison runs: `run_tuned` adds the own-lr rows and when they stopped)."""
-
-    scope: str  # each (every allocation its own lr) or uniform (every one at uniform's)
-    lrs: list[float]  # the lr grid, as finally extended
-    extended: int  # how often it was extended past an edge
-    recipe_lr: float  # the recipe's lr
-    tuning_seeds: list[int]  # the seeds tuned on
-    reported_seeds: list[int]  # the seeds reported (disjoint)
-    rule: str  # how the lr is chosen, in words
-    curves: dict[str, LrCurve]  # allocation -> its curve
-    chosen_lr: dict[str, float]  # allocation -> its chosen lr
-    cost: TuningCost  # what it cost so far
-    tuned: list[TunedRow] | None = None  # scope each, once run: per allocation
-    tuned_stopping: Stopping | None = None  # scope each: when the own-lr comparison stopped
-    plot: str | None = None  # lr_tuning.png, once drawn
-
-    def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["curves"] = {k: v.to_json() for k, v in self.curves.items()}
-        out["cost"] = self.cost.to_json()
-        out["tuned"] = None if self.tuned is None else [r.to_json() for r in self.tuned]
-        for key in ("tuned_stopping", "plot"):  # absent until known
-            if out[key] is None:
-                del out[key]
-        if self.tuned_stopping is not None:
-            out["tuned_stopping"] = self.tuned_stopping.to_json()
-        return out
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> LrTuning:
-        out = {f.name: data.get(f.name) for f in dataclasses.fields(cls)}
-        out["curves"] = {k: LrCurve.from_json(v) for k, v in data["curves"].items()}
-        out["cost"] = TuningCost.from_json(data["cost"])
-        if data.get("tuned") is not None:
-            out["tuned"] = [TunedRow.from_json(r) for r in data["tuned"]]
-        if data.get("tuned_stopping") is not None:
-            out["tuned_stopping"] = Stopping.from_json(data["tuned_stopping"])
-        return cls(**out)
 
 
 def choose(

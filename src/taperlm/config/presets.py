@@ -21,7 +21,7 @@ The small sizes train on 2 CPU cores in minutes: `*-nano` (4 layers, d_model 64,
 SwiGLU width 176 = 8d/3 rounded up to 16, a 512-token vocabulary: 0.27M parameters, sized so that
 a run of 68 tokens per parameter, the paper's 440M regime, takes ~17 minutes on one core
 (measured: docs/compare.md, "--paper tokens"); its comparisons read the built-in corpus at
-bpe:512, `taperlm.compare.inputs`), `*-micro` (6 layers, d_model 96, 3 heads of 32,
+bpe:512, `taperlm.compare.comparison`), `*-micro` (6 layers, d_model 96, 3 heads of 32,
 SwiGLU width 256; `transformer-micro` is the default of `taperlm compare`, about 1.5x cheaper per
 token than tiny), `*-tiny` (6 layers, d_model 128, 4 heads) and `*-small` (12 layers, d_model 192,
 about 2.3x slower than tiny); all with an 8K BPE vocabulary (a run follows its data's tokenizer)

@@ -1,23 +1,132 @@
-"""The PNGs of a comparison report: width (and head) profiles, validation-loss curves, the paired loss
-difference vs uniform during training, and novelty per layer (averaged over seeds)."""
+"""The PNGs of a comparison report: width (and head) profiles, validation-loss curves, the paired
+loss difference vs uniform during training and its crossing (`crossing_plot`), novelty per layer
+(averaged over seeds), the sequential stop's confidence sequence (`with_stopping_plot`) and
+--tune-lr's loss against lr (`with_tuning_plot`)."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-# module attribute calls: tests record what each plot is given
 from taperlm.analysis import plots as analysis_plots
 from taperlm.analysis.novelty import NoveltyResult, TokenStats
+from taperlm.analysis.plots import _figure, _save, plot_interval_series
 from taperlm.analysis.stats import relative_ppl_change as relative_change
 from taperlm.compare.grid import Grid
+from taperlm.compare.results import (
+    CellResult,
+    ComparisonSummary,
+    LossVsTokens,
+    LrCurve,
+    LrTuning,
+    Results,
+    Stopping,
+)
 from taperlm.spec.taper import TaperSpec
 
-if TYPE_CHECKING:
-    from taperlm.compare.runner import CellResult, Results
-    from taperlm.compare.summary import ComparisonSummary
+CROSSING_PLOT = "delta_vs_tokens.png"
+
+
+def crossing_plot(data: LossVsTokens, path: Path) -> bool:
+    """The PNG: per tapered allocation the mean difference with its 95% band against tokens per
+    parameter (log axis), the zero line, and the crossing with its interval; False when no
+    allocation has two shared evaluations."""
+    drawn = [a for a in data.allocations if len(a.points) >= 2]
+    if not drawn:
+        return False
+    fig, (ax,) = _figure()
+    for i, a in enumerate(drawn):
+        color = f"C{i}"
+        x = np.array([p.tokens_per_param for p in a.points])
+        y = np.array([p.mean for p in a.points])
+        ax.plot(
+            x, y, color=color, marker="o", markersize=3, label=f"{a.label} ({len(a.seeds)} seeds)"
+        )
+        band = [p.ci for p in a.points]
+        if all(b is not None for b in band):
+            ax.fill_between(x, [b[0] for b in band], [b[1] for b in band], color=color, alpha=0.2)
+        c, iv = a.crossing, a.interval
+        if c.tokens is not None:
+            ax.axvline(c.tokens / data.params, color=color, linestyle="--", linewidth=1)
+            if iv is not None and iv.tokens is not None:
+                lo, hi = (t / data.params for t in iv.tokens)
+                ax.axvspan(lo, hi, color=color, alpha=0.08)
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens per parameter (log)")
+    ax.set_ylabel("val loss − uniform's, nats (lower: taper better)")
+    ax.set_title(
+        "Paired difference vs uniform during training\n(mean, 95% band over seeds;\n"
+        "dashed: the crossing, shaded: its 95% bootstrap interval)"
+    )
+    ax.legend(fontsize=8)
+    _save(fig, path)
+    return True
+
+
+SEQUENCE_PLOT = "sequence.png"
+
+
+# ----------------------------------------------------------------------------------------------
+# report
+
+
+def with_stopping_plot(stopping: Stopping, out_dir: Path) -> Stopping:
+    """`stopping` with `plot` set after drawing sequence.png (each comparison's anytime-valid
+    interval against the number of seeds; unbounded ones left out)."""
+    series: dict[str, list] = {}
+    for step in stopping.sequence:
+        for label, e in step.comparisons.items():
+            if math.isfinite(e.half):
+                series.setdefault(label, []).append((step.n, e.mean, *e.ci))
+    if not series:
+        return dataclasses.replace(stopping, plotted=True, plot=None)
+    plot_interval_series(
+        series,
+        out_dir / SEQUENCE_PLOT,
+        title=f"Anytime-valid {100 * stopping.confidence:g}% interval as seeds are added",
+        xlabel="seeds (0..n-1, in order)",
+        ylabel="val loss difference, nats (paired)",
+    )
+    return dataclasses.replace(stopping, plotted=True, plot=SEQUENCE_PLOT)
+
+
+LR_PLOT = "lr_tuning.png"
+
+
+def plot_lr_curves(curves: dict[str, LrCurve], recipe_lr: float, path: Path) -> None:
+    """Validation loss against lr per allocation (mean over tuning seeds, 95% intervals), the
+    chosen lrs marked."""
+    series = {}
+    for c in curves.values():
+        pts = []
+        for p in c.curve:
+            if p.loss.mean is None:
+                continue
+            lo, hi = p.ci if p.ci else (None, None)
+            pts.append((p.lr, p.loss.mean, lo, hi))
+        series[f"{c.label} (best {c.chosen_lr:g})"] = pts
+    plot_interval_series(
+        series,
+        path,
+        title=f"Validation loss vs peak lr (tuning seeds; recipe lr {recipe_lr:g})",
+        xlabel="peak learning rate",
+        ylabel="validation loss (mean, 95% CI)",
+        logx=True,
+        zero_line=False,
+    )
+
+
+def with_tuning_plot(tuning: LrTuning, out_dir: Path) -> LrTuning:
+    """`tuning` with its plot drawn into out_dir (when it has curves)."""
+    if not tuning.curves:
+        return tuning
+    plot_lr_curves(tuning.curves, tuning.recipe_lr, out_dir / LR_PLOT)
+    return dataclasses.replace(tuning, plot=LR_PLOT)
+
 
 PLOTS = {
     "widths": "widths.png",

@@ -1,15 +1,14 @@
 """Running a comparison's cells: one executor, `Executor`, runs a grid's cells `jobs` at a time
 on worker processes (`taperlm.compare.workers`) or, with one at a time, here in this process:
 the one-worker case of the same interface, which brings every cell to done with the same
-`taperlm.compare.runner.run_one` on the same inputs, so the numbers never depend on `--jobs`.
+`taperlm.compare.cell.run_one` on the same inputs, so the numbers never depend on `--jobs`.
 Around it: the grid's progress display and a clean stop on Ctrl-C (`run_grid`), how many cells
 at a time (`choose_jobs`), the one call every stage makes (`train_cells`: the reported grid,
 novelty pilots, lr tuning), and `train_reported`, the call for a grid of *reported* seeds: it
-adds the seeds in order and stops by the rule of --stop (`taperlm.compare.sequential`),
+adds the seeds in order and stops by the rule of --stop (`taperlm.compare.statistics`),
 returning the grid of the seeds it used. A stage whose seeds are reported (every mode's grid,
 --tune-lr's own-lr grid) calls `train_reported`; tuning seeds and pilots, which choose rather
-than report, call `train_cells`.
-"""
+than report, call `train_cells`."""
 
 from __future__ import annotations
 
@@ -26,20 +25,20 @@ from typing import Any, Protocol
 import torch
 from tqdm.auto import tqdm
 
-from taperlm.compare import runner, sequential
-from taperlm.compare.grid import Cell, Grid
-from taperlm.compare.groups import device_slots, run_groups
-from taperlm.compare.options import CompareOptions
-from taperlm.compare.runner import (
+from taperlm.compare import cell as compare_cell
+from taperlm.compare.cell import (
     CellInterrupted,
     EvalSettings,
-    Results,
     SharedInputs,
     cell_state,
-    fmt_signed,
     read_result,
 )
-from taperlm.compare.workers import run_in_workers
+from taperlm.compare.grid import Cell, Grid
+from taperlm.compare.options import CompareOptions
+from taperlm.compare.report import fmt_signed
+from taperlm.compare.results import Results, Stopping
+from taperlm.compare.statistics import Monitor, record, rule_of, truncated
+from taperlm.compare.workers import device_slots, run_groups, run_in_workers
 from taperlm.runtime import cpus
 from taperlm.runtime.device import resolve_device
 from taperlm.runtime.progress import progress_bar
@@ -173,7 +172,7 @@ def run_grid(
     on_seed_done: Callable[[Results], None] | None = None,
     jobs: int = 1,
     threads: int = 1,
-    monitor: sequential.Monitor | None = None,
+    monitor: Monitor | None = None,
     executor: CellExecutor | None = None,
 ) -> Results:
     """Run every cell (resuming/caching as described above); cell name -> result.
@@ -183,7 +182,7 @@ def run_grid(
     cell computes the same numbers either way. `on_seed_done(results so far)` is called whenever
     the last cell of a seed finishes (not after the final cell), e.g. to write a partial report.
     Ctrl-C stops the running cells at their next step with a checkpoint and raises
-    KeyboardInterrupt. With a `monitor` (`taperlm.compare.sequential.Monitor`), no cell is
+    KeyboardInterrupt. With a `monitor` (`taperlm.compare.statistics.Monitor`), no cell is
     started once it has stopped (cells already running finish); the result then holds the cells
     that were done, the monitor's seeds among them. `executor`: where the cells run (None:
     this machine, `Executor`); one that leaves cells queued elsewhere raises its pending error
@@ -272,7 +271,7 @@ class CellExecutor(Protocol):
 # --executor NAME -> "module:class" of its implementation (imported when chosen), made with
 # (options, jobs, data dir, evaluation settings).
 EXECUTORS: dict[str, str] = {
-    "local": "taperlm.compare.executor:Executor",
+    "local": "taperlm.compare.execute:Executor",
     "slurm": "taperlm.compare.slurm:SlurmExecutor",
 }
 
@@ -295,7 +294,7 @@ def make_executor(
 class Executor:
     """Where a grid's cells run: `jobs` worker processes, or this process when one cell runs at
     a time (or only one is left). Either way each cell is brought to done by
-    `taperlm.compare.runner.run_one` with `threads` torch threads and the same inputs: the same
+    `taperlm.compare.cell.run_one` with `threads` torch threads and the same inputs: the same
     numbers whatever `jobs` is. With `nproc` > 1 (or cells on several GPUs) each cell is a group
     of `nproc` processes on its own devices (`taperlm.compare.groups`)."""
 
@@ -334,7 +333,7 @@ def _cuda_devices(todo: list[Cell]) -> int:
 
 def _run_here(todo, runs, shared, threads, display, finished, stop, wants) -> None:
     """The cells one after the other in this process, with `threads` torch threads (those
-    `wants(cell)` still asks for when their turn comes): each by `runner.run_one`, the code a
+    `wants(cell)` still asks for when their turn comes): each by `taperlm.compare.cell.run_one`, the code a
     worker runs for a cell, its progress going straight to `display`."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -344,7 +343,7 @@ def _run_here(todo, runs, shared, threads, display, finished, stop, wants) -> No
                 continue
             try:
                 # a module attribute, looked up per cell: tests stand in for the cell's run
-                result, status = runner.run_one(
+                result, status = compare_cell.run_one(  # looked up per call: the seam tests patch
                     cell,
                     runs / cell.name,
                     shared,
@@ -379,7 +378,7 @@ def choose_jobs(
     reported: bool = False,
     idle_cpus: Callable[[], tuple[int, int, float]] = cpus.idle_cpus,
     usable_cpus: Callable[[], int] = cpus.usable_cpus,
-    cell_state: Callable[[Cell, Path, dict[str, Any]], tuple[str, Any]] = runner.cell_state,
+    cell_state: Callable[[Cell, Path, dict[str, Any]], tuple[str, Any]] = compare_cell.cell_state,
 ) -> int:
     """--jobs, else as many cells at a time as idle cores allow at --threads each (at least
     one, at most the cells left to run); says what it chose and why (`reported`: a grid of
@@ -432,7 +431,7 @@ def train_cells(
     settings: EvalSettings,
     jobs: int | None = None,
     on_seed_done: Callable[[Results], None] | None = None,
-    monitor: sequential.Monitor | None = None,
+    monitor: Monitor | None = None,
 ) -> Results:
     """Train (or reuse) every cell of `grid` into OUT/runs, `jobs` at a time (None: as
     `choose_jobs` decides); cell name -> result. With a `monitor`, no cell starts after it
@@ -460,13 +459,13 @@ def train_reported(
     settings: EvalSettings,
     jobs: int | None = None,
     on_seed_done: Callable[[Results], None] | None = None,
-) -> tuple[Grid, Results, sequential.Stopping]:
+) -> tuple[Grid, Results, Stopping]:
     """Train the reported seeds of `grid` in order until the rule of --stop stops them
     (`sequential`; `--stop fixed`: all of them); returns (the grid of the seeds used, their
     results, report.json's `stopping`). Cells of later seeds that were running (with --jobs > 1)
     stop with a checkpoint, or stay cached when done first, and are not returned: the decision and the report read seeds 0..n-1 only."""
-    rule = sequential.rule_of(opts)
-    monitor = sequential.Monitor(rule, grid)
+    rule = rule_of(opts)
+    monitor = Monitor(rule, grid)
     if jobs is None:
         jobs = choose_jobs(opts, grid, opts.out / "runs", settings, reported=True)
     results = train_cells(opts, grid, data_dir, settings, jobs, on_seed_done, monitor)
@@ -474,6 +473,6 @@ def train_reported(
     n, reason = monitor.stopped_at, monitor.reason
     if n is None:  # cannot happen: every cell ran unless it stopped
         raise AssertionError("the grid finished without its monitor seeing every seed")
-    used = sequential.truncated(grid, n)
+    used = truncated(grid, n)
     kept = {c.name: results[c.name] for c in used.cells}
-    return used, kept, sequential.record(rule, used, kept, n, reason, len(grid.seeds))
+    return used, kept, record(rule, used, kept, n, reason, len(grid.seeds))

@@ -1,4 +1,4 @@
-"""Train, evaluate and measure every cell of a comparison grid in-process, resumably.
+"""One cell of a comparison to done: train (or resume), evaluate, measure, record.
 
 Each cell (allocation, seed) lives in `OUT/runs/<allocation>-s<seed>/`, a normal run directory of
 `taperlm train` (config.yaml, metrics.jsonl, checkpoints/). After training, validation, the
@@ -20,7 +20,9 @@ Measurements per cell:
 - zero-shot tasks (optional): `taperlm.evaluation` scoring on the first `eval_limit` items;
 - novelty: `taperlm.analysis.novelty.measure` on the first `novelty_tokens` tokens of a fixed
   text (WikiText-2 test when present, else the val split), in windows of train.seq_len.
-"""
+
+`run_one` is a cell as the executor runs it, here or on a worker; the typed result it writes is
+`taperlm.compare.results.CellResult`."""
 
 from __future__ import annotations
 
@@ -32,13 +34,23 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from taperlm.analysis.sources import first_tokens, first_val_tokens
 from taperlm.checkpoint.store import list_checkpoints
 from taperlm.compare.grid import Cell
+from taperlm.compare.results import (
+    RESULT_FILE,
+    RESULT_VERSION,
+    CellResult,
+    DataOrder,
+    TaskScore,
+    TrainRecord,
+    ValRecord,
+    ZeroShotRecord,
+)
 from taperlm.config import format_differences, load_run_config, to_dict
 from taperlm.data import corpus as data_corpus
 from taperlm.data.identity import check_run_data
@@ -65,8 +77,6 @@ from taperlm.training.metrics import read_metrics
 if TYPE_CHECKING:
     from taperlm.training.loop import StepHook
 
-RESULT_FILE = "result.json"
-RESULT_VERSION = 1
 SESSIONS_FILE = "sessions.jsonl"  # one line per training/evaluation session of a cell
 
 
@@ -224,182 +234,6 @@ class SharedInputs:
             spec = self.settings.niah_haystack or niah.DEFAULT_HAYSTACK
             self._haystack = niah.load_haystack(spec, self.settings.eval_data, 10**7)
         return self._haystack
-
-
-# ----------------------------------------------------------------------------------------------
-# one cell
-
-
-@dataclass(frozen=True)
-class TrainRecord:
-    """How a cell trained (result.json's `train`)."""
-
-    steps: int  # optimizer steps trained
-    tokens: int  # tokens trained
-    train_loss: float | None  # the final training loss
-    skipped_steps: int  # steps the guard skipped (non-finite gradients)
-    resumed_from_step: int  # the checkpoint step its last training session began at (0: fresh)
-    wall_s: float | None  # its last training session's seconds
-    tokens_per_s: float | None = None  # mean logged throughput (None: none logged)
-
-    def to_json(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TrainRecord:
-        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
-
-
-@dataclass(frozen=True)
-class ValRecord:
-    """A cell's validation (result.json's `val`)."""
-
-    loss: float  # mean next-token loss
-    ppl: float  # exp(loss)
-    tokens: int  # the tokens validated
-
-    def to_json(self) -> dict[str, Any]:
-        return {"loss": self.loss, "ppl": self.ppl, "tokens": self.tokens}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ValRecord:
-        return cls(data["loss"], data["ppl"], data["tokens"])
-
-
-@dataclass(frozen=True)
-class DataOrder:
-    """The fingerprint of a cell's first batches (`data_order_fingerprint`)."""
-
-    steps: int  # the optimizer steps hashed
-    sha256: str  # sha256 of their token ids
-    first_ids: list[int]  # the first ids of the first sequence
-
-    def to_json(self) -> dict[str, Any]:
-        return {"steps": self.steps, "sha256": self.sha256, "first_ids": self.first_ids}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> DataOrder:
-        return cls(data["steps"], data["sha256"], data["first_ids"])
-
-
-@dataclass(frozen=True)
-class TaskScore:
-    """One zero-shot task's scores on a cell."""
-
-    metrics: dict[str, float]  # metric -> value
-    n: int  # items scored
-    counts: dict[str, int] | None = None  # items behind a metric, when not n (None: none)
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"metrics": self.metrics, "n": self.n}
-        return out | ({"counts": self.counts} if self.counts else {})
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TaskScore:
-        return cls(data["metrics"], data["n"], data.get("counts"))
-
-
-@dataclass(frozen=True)
-class ZeroShotRecord:
-    """A cell's zero-shot tasks (result.json's `zero_shot`, `{}` when it ran none)."""
-
-    paper_row: dict[str, float | None]  # the paper's table row: column -> value
-    tasks: dict[str, TaskScore]  # task -> its scores
-    # task -> the accuracy without skill, 0-1 (None: a needle cannot be guessed); None: the
-    # result was recorded before chance levels were
-    chance: dict[str, float | None] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out = {
-            "paper_row": self.paper_row,
-            "tasks": {k: v.to_json() for k, v in self.tasks.items()},
-        }
-        return out | ({} if self.chance is None else {"chance": self.chance})
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ZeroShotRecord:
-        tasks = {k: TaskScore.from_json(v) for k, v in (data.get("tasks") or {}).items()}
-        return cls(data.get("paper_row") or {}, tasks, data.get("chance"))
-
-
-@dataclass
-class CellResult:
-    """A done cell's numbers: what its result.json holds, field for field and in that order
-    (`to_json` writes the file's layout, `from_json` reads it back)."""
-
-    cell: str  # the cell's name (its folder under runs/)
-    allocation: str  # its allocation's name
-    label: str  # its allocation's label (plots, tables)
-    taper: str  # its allocation's taper spec
-    seed: int  # its seed (data order and init)
-    config: dict[str, Any]  # the run config it trained with (`taperlm.config.to_dict`)
-    eval_settings: dict[str, Any]  # the `EvalSettings.to_dict` it was evaluated with
-    train: TrainRecord  # how it trained
-    curve: list[list[float]]  # [tokens, val_loss] per evaluation during training
-    data_order: DataOrder  # the fingerprint of its first batches
-    val: ValRecord  # the validation
-    zero_shot: ZeroShotRecord | None  # the zero-shot tasks (None: no tasks)
-    # `NoveltyResult.to_dict` (finite JSON): that record's module needs torch, which reading a
-    # result must not
-    novelty: dict[str, Any]
-    times: dict[str, float] | None  # seconds: val_s, zero_shot_s, novelty_s
-    sessions: list[dict[str, Any]]  # `read_sessions`: how each session ran
-    finished_at: str  # when it was written (local time, ISO 8601)
-    version: int = RESULT_VERSION  # the layout of result.json
-
-    def to_json(self) -> dict[str, Any]:
-        """result.json's object."""
-        return {
-            "version": self.version,
-            "cell": self.cell,
-            "allocation": self.allocation,
-            "label": self.label,
-            "taper": self.taper,
-            "seed": self.seed,
-            "config": self.config,
-            "eval_settings": self.eval_settings,
-            "train": self.train.to_json(),
-            "curve": self.curve,
-            "data_order": self.data_order.to_json(),
-            "val": self.val.to_json(),
-            "zero_shot": {} if self.zero_shot is None else self.zero_shot.to_json(),
-            "novelty": self.novelty,
-            "times": self.times,
-            "sessions": self.sessions,
-            "finished_at": self.finished_at,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CellResult:
-        """The result `to_json` wrote; MalformedFileError when a field it needs is missing or
-        not of its shape."""
-        try:
-            return cls(
-                cell=data["cell"],
-                allocation=data["allocation"],
-                label=data["label"],
-                taper=data["taper"],
-                seed=data["seed"],
-                config=data["config"],
-                eval_settings=data.get("eval_settings") or {},
-                train=TrainRecord.from_json(data["train"]),
-                curve=data["curve"],
-                data_order=DataOrder.from_json(data["data_order"]),
-                val=ValRecord.from_json(data["val"]),
-                zero_shot=ZeroShotRecord.from_json(zs) if (zs := data.get("zero_shot")) else None,
-                novelty=data["novelty"],
-                times=data.get("times"),
-                sessions=data.get("sessions") or [],
-                finished_at=data.get("finished_at", ""),
-                version=data["version"],
-            )
-        except KeyError as err:
-            raise MalformedFileError(f"{RESULT_FILE} lacks {err.args[0]!r}") from None
-        except (TypeError, AttributeError, IndexError) as err:  # a record of the wrong shape
-            raise MalformedFileError(f"{RESULT_FILE} holds a malformed record: {err}") from None
-
-
-Results = dict[str, CellResult]  # cell name -> its result
 
 
 def read_result(run_dir: Path) -> CellResult | None:
@@ -782,7 +616,3 @@ def run_one(
     return run_cell(
         cell, run_dir, shared, progress=False, on_step=step_hook, on_evaluate=on_evaluate, jobs=jobs
     )
-
-
-def fmt_signed(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:+.2f}"

@@ -1,0 +1,735 @@
+"""One comparison top to bottom (`taperlm compare`): the checks that run before any work,
+the base config every cell starts from, what every cell reads, the novelty pilots, the grid, its
+training and its report; `run_comparison` reads in that order.
+
+The base config is assembled like every command's (`taperlm.config.assembly.Assembly.assemble`):
+compare's recipe (a named `Recipe`: `compare-cpu`, `compare-main`, the paper's `paper-SIZE`) and
+what it derives (whole steps, warmup, evaluation and checkpoint intervals, the data's
+vocabulary, the logged group) are the `Layer.RECIPE` between the preset and the user's settings,
+so each applies only where the user chose nothing: recipe < the config file < `--tokens`,
+`--data`, `--logger` < `--set` < $TAPERLM_SET. Which keys the user gave is read from the
+assembly's record (`Assembly.given`). The data every cell trains on, the vocabulary and the
+evaluation all come from the one assembled `data.dir` (`data_dir_of`): without --data, the
+built-in corpus, prepared once into the cache ($TAPERLM_CACHE, else $XDG_CACHE_HOME/taperlm, else
+~/.cache/taperlm).
+
+novelty:pilot allocations: a short uniform pilot run per seed, whose measured novelty sets the
+widths of that seed's pilot allocations, runs before the grid (`run_pilots`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from taperlm import __version__
+from taperlm.compare.cell import EvalSettings, SharedInputs
+from taperlm.compare.execute import PendingCells, choose_jobs, train_cells, train_reported
+from taperlm.compare.figures import with_stopping_plot, with_tuning_plot
+from taperlm.compare.grid import (
+    DEFAULT_TAPERS,
+    Allocation,
+    Grid,
+    PilotRun,
+    Pilots,
+    build_grid,
+    paper_allocations,
+    parse_allocations,
+    pilot_cells,
+)
+from taperlm.compare.options import (
+    DEFAULT_TOKENS,
+    FLAG_KEY,
+    MAIN_CURVE_POINTS,
+    MAIN_EVAL_TOKENS,
+    MAIN_LR,
+    RECIPE_TOKENS,
+    CompareOptions,
+    canonical_command,
+    check_option_ranges,
+    is_main_job,
+    model_preset,
+    option_settings_of,
+    width_step,
+)
+from taperlm.compare.report import stopping_section, tuning_section, write_report
+from taperlm.compare.results import ComparisonReport, LrTuning, Results, Stopping
+from taperlm.compare.statistics import rule_of
+from taperlm.compare.tuning import (
+    check_tuning_options,
+    finish_cost,
+    run_tuned,
+    run_tuning,
+    with_chosen_lr,
+)
+from taperlm.config import ModelConfig, RunConfig, TrainConfig, env_overrides
+from taperlm.config.assembly import Assembly, Layer, Recipe, check_agreement
+from taperlm.data import corpus as data_corpus
+from taperlm.data import prepare as data_prepare
+from taperlm.data.loader import load_meta
+from taperlm.errors import ConfigError, DataError
+from taperlm.evaluation.locate import eval_data_dir, wikitext_test
+from taperlm.evaluation.niah import DEFAULT_HAYSTACK
+from taperlm.evaluation.niah import TASKS as NIAH_TASKS
+from taperlm.evaluation.registry import needs_haystack, task_names, zero_shot_tasks
+from taperlm.evaluation.suite import parse_task_list
+from taperlm.files.outdirs import check_folder, claim
+from taperlm.files.runlock import locked
+from taperlm.runtime.device import resolve_device
+from taperlm.spec.domains import MAX_SEED
+from taperlm.spec.taper import rho_mlp_of
+from taperlm.training.settings import validate_train_config
+
+# Compare's CPU recipe (docs/compare.md, "Precision of the main job"). What made the main job
+# precise: runs past the unigram plateau (320 steps of 1,024 tokens instead of 160 of 2,048; the
+# gap between two allocations opens while they leave it, and its size varies from seed to seed),
+# an init of about 1/sqrt(d_model) for these small widths (GPT-2's 0.02 suits d_model ~768+; at
+# 128 it kept the models on the plateau longer and less predictably), validation on ~all of the
+# built-in corpus's val split, and the cheaper 2,048-token vocabulary (more seeds per minute).
+# Only the fields it sets differ from TrainConfig's defaults; a family's FAMILY_LR replaces lr.
+# The main job (no model named: `compare.options.is_main_job`) trains longer, at its own lr and
+# with a finer curve (`_train_recipe`; why: compare.options).
+COMPARE_TRAIN = TrainConfig(
+    tokens=RECIPE_TOKENS,
+    seq_len=128,
+    micro_batch_size=8,
+    batch_tokens=1024,
+    lr=2e-3,
+    min_lr_ratio=0.1,
+    eval_tokens=4096,
+    keep_checkpoints=1,
+    log_every=4,
+)
+# Peak learning rate of the CPU recipe for a family (by `model.family`) that the recipe's own lr
+# does not train stably. Titans: at 2e-3, titans-mag-tiny tapered 1.5 -> 0.5 diverged (NaN loss
+# from step ~17 of 64, seed 0; measured before max_inner_grad_norm existed) while its uniform
+# twin trained; at 1e-3 both train (docs/compare.md).
+FAMILY_LR: dict[str, float] = {"titans": 1e-3}
+# Model settings of compare's CPU recipe for a preset of a small size (micro, tiny, small); a config
+# file's model section and --set win. Not applied at the paper's sizes (their init is the paper's).
+COMPARE_MODEL = ModelConfig(init_std=0.1)
+# A preset of one of the paper's sizes trains with the paper's recipe instead (its training recipe:
+# AdamW, peak lr 4e-4, weight decay 0.1, cosine decay, 0.5M-token batches of 4K-token
+# sequences, 30B/50B/100B tokens), so that the same command runs the paper's experiment on GPUs.
+# micro_batch_size 4 (16 accumulation steps) fits a 1.3B model at 4K context on an 80 GB GPU
+# with bf16 autocast; raise it where memory allows (--set train.micro_batch_size=N).
+PAPER_TRAIN = TrainConfig(
+    seq_len=4096,
+    micro_batch_size=4,
+    batch_tokens=524_288,
+    lr=4e-4,
+    min_lr_ratio=0.1,
+    weight_decay=0.1,
+    eval_tokens=524_288,
+    keep_checkpoints=2,
+    log_every=10,
+)
+PAPER_TOKENS = {"440m": 30_000_000_000, "760m": 50_000_000_000, "1.3b": 100_000_000_000}
+# Derived from train.tokens unless given explicitly (config file or --set).
+WARMUP_FRACTION = 0.05
+CURVE_POINTS = 16
+CHECKPOINTS_PER_RUN = 4
+
+
+def base_config(
+    opts: CompareOptions,
+    data_dir: Path | None,
+    data_vocab: int | None,
+    notes: list[str] | None = None,
+) -> RunConfig:
+    """The uniform run config every cell starts from (before taper and seed); what it had to
+    change (train.tokens rounded up to whole steps) is appended to `notes`. `data_dir` is the
+    folder `data_dir_of` found for this config (None: not looked up yet), the same folder as the
+    assembled data.dir whenever one is given: it is written here resolved."""
+    asm = Assembly.start(opts.config, model_preset(opts))
+    family = (asm.data.get("model") or {}).get("family")  # the recipe's: before any --set
+    # Compare reads the model, data and train sections only; every cell gets its own taper.
+    asm.data = {key: dict(asm.data.get(key) or {}) for key in ("model", "data", "train")}
+    asm.data["model"].pop("taper", None)
+    asm.clear_sizes()
+    # $TAPERLM_SET is already among opts.overrides, after --set (`taperlm.commands.compare`): an
+    # option is checked against the user's own --set only, as on every command's command line.
+    options = option_settings_of(opts)
+    env = set(env_overrides())
+    check_agreement(options, [o for o in opts.overrides if o not in env])
+    recipe = compare_recipe(opts, family)
+    asm.assemble(options, opts.overrides, recipe, env=False, check=False)
+    if data_dir is not None:  # the assembled folder (resolved), or the default corpus
+        asm.put("data.dir", str(data_dir), max(asm.layer_of("data.dir"), Layer.RECIPE))
+    if data_vocab is not None and not opts.config:
+        asm.put("model.vocab_size", data_vocab, Layer.RECIPE)  # a preset follows the data's
+    cfg = asm.build()
+    if cfg.train.loggers and not asm.given("train.log_group"):
+        cfg.train.log_group = _log_group(opts.out)
+    points = MAIN_CURVE_POINTS if is_main_job(opts) else CURVE_POINTS
+    note = _derive_schedule(cfg.train, asm, points)
+    if note and notes is not None:
+        notes.append(note)
+    if cfg.model.taper.schedule != "uniform":
+        raise ConfigError(
+            "the config's model.taper must be uniform here; list tapers with --tapers"
+        )
+    if cfg.train.eval_tokens < 1:
+        raise ConfigError("train.eval_tokens must be >= 1 for the loss curves")
+    return cfg.resolve()
+
+
+def compare_recipe(opts: CompareOptions, family_name: str | None) -> Recipe:
+    """The named training recipe of a comparison: the paper's at one of its sizes
+    (`paper-440m`), the main job's (`compare-main`), or compare's CPU recipe (`compare-cpu`,
+    `compare-cpu-titans` with a family's own lr)."""
+    size = _preset_size(opts)
+    if size in PAPER_TOKENS:
+        name = f"paper-{size}"
+    elif is_main_job(opts):
+        name = "compare-main"
+    elif (family_name or "transformer") in FAMILY_LR:
+        name = f"compare-cpu-{family_name}"
+    else:
+        name = "compare-cpu"
+    return Recipe.of(name, model=_model_recipe(opts), train=_train_recipe(opts, family_name))
+
+
+def _log_group(out: Path) -> str:
+    """One logged group for the comparison's runs (each run is named after its folder:
+    allocation-sSEED), unique per comparison folder."""
+    where = out.resolve()
+    digest = hashlib.sha1(str(where).encode()).hexdigest()[:6]
+    return f"{where.name}-{digest}"
+
+
+def _preset_size(opts: CompareOptions) -> str | None:
+    """The size of the model's preset (`tiny`, `440m`, ...); None for a config file."""
+    preset = model_preset(opts)
+    return None if preset is None else preset.rpartition("-")[2]
+
+
+def _train_recipe(opts: CompareOptions, family_name: str | None) -> TrainConfig:
+    """Compare's CPU recipe (with the family's own learning rate where it has one; the main
+    job's budget, lr and curve), or the paper's recipe for a preset of one of its sizes."""
+    size = _preset_size(opts)
+    if size in PAPER_TOKENS:
+        return dataclasses.replace(PAPER_TRAIN, tokens=PAPER_TOKENS[size])
+    if is_main_job(opts):
+        return dataclasses.replace(
+            COMPARE_TRAIN, tokens=DEFAULT_TOKENS, lr=MAIN_LR, eval_tokens=MAIN_EVAL_TOKENS
+        )
+    lr = FAMILY_LR.get(family_name or "transformer", COMPARE_TRAIN.lr)
+    return dataclasses.replace(COMPARE_TRAIN, lr=lr)
+
+
+def _model_recipe(opts: CompareOptions) -> ModelConfig | None:
+    """Compare's model settings for a preset of a small size; none for a config file (its model
+    section is the user's) or a preset of the paper's sizes."""
+    size = _preset_size(opts)
+    return None if size is None or size in PAPER_TOKENS else COMPARE_MODEL
+
+
+def _derive_schedule(train: TrainConfig, asm: Assembly, points: int = CURVE_POINTS) -> str | None:
+    """Whole steps (train.tokens rounded up, said once here rather than by every cell), then
+    warmup, evaluation (`points` per run) and checkpoint intervals from them, unless given."""
+    tokens, batch = int(train.tokens), int(train.batch_tokens)
+    rounding = TrainConfig(tokens=tokens, batch_tokens=max(1, batch))
+    steps = rounding.steps
+    note = rounding.rounding_note() if tokens >= batch >= 1 else None
+    if note:
+        train.tokens = tokens = steps * batch
+    if not asm.given("train.warmup_tokens"):
+        train.warmup_tokens = int(WARMUP_FRACTION * tokens) // batch * batch
+    if not asm.given("train.eval_every"):
+        train.eval_every = max(1, steps // points)
+    if not asm.given("train.checkpoint_every"):
+        train.checkpoint_every = max(1, steps // CHECKPOINTS_PER_RUN)
+    return note
+
+
+DEFAULT_CORPUS_TOKENIZER = "bpe:2048"
+# A preset size whose own vocabulary is smaller reads the built-in corpus through its own
+# tokenizer: nano's 512 tokens (at bpe:2048 its embeddings would be 2/3 of the model). At bpe:512
+# the corpus has 13.1M training tokens: nano's 68 tokens per parameter (18.1M) is 1.4 epochs.
+SIZE_CORPUS_TOKENIZERS = {"nano": "bpe:512"}
+
+
+def corpus_tokenizer(opts: CompareOptions) -> str:
+    """The tokenizer of the built-in corpus for `opts`' preset (its size's own, else the
+    default)."""
+    preset = model_preset(opts)
+    size = None if preset is None else preset.rpartition("-")[2]
+    return SIZE_CORPUS_TOKENIZERS.get(size or "", DEFAULT_CORPUS_TOKENIZER)
+
+
+def cache_root() -> Path:
+    env = os.environ.get("TAPERLM_CACHE")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "taperlm"
+
+
+def default_corpus_dir(progress: bool, tokenizer: str = DEFAULT_CORPUS_TOKENIZER) -> Path:
+    """The default corpus at `tokenizer`, prepared once into the cache (atomic: a temp dir
+    renamed into place, so concurrent or interrupted runs never see a half-written data dir)."""
+    meta_file = data_prepare.META_FILE
+    # Keyed by what it is built from (the installed files, the pipeline): an upgraded package
+    # or taperlm gets a fresh corpus rather than a stale one under the same name.
+    inputs = json.dumps([data_prepare.PIPELINE_VERSION, data_corpus.default_corpus_identity()])
+    digest = hashlib.sha256(inputs.encode()).hexdigest()[:12]
+    target = cache_root() / f"default-{tokenizer.replace(':', '')}-{digest}"
+    if (target / meta_file).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".tmp-{target.name}-{os.getpid()}")
+    print(
+        f"taperlm compare: preparing the default corpus into {target} (once; ~1 min)",
+        file=sys.stderr,
+    )
+    try:
+        data_prepare.prepare("default", tmp, tokenizer, workers=2, progress=progress)
+        if target.exists() and not (target / meta_file).is_file():
+            shutil.rmtree(target)  # an incomplete leftover
+        if not target.exists():
+            os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def data_dir_of(opts: CompareOptions, provisional: RunConfig) -> Path:
+    """The assembled data.dir of the provisional base config (--data, a config file's, --set or
+    $TAPERLM_SET: `taperlm.compare.comparison.base_config`), else the default corpus (prepared
+    once). The one folder the cells train on and the vocabulary and evaluation are read from."""
+    if provisional.data.dir:
+        data_dir = Path(provisional.data.dir).expanduser().resolve()
+    else:
+        tokenizer = corpus_tokenizer(opts)
+        target = default_corpus_dir(not opts.no_progress, tokenizer)
+        print(default_corpus_note(target, tokenizer), file=sys.stderr)
+        return target
+    load_meta(data_dir)  # DataError naming `taperlm prepare` when missing or incomplete
+    return data_dir
+
+
+def default_corpus_note(target: Path, tokenizer: str = DEFAULT_CORPUS_TOKENIZER) -> str:
+    """Which data a compare without --data trains on, and the prepared folders it leaves alone
+    (its own corpus keeps the main job's numbers reproducible: another tokenizer would change
+    the models' size)."""
+    here = sorted(str(p.parent) for p in Path("data").glob(f"*/{data_prepare.META_FILE}"))[:3]
+    other = f"; {', '.join(here)} (prepared here) is used only with --data" if here else ""
+    return (
+        f"taperlm compare: data: the built-in corpus (Debian's Python, Perl and Linux "
+        f"documentation) with its {tokenizer} tokenizer, cached in {target}; "
+        f"--data DIR trains on other data{other}"
+    )
+
+
+def compare_task_groups() -> dict[str, list[str]]:
+    """--eval-tasks groups, from the task registry: `paper` (the zero-shot suite), `niah`, and
+    `all` = those, then every other registered task (a task registered later is a compare
+    option as it is an `eval` one). `val` is not among them: compare always measures it."""
+    suite, needles = zero_shot_tasks(), task_names("niah")
+    others = [t for t in task_names() if t not in ("val", *suite, *needles)]
+    return {"paper": suite, "niah": needles, "all": [*suite, *needles, *others]}
+
+
+def eval_settings(opts: CompareOptions) -> EvalSettings:
+    """How every cell is evaluated (zero-shot tasks, their data, novelty text and tokens); the
+    options' ranges are checked by `check_option_ranges`."""
+    groups = compare_task_groups()
+    tasks = parse_task_list(
+        opts.eval_tasks, groups["all"], "--eval-tasks", skip=("none", "val"), groups=groups
+    )
+    return EvalSettings(
+        val_tokens=opts.val_tokens or None,
+        eval_tasks=tasks,
+        eval_limit=opts.eval_limit or None,
+        eval_data=_eval_data(opts, tasks),
+        niah_lengths=list(opts.eval_niah_lengths) or None,
+        # in the cache key: cells evaluated on another prose (WikiText before) are re-evaluated
+        niah_haystack=DEFAULT_HAYSTACK if any(needs_haystack(t) for t in tasks) else None,
+        novelty_tokens=opts.novelty_tokens,
+        novelty_text=_novelty_text(opts),
+    )
+
+
+def _eval_data(opts: CompareOptions, tasks: list[str]) -> str | None:
+    """The folder of the zero-shot tasks' files (the NIAH tasks need none: their prose ships
+    with Python)."""
+    if not [t for t in tasks if t not in NIAH_TASKS]:
+        return None
+    eval_data = opts.eval_data or eval_data_dir()
+    if eval_data is None or not Path(eval_data).is_dir():
+        raise DataError(
+            f"--eval-tasks {','.join(tasks)} needs the evaluation files: pass --eval-data DIR "
+            "(laid out like ../shared/data) or set TAPERLM_EVAL_DATA, or use --eval-tasks none"
+        )
+    return str(Path(eval_data).resolve())
+
+
+def _novelty_text(opts: CompareOptions) -> str | None:
+    """--novelty-data, else WikiText-2's test split where it is, else None (the val split)."""
+    if opts.novelty_data is not None:
+        if not opts.novelty_data.is_file():
+            raise DataError(
+                f"--novelty-data {opts.novelty_data} is not a file; give a UTF-8 text file, or "
+                "leave the option out to measure on WikiText-2's test split (or the val split)"
+            )
+        return str(opts.novelty_data.resolve())
+    try:
+        return str(wikitext_test())
+    except DataError:
+        return None  # fall back to the val split
+
+
+def check_niah_lengths(settings: EvalSettings, context: int) -> None:
+    """Refuse before training when every NIAH length would be skipped (longer than the cells'
+    context); longer lengths among shorter ones are skipped per cell, with the reason."""
+    lengths = settings.niah_lengths
+    if lengths and any(t in NIAH_TASKS for t in settings.eval_tasks) and min(lengths) > context:
+        raise ConfigError(
+            f"--eval-niah-lengths {','.join(map(str, lengths))}: every length is longer than the "
+            f"models' context_length {context}; give lengths <= {context}"
+        )
+
+
+# The pilot trains this fraction of a run's tokens (whole batches).
+PILOT_FRACTION = 0.25
+
+
+def pilot_tokens(opts: CompareOptions, base: RunConfig) -> int:
+    """Training tokens of a pilot: --pilot-tokens, else PILOT_FRACTION of a run, in whole
+    batches (at least one)."""
+    batch = base.train.batch_tokens
+    if opts.pilot_tokens is not None:
+        if opts.pilot_tokens < batch:
+            raise ConfigError(
+                f"--pilot-tokens must be at least one batch ({batch:,} tokens), got "
+                f"{opts.pilot_tokens:,}"
+            )
+        return opts.pilot_tokens // batch * batch
+    return max(batch, int(PILOT_FRACTION * base.train.tokens) // batch * batch)
+
+
+def run_pilots(
+    opts: CompareOptions,
+    base: RunConfig,
+    seeds: list[int],
+    data_dir: Path,
+    vocab: int,
+    settings: EvalSettings,
+) -> Pilots:
+    """Train (or reuse) the pilot of every seed, a short uniform run, and measure its novelty
+    like any cell."""
+    tokens = pilot_tokens(opts, base)
+    pilot_base = base_config(dataclasses.replace(opts, tokens=tokens), data_dir, vocab)
+    cells = pilot_cells(pilot_base, seeds)
+    print(
+        f"taperlm compare: novelty:pilot allocations: first {len(cells)} uniform pilot run(s) of "
+        f"{tokens:,} tokens (one per seed)",
+        file=sys.stderr,
+    )
+    pilots = Grid([cells[0].allocation], list(seeds), cells, pilot_base)
+    # a pilot needs its novelty (and gets a val loss); zero-shot tasks would be wasted on it
+    results = train_cells(opts, pilots, data_dir, dataclasses.replace(settings, eval_tasks=[]))
+    per_seed: dict[int, PilotRun] = {}
+    for c in cells:
+        r = results[c.name]
+        rho = rho_mlp_of(r.novelty)
+        if rho is None or len(rho) != base.model.n_layers:
+            raise ConfigError(f"pilot {c.name} has no per-layer rho_mlp in its result.json")
+        per_seed[c.seed] = PilotRun(
+            run=f"runs/{c.name}",
+            tokens=r.train.tokens,
+            train_s=r.train.wall_s,
+            novelty_s=(r.times or {}).get("novelty_s"),
+            val_loss=r.val.loss,
+            rho_mlp=rho,
+        )
+    return Pilots(tokens, per_seed)
+
+
+def allocations(opts: CompareOptions) -> list[Allocation]:
+    """The allocations to compare (uniform always included, paper numbers attached)."""
+    if opts.paper and (opts.tapers or opts.taper_list):
+        raise ConfigError("give either --paper MODE or --tapers/--taper, not both")
+    if opts.paper:
+        return paper_allocations(opts.paper, opts.multiple_of)
+    if opts.preset_size or opts.families:
+        raise ConfigError(
+            "--preset-size and --families belong to --paper families; for one model give "
+            "--preset FAMILY-SIZE (e.g. --preset gated-small)"
+        )
+    if opts.tapers == ():
+        raise ConfigError("--tapers is empty; give e.g. --tapers 'uniform;cosine:1.5:0.5'")
+    texts = [*(opts.tapers or ()), *opts.taper_list]
+    return parse_allocations(texts or list(DEFAULT_TAPERS), width_step(opts))
+
+
+def reported_seeds(opts: CompareOptions) -> list[int]:
+    """The reported seeds, in order: --first-seed, +1, ... (--seeds of them)."""
+    last = opts.first_seed + opts.seeds - 1
+    if last > MAX_SEED:
+        raise ConfigError(
+            f"--first-seed {opts.first_seed} with --seeds {opts.seeds} reaches seed {last}, "
+            f"beyond the largest seed {MAX_SEED}; use a smaller --first-seed"
+        )
+    return list(range(opts.first_seed, opts.first_seed + opts.seeds))
+
+
+def check_options(opts: CompareOptions) -> tuple[list[Allocation], RunConfig]:
+    """Validate everything that does not need the data (so that nothing is prepared or trained
+    for a comparison that cannot run); returns (allocations, provisional base config)."""
+    check_option_ranges(opts)
+    check_executor_options(opts)
+    rule_of(opts)  # a bad --stop fails before any work
+    allocs = allocations(opts)
+    seeds = reported_seeds(opts)
+    check_tuning_options(opts, seeds, allocs)
+    provisional = base_config(opts, None, None)
+    build_grid(provisional, allocs, seeds, opts.paper)
+    validate_train_config(provisional)
+    resolve_device(provisional.train.device, "train.device")  # there, before any work
+    pilot_tokens(opts, provisional)  # a bad --pilot-tokens fails before any work
+    return allocs, provisional
+
+
+def executor_only_options(opts: CompareOptions) -> list[str]:
+    """The Slurm executor's options (--slurm-*, --wait) that `opts` set to other than their
+    defaults: every field whose flag names the executor, found from the fields themselves so
+    that a new --slurm-* option is covered without a list to keep."""
+    given = []
+    for f in dataclasses.fields(opts):
+        if (f.name.startswith("slurm_") or f.name == "wait") and getattr(opts, f.name) != f.default:
+            given.append(f.metadata[FLAG_KEY])
+    return given
+
+
+def check_executor_options(opts: CompareOptions) -> None:
+    """The Slurm executor's options mean nothing on this machine: given without
+    `--executor slurm`, they are refused rather than silently ignored."""
+    if opts.executor == "slurm":
+        return
+    given = executor_only_options(opts)
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for --executor slurm, "
+            f"but this comparison runs with --executor {opts.executor}: add --executor slurm "
+            "to run its cells as Slurm jobs, or drop the option"
+        )
+
+
+@dataclass
+class Inputs:
+    """What every cell of a comparison shares: the data and how cells are evaluated."""
+
+    data_dir: Path
+    meta: dict[str, Any]
+    settings: EvalSettings
+
+
+def run_comparison(opts: CompareOptions) -> ComparisonReport:
+    """Validate, prepare the data if needed, train and evaluate every cell (resumably) and write
+    the report; returns it (its report.md and report.json: `md_path`, `json_path`). A study of several comparisons (`--paper
+    families`, ...) calls this for each: `taperlm.compare.study.run_study`."""
+    for mode, per in (("families", "family"), ("scaling", "(size, tokens)")):
+        if opts.paper == mode:
+            raise ConfigError(
+                f"--paper {mode} runs one comparison per {per}: call "
+                "taperlm.compare.study.run_study (what `taperlm compare` does)"
+            )
+    clock = _Clock()
+    allocs, provisional = check_options(opts)
+    if opts.executor == "slurm":  # a cluster that refuses the jobs: before any work
+        from taperlm.compare.slurm import SlurmSettings, check_cluster  # lazy: optional extra
+
+        check_cluster(SlurmSettings.from_options(opts))
+    seeds = reported_seeds(opts)
+    data_dir = data_dir_of(opts, provisional)
+    meta = load_meta(data_dir)
+    notes: list[str] = []
+    base = base_config(opts, data_dir, int(meta["vocab_size"]), notes)
+    for note in notes:
+        print(f"taperlm compare: note: {note}", file=sys.stderr)
+    inputs = Inputs(data_dir, meta, eval_settings(opts))
+    check_niah_lengths(inputs.settings, base.model.context_length)
+    SharedInputs(data_dir, inputs.settings).load()  # inputs too small for the job: fail first
+
+    check_folder(opts.out, "compare", "--out")
+    claim(opts.out, "compare")
+    with locked(opts.out, "comparison folder"):  # one comparison writes a folder at a time
+        report = _run_locked(opts, base, allocs, seeds, inputs, clock)
+    print(f"wrote {report.md_path} and {report.json_path} ({clock.wall() / 60:.1f} min)")
+    return report
+
+
+def _run_locked(
+    opts: CompareOptions,
+    base: RunConfig,
+    allocs: list[Allocation],
+    seeds: list[int],
+    inputs: Inputs,
+    clock: _Clock,
+) -> ComparisonReport:
+    """The comparison in its locked folder: lr tuning, pilots, the grid, the report."""
+    data_dir, settings = inputs.data_dir, inputs.settings
+    tuning = None
+    if opts.tune_lr:
+        tuning = run_tuning(opts, base, allocs, seeds, data_dir, settings)
+        if tuning.scope == "uniform":  # every allocation at uniform's tuned lr
+            uniform = next(a for a in allocs if a.is_uniform)
+            base = with_chosen_lr(base, tuning, uniform.name)
+    pilot = None
+    if any(a.needs_pilot for a in allocs):
+        pilot = run_pilots(opts, base, seeds, data_dir, int(inputs.meta["vocab_size"]), settings)
+    grid = build_grid(base, allocs, seeds, opts.paper, pilot and pilot.rho_mlp)
+    grid.pilot = pilot
+    print(
+        f"taperlm compare: {len(grid.allocations)} allocations x {len(seeds)} seeds = "
+        f"{len(grid.cells)} runs of {base.train.tokens:,} tokens "
+        f"({grid.budget[grid.allocations[0].name]['params']:,} params each) into {opts.out}",
+        file=sys.stderr,
+    )
+    jobs = choose_jobs(opts, grid, opts.out / "runs", settings, reported=True)
+    stopping: Stopping | None = None
+    report = _reporter(opts, grid, inputs, clock, jobs, tuning, lambda: stopping)
+
+    def partial(results: Results) -> None:
+        report(grid, results, f" (PARTIAL: {len(results)}/{len(grid.cells)} runs done)")
+
+    cap_grid = grid
+    try:
+        grid, results, stopping = train_reported(
+            opts, grid, data_dir, settings, jobs=jobs, on_seed_done=partial
+        )
+    except PendingCells as pending:  # cells still queued on a cluster: the report so far
+        done = {c.seed for c in grid.cells if c.name in pending.results}
+        done -= {c.seed for c in grid.cells if c.name not in pending.results}
+        kept = {c.name: pending.results[c.name] for c in grid.cells if c.seed in done}
+        if kept:  # the seeds whose every cell is done, as a seed's end writes it
+            partial(kept)
+        raise
+    if tuning:
+        if tuning.scope == "each":
+            run_tuned(opts, grid, results, tuning, data_dir, settings, cap_grid)
+        finish_cost(tuning, list(results.values()))
+    return report(grid, results, "")
+
+
+def _reporter(
+    opts: CompareOptions,
+    grid: Grid,
+    inputs: Inputs,
+    clock: _Clock,
+    jobs: int,
+    tuning: LrTuning | None,
+    stopping: Callable[[], Stopping | None],
+) -> Callable[[Grid, Results, str], ComparisonReport]:
+    """report(grid, results, title suffix): writes report.md / report.json for the results so
+    far: with --tune-lr report.json's `lr_tuning`, its section and lr_tuning.png; once the seeds
+    are settled (`stopping()`), `stopping`, its section and sequence.png."""
+    command = canonical_command(opts, grid)
+
+    def report(used: Grid, results: Results, suffix: str) -> ComparisonReport:
+        meta = _report_meta(opts, used, results, command, inputs) | {
+            "wall_s": clock.wall(),
+            "cpu_s": clock.cpu(),
+            "jobs": jobs,
+        }
+        meta["title"] += suffix
+        extras = []
+        stop = stopping()
+        if stop is not None:
+            extras.append(("stopping", with_stopping_plot(stop, opts.out), stopping_section))
+        if tuning:
+            plotted = with_tuning_plot(tuning, opts.out)
+            extras.append(("lr_tuning", plotted, tuning_section))
+        return write_report(used, results, opts.out, meta, extras)
+
+    return report
+
+
+class _Clock:
+    """Wall time and CPU time (this process and its finished worker processes) since made."""
+
+    def __init__(self) -> None:
+        self.t_start, self.cpu_start = time.perf_counter(), _cpu_seconds()
+
+    def wall(self) -> float:
+        return time.perf_counter() - self.t_start
+
+    def cpu(self) -> float:
+        return _cpu_seconds() - self.cpu_start
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its finished worker processes."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _report_meta(
+    opts: CompareOptions, grid: Grid, results: Results, command: str, inputs: Inputs
+) -> dict[str, Any]:
+    m = grid.base.model
+    return {
+        "title": _title(opts, grid),
+        "command": command,
+        "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "taperlm_version": __version__,
+        "torch_version": torch.__version__,
+        "threads": opts.threads,
+        "jobs": opts.jobs,
+        "paper_mode": opts.paper,
+        "cells": len(grid.cells),
+        "wall_s": 0.0,
+        "cpu_s": 0.0,
+        "model": {
+            "family": m.family,
+            "n_layers": m.n_layers,
+            "d_model": m.d_model,
+            "n_heads": m.n_heads,
+            "mlp_width": m.mlp_width,
+            "vocab_size": m.vocab_size,
+        },
+        "settings": _settings_meta(grid, results, inputs),
+    }
+
+
+def _settings_meta(grid: Grid, results: Results, inputs: Inputs) -> dict[str, Any]:
+    """report.json's meta.settings: the training recipe, the data and the evaluation."""
+    first = next(iter(results.values()))
+    t, settings = grid.base.train, inputs.settings
+    return {
+        "tokens": t.tokens,
+        "steps": t.steps,
+        "batch_tokens": t.batch_tokens,
+        "seq_len": t.seq_len,
+        "lr": t.lr,
+        "warmup_tokens": t.warmup_tokens,
+        "eval_every": t.eval_every,
+        "eval_tokens": t.eval_tokens,
+        "seeds": grid.seeds,
+        "data_dir": str(inputs.data_dir),
+        "train_tokens": int(inputs.meta["splits"]["train"]["tokens"]),
+        "val_tokens": first.val.tokens,
+        "eval_tasks": settings.eval_tasks,
+        "eval_limit": settings.eval_limit,
+        "novelty_text": settings.novelty_text or f"the val split of {inputs.data_dir}",
+        "novelty_tokens": settings.novelty_tokens,
+    }
+
+
+def _title(opts: CompareOptions, grid: Grid) -> str:
+    model = str(opts.config) if opts.config else model_preset(opts)
+    mode = f"paper {grid.paper}" if grid.paper else f"{len(grid.allocations)} allocations"
+    return f"{model}, {mode}, {len(grid.seeds)} seeds, {grid.base.train.tokens:,} tokens/run"
