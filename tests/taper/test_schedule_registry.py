@@ -82,3 +82,35 @@ def test_built_in_schedules_only_without_the_toy():
         f"unknown taper schedule 'step' in 'step:1.25:0.75'; choose one of {BUILT_IN} "
         "(e.g. cosine:1.5:0.5, groups:1.5,1.0,0.5, custom:4224,3840,..., novelty:pilot)"
     )
+
+
+# Per schedule, a spec whose multipliers ask for a zero MLP width at (layers, baseline) with steps
+# of 16: where a multiplier x baseline rounds to 0 steps. novelty is measured (its widths come from
+# a run, not a formula) and uniform never asks for one.
+ASKS_FOR_ZERO = {
+    "cosine": ("cosine:2:0", 4, 64),
+    "linear": ("linear:2:0", 4, 64),
+    "sigmoid": ("sigmoid:2:0", 4, 64),
+    "bell": ("bell:1.9", 6, 16),
+    "hourglass": ("hourglass:1.9", 6, 64),
+    "groups": ("groups:1.5,1.5,0", 6, 64),
+    "custom": ("custom:1.5,1.5,1,0", 4, 64),
+}
+
+
+def test_every_schedule_gives_a_zero_mlp_width_where_it_asks_for_one():
+    """docs/tapers.md, "Zero widths": a layer whose multiplier rounds to 0 steps is attention
+    only, whichever schedule asked (groups and the symmetric shapes are solved by whole units:
+    that path once refused a zero the per-layer solver gives). The budget stays exact, the
+    layers the schedule gave a width keep one, and sizes that may not be 0 (heads) still refuse."""
+    formula = set(SCHEDULES) - {"uniform", "novelty"}
+    assert set(ASKS_FOR_ZERO) == formula, "a new schedule: add the spec that asks for a zero"
+    for name, (text, layers, baseline) in ASKS_FOR_ZERO.items():
+        spec = TaperSpec.parse(text)
+        asked = [round(r * baseline / 16) == 0 for r in multipliers(spec, layers)]
+        assert any(asked), name
+        widths = solve_sizes(spec, layers, baseline, zero_ok=True)
+        assert sum(widths) == layers * baseline, name
+        assert [w == 0 for w in widths] == asked, (name, widths)
+        with pytest.raises(TaperError, match=r"rounds to 0|>= 1|positive"):
+            solve_sizes(spec, layers, baseline)

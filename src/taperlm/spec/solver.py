@@ -78,13 +78,16 @@ def solve_sizes(
     blocks = spec.record.blocks(spec, n_layers)
     if blocks is not None:
         units = _runs(blocks)
-        return _solve_units(spec, r, units, unit, target // m, (direction, enforce), budget)
+        order = (direction, enforce)
+        return _solve_units(spec, r, units, unit, target // m, order, budget, zero_ok=zero_ok)
     if spec.record.mirrored and n_layers > 2:
         units = _mirror_pairs(n_layers)
         # the order kept is the half profile's, from the end layers in to the middle
         half = _direction([r[u[0]] for u in units])
         kept = half != 2 and spec.monotone is not False
-        symmetric = _solve_units(spec, r, units, unit, target // m, (half, kept), budget, True)
+        symmetric = _solve_units(
+            spec, r, units, unit, target // m, (half, kept), budget, True, zero_ok=zero_ok
+        )
         if symmetric is not None:
             return symmetric
         # an odd number of steps over an even depth (e.g. a KV taper's `total`) cannot be
@@ -233,12 +236,15 @@ def _solve_units(
     order: tuple[int, bool],
     budget: str,
     optional: bool = False,
+    *,
+    zero_ok: bool = False,
 ) -> list[int] | None:
     """Sizes for a schedule whose layers come in units that keep one size (groups: runs of
     consecutive layers; bell, hourglass: mirrored pairs): every unit is solved as a whole, so its
     layers stay equal (docs/tapers.md promises equal groups and symmetric shapes). `order` is kept
     across the units in their order. `optional`: None instead of the error when whole units
-    cannot meet the budget (the caller has another way).
+    cannot meet the budget (the caller has another way). `zero_ok`: a unit whose size rounds to
+    0 steps keeps size 0 (MLP widths), as in the per-layer solver.
 
     The multipliers are first scaled to a layer-weighted mean of exactly 1 (uneven blocks, e.g.
     3 groups over 4 layers, give a mean of 1.125 as written): the ratios between units stay as
@@ -251,7 +257,7 @@ def _solve_units(
     mean = sum(c * x for c, x in zip(counts, rb)) / sum(counts)
     exact = [x / mean * unit for x in rb]
     steps = [math.floor(x + 0.5) for x in exact]
-    if min(steps) <= 0:
+    if min(steps) < 0 or (min(steps) == 0 and not zero_ok):
         at = steps.index(min(steps))
         raise TaperError(
             f"taper {spec.to_string()}: the width of {_unit_name(spec, units[at], at)} rounds to "
@@ -295,16 +301,18 @@ def _block_moves(
     """Block sizes (in steps) within MAX_BLOCK_MOVE of `rounded` whose layer-weighted sum moves
     by exactly `deficit`, positive, in `direction`'s order when given (-1 non-increasing, +1
     non-decreasing, 0 constant), closest to `exact` (least sum of c * error^2): a dynamic
-    programme over the blocks, its state (the sum moved so far, the last block's size). None
+    programme over the blocks, its state (the sum moved so far, the last block's size). A block
+    that rounded to 0 stays 0 and no other block is moved to 0 (as the per-layer solver). None
     when there is none."""
     # (moved, last size) -> (cost, sizes so far)
     states: dict[tuple[int, int], tuple[float, list[int]]] = {(0, 0): (0.0, [])}
     for b, c in enumerate(blocks):
         nxt: dict[tuple[int, int], tuple[float, list[int]]] = {}
         for (moved, last), (cost, sizes) in states.items():
-            for d in range(-MAX_BLOCK_MOVE, MAX_BLOCK_MOVE + 1):
+            moves = range(-MAX_BLOCK_MOVE, MAX_BLOCK_MOVE + 1) if rounded[b] else (0,)
+            for d in moves:
                 new = rounded[b] + d
-                if new <= 0:
+                if new <= 0 and rounded[b]:
                     continue
                 ordered = not b or direction is None or direction == 2
                 if not ordered and (
