@@ -7,7 +7,7 @@ same short distillation over seeds (docs/compress.md, "A really pretrained model
     OMP_NUM_THREADS=1 python benchmarks/pretrained_prune.py --work /tmp/pretrained --stage baseline
     # pruning right after, then healing (hours; resumable: rerun the same command)
     python benchmarks/pretrained_prune.py --work /tmp/pretrained --stage prune --threads 2
-    python benchmarks/pretrained_prune.py --work /tmp/pretrained --stage heal --threads 2
+    python benchmarks/pretrained_prune.py --work /tmp/pretrained --stage heal --threads 2  # 8 steps of 4 x 1,024 tokens
 
 What each stage does (every finished cell is kept in --work/cells/ and not recomputed; each run
 is a resumable run dir in --work):
@@ -205,7 +205,10 @@ def cached(work: Path, name: str, compute: Any, settings: dict[str, Any]) -> dic
     path = work / "cells" / f"{name}.json"
     if path.is_file():
         cell = json.loads(path.read_text(encoding="utf-8"))
-        if cell.get("settings") != settings:
+        # the keys this cell depends on (a cell written before heal's settings were split off
+        # the measurement's records those too: they do not bind it)
+        recorded = cell.get("settings") or {}
+        if {k: recorded.get(k) for k in settings} != settings:
             raise SystemExit(
                 f"{path} was measured with {cell.get('settings')}, not {settings}; use another "
                 "--work for other settings"
@@ -219,21 +222,25 @@ def cached(work: Path, name: str, compute: Any, settings: dict[str, Any]) -> dic
     return result
 
 
-MEASURE_SETTINGS = (
-    "val_tokens",
-    "limit",
-    "seq_len",
-    "calibration_tokens",
+# What a measurement's numbers depend on besides the model (baseline, after pruning), and what
+# a healed model's depend on on top.
+MEASURE_SETTINGS = ("val_tokens", "limit", "seq_len", "calibration_tokens")
+HEAL_SETTINGS = (
+    *MEASURE_SETTINGS,
     "heal_tokens",
+    "heal_batch_tokens",
     "heal_lr",
     "distill_mix",
     "distill_temperature",
 )
+MIN_HEAL_STEPS = 4  # fewer optimizer steps than this is not a healing worth measuring
 
 
-def cell_settings(args: argparse.Namespace) -> dict[str, Any]:
+def cell_settings(
+    args: argparse.Namespace, keys: tuple[str, ...] = MEASURE_SETTINGS
+) -> dict[str, Any]:
     """What a cell's numbers depend on besides the model (a rerun with others is refused)."""
-    return {k: getattr(args, k) for k in MEASURE_SETTINGS}
+    return {k: getattr(args, k) for k in keys}
 
 
 def measure(model: Any, tokenizer: Any, data_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -297,13 +304,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=40, help="items per zero-shot task [40]")
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--calibration-tokens", type=int, default=16_384)
-    ap.add_argument("--heal-tokens", type=int, default=32_768)
+    ap.add_argument("--heal-tokens", type=int, default=32_768, help="tokens per healing [32,768]")
+    ap.add_argument(
+        "--heal-batch-tokens",
+        type=int,
+        default=4_096,
+        help="tokens per healing step, whole --seq-len sequences [4,096: 8 steps of 4 x 1,024]",
+    )
     ap.add_argument("--heal-lr", type=float, default=1e-4)
     ap.add_argument("--distill-mix", type=float, default=0.5)
     ap.add_argument("--distill-temperature", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads [1]")
     ap.add_argument("--json", type=output_file, help="results [results/pretrained_prune.json]")
     args = ap.parse_args(argv)
+    if args.heal_batch_tokens % args.seq_len or args.heal_batch_tokens < args.seq_len:
+        ap.error(
+            f"--heal-batch-tokens {args.heal_batch_tokens} is not a whole number of --seq-len "
+            f"{args.seq_len} sequences; give a multiple of {args.seq_len}"
+        )
+    if args.heal_tokens // args.heal_batch_tokens < MIN_HEAL_STEPS:
+        ap.error(
+            f"--heal-tokens {args.heal_tokens} is {args.heal_tokens // args.heal_batch_tokens} "
+            f"step(s) of --heal-batch-tokens {args.heal_batch_tokens}; a healing needs at least "
+            f"{MIN_HEAL_STEPS}: raise --heal-tokens or lower --heal-batch-tokens"
+        )
     problem = folder_problem(args.work)
     if problem:
         ap.error(f"--work: {problem}")
@@ -388,6 +412,13 @@ def run_prune_and_heal(work, args, model, tokenizer, src_cfg, src_dir, data_dir)
     shapes = plan(src_cfg.model, args.fractions, rho, str(src_dir))
     run_base = copy.deepcopy(src_cfg)
     run_base.data.dir = str(data_dir)
+    # healing's steps: whole --seq-len sequences, --heal-batch-tokens a step (the imported run's
+    # own batch would make 32,768 tokens two steps)
+    t = run_base.train
+    t.seq_len = min(seq, src_cfg.model.context_length)
+    t.batch_tokens = args.heal_batch_tokens
+    t.micro_batch_size = 1
+    heal_settings = cell_settings(args, HEAL_SETTINGS)
     for key, entry in shapes.items():
         name = key.replace("/", "-")
         if "config" not in entry:
@@ -421,7 +452,7 @@ def run_prune_and_heal(work, args, model, tokenizer, src_cfg, src_dir, data_dir)
                 healed, _ = load_run_model(hdir)
                 return {"healed": measure(healed, tokenizer, data_dir, args)}
 
-            cell = cached(work, f"heal-{name}-s{s}", heal, settings)
+            cell = cached(work, f"heal-{name}-s{s}", heal, heal_settings)
             print(f"{key} seed {s}: healed {cell['healed']['val_loss']:.4f}", file=sys.stderr)
 
 

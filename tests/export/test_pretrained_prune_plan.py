@@ -98,3 +98,51 @@ def test_the_docs_table_is_the_results_own(bench):
     assert block == bench.baseline_markdown(data)
     assert data["import"]["quantization"] == {"Q4_1": 210, "F32": 61, "Q8_0": 1}
     assert data["baseline"]["settings"]["limit"] == 200 and data["baseline"]["val_tokens"] == 16_384
+
+
+def test_a_cell_is_bound_by_the_settings_its_numbers_depend_on(bench, tmp_path):
+    """The measurement's cells (baseline, after pruning) depend on the measurement settings only:
+    one written while heal's settings were recorded with them is reused with other healing
+    settings; a change in what it measured (or a heal cell's own settings) refuses, naming the
+    file, and nothing is recomputed."""
+    args = bench.argparse.Namespace(
+        val_tokens=16_384, limit=200, seq_len=1024, calibration_tokens=16_384,
+        heal_tokens=65_536, heal_batch_tokens=4096, heal_lr=1e-4, distill_mix=0.5,
+        distill_temperature=1.0,
+    )  # fmt: skip
+    measure = bench.cell_settings(args)
+    assert set(measure) == set(bench.MEASURE_SETTINGS) < set(bench.HEAL_SETTINGS)
+    (tmp_path / "cells").mkdir()
+    older = measure | {"heal_tokens": 32_768, "heal_lr": 1e-4}  # recorded before the split
+    path = tmp_path / "cells" / "prune-0.5-uniform.json"
+    path.write_text(json.dumps({"after_prune": {"val_loss": 3.0}, "settings": older}))
+
+    def never():
+        raise AssertionError("a finished cell was recomputed")
+
+    assert bench.cached(tmp_path, "prune-0.5-uniform", never, measure)["after_prune"]
+    for key in bench.MEASURE_SETTINGS:
+        other = measure | {key: measure[key] * 2}
+        with pytest.raises(SystemExit, match=r"prune-0\.5-uniform\.json"):
+            bench.cached(tmp_path, "prune-0.5-uniform", never, other)
+    heal = bench.cell_settings(args, bench.HEAL_SETTINGS)
+    path = tmp_path / "cells" / "heal-0.5-uniform-s0.json"
+    path.write_text(json.dumps({"healed": {}, "settings": heal}))
+    for key in set(bench.HEAL_SETTINGS) - set(bench.MEASURE_SETTINGS):
+        with pytest.raises(SystemExit, match=r"heal-0\.5-uniform-s0\.json"):
+            bench.cached(tmp_path, "heal-0.5-uniform-s0", never, heal | {key: heal[key] * 2})
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--heal-tokens", "8192"], "2 step(s)"),
+        (["--heal-batch-tokens", "1000"], "not a whole number"),
+        (["--heal-batch-tokens", "512"], "not a whole number"),
+    ],
+)
+def test_a_healing_of_too_few_steps_is_refused_before_any_work(bench, tmp_path, capsys, argv, says):
+    work = tmp_path / "work"
+    with pytest.raises(SystemExit):
+        bench.main(["--work", str(work), *argv])
+    assert says in capsys.readouterr().err and not work.exists()
