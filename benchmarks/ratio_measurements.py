@@ -25,7 +25,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from taperlm.compare.longrun import ReportRows
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -40,16 +43,16 @@ def build(results: Path = RESULTS) -> dict[str, Any]:
     from taperlm.compare.longrun import TrendRow, keep_widest, report_rows
 
     sources = []
-    mode, meta, rows = report_rows(results / SCALING_REPORT)
-    points: list[dict[str, Any]] = [{**row.to_json(), "mode": mode} for row in rows]
-    sources.append(_source(SCALING_REPORT, mode, meta))
+    scaling = report_rows(results / SCALING_REPORT)
+    points: list[dict[str, Any]] = [{**row.to_json(), "mode": scaling.mode} for row in scaling.rows]
+    sources.append(_source(SCALING_REPORT, scaling))
     measured: list[tuple[TrendRow, str]] = []
     for path in sorted(results.glob(TREND_REPORTS)):
         if not path.is_file():
             continue
-        mode, meta, rows = report_rows(path)
-        measured += [(row, mode) for row in rows]
-        sources.append(_source(path.name, mode, meta))
+        report = report_rows(path)
+        measured += [(row, report.mode) for row in report.rows]
+        sources.append(_source(path.name, report))
     # a point both long-training modes measured is one point: the ratio axis's wider sweep
     mode_of = {id(row): mode for row, mode in measured}
     kept = keep_widest([row for row, _ in measured])
@@ -58,18 +61,18 @@ def build(results: Path = RESULTS) -> dict[str, Any]:
         "generated_by": "benchmarks/ratio_measurements.py, from benchmarks/results",
         "sources": sources,
         "points": points,
-        "paper": {**PAPER_440M, "diff": PAPER_DIFF, "best": PAPER_BEST},
+        "paper": {**PAPER_440M.to_json(), "diff": PAPER_DIFF, "best": PAPER_BEST},
     }
     return json.loads(json.dumps(doc))  # tuples as lists, as the file reads back
 
 
-def _source(name: str, mode: str, meta: dict[str, Any]) -> dict[str, Any]:
+def _source(name: str, report: ReportRows) -> dict[str, Any]:
     return {
         "file": f"benchmarks/results/{name}",
-        "mode": mode,
-        "command": meta.get("command"),
-        "points_done": meta.get("done"),
-        "points_total": meta.get("total"),
+        "mode": report.mode,
+        "command": report.command,
+        "points_done": report.done,
+        "points_total": report.total,
     }
 
 

@@ -472,14 +472,14 @@ def test_paper_controlled_grid():
         ("wider-late", 17.29),
     ]
     grid = build_grid(_base(6, 352), allocs, [0, 1])
-    w = {a.name: grid.budget[a.name]["widths"] for a in allocs}
+    w = {a.name: grid.budget[a.name].widths for a in allocs}
     assert w["uniform"] == [352] * 6
     assert w["wider-early"][0] == w["wider-early"][1] > w["wider-early"][2] == w["wider-early"][3]
     assert w["wider-early"][3] > w["wider-early"][4] == w["wider-early"][5]
     assert w["wider-late"] == w["wider-early"][::-1]
     assert max(w["wider-middle"]) == w["wider-middle"][2] == w["wider-middle"][3]
-    assert len({grid.budget[a.name]["params"] for a in allocs}) == 1
-    assert len({grid.budget[a.name]["flops_per_token"] for a in allocs}) == 1
+    assert len({grid.budget[a.name].params for a in allocs}) == 1
+    assert len({grid.budget[a.name].flops_per_token for a in allocs}) == 1
     assert len(grid.cells) == 8 and {c.config.train.seed for c in grid.cells} == {0, 1}
 
 
@@ -493,8 +493,8 @@ def test_paper_sweep_grid():
             assert specs[(sched, start, end)] == ppl
     assert all(a.spec.steepness == 10.0 for a in allocs if a.spec.schedule == "sigmoid")
     grid = build_grid(_base(12, 512), allocs, [0])
-    assert len({grid.budget[a.name]["params"] for a in allocs}) == 1
-    cos = grid.budget["cosine-1.5-0.5"]["widths"]
+    assert len({grid.budget[a.name].params for a in allocs}) == 1
+    cos = grid.budget["cosine-1.5-0.5"].widths
     assert cos[0] == 768 and cos[-1] == 256
 
 
@@ -703,11 +703,11 @@ def test_mixed_settings_are_reported(finished, tmp_path):
 
     out, _, _ = finished
     rep = _report(out)
-    results = {name: SimpleNamespace(**r) for name, r in rep["runs"].items()}
+    results = {name: compare_results.CellResult.from_json(r) for name, r in rep["runs"].items()}
     first = results["uniform-s0"]
     first.sessions = [
-        {**first.sessions[0], "threads": 2, "to_step": 2},
-        {**first.sessions[0], "from_step": 2, "to_step": 4},
+        dataclasses.replace(first.sessions[0], threads=2, to_step=2),
+        dataclasses.replace(first.sessions[0], from_step=2, to_step=4),
     ]
 
     grid = SimpleNamespace(cells=[SimpleNamespace(name=n) for n in results])

@@ -20,7 +20,7 @@ from taperlm.compare import grid as compare_grid
 from taperlm.compare import longrun
 from taperlm.compare.comparison import check_options
 from taperlm.compare.options import CompareOptions, declared_options
-from taperlm.compare.scaling import BestRatioFit, ScalingPoint
+from taperlm.compare.scaling import BestRatioFit, ScalingMeta, ScalingPoint, ScalingReport
 from taperlm.errors import ConfigError
 from taperlm.spec.taper import TaperSpec
 from test_compare import data_dir  # noqa: F401 (fixture)
@@ -292,6 +292,11 @@ def _point(
     )
 
 
+def _scaling(points: list[ScalingPoint]) -> ScalingReport:
+    meta = ScalingMeta("taperlm compare --paper tokens", "tokens", 1.0, "now", len(points), 8)
+    return ScalingReport(meta, tuple(points), None)
+
+
 def _report(tmp_path: Path, points: list[ScalingPoint]) -> Path:
     path = tmp_path / "report.json"
     meta = {"command": "taperlm compare --paper tokens", "done": len(points), "total": 8}
@@ -308,9 +313,9 @@ def test_trend_report_from_synthetic_points(tmp_path):
         for tpp in (0.5, 2, 8, 32):
             d = level + 0.04 * math.log10(tpp)
             pts.append(_point(size, params, tpp, d, 1.8 - 0.1 * math.log10(tpp), 0.0))
-    md, js = longrun.write_trend_report(_report(tmp_path, pts), "tokens")
+    md, js = longrun.write_trend_report(_scaling(pts), tmp_path, "tokens")
     trend = json.loads(js.read_text())
-    at = math.log10(compare_grid.PAPER_440M["tokens_per_param"])  # 68.2
+    at = math.log10(compare_grid.PAPER_440M.tokens_per_param)  # 68.2
     for size, level in (("nano", -0.05), ("micro", -0.07)):
         fit = trend["trends"]["diff_1.5"][size]
         assert fit["coefficients"][1] == pytest.approx(0.04, abs=1e-6)
@@ -330,7 +335,7 @@ def test_trend_report_says_why_it_cannot_extrapolate(tmp_path):
     """One size: no trend with size; a best ratio at the sweep's edge: no best-ratio trend
     (a lower bound is not a fit); two points: too few for an interval."""
     pts = [_point("nano", 266_816, t, -0.05, 1.9, 0.9) for t in (0.5, 8)]
-    _, js = longrun.write_trend_report(_report(tmp_path, pts), "tokens")
+    _, js = longrun.write_trend_report(_scaling(pts), tmp_path, "tokens")
     trend = json.loads(js.read_text())["trends"]
     assert "one size" in trend["diff_1.5"]["440m"]["reason"]
     assert "needs >= 3" in trend["diff_1.5"]["nano"]["reason"]
@@ -347,7 +352,7 @@ def test_a_best_ratio_at_the_lower_edge_is_a_bound_not_a_trend_point(tmp_path):
     (written before it existed) read as inside, as before."""
     uniform_sweep = (1.0, 1.25, 1.5, 1.75, 1.9)
     pts = [_point("nano", 266_816, t, 0.02, 1.0, 0.0, 0.9, uniform_sweep) for t in (2, 8, 32)]
-    _, js = longrun.write_trend_report(_report(tmp_path, pts), "tokens")
+    _, js = longrun.write_trend_report(_scaling(pts), tmp_path, "tokens")
     doc = json.loads(js.read_text())
     reason = doc["trends"]["best_ratio"]["nano"]["reason"]
     assert "lower edge, uniform" in reason and "upper bound" in reason
@@ -387,7 +392,7 @@ def test_a_best_ratio_trend_carried_past_the_swept_starts_says_so(tmp_path):
         _point("nano", 266_816, t, 0.0, b, 0.0, 0.1, inverse)
         for t, b in ((0.5, 1.78), (2, 1.29), (8, 0.93))
     ]
-    md, js = longrun.write_trend_report(_report(tmp_path, falling), "tokens")
+    md, js = longrun.write_trend_report(_scaling(falling), tmp_path, "tokens")
     fit = json.loads(js.read_text())["trends"]["best_ratio"]["nano"]
     assert fit["prediction"] < 0.5 and fit["swept"] == [0.5, 1.9]
     assert "beyond the starts swept (0.5 to 1.9)" in md.read_text()
@@ -418,7 +423,7 @@ def test_trend_records_read_back_as_written(tmp_path):
     seen: set[object] = set()
     for name, pts in sets.items():
         (tmp_path / name).mkdir()
-        _, js = longrun.write_trend_report(_report(tmp_path / name, pts), "tokens")
+        _, js = longrun.write_trend_report(_scaling(pts), tmp_path / name, "tokens")
         doc = json.loads(js.read_text())
         report = longrun.TrendReport.from_json(doc)
         assert json.loads(json.dumps(report.to_json())) == doc
@@ -544,12 +549,12 @@ def test_every_report_read_together(tmp_path):
     (tmp_path / "a").mkdir()
     scaling = _report(tmp_path / "a", micro)
     (tmp_path / "b").mkdir()
-    _, trend = longrun.write_trend_report(_report(tmp_path / "b", nano), "tokens")
+    _, trend = longrun.write_trend_report(_scaling(nano), tmp_path / "b", "tokens")
     rows = longrun.rows_of_reports([scaling, trend])
     assert [r.point for r in rows] == [p.point for p in (*micro, *nano)]
     # each report names its mode (the packaged measurements keep it per row)
-    assert longrun.report_rows(scaling)[0] == "scaling"
-    assert longrun.report_rows(trend)[0] == "tokens"
+    assert longrun.report_rows(scaling).mode == "scaling"
+    assert longrun.report_rows(trend).mode == "tokens"
     assert rows[:2] == longrun.trend_rows(micro)
     assert tuple(rows[2:]) == longrun.TrendReport.from_json(json.loads(trend.read_text())).points
     md, js = longrun.write_trend(tmp_path, rows, longrun.ALL_POINTS, "cmd", 5, 5)

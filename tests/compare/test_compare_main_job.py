@@ -53,7 +53,7 @@ def test_main_job_trains_nano_to_8_tokens_per_parameter(tmp_path):
     assert t.eval_every == t.steps // MAIN_CURVE_POINTS
     allocs, _ = comparison.check_options(opts)
     grid = build_grid(cfg, allocs, [0], None)
-    widths = grid.budget[allocs[1].name]["widths"]
+    widths = grid.budget[allocs[1].name].widths
     assert all(w % MAIN_MULTIPLE_OF == 0 for w in widths) and widths[0] > widths[-1]
 
 
@@ -107,7 +107,7 @@ def test_the_reported_command_reproduces_the_main_job(tmp_path, extra):
     cfg2 = base_config(again, None, NANO_VOCAB)
     assert to_dict(cfg2) == to_dict(cfg)
     grid2 = build_grid(cfg2, comparison.allocations(again), list(range(again.seeds)), None)
-    assert [grid2.budget[a.name]["widths"] for a in grid2.allocations] == [
-        grid.budget[a.name]["widths"] for a in grid.allocations
+    assert [grid2.budget[a.name].widths for a in grid2.allocations] == [
+        grid.budget[a.name].widths for a in grid.allocations
     ]
     assert canonical_command(again, grid2) == command

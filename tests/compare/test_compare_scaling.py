@@ -147,7 +147,7 @@ def test_scaling_records_read_back_as_written():
     data = json.loads((root / "benchmarks/results/scaling_report.json").read_text())
     meta = scaling.ScalingMeta.from_json(data["meta"])
     assert scaling.ScalingMeta.from_json(meta.to_json()) == meta
-    written = {**meta.to_json(), "paper_point": grid.PAPER_POINT, "plot": "scaling.png"}
+    written = {**meta.to_json(), "paper_point": grid.PAPER_POINT.to_json(), "plot": "scaling.png"}
     assert "mode" not in data["meta"]  # written before the modes: --paper scaling's
     assert written == {**data["meta"], "mode": "scaling"}
     for p in data["points"]:

@@ -62,7 +62,9 @@ def _executor(tmp_path: Path, jobs: int, wait: bool = True) -> slurm.SlurmExecut
 
 
 def _record(jobs: list[str], cancelled: tuple[str, ...] = ()) -> slurm.CellRecord:
-    return slurm.CellRecord([{"id": j, "stderr": f"/logs/{j}.err"} for j in jobs], list(cancelled))
+    return slurm.CellRecord(
+        [slurm.SlurmJob(j, stderr=f"/logs/{j}.err") for j in jobs], list(cancelled)
+    )
 
 
 def test_every_state_of_a_cell(tmp_path, monkeypatch):
@@ -116,7 +118,7 @@ class FakeQueue:
             self.state[job], self.cell_of[job] = "PENDING", cell.name
             path = cells_dir / f"{cell.name}.json"
             record = slurm.CellRecord.read(path)
-            record.jobs.append({"id": job, "stderr": "-"})
+            record.jobs.append(slurm.SlurmJob(job, stderr="-"))
             record.write(path)
             shown.append(job)
         self.most_in_flight = max(self.most_in_flight, len(self.state))
@@ -173,7 +175,7 @@ def test_a_decided_comparison_cancels_its_queued_cells(tmp_path, monkeypatch):
     assert cancelled == {"u-s1", "t-s1"} - set(finished) and cancelled
     for name in cancelled:
         record = slurm.CellRecord.read(tmp_path / "slurm" / "cells" / f"{name}.json")
-        assert record.cancelled == [record.jobs[-1]["id"]]
+        assert record.cancelled == [record.jobs[-1].id]
 
 
 def _executor_fields() -> list:

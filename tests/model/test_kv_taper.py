@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -344,14 +345,12 @@ def test_compare_allocations_with_kv_tapers():
     assert not allocs[1].is_uniform and allocs[1].spec.is_uniform
     base = RunConfig(model=kv_model(kv_taper="uniform"))
     grid = build_grid(base, allocs, [0, 1])
-    kv = {a.name: grid.budget[a.name]["kv_heads"] for a in allocs}
+    kv = {a.name: grid.budget[a.name].kv_heads for a in allocs}
     assert kv["kv-custom-4-2-1-1-2-2"] == [4, 2, 1, 1, 2, 2] and kv["uniform"] == [4] * 6
-    params = {grid.budget[a.name]["params"] for a in allocs}
+    params = {grid.budget[a.name].params for a in allocs}
     assert len(params) == 1
-    bytes_ = grid.budget["kv-custom-4-2-1-1-2-2"]["kv_cache_bytes_per_token_bf16"]
-    assert (
-        bytes_ == 2 * 8 * 2 * 12 and grid.budget["uniform"]["kv_cache_bytes_per_token_bf16"] == 768
-    )
+    bytes_ = grid.budget["kv-custom-4-2-1-1-2-2"].kv_cache_bytes_per_token_bf16
+    assert bytes_ == 2 * 8 * 2 * 12 and grid.budget["uniform"].kv_cache_bytes_per_token_bf16 == 768
     for bad, named in (
         ("cosine+kv:groups:0.5+kv:groups:0.5", ("+kv:",)),
         ("kv:groups:0.5+heads:cosine", ("+heads:", "+kv:")),
@@ -429,7 +428,8 @@ def test_every_compare_plot_has_a_caption_in_the_report():
     from taperlm.compare.figures import PLOTS
     from taperlm.compare.report import _plots_section
 
-    lines = _plots_section(dict(PLOTS), {"eval_tokens": 4096, "val_tokens": 131072})
+    settings = SimpleNamespace(eval_tokens=4096, val_tokens=131072)  # what the captions read
+    lines = _plots_section(dict(PLOTS), settings)
     for key, file in PLOTS.items():
         assert any(line.startswith("- [") and line.endswith(f"({file})") for line in lines), key
     assert f"![loss vs KV cache]({PLOTS['kv_pareto']})" in lines

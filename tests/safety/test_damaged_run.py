@@ -273,7 +273,7 @@ def test_damaged_compare_cell_file_is_recomputed_or_skipped(name, kind, tmp_path
     """A damaged result.json reads as missing (the cell is evaluated again from its final
     checkpoint); damaged sessions.jsonl lines are left out of the report's session record."""
     from taperlm.compare.cell import read_result, read_sessions
-    from taperlm.compare.results import RESULT_VERSION
+    from taperlm.compare.results import RESULT_VERSION, SessionRecord
 
     cell = tmp_path / "cell"
     cell.mkdir()
@@ -283,6 +283,6 @@ def test_damaged_compare_cell_file_is_recomputed_or_skipped(name, kind, tmp_path
     (cell / "sessions.jsonl").write_text("".join(json.dumps(s) + "\n" for s in sessions))
     damage(cell / name, kind)
     got = read_result(cell)
-    assert got is None or got == result or isinstance(got.get("config"), dict)
+    assert got is None  # a result of another shape reads as missing too
     for s in read_sessions(cell, total_steps=8):
-        assert isinstance(s, dict)
+        assert isinstance(s, SessionRecord)

@@ -16,7 +16,8 @@ comparison meets them:
   worker processes and process groups (torch-free at import); `slurm`: each cell a Slurm job;
   `tuning`: --tune-lr's extra cells and the chosen lr;
 - `results`: every typed record (`CellResult`, `ComparisonSummary`, `LossVsTokens`, `Stopping`,
-  `LrTuning`, `ComparisonReport`) and the JSON it is stored as; `statistics`: the numbers from
+  `LrTuning`, `ComparisonReport` with its `ReportMeta`) and the JSON it is stored as, the one
+  place compare's JSON files are read and written; `statistics`: the numbers from
   the cells (summaries and paired differences, the difference against tokens and its crossing,
   the sequential rule); `report`: report.md; `figures`: the PNGs;
 - `study`: what a study is, the registry of modes, the skeleton, --dry-run; one module per

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import math
 import os
 import platform
@@ -43,32 +42,26 @@ from taperlm.checkpoint.store import list_checkpoints
 from taperlm.compare.grid import Cell
 from taperlm.compare.results import (
     RESULT_FILE,
-    RESULT_VERSION,
     CellResult,
     DataOrder,
+    NoveltyRecord,
+    SessionRecord,
     TaskScore,
     TrainRecord,
     ValRecord,
     ZeroShotRecord,
+    append_line,
+    read_lines,
+    write_record,
 )
 from taperlm.config import format_differences, load_run_config, to_dict
 from taperlm.data import corpus as data_corpus
 from taperlm.data.identity import check_run_data
 from taperlm.data.tokenizer import load_tokenizer
-from taperlm.errors import ConfigError, DataError, MalformedFileError, UnsafeFileError
+from taperlm.errors import ConfigError, DataError, UnsafeFileError
 from taperlm.evaluation import niah
 from taperlm.evaluation.registry import get_task, load_task, needs_haystack
-from taperlm.files.io import (
-    MAX_RECORD_BYTES,
-    atomic_write_json,
-    finite_json,
-    not_a_file,
-    open_append,
-    open_regular,
-    parse_json,
-    read_json,
-    sha256_file,
-)
+from taperlm.files.io import finite_json, not_a_file, sha256_file
 from taperlm.files.outdirs import claim
 from taperlm.files.runlock import locked
 from taperlm.runtime.device import resolve_device
@@ -237,21 +230,15 @@ class SharedInputs:
 
 
 def read_result(run_dir: Path) -> CellResult | None:
+    """The cell's result.json, or None when it has none or a damaged one (recomputed: the
+    write is atomic, so this is rare)."""
     path = run_dir / RESULT_FILE
     if not path.is_file() and not_a_file(path) is None:
         return None
     try:
-        data = read_json(path, MAX_RECORD_BYTES, RESULT_FILE)
-    except UnsafeFileError:  # not UTF-8, not JSON, too deep, too large
-        return None  # a damaged result is recomputed (write is atomic, so this is rare)
-    if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
-        return None  # damaged: recomputed like a missing one
-    if data.get("version") != RESULT_VERSION:
+        return CellResult.read(path)
+    except UnsafeFileError:  # not UTF-8, not JSON, too deep, too large, not of this layout
         return None
-    try:
-        return CellResult.from_json(data)
-    except MalformedFileError:
-        return None  # damaged: recomputed like a missing one
 
 
 def _check_saved_config(run_dir: Path, saved: Any, cell: Cell, what: str) -> None:
@@ -333,7 +320,17 @@ def _zero_shot(model, shared: SharedInputs, cell: Cell) -> ZeroShotRecord | None
     return ZeroShotRecord(paper_row(results), tasks, chance)
 
 
-def evaluate_cell(cell: Cell, run_dir: Path, shared: SharedInputs) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Evaluation:
+    """What evaluating a trained cell measured (its result.json's fields of the same names)."""
+
+    val: ValRecord
+    zero_shot: ZeroShotRecord | None
+    novelty: NoveltyRecord
+    times: dict[str, float]  # seconds: val_s, zero_shot_s, novelty_s
+
+
+def evaluate_cell(cell: Cell, run_dir: Path, shared: SharedInputs) -> Evaluation:
     """Validation loss, zero-shot tasks and novelty of a trained cell (its final checkpoint)."""
     from taperlm.analysis.novelty import measure  # lazy: torch; compare --help stays torch-free
     from taperlm.checkpoint.loading import load_run_model  # lazy: loads torch models
@@ -360,12 +357,12 @@ def evaluate_cell(cell: Cell, run_dir: Path, shared: SharedInputs) -> dict[str, 
         name=cell.allocation.label,
     )
     times["novelty_s"] = time.perf_counter() - t0
-    return {
-        "val": ValRecord(loss, math.exp(min(loss, 700.0)), n_tok),
-        "zero_shot": zero_shot,
-        "novelty": finite_json(nov.to_dict()),
-        "times": times,
-    }
+    return Evaluation(
+        val=ValRecord(loss, math.exp(min(loss, 700.0)), n_tok),
+        zero_shot=zero_shot,
+        novelty=NoveltyRecord.from_json(finite_json(nov.to_dict())),
+        times=times,
+    )
 
 
 class CellInterrupted(Exception):
@@ -434,53 +431,42 @@ def _other_data_order(cell: Cell, data_dir: Path, recorded: DataOrder) -> str | 
     return why
 
 
-def runtime_info(device: str, jobs: int) -> dict[str, Any]:
+def runtime_info(device: str, jobs: int) -> SessionRecord:
     """How this process computes (recorded per cell session: numbers are bit-identical only
     between runs with the same torch version, CPU capability and device)."""
     import torch  # lazy: compare --help stays torch-free
 
-    return {
-        "threads": torch.get_num_threads(),
-        "jobs": jobs,
+    return SessionRecord(
+        threads=torch.get_num_threads(),
+        jobs=jobs,
         # processes the cell trains on (--nproc-per-cell: a torchrun-style group sets it)
-        "processes": int(os.environ.get("WORLD_SIZE", "1")),
-        "torch": torch.__version__,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "device": device,
-        "machine": platform.machine(),
-    }
+        processes=int(os.environ.get("WORLD_SIZE", "1")),
+        torch=torch.__version__,
+        cpu_capability=torch.backends.cpu.get_cpu_capability(),
+        device=device,
+        machine=platform.machine(),
+    )
 
 
-def _log_session(run_dir: Path, phase: str, from_step: int, runtime: dict[str, Any]) -> None:
+def _log_session(run_dir: Path, phase: str, from_step: int, runtime: SessionRecord) -> None:
     """Append one line to the cell's sessions.jsonl: what ran (training from a step, or the
     evaluation) with which settings."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    line = {"phase": phase, "from_step": from_step, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    with open_append(run_dir / SESSIONS_FILE, "sessions file") as f:
-        f.write(json.dumps({**line, **runtime}) + "\n")
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    session = replace(runtime, phase=phase, from_step=from_step, started=started)
+    append_line(run_dir / SESSIONS_FILE, session, "sessions file")
 
 
-def read_sessions(run_dir: Path, total_steps: int) -> list[dict[str, Any]]:
+def read_sessions(run_dir: Path, total_steps: int) -> list[SessionRecord]:
     """The cell's sessions with `to_step` filled in (where the next training session began, or
-    the end) for training sessions."""
+    the end) for training sessions; damaged lines left out."""
     path = run_dir / SESSIONS_FILE
     if not path.is_file():
         return []
-    with open_regular(path, MAX_RECORD_BYTES, "sessions file") as f:
-        text = f.read().decode("utf-8", errors="replace")
-    out = []
-    # A record of how the cell ran: damaged lines (cut by a crash, not UTF-8, not an object)
-    # are left out rather than stopping the comparison.
-    for line in text.splitlines():
-        try:
-            session = parse_json(line)
-        except MalformedFileError:
-            continue
-        if isinstance(session, dict):
-            out.append(session)
-    train = [s for s in out if s.get("phase") == "train"]
+    out = read_lines(path, "sessions file", SessionRecord.from_json)
+    train = [s for s in out if s.phase == "train"]
     for a, b in zip(train, [*train[1:], None]):
-        a["to_step"] = total_steps if b is None else b.get("from_step")
+        a.to_step = total_steps if b is None else b.from_step
     return out
 
 
@@ -551,11 +537,14 @@ def _run_cell(cell, run_dir, shared, progress, on_step, on_evaluate, jobs):
         train=train_info,
         curve=curve,
         data_order=data_order_fingerprint(cell, shared.data_dir),
-        **ev,
+        val=ev.val,
+        zero_shot=ev.zero_shot,
+        novelty=ev.novelty,
+        times=ev.times,
         sessions=read_sessions(run_dir, total_steps),
         finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     )
-    atomic_write_json(run_dir / RESULT_FILE, result.to_json())
+    write_record(run_dir / RESULT_FILE, result)
     return result, status
 
 

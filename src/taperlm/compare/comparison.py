@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -62,8 +63,16 @@ from taperlm.compare.options import (
     option_settings_of,
     width_step,
 )
-from taperlm.compare.report import stopping_section, tuning_section, write_report
-from taperlm.compare.results import ComparisonReport, LrTuning, Results, Stopping
+from taperlm.compare.report import write_report
+from taperlm.compare.results import (
+    ComparisonReport,
+    LrTuning,
+    ModelMeta,
+    ReportMeta,
+    Results,
+    SettingsMeta,
+    Stopping,
+)
 from taperlm.compare.statistics import rule_of
 from taperlm.compare.tuning import (
     check_tuning_options,
@@ -87,7 +96,6 @@ from taperlm.files.outdirs import check_folder, claim
 from taperlm.files.runlock import locked
 from taperlm.runtime.device import resolve_device
 from taperlm.spec.domains import MAX_SEED
-from taperlm.spec.taper import rho_mlp_of
 from taperlm.training.settings import validate_train_config
 
 # Compare's CPU recipe (docs/compare.md, "Precision of the main job"). What made the main job
@@ -444,8 +452,8 @@ def run_pilots(
     per_seed: dict[int, PilotRun] = {}
     for c in cells:
         r = results[c.name]
-        rho = rho_mlp_of(r.novelty)
-        if rho is None or len(rho) != base.model.n_layers:
+        rho = [math.nan if v is None else v for v in r.novelty.rho_means("rho_mlp")]
+        if len(rho) != base.model.n_layers:
             raise ConfigError(f"pilot {c.name} has no per-layer rho_mlp in its result.json")
         per_seed[c.seed] = PilotRun(
             run=f"runs/{c.name}",
@@ -596,7 +604,7 @@ def _run_locked(
     print(
         f"taperlm compare: {len(grid.allocations)} allocations x {len(seeds)} seeds = "
         f"{len(grid.cells)} runs of {base.train.tokens:,} tokens "
-        f"({grid.budget[grid.allocations[0].name]['params']:,} params each) into {opts.out}",
+        f"({grid.budget[grid.allocations[0].name].params:,} params each) into {opts.out}",
         file=sys.stderr,
     )
     jobs = choose_jobs(opts, grid, opts.out / "runs", settings, reported=True)
@@ -640,20 +648,16 @@ def _reporter(
     command = canonical_command(opts, grid)
 
     def report(used: Grid, results: Results, suffix: str) -> ComparisonReport:
-        meta = _report_meta(opts, used, results, command, inputs) | {
-            "wall_s": clock.wall(),
-            "cpu_s": clock.cpu(),
-            "jobs": jobs,
-        }
-        meta["title"] += suffix
-        extras = []
+        meta = _report_meta(opts, used, results, command, inputs, suffix, clock, jobs)
         stop = stopping()
-        if stop is not None:
-            extras.append(("stopping", with_stopping_plot(stop, opts.out), stopping_section))
-        if tuning:
-            plotted = with_tuning_plot(tuning, opts.out)
-            extras.append(("lr_tuning", plotted, tuning_section))
-        return write_report(used, results, opts.out, meta, extras)
+        return write_report(
+            used,
+            results,
+            opts.out,
+            meta,
+            stopping=None if stop is None else with_stopping_plot(stop, opts.out),
+            lr_tuning=with_tuning_plot(tuning, opts.out) if tuning else None,
+        )
 
     return report
 
@@ -678,55 +682,62 @@ def _cpu_seconds() -> float:
 
 
 def _report_meta(
-    opts: CompareOptions, grid: Grid, results: Results, command: str, inputs: Inputs
-) -> dict[str, Any]:
+    opts: CompareOptions,
+    grid: Grid,
+    results: Results,
+    command: str,
+    inputs: Inputs,
+    suffix: str,
+    clock: _Clock,
+    jobs: int,
+) -> ReportMeta:
     m = grid.base.model
-    return {
-        "title": _title(opts, grid),
-        "command": command,
-        "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "taperlm_version": __version__,
-        "torch_version": torch.__version__,
-        "threads": opts.threads,
-        "jobs": opts.jobs,
-        "paper_mode": opts.paper,
-        "cells": len(grid.cells),
-        "wall_s": 0.0,
-        "cpu_s": 0.0,
-        "model": {
-            "family": m.family,
-            "n_layers": m.n_layers,
-            "d_model": m.d_model,
-            "n_heads": m.n_heads,
-            "mlp_width": m.mlp_width,
-            "vocab_size": m.vocab_size,
-        },
-        "settings": _settings_meta(grid, results, inputs),
-    }
+    return ReportMeta(
+        title=_title(opts, grid) + suffix,
+        command=command,
+        created=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        taperlm_version=__version__,
+        torch_version=torch.__version__,
+        threads=opts.threads,
+        jobs=jobs,
+        paper_mode=opts.paper,
+        cells=len(grid.cells),
+        wall_s=clock.wall(),
+        cpu_s=clock.cpu(),
+        model=ModelMeta(
+            family=m.family,
+            n_layers=m.n_layers,
+            d_model=m.d_model,
+            n_heads=m.n_heads,
+            mlp_width=m.mlp_width,
+            vocab_size=m.vocab_size,
+        ),
+        settings=_settings_meta(grid, results, inputs),
+    )
 
 
-def _settings_meta(grid: Grid, results: Results, inputs: Inputs) -> dict[str, Any]:
+def _settings_meta(grid: Grid, results: Results, inputs: Inputs) -> SettingsMeta:
     """report.json's meta.settings: the training recipe, the data and the evaluation."""
     first = next(iter(results.values()))
     t, settings = grid.base.train, inputs.settings
-    return {
-        "tokens": t.tokens,
-        "steps": t.steps,
-        "batch_tokens": t.batch_tokens,
-        "seq_len": t.seq_len,
-        "lr": t.lr,
-        "warmup_tokens": t.warmup_tokens,
-        "eval_every": t.eval_every,
-        "eval_tokens": t.eval_tokens,
-        "seeds": grid.seeds,
-        "data_dir": str(inputs.data_dir),
-        "train_tokens": int(inputs.meta["splits"]["train"]["tokens"]),
-        "val_tokens": first.val.tokens,
-        "eval_tasks": settings.eval_tasks,
-        "eval_limit": settings.eval_limit,
-        "novelty_text": settings.novelty_text or f"the val split of {inputs.data_dir}",
-        "novelty_tokens": settings.novelty_tokens,
-    }
+    return SettingsMeta(
+        tokens=t.tokens,
+        steps=t.steps,
+        batch_tokens=t.batch_tokens,
+        seq_len=t.seq_len,
+        lr=t.lr,
+        warmup_tokens=t.warmup_tokens,
+        eval_every=t.eval_every,
+        eval_tokens=t.eval_tokens,
+        seeds=grid.seeds,
+        data_dir=str(inputs.data_dir),
+        train_tokens=int(inputs.meta["splits"]["train"]["tokens"]),
+        val_tokens=first.val.tokens,
+        eval_tasks=settings.eval_tasks,
+        eval_limit=settings.eval_limit,
+        novelty_text=settings.novelty_text or f"the val split of {inputs.data_dir}",
+        novelty_tokens=settings.novelty_tokens,
+    )
 
 
 def _title(opts: CompareOptions, grid: Grid) -> str:

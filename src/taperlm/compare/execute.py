@@ -36,7 +36,7 @@ from taperlm.compare.cell import (
 from taperlm.compare.grid import Cell, Grid
 from taperlm.compare.options import CompareOptions
 from taperlm.compare.report import fmt_signed
-from taperlm.compare.results import Results, Stopping
+from taperlm.compare.results import CellResult, Results, Stopping
 from taperlm.compare.statistics import Monitor, record, rule_of, truncated
 from taperlm.compare.workers import device_slots, run_groups, run_in_workers
 from taperlm.runtime import cpus
@@ -134,7 +134,7 @@ class GridDisplay:
         bar = self.workers[slot] if self.workers else self.bar
         bar.set_description(self._label(cell, slot, " (evaluating)"))
 
-    def done(self, cell: Cell, result: dict[str, Any], status: str) -> None:
+    def done(self, cell: Cell, result: CellResult, status: str) -> None:
         self.finished += 1
         self.running.pop(cell.name, None)
         if cell.name not in self.counted:
@@ -147,7 +147,7 @@ class GridDisplay:
         self.write(
             f"[{self.finished}/{self.n}] {cell.name}: {status}; val loss "
             f"{result.val.loss:.4f} (ppl {result.val.ppl:.2f}), {rate:,.0f} tok/s, "
-            f"rho_mlp r={fmt_signed(result.novelty.get('pearson_mlp'))}; "
+            f"rho_mlp r={fmt_signed(result.novelty.pearson_mlp)}; "
             f"grid {self.done_tokens:,}/{self.grid.total_tokens:,} tokens, {elapsed:.0f} s "
             f"elapsed" + self.eta(elapsed)
         )
@@ -208,7 +208,7 @@ def run_grid(
         if cell.name in results:
             display.done(cell, results[cell.name], "cached")
 
-    def finished(cell: Cell, result: dict[str, Any], status: str) -> None:
+    def finished(cell: Cell, result: CellResult, status: str) -> None:
         results[cell.name] = result
         display.done(cell, result, status)
         if monitor is not None and not announced and monitor.update(results):

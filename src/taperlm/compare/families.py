@@ -34,7 +34,13 @@ from typing import Any
 from taperlm.analysis import stats
 from taperlm.analysis.plots import plot_intervals
 from taperlm.analysis.stats import PairedDifference
-from taperlm.compare.grid import FAMILIES_TAPERS, PAPER_760M_CLAIM, PAPER_760M_COLUMNS, paper_760m
+from taperlm.compare.grid import (
+    FAMILIES_TAPERS,
+    PAPER_760M_CLAIM,
+    PAPER_760M_COLUMNS,
+    Paper760M,
+    paper_760m,
+)
 from taperlm.compare.options import DEFAULT_FAMILIES, CompareOptions, list_text, run_arguments
 from taperlm.compare.report import (
     CHANCE_NOTE,
@@ -45,13 +51,21 @@ from taperlm.compare.report import (
     yes_no,
     zero_shot_cell,
 )
-from taperlm.compare.results import AllocationSummary, ComparisonReport, DesignChecks
+from taperlm.compare.results import (
+    REPORT_FILE,
+    AllocationSummary,
+    ComparisonReport,
+    DesignChecks,
+    ModelMeta,
+    SettingsMeta,
+    write_record,
+)
 from taperlm.compare.study import Part, StudyPlan, StudyProgress
 from taperlm.config.assembly import Assembly, Layer
 from taperlm.config.presets import PAPER_SHAPES, SMALL_SHAPES, preset_families
 from taperlm.errors import ConfigError
 from taperlm.families import FAMILIES
-from taperlm.files.io import atomic_write_json, atomic_write_text
+from taperlm.files.io import atomic_write_text
 
 PLOT = "families.png"
 
@@ -82,19 +96,19 @@ class FamilyRow:
     prefix: str  # its preset prefix (e.g. titans-mag)
     family: str  # its model family
     label: str  # its name in the table (the paper's name where it has one)
-    model: dict[str, Any]  # the comparison's model summary (its report's meta)
+    model: ModelMeta  # the comparison's model summary (its report's meta)
     uniform: AllocationSummary  # the uniform allocation, as its comparison reported it
     tapered: AllocationSummary  # the tapered allocation, likewise
     diff_val_loss: PairedDifference  # tapered minus uniform validation loss, seed by seed
     diff_val_ppl: PairedDifference  # ... validation perplexity
     relative_ppl_change: RelativeChange | None  # from diff_val_loss (None: no common seed)
     zero_shot_diff: dict[str, PairedDifference]  # zero-shot column -> tapered minus uniform
-    paper_760m: dict[str, Any] | None  # the paper's 760M rows (`paper_760m`; None: none)
+    paper_760m: Paper760M | None  # the paper's 760M rows (None: none)
     checks: DesignChecks  # its comparison's design checks
     budget_equal: bool  # both allocations have the same params and FLOPs/token
     run_times: dict[str, float]  # seconds summed over its runs: train_s, val_s, ...
     wall_s: float  # its comparison's wall seconds in the invocation that reported it
-    settings: dict[str, Any]  # its comparison's settings (its report's meta)
+    settings: SettingsMeta  # its comparison's settings (its report's meta)
 
     @property
     def params(self) -> int:
@@ -114,7 +128,7 @@ class FamilyRow:
             "prefix": self.prefix,
             "family": self.family,
             "label": self.label,
-            "model": self.model,
+            "model": self.model.to_json(),
             "params": self.params,
             "flops_per_token": self.flops_per_token,
             "widths": {"uniform": self.uniform.widths, "tapered": self.tapered.widths},
@@ -127,11 +141,11 @@ class FamilyRow:
             if self.relative_ppl_change is None
             else self.relative_ppl_change.to_json(),
             "zero_shot_diff": {c: d.to_json() for c, d in self.zero_shot_diff.items()},
-            "paper_760m": self.paper_760m,
+            "paper_760m": None if self.paper_760m is None else self.paper_760m.to_json(),
             "checks": {**self.checks.to_json(), "budget_equal": self.budget_equal},
             "run_times": self.run_times,
             "wall_s": self.wall_s,
-            "settings": self.settings,
+            "settings": self.settings.to_json(),
         }
 
     @classmethod
@@ -142,7 +156,7 @@ class FamilyRow:
             prefix=data["prefix"],
             family=data["family"],
             label=data["label"],
-            model=data["model"],
+            model=ModelMeta.from_json(data["model"]),
             uniform=AllocationSummary.from_json(data["uniform"]),
             tapered=AllocationSummary.from_json(data["tapered"]),
             diff_val_loss=PairedDifference.from_json(data["diff_val_loss"]),
@@ -151,12 +165,12 @@ class FamilyRow:
             zero_shot_diff={
                 c: PairedDifference.from_json(d) for c, d in data["zero_shot_diff"].items()
             },
-            paper_760m=data["paper_760m"],
+            paper_760m=None if (p := data["paper_760m"]) is None else Paper760M.from_json(p),
             checks=DesignChecks.from_json(data["checks"]),
             budget_equal=data["checks"]["budget_equal"],
             run_times=data["run_times"],
             wall_s=data["wall_s"],
-            settings=data["settings"],
+            settings=SettingsMeta.from_json(data["settings"]),
         )
 
 
@@ -236,6 +250,21 @@ class FamilyTable:
         )
 
 
+@dataclass(frozen=True)
+class FamilyReport:
+    """A families run's report.json: how it was produced, then the table's numbers."""
+
+    meta: FamilyMeta
+    table: FamilyTable
+
+    def to_json(self) -> dict[str, Any]:
+        return {"meta": self.meta.to_json(), **self.table.to_json()}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> FamilyReport:
+        return cls(FamilyMeta.from_json(data["meta"]), FamilyTable.from_json(data))
+
+
 def _column_by_seed(entry: AllocationSummary, col: str) -> dict[int, float]:
     """Seed -> the value of zero-shot column `col` of one allocation's runs."""
     out = {}
@@ -266,10 +295,9 @@ def family_entry(prefix: str, size: str, report: ComparisonReport) -> FamilyRow:
     allocs = report.summary.allocations
     u = next(a for a in allocs if a.diff_vs_uniform is None)
     t = next(a for a in allocs if a.diff_vs_uniform is not None)
-    model = report.base_config["model"]
-    fam = model["family"]
+    fam = report.meta.model.family
     paper = paper_760m(fam)
-    label = paper["name"] if paper else fam
+    label = paper.name if paper else fam
     if prefix != fam:
         label += f" ({prefix})"
     d = t.diff_vs_uniform.val_loss
@@ -287,7 +315,7 @@ def family_entry(prefix: str, size: str, report: ComparisonReport) -> FamilyRow:
         prefix=prefix,
         family=fam,
         label=label,
-        model=meta["model"],
+        model=meta.model,
         uniform=u,
         tapered=t,
         diff_val_loss=d,
@@ -298,8 +326,8 @@ def family_entry(prefix: str, size: str, report: ComparisonReport) -> FamilyRow:
         checks=report.summary.checks,
         budget_equal=u.params == t.params and u.flops_per_token == t.flops_per_token,
         run_times=report.summary.run_times,
-        wall_s=meta["wall_s"],
-        settings=meta["settings"],
+        wall_s=meta.wall_s,
+        settings=meta.settings,
     )
 
 
@@ -337,11 +365,11 @@ def _pct(x: RelativeChange | None) -> str:
     return f"{x.mean:+.2f}% [{x.ci[0]:+.2f}, {x.ci[1]:+.2f}]"
 
 
-def _paper_cells(paper: dict[str, Any] | None, tapered: bool) -> list[str]:
+def _paper_cells(paper: Paper760M | None, tapered: bool) -> list[str]:
     if paper is None:
         return ["–", "–", "–"]
-    row = paper["tapered" if tapered else "uniform"]
-    ch = paper["change"]
+    row = paper.tapered if tapered else paper.uniform
+    ch = paper.change
     if not tapered:
         return [f"{row['Wiki ppl']:.2f}", f"{row['LMB ppl']:.2f}", f"{row['Avg']:.2f}"]
     return [
@@ -385,7 +413,7 @@ def _validation_table(entries: tuple[FamilyRow, ...]) -> list[str]:
     return md_table(head, rows)
 
 
-def _zero_shot_table(entries: tuple[FamilyRow, ...], settings: dict[str, Any]) -> list[str]:
+def _zero_shot_table(entries: tuple[FamilyRow, ...], settings: SettingsMeta) -> list[str]:
     have = [e for e in entries if e.uniform.zero_shot or e.tapered.zero_shot]
     if not have:
         return []
@@ -404,14 +432,12 @@ def _zero_shot_table(entries: tuple[FamilyRow, ...], settings: dict[str, Any]) -
             )
         paper = e.paper_760m
         if paper is not None:
-            for key, name in (("uniform", paper["name"]), ("tapered", "+ tapered")):
-                rows.append(
-                    [f"*paper 760M: {name}*", *(f"*{paper[key][c]:.2f}*" for c in cols), ""]
-                )
+            for row, name in ((paper.uniform, paper.name), (paper.tapered, "+ tapered")):
+                rows.append([f"*paper 760M: {name}*", *(f"*{row[c]:.2f}*" for c in cols), ""])
     return [
         "## Zero-shot",
         "",
-        f"Tasks {', '.join(settings['eval_tasks'])}, first {settings['eval_limit'] or 'all'} items "
+        f"Tasks {', '.join(settings.eval_tasks)}, first {settings.eval_limit or 'all'} items "
         "each; accuracies in %, mean ± std over seeds; Δ Avg = paired difference of the average "
         f"accuracy (tapered − uniform, 95% CI). {CHANCE_NOTE} The paper's 760M rows (italic) "
         "for scale.",
@@ -431,7 +457,7 @@ def _reading(summary: FamilyTable) -> list[str]:
         seeds = ", ".join(f"{x:+.4f}" for x in d.per_seed)
         wins = sum(x < 0 for x in d.per_seed)
         paper = e.paper_760m
-        ref = "" if paper is None else f"; the paper: {paper['change']['Wiki ppl']:+.2f}% Wiki ppl"
+        ref = "" if paper is None else f"; the paper: {paper.change['Wiki ppl']:+.2f}% Wiki ppl"
         lines.append(
             f"- {e.label}: tapered {v} (Δ loss {d.mean:+.4f}, tapered ahead in {wins} of "
             f"{d.n} seeds: {seeds}){ref}"
@@ -483,22 +509,22 @@ def render_family_markdown(summary: FamilyTable, meta: FamilyMeta) -> str:
     done = "" if meta.done == meta.total else f" (PARTIAL: {meta.done}/{meta.total})"
     links = ", ".join(f"[{e.preset}]({e.preset}/report.md)" for e in entries)
     # each family adds seeds until its own comparison is settled (--stop): the counts may differ
-    used = {e.preset: len(e.settings["seeds"]) for e in entries}
+    used = {e.preset: len(e.settings.seeds) for e in entries}
     if len(set(used.values())) == 1:
-        n_seeds, seeds = f"{len(s['seeds'])} seeds", f"seeds {s['seeds']}"
+        n_seeds, seeds = f"{len(s.seeds)} seeds", f"seeds {s.seeds}"
     else:
         n_seeds = f"up to {max(used.values())} seeds"
         seeds = "seeds " + ", ".join(f"0..{n - 1} ({p})" for p, n in used.items())
         seeds += " (each family stops on its own comparison: its report's 'When it stopped')"
     lines = [
         f"# taperlm compare — paper families: {size} presets, {n_seeds}, "
-        f"{s['tokens']:,} tokens/run{done}",
+        f"{s.tokens:,} tokens/run{done}",
         "",
         *produced_by(meta.command),
         f"- every family's preset at size {size}, uniform vs tapered `{first.taper}`, "
-        f"{seeds}, {s['tokens']:,} tokens per run ({s['steps']} steps of "
-        f"{s['batch_tokens']:,} tokens, seq_len {s['seq_len']}, peak lr {s['lr']:g}); "
-        f"validation on the first {s['val_tokens']:,} tokens of the val split of `{s['data_dir']}`",
+        f"{seeds}, {s.tokens:,} tokens per run ({s.steps} steps of "
+        f"{s.batch_tokens:,} tokens, seq_len {s.seq_len}, peak lr {s.lr:g}); "
+        f"validation on the first {s.val_tokens:,} tokens of the val split of `{s.data_dir}`",
         f"- budgets: within every family both allocations have exactly the same parameters and "
         f"FLOPs/token (asserted before training; here: {yes_no(summary.all_budgets_equal)}); "
         "all runs of one seed saw the same batches: "
@@ -546,7 +572,7 @@ def write_family_report(
         lo, hi = rel.ci if rel.ci else (None, None)
         rows.append((e.label, rel.mean, lo, hi))
         if e.paper_760m:
-            refs[e.label] = e.paper_760m["change"]["Wiki ppl"]
+            refs[e.label] = e.paper_760m.change["Wiki ppl"]
     if rows:
         plot_intervals(
             rows,
@@ -556,10 +582,9 @@ def write_family_report(
             reference=refs,
             reference_label="paper, 760M / 50B tokens",
         )
-    doc = {"meta": meta.to_json(), **summary.to_json()}
     md = render_family_markdown(summary, meta)
-    json_path, md_path = out_dir / "report.json", out_dir / "report.md"
-    atomic_write_json(json_path, doc)
+    json_path, md_path = out_dir / REPORT_FILE, out_dir / "report.md"
+    write_record(json_path, FamilyReport(meta, summary))
     atomic_write_text(md_path, md)
     return md_path, json_path
 
@@ -652,7 +677,7 @@ def families_plan(opts: CompareOptions) -> StudyPlan:
     def report(done: StudyProgress) -> tuple[Path, Path]:
         latest = done.reports[next(reversed(done.reports))]
         meta = FamilyMeta(
-            command=_command(opts, subs, latest.meta["settings"]["tokens"]),
+            command=_command(opts, subs, latest.meta.settings.tokens),
             preset_size=size,
             families=tuple(p for p, _ in subs),
             family_wall_s=dict(done.walls),

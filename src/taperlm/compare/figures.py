@@ -143,7 +143,7 @@ def _averaged_novelty(results: list[CellResult], label: str):
     """One NoveltyResult per allocation: per layer, the mean over seeds of each seed's per-layer
     mean, with the sample std over seeds as its `std` (0 for one seed), so that the plot's band
     is the seed-to-seed spread the report's statistics are about (not the spread over tokens)."""
-    per_seed = [NoveltyResult.from_dict(r.novelty) for r in results]
+    per_seed = [NoveltyResult.from_dict(r.novelty.to_json()) for r in results]
     first = per_seed[0]
 
     def over_seeds(key: str) -> list[TokenStats]:
@@ -240,19 +240,17 @@ def _width_plot(grid: Grid, out_dir: Path) -> dict[str, str]:
     tapered = [a for a in grid.allocations if not a.is_uniform] or [uniform]
     # a novelty:pilot allocation's widths differ by seed: the plot shows the first seed's
     profiles = {
-        a.label + (f" (seed {grid.seeds[0]})" if a.needs_pilot else ""): grid.budget[a.name][
-            "widths"
-        ]
+        a.label + (f" (seed {grid.seeds[0]})" if a.needs_pilot else ""): grid.budget[a.name].widths
         for a in tapered
     }
-    heads = {a.label: grid.budget[a.name]["heads"] for a in tapered if a.head_taper != "uniform"}
+    heads = {a.label: grid.budget[a.name].heads for a in tapered if a.head_taper != "uniform"}
     analysis_plots.plot_width_profiles(
         profiles,
-        grid.budget[uniform.name]["baseline_width"],
+        grid.budget[uniform.name].baseline_width,
         out_dir / PLOTS["widths"],
         title="MLP width" + (" and query heads" if heads else "") + " per layer (equal budget)",
         heads=heads or None,
-        baseline_heads=grid.budget[uniform.name]["baseline_heads"],
+        baseline_heads=grid.budget[uniform.name].baseline_heads,
     )
     return {"widths": PLOTS["widths"]}
 

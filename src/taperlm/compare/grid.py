@@ -37,7 +37,7 @@ from __future__ import annotations
 import copy
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from taperlm.config import RunConfig, to_dict
@@ -116,23 +116,69 @@ PAPER_760M_CLAIM = "tapered better in every family, single runs"
 PAPER_440M_PARAMS = 440e6
 PAPER_440M_TOKENS = 30e9
 PAPER_BEST = 1.5  # the best cosine start ratio at 440M (end = 2 - start)
-PAPER_440M: dict[str, Any] = {
-    "params": PAPER_440M_PARAMS,
-    "tokens_per_param": PAPER_440M_TOKENS / PAPER_440M_PARAMS,
-    "ppl": (PAPER_UNIFORM_PPL, PAPER_SWEEP[(1.5, 0.5)]["cosine"]),
-}
-PAPER_DIFF = math.log(PAPER_440M["ppl"][1]) - math.log(PAPER_440M["ppl"][0])  # -0.1199 nats
-# The same point as the scaling report's `paper_point` (the ratio sweep at 440M, docs/compare.md).
-PAPER_POINT: dict[str, float] = {
-    "params": PAPER_440M_PARAMS,
-    "tokens": PAPER_440M_TOKENS,
-    "best_start": PAPER_BEST,
-}
 
 
-def paper_760m(family: str) -> dict[str, Any] | None:
-    """The paper's 760M rows of `family` (name, uniform and tapered per column, and the changes
-    it reports: % for the perplexities, accuracy points for Avg), or None if it has none."""
+@dataclass(frozen=True)
+class Paper440M:
+    """The paper's 440M point (trend.json's `meta.paper_440m`, with its difference and best)."""
+
+    params: float
+    tokens_per_param: float
+    ppl: tuple[float, float]  # validation perplexity: uniform, cosine 1.5 -> 0.5
+
+    @property
+    def diff(self) -> float:
+        """ln(tapered / uniform perplexity): the taper's advantage in nats."""
+        return math.log(self.ppl[1]) - math.log(self.ppl[0])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"params": self.params, "tokens_per_param": self.tokens_per_param, "ppl": self.ppl}
+
+
+PAPER_440M = Paper440M(
+    params=PAPER_440M_PARAMS,
+    tokens_per_param=PAPER_440M_TOKENS / PAPER_440M_PARAMS,
+    ppl=(PAPER_UNIFORM_PPL, PAPER_SWEEP[(1.5, 0.5)]["cosine"]),
+)
+PAPER_DIFF = PAPER_440M.diff  # -0.1199 nats
+
+
+@dataclass(frozen=True)
+class PaperPoint:
+    """The same point as the scaling report's `meta.paper_point`: the ratio sweep at 440M
+    (docs/compare.md)."""
+
+    params: float
+    tokens: float
+    best_start: float  # its best cosine start ratio
+
+    def to_json(self) -> dict[str, float]:
+        return {"params": self.params, "tokens": self.tokens, "best_start": self.best_start}
+
+
+PAPER_POINT = PaperPoint(PAPER_440M_PARAMS, PAPER_440M_TOKENS, PAPER_BEST)
+
+
+@dataclass(frozen=True)
+class Paper760M:
+    """The paper's 760M rows of one family: uniform and tapered per column (PAPER_760M_COLUMNS)
+    and the changes it reports (% for the perplexities, accuracy points for Avg)."""
+
+    name: str  # the family's name in the paper
+    uniform: dict[str, float]  # column -> value
+    tapered: dict[str, float]
+    change: dict[str, float]  # "Wiki ppl", "LMB ppl" (%), "Avg" (points)
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Paper760M:
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
+
+
+def paper_760m(family: str) -> Paper760M | None:
+    """The paper's 760M rows of `family`, or None if it has none."""
     row = PAPER_760M.get(family)
     if row is None:
         return None
@@ -140,7 +186,7 @@ def paper_760m(family: str) -> dict[str, Any] | None:
     u, t = dict(zip(PAPER_760M_COLUMNS, uniform)), dict(zip(PAPER_760M_COLUMNS, tapered))
     change = {c: 100.0 * (t[c] - u[c]) / u[c] for c in ("Wiki ppl", "LMB ppl")}
     change["Avg"] = t["Avg"] - u["Avg"]  # accuracy points
-    return {"name": name, "uniform": u, "tapered": t, "change": change}
+    return Paper760M(name, u, t, change)
 
 
 DEFAULT_TAPERS = ("uniform", "cosine:1.5:0.5")
@@ -205,6 +251,24 @@ class Cell:
 
 
 @dataclass
+class AllocationBudget:
+    """What one allocation's model costs and how it is shaped (report.json's allocation entry
+    copies it); `build_grid` checks that every allocation's params (and FLOPs/token) are the
+    uniform model's."""
+
+    params: int  # parameters
+    flops_per_token: int  # training FLOPs per token
+    widths: list[int]  # MLP width per layer (a novelty:pilot allocation: its first seed's)
+    baseline_width: int  # the uniform model's MLP width
+    heads: list[int]  # attention heads per layer
+    baseline_heads: int  # the uniform model's heads
+    kv_heads: list[int]  # KV heads per layer
+    kv_cache_bytes_per_token_bf16: int  # its KV cache per token in bf16
+    # a novelty:pilot allocation: seed -> its widths (None: the widths depend on no seed)
+    widths_by_seed: dict[str, list[int]] | None = None
+
+
+@dataclass
 class Grid:
     """Allocations x seeds at one budget, with the budget of each allocation."""
 
@@ -212,7 +276,7 @@ class Grid:
     seeds: list[int]
     cells: list[Cell]
     base: RunConfig  # the uniform config of seed seeds[0]
-    budget: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> params, flops, widths
+    budget: dict[str, AllocationBudget] = field(default_factory=dict)  # allocation name -> its
     paper: str | None = None
     pilot: Pilots | None = None  # the pilots of novelty:pilot allocations (None: no such)
 
@@ -470,25 +534,25 @@ def build_grid(
     if not allocations:
         raise ConfigError("no allocations to compare")
     cells: list[Cell] = []
-    budget: dict[str, dict[str, Any]] = {}
+    budget: dict[str, AllocationBudget] = {}
     seq_len = base.train.seq_len
     for alloc in allocations:
         for seed in seeds:
             spec = alloc.spec_for(seed, pilots, base.model.n_layers)
             model = _allocated(base.model, alloc, spec)
-            entry = {
-                "params": total_params(model),
-                "flops_per_token": flops_per_token(model, seq_len),
-                "widths": list(model.mlp_widths or []),
-                "baseline_width": model.mlp_width,
-                "heads": [model.attention_heads(i)[0] for i in range(model.n_layers)],
-                "baseline_heads": model.n_heads,
-                "kv_heads": [model.attention_heads(i)[1] for i in range(model.n_layers)],
-                "kv_cache_bytes_per_token_bf16": sum(kv_cache_bytes(model, 1, 2)),
-            }
+            entry = AllocationBudget(
+                params=total_params(model),
+                flops_per_token=flops_per_token(model, seq_len),
+                widths=list(model.mlp_widths or []),
+                baseline_width=model.mlp_width,
+                heads=[model.attention_heads(i)[0] for i in range(model.n_layers)],
+                baseline_heads=model.n_heads,
+                kv_heads=[model.attention_heads(i)[1] for i in range(model.n_layers)],
+                kv_cache_bytes_per_token_bf16=sum(kv_cache_bytes(model, 1, 2)),
+            )
             if alloc.needs_pilot:  # widths differ by seed: the first seed's, and all of them
                 first = budget.setdefault(alloc.name, entry)
-                first.setdefault("widths_by_seed", {})[str(seed)] = entry["widths"]
+                first.widths_by_seed = (first.widths_by_seed or {}) | {str(seed): entry.widths}
                 _check_budget(alloc, entry, first)
             else:
                 budget.setdefault(alloc.name, entry)
@@ -520,15 +584,15 @@ def _allocated(model: Any, alloc: Allocation, spec: TaperSpec) -> Any:
         ) from None
 
 
-def _check_budget(alloc: Allocation, got: dict[str, Any], want: dict[str, Any]) -> None:
+def _check_budget(alloc: Allocation, got: AllocationBudget, want: AllocationBudget) -> None:
     # A KV taper keeps the parameters; its FLOPs/token are equal too except in a family that
     # repeats K/V projections (Titans MAC, taperlm.config.budget), where they may differ by design.
     keys = ("params",) if alloc.kv_taper != "uniform" else ("params", "flops_per_token")
     for key in keys:
-        if got[key] != want[key]:
+        if getattr(got, key) != getattr(want, key):
             raise ConfigError(
-                f"allocation {alloc.label!r} has {key} {got[key]:,} but uniform has "
-                f"{want[key]:,}; every allocation must have the same budget (check its taper "
+                f"allocation {alloc.label!r} has {key} {getattr(got, key):,} but uniform has "
+                f"{getattr(want, key):,}; every allocation must have the same budget (check its taper "
                 "and multiple_of)"
             )
 

@@ -57,10 +57,12 @@ from taperlm.compare.options import (
     list_text,
 )
 from taperlm.compare.report import md_table
+from taperlm.compare.results import read_record, write_record
 from taperlm.compare.scaling import (
     SCALING_STARTS,
     ScalingPlan,
     ScalingPoint,
+    ScalingReport,
     ScalingSize,
     scaling_plan,
 )
@@ -68,7 +70,7 @@ from taperlm.compare.study import Part, StudyPlan, run_plan
 from taperlm.config.budget import total_params
 from taperlm.config.presets import get_preset
 from taperlm.errors import ConfigError
-from taperlm.files.io import MAX_RECORD_BYTES, atomic_write_json, atomic_write_text, read_json
+from taperlm.files.io import atomic_write_text
 
 # The sizes of the long-training sweeps: preset, the vocabulary of its built-in corpus
 # (`taperlm.compare.comparison.SIZE_CORPUS_TOKENIZERS`) and its width step.
@@ -183,7 +185,10 @@ def longrun_plan(opts) -> StudyPlan:
     # --preset-size stays: the reports' command must name the sizes run (the points drop it)
     sub = dataclasses.replace(opts, lr_grid_extend=extend)
     return scaling_plan(
-        sub, plan, mode=opts.paper, on_report=lambda js: write_trend_report(js, opts.paper)
+        sub,
+        plan,
+        mode=opts.paper,
+        on_report=lambda report, out: write_trend_report(report, out, opts.paper),
     )
 
 
@@ -469,7 +474,7 @@ class TrendReport:
                 "command": self.command,
                 "done": self.done,
                 "total": self.total,
-                "paper_440m": {**PAPER_440M, "diff": PAPER_DIFF, "best": PAPER_BEST},
+                "paper_440m": {**PAPER_440M.to_json(), "diff": PAPER_DIFF, "best": PAPER_BEST},
                 "plots": list(self.plots),
             },
             "points": [r.to_json() for r in self.points],
@@ -545,7 +550,7 @@ def trends(rows: list[TrendRow]) -> Trends:
     """The trend of the difference at 1.5 -> 0.5 and of the fitted best ratio: per size (against
     log10 tokens per parameter, predicted at 68) and across sizes (also against log10 params,
     predicted at the paper's 440M and 68), each with the reason when it cannot be fitted."""
-    tpp, params = PAPER_440M["tokens_per_param"], PAPER_440M["params"]
+    tpp, params = PAPER_440M.tokens_per_param, PAPER_440M.params
     out: dict[str, dict[str, Trend]] = {"diff_1.5": {}, "best_ratio": {}}
     sizes = sorted({r.size for r in rows}, key=lambda s: min(r.params for r in rows if r.size == s))
     for key, value in (("diff_1.5", _diff_value), ("best_ratio", _ratio_value)):
@@ -665,20 +670,33 @@ def _fit_or_reason(usable: list, with_size: bool, at: tuple[float, ...], key: st
     return fit
 
 
-def write_trend_report(report_json: Path, mode: str) -> tuple[Path, Path]:
-    """trend.md, trend.json, advantage.png and best_ratio.png beside a scaling report."""
-    doc = read_json(report_json, MAX_RECORD_BYTES, "scaling report")
-    rows = trend_rows([ScalingPoint.from_json(p) for p in doc["points"]])
-    meta = doc["meta"]
-    return write_trend(report_json.parent, rows, mode, meta["command"], meta["done"], meta["total"])
+def write_trend_report(report: ScalingReport, out: Path, mode: str) -> tuple[Path, Path]:
+    """trend.md, trend.json, advantage.png and best_ratio.png beside the scaling report
+    `report` (the study's, in memory) in its folder `out`."""
+    rows = trend_rows(list(report.points))
+    meta = report.meta
+    return write_trend(out, rows, mode, meta.command, meta.done, meta.total)
 
 
-def report_rows(path: Path) -> tuple[str, dict[str, Any], list[TrendRow]]:
-    """(mode, meta, trend rows) of one report: a scaling report (`--paper scaling`'s
-    report.json; mode "scaling") through `trend_rows`, a trend report (`--paper tokens`/`ratios`'
-    trend.json; its meta's mode) as it is. Read bounded; a file that is neither is refused
-    naming it."""
-    doc = read_json(path, MAX_RECORD_BYTES, "scaling or trend report")
+@dataclass(frozen=True)
+class ReportRows:
+    """The trend rows of one finished report (`report_rows`) and what it names of its run."""
+
+    mode: str  # "scaling" (a scaling report) or its trend report's mode (tokens | ratios)
+    command: str | None  # the command that wrote it (None: not recorded)
+    done: int | None  # points done
+    total: int | None  # points planned
+    rows: list[TrendRow]
+
+
+def report_rows(path: Path) -> ReportRows:
+    """The trend rows of one report: a scaling report (`--paper scaling`'s report.json; mode
+    "scaling") through `trend_rows`, a trend report (`--paper tokens`/`ratios`' trend.json; its
+    meta's mode) as it is. Read bounded; a file that is neither is refused naming it."""
+    return read_record(path, "scaling or trend report", lambda doc: _report_rows(path, doc))
+
+
+def _report_rows(path: Path, doc: Any) -> ReportRows:
     if not isinstance(doc, dict) or not isinstance(doc.get("points"), list):
         raise ConfigError(
             f"{path}: not a scaling report (report.json of --paper scaling) or a trend "
@@ -686,13 +704,15 @@ def report_rows(path: Path) -> tuple[str, dict[str, Any], list[TrendRow]]:
         )
     meta = doc.get("meta")
     meta = meta if isinstance(meta, dict) else {}
+    head = (meta.get("command"), meta.get("done"), meta.get("total"))
     try:
         if "trends" in doc:
             mode = meta.get("mode")
             if not isinstance(mode, str):
                 raise ValueError("its meta names no mode")
-            return mode, meta, [TrendRow.from_json(r) for r in doc["points"]]
-        return "scaling", meta, trend_rows([ScalingPoint.from_json(p) for p in doc["points"]])
+            return ReportRows(mode, *head, [TrendRow.from_json(r) for r in doc["points"]])
+        points = [ScalingPoint.from_json(p) for p in doc["points"]]
+        return ReportRows("scaling", *head, trend_rows(points))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ConfigError(
             f"{path}: a point is not as the compare modes write it ({exc}); give a report "
@@ -707,7 +727,7 @@ def rows_of_reports(paths: list[Path], widest: bool = False) -> list[TrendRow]:
     rows: list[TrendRow] = []
     seen: dict[str, Path] = {}
     for path in paths:
-        _, _, mine = report_rows(path)
+        mine = report_rows(path).rows
         for row in mine:
             if row.point in seen and not widest:
                 raise ConfigError(
@@ -752,7 +772,7 @@ def write_trend(
         plot_best_ratio(rows, out / BEST_RATIO_PLOT)
         plots.append(BEST_RATIO_PLOT)
     trend = TrendReport(mode, command, done, total, tuple(plots), tuple(rows), fitted)
-    atomic_write_json(out / "trend.json", trend.to_json())
+    write_record(out / "trend.json", trend)
     atomic_write_text(out / "trend.md", trend_markdown(trend))
     return out / "trend.md", out / "trend.json"
 
@@ -815,7 +835,7 @@ def _trend_line(name: str, fit: Trend, what: str, at: str) -> str:
 
 
 def trend_markdown(trend: TrendReport) -> str:
-    uniform, tapered = PAPER_440M["ppl"]
+    uniform, tapered = PAPER_440M.ppl
     if trend.mode == ALL_POINTS:
         title = "# taperlm compare — every point measured: the taper against tokens per parameter"
     else:
@@ -834,7 +854,7 @@ def trend_markdown(trend: TrendReport) -> str:
         "mildest swept)' when at the lowest start swept (uniform, or an inverse taper below "
         "it): a bound, not an estimate. The paper's 440M point: "
         f"Δ = ln({tapered:.2f}/{uniform:.2f}) = {PAPER_DIFF:+.4f} at 1.5→0.5, best {PAPER_BEST:g}, "
-        f"{PAPER_440M['tokens_per_param']:.0f} tokens/param.",
+        f"{PAPER_440M.tokens_per_param:.0f} tokens/param.",
         "",
         "## Trends",
         "",
@@ -842,7 +862,7 @@ def trend_markdown(trend: TrendReport) -> str:
         f"(across sizes), 95% intervals from {TREND_BOOT} parametric-bootstrap refits.",
         "",
     ]
-    tpp = PAPER_440M["tokens_per_param"]
+    tpp = PAPER_440M.tokens_per_param
     for fits, what in (
         (trend.trends.diff_15, "Δ at 1.5→0.5"),
         (trend.trends.best_ratio, "the best start ratio"),
@@ -860,7 +880,7 @@ def trend_markdown(trend: TrendReport) -> str:
 def plot_advantage(rows: list[TrendRow], fitted: Trends, path: Path) -> None:
     """Δ at 1.5 -> 0.5 (and at the best measured ratio) against tokens per parameter, one colour
     per size, each size's fitted trend, and the paper's 440M point."""
-    uniform, tapered = PAPER_440M["ppl"]
+    uniform, tapered = PAPER_440M.ppl
     fig, axes = _figure(1, width=8.0)
     ax = axes[0]
     for i, size in enumerate(dict.fromkeys(r.size for r in rows)):
@@ -886,18 +906,18 @@ def plot_advantage(rows: list[TrendRow], fitted: Trends, path: Path) -> None:
                         capsize=3, color=f"C{i}", label=f"{size}: {label}")  # fmt: skip
         fit = fitted.diff_15.get(size)
         if isinstance(fit, TrendFit):
-            grid = np.geomspace(min(xs), PAPER_440M["tokens_per_param"], 50)
+            grid = np.geomspace(min(xs), PAPER_440M.tokens_per_param, 50)
             a, b = fit.coefficients
             ax.plot(grid, a + b * np.log10(grid), color=f"C{i}", alpha=0.4, linestyle="--",
                     label=f"{size}: trend (1.5→0.5)")  # fmt: skip
-    ax.plot([PAPER_440M["tokens_per_param"]], [PAPER_DIFF], marker="*", markersize=14,
+    ax.plot([PAPER_440M.tokens_per_param], [PAPER_DIFF], marker="*", markersize=14,
             color="k", linestyle="none", label=f"paper, 440M: {uniform:.2f} → {tapered:.2f} ppl")  # fmt: skip
     across = fitted.diff_15.get("440m")
     if isinstance(across, TrendFit):
         # the trend across sizes carried to the paper's point: where the measurements here
         # put 440M at 68 tokens per parameter, beside what the paper measured there
         p, (lo, hi) = across.prediction, across.prediction_ci
-        ax.errorbar([PAPER_440M["tokens_per_param"] * 1.12], [p], yerr=[[p - lo], [hi - p]],
+        ax.errorbar([PAPER_440M.tokens_per_param * 1.12], [p], yerr=[[p - lo], [hi - p]],
                     marker="D", capsize=4, color="grey", linestyle="none",
                     label="trend across sizes, extrapolated to 440M")  # fmt: skip
     ax.axhline(0.0, color="grey", linewidth=0.8)
@@ -938,7 +958,7 @@ def plot_best_ratio(rows: list[TrendRow], path: Path) -> None:
                 ax.plot([x for x, _ in edge], [y for _, y in edge], marker=marker, markersize=12,
                         fillstyle="none", linestyle="none", color=f"C{i}",
                         label=f"{size}: {label}")  # fmt: skip
-    ax.plot([PAPER_440M["tokens_per_param"]], [PAPER_BEST], marker="*", markersize=14,
+    ax.plot([PAPER_440M.tokens_per_param], [PAPER_BEST], marker="*", markersize=14,
             color="k", linestyle="none", label="paper, 440M")  # fmt: skip
     ax.set_xscale("log")
     lows = [r.best_ratio.lowest_start for r in rows]

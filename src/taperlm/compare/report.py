@@ -7,11 +7,11 @@ and the figures (`taperlm.compare.figures`) of one comparison."""
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,7 +31,9 @@ from taperlm.compare.results import (
     LrTuning,
     PaperComparison,
     PilotSummary,
+    ReportMeta,
     Results,
+    SettingsMeta,
     Stopping,
     ZeroShotColumn,
 )
@@ -47,8 +49,6 @@ from taperlm.compare.statistics import (
 from taperlm.config import to_dict
 from taperlm.files.io import (
     atomic_write_text,
-    finite_json,
-    parse_json,
 )
 
 if TYPE_CHECKING:
@@ -304,10 +304,6 @@ def stopping_section(stopping: Stopping) -> list[str]:
     return lines
 
 
-# another part's report: (report.json key, its data, the lines of its report.md section)
-Extra = tuple[str, Any, Callable[[Any], list[str]]]
-
-
 def mean_pm(s: Summary, fmt: str) -> str:
     if s.mean is None:
         return "–"
@@ -336,14 +332,14 @@ def md_table(head: Sequence[str], rows: list[Sequence[str]]) -> list[str]:
 
 def render_markdown(
     summary: ComparisonSummary,
-    meta: dict[str, Any],
+    meta: ReportMeta,
     extra: Sequence[str] = (),
     lead: Sequence[str] = (),
 ) -> str:
     """report.md: how it was produced, `lead` (the verdict), validation with paired
     differences, the paper, zero-shot, novelty, plots and per-seed losses."""
     allocs = summary.allocations
-    s = meta["settings"]
+    s = meta.settings
     lines = _header(summary, meta)
     lines += list(lead)
     lines += _validation_section(summary)
@@ -352,8 +348,8 @@ def render_markdown(
         lines += _paper_section(summary.paper_comparison, allocs)
     lines += _zero_shot_section(allocs, s)
     lines += _novelty_section(allocs, s)
-    lines += _plots_section(meta["plots"], s)
-    lines += _per_seed_section(allocs, s["seeds"])
+    lines += _plots_section(meta.plots or {}, s)
+    lines += _per_seed_section(allocs, s.seeds)
     lines += [
         "",
         "Every number above (and per-seed values, curves, timings) is in `report.json`; each run "
@@ -368,22 +364,22 @@ def produced_by(command: str) -> list[str]:
     return ["Produced by:", "", "```", command, "```", ""]
 
 
-def _header(summary: ComparisonSummary, meta: dict[str, Any]) -> list[str]:
-    s, m = meta["settings"], meta["model"]
+def _header(summary: ComparisonSummary, meta: ReportMeta) -> list[str]:
+    s, m = meta.settings, meta.model
     return [
-        f"# taperlm compare — {meta['title']}",
+        f"# taperlm compare — {meta.title}",
         "",
-        *produced_by(meta["command"]),
-        f"- model: {m['family']}, {m['n_layers']} layers, d_model {m['d_model']}, "
-        f"{m['n_heads']} heads, baseline MLP width {m['mlp_width']}, vocab {m['vocab_size']}",
-        f"- training per run: {s['tokens']:,} tokens ({s['steps']} steps of "
-        f"{s['batch_tokens']:,} tokens, seq_len {s['seq_len']}), peak lr {s['lr']:g}, "
-        f"warmup {s['warmup_tokens']:,} tokens; seeds {s['seeds']}",
-        f"- data: `{s['data_dir']}` (train {s['train_tokens']:,} tokens); validation on the "
-        f"first {s['val_tokens']:,} tokens of its val split (the same for every run)",
-        f"- {len(summary.allocations)} allocations x {len(s['seeds'])} seeds = "
-        f"{meta['cells']} runs; wall time {meta['wall_s'] / 60:.1f} min this invocation, "
-        f"{meta.get('cpu_s', 0) / 60:.1f} CPU-min; {meta['created']}",
+        *produced_by(meta.command),
+        f"- model: {m.family}, {m.n_layers} layers, d_model {m.d_model}, "
+        f"{m.n_heads} heads, baseline MLP width {m.mlp_width}, vocab {m.vocab_size}",
+        f"- training per run: {s.tokens:,} tokens ({s.steps} steps of "
+        f"{s.batch_tokens:,} tokens, seq_len {s.seq_len}), peak lr {s.lr:g}, "
+        f"warmup {s.warmup_tokens:,} tokens; seeds {s.seeds}",
+        f"- data: `{s.data_dir}` (train {s.train_tokens:,} tokens); validation on the "
+        f"first {s.val_tokens:,} tokens of its val split (the same for every run)",
+        f"- {len(summary.allocations)} allocations x {len(s.seeds)} seeds = "
+        f"{meta.cells} runs; wall time {meta.wall_s / 60:.1f} min this invocation, "
+        f"{(meta.cpu_s or 0) / 60:.1f} CPU-min; {meta.created}",
         *_execution_lines(summary.execution),
         f"- summed over the runs (when each was trained/evaluated): training "
         f"{summary.run_times['train_s'] / 60:.1f} min, validation + zero-shot + novelty "
@@ -529,7 +525,7 @@ def _pilot_cost(p: PilotSummary) -> str:
     return f"pilot {p.tokens:,} tok/seed ({100 * p.fraction_of_run:.0f}% of a run{secs})"
 
 
-def _zero_shot_section(allocs: list[AllocationSummary], s: dict[str, Any]) -> list[str]:
+def _zero_shot_section(allocs: list[AllocationSummary], s: SettingsMeta) -> list[str]:
     zs = [a for a in allocs if a.zero_shot]
     if not zs:
         return []
@@ -537,7 +533,7 @@ def _zero_shot_section(allocs: list[AllocationSummary], s: dict[str, Any]) -> li
     return [
         "## Zero-shot",
         "",
-        f"Tasks {', '.join(s['eval_tasks'])}, first {s['eval_limit'] or 'all'} items each "
+        f"Tasks {', '.join(s.eval_tasks)}, first {s.eval_limit or 'all'} items each "
         f"(accuracies in %, mean ± std over seeds). {CHANCE_NOTE}",
         "",
         *md_table(
@@ -562,7 +558,7 @@ def zero_shot_cell(entry: ZeroShotColumn | None) -> str:
     return mean_pm(entry, ".2f") + (" †" if entry.at_chance else "")
 
 
-def _novelty_section(allocs: list[AllocationSummary], s: dict[str, Any]) -> list[str]:
+def _novelty_section(allocs: list[AllocationSummary], s: SettingsMeta) -> list[str]:
     rows = []
     for a in allocs:
         pl = a.novelty.rho_mlp_per_layer
@@ -578,7 +574,7 @@ def _novelty_section(allocs: list[AllocationSummary], s: dict[str, Any]) -> list
         "## Novelty",
         "",
         f"rho_mlp(l) = cos(F_l(z_l), h_l) and rho_block(l) = cos(h_(l+1) − h_l, h_l) per token, "
-        f"averaged over {allocs[0].novelty.tokens} tokens of {s['novelty_text']}; r = "
+        f"averaged over {allocs[0].novelty.tokens} tokens of {s.novelty_text}; r = "
         "each seed's Pearson correlation of its per-layer means with depth, then mean ± std "
         "over seeds (the same statistic as in novelty.png's legend). rho_mlp per layer: the "
         "per-layer means averaged over seeds (novelty.png's lines; its bands are ±1 std over "
@@ -596,8 +592,8 @@ def _novelty_section(allocs: list[AllocationSummary], s: dict[str, Any]) -> list
     ]
 
 
-def _plots_section(plots: dict[str, str], s: dict[str, Any]) -> list[str]:
-    evals = f"{s['eval_tokens']:,} val tokens per point, not the table's {s['val_tokens']:,}"
+def _plots_section(plots: dict[str, str], s: SettingsMeta) -> list[str]:
+    evals = f"{s.eval_tokens:,} val tokens per point, not the table's {s.val_tokens:,}"
     captions = {
         "widths": "MLP width per layer (uniform baseline dashed)",
         "val_loss": f"validation loss during training, mean ± 1 std over seeds ({evals})",
@@ -719,40 +715,36 @@ def write_report(
     grid: Grid,
     results: Results,
     out_dir: Path,
-    meta: dict[str, Any],
-    extra: Extra | Sequence[Extra] | None = None,
+    meta: ReportMeta,
+    stopping: Stopping | None = None,
+    lr_tuning: LrTuning | None = None,
 ) -> ComparisonReport:
-    """report.json, report.md and the PNGs in out_dir; `extra` = (key, data, render), or a list
-    of them: data goes into report.json under `key`, and render(data)'s lines into report.md
-    after the validation table, in the order given. Returns the report as report.json holds it."""
+    """report.json, report.md and the PNGs in out_dir; `stopping` (--stop) and `lr_tuning`
+    (--tune-lr) go into report.json and their sections into report.md after the validation
+    table. Returns the report as report.json holds it."""
     summary = summarize(grid, results)
-    meta = dict(meta)
-    meta["plots"] = write_plots(grid, results, out_dir, summary)
+    plots = write_plots(grid, results, out_dir, summary)
     # the difference against tokens seen: where the taper's advantage ends (every report)
     vs_tokens = loss_vs_tokens(grid, results)
     if crossing_plot(vs_tokens, out_dir / CROSSING_PLOT):
-        meta["plots"][REPORT_KEY] = CROSSING_PLOT
-    summary.extras[REPORT_KEY] = vs_tokens.to_json()
+        plots[REPORT_KEY] = CROSSING_PLOT
+    meta = dataclasses.replace(meta, plots=plots)
+    summary.loss_vs_tokens, summary.stopping, summary.lr_tuning = vs_tokens, stopping, lr_tuning
     final = {a.name: a.diff_vs_uniform and a.diff_vs_uniform.val_loss for a in summary.allocations}
     lines: list[str] = crossing_section(vs_tokens)
-    extras = [extra] if isinstance(extra, tuple) else list(extra or [])
-    settled: dict[str, str] = {}  # allocation label -> a verdict an extra settled (--stop's)
-    for key, data, render in extras:  # other parts' numbers and sections, e.g. --tune-lr's
-        summary.extras[key] = data
-        lines += render(data)
-        if callable(getattr(data, "settled_verdicts", None)):
-            settled.update(data.settled_verdicts())
-    runs = {
-        name: {k: v for k, v in r.to_json().items() if k != "config"} for name, r in results.items()
-    }
+    # a verdict --stop settled (allocation label -> it) replaces the fixed-n reading
+    settled: dict[str, str] = {}
+    if stopping is not None:
+        lines += stopping_section(stopping)
+        settled = stopping.settled_verdicts()
+    if lr_tuning is not None:
+        lines += tuning_section(lr_tuning)
+    runs = {name: dataclasses.replace(r, config=None) for name, r in results.items()}
     report = ComparisonReport(out_dir, meta, to_dict(grid.base), summary, runs)
     md = render_markdown(summary, meta, lines, headline(vs_tokens, final, settled))
-    text = json.dumps(finite_json(report.to_json()), indent=1, allow_nan=False)
-    atomic_write_text(report.json_path, text + "\n")
+    written = report.write()
     atomic_write_text(report.md_path, md)
-    # what a study reads is what the file holds (non-finite numbers null, keys strings), as a
-    # rerun that finds this comparison done would read it
-    return ComparisonReport.from_json(parse_json(text, report.json_path), out_dir)
+    return written
 
 
 def tuning_section(t: LrTuning) -> list[str]:

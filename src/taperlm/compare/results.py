@@ -1,33 +1,82 @@
 """Every typed record of a comparison, and the one place they meet JSON: what a cell measured
-(`CellResult`: result.json), what a comparison concludes (`ComparisonSummary`, with the
-difference against tokens `LossVsTokens`, the sequential stop `Stopping` and --tune-lr's
-`LrTuning`) and a comparison's report as a study reads it (`ComparisonReport`: report.json).
+(`CellResult`: result.json, with its novelty `NoveltyRecord` and sessions `SessionRecord`), what a
+comparison concludes (`ComparisonSummary`, with the difference against tokens `LossVsTokens`,
+the sequential stop `Stopping` and --tune-lr's `LrTuning`) and a comparison's report as a study
+reads it (`ComparisonReport`: report.json, with how it was produced, `ReportMeta`).
 
 Each record's `to_json` writes the JSON object it is stored as and `from_json` reads it back
-(tests/compare round-trip them); the code that computes them is `taperlm.compare.statistics`
-(and `taperlm.compare.cell` for a cell), the code that renders them `taperlm.compare.report` and
-`taperlm.compare.figures`."""
+(tests/compare/test_compare_records.py round-trips every one). The compare modes' JSON files are
+read and written here only: `read_record`, `write_record`, `read_lines`, `append_line`,
+`CellResult.read` and `ComparisonReport.write` (tests/repo/test_compare_json_edge.py holds every
+other module of taperlm.compare to them). The code that computes the records is
+`taperlm.compare.statistics` (and `taperlm.compare.cell` for a cell), the code that renders them
+`taperlm.compare.report` and `taperlm.compare.figures`."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from taperlm.analysis.stats import PairedDifference, PairwiseAgreement, Summary
 from taperlm.compare.grid import PilotRun
 from taperlm.compare.options import EQUIVALENCE_KINDS
 from taperlm.errors import MalformedFileError
-
-if TYPE_CHECKING:
-    pass
-
+from taperlm.files.io import (
+    MAX_RECORD_BYTES,
+    atomic_write_json,
+    atomic_write_text,
+    finite_json,
+    open_append,
+    open_regular,
+    parse_json,
+    read_json,
+)
 
 RESULT_FILE = "result.json"
 RESULT_VERSION = 1
+REPORT_FILE = "report.json"
+
+T = TypeVar("T")
+
+
+def read_record(path: Path, what: str, read: Callable[[Any], T]) -> T:
+    """The record `read` (a `from_json`) makes of the JSON file `path`, read bounded
+    (MAX_RECORD_BYTES); an unsafe or malformed file raises `taperlm.files.io`'s errors naming
+    `what`, and `read`'s own (KeyError, TypeError, ...) for a file of another shape."""
+    return read(read_json(path, MAX_RECORD_BYTES, what))
+
+
+def write_record(path: Path, record: Any) -> Path:
+    """`record.to_json()` written atomically to `path` (non-finite numbers as null)."""
+    return atomic_write_json(path, record.to_json())
+
+
+def append_line(path: Path, record: Any, what: str) -> None:
+    """`record.to_json()` appended to the JSON-lines file `path` as one line."""
+    with open_append(path, what) as f:
+        f.write(json.dumps(record.to_json()) + "\n")
+
+
+def read_lines(path: Path, what: str, read: Callable[[dict[str, Any]], T]) -> list[T]:
+    """The records `read` makes of the JSON-lines file `path` (read bounded). A record of how
+    something ran: damaged lines (cut by a crash, not UTF-8, not an object) are left out rather
+    than stopping the reader."""
+    with open_regular(path, MAX_RECORD_BYTES, what) as f:
+        text = f.read().decode("utf-8", errors="replace")
+    out = []
+    for line in text.splitlines():
+        try:
+            data = parse_json(line)
+        except MalformedFileError:
+            continue
+        if isinstance(data, dict):
+            out.append(read(data))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -126,6 +175,137 @@ class ZeroShotRecord:
         return cls(data.get("paper_row") or {}, tasks, data.get("chance"))
 
 
+@dataclass(frozen=True)
+class RhoStats:
+    """One layer's per-token cosine over the tokens measured (`TokenStats`; None: not finite)."""
+
+    mean: float | None
+    std: float | None
+    median: float | None
+    p10: float | None
+    p90: float | None
+    n: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RhoStats:
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class LayerNovelty:
+    """One layer of a cell's novelty."""
+
+    layer: int  # its index
+    mlp_width: int | None  # its MLP width
+    rho_block: RhoStats  # the block's cosine (input vs output)
+    rho_mlp: RhoStats  # the MLP's
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "layer": self.layer,
+            "mlp_width": self.mlp_width,
+            "rho_block": self.rho_block.to_json(),
+            "rho_mlp": self.rho_mlp.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LayerNovelty:
+        return cls(
+            data["layer"],
+            data.get("mlp_width"),
+            RhoStats.from_json(data["rho_block"]),
+            RhoStats.from_json(data["rho_mlp"]),
+        )
+
+
+@dataclass(frozen=True)
+class NoveltyRecord:
+    """A cell's layer-wise novelty (result.json's `novelty`): `NoveltyResult.to_dict`'s JSON,
+    typed here because that record's module needs torch, which reading a result must not."""
+
+    name: str  # the model measured
+    n_layers: int
+    n_tokens: int  # tokens measured per layer
+    n_windows: int
+    seq_len: int
+    skip_first: bool
+    pearson_block: float | None  # r(rho_block, depth) (None: undefined)
+    pearson_mlp: float | None  # r(rho_mlp, depth)
+    layers: list[LayerNovelty]
+    # recorded since they were added (None: the result is older and lacks the key)
+    layers_path: str | None = None
+    mlp_name: str | None = None
+    aggregation: str | None = None
+
+    def rho_means(self, key: str) -> list[float | None]:
+        """Per layer, the mean of "rho_block" or "rho_mlp"."""
+        return [getattr(x, key).mean for x in self.layers]
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "n_layers": self.n_layers,
+            "n_tokens": self.n_tokens,
+            "n_windows": self.n_windows,
+            "seq_len": self.seq_len,
+            "skip_first": self.skip_first,
+            "layers_path": self.layers_path,
+            "mlp_name": self.mlp_name,
+            "aggregation": self.aggregation,
+            "pearson_block": self.pearson_block,
+            "pearson_mlp": self.pearson_mlp,
+            "layers": [x.to_json() for x in self.layers],
+        }
+        return {k: v for k, v in out.items() if v is not None or k.startswith("pearson")}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> NoveltyRecord:
+        return cls(
+            name=data["name"],
+            n_layers=data["n_layers"],
+            n_tokens=data["n_tokens"],
+            n_windows=data["n_windows"],
+            seq_len=data["seq_len"],
+            skip_first=data["skip_first"],
+            pearson_block=data["pearson_block"],
+            pearson_mlp=data["pearson_mlp"],
+            layers=[LayerNovelty.from_json(x) for x in data["layers"]],
+            layers_path=data.get("layers_path"),
+            mlp_name=data.get("mlp_name"),
+            aggregation=data.get("aggregation"),
+        )
+
+
+@dataclass
+class SessionRecord:
+    """One line of a cell's sessions.jsonl: what ran (training from a step, or the evaluation)
+    and how this process computed (`taperlm.compare.cell.runtime_info`). Every key is optional
+    (older cells recorded fewer): None is a key the line lacks, and `to_json` leaves it out."""
+
+    phase: str | None = None  # "train" or "evaluate"
+    from_step: int | None = None  # the step it began at
+    started: str | None = None  # when (local time, ISO 8601)
+    threads: int | None = None  # torch threads
+    jobs: int | None = None  # cells run at a time
+    processes: int | None = None  # processes the cell trained on
+    torch: str | None = None  # torch version
+    cpu_capability: str | None = None  # torch's CPU capability
+    device: str | None = None  # the device it computed on
+    machine: str | None = None  # platform.machine()
+    to_step: int | None = None  # training: where the next training session began, or the end
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {k: v for k, v in out.items() if v is not None}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SessionRecord:
+        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
+
+
 @dataclass
 class CellResult:
     """A done cell's numbers: what its result.json holds, field for field and in that order
@@ -136,24 +316,40 @@ class CellResult:
     label: str  # its allocation's label (plots, tables)
     taper: str  # its allocation's taper spec
     seed: int  # its seed (data order and init)
-    config: dict[str, Any]  # the run config it trained with (`taperlm.config.to_dict`)
+    # the run config it trained with, in taperlm.config's own format (`to_dict`; its reader,
+    # `from_dict`, refuses keys a later version dropped, which reading an old result must not);
+    # None in a report's runs, which leave it out (report.json's `base_config` is the uniform's)
+    config: dict[str, Any] | None
     eval_settings: dict[str, Any]  # the `EvalSettings.to_dict` it was evaluated with
     train: TrainRecord  # how it trained
     curve: list[list[float]]  # [tokens, val_loss] per evaluation during training
     data_order: DataOrder  # the fingerprint of its first batches
     val: ValRecord  # the validation
     zero_shot: ZeroShotRecord | None  # the zero-shot tasks (None: no tasks)
-    # `NoveltyResult.to_dict` (finite JSON): that record's module needs torch, which reading a
-    # result must not
-    novelty: dict[str, Any]
+    novelty: NoveltyRecord  # the layer-wise novelty
     times: dict[str, float] | None  # seconds: val_s, zero_shot_s, novelty_s
-    sessions: list[dict[str, Any]]  # `read_sessions`: how each session ran
+    sessions: list[SessionRecord]  # `read_sessions`: how each session ran
     finished_at: str  # when it was written (local time, ISO 8601)
     version: int = RESULT_VERSION  # the layout of result.json
 
+    @property
+    def trained_seed(self) -> int:
+        """The seed its config trained with (`config`'s train.seed)."""
+        return self._train_config()["seed"]
+
+    @property
+    def trained_lr(self) -> float:
+        """The peak lr its config trained with (`config`'s train.lr)."""
+        return self._train_config()["lr"]
+
+    def _train_config(self) -> dict[str, Any]:
+        if self.config is None:
+            raise ValueError(f"{self.cell}: a report's run records no config")
+        return self.config["train"]
+
     def to_json(self) -> dict[str, Any]:
-        """result.json's object."""
-        return {
+        """result.json's object (a report's run: without `config`)."""
+        out = {
             "version": self.version,
             "cell": self.cell,
             "allocation": self.allocation,
@@ -167,11 +363,25 @@ class CellResult:
             "data_order": self.data_order.to_json(),
             "val": self.val.to_json(),
             "zero_shot": {} if self.zero_shot is None else self.zero_shot.to_json(),
-            "novelty": self.novelty,
+            "novelty": self.novelty.to_json(),
             "times": self.times,
-            "sessions": self.sessions,
+            "sessions": [x.to_json() for x in self.sessions],
             "finished_at": self.finished_at,
         }
+        if self.config is None:
+            del out["config"]
+        return out
+
+    @classmethod
+    def read(cls, path: Path) -> CellResult:
+        """The result.json at `path`, of this layout (RESULT_VERSION) and with its config;
+        MalformedFileError (or, for a file unsafe to read, UnsafeFileError) otherwise."""
+        data = read_json(path, MAX_RECORD_BYTES, RESULT_FILE)
+        if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+            raise MalformedFileError(f"{path} holds no result with its config")
+        if data.get("version") != RESULT_VERSION:
+            raise MalformedFileError(f"{path} is of another layout than {RESULT_VERSION}")
+        return cls.from_json(data)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CellResult:
@@ -184,16 +394,16 @@ class CellResult:
                 label=data["label"],
                 taper=data["taper"],
                 seed=data["seed"],
-                config=data["config"],
+                config=data.get("config"),
                 eval_settings=data.get("eval_settings") or {},
                 train=TrainRecord.from_json(data["train"]),
                 curve=data["curve"],
                 data_order=DataOrder.from_json(data["data_order"]),
                 val=ValRecord.from_json(data["val"]),
                 zero_shot=ZeroShotRecord.from_json(zs) if (zs := data.get("zero_shot")) else None,
-                novelty=data["novelty"],
+                novelty=NoveltyRecord.from_json(data["novelty"]),
                 times=data.get("times"),
-                sessions=data.get("sessions") or [],
+                sessions=[SessionRecord.from_json(x) for x in data.get("sessions") or []],
                 finished_at=data.get("finished_at", ""),
                 version=data["version"],
             )
@@ -204,8 +414,6 @@ class CellResult:
 
 
 Results = dict[str, CellResult]  # cell name -> its result
-
-T = TypeVar("T")
 
 
 def _or_none(read: Callable[[Any], T], data: Any) -> T | None:
@@ -536,9 +744,10 @@ class ComparisonSummary:
     execution: Execution  # how the cells ran
     checks: DesignChecks  # the design checks (equal budgets, data orders, init seeds)
     paper_comparison: PaperComparison | None  # agreement with the paper (None: < 2 in it)
-    # other parts' numbers (e.g. "stopping", "lr_tuning"), in the order they were added: a
-    # record with `to_json`, or JSON as it is (read back from report.json, they are JSON)
-    extras: dict[str, Any] = field(default_factory=dict)
+    # the parts every report, or some, adds after them (written in this order when present)
+    loss_vs_tokens: LossVsTokens | None = None  # the difference against tokens seen
+    stopping: Stopping | None = None  # --stop: when and why it stopped adding seeds
+    lr_tuning: LrTuning | None = None  # --tune-lr: the curves, the choices and the cost
 
     def to_json(self) -> dict[str, Any]:
         """report.json's keys of the summary."""
@@ -551,14 +760,21 @@ class ComparisonSummary:
             "paper_comparison": None
             if self.paper_comparison is None
             else self.paper_comparison.to_json(),
-            **{k: v.to_json() if hasattr(v, "to_json") else v for k, v in self.extras.items()},
+            **{
+                name: part.to_json()
+                for name, part in (
+                    ("loss_vs_tokens", self.loss_vs_tokens),
+                    ("stopping", self.stopping),
+                    ("lr_tuning", self.lr_tuning),
+                )
+                if part is not None
+            },
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ComparisonSummary:
         """The summary in a report.json `to_json` wrote (its other keys: meta, base_config,
         runs, are not the summary's)."""
-        known = {"allocations", "pilot", "run_times", "execution", "checks", "paper_comparison"}
         return cls(
             allocations=[AllocationSummary.from_json(a) for a in data["allocations"]],
             pilot=_or_none(PilotSummary.from_json, data.get("pilot")),
@@ -566,11 +782,9 @@ class ComparisonSummary:
             execution=Execution.from_json(data["execution"]),
             checks=DesignChecks.from_json(data["checks"]),
             paper_comparison=_or_none(PaperComparison.from_json, data.get("paper_comparison")),
-            extras={
-                k: v
-                for k, v in data.items()
-                if k not in known and k not in ("meta", "base_config", "runs")
-            },
+            loss_vs_tokens=_or_none(LossVsTokens.from_json, data.get("loss_vs_tokens")),
+            stopping=_or_none(Stopping.from_json, data.get("stopping")),
+            lr_tuning=_or_none(LrTuning.from_json, data.get("lr_tuning")),
         )
 
 
@@ -842,15 +1056,100 @@ class Stopping:
 # writing
 
 
+@dataclass(frozen=True)
+class ModelMeta:
+    """The model a comparison trained, in brief (report.json's `meta.model`)."""
+
+    family: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    mlp_width: int  # the uniform model's MLP width
+    vocab_size: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ModelMeta:
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class SettingsMeta:
+    """A comparison's training recipe, data and evaluation (report.json's `meta.settings`)."""
+
+    tokens: int  # training tokens per run (rounded up to whole steps)
+    steps: int  # optimizer steps per run
+    batch_tokens: int  # tokens per optimizer step
+    seq_len: int
+    lr: float  # the peak lr
+    warmup_tokens: int
+    eval_every: int  # steps between evaluations during training
+    eval_tokens: int  # validation tokens per evaluation during training
+    seeds: list[int]  # the reported seeds
+    data_dir: str  # the prepared data
+    train_tokens: int  # its train split's tokens
+    val_tokens: int  # the validation tokens of the final evaluation
+    eval_tasks: list[str]  # the zero-shot tasks ([]: none)
+    eval_limit: int | None  # items per task (None: all)
+    novelty_text: str  # what the novelty was measured on, in words
+    novelty_tokens: int  # its tokens
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SettingsMeta:
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
+
+
+@dataclass
+class ReportMeta:
+    """How a comparison's report was produced (report.json's `meta`, field for field and in
+    that order)."""
+
+    title: str
+    command: str  # the command that reproduces it
+    created: str  # when (local time)
+    taperlm_version: str
+    torch_version: str
+    threads: int | None  # --threads
+    jobs: int  # cells run at a time
+    paper_mode: str | None  # --paper
+    cells: int  # the cells reported
+    wall_s: float  # this invocation's wall seconds
+    cpu_s: float | None  # ... CPU seconds (None: a report from before they were recorded)
+    model: ModelMeta
+    settings: SettingsMeta
+    plots: dict[str, str] | None = None  # figure -> its PNG (None: not yet drawn)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["model"], out["settings"] = self.model.to_json(), self.settings.to_json()
+        for key in ("cpu_s", "plots"):  # absent when unknown
+            if out[key] is None:
+                del out[key]
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ReportMeta:
+        out = {f.name: data.get(f.name) for f in fields(cls)}
+        out["model"] = ModelMeta.from_json(data["model"])
+        out["settings"] = SettingsMeta.from_json(data["settings"])
+        return cls(**out)
+
+
 @dataclass
 class ComparisonReport:
     """A comparison's report.json, typed: what a study puts its comparisons together from."""
 
     out: Path  # the comparison's folder (report.md, report.json and the PNGs)
-    meta: dict[str, Any]  # how it was produced: title, command, model, settings, times, plots
-    base_config: dict[str, Any]  # the config every cell started from (`taperlm.config.to_dict`)
-    summary: ComparisonSummary  # every number (other parts' under its extras)
-    runs: dict[str, dict[str, Any]]  # cell -> its result.json without the config
+    meta: ReportMeta  # how it was produced
+    # the config every cell started from, in taperlm.config's own format (`to_dict`)
+    base_config: dict[str, Any]
+    summary: ComparisonSummary  # every number
+    runs: dict[str, CellResult]  # cell -> its result, without its config
 
     @property
     def md_path(self) -> Path:
@@ -858,23 +1157,30 @@ class ComparisonReport:
 
     @property
     def json_path(self) -> Path:
-        return self.out / "report.json"
+        return self.out / REPORT_FILE
 
     def to_json(self) -> dict[str, Any]:
         """report.json's object."""
         return {
-            "meta": self.meta,
+            "meta": self.meta.to_json(),
             "base_config": self.base_config,
             **self.summary.to_json(),
-            "runs": self.runs,
+            "runs": {name: r.to_json() for name, r in self.runs.items()},
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any], out: Path) -> ComparisonReport:
         """The report `to_json` wrote into `out`."""
-        return cls(
-            out, data["meta"], data["base_config"], ComparisonSummary.from_json(data), data["runs"]
-        )
+        runs = {name: CellResult.from_json(r) for name, r in data["runs"].items()}
+        meta = ReportMeta.from_json(data["meta"])
+        return cls(out, meta, data["base_config"], ComparisonSummary.from_json(data), runs)
+
+    def write(self) -> ComparisonReport:
+        """Writes report.json; returns the report as the file holds it (non-finite numbers
+        null, keys strings), as a rerun that finds this comparison done would read it."""
+        text = json.dumps(finite_json(self.to_json()), indent=1, allow_nan=False)
+        atomic_write_text(self.json_path, text + "\n")
+        return ComparisonReport.from_json(parse_json(text, self.json_path), self.out)
 
 
 @dataclass(frozen=True)

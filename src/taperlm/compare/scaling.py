@@ -38,11 +38,11 @@ from taperlm.compare.comparison import PAPER_TOKENS
 from taperlm.compare.grid import PAPER_POINT
 from taperlm.compare.options import list_text, run_arguments
 from taperlm.compare.report import diff_ci, md_table, produced_by
-from taperlm.compare.results import ComparisonReport
+from taperlm.compare.results import REPORT_FILE, ComparisonReport, LrTuning, write_record
 from taperlm.compare.study import Part, StudyPlan, StudyProgress, run_plan
 from taperlm.config.presets import PAPER_SHAPES, SMALL_SHAPES
 from taperlm.errors import ConfigError
-from taperlm.files.io import atomic_write_json, atomic_write_text
+from taperlm.files.io import atomic_write_text
 from taperlm.spec.taper import TaperSpec
 
 # Start ratios of the cosine sweep (end = 2 - start); 1.0 is uniform.
@@ -216,6 +216,26 @@ class ScalingPoint:
 
 
 @dataclass(frozen=True)
+class ScalingReport:
+    """A scaling sweep's report.json: how it was produced, its points and its figure."""
+
+    meta: ScalingMeta
+    points: tuple[ScalingPoint, ...]  # the points done, in the plan's order
+    plot: str | None  # scaling.png (None: no point has a best ratio to draw)
+
+    def to_json(self) -> dict[str, Any]:
+        """report.json's object (its meta also names the paper's point it compares with)."""
+        meta = {**self.meta.to_json(), "paper_point": PAPER_POINT.to_json(), "plot": self.plot}
+        return {"meta": meta, "points": [p.to_json() for p in self.points]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ScalingReport:
+        meta = data["meta"]
+        points = tuple(ScalingPoint.from_json(p) for p in data["points"])
+        return cls(ScalingMeta.from_json(meta), points, meta.get("plot"))
+
+
+@dataclass(frozen=True)
 class ScalingSize:
     """One model size: a name, the preset it starts from and --set overrides on top."""
 
@@ -339,12 +359,12 @@ def scaling_plan(
     opts,
     plan: ScalingPlan | None = None,
     mode: str = "scaling",
-    on_report: Callable[[Path], None] | None = None,
+    on_report: Callable[[ScalingReport, Path], None] | None = None,
 ) -> StudyPlan:
     """The scaling study: every point of `plan` (None: `DEFAULT_PLAN`, or the sizes of
     --preset-size) one after the other, the scaling report rewritten after each (then
-    `on_report(report.json)`: a mode that builds on this one, `taperlm.compare.longrun`, adds
-    its own report)."""
+    `on_report(report, folder)`: a mode that builds on this one, `taperlm.compare.longrun`, adds
+    its own report from the points in memory)."""
     if mode == "scaling":
         plan = plan_for(opts, plan or DEFAULT_PLAN)
     points = point_options(opts, plan or DEFAULT_PLAN)
@@ -358,10 +378,10 @@ def scaling_plan(
             done=len(done.reports),
             total=done.total,
         )
-        md, js = write_scaling_report(points, done.reports, opts.out, meta)
+        report = write_scaling_report(points, done.reports, opts.out, meta)
         if on_report is not None:
-            on_report(js)
-        return md, js
+            on_report(report, opts.out)
+        return opts.out / "report.md", opts.out / REPORT_FILE
 
     parts = [
         Part(key, sub, "point", f"{size.name} ({size.preset}), {tokens:,} tokens,")
@@ -470,15 +490,16 @@ def point_losses(report: ComparisonReport) -> dict[int, dict[float, float]]:
 
 def write_scaling_report(
     points, reports: dict[str, ComparisonReport], out: Path, meta: ScalingMeta
-) -> tuple[Path, Path]:
+) -> ScalingReport:
+    """report.json, report.md and scaling.png of the points done (`reports`) in `out`."""
     rows = []
     for key, size, _, _ in points:
         report = reports.get(key)
         if report is None:
             continue
         params = report.summary.allocations[0].params
-        tokens = report.meta["settings"]["tokens"]  # rounded up to whole steps
-        tuning = report.summary.extras.get("lr_tuning")
+        tokens = report.meta.settings.tokens  # rounded up to whole steps
+        tuning = report.summary.lr_tuning
         fit = fit_best_ratio(point_losses(report))
         rows.append(
             ScalingPoint(
@@ -488,14 +509,14 @@ def write_scaling_report(
                 params=params,
                 tokens=tokens,
                 tokens_per_param=tokens / params,
-                lr=tuning["chosen_lr"]["uniform"] if tuning else None,
-                lr_at_edge=(tuning or {}).get("curves", {}).get("uniform", {}).get("at_edge"),
+                lr=tuning.chosen_lr["uniform"] if tuning else None,
+                lr_at_edge=_uniform_at_edge(tuning),
                 diffs={
                     a.taper: a.diff_vs_uniform and a.diff_vs_uniform.val_loss
                     for a in report.summary.allocations
                 },
                 fit=fit,
-                wall_s=report.meta["wall_s"],
+                wall_s=report.meta.wall_s,
                 run_s=_run_seconds(report),
                 report=f"{key}/report.md",
             )
@@ -504,14 +525,16 @@ def write_scaling_report(
     if any(r.fit.best is not None for r in rows):
         plot_scaling(rows, out / SCALING_PLOT)
         plot = SCALING_PLOT
-    doc = {
-        "meta": {**meta.to_json(), "paper_point": PAPER_POINT, "plot": plot},
-        "points": [r.to_json() for r in rows],
-    }
-    md = _markdown(rows, meta, plot)
-    atomic_write_json(out / "report.json", doc)
-    atomic_write_text(out / "report.md", md)
-    return out / "report.md", out / "report.json"
+    report = ScalingReport(meta, tuple(rows), plot)
+    write_record(out / REPORT_FILE, report)
+    atomic_write_text(out / "report.md", _markdown(rows, meta, plot))
+    return report
+
+
+def _uniform_at_edge(tuning: LrTuning | None) -> bool | None:
+    """Whether uniform's tuned lr is at its grid's edge (None: not tuned)."""
+    curve = None if tuning is None else tuning.curves.get("uniform")
+    return None if curve is None else curve.at_edge
 
 
 def points_table(rows: list[ScalingPoint], link: bool = True) -> list[str]:
@@ -570,9 +593,10 @@ def _lowest(fit: BestRatioFit) -> str:
 def _run_seconds(report: ComparisonReport) -> float:
     """A point's training + evaluation seconds, tuning runs included, as each run recorded
     them (unlike the invocation's wall time, a rerun that trains nothing keeps it)."""
-    cost = (report.summary.extras.get("lr_tuning") or {}).get("cost")
-    if cost:
-        return float(cost["tuning_s"] + cost["tuned_s"] + cost["reported_s"])
+    tuning = report.summary.lr_tuning
+    if tuning is not None:
+        cost = tuning.cost
+        return float(cost.tuning_s + (cost.tuned_s or 0.0) + (cost.reported_s or 0.0))
     return float(sum(report.summary.run_times.values()))
 
 
@@ -643,12 +667,8 @@ def plot_scaling(rows: list[ScalingPoint], path: Path) -> None:
                 ax.plot([x for x, _ in lows], [y for _, y in lows], marker="s", fillstyle="none",
                         markersize=9, linestyle="none", color=f"C{i}",
                         label=f"{tokens:,} tokens/run: lowest measured")  # fmt: skip
-        px = (
-            PAPER_POINT["params"]
-            if xkey == "params"
-            else PAPER_POINT["tokens"] / PAPER_POINT["params"]
-        )
-        ax.plot([px], [PAPER_POINT["best_start"]], marker="*", markersize=14, color="k",
+        px = PAPER_POINT.params if xkey == "params" else PAPER_POINT.tokens / PAPER_POINT.params
+        ax.plot([px], [PAPER_POINT.best_start], marker="*", markersize=14, color="k",
                 linestyle="none", label="paper, 440M / 30B tokens")  # fmt: skip
         ax.set_xscale("log")
         ax.set_xlabel(xlabel)

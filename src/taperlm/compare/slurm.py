@@ -36,7 +36,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +46,9 @@ from taperlm.compare.cell import EvalSettings, cell_state
 from taperlm.compare.execute import PendingCells
 from taperlm.compare.grid import Cell
 from taperlm.compare.options import CompareOptions
+from taperlm.compare.results import read_record, write_record
 from taperlm.compare.workers import CellTask, run_rank
-from taperlm.errors import ConfigError
-from taperlm.files.io import MAX_RECORD_BYTES, atomic_write_json, read_json
+from taperlm.errors import ConfigError, MalformedFileError
 
 MAX_ATTEMPTS = 3  # jobs of one cell that ended without finishing it before it is given up
 POLL_S = 30.0  # --wait: seconds between looks at the queue
@@ -229,27 +229,64 @@ class CellJob:
         return submitit.helpers.DelayedSubmission(CellJob(self.task))
 
 
+@dataclass(frozen=True)
+class SlurmJob:
+    """One job submitted for a cell (an entry of its record's `jobs`)."""
+
+    id: str  # the Slurm job id (array tasks: <array>_<task>)
+    stdout: str | None = None  # its log files (None: not recorded)
+    stderr: str | None = None
+    submitted: str | None = None  # when (local time, ISO 8601)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {k: v for k, v in out.items() if v is not None}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SlurmJob:
+        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
+
+
 @dataclass
 class CellRecord:
     """OUT/slurm/cells/<cell>.json: the jobs submitted for one cell, oldest first, and those
     cancelled by a decided sequential stop (not failures)."""
 
-    jobs: list[dict[str, Any]] = field(default_factory=list)
+    jobs: list[SlurmJob] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"jobs": [j.to_json() for j in self.jobs], "cancelled": self.cancelled}
+
+    @classmethod
+    def from_json(cls, data: Any) -> CellRecord:
+        """The record `to_json` wrote, entries not of its shape left out; ValueError when it
+        holds no list of jobs."""
+        if not isinstance(data, dict) or not isinstance(data.get("jobs"), list):
+            raise ValueError("no list of jobs")
+        jobs = [
+            SlurmJob.from_json(j)
+            for j in data["jobs"]
+            if isinstance(j, dict) and isinstance(j.get("id"), str)
+        ]
+        cancelled = [str(c) for c in data.get("cancelled", []) if isinstance(c, str)]
+        return cls(jobs, cancelled)
 
     @classmethod
     def read(cls, path: Path) -> CellRecord:
         if not path.is_file():
             return cls()
-        data = read_json(path, MAX_RECORD_BYTES, "Slurm cell record")
-        if not isinstance(data, dict) or not isinstance(data.get("jobs"), list):
-            raise ConfigError(f"{path} is not a Slurm cell record; move it away and rerun")
-        jobs = [j for j in data["jobs"] if isinstance(j, dict) and isinstance(j.get("id"), str)]
-        cancelled = [str(c) for c in data.get("cancelled", []) if isinstance(c, str)]
-        return cls(jobs, cancelled)
+        try:
+            return read_record(path, "Slurm cell record", cls.from_json)
+        except MalformedFileError:
+            raise
+        except ValueError:
+            raise ConfigError(
+                f"{path} is not a Slurm cell record; move it away and rerun"
+            ) from None
 
     def write(self, path: Path) -> None:
-        atomic_write_json(path, {"jobs": self.jobs, "cancelled": self.cancelled})
+        write_record(path, self)
 
 
 def job_states(name: str) -> dict[str, str]:
@@ -367,22 +404,22 @@ class SlurmExecutor:
         if not record.jobs:
             return "missing", ""
         last = record.jobs[-1]
-        where = f"job {last['id']}, log {last.get('stderr', '?')}"
-        state = live.get(last["id"])
+        where = f"job {last.id}, log {last.stderr or '?'}"
+        state = live.get(last.id)
         if state in QUEUED:
             return "queued", where
         if state in RUNNING:
             return "running", where
-        failures = [j for j in record.jobs if j["id"] not in record.cancelled]
+        failures = [j for j in record.jobs if j.id not in record.cancelled]
         if len(failures) >= MAX_ATTEMPTS:
-            how = ended_state(last["id"])
+            how = ended_state(last.id)
             return f"failed ({len(failures)} jobs, the last {how})", where
         return "missing", where  # ended without finishing: submitted again, resuming
 
     def _cancel(self, cell, record: CellRecord, cells_dir: Path, job: str, status: str) -> None:
         """scancel a job of a cell the sequential stop no longer needs (a running one stops at
         once; its checkpoints stay for a later run that needs the cell)."""
-        job_id = record.jobs[-1]["id"]
+        job_id = record.jobs[-1].id
         _run(["scancel", job_id])
         record.cancelled.append(job_id)
         record.write(cells_dir / f"{cell.name}.json")
@@ -408,15 +445,15 @@ class SlurmExecutor:
         for cell, job in zip(wave, submitted):
             path = cells_dir / f"{cell.name}.json"
             record = CellRecord.read(path)
-            entry = {
-                "id": str(job.job_id),
-                "stdout": str(job.paths.stdout),
-                "stderr": str(job.paths.stderr),
-                "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            }
+            entry = SlurmJob(
+                id=str(job.job_id),
+                stdout=str(job.paths.stdout),
+                stderr=str(job.paths.stderr),
+                submitted=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            )
             record.jobs.append(entry)
             record.write(path)
-            shown.append(f"job {entry['id']}, log {entry['stderr']}")
+            shown.append(f"job {entry.id}, log {entry.stderr}")
         return shown
 
     def _show(self, table: list[tuple[str, str, str]]) -> None:

@@ -131,7 +131,7 @@ def _by_seed(results: list[CellResult], get) -> dict[int, float]:
 
 
 def _layer_means(results: list[CellResult], key: str) -> list[float | None]:
-    rows = [[(x[key] or {}).get("mean") for x in r.novelty["layers"]] for r in results]
+    rows = [r.novelty.rho_means(key) for r in results]
     if not rows:
         return []
     out: list[float | None] = []
@@ -185,16 +185,16 @@ def _allocation_entry(
         name=a.name,
         label=a.label,
         taper=a.spec_string,
-        widths=b["widths"],
-        baseline_width=b["baseline_width"],
-        heads=b.get("heads"),
-        baseline_heads=b.get("baseline_heads"),
-        kv_heads=b.get("kv_heads"),
-        kv_cache_bytes_per_token_bf16=b.get("kv_cache_bytes_per_token_bf16"),
-        widths_by_seed=b.get("widths_by_seed"),
+        widths=b.widths,
+        baseline_width=b.baseline_width,
+        heads=b.heads,
+        baseline_heads=b.baseline_heads,
+        kv_heads=b.kv_heads,
+        kv_cache_bytes_per_token_bf16=b.kv_cache_bytes_per_token_bf16,
+        widths_by_seed=b.widths_by_seed,
         pilot=a.needs_pilot,
-        params=b["params"],
-        flops_per_token=b["flops_per_token"],
+        params=b.params,
+        flops_per_token=b.flops_per_token,
         paper_ppl=a.paper_ppl,
         seeds=sorted(loss_s),
         val_loss=stats.summary([loss_s[s] for s in sorted(loss_s)]),
@@ -203,15 +203,13 @@ def _allocation_entry(
         train_loss=stats.summary(list(_by_seed(rs, lambda r: r.train.train_loss).values())),
         diff_vs_uniform=diff,
         novelty=NoveltySummary(
-            pearson_mlp=stats.summary(
-                list(_by_seed(rs, lambda r: r.novelty.get("pearson_mlp")).values())
-            ),
+            pearson_mlp=stats.summary(list(_by_seed(rs, lambda r: r.novelty.pearson_mlp).values())),
             pearson_block=stats.summary(
-                list(_by_seed(rs, lambda r: r.novelty.get("pearson_block")).values())
+                list(_by_seed(rs, lambda r: r.novelty.pearson_block).values())
             ),
             rho_mlp_per_layer=_layer_means(rs, "rho_mlp"),
             rho_block_per_layer=_layer_means(rs, "rho_block"),
-            tokens=rs[0].novelty["n_tokens"] if rs else None,
+            tokens=rs[0].novelty.n_tokens if rs else None,
         ),
         zero_shot=_zero_shot_summary(rs),
         per_seed={
@@ -222,7 +220,7 @@ def _allocation_entry(
                 train_loss=r.train.train_loss,
                 tokens_per_s=r.train.tokens_per_s,
                 train_wall_s=r.train.wall_s,
-                pearson_mlp=r.novelty.get("pearson_mlp"),
+                pearson_mlp=r.novelty.pearson_mlp,
                 data_order_sha256=r.data_order.sha256,
                 zero_shot=r.zero_shot.paper_row if r.zero_shot else None,
                 times=r.times,
@@ -248,14 +246,14 @@ def execution(grid: Grid, results: dict[str, CellResult]) -> Execution:
         if r is None:
             continue
         for sess in r.sessions:
-            key = tuple(sess.get(k) for k in EXECUTION_KEYS)
+            key = tuple(getattr(sess, k) for k in EXECUTION_KEYS)
             cells, steps = combos.setdefault(key, ([], [0]))
             if c.name not in cells:
                 cells.append(c.name)
-            if sess.get("phase") == "train":
-                steps[0] += int(sess.get("to_step", 0)) - int(sess.get("from_step", 0))
-            if isinstance(sess.get("jobs"), int):
-                jobs.add(sess["jobs"])
+            if sess.phase == "train":
+                steps[0] += (sess.to_step or 0) - (sess.from_step or 0)
+            if isinstance(sess.jobs, int):
+                jobs.add(sess.jobs)
     settings = [
         ExecutionSetting(*key, cells=cells, train_steps=steps[0])
         for key, (cells, steps) in combos.items()
@@ -316,8 +314,8 @@ def _mark_chance(columns: dict[str, ZeroShotColumn], rs: list[CellResult]) -> No
 
 
 def _checks(grid: Grid, results: dict[str, CellResult]) -> DesignChecks:
-    params = {grid.budget[a.name]["params"] for a in grid.allocations}
-    flops = {grid.budget[a.name]["flops_per_token"] for a in grid.allocations}
+    params = {grid.budget[a.name].params for a in grid.allocations}
+    flops = {grid.budget[a.name].flops_per_token for a in grid.allocations}
     order_ok, init_ok = True, True
     for seed in grid.seeds:
         shas = {
@@ -328,7 +326,7 @@ def _checks(grid: Grid, results: dict[str, CellResult]) -> DesignChecks:
         order_ok &= len(shas) <= 1
     for c in grid.cells:
         if c.name in results:
-            init_ok &= results[c.name].config["train"]["seed"] == c.seed
+            init_ok &= results[c.name].trained_seed == c.seed
     distinct = {
         results[c.name].data_order.sha256
         for c in grid.cells
@@ -523,7 +521,7 @@ def loss_vs_tokens(grid: Grid, results: Mapping[str, CellResult]) -> LossVsToken
         r = results.get(c.name)
         if r is not None and r.curve:
             curves[c.allocation.name][int(r.seed)] = r.curve
-    params = int(grid.budget[uniform.name]["params"])
+    params = grid.budget[uniform.name].params
     return LossVsTokens(
         params=params,
         eval_tokens=int(grid.base.train.eval_tokens),

@@ -35,11 +35,10 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from taperlm.analysis import stats
 from taperlm.compare.execute import train_cells, train_reported
-from taperlm.compare.grid import Allocation, Cell, Grid, build_grid
+from taperlm.compare.grid import Allocation, AllocationBudget, Cell, Grid, build_grid
 from taperlm.compare.options import DEFAULT_TUNE_SEEDS, TUNE_SCOPES
 from taperlm.compare.results import (
     CellResult,
@@ -116,7 +115,7 @@ def tuning_grid(
     cells: list[Cell] = []
     grid_allocs: list[Allocation] = []
     names: dict[tuple[str, float], str] = {}
-    budget: dict[str, Any] = {}
+    budget: dict[str, AllocationBudget] = {}
     for lr in lrs:
         renamed = [_at_lr(a, lr) for a in tuned]
         cfg = copy.deepcopy(base)
@@ -323,7 +322,7 @@ def run_tuned(
     tuned = summarize(tgrid, tres).allocations
     rows = []
     for a, t in zip(grid.allocations, tuned):
-        used = {tres[c.name].config["train"]["lr"] for c in tgrid.cells if c.name in tres}
+        used = {tres[c.name].trained_lr for c in tgrid.cells if c.name in tres}
         s = shared[a.name]
         rows.append(
             TunedRow(
