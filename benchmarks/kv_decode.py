@@ -53,7 +53,7 @@ def build(text: str, context: int, smoke: bool) -> TaperedLM:
     cfg = dataclasses.replace(base, **shape, mlp_widths=None)
     alloc = parse_allocation(text)
     cfg = cfg.resolve().with_taper(
-        alloc.spec, alloc.head_taper, None if alloc.kv_taper == "uniform" else alloc.kv_taper
+        alloc.spec, alloc.head_taper, None if alloc.kv_taper.is_uniform else alloc.kv_taper
     )
     torch.manual_seed(0)
     return TaperedLM(cfg).eval()

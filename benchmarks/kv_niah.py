@@ -70,7 +70,7 @@ def model_config(text: str, vocab_size: int) -> ModelConfig:
         init_std=0.1,
     ).resolve()
     a = parse_allocation(text)
-    return base.with_taper(a.spec, a.head_taper, None if a.kv_taper == "uniform" else a.kv_taper)
+    return base.with_taper(a.spec, a.head_taper, None if a.kv_taper.is_uniform else a.kv_taper)
 
 
 def train(cfg: ModelConfig, tok: Any, seed: int, steps: int) -> TaperedLM:

@@ -39,9 +39,10 @@ from taperlm.compare import results as compare_results
 from taperlm.compare.grid import (
     PAPER_SWEEP,
     build_grid,
-    paper_allocations,
+    controlled_allocations,
     parse_allocations,
     split_taper_list,
+    sweep_allocations,
 )
 from taperlm.config import RunConfig, TrainConfig
 from taperlm.config.presets import get_preset
@@ -464,7 +465,7 @@ def _base(n_layers: int, mlp_width: int) -> RunConfig:
 
 
 def test_paper_controlled_grid():
-    allocs = paper_allocations("controlled")
+    allocs = controlled_allocations()
     assert [(a.name, a.paper_ppl) for a in allocs] == [
         ("uniform", 16.28),
         ("wider-early", 15.96),
@@ -484,7 +485,7 @@ def test_paper_controlled_grid():
 
 
 def test_paper_sweep_grid():
-    allocs = paper_allocations("sweep")
+    allocs = sweep_allocations()
     assert len(allocs) == 16 and allocs[0].is_uniform
     specs = {(a.spec.schedule, a.spec.start, a.spec.end): a.paper_ppl for a in allocs[1:]}
     assert len(specs) == 15
@@ -939,7 +940,7 @@ def test_allocation_syntax_with_heads_and_novelty():
     ]
     heads_only = by["heads-cosine-1.5-0.5"]
     assert heads_only.spec.is_uniform and not heads_only.is_uniform
-    assert by["both"].head_taper == "cosine:1.25:0.75" and by["both"].spec.start == 1.5
+    assert by["both"].head_taper.to_string() == "cosine:1.25:0.75" and by["both"].spec.start == 1.5
     assert by["both"].spec_string == "cosine:1.5:0.5+heads:cosine:1.25:0.75"
     assert by["both"].paper_ppl is None  # the paper tapers no heads
     assert by["novelty-pilot-0.5"].needs_pilot
@@ -1191,7 +1192,10 @@ def test_paper_mode_plots_ours_beside_the_paper(data_dir, tmp_path):
     rows = [("cosine:1.5:0.5", -1.0, -2.0, 0.0), ("cosine:1.25:0.75", -0.5, None, None)]
     rows += [("sigmoid:1.5:0.5:10.0", 0.5, 0.0, 1.0)]
     ref = {"cosine:1.5:0.5": -11.3, "cosine:1.25:0.75": -6.8, "sigmoid:1.5:0.5:10.0": -1.0}
-    _sweep_plot(rows, ref, tmp_path / "sweep.png")
+    from taperlm.spec.taper import TaperSpec
+
+    specs = {label: TaperSpec.parse(label) for label, *_ in rows}
+    _sweep_plot(specs, rows, ref, tmp_path / "sweep.png")
     assert (tmp_path / "sweep.png").stat().st_size > 0
 
 

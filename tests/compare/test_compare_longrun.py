@@ -82,7 +82,6 @@ def test_both_modes_sweep_below_uniform(mode):
     1.5 -> 0.5's and keep the budget; the points' --tapers list them by start, below uniform;
     the trend rows map a start below 1 to its allocation (not to uniform's 1.0)."""
     from taperlm.compare import scaling
-    from taperlm.compare.grid import parse_allocations
     from taperlm.spec.solver import solve_sizes
 
     plan = longrun.plan_of(mode)
@@ -93,10 +92,14 @@ def test_both_modes_sweep_below_uniform(mode):
             if p[1].name == "nano"]  # fmt: skip
     assert nano
     for _key, _size, _tokens, sub in nano:
-        texts = list(sub.tapers)  # the specs, parsed once with the options
-        assert texts[:3] == ["cosine:0.5:1.5", "cosine:0.75:1.25", "uniform"]
-        assert [scaling.start_of(t) for t in texts] == sorted(scaling.start_of(t) for t in texts)
-        names = [a.name for a in parse_allocations(texts, 8)]
+        allocs = sub.tapers  # the allocations, parsed once with the options
+        assert [a.spec_string for a in allocs[:3]] == [
+            "cosine:0.5:1.5",
+            "cosine:0.75:1.25",
+            "uniform",
+        ]
+        assert [a.start_ratio for a in allocs] == sorted(a.start_ratio for a in allocs)
+        names = [a.name for a in allocs]
         assert "cosine-0.5-1.5" in names and "cosine-0.75-1.25" in names
     point = _point("nano", 266_816, 8, 0.02, 0.6, 0.0, 0.1, (0.5, 0.75, 1.0, 1.5))
     point = dataclasses.replace(
@@ -156,9 +159,7 @@ def test_a_point_both_modes_sweep_trains_the_same_cells():
             allocs, base = check_options(sub)
             grid = build_grid(base, allocs, list(range(sub.seeds)), sub.paper)
             cells.append({c.name: c.config for c in grid.cells})
-            names |= {
-                x.name for x in allocs if scaling.start_of(x.spec_string or "uniform") in starts
-            }
+            names |= {x.name for x in allocs if x.start_ratio in starts}
         common = set(cells[0]) & set(cells[1])
         assert len(names) == len(starts)  # the shared starts; uniform is swept by every point
         assert common == {f"{n}-s{s}" for n in names | {"uniform"} for s in range(5)}, key

@@ -49,8 +49,10 @@ def _reparsed(opts: CompareOptions, argv: list[str]) -> CompareOptions:
 @pytest.mark.unit
 def test_options_from_argv_hold_typed_values():
     opts = _options(["--out", "o", *EVERY_LIST])
-    assert opts.tapers == ("uniform", "late=cosine:0.5:1.5", "groups:1.5,1.0,0.5")
-    assert opts.taper_list == ("linear:1.25:0.75",)
+    # each allocation parsed once into its specs, with the options
+    assert [a.label for a in opts.tapers] == ["uniform", "late", "groups:1.5,1.0,0.5"]
+    assert opts.tapers[1].spec.start == 0.5 and opts.tapers[2].spec.groups == [1.5, 1.0, 0.5]
+    assert [a.spec_string for a in opts.taper_list] == ["linear:1.25:0.75"]
     assert opts.eval_tasks == ("niah_single_1", "niah_single_2")
     assert opts.eval_niah_lengths == (256, 128)  # in the order given: it fixes the items
     assert opts.lr_grid == (0.001, 0.002, 0.004)  # a set of lrs: sorted
@@ -65,7 +67,8 @@ def test_options_from_argv_hold_typed_values():
     # the Python API may give text (parsed the same) or typed values (kept as they are)
     assert CompareOptions(out=OUT, lr_grid="1e-3,2e-3").lr_grid == (0.001, 0.002)
     assert CompareOptions(out=OUT, eval_niah_lengths=[64, 32]).eval_niah_lengths == (64, 32)
-    assert CompareOptions(out=OUT, taper_list=["cosine "]).taper_list == ("cosine",)
+    (cosine,) = CompareOptions(out=OUT, taper_list=["cosine "]).taper_list
+    assert cosine.spec_string == "cosine:1.5:0.5"
     assert CompareOptions(out=OUT, tapers="").tapers == ()  # given empty: job.allocations says so
 
 
@@ -331,3 +334,133 @@ def test_a_comparison_records_its_named_recipe(tmp_path):
     paper = CompareOptions(out=OUT, preset="transformer-440m")
     recipe = compare_recipe(paper, "transformer")
     assert recipe.name == "paper-440m" and recipe.settings["train.seq_len"] == 4096
+
+
+# the texts of one allocation's parts, each distinct from every spec a preset or a study uses
+ALLOCATION_PARTS = ("cosine:1.375:0.625", "cosine:1.25:0.75", "cosine:1.0:0.25")
+
+
+@pytest.mark.unit
+def test_an_allocation_is_parsed_once_and_stays_its_specs(monkeypatch):
+    """Each part of an allocation (MLP, head and KV taper) is parsed once, where the options
+    are made; checking the options, building the grid (its cells' model configs), writing the
+    reproducing command and reading the options again parse none of them again: every
+    consumer reads the parsed specs."""
+    from taperlm.compare.comparison import allocations, check_options
+    from taperlm.compare.grid import build_grid
+    from taperlm.compare.options import canonical_command
+    from taperlm.spec.taper import TaperSpec
+
+    parsed: list[str] = []
+    real = TaperSpec.parse.__func__
+
+    def counted(cls, text, multiple_of=None):
+        parsed.append(text.strip())
+        return real(cls, text, multiple_of)
+
+    monkeypatch.setattr(TaperSpec, "parse", classmethod(counted))
+    mlp, heads, kv = ALLOCATION_PARTS
+    tapers = f"uniform;both={mlp}+heads:{heads}+kv:{kv}"
+    opts = _options(["--preset", "transformer-tiny", "--out", "o", "--tapers", tapers])
+    assert [parsed.count(t) for t in ALLOCATION_PARTS] == [1, 1, 1]
+    (both,) = [a for a in opts.tapers if a.name == "both"]
+    assert (both.spec.start, both.head_taper.start, both.kv_taper.end) == (1.375, 1.25, 0.25)
+    allocs, base = check_options(opts)
+    grid = build_grid(base, allocs, [0, 1], opts.paper)
+    command = canonical_command(dataclasses.replace(opts, seeds=2), grid)
+    assert allocations(opts)[1].spec_string == f"{mlp}+heads:{heads}+kv:{kv}"
+    assert [parsed.count(t) for t in ALLOCATION_PARTS] == [1, 1, 1]
+    # the written forms: the command's --tapers and every cell's model config
+    assert f"both={mlp}+heads:{heads}+kv:{kv}" in command
+    model = grid.cell("both", 1).config.model
+    assert (model.head_taper.as_text(), model.kv_taper.as_text()) == (heads, kv)
+
+
+# The modules of the report path, which read an allocation's specs and never parse its text.
+REPORT_PATH = ("report", "figures", "statistics", "results", "scaling", "longrun", "families")
+# What parses a taper's text: the spec parser and everything built on it.
+TAPER_PARSERS = {
+    "TaperSpec.parse",
+    "parse_allocation",
+    "parse_allocations",
+    "split_taper_list",
+    "parse_tapers",
+    "text_spec",
+}
+
+
+def _calls(path: Path) -> set[str]:
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func  # a name, or an attribute as OWNER.NAME (Stop.parse is no taper's)
+            if isinstance(f, ast.Attribute):
+                owner = f.value.id if isinstance(f.value, ast.Name) else ""
+                names |= {f.attr, f"{owner}.{f.attr}"}
+            else:
+                names.add(getattr(f, "id", ""))
+    return names
+
+
+@pytest.mark.unit
+def test_the_report_path_parses_no_taper_text():
+    """No module of the report path calls a taper parser: no second parser of an allocation
+    (the sweep's claims and plot, the scaling fit's start ratios, the trend's best taper read
+    the parsed allocations, or write the text from the start ratio)."""
+    src = Path(options_module.__file__).parent
+    found = {m: sorted(_calls(src / f"{m}.py") & TAPER_PARSERS) for m in REPORT_PATH}
+    assert found == {m: [] for m in REPORT_PATH}
+
+
+def _mode_comparisons(path: Path, modes: set[str]) -> list[str]:
+    """`file:line` of every comparison with a string literal that is a --paper mode's name:
+    == or != with it, in or not in a literal tuple/list/set of such names."""
+    import ast
+
+    def literals(node: ast.AST) -> set[str]:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return {node.value}
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return {v for e in node.elts for v in literals(e)}
+        return set()
+
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        for op, left, right in zip(node.ops, sides, sides[1:]):
+            # x == "sweep", "sweep" != x, x in ("tokens", ...); not "sweep" in plots (a key of
+            # a mapping that happens to share the name)
+            named = literals(right) if isinstance(op, (ast.In, ast.NotIn)) else literals(left)
+            if isinstance(op, (ast.Eq, ast.NotEq)):
+                named |= literals(right)
+            if named & modes:
+                out.append(f"{path.name}:{node.lineno}")
+    return out
+
+
+@pytest.mark.unit
+def test_no_mode_name_is_compared_outside_its_owner(tmp_path):
+    """A --paper mode is asked what it is (`PaperMode`'s attributes, the study's own table)
+    where it is declared, compare/options.py: no other module of the package compares a mode's
+    name to a string."""
+    root = Path(options_module.__file__).parents[1]  # src/taperlm
+    modes = set(options_module.PAPER_MODES)
+    found = [
+        hit
+        for path in sorted(root.rglob("*.py"))
+        if path != Path(options_module.__file__)
+        for hit in _mode_comparisons(path, modes)
+    ]
+    assert found == []
+    # the check finds what it looks for (and not a key that shares a mode's name)
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        'a = opts.paper == "sweep"\nb = mode in ("tokens", "x")\nc = "sweep" in plots\n',
+        encoding="utf-8",
+    )
+    assert _mode_comparisons(probe, modes) == ["probe.py:1", "probe.py:2"]

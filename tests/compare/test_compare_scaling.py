@@ -164,7 +164,7 @@ def test_a_sweep_below_uniform_is_ordered_by_start():
         "cosine:0.5:1.5;cosine:0.75:1.25;uniform;cosine:1.5:0.5"
     )
     assert scaling.tapers((1.5, 1.9)).startswith("uniform;")
-    assert scaling.start_of("cosine:0.5:1.5") == 0.5
+    assert scaling.sweep_taper(0.5) == "cosine:0.5:1.5" and scaling.sweep_taper(1.0) == "uniform"
     for starts in ((1.0, 1.5), (-0.5, 1.5), (1.5, 2.5)):
         plan = scaling.ScalingPlan(sizes=TOY.sizes, tokens=[128], starts=starts)
         with pytest.raises(ConfigError, match="other than 1"):

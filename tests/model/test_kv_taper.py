@@ -339,8 +339,10 @@ def test_compare_allocations_with_kv_tapers():
     texts = split_taper_list("uniform,kv:custom:4,2,1,1,2,2,cosine+heads:cosine+kv:cosine:1.0:0.25")
     assert texts == ["uniform", "kv:custom:4,2,1,1,2,2", "cosine+heads:cosine+kv:cosine:1.0:0.25"]
     allocs = parse_allocations(texts)
-    assert [a.kv_taper for a in allocs] == ["uniform", "custom:4,2,1,1,2,2", "cosine:1.0:0.25"]
-    assert allocs[2].head_taper == "cosine:1.5:0.5" and allocs[2].spec.schedule == "cosine"
+    kv_texts = [a.kv_taper.to_string() for a in allocs]  # parsed once: specs, canonical
+    assert kv_texts == ["uniform", "custom:4,2,1,1,2,2", "cosine:1.0:0.25"]
+    assert allocs[2].head_taper.to_string() == "cosine:1.5:0.5"
+    assert allocs[2].spec.schedule == "cosine"
     assert allocs[2].spec_string == "cosine:1.5:0.5+heads:cosine:1.5:0.5+kv:cosine:1.0:0.25"
     assert not allocs[1].is_uniform and allocs[1].spec.is_uniform
     base = RunConfig(model=kv_model(kv_taper="uniform"))

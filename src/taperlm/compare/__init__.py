@@ -25,7 +25,7 @@ comparison meets them:
 """
 
 from taperlm.analysis.stats import paired_difference, t_quantile
-from taperlm.compare.grid import Allocation, Cell, Grid, build_grid, paper_allocations
+from taperlm.compare.grid import Allocation, Cell, Grid, build_grid
 
 __all__ = [
     "Allocation",
@@ -33,6 +33,5 @@ __all__ = [
     "Grid",
     "build_grid",
     "paired_difference",
-    "paper_allocations",
     "t_quantile",
 ]

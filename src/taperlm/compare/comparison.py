@@ -44,13 +44,14 @@ from taperlm.compare.grid import (
     PilotRun,
     Pilots,
     build_grid,
-    paper_allocations,
+    complete_allocations,
     parse_allocations,
     pilot_cells,
 )
 from taperlm.compare.options import (
     DEFAULT_TOKENS,
     FLAG_KEY,
+    GRID_MODES,
     MAIN_CURVE_POINTS,
     MAIN_EVAL_TOKENS,
     MAIN_LR,
@@ -61,6 +62,7 @@ from taperlm.compare.options import (
     is_main_job,
     model_preset,
     option_settings_of,
+    paper_mode,
     width_step,
 )
 from taperlm.compare.report import write_report
@@ -471,7 +473,13 @@ def allocations(opts: CompareOptions) -> list[Allocation]:
     if opts.paper and (opts.tapers or opts.taper_list):
         raise ConfigError("give either --paper MODE or --tapers/--taper, not both")
     if opts.paper:
-        return paper_allocations(opts.paper, opts.multiple_of)
+        mode = paper_mode(opts.paper)
+        if mode is None or mode.allocations is None:
+            # the modes that are one comparison's allocations (the others are studies)
+            raise ConfigError(
+                f"--paper {opts.paper!r} is unknown; choose {' or '.join(GRID_MODES)}"
+            )
+        return mode.allocations(opts.multiple_of)
     if opts.preset_size or opts.families:
         raise ConfigError(
             "--preset-size and --families belong to --paper families; for one model give "
@@ -479,8 +487,13 @@ def allocations(opts: CompareOptions) -> list[Allocation]:
         )
     if opts.tapers == ():
         raise ConfigError("--tapers is empty; give e.g. --tapers 'uniform;cosine:1.5:0.5'")
-    texts = [*(opts.tapers or ()), *opts.taper_list]
-    return parse_allocations(texts or list(DEFAULT_TAPERS), width_step(opts))
+    step = width_step(opts)
+    given = [a.at_step(step) for a in (*(opts.tapers or ()), *opts.taper_list)]
+    return (
+        complete_allocations(given, step)
+        if given
+        else parse_allocations(list(DEFAULT_TAPERS), step)
+    )
 
 
 def reported_seeds(opts: CompareOptions) -> list[int]:
@@ -549,12 +562,12 @@ def run_comparison(opts: CompareOptions) -> ComparisonReport:
     """Validate, prepare the data if needed, train and evaluate every cell (resumably) and write
     the report; returns it (its report.md and report.json: `md_path`, `json_path`). A study of several comparisons (`--paper
     families`, ...) calls this for each: `taperlm.compare.study.run_study`."""
-    for mode, per in (("families", "family"), ("scaling", "(size, tokens)")):
-        if opts.paper == mode:
-            raise ConfigError(
-                f"--paper {mode} runs one comparison per {per}: call "
-                "taperlm.compare.study.run_study (what `taperlm compare` does)"
-            )
+    mode = paper_mode(opts.paper)
+    if mode is not None and mode.one_per is not None:
+        raise ConfigError(
+            f"--paper {opts.paper} runs one comparison per {mode.one_per}: call "
+            "taperlm.compare.study.run_study (what `taperlm compare` does)"
+        )
     clock = _Clock()
     allocs, provisional = check_options(opts)
     if opts.executor == "slurm":  # a cluster that refuses the jobs: before any work

@@ -16,6 +16,7 @@ from taperlm.analysis.novelty import NoveltyResult, TokenStats
 from taperlm.analysis.plots import _figure, _save, plot_interval_series
 from taperlm.analysis.stats import relative_ppl_change as relative_change
 from taperlm.compare.grid import Grid
+from taperlm.compare.options import paper_mode
 from taperlm.compare.results import (
     CellResult,
     ComparisonSummary,
@@ -243,7 +244,7 @@ def _width_plot(grid: Grid, out_dir: Path) -> dict[str, str]:
         a.label + (f" (seed {grid.seeds[0]})" if a.needs_pilot else ""): grid.budget[a.name].widths
         for a in tapered
     }
-    heads = {a.label: grid.budget[a.name].heads for a in tapered if a.head_taper != "uniform"}
+    heads = {a.label: grid.budget[a.name].heads for a in tapered if not a.head_taper.is_uniform}
     analysis_plots.plot_width_profiles(
         profiles,
         grid.budget[uniform.name].baseline_width,
@@ -335,8 +336,10 @@ def _paper_plots(grid: Grid, summary: ComparisonSummary, out_dir: Path) -> dict[
             reference_label="paper, 440M / 30B tokens",
         )
         written["paper"] = PLOTS["paper"]
-    if grid.paper == "sweep" and rows:
-        _sweep_plot(rows, ref, out_dir / PLOTS["sweep"])
+    mode = paper_mode(grid.paper)
+    if mode is not None and mode.sweep_claims and rows:
+        specs = {a.label: a.spec for a in grid.allocations}
+        _sweep_plot(specs, rows, ref, out_dir / PLOTS["sweep"])
         written["sweep"] = PLOTS["sweep"]
     return written
 
@@ -376,13 +379,14 @@ def _kv_pareto_plot(summary: ComparisonSummary, path: Path) -> bool:
     return True
 
 
-def _sweep_plot(rows, ref: dict[str, float], path: Path) -> None:
+def _sweep_plot(specs: dict[str, TaperSpec], rows, ref: dict[str, float], path: Path) -> None:
     """The sweep as the paper draws its claims: ppl change vs uniform against the start ratio,
-    one line per schedule (ours with 95% intervals, the paper's dotted)."""
+    one line per schedule (ours with 95% intervals, the paper's dotted; `specs`: each row's
+    allocation's MLP taper, by label, as parsed)."""
     series: dict[str, list] = {}
     paper: dict[str, list] = {}
     for label, mean, lo, hi in rows:
-        spec = TaperSpec.parse(label)
+        spec = specs[label]
         series.setdefault(spec.schedule, []).append((spec.start, mean, lo, hi))
         paper.setdefault(spec.schedule, []).append((spec.start, ref[label]))
     analysis_plots.plot_interval_series(

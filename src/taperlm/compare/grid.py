@@ -35,6 +35,7 @@ size are a recipe, not a result: `taperlm.compare.comparison.PAPER_TRAIN` / `PAP
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field, fields
@@ -200,32 +201,57 @@ _PROBE_RHO = (0.0, 1.0)
 FAMILIES_TAPERS = ("uniform", "cosine:1.5:0.5")
 
 
+def uniform_heads() -> TaperSpec:
+    """A uniform head or KV taper (in steps of 1: the model applies its own step)."""
+    return TaperSpec(multiple_of=1)
+
+
 @dataclass
 class Allocation:
-    """One allocation: an MLP taper spec and a head taper, a directory-safe name and a label."""
+    """One allocation, parsed once (`parse_allocation`, where the options are read): its MLP,
+    head and KV taper specs, a directory-safe name and a label. Every consumer reads the specs;
+    `spec_string` is the text written back (report names, JSON, the reproducing command)."""
 
     name: str  # directory-safe, unique in the grid (runs/<name>-s<seed>)
     label: str  # shown in tables and legends
     spec: TaperSpec
     paper_ppl: float | None = None  # the paper's val ppl for this allocation, if it reports one
-    head_taper: str = "uniform"  # model.head_taper spec string
-    kv_taper: str = "uniform"  # model.kv_taper spec string
+    # model.head_taper / model.kv_taper, canonical (written as their `to_string()`)
+    head_taper: TaperSpec = field(default_factory=uniform_heads)
+    kv_taper: TaperSpec = field(default_factory=uniform_heads)
 
     @property
     def spec_string(self) -> str:
         """The allocation as written in --tapers (without its name)."""
         parts = [] if self.spec.is_uniform else [self.spec.to_string()]
-        parts += [f"{HEADS}{self.head_taper}"] if self.head_taper != "uniform" else []
-        parts += [f"{KV}{self.kv_taper}"] if self.kv_taper != "uniform" else []
+        parts += [] if self.head_taper.is_uniform else [f"{HEADS}{self.head_taper.to_string()}"]
+        parts += [] if self.kv_taper.is_uniform else [f"{KV}{self.kv_taper.to_string()}"]
         return "+".join(parts) or self.spec.to_string()
 
     @property
     def is_uniform(self) -> bool:
-        return self.spec.schedule == "uniform" and self.head_taper == self.kv_taper == "uniform"
+        return self.spec.is_uniform and self.tapers_no_heads
+
+    @property
+    def tapers_no_heads(self) -> bool:
+        """Whether the head and KV tapers are uniform (the paper tapers only MLP widths)."""
+        return self.head_taper.is_uniform and self.kv_taper.is_uniform
+
+    @property
+    def start_ratio(self) -> float:
+        """The MLP taper's first-layer multiplier (uniform: 1.0), a sweep's ratio axis."""
+        return 1.0 if self.spec.is_uniform else float(self.spec.start)
 
     @property
     def needs_pilot(self) -> bool:
         return self.spec.needs_pilot
+
+    def at_step(self, multiple_of: int | None) -> Allocation:
+        """This allocation with its MLP widths in steps of `multiple_of` (None: the taper's
+        default), the comparison's: the step is no part of the text it was parsed from."""
+        return dataclasses.replace(
+            self, spec=dataclasses.replace(self.spec, multiple_of=_m(multiple_of))
+        )
 
     def spec_for(self, seed: int, pilots: dict[int, list[float]] | None, n_layers: int):
         """The MLP taper of this allocation's cell of `seed`: a novelty:pilot spec gets the
@@ -335,24 +361,25 @@ def parse_allocation(text: str, multiple_of: int | None = None) -> Allocation:
     mlp_text, head_text, kv_text = _split_parts(spec_text.strip(), text)
     try:
         spec = TaperSpec.parse(mlp_text, multiple_of=multiple_of)
-        head_text, kv_text = _canonical(head_text, "heads"), _canonical(kv_text, "KV heads")
+        heads, kv = _canonical(head_text, "heads"), _canonical(kv_text, "KV heads")
     except TaperError as err:
         raise TaperError(f"--tapers {text!r}: {err}") from None
-    alloc = Allocation(name="", label="", spec=spec, head_taper=head_text, kv_taper=kv_text)
+    alloc = Allocation(name="", label="", spec=spec, head_taper=heads, kv_taper=kv)
     alloc.label = name or alloc.spec_string
     alloc.name = name or slug(alloc.spec_string)
     return alloc
 
 
-def _canonical(text: str, what: str) -> str:
-    """A head or KV spec checked for syntax and written canonically (cosine -> cosine:1.5:0.5);
-    its steps are resolved against the model later."""
+def _canonical(text: str, what: str) -> TaperSpec:
+    """A head or KV spec checked for syntax, kept canonical (written cosine:1.5:0.5 for
+    `cosine`: the copy drops the text it was parsed from); its steps are resolved against the
+    model later."""
     if text == "uniform":
-        return text
+        return uniform_heads()
     spec = TaperSpec.parse(text, multiple_of=1)
     if spec.measured:
         raise TaperError(f"novelty allocations act on MLP widths, not on {what}")
-    return spec.to_string()
+    return dataclasses.replace(spec)
 
 
 def _split_parts(spec_text: str, text: str) -> tuple[str, str, str]:
@@ -375,7 +402,15 @@ def _split_parts(spec_text: str, text: str) -> tuple[str, str, str]:
 
 def parse_allocations(texts: list[str], multiple_of: int | None = None) -> list[Allocation]:
     """Parse specs, add uniform first if absent, reject duplicates."""
-    allocs = [parse_allocation(t, multiple_of) for t in texts]
+    return complete_allocations([parse_allocation(t, multiple_of) for t in texts], multiple_of)
+
+
+def complete_allocations(
+    given: list[Allocation], multiple_of: int | None = None
+) -> list[Allocation]:
+    """The parsed allocations of a comparison: uniform added first if absent, duplicates
+    rejected, the paper's numbers attached (to copies: the options' allocations stay as given)."""
+    allocs = list(given)
     if not allocs:
         raise ConfigError("--tapers is empty; give e.g. --tapers 'uniform;cosine:1.5:0.5'")
     if not any(a.is_uniform for a in allocs):
@@ -402,31 +437,39 @@ def _m(multiple_of: int | None) -> int:
 # paper modes
 
 
-def paper_allocations(mode: str, multiple_of: int | None = None) -> list[Allocation]:
-    """The allocations of `--paper controlled` or `--paper sweep` (paper numbers attached)."""
+# The paper's grids, each the allocations of the --paper mode that trains it
+# (`taperlm.compare.options.PaperMode.allocations`), paper numbers attached.
+
+
+def controlled_allocations(multiple_of: int | None = None) -> list[Allocation]:
+    """§3's controlled experiment: uniform and three equal groups of layers."""
     m = _m(multiple_of)
-    if mode == "controlled":
-        out = []
-        for label, groups, ppl in PAPER_CONTROLLED:
-            if groups is None:
-                spec = TaperSpec(multiple_of=m)
-            else:
-                spec = TaperSpec(schedule="groups", groups=list(groups), multiple_of=m)
-            out.append(Allocation(name=label, label=label, spec=spec, paper_ppl=ppl))
-        return out
-    if mode == "sweep":
-        out = [Allocation("uniform", "uniform", TaperSpec(multiple_of=m), PAPER_UNIFORM_PPL)]
-        for sched in SWEEP_SCHEDULES:
-            for (start, end), row in PAPER_SWEEP.items():
-                spec = TaperSpec(schedule=sched, start=start, end=end, multiple_of=m)
-                if sched == "sigmoid":
-                    spec.steepness = PAPER_SIGMOID_K
-                out.append(Allocation(slug(spec), spec.to_string(), spec, row[sched]))
-        return out
-    if mode == "families":
-        return parse_allocations(list(FAMILIES_TAPERS), multiple_of)
-    # the modes that are one comparison's allocations (the others are studies of comparisons)
-    raise ConfigError(f"--paper {mode!r} is unknown; choose controlled or sweep or families")
+    out = []
+    for label, groups, ppl in PAPER_CONTROLLED:
+        if groups is None:
+            spec = TaperSpec(multiple_of=m)
+        else:
+            spec = TaperSpec(schedule="groups", groups=list(groups), multiple_of=m)
+        out.append(Allocation(name=label, label=label, spec=spec, paper_ppl=ppl))
+    return out
+
+
+def sweep_allocations(multiple_of: int | None = None) -> list[Allocation]:
+    """§4's sweep: uniform and every schedule x (start, end) pair."""
+    m = _m(multiple_of)
+    out = [Allocation("uniform", "uniform", TaperSpec(multiple_of=m), PAPER_UNIFORM_PPL)]
+    for sched in SWEEP_SCHEDULES:
+        for (start, end), row in PAPER_SWEEP.items():
+            spec = TaperSpec(schedule=sched, start=start, end=end, multiple_of=m)
+            if sched == "sigmoid":
+                spec.steepness = PAPER_SIGMOID_K
+            out.append(Allocation(slug(spec), spec.to_string(), spec, row[sched]))
+    return out
+
+
+def families_allocations(multiple_of: int | None = None) -> list[Allocation]:
+    """§6's table, per family: uniform vs cosine 1.5 -> 0.5."""
+    return parse_allocations(list(FAMILIES_TAPERS), multiple_of)
 
 
 def paper_ppl_of(spec: TaperSpec) -> float | None:
@@ -447,11 +490,10 @@ def paper_ppl_of(spec: TaperSpec) -> float | None:
 
 
 def attach_paper_numbers(allocs: list[Allocation]) -> None:
-    for a in allocs:
-        if (
-            a.paper_ppl is None and a.head_taper == a.kv_taper == "uniform"
-        ):  # the paper tapers no heads
-            a.paper_ppl = paper_ppl_of(a.spec)
+    """Each allocation the paper reports replaced by a copy with its val ppl."""
+    for i, a in enumerate(allocs):
+        if a.paper_ppl is None and a.tapers_no_heads:  # the paper tapers no heads
+            allocs[i] = dataclasses.replace(a, paper_ppl=paper_ppl_of(a.spec))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -575,8 +617,10 @@ def build_grid(
 def _allocated(model: Any, alloc: Allocation, spec: TaperSpec) -> Any:
     """A copy of the base model config with the allocation's tapers, resolved."""
     try:
-        kv = None if alloc.kv_taper == "uniform" else alloc.kv_taper
-        return copy.deepcopy(model).with_taper(spec, alloc.head_taper, kv)
+        # copies: each cell's config owns its specs
+        heads = copy.deepcopy(alloc.head_taper)
+        kv = None if alloc.kv_taper.is_uniform else copy.deepcopy(alloc.kv_taper)
+        return copy.deepcopy(model).with_taper(spec, heads, kv)
     except (TaperError, ConfigError) as err:
         raise ConfigError(
             f"allocation {alloc.label!r} does not fit the model ({model.n_layers} layers, "
@@ -587,7 +631,7 @@ def _allocated(model: Any, alloc: Allocation, spec: TaperSpec) -> Any:
 def _check_budget(alloc: Allocation, got: AllocationBudget, want: AllocationBudget) -> None:
     # A KV taper keeps the parameters; its FLOPs/token are equal too except in a family that
     # repeats K/V projections (Titans MAC, taperlm.config.budget), where they may differ by design.
-    keys = ("params",) if alloc.kv_taper != "uniform" else ("params", "flops_per_token")
+    keys = ("params", "flops_per_token") if alloc.kv_taper.is_uniform else ("params",)
     for key in keys:
         if getattr(got, key) != getattr(want, key):
             raise ConfigError(

@@ -50,6 +50,7 @@ from taperlm.analysis.stats import PairedDifference
 from taperlm.compare.comparison import COMPARE_TRAIN
 from taperlm.compare.grid import PAPER_440M, PAPER_BEST, PAPER_DIFF
 from taperlm.compare.options import (
+    CONFIRM_MODES,
     CONFIRM_SEEDS,
     DEFAULT_MIN_SEEDS,
     DEFAULT_STOP_ALPHA,
@@ -64,7 +65,8 @@ from taperlm.compare.scaling import (
     ScalingPoint,
     ScalingReport,
     ScalingSize,
-    scaling_plan,
+    sweep_plan,
+    sweep_taper,
 )
 from taperlm.compare.study import Part, StudyPlan, run_plan
 from taperlm.config.budget import total_params
@@ -88,7 +90,13 @@ TOKEN_STARTS = (*INVERSE_STARTS, *SCALING_STARTS)
 # The ratio axis contains the token axis's sweep (so its points supersede the token axis's rows
 # where both measured one, and reuse their cells) and goes past its steepest start.
 RATIO_STARTS = (*TOKEN_STARTS, 1.95, 2.0)
-MODES = ("tokens", "ratios")
+# Each long-training mode's sweep: size -> its tokens per parameter, and the starts swept (the
+# mode's own table, looked up by its name: no other module asks which mode it is).
+SWEEPS: dict[str, tuple[dict[str, tuple[float, ...]], tuple[float, ...]]] = {
+    "tokens": (TOKENS_PER_PARAM, TOKEN_STARTS),
+    "ratios": (RATIO_TOKENS_PER_PARAM, RATIO_STARTS),
+}
+MODES = tuple(SWEEPS)
 ALL_POINTS = "all"  # a trend report's mode when it reads every report's points together
 TREND_BOOT = 4000
 ADVANTAGE_PLOT = "advantage.png"
@@ -121,7 +129,7 @@ def plan_of(mode: str, sizes: tuple[str, ...] | None = None) -> ScalingPlan:
     None: both)."""
     if mode not in MODES:
         raise ConfigError(f"--paper {mode!r}: the long-training modes are {', '.join(MODES)}")
-    table = TOKENS_PER_PARAM if mode == "tokens" else RATIO_TOKENS_PER_PARAM
+    table, starts = SWEEPS[mode]
     names = list(sizes or SIZES)
     unknown = [n for n in names if n not in SIZES]
     if unknown or not names:
@@ -134,7 +142,6 @@ def plan_of(mode: str, sizes: tuple[str, ...] | None = None) -> ScalingPlan:
         budgets = tuple(budget_tokens(name, t) for t in table[name])
         out.append(ScalingSize(name, preset, tokens=budgets, multiple_of=step))
     every = sorted({t for s in out for t in s.tokens})
-    starts = TOKEN_STARTS if mode == "tokens" else RATIO_STARTS
     return ScalingPlan(sizes=out, tokens=every, starts=starts)
 
 
@@ -184,7 +191,7 @@ def longrun_plan(opts) -> StudyPlan:
     extend = LONGRUN_EXTEND if opts.lr_grid_extend is None else opts.lr_grid_extend
     # --preset-size stays: the reports' command must name the sizes run (the points drop it)
     sub = dataclasses.replace(opts, lr_grid_extend=extend)
-    return scaling_plan(
+    return sweep_plan(
         sub,
         plan,
         mode=opts.paper,
@@ -325,11 +332,11 @@ def trend_rows(points: list[ScalingPoint]) -> list[TrendRow]:
         tapers = [t for t in diffs if t != "uniform"]
         at_15 = diffs.get("cosine:1.5:0.5")
         lowest = fit.lowest
-        best_taper = next(
-            (t for t in tapers if lowest is not None and _start(t) == _ratio_key(lowest)), None
-        )
-        if best_taper is None and lowest is not None and _ratio_key(lowest) == 1.0:
-            best_taper = "uniform"  # no taper swept beats it: the best measured is the baseline
+        # the taper at the lowest start, named as the sweep writes it (uniform at 1.0: no
+        # taper swept beats it, the best measured is the baseline)
+        best_taper = None if lowest is None else sweep_taper(_ratio_key(lowest))
+        if best_taper not in (*tapers, "uniform"):
+            best_taper = None
         rows.append(
             TrendRow(
                 point=p.point,
@@ -358,10 +365,6 @@ def trend_rows(points: list[ScalingPoint]) -> list[TrendRow]:
 def _ratio_key(x: float | str) -> float:
     """A start ratio rounded as the sweep writes it (e.g. 1.95 from 1.9500000000000002)."""
     return round(float(x), 6)
-
-
-def _start(taper: str) -> float:
-    return _ratio_key(taper.split(":")[1]) if taper.startswith("cosine:") else 1.0
 
 
 def _diff(d: PairedDifference | None) -> Difference | None:
@@ -1018,7 +1021,6 @@ CONFIRM_POINTS: dict[str, ConfirmPoint] = {
     # micro-2115584 on the built-in corpus: -0.0163 [-0.0266, -0.0060]; here on code
     "confirm-code": ConfirmPoint("micro", 2.0, None, "code"),
 }
-CONFIRM_MODES = tuple(CONFIRM_POINTS)  # = options.CONFIRM_MODES (tested)
 
 # What each mode fixes, as (field, the value it must have when given, the option's flag): given
 # otherwise, the run would not be the pre-registered one, so it is refused.

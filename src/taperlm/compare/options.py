@@ -28,7 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from taperlm.compare.grid import Grid, split_taper_list
+from taperlm.compare.grid import (
+    Allocation,
+    Grid,
+    controlled_allocations,
+    families_allocations,
+    parse_allocation,
+    split_taper_list,
+    sweep_allocations,
+)
 from taperlm.config.assembly import OptionSetting, add_setting_argument
 from taperlm.errors import ConfigError
 from taperlm.evaluation.niah import parse_lengths
@@ -86,26 +94,62 @@ DEFAULT_VAL_TOKENS = 131_072  # the built-in corpus's val split has 134,528 at b
 DEFAULT_NOVELTY_TOKENS = 2048
 DEFAULT_EVAL_LIMIT = 200
 DEFAULT_THREADS = 1  # torch threads per cell (worker); cells run in parallel instead
-# Every --paper mode, in the order --help lists them: its name -> where its study lives
-# ("module:function", a function of the options returning a `StudyPlan`). The one declaration of
-# the modes: `taperlm.compare.studies` registers each study from it, importing the function by
-# name, so that this module (the options, `taperlm compare --help`) stays torch-free.
-PAPER_STUDIES: dict[str, str] = {
-    "controlled": "taperlm.compare.study:single",  # §3's grid, one comparison
-    "sweep": "taperlm.compare.study:single",  # §4's grid, one comparison
-    "families": "taperlm.compare.families:families_plan",  # §6's table: one per family
-    "scaling": "taperlm.compare.scaling:scaling_plan",  # the ratio sweep at (size, tokens) points
+
+
+@dataclass(frozen=True)
+class PaperMode:
+    """A --paper mode: where its study lives and what the rest of `taperlm compare` asks of it,
+    answered here, where the mode is declared (`PAPER_STUDIES`), so that no other module
+    compares a mode's name (tests/compare/test_compare_options.py checks)."""
+
+    # "module:function", a function of the options returning a `StudyPlan`, imported by name
+    # (`taperlm.compare.study.studies`) so that this module (`taperlm compare --help`) stays
+    # torch-free
+    study: str
+    # the paper's allocations its one comparison trains (`taperlm.compare.grid`), given the
+    # width step; None: it has no grid of its own
+    allocations: Callable[[int | None], list[Allocation]] | None = None
+    # a study of several comparisons, each its own `run_comparison`: what it runs one per
+    # (None: not such a study, or one that hands its comparisons their own options)
+    one_per: str | None = None
+    sweep_claims: bool = False  # §4's claims checked on its grid (sweep_claims, sweep.png)
+    confirm: bool = False  # a pre-registered confirmatory comparison (CONFIRM_SEEDS seeds)
+
+
+# Every --paper mode, in the order --help lists them: its name -> the mode. The one declaration
+# of the modes (`taperlm.compare.study.studies` registers each study from it).
+_LONGRUN, _CONFIRM = "taperlm.compare.longrun:longrun_plan", "taperlm.compare.longrun:confirm_plan"
+PAPER_STUDIES: dict[str, PaperMode] = {
+    # §3's grid, one comparison
+    "controlled": PaperMode("taperlm.compare.study:single", controlled_allocations),
+    # §4's grid, one comparison
+    "sweep": PaperMode("taperlm.compare.study:single", sweep_allocations, sweep_claims=True),
+    # §6's table: one comparison per family
+    "families": PaperMode(
+        "taperlm.compare.families:families_plan", families_allocations, one_per="family"
+    ),
+    # the ratio sweep at (size, tokens) points
+    "scaling": PaperMode("taperlm.compare.scaling:scaling_plan", one_per="(size, tokens)"),
     # that sweep (and below uniform: inverse tapers) over tokens per parameter
-    "tokens": "taperlm.compare.longrun:longrun_plan",
-    "ratios": "taperlm.compare.longrun:longrun_plan",  # that sweep past 1.9 -> 0.1 and below 1
+    "tokens": PaperMode(_LONGRUN),
+    "ratios": PaperMode(_LONGRUN),  # that sweep past 1.9 -> 0.1 and below 1
     # the pre-registered check of the widening lead: micro 10 (built-in) and micro 2 (code)
-    "confirm": "taperlm.compare.longrun:confirm_plan",
-    "confirm-code": "taperlm.compare.longrun:confirm_plan",
+    "confirm": PaperMode(_CONFIRM, confirm=True),
+    "confirm-code": PaperMode(_CONFIRM, confirm=True),
 }
 # --paper confirm / confirm-code: the pre-registered seed cap (taperlm.compare.longrun)
 CONFIRM_SEEDS = 15
-CONFIRM_MODES = ("confirm", "confirm-code")
+CONFIRM_MODES = tuple(name for name, mode in PAPER_STUDIES.items() if mode.confirm)
 PAPER_MODES = tuple(PAPER_STUDIES)  # --paper's choices
+# the modes whose one comparison trains a grid of the paper's (the others are studies)
+GRID_MODES = tuple(name for name, mode in PAPER_STUDIES.items() if mode.allocations)
+
+
+def paper_mode(name: str | None) -> PaperMode | None:
+    """The --paper mode `name` declares (None: no --paper, or a study registered elsewhere)."""
+    return None if name is None else PAPER_STUDIES.get(name)
+
+
 # --paper families: the families compared (taperlm.compare.families)
 DEFAULT_FAMILIES = ("transformer", "gated", "hope", "titans-mag")
 # Sequential seeds (taperlm.compare.sequential; docs/compare.md, "Stopping when decided"): the
@@ -206,11 +250,17 @@ def _float_text(x: float) -> str:
     return short if float(short) == x else repr(x)
 
 
-def parse_tapers(text: str) -> tuple[str, ...]:
-    """--tapers: its allocation specs, split as `taperlm.compare.grid.split_taper_list` says
-    (each is parsed into an allocation by `taperlm.compare.comparison.allocations`, at the width step
-    the model's options give)."""
-    return tuple(split_taper_list(text))
+def parse_tapers(text: str) -> tuple[Allocation, ...]:
+    """--tapers: its allocations, split as `taperlm.compare.grid.split_taper_list` says, each
+    parsed once into its specs (`parse_allocations`)."""
+    return parse_allocations(split_taper_list(text))
+
+
+def parse_allocations(specs: Iterable[str | Allocation]) -> tuple[Allocation, ...]:
+    """Allocations from specs given as text (the command line, a study's own list) or parsed
+    already (kept as they are): an allocation stays its parsed specs from here on. The width
+    step is the comparison's (`taperlm.compare.comparison.allocations` applies it)."""
+    return tuple(a if isinstance(a, Allocation) else parse_allocation(a.strip()) for a in specs)
 
 
 def parse_preset_sizes(text: str) -> tuple[str, ...] | None:
@@ -311,11 +361,10 @@ class CompareOptions:
     config: Path | None = None
     multiple_of: int | None = None
     overrides: list[str] = field(default_factory=list)
-    # --tapers: its allocation specs in order (parse_tapers; None: not given, () given empty);
-    # specs, not allocations: their widths depend on --multiple-of and the model, which a
-    # study's comparisons change (dataclasses.replace), so job.allocations parses them per
-    # comparison
-    tapers: tuple[str, ...] | None = option(
+    # --tapers: its allocations in order, each parsed once into its specs (parse_tapers; None:
+    # not given, () given empty); their width step is the comparison's (--multiple-of, the
+    # model's), which a study's comparisons change (dataclasses.replace): applied there
+    tapers: tuple[Allocation, ...] | None = option(
         "--tapers",
         "allocations to compare, e.g. 'uniform;cosine:1.5:0.5;groups:1.5,1.0,0.5' "
         "(separate with ';', or with ',' when no spec holds commas; NAME=SPEC names one; "
@@ -324,7 +373,7 @@ class CompareOptions:
         "novelty:pilot[:STRENGTH] takes widths from a short uniform pilot run "
         "of each seed [default: uniform;cosine:1.5:0.5]",
     )
-    taper_list: tuple[str, ...] = option(  # one allocation spec each, stripped, after --tapers'
+    taper_list: tuple[Allocation, ...] = option(  # one allocation each, after --tapers'
         "--taper",
         "one allocation (repeatable; alternative to --tapers)",
         default=[],
@@ -596,8 +645,8 @@ class CompareOptions:
         # the options given as text (the command line; the Python API may give either), each
         # parsed once, here: a bad value fails before any work, naming its option
         self.stop = _typed(self.stop, Stop.parse)
-        self.tapers = _typed(self.tapers, parse_tapers)
-        self.taper_list = tuple(t.strip() for t in _typed(self.taper_list, lambda t: (t,)))
+        self.tapers = self.tapers if self.tapers is None else _allocations(self.tapers)
+        self.taper_list = _allocations(_typed(self.taper_list, lambda t: (t,)))
         self.preset_size = _typed(self.preset_size, parse_preset_sizes)
         self.families = _typed(self.families, list_items)
         self.eval_tasks = _typed(self.eval_tasks, list_items)
@@ -613,6 +662,16 @@ class CompareOptions:
                 if is_main_job(self)
                 else MODEL_SEEDS
             )
+
+
+def _allocations(value: str | Iterable[str | Allocation]) -> tuple[Allocation, ...]:
+    """--tapers' (or --taper's) allocations: text parsed (`parse_tapers`), typed kept (the same
+    tuple when every item is parsed already: a `dataclasses.replace` parses nothing again)."""
+    if isinstance(value, str):
+        return parse_tapers(value)
+    if isinstance(value, tuple) and all(isinstance(a, Allocation) for a in value):
+        return value
+    return parse_allocations(value)
 
 
 def is_main_job(opts: CompareOptions) -> bool:

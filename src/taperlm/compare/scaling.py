@@ -43,7 +43,6 @@ from taperlm.compare.study import Part, StudyPlan, StudyProgress, run_plan
 from taperlm.config.presets import PAPER_SHAPES, SMALL_SHAPES
 from taperlm.errors import ConfigError
 from taperlm.files.io import atomic_write_text
-from taperlm.spec.taper import TaperSpec
 
 # Start ratios of the cosine sweep (end = 2 - start); 1.0 is uniform.
 SCALING_STARTS = (1.25, 1.5, 1.75, 1.9)
@@ -292,15 +291,13 @@ def tapers(starts: tuple[float, ...]) -> str:
     """The sweep's --tapers list, in order of start ratio with uniform at 1.0 (first unless
     inverse tapers are swept): `--stop-on best` weighs the best against its neighbours in this
     list, which must be its neighbours on the ratio axis."""
-    specs = [(1.0, "uniform"), *((s, f"cosine:{s:g}:{2 - s:g}") for s in starts)]
-    return ";".join(text for _, text in sorted(specs))
+    return ";".join(sweep_taper(s) for s in sorted([1.0, *starts]))
 
 
-def start_of(taper: str) -> float:
-    """The start ratio of a sweep allocation (uniform: 1.0)."""
-    if taper == "uniform":
-        return 1.0
-    return float(TaperSpec.parse(taper).start)
+def sweep_taper(start: float) -> str:
+    """The sweep's allocation at `start` as it is written (--tapers, the scaling report's
+    `diffs` keys): cosine from `start` to 2 - start, uniform at 1.0."""
+    return "uniform" if start == 1.0 else f"cosine:{start:g}:{2 - start:g}"
 
 
 def point_options(opts, plan: ScalingPlan) -> list[tuple[str, ScalingSize, int, Any]]:
@@ -355,19 +352,22 @@ def point_options(opts, plan: ScalingPlan) -> list[tuple[str, ScalingSize, int, 
     return out
 
 
-def scaling_plan(
+def scaling_plan(opts, plan: ScalingPlan | None = None) -> StudyPlan:
+    """The scaling study (`--paper scaling`): every point of `plan` (None: `DEFAULT_PLAN`) at
+    the sizes of --preset-size, if given (`plan_for`), as `sweep_plan` runs them."""
+    return sweep_plan(opts, plan_for(opts, plan or DEFAULT_PLAN))
+
+
+def sweep_plan(
     opts,
-    plan: ScalingPlan | None = None,
+    plan: ScalingPlan,
     mode: str = "scaling",
     on_report: Callable[[ScalingReport, Path], None] | None = None,
 ) -> StudyPlan:
-    """The scaling study: every point of `plan` (None: `DEFAULT_PLAN`, or the sizes of
-    --preset-size) one after the other, the scaling report rewritten after each (then
-    `on_report(report, folder)`: a mode that builds on this one, `taperlm.compare.longrun`, adds
-    its own report from the points in memory)."""
-    if mode == "scaling":
-        plan = plan_for(opts, plan or DEFAULT_PLAN)
-    points = point_options(opts, plan or DEFAULT_PLAN)
+    """A ratio sweep: every point of `plan` one after the other, the scaling report (of the
+    --paper `mode`) rewritten after each (then `on_report(report, folder)`: a mode that builds on
+    this one, `taperlm.compare.longrun`, adds its own report from the points in memory)."""
+    points = point_options(opts, plan)
 
     def report(done: StudyProgress) -> tuple[Path, Path]:
         meta = ScalingMeta(
@@ -474,11 +474,14 @@ def fit_best_ratio(
     )
 
 
-def point_losses(report: ComparisonReport) -> dict[int, dict[float, float]]:
-    """{seed: {start: val loss}} from one point's report."""
+def point_losses(
+    report: ComparisonReport, starts: dict[str, float]
+) -> dict[int, dict[float, float]]:
+    """{seed: {start: val loss}} from one point's report (`starts`: allocation name -> its
+    start ratio, from the point's parsed allocations)."""
     out: dict[int, dict[float, float]] = {}
     for a in report.summary.allocations:
-        start = start_of(a.taper)
+        start = starts[a.name]
         for seed, run in a.per_seed.items():
             out.setdefault(int(seed), {})[start] = run.val_loss
     return out
@@ -493,14 +496,14 @@ def write_scaling_report(
 ) -> ScalingReport:
     """report.json, report.md and scaling.png of the points done (`reports`) in `out`."""
     rows = []
-    for key, size, _, _ in points:
+    for key, size, _, sub in points:
         report = reports.get(key)
         if report is None:
             continue
         params = report.summary.allocations[0].params
         tokens = report.meta.settings.tokens  # rounded up to whole steps
         tuning = report.summary.lr_tuning
-        fit = fit_best_ratio(point_losses(report))
+        fit = fit_best_ratio(point_losses(report, {a.name: a.start_ratio for a in sub.tapers}))
         rows.append(
             ScalingPoint(
                 point=key,

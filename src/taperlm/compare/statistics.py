@@ -82,7 +82,13 @@ import numpy as np
 
 from taperlm.analysis import stats
 from taperlm.compare.grid import PAPER_BEST_SWEEP_RATIO, PAPER_SWEEP, SWEEP_SCHEDULES, Grid
-from taperlm.compare.options import EQUIVALENCE_KINDS, STOP_QUESTIONS, Stop, StopKind
+from taperlm.compare.options import (
+    EQUIVALENCE_KINDS,
+    STOP_QUESTIONS,
+    Stop,
+    StopKind,
+    paper_mode,
+)
 from taperlm.compare.results import (
     AllocationCurve,
     AllocationSummary,
@@ -110,7 +116,6 @@ from taperlm.compare.results import (
 )
 from taperlm.errors import ConfigError
 from taperlm.evaluation.suite import at_chance, chance_columns, paper_columns
-from taperlm.spec.taper import TaperSpec
 
 
 def _loss(r: CellResult) -> float:
@@ -165,7 +170,7 @@ def summarize(grid: Grid, results: dict[str, CellResult]) -> ComparisonSummary:
         run_times=times,
         execution=execution(grid, results),
         checks=_checks(grid, results),
-        paper_comparison=_paper_comparison(allocations, grid.paper),
+        paper_comparison=_paper_comparison(allocations, grid),
     )
 
 
@@ -342,9 +347,7 @@ def _checks(grid: Grid, results: dict[str, CellResult]) -> DesignChecks:
     )
 
 
-def _paper_comparison(
-    allocations: list[AllocationSummary], mode: str | None
-) -> PaperComparison | None:
+def _paper_comparison(allocations: list[AllocationSummary], grid: Grid) -> PaperComparison | None:
     have = [a for a in allocations if a.paper_ppl is not None and a.val_ppl.mean is not None]
     if len(have) < 2:
         return None
@@ -359,15 +362,22 @@ def _paper_comparison(
         pairwise=stats.pairwise_agreement(ours, ref),
         best_ours=min(names, key=lambda n: ours[n]),
         best_paper=min(names, key=lambda n: ref[n]),
-        sweep_claims=_sweep_claims(have) if mode == "sweep" else None,
+        sweep_claims=_sweep_claims(have, grid) if _sweep_mode(grid) else None,
     )
 
 
-def _sweep_claims(have: list[AllocationSummary]) -> SweepClaims:
-    """The paper's §4 claims checked on our numbers."""
+def _sweep_mode(grid: Grid) -> bool:
+    """Whether `grid` is a --paper mode's whose claims are §4's (the sweep)."""
+    mode = paper_mode(grid.paper)
+    return mode is not None and mode.sweep_claims
+
+
+def _sweep_claims(have: list[AllocationSummary], grid: Grid) -> SweepClaims:
+    """The paper's §4 claims checked on our numbers (each allocation's specs, as parsed)."""
+    specs = {a.name: a.spec for a in grid.allocations}
     table: dict[tuple[float, float], dict[str, float]] = {}
     for a in have:
-        spec = TaperSpec.parse(a.taper)
+        spec = specs[a.name]
         if spec.schedule in SWEEP_SCHEDULES:
             table.setdefault((spec.start, spec.end), {})[spec.schedule] = a.val_ppl.mean
     per_ratio = {}

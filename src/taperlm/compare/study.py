@@ -93,7 +93,7 @@ Study = Callable[[CompareOptions], StudyPlan]
 
 def single(opts: CompareOptions) -> StudyPlan:
     """The study of one comparison, the options as given (its allocations: --tapers, or the
-    --paper grid's, `taperlm.compare.grid.paper_allocations`)."""
+    --paper grid's, `taperlm.compare.options.PaperMode.allocations`)."""
     return StudyPlan([Part("", opts)], mode=opts.paper or COMPARISON)
 
 
@@ -141,7 +141,7 @@ def studies() -> dict[str, Study]:
     """name -> study: the plain comparison, the --paper modes in the order --help lists them,
     then any registered with `@study`. Resolved when asked, not at import: the multi-part
     studies' modules import this one."""
-    declared = {name: _study_at(ref) for name, ref in PAPER_STUDIES.items()}
+    declared = {name: _study_at(mode.study) for name, mode in PAPER_STUDIES.items()}
     return {COMPARISON: single, **declared, **REGISTERED}
 
 
