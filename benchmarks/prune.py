@@ -42,8 +42,9 @@ from kv_decode import decode
 from outputs import claim_folder, folder_problem, output_file, save_figure, write_output
 from taperlm.analysis.stats import paired_difference, summary
 from taperlm.checkpoint.loading import load_run_model
-from taperlm.compare.comparison import base_config, default_corpus_dir
+from taperlm.compare.comparison import default_corpus_dir
 from taperlm.compare.options import CompareOptions
+from taperlm.compare.recipe import base_config
 from taperlm.compress import prune as P
 from taperlm.compress.importance import DEFAULT_SCORE, SCORES
 from taperlm.config import RunConfig

@@ -1087,8 +1087,8 @@ def test_paper_families_bad_input(data_dir, tmp_path, extra, message):
 
 
 def test_paper_sizes_train_with_the_paper_recipe(tmp_path):
-    from taperlm.compare.comparison import base_config
     from taperlm.compare.options import CompareOptions
+    from taperlm.compare.recipe import base_config
 
     cfg = base_config(CompareOptions(out=tmp_path, preset="gated-760m"), None, None)
     t = cfg.train
@@ -1128,8 +1128,8 @@ def test_default_seeds_depend_on_the_mode(tmp_path):
 def test_cpu_recipe_model_settings_apply_to_small_presets_only(tmp_path):
     """compare's init_std is part of its CPU recipe: every small preset of every family gets
     it; a config file's model section, --set and the paper's sizes keep their own."""
-    from taperlm.compare.comparison import COMPARE_MODEL, base_config
     from taperlm.compare.options import CompareOptions
+    from taperlm.compare.recipe import COMPARE_MODEL, base_config
     from taperlm.config.presets import preset_families
 
     init = COMPARE_MODEL.init_std

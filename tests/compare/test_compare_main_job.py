@@ -13,7 +13,7 @@ import pytest
 
 from taperlm.cli import build_parser
 from taperlm.compare import comparison
-from taperlm.compare.comparison import COMPARE_TRAIN, base_config, corpus_tokenizer
+from taperlm.compare.comparison import corpus_tokenizer
 from taperlm.compare.grid import build_grid
 from taperlm.compare.options import (
     DEFAULT_PRESET,
@@ -28,6 +28,7 @@ from taperlm.compare.options import (
     canonical_command,
     options_from,
 )
+from taperlm.compare.recipe import COMPARE_TRAIN, base_config
 from taperlm.config import to_dict
 from taperlm.config.budget import total_params
 from taperlm.config.loading import run_config_from_dict

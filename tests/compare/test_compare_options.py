@@ -287,7 +287,8 @@ def test_data_and_its_set_twin_name_one_folder_for_cells_vocabulary_and_evaluati
     vocabulary and the evaluation read that one folder: checked on the options path, without
     training (check_options, data_dir_of, base_config)."""
     from taperlm.cli import main as cli_main
-    from taperlm.compare.comparison import base_config, check_options, data_dir_of
+    from taperlm.compare.comparison import check_options, data_dir_of
+    from taperlm.compare.recipe import base_config
     from taperlm.data.datadir import load_meta
 
     x, y = _prepared(tmp_path / "x", "bpe:300"), _prepared(tmp_path / "y", "bpe:280")
@@ -325,7 +326,7 @@ def test_data_and_its_set_twin_name_one_folder_for_cells_vocabulary_and_evaluati
 
 def test_a_comparison_records_its_named_recipe(tmp_path):
     """compare's training recipes are named layers of the one assembly, next to presets."""
-    from taperlm.compare.comparison import compare_recipe
+    from taperlm.compare.recipe import compare_recipe
 
     assert compare_recipe(CompareOptions(out=OUT), "transformer").name == "compare-main"
     micro = CompareOptions(out=OUT, preset="transformer-micro")
@@ -340,8 +341,9 @@ def test_a_comparison_records_its_named_recipe(tmp_path):
 ALLOCATION_PARTS = ("cosine:1.375:0.625", "cosine:1.25:0.75", "cosine:1.0:0.25")
 
 
-@pytest.mark.unit
-def test_an_allocation_is_parsed_once_and_stays_its_specs(monkeypatch):
+def test_an_allocation_is_parsed_once_and_stays_its_specs(  # not unit: check_options imports torch
+    monkeypatch,
+):
     """Each part of an allocation (MLP, head and KV taper) is parsed once, where the options
     are made; checking the options, building the grid (its cells' model configs), writing the
     reproducing command and reading the options again parse none of them again: every

@@ -319,8 +319,8 @@ def test_logger_and_taperlm_set_apply_in_one_order_in_train_and_compare(tmp_path
     --set of train.loggers must agree with it in both."""
     from taperlm.cli import build_parser
     from taperlm.commands.train import _resolve_config
-    from taperlm.compare.comparison import base_config
     from taperlm.compare.options import CompareOptions
+    from taperlm.compare.recipe import base_config
 
     monkeypatch.setenv("TAPERLM_SET", "train.loggers=[wandb]")
     argv = ["train", "--preset", "transformer-tiny", "--logger", "tensorboard", "--out",

@@ -363,8 +363,8 @@ def test_other_family_options_are_an_error_on_every_path(
     """`--set model.gated.gate=headwise` on a Transformer++ was dropped without a word unless a
     config file was involved: the same error on --set, $TAPERLM_SET, a config file and
     compare's base config."""
-    from taperlm.compare.comparison import base_config
     from taperlm.compare.options import CompareOptions
+    from taperlm.compare.recipe import base_config
     from taperlm.config.presets import preset_names
 
     preset = next(p for p in preset_names() if "tiny" in p and get_preset(p).family == fam)

@@ -346,8 +346,8 @@ def test_logger_option_and_field(data_dir):
 
 
 def test_compare_puts_its_runs_in_one_group(tmp_path):
-    from taperlm.compare.comparison import base_config
     from taperlm.compare.options import CompareOptions
+    from taperlm.compare.recipe import base_config
 
     def group(out: Path, *sets: str, loggers=("wandb",)) -> tuple[list[str], str]:
         opts = CompareOptions(out=out, preset="transformer-tiny", overrides=list(sets))

@@ -597,8 +597,8 @@ def test_tokens_round_up_to_whole_steps(data_dir, tmp_path, capsys):
     assert_naming(err, "train.tokens 640", "train.batch_tokens 256", "3 steps", "768 tokens")
     assert tiny_config(data_dir, "train.tokens=768").train.rounding_note() is None
     # compare rounds once, for every cell, and says so once
-    from taperlm.compare.comparison import base_config
     from taperlm.compare.options import CompareOptions
+    from taperlm.compare.recipe import base_config
 
     notes: list[str] = []
     opts = CompareOptions(out=tmp_path / "c", tokens=40960, overrides=["train.batch_tokens=16384"])

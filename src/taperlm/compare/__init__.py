@@ -9,8 +9,9 @@ comparison meets them:
 
 - `options`: every option, declared once, and the command line written back (torch-free, for
   --help); `grid`: allocations, cells, budgets, the paper's grids and reference numbers;
-- `comparison`: one comparison top to bottom (`run_comparison`): the checks, the base config and
-  the precedence of settings, the data and evaluation settings, the pilots, the grid, its report;
+- `recipe`: the training recipe and the base config every cell starts from, with the precedence
+  of settings (torch-free); `comparison`: one comparison top to bottom (`run_comparison`): the
+  checks, the data and evaluation settings, the pilots, the grid, its report;
 - `cell`: one cell to done (train or resume, evaluate, measure, result.json); `execute`: a grid's
   cells `--jobs` at a time, the progress display, the sequential stop's seeds; `workers`: the
   worker processes and process groups (torch-free at import); `slurm`: each cell a Slurm job;

@@ -11,7 +11,7 @@ beside ours (`write_family_report`).
 
 `--set` keys of a family's own section (`model.titans.window=32`, `hope.levels=2`) apply to that
 family only; every other key applies to all. At the paper's sizes (`--preset-size 760m`) the
-cells train with the paper's recipe (`taperlm.compare.comparison.PAPER_TRAIN`).
+cells train with the paper's recipe (`taperlm.compare.recipe.PAPER_TRAIN`).
 
 Titans: the paper does not say which variant it tapered; the default is MAG (why: docs/compare.md);
 `--families transformer,titans-mac,titans-mal` runs others.

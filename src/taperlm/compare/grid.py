@@ -30,7 +30,7 @@ are data here too (docs/compare.md says where each comes from): §3's controlled
 `PAPER_CONTROLLED`, `PAPER_SWEEP`, `PAPER_UNIFORM_PPL`, and the sweep's claims); §6's family table
 (760M, 50B tokens: `PAPER_760M`); the 440M point the scaling and long-training studies
 extrapolate to (`PAPER_440M`, `PAPER_POINT`). The paper's training recipe and token budgets per
-size are a recipe, not a result: `taperlm.compare.comparison.PAPER_TRAIN` / `PAPER_TOKENS`."""
+size are a recipe, not a result: `taperlm.compare.recipe.PAPER_TRAIN` / `PAPER_TOKENS`."""
 
 from __future__ import annotations
 

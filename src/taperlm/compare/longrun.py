@@ -47,7 +47,6 @@ import numpy as np
 
 from taperlm.analysis.plots import _figure, _save
 from taperlm.analysis.stats import PairedDifference
-from taperlm.compare.comparison import COMPARE_TRAIN
 from taperlm.compare.grid import PAPER_440M, PAPER_BEST, PAPER_DIFF
 from taperlm.compare.options import (
     CONFIRM_MODES,
@@ -57,6 +56,7 @@ from taperlm.compare.options import (
     CompareOptions,
     list_text,
 )
+from taperlm.compare.recipe import COMPARE_TRAIN
 from taperlm.compare.report import md_table
 from taperlm.compare.results import read_record, write_record
 from taperlm.compare.scaling import (

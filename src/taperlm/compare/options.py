@@ -11,7 +11,7 @@ The model options (--preset, --config, --multiple-of, --set) and --logger are th
 `taperlm.commands.common`; their fields carry no flag here. An option that sets a config key
 (--tokens: train.tokens, --data: data.dir) names it (`option(..., key=...)`): it is declared
 with `taperlm.config.assembly.add_setting_argument`, like every command's, and is a layer of the base
-config's assembly (`taperlm.compare.comparison.base_config`).
+config's assembly (`taperlm.compare.recipe.base_config`).
 
 The command line written back: `canonical_command` is the command that reproduces a comparison,
 every choice explicit (report.json's `command`); `run_arguments` are its run arguments, which

@@ -34,9 +34,9 @@ import numpy as np
 
 from taperlm.analysis.plots import _figure, _save
 from taperlm.analysis.stats import PairedDifference
-from taperlm.compare.comparison import PAPER_TOKENS
 from taperlm.compare.grid import PAPER_POINT
 from taperlm.compare.options import list_text, run_arguments
+from taperlm.compare.recipe import PAPER_TOKENS
 from taperlm.compare.report import diff_ci, md_table, produced_by
 from taperlm.compare.results import REPORT_FILE, ComparisonReport, LrTuning, write_record
 from taperlm.compare.study import Part, StudyPlan, StudyProgress, run_plan
