@@ -175,7 +175,7 @@ def test_grid_runs_end_to_end(finished):
     assert "taperlm compare --preset transformer-tiny" in md
     assert "![widths](widths.png)" in md and "## Novelty" in md
     # the difference against tokens seen: report.json's curve, the verdict leading report.md
-    from taperlm.compare.figures import CROSSING_PLOT as PLOT_FILE
+    from taperlm.compare.report import CROSSING_PLOT as PLOT_FILE
     from taperlm.compare.results import LossVsTokens
 
     vs_tokens = LossVsTokens.from_json(rep["loss_vs_tokens"])
@@ -1187,7 +1187,7 @@ def test_paper_mode_plots_ours_beside_the_paper(data_dir, tmp_path):
     assert (out / "paper.png").stat().st_size > 0 and "![against the paper](paper.png)" in md
     assert "sweep.png" not in md  # the sweep's own plot only in the sweep
     # the sweep plot: one line per schedule against the start ratio, the paper's dotted
-    from taperlm.compare.figures import _sweep_plot
+    from taperlm.compare.report import _sweep_plot
 
     rows = [("cosine:1.5:0.5", -1.0, -2.0, 0.0), ("cosine:1.25:0.75", -0.5, None, None)]
     rows += [("sigmoid:1.5:0.5:10.0", 0.5, 0.0, 1.0)]

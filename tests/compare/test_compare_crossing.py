@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from taperlm.analysis import stats
-from taperlm.compare import figures, report, results, statistics
+from taperlm.compare import report, results, statistics
 
 TOKENS = [1000, 2000, 4000, 8000, 16000]
 
@@ -189,8 +189,8 @@ def test_report_lines_lead_with_the_verdict_and_say_worse_plainly(tmp_path):
     assert section[0] == "## Difference against tokens seen"
     rows = [ln for ln in section if ln.startswith("| ") and "tokens/param" not in ln]
     assert rows[0].startswith("| 1,000 |") and rows[-1].startswith("| 16,000 |")
-    assert figures.crossing_plot(data, tmp_path / figures.CROSSING_PLOT)
-    assert (tmp_path / figures.CROSSING_PLOT).stat().st_size > 0
+    assert report.crossing_plot(data, tmp_path / report.CROSSING_PLOT)
+    assert (tmp_path / report.CROSSING_PLOT).stat().st_size > 0
 
 
 def test_table_rows_spread_in_log_tokens():

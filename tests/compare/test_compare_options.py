@@ -379,7 +379,7 @@ def test_an_allocation_is_parsed_once_and_stays_its_specs(  # not unit: check_op
 
 
 # The modules of the report path, which read an allocation's specs and never parse its text.
-REPORT_PATH = ("report", "figures", "statistics", "results", "scaling", "longrun", "families")
+REPORT_PATH = ("report", "statistics", "results", "scaling", "longrun", "families")
 # What parses a taper's text: the spec parser and everything built on it.
 TAPER_PARSERS = {
     "TaperSpec.parse",

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import raises_naming
-from taperlm.compare import figures, tuning
+from taperlm.compare import report, tuning
 from taperlm.compare.options import CompareOptions, parse_lr_grid
 from taperlm.errors import ConfigError
 from test_compare import ALLOCS, TINY, _cli, data_dir  # noqa: F401 (fixture)
@@ -75,7 +75,7 @@ def test_report_shows_curves_both_differences_and_cost(tuned):
     md = (out / "report.md").read_text()
     assert "## Learning rate tuning" in md
     assert "Δ loss vs uniform, own lrs" in md and "Extra cost of tuning" in md
-    assert (out / figures.LR_PLOT).is_file() and figures.LR_PLOT in md
+    assert (out / report.LR_PLOT).is_file() and report.LR_PLOT in md
     late = next(r for r in rep["lr_tuning"]["tuned"] if r["name"] == "late")
     assert late["tuned_diff"]["n"] == 2 and late["shared_diff"]["n"] == 2
     cost = rep["lr_tuning"]["cost"]

@@ -403,7 +403,7 @@ def test_compare_draws_the_kv_pareto_plot_only_with_kv_tapers(tmp_path):
     from types import SimpleNamespace
 
     from taperlm.analysis.stats import paired_difference
-    from taperlm.compare.figures import _kv_pareto_plot
+    from taperlm.compare.report import _kv_pareto_plot
     from taperlm.compare.results import DiffVsUniform
 
     def entry(label, kv_bytes, diff):
@@ -427,8 +427,7 @@ def test_compare_draws_the_kv_pareto_plot_only_with_kv_tapers(tmp_path):
 
 def test_every_compare_plot_has_a_caption_in_the_report():
     """report.md lists every PNG compare can write (kv_pareto included) with its caption."""
-    from taperlm.compare.figures import PLOTS
-    from taperlm.compare.report import _plots_section
+    from taperlm.compare.report import PLOTS, _plots_section
 
     settings = SimpleNamespace(eval_tokens=4096, val_tokens=131072)  # what the captions read
     lines = _plots_section(dict(PLOTS), settings)

@@ -20,7 +20,7 @@ comparison meets them:
   `LrTuning`, `ComparisonReport` with its `ReportMeta`) and the JSON it is stored as, the one
   place compare's JSON files are read and written; `statistics`: the numbers from
   the cells (summaries and paired differences, the difference against tokens and its crossing,
-  the sequential rule); `report`: report.md; `figures`: the PNGs;
+  the sequential rule); `report`: report.md and the PNGs;
 - `study`: what a study is, the registry of modes, the skeleton, --dry-run; one module per
   multi-part study: `families`, `scaling`, `longrun` (also `--paper confirm`).
 """

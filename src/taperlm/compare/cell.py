@@ -70,6 +70,7 @@ from taperlm.training.metrics import read_metrics
 if TYPE_CHECKING:
     from taperlm.training.loop import StepHook
 
+
 SESSIONS_FILE = "sessions.jsonl"  # one line per training/evaluation session of a cell
 
 

@@ -30,7 +30,6 @@ import torch
 from taperlm import __version__
 from taperlm.compare.cell import EvalSettings, SharedInputs
 from taperlm.compare.execute import PendingCells, choose_jobs, train_cells, train_reported
-from taperlm.compare.figures import with_stopping_plot, with_tuning_plot
 from taperlm.compare.grid import (
     DEFAULT_TAPERS,
     Allocation,
@@ -53,7 +52,7 @@ from taperlm.compare.options import (
     width_step,
 )
 from taperlm.compare.recipe import base_config
-from taperlm.compare.report import write_report
+from taperlm.compare.report import with_stopping_plot, with_tuning_plot, write_report
 from taperlm.compare.results import (
     ComparisonReport,
     LrTuning,

@@ -9,8 +9,7 @@ so each applies only where the user chose nothing: recipe < the config file < `-
 `--data`, `--logger` < `--set` < $TAPERLM_SET. Which keys the user gave is read from the
 assembly's record (`Assembly.given`). The data every cell trains on, the vocabulary and the
 evaluation all come from the one assembled `data.dir`
-(`taperlm.compare.comparison.data_dir_of`).
-"""
+(`taperlm.compare.comparison.data_dir_of`)."""
 
 from __future__ import annotations
 

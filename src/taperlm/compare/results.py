@@ -10,7 +10,7 @@ read and written here only: `read_record`, `write_record`, `read_lines`, `append
 `CellResult.read` and `ComparisonReport.write` (tests/repo/test_compare_json_edge.py holds every
 other module of taperlm.compare to them). The code that computes the records is
 `taperlm.compare.statistics` (and `taperlm.compare.cell` for a cell), the code that renders them
-`taperlm.compare.report` and `taperlm.compare.figures`."""
+`taperlm.compare.report`."""
 
 from __future__ import annotations
 

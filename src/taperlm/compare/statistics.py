@@ -82,13 +82,7 @@ import numpy as np
 
 from taperlm.analysis import stats
 from taperlm.compare.grid import PAPER_BEST_SWEEP_RATIO, PAPER_SWEEP, SWEEP_SCHEDULES, Grid
-from taperlm.compare.options import (
-    EQUIVALENCE_KINDS,
-    STOP_QUESTIONS,
-    Stop,
-    StopKind,
-    paper_mode,
-)
+from taperlm.compare.options import EQUIVALENCE_KINDS, STOP_QUESTIONS, Stop, StopKind, paper_mode
 from taperlm.compare.results import (
     AllocationCurve,
     AllocationSummary,
