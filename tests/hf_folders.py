@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from taperlm.config import ModelConfig
-from taperlm.hf import llama
+from taperlm.hf import llama, llama_tensors
 
 VOCAB = 320  # the harness tokenizer's 300 ids, padded
 
@@ -35,7 +35,7 @@ def make_llama_folder(
     gen = torch.Generator().manual_seed(seed)
     tensors = {
         name: torch.randn(shape, generator=gen) * 0.1
-        for name, shape in llama._hf_names(cfg).items()
+        for name, shape in llama_tensors.names(cfg, "hf").items()
     }
     if shards:
         names = sorted(tensors)

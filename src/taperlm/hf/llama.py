@@ -36,6 +36,7 @@ from taperlm.config import ModelConfig
 from taperlm.config.model import RopeScaling
 from taperlm.errors import CheckpointError, ConfigError, UnsafeFileError
 from taperlm.files.io import quoted, read_text, strict_json_loads
+from taperlm.hf import llama_tensors
 from taperlm.hf.decilm import ffn_mult_width, llama_shared_config
 from taperlm.hf.safetensors_file import read_header, read_tensors
 from taperlm.models.layers import Rotary
@@ -117,8 +118,6 @@ _SIZE_LIMITS = {
     "max_position_embeddings": MAX_CONTEXT,
 }
 NAME_MAX = 255  # bytes of one file name on Linux and macOS file systems
-# (our name, HF name); per layer under model.layers.{i}.
-_NORMS = (("mixer_norm", "input_layernorm"), ("mlp_norm", "post_attention_layernorm"))
 
 
 def _refuse(folder: Path, what: str) -> ConfigError:
@@ -547,41 +546,6 @@ def weight_files(folder: str | Path) -> dict[str, Path]:
     raise CheckpointError(f"{folder} has no {WEIGHTS_FILE} (nor {INDEX_FILE})")
 
 
-def _hf_names(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor a Llama-family checkpoint of `cfg` holds and its shape (attention biases
-    and q/k norms where `cfg` has them)."""
-    d, hd = cfg.d_model, cfg.head_dim
-    out: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (cfg.vocab_size, d),
-        "model.norm.weight": (d,),
-    }
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = (cfg.vocab_size, d)
-    for i, width in enumerate(cfg.mlp_widths or []):
-        q, kv = cfg.attention_heads(i)
-        p = f"model.layers.{i}."
-        out |= {
-            p + "input_layernorm.weight": (d,),
-            p + "post_attention_layernorm.weight": (d,),
-            p + "self_attn.q_proj.weight": (q * hd, d),
-            p + "self_attn.k_proj.weight": (kv * hd, d),
-            p + "self_attn.v_proj.weight": (kv * hd, d),
-            p + "self_attn.o_proj.weight": (d, q * hd),
-            p + "mlp.gate_proj.weight": (width, d),
-            p + "mlp.up_proj.weight": (width, d),
-            p + "mlp.down_proj.weight": (d, width),
-        }
-        a = p + "self_attn."
-        if cfg.attention_bias != "none":
-            out |= {a + "q_proj.bias": (q * hd,)}
-            out |= {a + n: (kv * hd,) for n in ("k_proj.bias", "v_proj.bias")}
-        if cfg.attention_bias == "qkvo":
-            out[a + "o_proj.bias"] = (d,)
-        if cfg.qk_norm:
-            out |= {a + "q_norm.weight": (hd,), a + "k_norm.weight": (hd,)}
-    return out
-
-
 def read_weights(folder: str | Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """The checkpoint's weights as a `TaperedLM` state dict of `cfg` (fp32): every tensor
     present with its shape, nothing unknown."""
@@ -590,7 +554,7 @@ def read_weights(folder: str | Path, cfg: ModelConfig) -> dict[str, torch.Tensor
     shapes = _file_shapes(files)
     # Old checkpoints saved the RoPE frequencies as a buffer; they are recomputed from theta.
     shapes = {k: v for k, v in shapes.items() if not k.endswith("rotary_emb.inv_freq")}
-    expected = _hf_names(cfg)
+    expected = llama_tensors.names(cfg, "hf")
     if cfg.tie_embeddings and "lm_head.weight" in shapes:
         expected["lm_head.weight"] = (cfg.vocab_size, cfg.d_model)  # checked equal below
     missing = sorted(set(expected) - set(shapes))
@@ -634,73 +598,22 @@ def _load(files: dict[str, Path], names: list[str]) -> dict[str, torch.Tensor]:
 
 
 def to_taperlm(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """HF Llama tensors -> a `TaperedLM` state dict: q/k/v (weights and biases) fused into
-    `qkv` (rows q, k, v) and gate/up into `w_in` (rows gate, up). Both use rotate-half RoPE, so
-    rows keep their order."""
-    out = {
-        "embed.weight": hf["model.embed_tokens.weight"],
-        "norm.weight": hf["model.norm.weight"],
-        "lm_head.weight": hf.get("lm_head.weight", hf["model.embed_tokens.weight"]),
-    }
-    for i in range(cfg.n_layers):
-        p, b = f"model.layers.{i}.", f"blocks.{i}."
-        out |= {b + ours + ".weight": hf[p + theirs + ".weight"] for ours, theirs in _NORMS}
-        a = p + "self_attn."
-        out[b + "mixer.qkv.weight"] = torch.cat(
-            [hf[a + n + "_proj.weight"] for n in ("q", "k", "v")], dim=0
-        )
-        out[b + "mixer.out.weight"] = hf[a + "o_proj.weight"]
-        if cfg.attention_bias != "none":
-            out[b + "mixer.qkv.bias"] = torch.cat(
-                [hf[a + n + "_proj.bias"] for n in ("q", "k", "v")], dim=0
-            )
-        if cfg.attention_bias == "qkvo":
-            out[b + "mixer.out.bias"] = hf[a + "o_proj.bias"]
-        if cfg.qk_norm:
-            out[b + "mixer.q_norm.weight"] = hf[a + "q_norm.weight"]
-            out[b + "mixer.k_norm.weight"] = hf[a + "k_norm.weight"]
-        m = p + "mlp."
-        out[b + "mlp.w_in.weight"] = torch.cat(
-            [hf[m + "gate_proj.weight"], hf[m + "up_proj.weight"]]
-        )
-        out[b + "mlp.w_out.weight"] = hf[m + "down_proj.weight"]
-    return out
+    """HF Llama tensors -> a `TaperedLM` state dict (`taperlm.hf.llama_tensors`): q/k/v
+    (weights and biases) fused into `qkv` (rows q, k, v) and gate/up into `w_in` (rows gate,
+    up); a tied head is the embedding. Both use rotate-half RoPE, so rows keep their order."""
+    return llama_tensors.to_ours(cfg, lambda t: hf[t.source("hf")], torch.cat)  # type: ignore[index]
 
 
 def from_taperlm(model: Any) -> dict[str, torch.Tensor]:
     """The inverse of `to_taperlm` for a Transformer++ `TaperedLM`: HF Llama tensor names (the
     naming DeciLM / Nemotron-NAS checkpoints use too), contiguous fp32 copies; no lm_head for a
     tied model (transformers ties it to the embedding)."""
-    cfg = model.config
-    hd = cfg.head_dim
     state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
-    out = {
-        "model.embed_tokens.weight": state["embed.weight"],
-        "model.norm.weight": state["norm.weight"],
+    return {
+        t.names["hf"]: t.rows_of(state[t.names["ours"]]).contiguous().clone()
+        for t in llama_tensors.tensors(model.config)
+        if "hf" in t.names
     }
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = state["lm_head.weight"]
-    for i in range(cfg.n_layers):
-        p, b = f"model.layers.{i}.", f"blocks.{i}."
-        out |= {p + theirs + ".weight": state[b + ours + ".weight"] for ours, theirs in _NORMS}
-        q, kv = cfg.attention_heads(i)
-        qw, kw, vw = state[b + "mixer.qkv.weight"].split([q * hd, kv * hd, kv * hd])
-        a = p + "self_attn."
-        out |= {a + "q_proj.weight": qw, a + "k_proj.weight": kw, a + "v_proj.weight": vw}
-        out[a + "o_proj.weight"] = state[b + "mixer.out.weight"]
-        if cfg.attention_bias != "none":
-            qb, kb, vb = state[b + "mixer.qkv.bias"].split([q * hd, kv * hd, kv * hd])
-            out |= {a + "q_proj.bias": qb, a + "k_proj.bias": kb, a + "v_proj.bias": vb}
-        if cfg.attention_bias == "qkvo":
-            out[a + "o_proj.bias"] = state[b + "mixer.out.bias"]
-        if cfg.qk_norm:
-            out[a + "q_norm.weight"] = state[b + "mixer.q_norm.weight"]
-            out[a + "k_norm.weight"] = state[b + "mixer.k_norm.weight"]
-        gate, up = state[b + "mlp.w_in.weight"].chunk(2)
-        m = p + "mlp."
-        out |= {m + "gate_proj.weight": gate, m + "up_proj.weight": up}
-        out[m + "down_proj.weight"] = state[b + "mlp.w_out.weight"]
-    return {k: v.contiguous().clone() for k, v in out.items()}
 
 
 def llama_config(cfg: ModelConfig) -> dict[str, Any]:
