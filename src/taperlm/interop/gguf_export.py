@@ -42,6 +42,7 @@ import numpy as np
 from taperlm.errors import ConfigError, DataError
 from taperlm.files.io import atomic_output, parse_json
 from taperlm.files.outfiles import GGUF_KEY, WRITTEN_BY
+from taperlm.hf import llama_tensors
 from taperlm.spec.domains import choices
 
 GGUFDtype = Literal["f16", "f32"]  # the weight matrices' precision (norms stay f32)
@@ -87,61 +88,34 @@ def architecture(cfg: Any) -> str:
 
 
 def _permute_rope(w: Any, heads: int) -> Any:
-    """Rows of one of Q/K ([heads * head_dim, d]) from rotate-half to adjacent-pair order."""
-    rows, d = w.shape
-    half = rows // heads // 2
-    return w.reshape(heads, 2, half, d).swapaxes(1, 2).reshape(rows, d)
+    """Rows of one of Q/K ([heads * head_dim, d]) or of its bias ([heads * head_dim]) from
+    rotate-half to adjacent-pair order."""
+    half = w.shape[0] // heads // 2
+    return w.reshape(heads, 2, half, -1).swapaxes(1, 2).reshape(w.shape)
 
 
 def gguf_tensors(model: Any, dtype: str = "f16") -> dict[str, Any]:
     """llama.cpp tensor name -> numpy array of every weight of `model` (a Transformer++
-    TaperedLM); matrices in `dtype`, norms in f32 (llama.cpp requires it)."""
+    TaperedLM), named and ordered by `taperlm.hf.llama_tensors`; matrices in `dtype`, norms and
+    biases in f32 (llama.cpp requires it)."""
 
     cfg = model.config
     wide = np.float16 if dtype == "f16" else np.float32
-
-    def arr(t: Any, matrix: bool = True) -> Any:
-        return t.detach().float().cpu().numpy().astype(wide if matrix else np.float32)
-
-    hd = cfg.head_dim
-    out = {"token_embd.weight": arr(model.embed.weight)}
-    for i, block in enumerate(model.blocks):
-        heads, kv_heads = cfg.attention_heads(i)
-        q, k, v = block.mixer.qkv.weight.detach().split(
-            [heads * hd, kv_heads * hd, kv_heads * hd], dim=0
+    state = model.state_dict()
+    out = {}
+    for t in llama_tensors.tensors(cfg):
+        if "gguf" not in t.names:
+            continue
+        if "ours" not in t.names:  # rope_freqs: llama.cpp's form of our llama3 RoPE scaling
+            out[t.names["gguf"]] = rope_freq_divisors(
+                cfg.head_dim, cfg.rope_theta, cfg.rope_scaling
+            )
+            continue
+        rows = t.rows_of(state[t.names["ours"]]).detach().float().cpu().numpy()
+        rows = rows.astype(wide if rows.ndim == 2 else np.float32)
+        out[t.names["gguf"]] = (
+            _permute_rope(rows, t.shape[0] // cfg.head_dim) if t.kind.rope else rows
         )
-        gate, up = block.mlp.w_in.weight.detach().chunk(2, dim=0)
-        p = f"blk.{i}."
-        out |= {
-            p + "attn_norm.weight": arr(block.mixer_norm.weight, matrix=False),
-            p + "attn_q.weight": _permute_rope(arr(q), heads),
-            p + "attn_k.weight": _permute_rope(arr(k), kv_heads),
-            p + "attn_v.weight": arr(v),
-            p + "attn_output.weight": arr(block.mixer.out.weight),
-        }
-        qkv_bias, out_bias = block.mixer.qkv.bias, block.mixer.out.bias
-        if qkv_bias is not None:
-            qb, kb, vb = qkv_bias.detach().split([heads * hd, kv_heads * hd, kv_heads * hd])
-            out |= {
-                p + "attn_q.bias": _permute_rope(arr(qb, matrix=False)[:, None], heads)[:, 0],
-                p + "attn_k.bias": _permute_rope(arr(kb, matrix=False)[:, None], kv_heads)[:, 0],
-                p + "attn_v.bias": arr(vb, matrix=False),
-            }
-        if out_bias is not None:
-            out[p + "attn_output.bias"] = arr(out_bias, matrix=False)
-        if block.mlp.width > 0:  # an FFN-free layer has no ffn_* tensors (see the docstring)
-            out |= {
-                p + "ffn_norm.weight": arr(block.mlp_norm.weight, matrix=False),
-                p + "ffn_gate.weight": arr(gate),
-                p + "ffn_up.weight": arr(up),
-                p + "ffn_down.weight": arr(block.mlp.w_out.weight),
-            }
-    out["output_norm.weight"] = arr(model.norm.weight, matrix=False)
-    scaling = getattr(cfg, "rope_scaling", None)
-    if scaling is not None and scaling.type == "llama3":
-        out["rope_freqs.weight"] = rope_freq_divisors(hd, cfg.rope_theta, scaling)
-    if not cfg.tie_embeddings:
-        out["output.weight"] = arr(model.lm_head.weight)
     return out
 
 

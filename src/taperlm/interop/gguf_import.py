@@ -30,6 +30,7 @@ import torch
 from taperlm.config import ModelConfig
 from taperlm.config.model import RopeScaling
 from taperlm.errors import CheckpointError, ConfigError
+from taperlm.hf import llama_tensors
 from taperlm.interop.gguf_file import GGUFHeader, read_header, read_tensors
 from taperlm.spec.taper import TaperSpec
 
@@ -214,40 +215,6 @@ def _bias_kind(header: GGUFHeader) -> str:
     return "qkvo" if "blk.0.attn_output.bias" in names else "qkv"
 
 
-def _expected(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor a llama GGUF file of `cfg` holds, with its shape (numpy order)."""
-    d, hd = cfg.d_model, cfg.head_dim
-    out: dict[str, tuple[int, ...]] = {
-        "token_embd.weight": (cfg.vocab_size, d),
-        "output_norm.weight": (d,),
-    }
-    if not cfg.tie_embeddings:
-        out["output.weight"] = (cfg.vocab_size, d)
-    for i, width in enumerate(cfg.mlp_widths or []):
-        q, kv = cfg.attention_heads(i)
-        p = f"blk.{i}."
-        out |= {
-            p + "attn_norm.weight": (d,),
-            p + "attn_q.weight": (q * hd, d),
-            p + "attn_k.weight": (kv * hd, d),
-            p + "attn_v.weight": (kv * hd, d),
-            p + "attn_output.weight": (d, q * hd),
-        }
-        if width > 0:  # llama.cpp's deci: a layer of width 0 has no ffn_* tensors
-            out |= {
-                p + "ffn_norm.weight": (d,),
-                p + "ffn_gate.weight": (width, d),
-                p + "ffn_up.weight": (width, d),
-                p + "ffn_down.weight": (d, width),
-            }
-        if cfg.attention_bias != "none":
-            out |= {p + "attn_q.bias": (q * hd,), p + "attn_k.bias": (kv * hd,)}
-            out[p + "attn_v.bias"] = (kv * hd,)
-        if cfg.attention_bias == "qkvo":
-            out[p + "attn_output.bias"] = (d,)
-    return out
-
-
 def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
     """Rows of Q or K (or their bias) from llama.cpp's adjacent pairs back to rotate-half (the
     inverse of `taperlm.interop.gguf_export._permute_rope`)."""
@@ -261,7 +228,7 @@ def read_weights(path: str | Path, header: GGUFHeader, cfg: ModelConfig) -> dict
     tensor present with its shape, nothing unknown."""
     path = Path(path)
     shapes = {n: t.shape for n, t in header.tensors.items()}
-    expected = _expected(cfg)
+    expected = llama_tensors.names(cfg, "gguf")
     missing, unknown = sorted(set(expected) - set(shapes)), sorted(set(shapes) - set(expected))
     if missing or unknown:
         shown = "; ".join(
@@ -273,38 +240,19 @@ def read_weights(path: str | Path, header: GGUFHeader, cfg: ModelConfig) -> dict
     if wrong:
         raise _refuse(path, f"its tensors do not have the shapes its metadata gives ({wrong[0]})")
     t = read_tensors(path, header, list(expected), convert=torch.from_numpy)
-    out = {
-        "embed.weight": t["token_embd.weight"],
-        "norm.weight": t["output_norm.weight"],
-        "lm_head.weight": t.get("output.weight", t["token_embd.weight"]),
-    }
-    for i in range(cfg.n_layers):
-        p, b = f"blk.{i}.", f"blocks.{i}."
-        q, kv = cfg.attention_heads(i)
-        out[b + "mixer_norm.weight"] = t[p + "attn_norm.weight"]
-        width, d = cfg.mlp_widths[i], cfg.d_model  # type: ignore[index]
-        if width == 0:  # no FFN: our norm feeds a zero-width MLP (its gain changes nothing)
-            out[b + "mlp_norm.weight"] = torch.ones(d)
-            out[b + "mlp.w_in.weight"] = torch.zeros(0, d)
-            out[b + "mlp.w_out.weight"] = torch.zeros(d, 0)
-        else:
-            out[b + "mlp_norm.weight"] = t[p + "ffn_norm.weight"]
-            gate_up = [t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"]]
-            out[b + "mlp.w_in.weight"] = torch.cat(gate_up)
-            out[b + "mlp.w_out.weight"] = t[p + "ffn_down.weight"]
-        out[b + "mixer.qkv.weight"] = torch.cat(
-            [_unpermute(t[p + "attn_q.weight"], q), _unpermute(t[p + "attn_k.weight"], kv),
-             t[p + "attn_v.weight"]]
-        )  # fmt: skip
-        out[b + "mixer.out.weight"] = t[p + "attn_output.weight"]
-        if cfg.attention_bias != "none":
-            out[b + "mixer.qkv.bias"] = torch.cat(
-                [_unpermute(t[p + "attn_q.bias"], q), _unpermute(t[p + "attn_k.bias"], kv),
-                 t[p + "attn_v.bias"]]
-            )  # fmt: skip
-        if cfg.attention_bias == "qkvo":
-            out[b + "mixer.out.bias"] = t[p + "attn_output.bias"]
-    return out
+    return llama_tensors.to_ours(cfg, lambda part: _values(part, t, cfg.head_dim), torch.cat)
+
+
+def _values(
+    part: llama_tensors.LlamaTensor, t: dict[str, torch.Tensor], head_dim: int
+) -> torch.Tensor:
+    """The values of one of our tensors from the file's tensors `t`: Q and K rows (and biases)
+    unpermuted; in a layer without an FFN, which the file leaves out, a gain of ones and empty
+    matrices (our norm feeds a zero-width MLP: its gain changes nothing)."""
+    name = part.source("gguf")
+    if name is None:
+        return torch.ones(part.shape) if part.kind.gain else torch.zeros(part.shape)
+    return _unpermute(t[name], part.shape[0] // head_dim) if part.kind.rope else t[name]
 
 
 def quantization(header: GGUFHeader) -> dict[str, int]:
