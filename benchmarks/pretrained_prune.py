@@ -292,6 +292,64 @@ def baseline_markdown(data: dict[str, Any]) -> str:
     )
 
 
+def _task_columns(tasks: dict[str, Any]) -> list[tuple[str, float, float]]:
+    """(label, value in percent, standard error in percent) of each task's compared columns."""
+    from taperlm.evaluation.registry import get_task
+
+    out = []
+    for name, res in tasks.items():
+        for col in get_task(name).columns:
+            if col.average:  # LAMBADA's perplexity is no column compared
+                err = res["stderr"].get(col.metric) or 0
+                value = res["metrics"][col.metric] * col.scale
+                out.append((f"{col.label} ({col.metric}, n={res['n']})", value, err * col.scale))
+    return out
+
+
+def pruned_markdown(data: dict[str, Any]) -> str:
+    """docs/compress.md's table of the models right after pruning, one row per (fraction,
+    shape) in SHAPES' order: the MLP widths (first -> last layer, the width step), validation
+    loss and its change from the model before pruning, each task's column and their mean (the
+    same columns as the table before pruning); a shape pruning cannot reach says why."""
+    base = data["baseline"]
+    labels = [label for label, _, _ in _task_columns(base["tasks"])]
+    head = ["fraction", "shape", "MLP widths", "val loss", "Δ vs before", *labels, "mean"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    cols = _task_columns(base["tasks"])
+    before = [
+        "1",
+        "before pruning",
+        f"{data['config']['mlp_width']:,} (every layer)",
+        f"{base['val_loss']:.4f}",
+        "",
+        *(f"{v:.1f} ± {e:.1f}" for _, v, e in cols),
+        f"{sum(v for _, v, _ in cols) / len(cols):.1f}",
+    ]
+    rows.append("| " + " | ".join(before) + " |")
+    for fraction in sorted({float(k.split("/")[0]) for k in data["pruned"]}):
+        for shape in SHAPES:
+            cell = data["pruned"].get(f"{fraction:g}/{shape}")
+            if cell is None:
+                continue
+            if "refused" in cell:
+                rows.append(f"| {fraction:g} | {shape} | not reached: {cell['refused']} |")
+                continue
+            after, widths = cell["after_prune"], cell["mlp_widths"]
+            cols = _task_columns(after["tasks"])
+            mean = sum(v for _, v, _ in cols) / len(cols)
+            cells = [
+                f"{fraction:g}",
+                shape,
+                f"{widths[0]:,} -> {widths[-1]:,} (step {cell['multiple_of']})",
+                f"{after['val_loss']:.4f}",
+                f"{after['val_loss'] - base['val_loss']:+.4f}",
+                *(f"{v:.1f} ± {e:.1f}" for _, v, e in cols),
+                f"{mean:.1f}",
+            ]
+            rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, required=True, help="imports, data, run dirs, cells")
@@ -385,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     write_json("pretrained_prune", data, args.json)
     print(baseline_markdown(data))
+    if data["pruned"]:
+        print(pruned_markdown(data))
     return 0
 
 

@@ -146,3 +146,60 @@ def test_a_healing_of_too_few_steps_is_refused_before_any_work(bench, tmp_path, 
     with pytest.raises(SystemExit):
         bench.main(["--work", str(work), *argv])
     assert says in capsys.readouterr().err and not work.exists()
+
+
+def _tasks(acc: float) -> dict:
+    """Two tasks' results as `measure` records them (PIQA's acc, BoolQ's acc)."""
+    return {
+        name: {"metrics": {"acc": acc}, "stderr": {"acc": 0.01}, "n": 200}
+        for name in ("piqa", "boolq")
+    }
+
+
+def test_the_pruned_table_has_a_row_per_cell_in_shape_order(bench):
+    """The table after pruning: the source first, then per fraction the shapes in SHAPES'
+    order, each with its widths, loss, change from before, task columns and their mean; a shape
+    pruning cannot reach says why; shapes not measured yet have no row."""
+    data = {
+        "config": {"mlp_width": 1536},
+        "baseline": {"val_loss": 2.5, "tasks": _tasks(0.6)},
+        "pruned": {
+            "0.5/cosine": {
+                "mlp_widths": [1280, 768, 512],
+                "multiple_of": 256,
+                "after_prune": {"val_loss": 3.25, "tasks": _tasks(0.5)},
+            },
+            "0.5/uniform": {
+                "mlp_widths": [768, 768, 768],
+                "multiple_of": 256,
+                "after_prune": {"val_loss": 3.5, "tasks": _tasks(0.4)},
+            },
+            "0.5/novelty": {"refused": "the widths round below one step"},
+        },
+    }
+    lines = bench.pruned_markdown(data).splitlines()
+    assert lines[0].startswith("| fraction | shape | MLP widths | val loss | Δ vs before | PIQA")
+    assert lines[0].endswith("| mean |")
+    assert (
+        lines[2]
+        == "| 1 | before pruning | 1,536 (every layer) | 2.5000 |  | 60.0 ± 1.0 | 60.0 ± 1.0 | 60.0 |"
+    )
+    assert (
+        lines[3]
+        == "| 0.5 | uniform | 768 -> 768 (step 256) | 3.5000 | +1.0000 | 40.0 ± 1.0 | 40.0 ± 1.0 | 40.0 |"
+    )
+    assert lines[4].startswith("| 0.5 | cosine | 1,280 -> 512 (step 256) | 3.2500 | +0.7500 |")
+    assert lines[5] == "| 0.5 | novelty | not reached: the widths round below one step |"
+    assert len(lines) == 6
+
+
+def test_the_docs_pruned_table_is_the_results_own(bench):
+    """Once the committed results hold pruned models, docs/compress.md's table after pruning is
+    what they render to."""
+    repo = BENCH.parent
+    data = json.loads((repo / "benchmarks/results/pretrained_prune.json").read_text())
+    if not data.get("pruned"):
+        pytest.skip("no pruned model measured in the committed results yet")
+    doc = (repo / "docs/compress.md").read_text(encoding="utf-8")
+    block = doc.split("<!-- pretrained_prune:pruned -->\n")[1].split("\n<!-- /pretrained_prune")[0]
+    assert block == bench.pruned_markdown(data)
