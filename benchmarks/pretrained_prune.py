@@ -331,8 +331,9 @@ def pruned_markdown(data: dict[str, Any]) -> str:
             cell = data["pruned"].get(f"{fraction:g}/{shape}")
             if cell is None:
                 continue
-            if "refused" in cell:
-                rows.append(f"| {fraction:g} | {shape} | not reached: {cell['refused']} |")
+            if "refused" in cell:  # the reason, without the spec (a novelty spec names a folder)
+                reason = cell["refused"].split(" at this size ", 1)[-1]
+                rows.append(f"| {fraction:g} | {shape} | not reached: {reason} |")
                 continue
             after, widths = cell["after_prune"], cell["mlp_widths"]
             cols = _task_columns(after["tasks"])
