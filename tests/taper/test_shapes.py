@@ -9,7 +9,7 @@ import json
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from conftest import raises_naming
@@ -45,6 +45,10 @@ def test_formula_at_five_layers():
     baseline_steps=st.integers(4, 300),
     multiple_of=st.sampled_from([1, 16, 64]),
 )
+# an hourglass whose middle rounds to no step at an odd depth: the pairs alone cannot meet an odd
+# budget, so the middle takes a step (a fresh clone's run found these)
+@example(shape="hourglass", strength=1.75, n_layers=7, baseline_steps=5, multiple_of=1)
+@example(shape="hourglass", strength=1.75, n_layers=21, baseline_steps=5, multiple_of=1)
 def test_exact_symmetric_and_peaked_where_the_shape_says(
     shape, strength, n_layers, baseline_steps, multiple_of
 ):
@@ -57,9 +61,10 @@ def test_exact_symmetric_and_peaked_where_the_shape_says(
     baseline = baseline_steps * multiple_of
     w = solve_sizes(spec, n_layers, baseline, zero_ok=True)
     assert sum(w) == n_layers * baseline
-    # a width of 0 (attention only) exactly where the multiplier rounds to no step
+    # a width of 0 (attention only) only where the multiplier rounds to no step (such a layer
+    # may also be given a step to meet the budget, as in the per-layer solver)
     assert all(x % multiple_of == 0 for x in w)
-    assert [x == 0 for x in w] == [ri * baseline / multiple_of < 0.5 for ri in r]
+    assert all(x > 0 or ri * baseline / multiple_of < 0.5 for x, ri in zip(w, r))
     assert w == w[::-1]  # the solver keeps the pairs equal
     half = w[: (n_layers + 1) // 2]  # from the end layers in to the middle
     steps = list(itertools.pairwise(half))

@@ -244,7 +244,7 @@ def _solve_units(
     layers stay equal (docs/tapers.md promises equal groups and symmetric shapes). `order` is kept
     across the units in their order. `optional`: None instead of the error when whole units
     cannot meet the budget (the caller has another way). `zero_ok`: a unit whose size rounds to
-    0 steps keeps size 0 (MLP widths), as in the per-layer solver.
+    0 steps may keep size 0 (MLP widths), as in the per-layer solver.
 
     The multipliers are first scaled to a layer-weighted mean of exactly 1 (uneven blocks, e.g.
     3 groups over 4 layers, give a mean of 1.125 as written): the ratios between units stay as
@@ -301,18 +301,17 @@ def _block_moves(
     """Block sizes (in steps) within MAX_BLOCK_MOVE of `rounded` whose layer-weighted sum moves
     by exactly `deficit`, positive, in `direction`'s order when given (-1 non-increasing, +1
     non-decreasing, 0 constant), closest to `exact` (least sum of c * error^2): a dynamic
-    programme over the blocks, its state (the sum moved so far, the last block's size). A block
-    that rounded to 0 stays 0 and no other block is moved to 0 (as the per-layer solver). None
+    programme over the blocks, its state (the sum moved so far, the last block's size). No block
+    is moved to 0; one that rounded to 0 may stay there or grow (as the per-layer solver). None
     when there is none."""
     # (moved, last size) -> (cost, sizes so far)
     states: dict[tuple[int, int], tuple[float, list[int]]] = {(0, 0): (0.0, [])}
     for b, c in enumerate(blocks):
         nxt: dict[tuple[int, int], tuple[float, list[int]]] = {}
         for (moved, last), (cost, sizes) in states.items():
-            moves = range(-MAX_BLOCK_MOVE, MAX_BLOCK_MOVE + 1) if rounded[b] else (0,)
-            for d in moves:
+            for d in range(-MAX_BLOCK_MOVE, MAX_BLOCK_MOVE + 1):
                 new = rounded[b] + d
-                if new <= 0 and rounded[b]:
+                if new < 0 or (new == 0 and rounded[b]):
                     continue
                 ordered = not b or direction is None or direction == 2
                 if not ordered and (
