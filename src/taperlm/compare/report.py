@@ -190,7 +190,7 @@ def headline(
     """report.md's first section: per tapered allocation the verdict at the end of the run
     (`final`: allocation name -> its `paired_difference` of the final validation loss, the
     table's) and where its advantage ends. `settled`: allocation label -> a verdict the stop
-    rule reached (`sequential.Stopping.settled_verdicts`: "no practical difference"), said instead."""
+    rule reached (`Stopping.settled_verdicts`: "no practical difference"), said instead."""
     if not data.allocations:
         return []
     lines = ["## Verdict", ""]

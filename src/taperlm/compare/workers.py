@@ -142,9 +142,10 @@ def run_in_workers(
     todo, runs: Path, data_dir: Path, settings, jobs, threads, display, finished, stop, wants=None
 ) -> None:
     """Run the cells `todo` on `jobs` worker processes (see the module docstring). `display`
-    (executor.GridDisplay) shows progress, `finished(cell, result, status)` takes each result,
-    `stop` (executor.StopRequest) tells of a Ctrl-C, `wants(cell)` whether a cell not yet
-    handed out should still start (a sequential comparison that has stopped: no)."""
+    (`taperlm.compare.execute.GridDisplay`) shows progress, `finished(cell, result, status)`
+    takes each result, `stop` (`taperlm.compare.execute.StopRequest`) tells of a Ctrl-C,
+    `wants(cell)` whether a cell not yet handed out should still start (a sequential comparison
+    that has stopped: no)."""
     pool = _WorkerPool(todo, runs, display, finished, stop, wants)
     pool.start(min(jobs, len(todo)), threads, jobs, data_dir, settings)
     try:
