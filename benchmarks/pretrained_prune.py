@@ -28,8 +28,11 @@ is a resumable run dir in --work):
 - heal: each pruned model trained --heal-tokens tokens with train.init_from = it and
   train.distill_from = the imported source, seeds 0..--seeds-1, then measured again.
 
-The results JSON (benchmarks/results/pretrained_prune.json) is rewritten after every cell with
-what is finished, paired 95% intervals over the healing seeds against the uniform prune.
+Healing goes fraction by fraction, and within a fraction seed by seed over its shapes, so a run
+stopped early leaves each shape of a fraction with the same seeds. The results JSON
+(benchmarks/results/pretrained_prune.json) is written at the end of a run with what is finished
+in --work, paired 95% intervals over the healing seeds against the uniform prune (rerunning
+`--stage prune` writes it from the finished cells without training anything).
 """
 
 from __future__ import annotations
@@ -480,6 +483,7 @@ def run_prune_and_heal(work, args, model, tokenizer, src_cfg, src_dir, data_dir)
     t.batch_tokens = args.heal_batch_tokens
     t.micro_batch_size = 1
     heal_settings = cell_settings(args, HEAL_SETTINGS)
+    healable: dict[str, tuple[Any, Path]] = {}  # name -> (its run config, its pruned run)
     for key, entry in shapes.items():
         name = key.replace("/", "-")
         if "config" not in entry:
@@ -503,18 +507,26 @@ def run_prune_and_heal(work, args, model, tokenizer, src_cfg, src_dir, data_dir)
 
         cell = cached(work, f"prune-{name}", after, settings)
         print(f"{key}: after pruning {cell['after_prune']['val_loss']:.4f}", file=sys.stderr)
-        if args.stage != "heal":
-            continue
+        healable[name] = (run_cfg, pdir)
+    if args.stage != "heal":
+        return
+    # a fraction's shapes seed by seed: a run stopped early leaves every shape of a fraction
+    # with the same seeds (the paired intervals need them), the first fraction complete first
+    for fraction in args.fractions:
         for s in range(args.seeds):
-            hdir = work / f"heal-{name}-s{s}"
+            for name, (run_cfg, pdir) in healable.items():
+                if name.split("-")[0] != f"{fraction}":  # plan's keys: f"{f}/{shape}"
+                    continue
+                hdir = work / f"heal-{name}-s{s}"
 
-            def heal(hdir=hdir, s=s, run_cfg=run_cfg, pdir=pdir) -> dict[str, Any]:
-                train(heal_config(run_cfg, pdir, src_dir, args, s), hdir, progress=False)
-                healed, _ = load_run_model(hdir)
-                return {"healed": measure(healed, tokenizer, data_dir, args)}
+                def heal(hdir=hdir, s=s, run_cfg=run_cfg, pdir=pdir) -> dict[str, Any]:
+                    train(heal_config(run_cfg, pdir, src_dir, args, s), hdir, progress=False)
+                    healed, _ = load_run_model(hdir)
+                    return {"healed": measure(healed, tokenizer, data_dir, args)}
 
-            cell = cached(work, f"heal-{name}-s{s}", heal, heal_settings)
-            print(f"{key} seed {s}: healed {cell['healed']['val_loss']:.4f}", file=sys.stderr)
+                cell = cached(work, f"heal-{name}-s{s}", heal, heal_settings)
+                loss = cell["healed"]["val_loss"]
+                print(f"{name} seed {s}: healed {loss:.4f}", file=sys.stderr)
 
 
 def finished(work: Path) -> dict[str, Any]:
