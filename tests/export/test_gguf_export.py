@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from taperlm.config.model import RopeScaling  # noqa: E402
 from taperlm.errors import ConfigError, DataError  # noqa: E402
 from taperlm.files.outfiles import written_by_taperlm  # noqa: E402
 from taperlm.interop.gguf_export import check_supported, write_gguf  # noqa: E402
+from taperlm.interop.gguf_tokenizer import EXPORT_PRE_NAMES  # noqa: E402
 from taperlm.models import TaperedLM  # noqa: E402
 
 # (id, model fields): uniform; MLP taper; head taper; both with grouped-query attention and tied
@@ -161,7 +163,7 @@ def test_gpt2_style_files_give_the_same_tokenizer(tmp_path: Path) -> None:
     """A tokenizer read from GPT-2 files (vocab.json + merges.txt, EOS a plain vocabulary
     entry) exports like the BPE it was written from, EOS marked as a control token."""
     from taperlm.data.tokenizer import load_tokenizer
-    from taperlm.interop.gguf_export import gguf_vocab
+    from taperlm.interop.gguf_tokenizer import gguf_vocab
 
     tok = tiny_tokenizer()
     data = json.loads(tok.backend.to_str())["model"]
@@ -476,11 +478,29 @@ def test_llama_cpp_runs_the_file(tmp_path: Path, kind: str, dtype: str) -> None:
         assert (picked >= logits.max(-1) - 2 * tol).all()
 
 
+def with_pre_tokenizer(tok: Any, name: str) -> Any:
+    """`tok` with the pre-tokenizer that GGUF's `name` stands for (its vocabulary and merges)."""
+    from tokenizers import Tokenizer as Backend
+
+    from taperlm.data.tokenizer import Tokenizer
+    from taperlm.interop.gguf_tokenizer import PRE_TOKENIZERS
+
+    data = json.loads(tok.backend.to_str())
+    data["pre_tokenizer"] = PRE_TOKENIZERS[name]
+    backend = Backend.from_str(json.dumps(data))
+    return Tokenizer(backend, kind=tok.kind, spec=f"{tok.spec}+{name}", eos_token=tok.eos_token)
+
+
 @pytest.mark.slow
-def test_llama_cpp_tokenizes_text_as_we_do(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pre", EXPORT_PRE_NAMES)
+def test_llama_cpp_tokenizes_text_as_we_do(tmp_path: Path, pre: str) -> None:
+    """llama.cpp splits and merges text as our tokenizer does under each pre-tokenizer name
+    export writes (GPT-2's regex; SmolLM's digits alone first: TEXTS hold digit runs)."""
     llama_cpp = pytest.importorskip("llama_cpp")
     model, tok = make_model("uniform")
+    tok = with_pre_tokenizer(tok, pre)
     path = write_gguf(model, tok, tmp_path / "m.gguf")
+    assert read(path)[0]["tokenizer.ggml.pre"] == pre
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, vocab_only=True, verbose=False)
     for text in TEXTS:
         theirs = llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)

@@ -1,4 +1,4 @@
-"""The tokenizer of a GGUF file rebuilt on import (`taperlm.interop.importing.read_gguf_tokenizer`): our own GGUF export
+"""The tokenizer of a GGUF file rebuilt on import (`taperlm.interop.gguf_tokenizer.read_gguf_tokenizer`): our own GGUF export
 imports back with a tokenizer that encodes every text as the run's did; llama.cpp's digit-first
 pre-tokenizers (SmolLM's `smollm`) split as llama.cpp does, not as GPT-2's regex; control
 tokens are matched in text; every kind it cannot rebuild exactly gives no tokenizer and says
@@ -19,10 +19,16 @@ pytest.importorskip("gguf")
 
 from taperlm.cli import main
 from taperlm.data.tokenizer import load_tokenizer
+from taperlm.errors import DataError
 from taperlm.interop.gguf_export import write_gguf
-from taperlm.interop.importing import PRE_TOKENIZERS
-from taperlm.interop.importing import gguf_tokenizer_json as tokenizer_json
-from taperlm.interop.importing import read_gguf_tokenizer as read_tokenizer
+from taperlm.interop.gguf_tokenizer import (
+    EXPORT_PRE_NAMES,
+    PRE_TOKENIZERS,
+    gguf_vocab,
+    llama_cpp_pre_name,
+)
+from taperlm.interop.gguf_tokenizer import gguf_tokenizer_json as tokenizer_json
+from taperlm.interop.gguf_tokenizer import read_gguf_tokenizer as read_tokenizer
 
 TEXTS = [
     "Hello world, it's 2024!\n\n  def f(x):\treturn x",
@@ -146,3 +152,116 @@ def test_every_known_pre_tokenizer_builds():
     for pre in PRE_TOKENIZERS:
         tok, why = read_tokenizer(Path("t.gguf"), _meta(pre), 400)
         assert tok is not None, (pre, why)
+
+
+# ----------------------------------------------------------------------------------------------
+# export: the pre-tokenizer's name is the one import reads back, and only a known splitting
+
+
+def _exported_meta(tok: Any, vocab_size: int) -> dict[str, Any]:
+    """The tokenizer.ggml.* keys `taperlm export --format gguf` writes for `tok`."""
+    v = gguf_vocab(tok, vocab_size)
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": v["pre"],
+        "tokenizer.ggml.tokens": v["tokens"],
+        "tokenizer.ggml.token_type": v["types"],
+        "tokenizer.ggml.merges": v["merges"],
+        "tokenizer.ggml.eos_token_id": tok.eos_id,
+    }
+
+
+@pytest.mark.parametrize("pre", [None, *PRE_TOKENIZERS])
+def test_every_pre_tokenizer_import_rebuilds_exports_and_reads_back_the_same(pre):
+    """Each name import knows: the tokenizer rebuilt from it exports under a name export
+    writes, and that file's tokenizer encodes every text as the first did (digits included:
+    the test vocabulary merges a space with digits, which only GPT-2's regex lets meet)."""
+    tok, why = read_tokenizer("t.gguf", _meta(pre), 400)
+    assert tok is not None, why
+    name = llama_cpp_pre_name(json.loads(tok.backend.to_str())["pre_tokenizer"])
+    assert name in EXPORT_PRE_NAMES
+    assert PRE_TOKENIZERS[name] == PRE_TOKENIZERS[pre or "default"]
+    back, why = read_tokenizer("t.gguf", _exported_meta(tok, 400), 400)
+    assert back is not None, why
+    for text in [*TEXTS, "a 12 b 123 1 2 x12y 0.5"]:
+        assert back.encode(text) == tok.encode(text), text
+
+
+_BYTE = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+_LLAMA3_SPLIT = {
+    "type": "Split",
+    "pattern": {"Regex": "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"},
+    "behavior": "Isolated",
+    "invert": False,
+}
+
+
+@pytest.mark.parametrize(
+    "pre",
+    [
+        _BYTE | {"add_prefix_space": True},  # " " before the text: llama.cpp adds none
+        _BYTE | {"use_regex": False},  # no GPT-2 split at all
+        {
+            "type": "Sequence",
+            "pretokenizers": [{"type": "Digits", "individual_digits": False}, _BYTE],
+        },
+        {
+            "type": "Sequence",
+            "pretokenizers": [_BYTE, {"type": "Digits", "individual_digits": True}],
+        },
+        {"type": "Sequence", "pretokenizers": [_LLAMA3_SPLIT, _BYTE | {"use_regex": False}]},
+        {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": True},
+        {"type": "Whitespace"},
+        {"type": "Sequence", "pretokenizers": []},
+    ],
+    ids=[
+        "prefix-space",
+        "no-regex",
+        "digit-runs",
+        "digits-after",
+        "llama3",
+        "metaspace",
+        "whitespace",
+        "empty-sequence",
+    ],
+)
+def test_export_refuses_a_pre_tokenizer_llama_cpp_is_not_known_to_reproduce(pre):
+    from tokenizers import Tokenizer as Backend
+
+    assert llama_cpp_pre_name(pre) is None
+    data, _ = tokenizer_json(_meta("gpt-2"), 400)
+    data["pre_tokenizer"] = pre
+    with pytest.raises(DataError, match=r"llama.cpp reproduces \(its pre-tokenizer is "):
+        gguf_vocab(Backend.from_str(json.dumps(data)), 400)
+
+
+def test_trim_offsets_does_not_change_the_name():
+    """trim_offsets moves offsets, never a split: a tokenizer.json with either value is GPT-2's."""
+    assert llama_cpp_pre_name(_BYTE | {"trim_offsets": False}) == "gpt-2"
+    assert llama_cpp_pre_name({"type": "ByteLevel"}) == "gpt-2"  # the defaults taperlm writes
+
+
+def test_a_smollm_model_exports_to_gguf_and_imports_back_with_its_tokenizer(tmp_path, capsys):
+    """A run whose tokenizer splits digits first (SmolLM's, as `taperlm import` rebuilds it from
+    a GGUF file) exports with tokenizer.ggml.pre `smollm`; importing that file gives the same
+    tokenizer and the same logits."""
+    gguf = pytest.importorskip("gguf")
+    from conftest import tiny_config
+    from taperlm.models import TaperedLM
+
+    tok, _ = read_tokenizer("t.gguf", _meta("smollm"), 400)
+    torch.manual_seed(0)
+    model = TaperedLM(tiny_config(vocab_size=264)).eval()
+    path = write_gguf(model, tok, tmp_path / "m.gguf", dtype="f32")
+    assert gguf.GGUFReader(path).fields["tokenizer.ggml.pre"].contents() == "smollm"
+    capsys.readouterr()
+    assert main(["import", str(path), "--out", str(tmp_path / "run")]) == 0
+    back = load_tokenizer(tmp_path / "run" / "tokenizer")
+    for text in [*TEXTS, "a 12 b 123"]:
+        assert back.encode(text) == tok.encode(text), text
+    from taperlm.checkpoint.loading import load_run_model
+
+    again, _ = load_run_model(tmp_path / "run")
+    ids = torch.tensor([tok.encode("a 12 b 123 numbers")])
+    with torch.no_grad():
+        torch.testing.assert_close(again.eval()(ids).logits, model(ids).logits, atol=1e-5, rtol=0)

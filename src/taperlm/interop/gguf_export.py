@@ -26,23 +26,25 @@ RoPE rotates adjacent pairs, so the rows of Q and K are permuted within each hea
 own Hugging Face converter does for Llama. The fused QKV and gate/up matrices are split into
 llama.cpp's separate tensors. A tied head is left out (llama.cpp reuses token_embd).
 
-Tokenizer: a byte-level BPE with GPT-2 pre-tokenization (taperlm's `bpe:N`, GPT-2 style
-vocab.json + merges.txt) becomes llama.cpp's `gpt2` tokenizer (tokens, merges, `gpt-2`
-pre-tokenizer); EOS is also BOS and nothing is added to a prompt, as in `taperlm generate`.
+Tokenizer: a byte-level BPE whose pre-tokenization llama.cpp reproduces (GPT-2's, as taperlm's
+`bpe:N` and GPT-2 style vocab.json + merges.txt; digits alone then GPT-2's, as SmolLM's) becomes
+llama.cpp's `gpt2` tokenizer with that pre-tokenizer's name (`taperlm.interop.gguf_tokenizer`);
+EOS is also BOS when the tokenizer names no BOS, and nothing is added to a prompt, as in
+`taperlm generate`.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
-from taperlm.errors import ConfigError, DataError
-from taperlm.files.io import atomic_output, parse_json
+from taperlm.errors import ConfigError
+from taperlm.files.io import atomic_output
 from taperlm.files.outfiles import GGUF_KEY, WRITTEN_BY
 from taperlm.hf import llama_tensors
+from taperlm.interop.gguf_tokenizer import gguf_vocab
 from taperlm.spec.domains import choices
 
 GGUFDtype = Literal["f16", "f32"]  # the weight matrices' precision (norms stay f32)
@@ -50,8 +52,6 @@ DTYPES = choices(GGUFDtype)
 # The model families (`model.family`) whose every block is a Llama block (RMSNorm, RoPE
 # attention, SwiGLU, no biases): the only ones llama.cpp has an architecture for.
 LLAMA_CPP_FAMILIES = ("transformer",)
-# llama.cpp token types (gguf.TokenType): normal, user-defined, control, unused
-_NORMAL, _CONTROL, _USER_DEFINED, _UNUSED = 1, 3, 4, 5
 
 
 def check_supported(cfg: Any) -> None:
@@ -131,52 +131,6 @@ def rope_freq_divisors(head_dim: int, theta: float, scaling: Any) -> Any:
     return (plain / scaled_frequencies(plain, scaling)).float().numpy()
 
 
-def gguf_vocab(tokenizer: Any, vocab_size: int) -> dict[str, Any]:
-    """tokens, token types and merges of llama.cpp's `gpt2` tokenizer from ours; ids the
-    tokenizer lacks up to the model's `vocab_size` become unused padding tokens. DataError
-    for a tokenizer llama.cpp would split differently."""
-    backend = getattr(tokenizer, "backend", tokenizer)
-    spec = getattr(tokenizer, "spec", type(tokenizer).__name__)
-    data = parse_json(backend.to_str(), what="the tokenizer's JSON")
-    model, pre = data.get("model") or {}, data.get("pre_tokenizer") or {}
-    problems = []
-    if model.get("type") != "BPE" or model.get("byte_fallback"):
-        problems.append(
-            f"its model is {model.get('type')} (byte_fallback={model.get('byte_fallback')})"
-        )
-    if not (
-        pre.get("type") == "ByteLevel"
-        and pre.get("use_regex", True)
-        and not pre.get("add_prefix_space")
-    ):
-        problems.append(f"its pre-tokenizer is {json.dumps(pre, sort_keys=True)}")
-    if data.get("normalizer"):
-        problems.append(f"it has a normalizer ({data['normalizer'].get('type')})")
-    if problems:
-        raise DataError(
-            f"GGUF export: tokenizer {spec!r} is not a byte-level BPE with GPT-2 pre-tokenization "
-            f"({'; '.join(problems)}), the kind llama.cpp's gpt2 tokenizer reproduces; train the "
-            "run on a bpe:N or GPT-2 style tokenizer, or use the Hugging Face export"
-        )
-    ids = backend.get_vocab(with_added_tokens=True)
-    if max(ids.values()) >= vocab_size:
-        raise DataError(
-            f"GGUF export: tokenizer {spec!r} has ids up to {max(ids.values())} but the model's "
-            f"vocab_size is {vocab_size}"
-        )
-    tokens = [f"[PAD{i}]" for i in range(vocab_size)]
-    types = [_UNUSED] * vocab_size
-    for token, i in ids.items():
-        tokens[i], types[i] = token, _NORMAL
-    for added in data.get("added_tokens") or []:
-        types[added["id"]] = _CONTROL if added.get("special") else _USER_DEFINED
-    for special in (getattr(tokenizer, "eos_id", None), getattr(tokenizer, "bos_id", None)):
-        if special is not None:  # also where EOS is a plain vocabulary entry (GPT-2 files)
-            types[special] = _CONTROL
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
-    return {"tokens": tokens, "types": types, "merges": merges}
-
-
 def write_gguf(
     model: Any,
     tokenizer: Any,
@@ -234,7 +188,7 @@ def write_gguf(
         w.add_layer_norm_rms_eps(float(cfg.norm_eps))
         w.add_vocab_size(cfg.vocab_size)
         w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("gpt-2")
+        w.add_tokenizer_pre(vocab["pre"])
         w.add_token_list(vocab["tokens"])
         w.add_token_types(vocab["types"])
         w.add_token_merges(vocab["merges"])
