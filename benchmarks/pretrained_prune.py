@@ -8,6 +8,8 @@ same short distillation over seeds (docs/compress.md, "A really pretrained model
     # pruning right after, then healing (hours; resumable: rerun the same command)
     python benchmarks/pretrained_prune.py --work /tmp/pretrained --stage prune --threads 2
     python benchmarks/pretrained_prune.py --work /tmp/pretrained --stage heal --threads 2  # 8 steps of 4 x 1,024 tokens
+    # the best pruned model back out: block_configs and GGUF, read back (llama.cpp where installed)
+    python benchmarks/pretrained_prune.py --work /tmp/pretrained --stage export --threads 2
 
 What each stage does (every finished cell is kept in --work/cells/ and not recomputed; each run
 is a resumable run dir in --work):
@@ -26,7 +28,11 @@ is a resumable run dir in --work):
   kept by `taperlm prune`'s default importance score over --calibration-tokens; the same
   measurements right after pruning; each pruned model written as a run;
 - heal: each pruned model trained --heal-tokens tokens with train.init_from = it and
-  train.distill_from = the imported source, seeds 0..--seeds-1, then measured again.
+  train.distill_from = the imported source, seeds 0..--seeds-1, then measured again;
+- export (`best_pruned`, `export_best`): the best pruned model at the strongest pruning (lowest
+  mean healed validation loss; right after pruning if nothing is healed), its seed-0 healed run,
+  exported with `taperlm export --format block-configs` and `--format gguf`; the folder imported
+  back (weights and logits), the GGUF file run by llama.cpp (llama-cpp-python) against ours.
 
 Healing goes fraction by fraction, and within a fraction seed by seed over its shapes, so a run
 stopped early leaves each shape of a fraction with the same seeds. The results JSON
@@ -237,6 +243,10 @@ HEAL_SETTINGS = (
     "distill_temperature",
 )
 MIN_HEAL_STEPS = 4  # fewer optimizer steps than this is not a healing worth measuring
+STAGES = ("baseline", "prune", "heal", "export")
+CHECK_TOKENS = 128  # the window llama.cpp's logits of the exported file are compared on
+GREEDY_TOKENS = 32
+TEXT_TOKENS = 8_192  # the validation text llama.cpp tokenizes against ours
 
 
 def cell_settings(
@@ -357,7 +367,7 @@ def pruned_markdown(data: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, required=True, help="imports, data, run dirs, cells")
-    ap.add_argument("--stage", choices=("baseline", "prune", "heal"), default="baseline")
+    ap.add_argument("--stage", choices=STAGES, default="baseline")
     ap.add_argument("--gguf", type=Path, help="the model file [the package's]")
     ap.add_argument("--eval-data", type=Path, help="zero-shot task files [../shared/data]")
     ap.add_argument("--fractions", type=float, nargs="*", default=[0.5, 0.75])
@@ -410,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         work, "baseline", lambda: measure(model, tokenizer, data_dir, args), cell_settings(args)
     )
     print(f"baseline: val loss {base['val_loss']:.4f}", file=sys.stderr)
-    if args.stage in ("prune", "heal"):
+    if args.stage in ("prune", "heal", "export"):
         run_prune_and_heal(work, args, model, tokenizer, src_cfg, src_dir, data_dir)
     record = json.loads((src_dir / "import.json").read_text(encoding="utf-8"))
     data = {
@@ -445,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s_this_session": time.perf_counter() - t_start,
         "command": " ".join(["python", "benchmarks/pretrained_prune.py", *(argv or sys.argv[1:])]),
     }
+    if args.stage == "export":
+        data["export"] = export_best(work, data, tokenizer, data_dir)
     write_json("pretrained_prune", data, args.json)
     print(baseline_markdown(data))
     if data["pruned"]:
@@ -548,6 +560,141 @@ def finished(work: Path) -> dict[str, Any]:
         base = {s: c["val_loss"] for s, c in uniform.items()}
         row["healed_vs_uniform"] = paired_difference(losses, base).to_json() if losses else None
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# back out: the best pruned model as block_configs and as GGUF (issue 61, part 4)
+
+
+def best_pruned(data: dict[str, Any]) -> tuple[str, str]:
+    """('FRACTION/SHAPE', why) of the model to export: at the smallest fraction (the strongest
+    pruning, where the shapes differ most), the shape with the lowest mean healed validation
+    loss over the healing seeds every shape there has; without healed models, the lowest loss
+    right after pruning."""
+    pruned = data["pruned"]
+    fraction = min(float(k.split("/")[0]) for k in pruned)
+    rows = {
+        k: v for k, v in pruned.items() if float(k.split("/")[0]) == fraction and "refused" not in v
+    }
+    # seed -> healed cell (the keys are text once the results have been through JSON)
+    healed = {k: {int(s): c for s, c in v["healed"].items()} for k, v in rows.items()}
+    seeds = set.intersection(*(set(h) for h in healed.values()))
+    if seeds:
+        loss = {k: sum(h[s]["val_loss"] for s in seeds) / len(seeds) for k, h in healed.items()}
+        best = min(loss, key=loss.__getitem__)
+        return best, (
+            f"the lowest mean healed validation loss at {fraction:g}x over seeds "
+            f"{sorted(seeds)} ({loss[best]:.4f})"
+        )
+    loss = {k: v["after_prune"]["val_loss"] for k, v in rows.items()}
+    best = min(loss, key=loss.__getitem__)
+    return (
+        best,
+        f"the lowest validation loss right after pruning at {fraction:g}x ({loss[best]:.4f})",
+    )
+
+
+def export_best(work: Path, data: dict[str, Any], tokenizer: Any, data_dir: Path) -> dict[str, Any]:
+    """The best pruned model (`best_pruned`; its seed-0 healed run where healed) exported as
+    `block_configs` (a DeciLM folder) and as GGUF (f16), each read back: the block_configs
+    folder imported by `taperlm import` (its weights and logits against the run's), the GGUF
+    file run by llama.cpp (llama-cpp-python, where installed: its logits of the validation
+    split's first CHECK_TOKENS tokens against ours, GREEDY_TOKENS greedy tokens decoded with its
+    KV cache, and its tokenization of the split's first TEXT_TOKENS tokens' text)."""
+    import torch
+
+    from taperlm.checkpoint.loading import load_run_model
+    from taperlm.cli import main as cli
+    from taperlm.data.loader import open_split
+
+    key, why = best_pruned(data)
+    name = key.replace("/", "-")
+    healed = (work / f"heal-{name}-s0" / "checkpoints").is_dir()
+    run = work / (f"heal-{name}-s0" if healed else f"pruned-{name}")
+    out = work / "export" / run.name  # by run: a later choice never reuses another's files
+    folder, gguf_file, back = out / "block-configs", out / f"{name}.gguf", out / "imported"
+    for argv in (
+        ["export", str(run), "--format", "block-configs", "--out", str(folder)],
+        ["export", str(run), "--format", "gguf", "--out", str(gguf_file)],
+    ):
+        if not Path(argv[-1]).exists() and cli(argv) != 0:
+            raise SystemExit(f"taperlm {' '.join(argv)} failed")
+    if not back.exists() and cli(["import", str(folder), "--out", str(back)]) != 0:
+        raise SystemExit(f"taperlm import {folder} failed")
+    model, cfg = load_run_model(run)
+    model.eval()
+    again, again_cfg = load_run_model(back)
+    _, val = open_split(data_dir, "val")
+    ids = [int(t) for t in val[:CHECK_TOKENS]]
+    with torch.no_grad():
+        ours = model(torch.tensor([ids])).logits[0].double()
+        theirs = again.eval()(torch.tensor([ids])).logits[0].double()
+    result: dict[str, Any] = {
+        "shape": key,
+        "chosen_by": why,
+        "run": run.name,
+        "mlp_widths": cfg.model.mlp_widths,
+        "block_configs": {
+            "bytes": sum(f.stat().st_size for f in folder.iterdir() if f.is_file()),
+            "imported_mlp_widths": again_cfg.model.mlp_widths,
+            "same_weights": all(
+                torch.equal(a, b)
+                for a, b in zip(model.state_dict().values(), again.state_dict().values())
+            ),
+            "max_abs_logit_diff": float((ours - theirs).abs().max()),
+        },
+        "gguf": {"file": gguf_file.name, "bytes": gguf_file.stat().st_size, "dtype": "f16"},
+    }
+    text_ids = [int(t) for t in val[:TEXT_TOKENS]]
+    result["gguf"] |= llama_cpp_check(gguf_file, model, tokenizer, ids, ours, text_ids)
+    return result
+
+
+def llama_cpp_check(
+    path: Path, model: Any, tokenizer: Any, ids: list[int], ours: Any, text_ids: list[int]
+) -> dict[str, Any]:
+    """llama.cpp's reading of the exported GGUF file against our model (see `export_best`)."""
+    import numpy as np
+    import torch
+
+    from taperlm.models.generation import greedy_batch
+
+    try:
+        import llama_cpp
+    except ImportError:
+        return {"llama_cpp": "not installed (pip install llama-cpp-python: builds llama.cpp)"}
+    f32 = llama_cpp.GGML_TYPE_F32  # an f32 KV cache: llama.cpp's default f16 one moves logits
+    llm = llama_cpp.Llama(
+        model_path=str(path), n_ctx=2 * CHECK_TOKENS, n_batch=CHECK_TOKENS, logits_all=True,
+        n_threads=torch.get_num_threads(), type_k=f32, type_v=f32, flash_attn=False,
+        verbose=False,
+    )  # fmt: skip
+    llm.eval(ids)
+    theirs = np.asarray(llm.scores[: len(ids)], dtype=np.float64)
+    mine = ours.numpy()
+    prompt = ids[:16]
+    llm.reset()
+    llm.eval(prompt)
+    got = []
+    for _ in range(GREEDY_TOKENS):
+        got.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+        llm.eval([got[-1]])
+    expected = greedy_batch(model, [prompt], max_new_tokens=GREEDY_TOKENS)[0]
+    same = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), len(got))
+    text = tokenizer.decode(text_ids)
+    return {
+        "llama_cpp": llama_cpp.__version__,
+        "architecture": llm.metadata.get("general.architecture"),
+        "tokenizer_pre": llm.metadata.get("tokenizer.ggml.pre"),
+        "max_abs_logit_diff": float(np.abs(theirs - mine).max()),
+        "max_abs_logit": float(np.abs(mine).max()),
+        "argmax_agreement": float((theirs.argmax(-1) == mine.argmax(-1)).mean()),
+        "greedy_tokens_equal_before_first_difference": same,
+        "greedy_tokens": GREEDY_TOKENS,
+        "tokenization_equal": llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+        == tokenizer.encode(text),
+        "tokenized_chars": len(text),
+    }
 
 
 if __name__ == "__main__":

@@ -118,3 +118,29 @@ def test_the_state_dict_is_exactly_what_the_gguf_conversion_covers(
             state[f"blocks.{i}.mlp_norm.weight"] = torch.ones(cfg.d_model)
     for key, value in state.items():
         torch.testing.assert_close(back[key], value, rtol=0, atol=0, msg=key)
+
+
+@pytest.mark.parametrize("fmt", ["hf", "gguf"])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_a_files_tensors_are_checked_by_name_then_by_shape(name: str, fmt: str) -> None:
+    """`problem`, which both importers refuse with: none for exactly the expected tensors; every
+    way the names can differ (one missing, one unknown, both) is a name problem naming them;
+    each tensor's wrong shape (a row more) a shape problem naming it; at most `shown` listed."""
+    expected = llama_tensors.names(_config(name), fmt)
+    assert llama_tensors.problem(expected, dict(expected)) is None
+    first, last = sorted(expected)[0], sorted(expected)[-1]
+    without = {k: v for k, v in expected.items() if k != first}
+    assert llama_tensors.problem(expected, without) == ("names", f"missing [{first!r}]")
+    extra = dict(expected) | {"extra.weight": (1,)}
+    assert llama_tensors.problem(expected, extra) == ("names", "unknown ['extra.weight']")
+    kind, says = llama_tensors.problem(expected, without | {"extra.weight": (1,)})
+    assert kind == "names" and says == f"missing [{first!r}]; unknown ['extra.weight']"
+    for key, shape in expected.items():
+        wrong = dict(expected) | {key: (shape[0] + 1, *shape[1:])}
+        assert llama_tensors.problem(expected, wrong) == (
+            "shapes", f"{key}: {wrong[key]} vs {shape}"
+        )  # fmt: skip
+    all_wrong = {k: (v[0] + 1, *v[1:]) for k, v in expected.items()}
+    kind, says = llama_tensors.problem(expected, all_wrong, shown=2)
+    assert kind == "shapes" and says.count(" vs ") == 2
+    assert llama_tensors.problem(expected, {last: expected[last]}, shown=1)[1].count("'") == 2

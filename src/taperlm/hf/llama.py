@@ -557,18 +557,12 @@ def read_weights(folder: str | Path, cfg: ModelConfig) -> dict[str, torch.Tensor
     expected = llama_tensors.names(cfg, "hf")
     if cfg.tie_embeddings and "lm_head.weight" in shapes:
         expected["lm_head.weight"] = (cfg.vocab_size, cfg.d_model)  # checked equal below
-    missing = sorted(set(expected) - set(shapes))
-    unknown = sorted(set(shapes) - set(expected))
-    if missing or unknown:
-        shown = (f"missing {missing[:4]}" if missing else "") + (
-            f"{'; ' if missing else ''}unknown {unknown[:4]}" if unknown else ""
-        )
-        raise _refuse(folder, f"its weights are not a {cfg.n_layers}-layer Llama's ({shown})")
-    wrong = [f"{k}: {shapes[k]} vs {v}" for k, v in expected.items() if shapes[k] != v]
-    if wrong:
+    bad = llama_tensors.problem(expected, shapes)
+    if bad and bad[0] == "names":
+        raise _refuse(folder, f"its weights are not a {cfg.n_layers}-layer Llama's ({bad[1]})")
+    if bad:
         raise _refuse(
-            folder,
-            f"its weights do not have the shapes its config.json gives ({'; '.join(wrong[:4])})",
+            folder, f"its weights do not have the shapes its config.json gives ({bad[1]})"
         )
     hf = _load(files, list(expected))
     tied_head = hf.get("lm_head.weight") if cfg.tie_embeddings else None

@@ -192,6 +192,21 @@ def names(cfg: ModelSpec, fmt: Format) -> dict[str, tuple[int, ...]]:
     return {t.names[fmt]: t.shape for t in tensors(cfg) if fmt in t.names}
 
 
+def problem(
+    expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]], shown: int = 4
+) -> tuple[str, str] | None:
+    """What is wrong with a file's tensors `found` (name -> shape) against `expected` (`names`):
+    ("names", "missing [...]; unknown [...]") when the names differ, ("shapes", "name: found vs
+    expected; ...") when a shape does (the first `shown` of each), else None. Both importers
+    (Hugging Face folders, GGUF files) refuse with it, in their own words."""
+    missing, unknown = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
+    if missing or unknown:
+        parts = (("missing", missing), ("unknown", unknown))
+        return "names", "; ".join(f"{what} {names[:shown]}" for what, names in parts if names)
+    wrong = [f"{k}: {found[k]} vs {v}" for k, v in expected.items() if tuple(found[k]) != v]
+    return ("shapes", "; ".join(wrong[:shown])) if wrong else None
+
+
 def to_ours(
     cfg: ModelSpec, value: Callable[[LlamaTensor], T], cat: Callable[[list[T]], T]
 ) -> dict[str, T]:

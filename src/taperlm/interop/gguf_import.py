@@ -229,16 +229,11 @@ def read_weights(path: str | Path, header: GGUFHeader, cfg: ModelConfig) -> dict
     path = Path(path)
     shapes = {n: t.shape for n, t in header.tensors.items()}
     expected = llama_tensors.names(cfg, "gguf")
-    missing, unknown = sorted(set(expected) - set(shapes)), sorted(set(shapes) - set(expected))
-    if missing or unknown:
-        shown = "; ".join(
-            f"{what} {names[:4]}" for what, names in (("missing", missing), ("unknown", unknown))
-            if names
-        )  # fmt: skip
-        raise _refuse(path, f"its tensors are not a {cfg.n_layers}-layer llama's ({shown})")
-    wrong = [f"{k}: {shapes[k]} vs {v}" for k, v in expected.items() if shapes[k] != v]
-    if wrong:
-        raise _refuse(path, f"its tensors do not have the shapes its metadata gives ({wrong[0]})")
+    bad = llama_tensors.problem(expected, shapes)
+    if bad and bad[0] == "names":
+        raise _refuse(path, f"its tensors are not a {cfg.n_layers}-layer llama's ({bad[1]})")
+    if bad:
+        raise _refuse(path, f"its tensors do not have the shapes its metadata gives ({bad[1]})")
     t = read_tensors(path, header, list(expected), convert=torch.from_numpy)
     return llama_tensors.to_ours(cfg, lambda part: _values(part, t, cfg.head_dim), torch.cat)
 
