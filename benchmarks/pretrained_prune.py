@@ -364,6 +364,111 @@ def pruned_markdown(data: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def _zero_shot_mean(tasks: dict[str, Any]) -> float:
+    """The mean, in percent, of the compared columns of every task (the tables' "mean")."""
+    cols = _task_columns(tasks)
+    return sum(v for _, v, _ in cols) / len(cols)
+
+
+def _interval(d: dict[str, Any] | None, fmt: str) -> str:
+    """A paired difference's mean and 95% interval ('' where unpaired; the mean alone at n=1)."""
+    if not d or d["mean"] is None:
+        return ""
+    if d["ci"] is None:
+        return f"{d['mean']:{fmt}} (n={d['n']})"
+    return f"{d['mean']:{fmt}} [{d['ci'][0]:{fmt}}, {d['ci'][1]:{fmt}}]"
+
+
+def healed_markdown(data: dict[str, Any]) -> str:
+    """docs/compress.md's table after healing, one row per healed (fraction, shape) in SHAPES'
+    order: the seeds, validation loss right after pruning and healed (mean over seeds), the
+    healed loss's paired difference from the uniform prune's (mean and 95% t interval over the
+    seeds both have), the mean zero-shot accuracy healed (mean over seeds) and its paired
+    difference from uniform's, in points."""
+    from taperlm.analysis.stats import paired_difference
+
+    head = [
+        "fraction", "shape", "seeds", "val loss after pruning", "healed val loss",
+        "Δ healed vs uniform [95% CI]", "healed zero-shot mean", "Δ zero-shot vs uniform [95% CI]",
+    ]  # fmt: skip
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for fraction in sorted({float(k.split("/")[0]) for k in data["pruned"]}):
+        uniform = data["pruned"].get(f"{fraction:g}/uniform", {}).get("healed", {})
+        acc_uniform = {int(s): _zero_shot_mean(c["tasks"]) for s, c in uniform.items()}
+        for shape in SHAPES:
+            cell = data["pruned"].get(f"{fraction:g}/{shape}")
+            if not cell or not cell.get("healed"):
+                continue
+            healed = {int(s): c for s, c in cell["healed"].items()}
+            loss = [c["val_loss"] for c in healed.values()]
+            acc = {s: _zero_shot_mean(c["tasks"]) for s, c in healed.items()}
+            vs = None if shape == "uniform" else cell.get("healed_vs_uniform")
+            acc_vs = None
+            if shape != "uniform" and acc_uniform:
+                acc_vs = paired_difference(acc, acc_uniform).to_json()
+            cells = [
+                f"{fraction:g}",
+                shape,
+                ", ".join(str(s) for s in sorted(healed)),
+                f"{cell['after_prune']['val_loss']:.4f}",
+                f"{sum(loss) / len(loss):.4f}",
+                _interval(vs, "+.4f"),
+                f"{sum(acc.values()) / len(acc):.1f}",
+                _interval(acc_vs, "+.1f"),
+            ]
+            rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def figure(data: dict[str, Any], path: Path) -> Path:
+    """docs/img/pretrained_prune.png: per fraction, the shapes' MLP widths by layer (left), and
+    their validation loss before pruning, right after and healed (each seed, and the mean)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from outputs import save_figure
+
+    fractions = sorted({float(k.split("/")[0]) for k in data["pruned"]})
+    fig, axes = plt.subplots(
+        len(fractions), 2, figsize=(11, 3.6 * len(fractions)), squeeze=False
+    )  # fmt: skip
+    base = data["baseline"]["val_loss"]
+    for row, fraction in zip(axes, fractions):
+        widths_ax, loss_ax = row
+        names = [s for s in SHAPES if f"{fraction:g}/{s}" in data["pruned"]]
+        reached = [s for s in names if "refused" not in data["pruned"][f"{fraction:g}/{s}"]]
+        for i, shape in enumerate(reached):
+            cell = data["pruned"][f"{fraction:g}/{shape}"]
+            color = f"C{list(SHAPES).index(shape)}"
+            widths = cell["mlp_widths"]
+            widths_ax.step(range(len(widths)), widths, where="mid", color=color, label=shape)
+            loss_ax.plot(i, cell["after_prune"]["val_loss"], "x", color=color, ms=8)
+            healed = [c["val_loss"] for c in cell.get("healed", {}).values()]
+            if healed:
+                loss_ax.plot([i] * len(healed), healed, "o", color=color, alpha=0.45, ms=4)
+                loss_ax.plot(i, sum(healed) / len(healed), "s", color=color, ms=7)
+        widths_ax.axhline(data["config"]["mlp_width"], color="0.6", lw=0.8, ls=":")
+        widths_ax.set(
+            xlabel="layer", ylabel="MLP width",
+            title=f"{fraction:g}x of the MLP parameters: the shapes pruned to",
+        )  # fmt: skip
+        widths_ax.legend(fontsize=8)
+        loss_ax.axhline(base, color="0.4", lw=0.8, ls="--", label=f"before pruning ({base:.3f})")
+        loss_ax.plot([], [], "x", color="0.3", label="right after pruning")
+        loss_ax.plot([], [], "o", color="0.3", alpha=0.45, label="healed (each seed)")
+        loss_ax.plot([], [], "s", color="0.3", label="healed (mean)")
+        loss_ax.set_xticks(range(len(reached)), reached)
+        loss_ax.set(ylabel="validation loss (nats)", title=f"{fraction:g}x: loss by shape")
+        loss_ax.legend(fontsize=8)
+    fig.suptitle(
+        "SmolLM2-135M-Instruct pruned (docs/compress.md): fewer nats is better", fontsize=10
+    )
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, required=True, help="imports, data, run dirs, cells")
@@ -388,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--distill-temperature", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads [1]")
     ap.add_argument("--json", type=output_file, help="results [results/pretrained_prune.json]")
+    ap.add_argument("--figure", type=output_file, help="a PNG of the widths and losses (`figure`)")
     args = ap.parse_args(argv)
     if args.heal_batch_tokens % args.seq_len or args.heal_batch_tokens < args.seq_len:
         ap.error(
@@ -461,6 +567,9 @@ def main(argv: list[str] | None = None) -> int:
     print(baseline_markdown(data))
     if data["pruned"]:
         print(pruned_markdown(data))
+        print(healed_markdown(data))
+        if args.figure:
+            print(f"figure: {figure(data, args.figure)}", file=sys.stderr)
     return 0
 
 

@@ -231,3 +231,47 @@ def test_the_model_exported_is_the_best_healed_at_the_strongest_pruning(bench):
     assert key == "0.5/cosine" and "right after pruning" in why
     pruned["0.5/uniform"]["after_prune"]["val_loss"] = 3.6
     assert bench.best_pruned({"pruned": pruned})[0] == "0.5/uniform"
+
+
+def test_the_healed_table_pairs_each_shape_with_uniform_over_shared_seeds(bench, tmp_path):
+    """The table after healing, from cells as `finished` reads them: a row per healed shape in
+    SHAPES' order (none for one not healed yet), the mean healed loss and zero-shot accuracy,
+    and their paired differences from the uniform prune over the seeds both have, with a 95% t
+    interval (n=3: t = 4.303); the figure draws from the same data."""
+    import math
+
+    cells = tmp_path / "cells"
+    cells.mkdir()
+    losses = {"uniform": [3.50, 3.40, 3.45], "cosine": [3.30, 3.25, 3.20]}
+    accs = {"uniform": [0.40, 0.40, 0.40], "cosine": [0.41, 0.43, 0.42]}
+    for shape, widths in (("uniform", [768] * 3), ("cosine", [1280, 768, 256])):
+        prune = {"mlp_widths": widths, "multiple_of": 256,
+                 "after_prune": {"val_loss": 4.0, "tasks": _tasks(0.3)}}  # fmt: skip
+        (cells / f"prune-0.5-{shape}.json").write_text(json.dumps(prune))
+        for s, (loss, acc) in enumerate(zip(losses[shape], accs[shape])):
+            healed = {"healed": {"val_loss": loss, "tasks": _tasks(acc)}}
+            (cells / f"heal-0.5-{shape}-s{s}.json").write_text(json.dumps(healed))
+    (cells / "prune-0.5-widening.json").write_text(
+        json.dumps({"mlp_widths": [256, 768, 1280], "multiple_of": 256,
+                    "after_prune": {"val_loss": 5.0, "tasks": _tasks(0.2)}})
+    )  # fmt: skip
+    data = {
+        "config": {"mlp_width": 1536},
+        "baseline": {"val_loss": 2.5, "tasks": _tasks(0.6)},
+        "pruned": bench.finished(tmp_path),
+    }
+    data = json.loads(json.dumps(data))  # as committed: seed keys are text
+    lines = bench.healed_markdown(data).splitlines()
+    assert lines[0].startswith("| fraction | shape | seeds | val loss after pruning |")
+    assert len(lines) == 4  # header, rule, uniform, cosine (widening is not healed)
+    assert lines[2] == "| 0.5 | uniform | 0, 1, 2 | 4.0000 | 3.4500 |  | 40.0 |  |"
+    d = [-0.20, -0.15, -0.25]
+    sd = math.sqrt(sum((x + 0.2) ** 2 for x in d) / 2)
+    half = 4.302652729911275 * sd / math.sqrt(3)
+    lo, hi = -0.2 - half, -0.2 + half
+    assert lines[3] == (
+        f"| 0.5 | cosine | 0, 1, 2 | 4.0000 | 3.2500 | -0.2000 [{lo:+.4f}, {hi:+.4f}] | 42.0 | "
+        "+2.0 [-0.5, +4.5] |"  # points: 1, 3, 2 (sd 1)
+    )
+    png = bench.figure(data, tmp_path / "fig.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
