@@ -675,8 +675,8 @@ def finished(work: Path) -> dict[str, Any]:
 # back out: the best pruned model as block_configs and as GGUF (issue 61, part 4)
 
 
-def best_pruned(data: dict[str, Any]) -> tuple[str, str]:
-    """('FRACTION/SHAPE', why) of the model to export: at the smallest fraction (the strongest
+def best_pruned(data: dict[str, Any]) -> tuple[str, str, bool]:
+    """('FRACTION/SHAPE', why, whether chosen by healing) of the model to export: at the smallest fraction (the strongest
     pruning, where the shapes differ most), the shape with the lowest mean healed validation
     loss over the healing seeds every shape there has; without healed models, the lowest loss
     right after pruning."""
@@ -691,21 +691,24 @@ def best_pruned(data: dict[str, Any]) -> tuple[str, str]:
     if seeds:
         loss = {k: sum(h[s]["val_loss"] for s in seeds) / len(seeds) for k, h in healed.items()}
         best = min(loss, key=loss.__getitem__)
-        return best, (
+        return (
+            best,
             f"the lowest mean healed validation loss at {fraction:g}x over seeds "
-            f"{sorted(seeds)} ({loss[best]:.4f})"
+            f"{sorted(seeds)} ({loss[best]:.4f})",
+            True,
         )
     loss = {k: v["after_prune"]["val_loss"] for k, v in rows.items()}
     best = min(loss, key=loss.__getitem__)
     return (
         best,
         f"the lowest validation loss right after pruning at {fraction:g}x ({loss[best]:.4f})",
+        False,
     )
 
 
 def export_best(work: Path, data: dict[str, Any], tokenizer: Any, data_dir: Path) -> dict[str, Any]:
-    """The best pruned model (`best_pruned`; its seed-0 healed run where healed) exported as
-    `block_configs` (a DeciLM folder) and as GGUF (f16), each read back: the block_configs
+    """The best pruned model (`best_pruned`; its seed-0 healed run where chosen by healing)
+    exported as `block_configs` (a DeciLM folder) and as GGUF (f16), each read back: the block_configs
     folder imported by `taperlm import` (its weights and logits against the run's), the GGUF
     file run by llama.cpp (llama-cpp-python, where installed: its logits of the validation
     split's first CHECK_TOKENS tokens against ours, GREEDY_TOKENS greedy tokens decoded with its
@@ -716,9 +719,8 @@ def export_best(work: Path, data: dict[str, Any], tokenizer: Any, data_dir: Path
     from taperlm.cli import main as cli
     from taperlm.data.loader import open_split
 
-    key, why = best_pruned(data)
+    key, why, healed = best_pruned(data)
     name = key.replace("/", "-")
-    healed = (work / f"heal-{name}-s0" / "checkpoints").is_dir()
     run = work / (f"heal-{name}-s0" if healed else f"pruned-{name}")
     out = work / "export" / run.name  # by run: a later choice never reuses another's files
     folder, gguf_file, back = out / "block-configs", out / f"{name}.gguf", out / "imported"

@@ -222,13 +222,13 @@ def test_the_model_exported_is_the_best_healed_at_the_strongest_pruning(bench):
         "0.5/widening": {"refused": "layer 0 needs more units"},
         "0.75/uniform": _cell(3.1, {0: 3.00, 1: 3.00}),  # lower, but not the strongest pruning
     }
-    key, why = bench.best_pruned({"pruned": pruned})
-    assert key == "0.5/cosine" and "seeds [0, 1]" in why and "3.4250" in why
+    key, why, healed = bench.best_pruned({"pruned": pruned})
+    assert key == "0.5/cosine" and "seeds [0, 1]" in why and "3.4250" in why and healed
     assert bench.best_pruned(json.loads(json.dumps({"pruned": pruned})))[0] == "0.5/cosine"
     for cell in pruned.values():
         cell["healed"] = {}
-    key, why = bench.best_pruned({"pruned": pruned})
-    assert key == "0.5/cosine" and "right after pruning" in why
+    key, why, healed = bench.best_pruned({"pruned": pruned})
+    assert key == "0.5/cosine" and "right after pruning" in why and not healed
     pruned["0.5/uniform"]["after_prune"]["val_loss"] = 3.6
     assert bench.best_pruned({"pruned": pruned})[0] == "0.5/uniform"
 
