@@ -1,4 +1,5 @@
-"""Every record of `taperlm.compare.results` round-trips its JSON: an instance built from its
+"""Every record of `taperlm.compare.results` (those it defines, and the novelty records it
+takes from `taperlm.analysis.novelty_record`) round-trips its JSON: an instance built from its
 type hints (every optional part present, then every optional part None) written with `to_json`,
 passed through JSON text and read back with `from_json` writes the same JSON again, key order
 included. A record added to results.py is covered without a line here."""
@@ -8,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import sys
 import types
 import typing
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from taperlm.analysis import novelty_record
 from taperlm.compare import results
 
 pytestmark = pytest.mark.unit
@@ -23,7 +26,7 @@ RECORDS = sorted(
     (
         cls
         for _, cls in inspect.getmembers(results, inspect.isclass)
-        if cls.__module__ == results.__name__
+        if cls.__module__ in (results.__name__, novelty_record.__name__)
         and dataclasses.is_dataclass(cls)
         and hasattr(cls, "to_json")
     ),
@@ -63,7 +66,7 @@ def sample(hint: Any, full: bool) -> Any:
 
 
 def instance(cls: type, full: bool) -> Any:
-    hints = typing.get_type_hints(cls, vars(results))
+    hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
     return cls(**{f.name: sample(hints[f.name], full) for f in dataclasses.fields(cls) if f.init})
 
 

@@ -275,3 +275,25 @@ def test_the_healed_table_pairs_each_shape_with_uniform_over_shared_seeds(bench,
     )
     png = bench.figure(data, tmp_path / "fig.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_docs_healed_table_and_export_are_the_results_own(bench):
+    """Once the committed results hold healed models, docs/compress.md's table after healing is
+    what they render to, the figure it shows exists, and the export it states is the results'."""
+    repo = BENCH.parent
+    data = json.loads((repo / "benchmarks/results/pretrained_prune.json").read_text())
+    if not any(cell.get("healed") for cell in data.get("pruned", {}).values()):
+        pytest.skip("no healed model in the committed results yet")
+    doc = (repo / "docs/compress.md").read_text(encoding="utf-8")
+    block = doc.split("<!-- pretrained_prune:healed -->\n")[1].split("\n<!-- /pretrained_prune")[0]
+    assert block == bench.healed_markdown(data)
+    assert (
+        "](img/pretrained_prune.png)" in doc and (repo / "docs/img/pretrained_prune.png").is_file()
+    )
+    export = data["export"]
+    assert export["shape"] == bench.best_pruned(data)[0]
+    assert (
+        export["block_configs"]["same_weights"]
+        and export["block_configs"]["max_abs_logit_diff"] == 0
+    )
+    assert f"`{export['shape']}`" in doc

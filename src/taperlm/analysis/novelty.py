@@ -32,7 +32,7 @@ import dataclasses
 import inspect
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from taperlm.analysis.novelty_record import LayerNovelty, NoveltyRecord, RhoStats
 from taperlm.analysis.stats import pearson
 from taperlm.errors import ConfigError
 from taperlm.runtime.progress import progress_bar
@@ -123,51 +124,53 @@ class NoveltyResult:
             **changes,
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (per-token values are not included)."""
-        return {
-            "name": self.name,
-            "n_layers": self.n_layers,
-            "n_tokens": self.n_tokens,
-            "n_windows": self.n_windows,
-            "seq_len": self.seq_len,
-            "skip_first": self.skip_first,
-            "layers_path": self.layers_path,
-            "mlp_name": self.mlp_name,
-            "aggregation": self.aggregation,
-            "pearson_block": _json_float(self.pearson_block),
-            "pearson_mlp": _json_float(self.pearson_mlp),
-            "layers": [
-                {
-                    "layer": i,
-                    "mlp_width": self.mlp_widths[i],
-                    "rho_block": {k: _json_float(v) for k, v in asdict(b).items()},
-                    "rho_mlp": {k: _json_float(v) for k, v in asdict(m).items()},
-                }
+    def record(self) -> NoveltyRecord:
+        """The stored form (`taperlm.analysis.novelty_record`; per-token values are not in it,
+        a value that is not finite is None)."""
+        return NoveltyRecord(
+            name=self.name,
+            n_layers=self.n_layers,
+            n_tokens=self.n_tokens,
+            n_windows=self.n_windows,
+            seq_len=self.seq_len,
+            skip_first=self.skip_first,
+            pearson_block=_finite(self.pearson_block),
+            pearson_mlp=_finite(self.pearson_mlp),
+            layers=[
+                LayerNovelty(i, self.mlp_widths[i], _rho(b), _rho(m))
                 for i, (b, m) in enumerate(zip(self.rho_block, self.rho_mlp))
             ],
-        }
+            layers_path=self.layers_path,
+            mlp_name=self.mlp_name,
+            aggregation=self.aggregation,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (per-token values are not included)."""
+        return self.record().to_json()
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> NoveltyResult:
-        def stats(x: dict[str, Any]) -> TokenStats:
-            return TokenStats(**{k: float("nan") if v is None else v for k, v in x.items()})
+        rec = NoveltyRecord.from_json(d)
 
-        layers = d["layers"]
+        def stats(x: RhoStats) -> TokenStats:
+            values = {f.name: getattr(x, f.name) for f in dataclasses.fields(x)}
+            return TokenStats(**{k: float("nan") if v is None else v for k, v in values.items()})
+
         return cls(
-            name=d["name"],
-            rho_block=[stats(x["rho_block"]) for x in layers],
-            rho_mlp=[stats(x["rho_mlp"]) for x in layers],
-            mlp_widths=[x.get("mlp_width") for x in layers],
-            pearson_block=_nan_if_none(d["pearson_block"]),
-            pearson_mlp=_nan_if_none(d["pearson_mlp"]),
-            n_tokens=d["n_tokens"],
-            n_windows=d["n_windows"],
-            seq_len=d["seq_len"],
-            skip_first=d["skip_first"],
-            layers_path=d.get("layers_path", ""),
-            mlp_name=d.get("mlp_name", ""),
-            aggregation=d.get("aggregation", ""),
+            name=rec.name,
+            rho_block=[stats(x.rho_block) for x in rec.layers],
+            rho_mlp=[stats(x.rho_mlp) for x in rec.layers],
+            mlp_widths=[x.mlp_width for x in rec.layers],
+            pearson_block=_nan_if_none(rec.pearson_block),
+            pearson_mlp=_nan_if_none(rec.pearson_mlp),
+            n_tokens=rec.n_tokens,
+            n_windows=rec.n_windows,
+            seq_len=rec.seq_len,
+            skip_first=rec.skip_first,
+            layers_path=rec.layers_path or "",
+            mlp_name=rec.mlp_name or "",
+            aggregation=rec.aggregation or "",
         )
 
 
@@ -176,10 +179,13 @@ def depth_correlation(layers: Sequence[TokenStats]) -> float:
     return pearson(list(range(len(layers))), [s.mean for s in layers])
 
 
-def _json_float(x: float | int) -> float | int | None:
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _rho(s: TokenStats) -> RhoStats:
+    return RhoStats(_finite(s.mean), _finite(s.std), _finite(s.median), _finite(s.p10),
+                    _finite(s.p90), s.n)  # fmt: skip
 
 
 def _nan_if_none(x: float | None) -> float:
