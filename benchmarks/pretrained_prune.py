@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 import json
@@ -585,15 +586,20 @@ def run_prune_and_heal(work, args, model, tokenizer, src_cfg, src_dir, data_dir)
     from taperlm.training.loop import train
 
     seq = args.seq_len
-    windows = torch.cat(list(P.calibration_windows(data_dir, seq, args.calibration_tokens)))
     settings = cell_settings(args)
-    rho = cached(
-        work,
-        "novelty",
-        lambda: {"rho_mlp": measure_novelty(model, windows, seq_len=seq).means("rho_mlp")},
-        settings,
-    )["rho_mlp"]
-    stats = P.measure(model, data_dir, seq, args.calibration_tokens)
+
+    def novelty() -> dict[str, Any]:
+        windows = torch.cat(list(P.calibration_windows(data_dir, seq, args.calibration_tokens)))
+        return {"rho_mlp": measure_novelty(model, windows, seq_len=seq).means("rho_mlp")}
+
+    rho = cached(work, "novelty", novelty, settings)["rho_mlp"]
+
+    # the calibration statistics (about a minute) only when a prune cell is still to compute:
+    # a rerun over finished cells (--stage heal resumed, --stage export) needs none
+    @functools.cache
+    def stats() -> Any:
+        return P.measure(model, data_dir, seq, args.calibration_tokens)
+
     shapes = plan(src_cfg.model, args.fractions, rho, str(src_dir))
     run_base = copy.deepcopy(src_cfg)
     run_base.data.dir = str(data_dir)
@@ -617,7 +623,7 @@ def run_prune_and_heal(work, args, model, tokenizer, src_cfg, src_dir, data_dir)
         run_cfg.resolve()
 
         def after(entry=entry, pdir=pdir, run_cfg=run_cfg) -> dict[str, Any]:
-            pr = P.prune(model, entry["config"], stats, DEFAULT_SCORE)
+            pr = P.prune(model, entry["config"], stats(), DEFAULT_SCORE)
             if not (pdir / "checkpoints").is_dir():
                 P.write_run(copy.deepcopy(run_cfg), pdir, pr.model)
             return {
