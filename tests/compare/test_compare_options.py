@@ -208,9 +208,9 @@ def test_reproducing_command_gives_the_same_allocations(tapers):
 
 
 def test_study_commands_give_the_same_sizes_and_families():
-    """--paper families / scaling write --preset-size and --families back as text that gives
-    the same sizes and families."""
-    from taperlm.compare import families, scaling
+    """--paper families / scaling / shapes write --preset-size and --families back as text that
+    gives the same sizes and families."""
+    from taperlm.compare import families, scaling, shapes
 
     for argv in (
         ["--paper", "families"],
@@ -224,9 +224,18 @@ def test_study_commands_give_the_same_sizes_and_families():
     for argv in (["--paper", "scaling"], ["--paper", "scaling", "--preset-size", "micro, tiny"]):
         opts = _options(["--out", "o", *argv])
         points = scaling.point_options(opts, scaling.plan_for(opts))
-        back = _reparsed(opts, shlex.split(scaling._command(opts, points[0][3])))
+        back = _reparsed(opts, shlex.split(scaling.study_command(opts, points[0][3])))
         assert back.preset_size == opts.preset_size
         assert scaling.plan_for(back) == scaling.plan_for(opts)
+    for argv in (["--paper", "shapes"], ["--paper", "shapes", "--preset-size", "micro"]):
+        opts = _options(["--out", "o", *argv])
+        points = shapes.point_options(opts, shapes.shape_points(opts.preset_size))
+        back = _reparsed(opts, shlex.split(shapes.command(opts, points[0][1])))
+        assert back.preset_size == opts.preset_size and back.paper == "shapes"
+        again = shapes.point_options(back, shapes.shape_points(back.preset_size))
+        assert [(p, o.tapers, o.tokens, o.seeds) for p, o in again] == [
+            (p, o.tapers, o.tokens, o.seeds) for p, o in points
+        ]
 
 
 def test_a_bad_list_fails_before_any_work(tmp_path):
@@ -379,7 +388,7 @@ def test_an_allocation_is_parsed_once_and_stays_its_specs(  # not unit: check_op
 
 
 # The modules of the report path, which read an allocation's specs and never parse its text.
-REPORT_PATH = ("report", "statistics", "results", "scaling", "longrun", "families")
+REPORT_PATH = ("report", "statistics", "results", "scaling", "longrun", "families", "shapes")
 # What parses a taper's text: the spec parser and everything built on it.
 TAPER_PARSERS = {
     "TaperSpec.parse",

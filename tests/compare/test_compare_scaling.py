@@ -300,7 +300,7 @@ def test_paper_sizes_plan():
         ("1.3b", 50_000_000_000),
         ("1.3b", 100_000_000_000),
     ]
-    command = scaling._command(opts, points[0][3])
+    command = scaling.study_command(opts, points[0][3])
     assert "--preset-size 440m,760m,1.3b" in command and "--lr-grid" not in command  # own lrs
     _, base = check_options(points[0][3])
     assert base.train.seq_len == 4096 and 0 <= base.train.tokens - 15_000_000_000 < 524_288

@@ -136,6 +136,8 @@ PAPER_STUDIES: dict[str, PaperMode] = {
     # the pre-registered check of the widening lead: micro 10 (built-in) and micro 2 (code)
     "confirm": PaperMode(_CONFIRM, confirm=True),
     "confirm-code": PaperMode(_CONFIRM, confirm=True),
+    # bell / hourglass against uniform and the monotone tapers at nano 8, 32 and micro 2
+    "shapes": PaperMode("taperlm.compare.shapes:shapes_plan", one_per="(size, tokens)"),
 }
 # --paper confirm / confirm-code: the pre-registered seed cap (taperlm.compare.longrun)
 CONFIRM_SEEDS = 15
@@ -398,7 +400,11 @@ class CompareOptions:
         "10 tokens/param, lr 0.004, fresh seeds 100-114, --stop decided (~1.5-7.5 h on 2 idle "
         "cores); confirm-code = the same pair at micro, 2 tokens/param, on the code corpus "
         "(--data), uniform's lr tuned first (~0.7-1.9 h) (docs/compare.md, 'The confirmatory "
-        "comparison')",
+        "comparison'); shapes = hourglass 1/0.5, uniform, bell 0.5/1 and the monotone cosine "
+        "1.5->0.5, 0.75->1.25 and OpenELM's linear 2/9->16/9 at nano 8 and 32 tokens/param and "
+        "micro 2, each point at uniform's tuned lr, with the fitted best bell/hourglass "
+        "strength (~6.5 h on 2 idle cores at 5 seeds) (docs/compare.md, 'Shapes beyond "
+        "monotone')",
         choices=PAPER_MODES,
     )
     # --paper families / scaling / tokens / ratios: the size(s) of the presets, as listed
@@ -408,7 +414,7 @@ class CompareOptions:
         "--paper families: size of every family's preset (micro, tiny, small, 440m, 760m, 1.3b; "
         "the paper's sizes train with its recipe) [micro]; --paper scaling: a list of sizes "
         "[micro,tiny,small] (440m,760m,1.3b: the GPU experiment, at half and all of the "
-        "paper's tokens); --paper tokens/ratios: nano, micro or both [nano,micro]",
+        "paper's tokens); --paper tokens/ratios/shapes: nano, micro or both [nano,micro]",
     )
     # --paper families: the preset prefixes listed (list_items; None: DEFAULT_FAMILIES; ()
     # given empty), checked by taperlm.compare.families.family_presets

@@ -124,7 +124,7 @@ class ScalingMeta:
     paper's point and the figure's name after it)."""
 
     command: str  # the command that reproduces the sweep
-    mode: str  # scaling | tokens | ratios
+    mode: str  # the --paper mode: scaling | tokens | ratios | shapes
     wall_s: float  # seconds of this invocation
     created: str  # when it was written
     done: int  # points done
@@ -300,13 +300,14 @@ def sweep_taper(start: float) -> str:
     return "uniform" if start == 1.0 else f"cosine:{start:g}:{2 - start:g}"
 
 
-def point_options(opts, plan: ScalingPlan) -> list[tuple[str, ScalingSize, int, Any]]:
-    """(key, size, tokens, CompareOptions) of every point of the sweep."""
+def refuse_point_settings(opts, sizes: list[str]) -> None:
+    """A study of points (a preset at a token budget each, uniform's lr tuned at each) sets the
+    model, the allocations, the budgets and the tuning itself: ConfigError naming the option
+    given that would change one (`sizes`: the study's size names, for the message)."""
     mode = f"--paper {opts.paper or 'scaling'}"
     if opts.preset or opts.config:
         raise ConfigError(
-            f"{mode} builds its sizes from presets "
-            f"({', '.join(s.name for s in plan.sizes)}); give no --preset/--config"
+            f"{mode} builds its sizes from presets ({', '.join(sizes)}); give no --preset/--config"
         )
     if opts.tapers or opts.taper_list:
         raise ConfigError("give either --paper MODE or --tapers/--taper, not both")
@@ -317,8 +318,13 @@ def point_options(opts, plan: ScalingPlan) -> list[tuple[str, ScalingSize, int, 
     if opts.tune_scope == "each":
         raise ConfigError(
             f"{mode} tunes each point's uniform lr (--tune-lr-scope uniform); "
-            "--tune-lr-scope each would train every ratio at every lr"
+            "--tune-lr-scope each would train every allocation at every lr"
         )
+
+
+def point_options(opts, plan: ScalingPlan) -> list[tuple[str, ScalingSize, int, Any]]:
+    """(key, size, tokens, CompareOptions) of every point of the sweep."""
+    refuse_point_settings(opts, [s.name for s in plan.sizes])
     # 2.0 -> 0.0 is the steepest: its last layer has no MLP (a zero width, docs/tapers.md);
     # a start below 1 is an inverse taper (width growing with depth), 0.0 -> 2.0 the mirror
     if any(not 0.0 <= s <= 2.0 or s == 1.0 for s in plan.starts) or len(plan.starts) < 2:
@@ -371,7 +377,7 @@ def sweep_plan(
 
     def report(done: StudyProgress) -> tuple[Path, Path]:
         meta = ScalingMeta(
-            command=_command(opts, points[0][3], mode),
+            command=study_command(opts, points[0][3], mode),
             mode=mode,
             wall_s=done.wall(),
             created=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -396,12 +402,14 @@ def run_scaling(opts, plan: ScalingPlan | None = None) -> tuple[Path, Path]:
     return run_plan(opts, lambda o: scaling_plan(o, plan))
 
 
-def _command(opts, sub, mode: str = "scaling") -> str:
+def study_command(opts, sub, mode: str = "scaling", stop_on: str = "best") -> str:
+    """The command that reproduces a study of points (`sub`: a point's options, for its seeds):
+    --paper MODE with the options given, the ones each point sets (tuning, `stop_on`) named."""
     parts = ["taperlm", "compare", "--paper", mode]
     if opts.preset_size:
         parts += ["--preset-size", list_text(opts.preset_size)]
     args = run_arguments(
-        dataclasses.replace(opts, tune_lr=True, tune_scope="uniform", stop_on="best"), 0, 0
+        dataclasses.replace(opts, tune_lr=True, tune_scope="uniform", stop_on=stop_on), 0, 0
     )
     args = args[4:]  # --seeds/--tokens belong to the points; the seeds follow:
     return shlex.join([*parts, "--seeds", str(sub.seeds), *args])
@@ -513,14 +521,14 @@ def write_scaling_report(
                 tokens=tokens,
                 tokens_per_param=tokens / params,
                 lr=tuning.chosen_lr["uniform"] if tuning else None,
-                lr_at_edge=_uniform_at_edge(tuning),
+                lr_at_edge=uniform_lr_at_edge(tuning),
                 diffs={
                     a.taper: a.diff_vs_uniform and a.diff_vs_uniform.val_loss
                     for a in report.summary.allocations
                 },
                 fit=fit,
                 wall_s=report.meta.wall_s,
-                run_s=_run_seconds(report),
+                run_s=run_seconds(report),
                 report=f"{key}/report.md",
             )
         )
@@ -534,7 +542,7 @@ def write_scaling_report(
     return report
 
 
-def _uniform_at_edge(tuning: LrTuning | None) -> bool | None:
+def uniform_lr_at_edge(tuning: LrTuning | None) -> bool | None:
     """Whether uniform's tuned lr is at its grid's edge (None: not tuned)."""
     curve = None if tuning is None else tuning.curves.get("uniform")
     return None if curve is None else curve.at_edge
@@ -593,7 +601,7 @@ def _lowest(fit: BestRatioFit) -> str:
     return ", ".join(f"{k} ({100 * v:.0f}%)" for v, k in top)
 
 
-def _run_seconds(report: ComparisonReport) -> float:
+def run_seconds(report: ComparisonReport) -> float:
     """A point's training + evaluation seconds, tuning runs included, as each run recorded
     them (unlike the invocation's wall time, a rerun that trains nothing keeps it)."""
     tuning = report.summary.lr_tuning
