@@ -88,7 +88,10 @@ def test_file_has_every_tensor_and_the_per_layer_metadata(tmp_path: Path, kind: 
     arch = "llama" if uniform else "deci"
     assert (kind in UNIFORM) == uniform
     assert meta["general.architecture"] == arch
-    expect_ff = cfg.mlp_widths[0] if uniform else cfg.mlp_widths
+    # a width-0 layer is written as a one-unit FFN of zero weights (llama.cpp drops the whole of
+    # an FFN-free layer: gguf_export's docstring)
+    file_ff = [w or 1 for w in cfg.mlp_widths]
+    expect_ff = file_ff[0] if uniform else file_ff
     assert meta[f"{arch}.feed_forward_length"] == expect_ff
     assert meta[f"{arch}.attention.head_count"] == (
         heads[0][0] if uniform else [h for h, _ in heads]
@@ -107,7 +110,7 @@ def test_file_has_every_tensor_and_the_per_layer_metadata(tmp_path: Path, kind: 
     want = {"token_embd.weight": (V, d), "output_norm.weight": (d,)}
     if not cfg.tie_embeddings:
         want["output.weight"] = (V, d)
-    for i, (w, (h, kv)) in enumerate(zip(cfg.mlp_widths, heads)):
+    for i, (w, (h, kv)) in enumerate(zip(file_ff, heads)):
         want |= {
             f"blk.{i}.attn_norm.weight": (d,),
             f"blk.{i}.attn_q.weight": (h * hd, d),
@@ -123,13 +126,12 @@ def test_file_has_every_tensor_and_the_per_layer_metadata(tmp_path: Path, kind: 
             }
         if cfg.attention_bias == "qkvo":
             want[f"blk.{i}.attn_output.bias"] = (d,)
-        if w > 0:  # an FFN-free layer (width 0) has no ffn_* tensors, as llama.cpp's deci
-            want |= {
-                f"blk.{i}.ffn_norm.weight": (d,),
-                f"blk.{i}.ffn_gate.weight": (w, d),
-                f"blk.{i}.ffn_up.weight": (w, d),
-                f"blk.{i}.ffn_down.weight": (d, w),
-            }
+        want |= {
+            f"blk.{i}.ffn_norm.weight": (d,),
+            f"blk.{i}.ffn_gate.weight": (w, d),
+            f"blk.{i}.ffn_up.weight": (w, d),
+            f"blk.{i}.ffn_down.weight": (d, w),
+        }
     if cfg.rope_scaling is not None and cfg.rope_scaling.type == "llama3":
         want["rope_freqs.weight"] = (hd // 2,)
     if cfg.rope_scaling is not None and cfg.rope_scaling.type == "linear":
@@ -141,6 +143,35 @@ def test_file_has_every_tensor_and_the_per_layer_metadata(tmp_path: Path, kind: 
     if kind not in UNIFORM:
         assert len(set(cfg.mlp_widths)) > 1 or len(set(heads)) > 1
     assert (kind == "zero-mlp") == (0 in cfg.mlp_widths)
+    for i, w in enumerate(cfg.mlp_widths):  # the zero-width layer's FFN adds exactly 0
+        if w == 0:
+            assert not tensors[f"blk.{i}.ffn_down.weight"].any()
+            assert not tensors[f"blk.{i}.ffn_gate.weight"].any()
+
+
+def test_an_ffn_free_layer_as_llama_cpp_reads_it_drops_the_attention_too(tmp_path: Path) -> None:
+    """Why a width-0 layer is not written as llama.cpp's FFN-free layer: the same model written
+    that way (feed_forward_length 0, no ffn_* tensors) gives other logits in llama.cpp's deci
+    graph (the layer is left before its residual add), the one-unit zero FFN gives ours."""
+    import taperlm.interop.gguf_export as ge
+
+    model, tok = make_model("zero-mlp")
+    ids = tok.encode("The cat sat on the mat, and then the dog came in.")[:24]
+    path = write_gguf(model, tok, tmp_path / "ours.gguf", dtype="f32")
+    np.testing.assert_allclose(llama_cpp_logits(path, ids), ours(model, ids), atol=2e-4)
+    real = ge.gguf_tensors
+    with pytest.MonkeyPatch.context() as mp:  # the FFN-free form: widths as they are, no ffn_*
+        mp.setattr(ge, "gguf_widths", lambda cfg: list(cfg.mlp_widths))
+        mp.setattr(
+            ge,
+            "gguf_tensors",
+            lambda model, dtype: {
+                k: v for k, v in real(model, dtype).items() if not k.startswith("blk.3.ffn_")
+            },
+        )
+        free = write_gguf(model, tok, tmp_path / "free.gguf", dtype="f32")
+    assert read(free)[0]["deci.feed_forward_length"][3] == 0
+    assert np.abs(llama_cpp_logits(free, ids) - ours(model, ids)).max() > 1e-2
 
 
 def test_tokenizer_is_gpt2_bpe_with_our_ids(tmp_path: Path) -> None:
@@ -228,6 +259,7 @@ def llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray:
     mask = np.triu(np.full((T, T), -np.inf), 1)
     for i in range(n):
         p, H, Hkv = f"blk.{i}.", heads[i], kv_heads[i]
+        before = x
         h = _rms(x, t[p + "attn_norm.weight"], eps)
         q = h @ t[p + "attn_q.weight"].T + bias(p + "attn_q.bias")
         k = h @ t[p + "attn_k.weight"].T + bias(p + "attn_k.bias")
@@ -240,7 +272,8 @@ def llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray:
         a /= a.sum(-1, keepdims=True)
         y = np.einsum("hts,shd->thd", a, v).reshape(T, H * hd)
         x = x + y @ t[p + "attn_output.weight"].T + bias(p + "attn_output.bias")
-        if n_ff[i] == 0:  # llama.cpp's deci graph: an FFN-free layer skips the FFN
+        if n_ff[i] == 0:  # llama.cpp's deci graph leaves an FFN-free layer before the
+            x = before  # attention's residual add: the layer's output is dropped
             continue
         h = _rms(x, t[p + "ffn_norm.weight"], eps)
         g = h @ t[p + "ffn_gate.weight"].T
@@ -506,3 +539,30 @@ def test_llama_cpp_tokenizes_text_as_we_do(tmp_path: Path, pre: str) -> None:
         theirs = llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
         assert theirs == tok.encode(text), text
         assert llm.detokenize(theirs).decode("utf-8") == text
+
+
+def test_only_a_zero_down_projection_reads_back_as_width_0(tmp_path: Path, monkeypatch) -> None:
+    """Import reads a one-unit FFN back as the width-0 layer it stands for only where its down
+    projection is all zero (then it adds exactly 0); any other value keeps the unit."""
+    import taperlm.interop.gguf_export as ge
+    from taperlm.interop.gguf_file import read_header
+    from taperlm.interop.gguf_import import as_ffn_free, zero_ffn_layers
+
+    model, tok = make_model("zero-mlp")
+    path = write_gguf(model, tok, tmp_path / "m.gguf", dtype="f32")
+    header = read_header(path)
+    assert zero_ffn_layers(path, header) == [3]
+    free = as_ffn_free(header, [3])
+    assert free.metadata["deci.feed_forward_length"][3] == 0
+    assert not any(n.startswith("blk.3.ffn_") for n in free.tensors)
+    real = ge._zero_width_ffn
+
+    def one_nonzero(t, state, wide):
+        out = real(t, state, wide)
+        if t.kind.role == "down":
+            out[0, 0] = 1e-3
+        return out
+
+    monkeypatch.setattr(ge, "_zero_width_ffn", one_nonzero)
+    other = write_gguf(model, tok, tmp_path / "other.gguf", dtype="f32")
+    assert zero_ffn_layers(other, read_header(other)) == []

@@ -7,6 +7,7 @@ both ways."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -106,12 +107,19 @@ def test_the_state_dict_is_exactly_what_the_gguf_conversion_covers(
     model = _model(cfg)
     state = model.state_dict()
     arrays = gguf_export.gguf_tensors(model, "f32")
-    assert list(arrays) == list(llama_tensors.names(cfg, "gguf"))  # names and file order
-    assert {k: v.shape for k, v in arrays.items()} == llama_tensors.names(cfg, "gguf")
+    # the file is a GGUF of the model whose width-0 layers are one-unit FFNs of zero weights
+    # (llama.cpp drops the whole of an FFN-free layer: llama_tensors.GGUF_ZERO_WIDTH_UNITS)
+    unit = llama_tensors.GGUF_ZERO_WIDTH_UNITS
+    written = dataclasses.replace(cfg, mlp_widths=[w or unit for w in cfg.mlp_widths])
+    assert list(arrays) == list(llama_tensors.names(written, "gguf"))  # names and file order
+    assert {k: v.shape for k, v in arrays.items()} == llama_tensors.names(written, "gguf")
     path = gguf_export.write_gguf(model, tokenizer, tmp_path / "m.gguf", dtype="f32")
     # read with the model's own config: the import refuses per-layer heads and rope_freqs (by
     # name, before reading tensors), not what it would read of them
-    back = gguf_import.read_weights(path, read_header(path), cfg)
+    header = read_header(path)
+    zero = gguf_import.zero_ffn_layers(path, header)
+    assert zero == [i for i, w in enumerate(cfg.mlp_widths) if w == 0]
+    back = gguf_import.read_weights(path, gguf_import.as_ffn_free(header, zero), cfg)
     assert set(back) == set(state)
     for i, width in enumerate(cfg.mlp_widths):
         if width == 0:  # the file has no FFN there: the norm before it comes back as ones

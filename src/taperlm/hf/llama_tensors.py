@@ -141,6 +141,13 @@ class LlamaTensor:
         return whole[start:stop]
 
 
+# The MLP width taperlm's GGUF export writes a width-0 layer with, its projections zero (an FFN
+# that adds exactly 0): llama.cpp's deci graph drops the whole of an FFN-free layer (width 0, no
+# ffn_* tensors, as this table describes a GGUF file of such a model), attention included.
+# `taperlm.interop.gguf_export` writes it, `taperlm.interop.gguf_import` reads it back as width 0.
+GGUF_ZERO_WIDTH_UNITS = 1
+
+
 def _stored(kind: TensorKind, fmt: Format, cfg: ModelSpec, width: int) -> bool:
     """Whether a `fmt` file holds a tensor of `kind` (all of ours do): never a tied head (the
     embedding stands in), nor a width-0 layer's FFN in GGUF (llama.cpp's deci skips it)."""

@@ -15,10 +15,13 @@ the `rope_freqs` tensor of per-frequency divisors, as llama.cpp's converter writ
 Per-head q/k norms (Qwen3) are refused: llama.cpp computes them only in its `qwen3`
 architecture, which this export does not write.
 
-A layer of MLP width 0 (attention only, docs/tapers.md "Zero widths") is written as llama.cpp's
-`deci` writes Nemotron's FFN-free layers: `feed_forward_length` 0 at that layer and no `ffn_*`
-tensors (its graph skips the FFN where n_ff is 0; our layer's MLP norm feeds nothing, so
-leaving it out changes no output).
+A layer of MLP width 0 (attention only, docs/tapers.md "Zero widths") is written as a one-unit
+FFN whose gate, up and down projections are zero (`llama_tensors.GGUF_ZERO_WIDTH_UNITS`): that FFN adds exactly 0,
+so the layer computes what ours does. Not as llama.cpp's own FFN-free layer
+(`feed_forward_length` 0, no `ffn_*` tensors): its `deci` graph leaves such a layer before the
+attention's residual add, so the whole layer's output is dropped, and where it is the last layer
+llama.cpp aborts (the gather of the output rows is left out of the graph); run by llama.cpp
+itself in tests/export/test_gguf_export.py (`-m slow`).
 
 Layout: tensors keep our (out, in) row-major shapes (GGUF stores them reversed, as ggml
 expects). Our RoPE rotates the two halves of each head (rotate-half); llama.cpp's `llama`/`deci`
@@ -94,10 +97,23 @@ def _permute_rope(w: Any, heads: int) -> Any:
     return w.reshape(heads, 2, half, -1).swapaxes(1, 2).reshape(w.shape)
 
 
+def gguf_widths(cfg: Any) -> list[int]:
+    """Each layer's `feed_forward_length` in the file: its MLP width, llama_tensors.GGUF_ZERO_WIDTH_UNITS for 0."""
+    return [w or llama_tensors.GGUF_ZERO_WIDTH_UNITS for w in cfg.mlp_widths]
+
+
+def _zero_width_ffn(t: Any, state: dict[str, Any], wide: Any) -> Any:
+    """A tensor of a width-0 layer's one-unit FFN: its norm our layer's (it feeds only the zero
+    projections), the projections zero."""
+    if t.kind.gain:
+        return state[t.names["ours"]].detach().float().cpu().numpy().astype(np.float32)
+    return np.zeros(tuple(n or llama_tensors.GGUF_ZERO_WIDTH_UNITS for n in t.shape), dtype=wide)
+
+
 def gguf_tensors(model: Any, dtype: str = "f16") -> dict[str, Any]:
     """llama.cpp tensor name -> numpy array of every weight of `model` (a Transformer++
     TaperedLM), named and ordered by `taperlm.hf.llama_tensors`; matrices in `dtype`, norms and
-    biases in f32 (llama.cpp requires it)."""
+    biases in f32 (llama.cpp requires it); a width-0 layer's FFN as `_zero_width_ffn`."""
 
     cfg = model.config
     wide = np.float16 if dtype == "f16" else np.float32
@@ -105,6 +121,8 @@ def gguf_tensors(model: Any, dtype: str = "f16") -> dict[str, Any]:
     out = {}
     for t in llama_tensors.tensors(cfg):
         if "gguf" not in t.names:
+            if t.kind.ffn and t.kind.gguf and t.layer is not None:  # a width-0 layer's
+                out[t.kind.gguf.format(i=t.layer)] = _zero_width_ffn(t, state, wide)
             continue
         if "ours" not in t.names:  # rope_freqs: llama.cpp's form of our llama3 RoPE scaling
             out[t.names["gguf"]] = rope_freq_divisors(
@@ -169,11 +187,11 @@ def write_gguf(
         w.add_embedding_length(cfg.d_model)
         w.add_block_count(cfg.n_layers)
         if arch == "llama":
-            w.add_feed_forward_length(cfg.mlp_widths[0])
+            w.add_feed_forward_length(gguf_widths(cfg)[0])
             w.add_head_count(heads[0][0])
             w.add_head_count_kv(heads[0][1])
         else:
-            w.add_feed_forward_length(list(cfg.mlp_widths))
+            w.add_feed_forward_length(gguf_widths(cfg))
             w.add_head_count([h for h, _ in heads])
             w.add_head_count_kv([kv for _, kv in heads])
         # The head dim is the model's, not d_model / (layer 0's heads) as llama.cpp would assume.

@@ -256,7 +256,43 @@ def quantization(header: GGUFHeader) -> dict[str, int]:
     return dict(Counter(t.type_name for t in header.tensors.values()).most_common())
 
 
+def zero_ffn_layers(path: str | Path, header: GGUFHeader) -> list[int]:
+    """The `deci` layers written as taperlm's GGUF export writes a width-0 layer: an FFN of
+    `llama_tensors.GGUF_ZERO_WIDTH_UNITS` units whose down projection is all zero (it adds
+    exactly 0)."""
+    meta = header.metadata
+    widths = meta.get("deci.feed_forward_length")
+    if meta.get("general.architecture") != "deci" or not isinstance(widths, list):
+        return []
+    names = {i: f"blk.{i}.ffn_down.weight" for i, w in enumerate(widths)}
+    found = [
+        i
+        for i, w in enumerate(widths)
+        if w == llama_tensors.GGUF_ZERO_WIDTH_UNITS and names[i] in header.tensors
+    ]
+    down = read_tensors(path, header, [names[i] for i in found])  # d_model values each
+    return [i for i in found if not np.any(down[names[i]])]
+
+
+def as_ffn_free(header: GGUFHeader, layers: list[int]) -> GGUFHeader:
+    """`header` with each of `layers` an FFN-free layer (width 0, no ffn_* tensors): the model
+    the file's one-unit zero FFNs stand for (`zero_ffn_layers`)."""
+    if not layers:
+        return header
+    widths = list(header.metadata["deci.feed_forward_length"])
+    dropped = set()
+    for i in layers:
+        widths[i] = 0
+        dropped |= {f"blk.{i}.ffn_{part}.weight" for part in ("norm", "gate", "up", "down")}
+    return GGUFHeader(
+        {**header.metadata, "deci.feed_forward_length": widths},
+        {n: t for n, t in header.tensors.items() if n not in dropped},
+    )
+
+
 def read(path: str | Path) -> tuple[GGUFHeader, ModelConfig]:
-    """The checked header and the model config of the GGUF file `path`."""
+    """The checked header and the model config of the GGUF file `path` (its one-unit zero FFNs
+    read as the width-0 layers they stand for: `zero_ffn_layers`)."""
     header = read_header(path)
+    header = as_ffn_free(header, zero_ffn_layers(path, header))
     return header, model_config(path, header)
