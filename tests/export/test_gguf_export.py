@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import assert_naming, raises_naming, tiny_config
-from eval_helpers import tiny_tokenizer
+from eval_helpers import corpus_text, tiny_tokenizer
 
 gguf = pytest.importorskip("gguf")
 
@@ -465,6 +465,7 @@ TEXTS = [
     "Ünïcödé: café, naïve, 東京, Ελληνικά, emoji 🙂",
     "   leading spaces and trailing   ",
     "Hello , world . Is it ? Yes ! It 's a ' quoted ' word",  # no clean-up of spaces
+    "I'M SURE IT'S FINE; WE'LL SEE.\r\nLine two 2024-12-07\r\n\r\n  x",  # case, CRLF
 ]
 
 
@@ -519,26 +520,90 @@ def with_pre_tokenizer(tok: Any, name: str) -> Any:
     from taperlm.interop.gguf_tokenizer import PRE_TOKENIZERS
 
     data = json.loads(tok.backend.to_str())
-    data["pre_tokenizer"] = PRE_TOKENIZERS[name]
+    data["pre_tokenizer"] = PRE_TOKENIZERS[name].pre_tokenizer
+    data["model"]["ignore_merges"] = PRE_TOKENIZERS[name].ignore_merges
     backend = Backend.from_str(json.dumps(data))
     return Tokenizer(backend, kind=tok.kind, spec=f"{tok.spec}+{name}", eos_token=tok.eos_token)
+
+
+# text with what the splittings differ on, to train each one's vocabulary: digit runs (merged
+# only where a run is one piece: Llama 3's up to 3, GPT-2's any length), contractions in both
+# cases, a letter run after punctuation, CRLF
+_SPLIT_CORPUS = [
+    *TEXTS,
+    "In 2024 there were 12345 items, 678 more than 1999's 11667 and 123 456 789 000.",
+    "IT'S (quoted) [words] and {braces}: don't, DON'T, we'll, WE'LL, they're, THEY'RE.",
+    "Line one\r\nLine two\r\n\r\n    indented 42 and 4242 and 424242\n",
+]
+
+
+def trained_under(name: str) -> Any:
+    """A byte-level BPE whose vocabulary was trained under GGUF's `name` splitting (so its
+    merges hold what that splitting keeps together), as a taperlm tokenizer."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import pre_tokenizers, trainers
+
+    from taperlm.data.tokenizer import Tokenizer
+    from taperlm.interop.gguf_tokenizer import PRE_TOKENIZERS
+
+    known = PRE_TOKENIZERS[name]
+    data = json.loads(tiny_tokenizer().backend.to_str())
+    data["added_tokens"], data["pre_tokenizer"] = [], known.pre_tokenizer
+    data["model"] |= {"vocab": {}, "merges": [], "ignore_merges": known.ignore_merges}
+    backend = Backend.from_str(json.dumps(data))
+    trainer = trainers.BpeTrainer(
+        vocab_size=700,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator([*_SPLIT_CORPUS, corpus_text()] * 3, trainer=trainer)
+    return Tokenizer(backend, kind="bpe", spec=f"trained:{name}", eos_token="<|endoftext|>")
+
+
+def _llama_cpp_tokens(llama_cpp: Any, tok: Any, path: Path, name: str | None = None) -> list:
+    """llama.cpp's tokens of every text of _SPLIT_CORPUS from a file of `tok` (written under
+    the pre-tokenizer name `name` where given, whatever `tok` splits as)."""
+    import taperlm.interop.gguf_tokenizer as gt
+
+    model = TaperedLM(
+        tiny_config(preset="transformer-tiny", n_layers=1, vocab_size=tok.vocab_size)
+    ).eval()
+    with pytest.MonkeyPatch.context() as mp:
+        if name is not None:
+            mp.setattr(gt, "llama_cpp_pre_name", lambda pre, ignore_merges=False: name)
+        write_gguf(model, tok, path)
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, vocab_only=True, verbose=False)
+    out = [llm.tokenize(t.encode("utf-8"), add_bos=False, special=False) for t in _SPLIT_CORPUS]
+    assert [llm.detokenize(ids).decode("utf-8") for ids in out] == _SPLIT_CORPUS
+    return out
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("pre", EXPORT_PRE_NAMES)
 def test_llama_cpp_tokenizes_text_as_we_do(tmp_path: Path, pre: str) -> None:
     """llama.cpp splits and merges text as our tokenizer does under each pre-tokenizer name
-    export writes (GPT-2's regex; SmolLM's digits alone first: TEXTS hold digit runs)."""
+    export writes (GPT-2's regex; SmolLM's digits alone first; Llama 3's split regex, digit runs
+    of up to 3 and whole pieces looked up; Qwen2's with single digits), each with a vocabulary
+    trained under that splitting; and the check sees a wrong name: for each other name export
+    writes, one of the two vocabularies written under the other's name tokenizes some text
+    differently (a vocabulary shows a splitting only where its merges cross the other's
+    boundaries: one trained to keep digit runs whole does, read one digit at a time)."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    model, tok = make_model("uniform")
-    tok = with_pre_tokenizer(tok, pre)
-    path = write_gguf(model, tok, tmp_path / "m.gguf")
+    tok = trained_under(pre)
+    path = tmp_path / "m.gguf"
+    theirs = _llama_cpp_tokens(llama_cpp, tok, path)
     assert read(path)[0]["tokenizer.ggml.pre"] == pre
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, vocab_only=True, verbose=False)
-    for text in TEXTS:
-        theirs = llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
-        assert theirs == tok.encode(text), text
-        assert llm.detokenize(theirs).decode("utf-8") == text
+    assert theirs == [tok.encode(t) for t in _SPLIT_CORPUS]
+    for other in EXPORT_PRE_NAMES:
+        if other == pre:
+            continue
+        tok_other = trained_under(other)
+        mine_as_other = _llama_cpp_tokens(llama_cpp, tok, tmp_path / f"a-{other}.gguf", other)
+        other_as_mine = _llama_cpp_tokens(llama_cpp, tok_other, tmp_path / f"b-{other}.gguf", pre)
+        assert mine_as_other != theirs or other_as_mine != [
+            tok_other.encode(t) for t in _SPLIT_CORPUS
+        ], other
 
 
 def test_only_a_zero_down_projection_reads_back_as_width_0(tmp_path: Path, monkeypatch) -> None:

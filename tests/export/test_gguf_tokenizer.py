@@ -101,7 +101,7 @@ def test_the_pre_tokenizer_is_the_one_llama_cpp_uses():
     "changes, needle",
     [
         ({"tokenizer.ggml.model": "llama"}, "'llama' kind"),
-        ({"tokenizer.ggml.pre": "qwen2"}, "'qwen2'"),
+        ({"tokenizer.ggml.pre": "falcon"}, "'falcon'"),
         ({"tokenizer.ggml.merges": ["1 2", "Ġ1"]}, "two tokens joined by one space"),
         ({"tokenizer.ggml.tokens": ["a", "a"]}, "names a token twice"),
         ({"tokenizer.ggml.tokens": "abc"}, "not a list of strings"),
@@ -178,7 +178,8 @@ def test_every_pre_tokenizer_import_rebuilds_exports_and_reads_back_the_same(pre
     the test vocabulary merges a space with digits, which only GPT-2's regex lets meet)."""
     tok, why = read_tokenizer("t.gguf", _meta(pre), 400)
     assert tok is not None, why
-    name = llama_cpp_pre_name(json.loads(tok.backend.to_str())["pre_tokenizer"])
+    data = json.loads(tok.backend.to_str())
+    name = llama_cpp_pre_name(data["pre_tokenizer"], data["model"].get("ignore_merges", False))
     assert name in EXPORT_PRE_NAMES
     assert PRE_TOKENIZERS[name] == PRE_TOKENIZERS[pre or "default"]
     back, why = read_tokenizer("t.gguf", _exported_meta(tok, 400), 400)
@@ -265,3 +266,21 @@ def test_a_smollm_model_exports_to_gguf_and_imports_back_with_its_tokenizer(tmp_
     ids = torch.tensor([tok.encode("a 12 b 123 numbers")])
     with torch.no_grad():
         torch.testing.assert_close(again.eval()(ids).logits, model(ids).logits, atol=1e-5, rtol=0)
+
+
+# the pre-tokenizers of Llama 3's and Qwen2's released tokenizer.json files, as written there
+_RELEASED = {
+    "llama-bpe": '{"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"Regex":"(?i:\'s|\'t|\'re|\'ve|\'m|\'ll|\'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}{1,3}| ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+"},"behavior":"Isolated","invert":false},{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":false}]}',
+    "qwen2": '{"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"Regex":"(?i:\'s|\'t|\'re|\'ve|\'m|\'ll|\'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}| ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+"},"behavior":"Isolated","invert":false},{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":false,"use_regex":false}]}',
+}
+
+
+@pytest.mark.parametrize("name, ignore_merges", [("llama-bpe", True), ("qwen2", False)])
+def test_released_llama3_and_qwen2_pre_tokenizers_get_their_llama_cpp_names(name, ignore_merges):
+    """A run imported from Llama 3 (ignore_merges true in its tokenizer.json) or Qwen2 exports
+    to GGUF under the name llama.cpp splits it with; the same pre-tokenizer with the other
+    ignore_merges is no known splitting (llama.cpp ties the two together per name)."""
+    pre = json.loads(_RELEASED[name])
+    assert llama_cpp_pre_name(pre, ignore_merges) == name
+    assert llama_cpp_pre_name(pre, not ignore_merges) is None
+    assert pre["pretokenizers"][0]["pattern"]["Regex"].count("\\p{N}") == 3  # a real regex

@@ -30,7 +30,8 @@ own Hugging Face converter does for Llama. The fused QKV and gate/up matrices ar
 llama.cpp's separate tensors. A tied head is left out (llama.cpp reuses token_embd).
 
 Tokenizer: a byte-level BPE whose pre-tokenization llama.cpp reproduces (GPT-2's, as taperlm's
-`bpe:N` and GPT-2 style vocab.json + merges.txt; digits alone then GPT-2's, as SmolLM's) becomes
+`bpe:N` and GPT-2 style vocab.json + merges.txt; digits alone then GPT-2's, as SmolLM's; Llama
+3's and Qwen2's split regexes) becomes
 llama.cpp's `gpt2` tokenizer with that pre-tokenizer's name (`taperlm.interop.gguf_tokenizer`);
 EOS is also BOS when the tokenizer names no BOS, and nothing is added to a prompt, as in
 `taperlm generate`.

@@ -13,7 +13,13 @@ reproduces:
   own files);
 - `smollm`, `starcoder`, `refact`, `codeshell`: every digit alone first, then GPT-2's regex
   (llama.cpp splits these with `\\p{N}` before the GPT-2 pattern; SmolLM/SmolLM2's own
-  tokenizer.json is `Digits(individual_digits)` + `ByteLevel`); export writes `smollm`.
+  tokenizer.json is `Digits(individual_digits)` + `ByteLevel`); export writes `smollm`;
+- `llama-bpe` (also `llama3`, `llama-v3`): Llama 3's split regex (contractions in any case,
+  letters with one leading non-letter, digits in runs of up to 3), then bytes; a word found
+  whole in the vocabulary is that token without merging (`ignore_merges`, as llama.cpp and
+  Llama 3's tokenizer.json both do);
+- `qwen2` (also `deepseek-r1-qwen`): the same regex with every digit alone (Qwen2/2.5's;
+  merges always applied).
 
 The kind is a byte-level BPE: its tokens are the ids' strings, its merges "left right" pairs in
 rank order. Control tokens (token type 3) and user-defined ones (4) are added tokens, as in the
@@ -27,6 +33,7 @@ nothing here guesses.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,17 +50,52 @@ _DIGITS_THEN_GPT2 = {
     "type": "Sequence",
     "pretokenizers": [{"type": "Digits", "individual_digits": True}, _BYTE_LEVEL],
 }
-# tokenizer.ggml.pre -> the tokenizers pre-tokenizer that splits text as llama.cpp does (import)
-PRE_TOKENIZERS: dict[str, dict[str, Any]] = {
-    "default": _BYTE_LEVEL,
-    "gpt-2": _BYTE_LEVEL,
-    "smollm": _DIGITS_THEN_GPT2,
-    "starcoder": _DIGITS_THEN_GPT2,
-    "refact": _DIGITS_THEN_GPT2,
-    "codeshell": _DIGITS_THEN_GPT2,
+
+
+def _split_then_bytes(digits: str) -> dict[str, Any]:
+    """Llama 3's pre-tokenizer as its tokenizer.json writes it (Qwen2's with `digits` = one
+    digit): the split regex, then bytes without GPT-2's regex. llama.cpp spells the
+    case-insensitive contractions out as character classes; the splits are the same."""
+    regex = (
+        "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|" + digits
+        + "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+    )  # fmt: skip
+    split = {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False}
+    return {"type": "Sequence", "pretokenizers": [split, _BYTE_LEVEL | {"use_regex": False}]}
+
+
+@dataclass(frozen=True)
+class Splitting:
+    """How llama.cpp tokenizes text under one `tokenizer.ggml.pre`: the tokenizer.json
+    pre-tokenizer that splits text the same way, and whether a piece found whole in the
+    vocabulary is that token without merges (llama.cpp's `ignore_merges` for that name; the
+    BPE model's `ignore_merges` in tokenizer.json)."""
+
+    pre_tokenizer: dict[str, Any]
+    ignore_merges: bool = False
+
+
+_GPT2 = Splitting(_BYTE_LEVEL)
+_DIGITS_FIRST = Splitting(_DIGITS_THEN_GPT2)
+_LLAMA3 = Splitting(_split_then_bytes("\\p{N}{1,3}"), ignore_merges=True)
+_QWEN2 = Splitting(_split_then_bytes("\\p{N}"))
+# tokenizer.ggml.pre -> how llama.cpp splits under it (import rebuilds that tokenizer): the
+# names of llama-vocab.cpp that share each splitting
+PRE_TOKENIZERS: dict[str, Splitting] = {
+    "default": _GPT2,
+    "gpt-2": _GPT2,
+    "smollm": _DIGITS_FIRST,
+    "starcoder": _DIGITS_FIRST,
+    "refact": _DIGITS_FIRST,
+    "codeshell": _DIGITS_FIRST,
+    "llama-bpe": _LLAMA3,
+    "llama3": _LLAMA3,
+    "llama-v3": _LLAMA3,
+    "qwen2": _QWEN2,
+    "deepseek-r1-qwen": _QWEN2,
 }
-# the names export writes, in this order of preference (each pre-tokenizer has one here)
-EXPORT_PRE_NAMES = ("gpt-2", "smollm")
+# the names export writes, in this order of preference (each splitting has one here)
+EXPORT_PRE_NAMES = ("gpt-2", "smollm", "llama-bpe", "qwen2")
 
 
 def _splitting(pre: dict[str, Any]) -> Any:
@@ -67,14 +109,22 @@ def _splitting(pre: dict[str, Any]) -> Any:
         return (kind, bool(pre.get("individual_digits", False)))
     if kind == "Sequence":
         return (kind, tuple(_splitting(p) for p in pre.get("pretokenizers") or []))
+    if kind == "Split":
+        pattern = pre.get("pattern")
+        return (kind, repr(pattern), pre.get("behavior"), bool(pre.get("invert", False)))
     return (kind, repr(sorted(pre.items())))
 
 
-def llama_cpp_pre_name(pre: dict[str, Any]) -> str | None:
-    """The `tokenizer.ggml.pre` that makes llama.cpp split text as the tokenizer.json
-    pre-tokenizer `pre` does (the inverse of PRE_TOKENIZERS), or None when it has none."""
+def llama_cpp_pre_name(pre: dict[str, Any], ignore_merges: bool = False) -> str | None:
+    """The `tokenizer.ggml.pre` that makes llama.cpp tokenize as a tokenizer.json with the
+    pre-tokenizer `pre` and the BPE model's `ignore_merges` does (the inverse of
+    PRE_TOKENIZERS), or None when it has none."""
     for name in EXPORT_PRE_NAMES:
-        if _splitting(PRE_TOKENIZERS[name]) == _splitting(pre):
+        known = PRE_TOKENIZERS[name]
+        if (_splitting(known.pre_tokenizer), known.ignore_merges) == (
+            _splitting(pre),
+            bool(ignore_merges),
+        ):
             return name
     return None
 
@@ -136,7 +186,7 @@ def gguf_tokenizer_json(meta: dict[str, Any], vocab_size: int) -> tuple[dict[str
         "padding": None,
         "added_tokens": added,
         "normalizer": None,
-        "pre_tokenizer": PRE_TOKENIZERS[pre],
+        "pre_tokenizer": PRE_TOKENIZERS[pre].pre_tokenizer,
         "post_processor": None,
         "decoder": {
             "type": "ByteLevel",
@@ -152,7 +202,7 @@ def gguf_tokenizer_json(meta: dict[str, Any], vocab_size: int) -> tuple[dict[str
             "end_of_word_suffix": None,
             "fuse_unk": False,
             "byte_fallback": False,
-            "ignore_merges": False,
+            "ignore_merges": PRE_TOKENIZERS[pre].ignore_merges,
             "vocab": {t: i for i, t in enumerate(tokens)},
             "merges": [m.split(" ") for m in merges],
         },
@@ -198,17 +248,21 @@ def gguf_vocab(tokenizer: Any, vocab_size: int) -> dict[str, Any]:
         problems.append(
             f"its model is {model.get('type')} (byte_fallback={model.get('byte_fallback')})"
         )
-    pre_name = llama_cpp_pre_name(pre)
+    ignore_merges = bool(model.get("ignore_merges", False))
+    pre_name = llama_cpp_pre_name(pre, ignore_merges)
     if pre_name is None:
-        problems.append(f"its pre-tokenizer is {json.dumps(pre, sort_keys=True)}")
+        problems.append(
+            f"its pre-tokenizer is {json.dumps(pre, sort_keys=True)} with ignore_merges="
+            f"{ignore_merges}"
+        )
     if data.get("normalizer"):
         problems.append(f"it has a normalizer ({data['normalizer'].get('type')})")
     if problems:
         raise DataError(
             f"GGUF export: tokenizer {spec!r} is not a byte-level BPE whose pre-tokenization "
-            f"llama.cpp reproduces ({'; '.join(problems)}); llama.cpp's gpt2 tokenizer splits "
-            "as GPT-2 does, or digits alone then as GPT-2 (SmolLM's): train the run on a bpe:N or "
-            "GPT-2 style tokenizer, or use the Hugging Face export"
+            f"llama.cpp reproduces ({'; '.join(problems)}); the splittings export names are "
+            "GPT-2's, SmolLM's (digits alone, then GPT-2's), Llama 3's and Qwen2's: train the run "
+            "on a bpe:N or GPT-2 style tokenizer, or use the Hugging Face export"
         )
     ids = backend.get_vocab(with_added_tokens=True)
     if max(ids.values()) >= vocab_size:
