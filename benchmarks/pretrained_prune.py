@@ -808,7 +808,9 @@ def llama_cpp_check(
         "argmax_agreement": float((theirs.argmax(-1) == mine.argmax(-1)).mean()),
         "greedy_tokens_equal_before_first_difference": same,
         "greedy_tokens": GREEDY_TOKENS,
-        "tokenization_equal": llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+        # special: a control token spelled in the text (the corpus's documents end in EOS,
+        # <|im_end|> here) is that token, as our tokenizer (and transformers') reads it
+        "tokenization_equal": llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
         == tokenizer.encode(text),
         "tokenized_chars": len(text),
     }

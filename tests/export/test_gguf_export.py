@@ -534,6 +534,7 @@ _SPLIT_CORPUS = [
     "In 2024 there were 12345 items, 678 more than 1999's 11667 and 123 456 789 000.",
     "IT'S (quoted) [words] and {braces}: don't, DON'T, we'll, WE'LL, they're, THEY'RE.",
     "Line one\r\nLine two\r\n\r\n    indented 42 and 4242 and 424242\n",
+    "one document ends.<|endoftext|>The next begins",  # a control token spelled in the text
 ]
 
 
@@ -574,8 +575,9 @@ def _llama_cpp_tokens(llama_cpp: Any, tok: Any, path: Path, name: str | None = N
             mp.setattr(gt, "llama_cpp_pre_name", lambda pre, ignore_merges=False: name)
         write_gguf(model, tok, path)
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, vocab_only=True, verbose=False)
-    out = [llm.tokenize(t.encode("utf-8"), add_bos=False, special=False) for t in _SPLIT_CORPUS]
-    assert [llm.detokenize(ids).decode("utf-8") for ids in out] == _SPLIT_CORPUS
+    # special: a control token spelled in the text is that token, as our tokenizer reads it
+    out = [llm.tokenize(t.encode("utf-8"), add_bos=False, special=True) for t in _SPLIT_CORPUS]
+    assert [llm.detokenize(ids, special=True).decode("utf-8") for ids in out] == _SPLIT_CORPUS
     return out
 
 
