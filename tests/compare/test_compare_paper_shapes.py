@@ -188,3 +188,35 @@ def test_docs_state_the_estimated_times():
     micro, nano = shapes.estimated_hours(sizes=("micro",)), shapes.estimated_hours(sizes=("nano",))
     assert micro + nano == pytest.approx(shapes.estimated_hours())
     assert f"micro 2 only, ≈ {micro:.1f} h" in section
+    assert f"did not (≈ {shapes.estimated_hours(after_tokens=True):.1f} h)" in section
+
+
+def test_in_a_tokens_folder_it_reuses_the_token_axis_cells():
+    """`--paper shapes` in a copy of a finished `--paper tokens` folder trains only its new
+    allocations: at each of its points, a tokens point of the same folder name whose options
+    differ only in the allocation list and the stop question, so uniform's lr tuning is the
+    same and every cell of uniform, cosine 1.5 -> 0.5 and 0.75 -> 1.25 has the same name and
+    run config in both."""
+    import dataclasses as dc
+
+    from taperlm.compare.grid import build_grid
+
+    tokens_plan = longrun.longrun_plan(CompareOptions(out=Path("x"), paper="tokens"))
+    tokens = {part.key: part.opts for part in tokens_plan.parts}
+    opts = CompareOptions(out=Path("x"), paper="shapes")
+    for point, sub in shapes.point_options(opts, shapes.shape_points()):
+        other = tokens[point.key]
+        differ = {f.name for f in dc.fields(sub) if getattr(sub, f.name) != getattr(other, f.name)}
+        assert differ == {"tapers", "stop_on"}, point.key
+        cells = []
+        for o in (sub, other):
+            allocs, base = check_options(o)
+            grid = build_grid(base, allocs, list(range(o.seeds)), o.paper)
+            cells.append({c.name: c.config for c in grid.cells})
+        common = set(cells[0]) & set(cells[1])
+        kept = {a.name for a in check_options(sub)[0] if a.spec_string in shapes.ON_THE_TOKEN_AXIS}
+        assert kept == {"uniform", "cosine-1.5-0.5", "cosine-0.75-1.25"}
+        assert common == {f"{n}-s{s}" for n in kept for s in range(5)}, point.key
+        assert all(cells[0][n] == cells[1][n] for n in common), point.key
+    reused = shapes.estimated_hours(after_tokens=True)
+    assert reused == pytest.approx(shapes.estimated_hours() * 25 / 48)

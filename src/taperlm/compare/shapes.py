@@ -194,15 +194,28 @@ def run_shapes(opts) -> tuple[Path, Path]:
     return run_plan(opts, shapes_plan)
 
 
-def estimated_hours(seeds: int = 5, cores: int = 2, sizes: tuple[str, ...] | None = None) -> float:
+# the allocations `--paper tokens` also trains at these points (with uniform's lr tuning): run
+# in a copy of its finished folder, the study reuses their cells (same names, same configs)
+ON_THE_TOKEN_AXIS = ("uniform", MONOTONE[0], MONOTONE[1])
+
+
+def estimated_hours(
+    seeds: int = 5,
+    cores: int = 2,
+    sizes: tuple[str, ...] | None = None,
+    after_tokens: bool = False,
+) -> float:
     """Hours on `cores` idle cores at the sweeps' measured speed (`longrun.CELL_TOKENS_PER_S`)
     for the points at `sizes` (None: all): every point trains its allocations x `seeds` runs
-    and TUNE_LRS x TUNE_SEEDS tuning runs (no extension; evaluation, ~2%, left out)."""
+    and TUNE_LRS x TUNE_SEEDS tuning runs (no extension; evaluation, ~2%, left out);
+    `after_tokens`: in a copy of a finished `--paper tokens` folder, only the allocations it
+    did not train, and no tuning."""
     allocations = len(AXIS) + len(MONOTONE)
-    core_s = sum(
-        (allocations * seeds + TUNE_LRS * TUNE_SEEDS) * p.tokens / CELL_TOKENS_PER_S[p.size]
-        for p in shape_points(sizes)
-    )
+    if after_tokens:
+        runs = (allocations - len(ON_THE_TOKEN_AXIS)) * seeds
+    else:
+        runs = allocations * seeds + TUNE_LRS * TUNE_SEEDS
+    core_s = sum(runs * p.tokens / CELL_TOKENS_PER_S[p.size] for p in shape_points(sizes))
     return core_s / cores / 3600
 
 
