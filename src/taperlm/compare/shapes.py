@@ -231,7 +231,7 @@ class ShapeResult:
     x: float | None  # its signed strength on the axis (None: a monotone comparator)
     widths: tuple[int, ...]  # MLP width per layer
     baseline_width: int
-    mean_loss: float  # validation loss, mean over its seeds
+    mean_loss: float  # validation loss, mean over the seeds every allocation of the point has
     diff: PairedDifference | None  # its loss minus uniform's, paired by seed (uniform: None)
 
     def to_json(self) -> dict[str, Any]:
