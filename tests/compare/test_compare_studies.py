@@ -63,3 +63,31 @@ def test_a_toy_study_is_one_registered_function(data_dir, tmp_path, monkeypatch,
     study.run_study(opts)
     assert json.loads(js.read_text()) == doc
     assert "trained" not in capsys.readouterr().err
+
+
+def test_a_single_comparison_s_closing_reading_sees_its_finished_report(
+    data_dir,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    """`StudyPlan.conclude` (the pre-registered modes' reading) is called once per run with the
+    finished comparison's report, on a resume too, after report.json is written."""
+    seen = []
+
+    def with_reading(opts: CompareOptions) -> StudyPlan:
+        def conclude(report) -> None:
+            seen.append(json.loads(report.json_path.read_text())["stopping"]["seeds_used"])
+
+        sub = dataclasses.replace(opts, paper=None)
+        return StudyPlan([Part("", sub)], mode="read", conclude=conclude)
+
+    monkeypatch.setattr(study, "REGISTERED", {})
+    study.study("read")(with_reading)
+    args = build_parser().parse_args(
+        ["compare", *TINY, *ALLOCS, "--seeds", "2", "--data", str(data_dir), "--out",
+         str(tmp_path / "c")]
+    )  # fmt: skip
+    opts = dataclasses.replace(options_from(args), paper="read")
+    for _ in range(2):
+        study.run_study(opts)
+    assert seen == [2, 2]

@@ -15,14 +15,14 @@ import pytest
 
 from conftest import raises_naming
 from taperlm.cli import build_parser
-from taperlm.compare import longrun, options
+from taperlm.compare import confirm, options
 from taperlm.compare.comparison import check_options, reported_seeds
 from taperlm.compare.grid import build_grid
 from taperlm.compare.options import options_from, run_arguments
 from taperlm.compare.tuning import TUNE_SEED_BASE
 from taperlm.config import to_dict
 from taperlm.config.loading import run_config_from_dict
-from taperlm.errors import ConfigError
+from taperlm.errors import ConfigError, MalformedFileError
 
 ROOT = Path(__file__).resolve().parents[2]
 KEPT = ROOT / "benchmarks/results/longrun_tokens_micro"
@@ -43,7 +43,7 @@ def _kept_configs(point: str) -> dict[str, dict]:
 
 def test_confirm_builds_the_micro_10_comparison_on_fresh_seeds(tmp_path):
     opts = _opts(tmp_path, "--paper", "confirm")
-    sub = longrun.confirm_options(opts)
+    sub = confirm.confirm_options(opts)
     allocs, provisional = check_options(sub)
     assert [a.spec.to_string() for a in allocs] == ["uniform", "cosine:0.75:1.25"]
     seeds = reported_seeds(sub)
@@ -82,7 +82,7 @@ def test_confirm_builds_the_micro_10_comparison_on_fresh_seeds(tmp_path):
 def test_confirm_code_tunes_uniform_on_the_code_corpus(tmp_path):
     (tmp_path / "code").mkdir()
     opts = _opts(tmp_path, "--paper", "confirm-code", "--data", str(tmp_path / "code"))
-    sub = longrun.confirm_options(opts)
+    sub = confirm.confirm_options(opts)
     allocs, provisional = check_options(sub)
     assert [a.spec.to_string() for a in allocs] == ["uniform", "cosine:0.75:1.25"]
     assert sub.data == tmp_path / "code" and sub.preset == "transformer-micro"
@@ -116,12 +116,12 @@ def test_confirm_code_tunes_uniform_on_the_code_corpus(tmp_path):
 )
 def test_what_would_change_the_pre_registration_is_refused(tmp_path, args, named):
     with raises_naming(ConfigError, *named):
-        longrun.confirm_options(_opts(tmp_path, *args))
+        confirm.confirm_options(_opts(tmp_path, *args))
 
 
 def test_the_same_rule_given_explicitly_is_accepted(tmp_path):
     args = ["--paper", "confirm", "--seeds", "15", "--stop", "decided", "--min-seeds", "3"]
-    sub = longrun.confirm_options(_opts(tmp_path, *args))
+    sub = confirm.confirm_options(_opts(tmp_path, *args))
     assert reported_seeds(sub) == list(range(100, 115))
 
 
@@ -129,12 +129,12 @@ def test_the_modes_are_registered_and_the_docs_state_their_times():
     from taperlm.compare import study
 
     # the modes declared confirmatory are the ones with a pre-registered point
-    assert options.CONFIRM_MODES == tuple(longrun.CONFIRM_POINTS) == ("confirm", "confirm-code")
-    assert all(study.studies()[m] is longrun.confirm_plan for m in options.CONFIRM_MODES)
+    assert options.CONFIRM_MODES == tuple(confirm.CONFIRM_POINTS) == ("confirm", "confirm-code")
+    assert all(study.studies()[m] is confirm.confirm_plan for m in options.CONFIRM_MODES)
     page = (ROOT / "docs/compare.md").read_text(encoding="utf-8")
     for mode in options.CONFIRM_MODES:
-        at_most = longrun.confirm_hours(mode)
-        at_three = longrun.confirm_hours(mode, seeds=3)
+        at_most = confirm.confirm_hours(mode)
+        at_three = confirm.confirm_hours(mode, seeds=3)
         assert f"`{mode}` | ≈ {at_three:.1f} h to ≈ {at_most:.1f} h" in page, mode
 
 
@@ -149,3 +149,140 @@ def test_first_seed_shifts_every_seed_and_is_checked(tmp_path):
     clash = dataclasses.replace(opts, first_seed=TUNE_SEED_BASE - 1, tune_lr=True)
     with raises_naming(ConfigError, "tuning seeds", "overlap"):
         check_options(clash)
+
+
+# ----------------------------------------------------------------------------------------------
+# the reading: a finished comparison's report.json read by the pre-registered rule
+
+# a real comparison's report.json, for the shape of every field the reading touches
+SHAPE = ROOT / "benchmarks/results/own_lr_nano_8tpp.json"
+
+
+def _report(mode: str, per_seed: list[float], reason: str, ci: tuple[float, float]) -> dict:
+    """`mode`'s report.json as its run would write it, with these paired differences (taper −
+    uniform, seeds 100 on), the stop's reason and the anytime-valid interval at the last seed."""
+    doc = json.loads(SHAPE.read_text())
+    point = confirm.CONFIRM_POINTS[mode]
+    n = len(per_seed)
+    seeds = list(range(100, 100 + n))
+    doc["base_config"]["model"] = _kept_configs("micro-10579968")["uniform-s0"]["model"]
+    doc["base_config"]["train"]["tokens"] = confirm.budget_tokens("micro", point.tokens_per_param)
+    doc["base_config"]["train"]["lr"] = 0.004 if point.lr else 0.002
+    doc["lr_tuning"] = None if point.lr else {**doc["lr_tuning"], "scope": "uniform"}
+    uni, taper = doc["allocations"]
+    uni["label"], taper["label"] = "uniform", "cosine:0.75:1.25"
+    mean = sum(per_seed) / n
+    taper["diff_vs_uniform"]["val_loss"] = {
+        "seeds": seeds, "per_seed": per_seed, "n": n, "mean": mean,
+        "ci": [mean - 0.01, mean + 0.01],
+    }  # fmt: skip
+    step = {"n": n, "mean": mean, "half": (ci[1] - ci[0]) / 2, "ci": list(ci)}
+    doc["stopping"] = {
+        **doc["stopping"], "rule": "decided", "alpha": 0.05, "min_seeds": 3,
+        "stop_on": "each", "cap": 15, "seeds_used": n, "stopped_at": n, "reason": reason,
+        "sequence": [{"n": n, "comparisons": {"cosine:0.75:1.25": step}, "stops": True}],
+    }  # fmt: skip
+    return doc
+
+
+CONFIRMED = ([-0.05, -0.04, -0.06, 0.01], "decided", (-0.09, -0.01))
+REFUTED = ([0.03, 0.02, 0.04], "decided", (0.001, 0.06))
+UNDECIDED = ([0.01, -0.01] * 7 + [0.0], "cap", (-0.02, 0.02))
+
+
+@pytest.mark.parametrize("mode", ["confirm", "confirm-code"])
+@pytest.mark.parametrize(
+    "case, verdict, says",
+    [
+        (CONFIRMED, "confirmed", "beats uniform"),
+        (REFUTED, "refuted", "is worse than"),
+        (UNDECIDED, "not confirmed", "15 fresh seeds decide no difference"),
+    ],
+)
+def test_the_reading_is_the_rule_s(mode, case, verdict, says):
+    per_seed, reason, ci = case
+    o = confirm.read_outcome(_report(mode, per_seed, reason, ci), mode)
+    assert o.verdict == verdict and o.anytime_ci == ci and o.n == len(per_seed)
+    assert o.seeds[0] == 100 and o.better_in == sum(d < 0 for d in per_seed)
+    sentence = confirm.outcome_sentence(o)
+    assert says in sentence and f"better in {o.better_in} of {o.n}" in sentence
+    assert ("code corpus" in sentence) == (mode == "confirm-code")
+    (row,) = confirm.outcome_table([o])[2:]
+    assert f"**{verdict}**" in row and f"{o.mean:+.4f}" in row
+
+
+def _set(doc: dict, path: str, value) -> None:
+    *head, last = path.split(".")
+    for key in head:
+        doc = doc[int(key)] if isinstance(doc, list) else doc[key]
+    doc[last] = value
+
+
+# Every field the reading checks, changed to what another run would have: each is refused by
+# name, never read as the pre-registered comparison.
+NOT_THE_RUN = [
+    ("allocations.1.label", "cosine:1.5:0.5", "allocations"),
+    ("allocations.0.label", "cosine:0.75:1.25", "allocations"),
+    ("base_config.train.tokens", 2_115_584, "tokens a run"),
+    ("base_config.model.d_model", 64, "is not transformer-micro"),
+    ("base_config.model.n_layers", 12, "is not transformer-micro"),
+    ("base_config.train.lr", 0.008, "lr 0.004"),
+    ("lr_tuning", {"scope": "each"}, "untuned"),
+    ("stopping.rule", "fixed", "stopping rule"),
+    ("stopping.alpha", 0.1, "stopping rule"),
+    ("stopping.min_seeds", 2, "stopping rule"),
+    ("stopping.cap", 20, "stopping rule"),
+    ("stopping.stop_on", "all", "stopping rule"),
+    ("stopping.seeds_used", 5, "seeds"),
+    ("allocations.1.diff_vs_uniform.val_loss.seeds", [0, 1, 2, 3], "seeds"),
+    ("stopping.sequence", [], "no interval"),
+    ("stopping.reason", "cap", "not by its rule"),  # stopped by the cap at 4 of 15 seeds
+]
+
+
+@pytest.mark.parametrize("path, value, named", NOT_THE_RUN)
+def test_a_report_that_is_not_the_pre_registered_run_is_refused(path, value, named):
+    doc = _report("confirm", *CONFIRMED)
+    confirm.read_outcome(doc, "confirm")  # as run, it reads
+    _set(doc, path, value)
+    with raises_naming(MalformedFileError, "not the pre-registered --paper confirm", named):
+        confirm.read_outcome(doc, "confirm", "x/report.json")
+
+
+def test_an_interval_that_contradicts_its_reason_is_refused():
+    """Decided with 0 inside the interval, or the cap with 0 outside it: not the rule's stop."""
+    per_seed, _, _ = CONFIRMED
+    for reason, ci in (("decided", (-0.05, 0.01)), ("cap", (-0.05, -0.01))):
+        doc = _report("confirm", per_seed if reason == "decided" else UNDECIDED[0], reason, ci)
+        with raises_naming(MalformedFileError, "not by its rule"):
+            confirm.read_outcome(doc, "confirm")
+    # confirm-code's lr must have been tuned for uniform first
+    doc = _report("confirm-code", *CONFIRMED)
+    doc["lr_tuning"] = None
+    with raises_naming(MalformedFileError, "tuned first"):
+        confirm.read_outcome(doc, "confirm-code")
+
+
+def test_conclude_appends_the_reading_once(tmp_path, capsys):
+    """report.md gains the reading after the comparison's own text, once however often the
+    run is resumed; a report the rule cannot read leaves report.md as it was and says why."""
+    doc = _report("confirm", *CONFIRMED)
+
+    class Finished:  # the two paths and the object a finished ComparisonReport gives
+        md_path, json_path = tmp_path / "report.md", tmp_path / "report.json"
+
+        def to_json(self):
+            return doc
+
+    Finished.md_path.write_text("# the comparison\n\nits tables\n")
+    for _ in range(2):
+        confirm.conclude(Finished(), "confirm")  # type: ignore[arg-type]
+    text = Finished.md_path.read_text()
+    assert text.startswith("# the comparison\n\nits tables\n\n## The pre-registered reading\n")
+    assert text.count(confirm.OUTCOME_HEADING) == 1 and "**confirmed**" in text
+    assert "Confirmed: at micro, 10 tokens per parameter" in capsys.readouterr().err
+    doc["stopping"]["rule"] = "fixed"
+    Finished.md_path.write_text("# another\n")
+    confirm.conclude(Finished(), "confirm")  # type: ignore[arg-type]
+    assert Finished.md_path.read_text() == "# another\n"
+    assert "no pre-registered reading" in capsys.readouterr().err

@@ -22,7 +22,8 @@ comparison meets them:
   the cells (summaries and paired differences, the difference against tokens and its crossing,
   the sequential rule); `report`: report.md and the PNGs;
 - `study`: what a study is, the registry of modes, the skeleton, --dry-run; one module per
-  multi-part study: `families`, `scaling`, `longrun` (also `--paper confirm`), `shapes`.
+  multi-part study: `families`, `scaling`, `longrun`, `shapes`; and `confirm`: the
+  pre-registered checks (`--paper confirm`, `confirm-code`) and the rule that reads them.
 """
 
 from taperlm.analysis.stats import paired_difference, t_quantile

@@ -118,7 +118,7 @@ class PaperMode:
 
 # Every --paper mode, in the order --help lists them: its name -> the mode. The one declaration
 # of the modes (`taperlm.compare.study.studies` registers each study from it).
-_LONGRUN, _CONFIRM = "taperlm.compare.longrun:longrun_plan", "taperlm.compare.longrun:confirm_plan"
+_LONGRUN, _CONFIRM = "taperlm.compare.longrun:longrun_plan", "taperlm.compare.confirm:confirm_plan"
 PAPER_STUDIES: dict[str, PaperMode] = {
     # §3's grid, one comparison
     "controlled": PaperMode("taperlm.compare.study:single", controlled_allocations),
@@ -139,7 +139,7 @@ PAPER_STUDIES: dict[str, PaperMode] = {
     # bell / hourglass against uniform and the monotone tapers at nano 8, 32 and micro 2
     "shapes": PaperMode("taperlm.compare.shapes:shapes_plan", one_per="(size, tokens)"),
 }
-# --paper confirm / confirm-code: the pre-registered seed cap (taperlm.compare.longrun)
+# --paper confirm / confirm-code: the pre-registered seed cap (taperlm.compare.confirm)
 CONFIRM_SEEDS = 15
 CONFIRM_MODES = tuple(name for name, mode in PAPER_STUDIES.items() if mode.confirm)
 PAPER_MODES = tuple(PAPER_STUDIES)  # --paper's choices

@@ -85,6 +85,9 @@ class StudyPlan:
     report: StudyReport | None = None  # rewritten after each comparison
     mode: str = COMPARISON  # the --paper name the progress lines show
     folder: str = "study folder"  # what the lock on --out calls the folder
+    # a single comparison's closing reading (a pre-registered rule's): called with its finished
+    # report, it may add to report.md and print; None: the report says all there is
+    conclude: Callable[[ComparisonReport], None] | None = None
 
 
 # A study: the options of `taperlm compare` -> its plan.
@@ -106,6 +109,8 @@ def run_plan(opts: CompareOptions, study: Study) -> tuple[Path, Path]:
     if plan.report is None:  # one comparison in --out itself: it owns and locks the folder
         (part,) = plan.parts
         report = run_comparison(part.opts)
+        if plan.conclude is not None:
+            plan.conclude(report)
         return report.md_path, report.json_path
     progress.total = len(plan.parts)
     for part in plan.parts:  # nothing trains before every comparison is known to be valid
