@@ -9,7 +9,10 @@ This script writes that file from the reports the compare modes wrote:
 - every results/longrun_*.json (`--paper tokens` / `--paper ratios` trend reports): their rows
   as they are, one per point (where both modes measured a point, the ratio axis's row: its
   sweep contains the token axis's, `longrun.keep_widest`);
-- the paper's 440M point from `taperlm.compare.grid`.
+- the paper's 440M point from `taperlm.compare.grid`;
+- each pre-registered check whose finished report is committed (`taperlm.compare.confirm`'s
+  RESULT_FILES: `--paper confirm` / `confirm-code`), read by its rule (`read_outcome`), as
+  `confirmations`: the point it checks, its verdict and interval.
 
 A new measured point is a new or rewritten report followed by this script (and
 `python benchmarks/docs_numbers.py --only ratio-measurements` for the docs' table);
@@ -39,6 +42,7 @@ TREND_REPORTS = "longrun_*.json"
 
 def build(results: Path = RESULTS) -> dict[str, Any]:
     """The packaged file's content, from the reports in `results` (as JSON would read it back)."""
+    from taperlm.compare.confirm import RESULT_FILES, read_outcome_file
     from taperlm.compare.grid import PAPER_440M, PAPER_BEST, PAPER_DIFF
     from taperlm.compare.longrun import TrendRow, keep_widest, report_rows
 
@@ -57,11 +61,17 @@ def build(results: Path = RESULTS) -> dict[str, Any]:
     mode_of = {id(row): mode for row, mode in measured}
     kept = keep_widest([row for row, _ in measured])
     points += [{**row.to_json(), "mode": mode_of[id(row)]} for row in kept]
+    confirmations = []
+    for mode, name in RESULT_FILES.items():
+        if (results / name).is_file():
+            confirmations.append(read_outcome_file(results / name, mode).to_json())
+            sources.append({"file": f"benchmarks/results/{name}", "mode": mode})
     doc = {
         "generated_by": "benchmarks/ratio_measurements.py, from benchmarks/results",
         "sources": sources,
         "points": points,
         "paper": {**PAPER_440M.to_json(), "diff": PAPER_DIFF, "best": PAPER_BEST},
+        "confirmations": confirmations,
     }
     return json.loads(json.dumps(doc))  # tuples as lists, as the file reads back
 

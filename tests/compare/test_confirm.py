@@ -286,3 +286,37 @@ def test_conclude_appends_the_reading_once(tmp_path, capsys):
     confirm.conclude(Finished(), "confirm")  # type: ignore[arg-type]
     assert Finished.md_path.read_text() == "# another\n"
     assert "no pre-registered reading" in capsys.readouterr().err
+
+
+def test_a_committed_reading_reaches_plan_s_advice(tmp_path):
+    """A finished check's report.json committed under its RESULT_FILES name joins the packaged
+    measurements (benchmarks/ratio_measurements.py) as the point's confirmation, and `taperlm
+    plan`'s advice at that point reads it; a report the rule refuses stops the build."""
+    import shutil
+    import sys
+
+    from taperlm.spec.ratio_advice import advice
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import ratio_measurements
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    results = ROOT / "benchmarks/results"
+    for path in [results / "scaling_report.json", *results.glob("longrun_*.json")]:
+        shutil.copy(path, tmp_path / path.name)
+    doc = _report("confirm", *UNDECIDED)
+    (tmp_path / confirm.RESULT_FILES["confirm"]).write_text(json.dumps(doc))
+    built = ratio_measurements.build(tmp_path)
+    (check,) = built["confirmations"]
+    assert (check["point"], check["verdict"], check["corpus"]) == (
+        "micro-10579968", "not confirmed", "built-in"
+    )  # fmt: skip
+    a = advice(1_058_016, 10_579_968, built)
+    assert a["nearest"][0]["point"] == "micro-10579968"
+    assert a["nearest"][0]["status"] == "undecided"
+    assert "(taperlm compare --paper confirm): not confirmed" in a["verdict"]
+    doc["stopping"]["cap"] = 20
+    (tmp_path / confirm.RESULT_FILES["confirm"]).write_text(json.dumps(doc))
+    with raises_naming(MalformedFileError, "not the pre-registered"):
+        ratio_measurements.build(tmp_path)

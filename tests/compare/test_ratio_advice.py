@@ -455,3 +455,91 @@ def test_the_fitted_best_start_says_which_end_of_the_sweep_bounds_it():
             assert "swept in" not in text and "of resamples" not in text, name
         else:
             assert says in text, (name, text)
+
+
+# ----------------------------------------------------------------------------------------------
+# a point's lead checked again, pre-registered, on fresh seeds (`taperlm compare --paper confirm`)
+
+
+def _check(point: str, verdict: str, corpus: str = "built-in", taper: str = "cosine:0.75:1.25"):
+    ci = {"confirmed": [-0.05, -0.01], "refuted": [0.01, 0.04], "not confirmed": [-0.02, 0.02]}
+    return {
+        "point": point, "mode": "confirm" if corpus == "built-in" else "confirm-code",
+        "taper": taper, "corpus": corpus, "seeds": list(range(100, 115)),
+        "mean": sum(ci[verdict]) / 2,
+        "anytime_ci": ci[verdict], "t_ci": ci[verdict], "better_in": 8, "verdict": verdict,
+        "size": "micro", "tokens_per_param": 10.0, "lr": 0.004,
+    }  # fmt: skip
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("exploratory", [HELPS, UNDECIDED, HURTS])
+@pytest.mark.parametrize(
+    "verdict, reads, opening, at_the_point",
+    [
+        ("confirmed", "helps", "Widen with depth", "Widen with depth"),
+        ("refuted", "hurts", "Do not taper", "The advantage is gone"),
+        ("not confirmed", "undecided", "No decided advantage", "The advantage is gone"),
+    ],
+)
+def test_a_checked_lead_is_read_by_its_check(exploratory, verdict, reads, opening, at_the_point):
+    """Whatever the exploratory interval said, the point reads as its pre-registered check on
+    the same corpus says (status, verdict, plan's lines, the docs table); a check on another
+    corpus, or of another taper than the point's best, is shown and changes nothing. A run
+    shorter than the point hears the point's reading; one as long, the token-axis rule's."""
+    p = _point("micro-10579968", 1_058_016, 10.0, exploratory, best_taper="cosine:0.75:1.25")
+    doc = {**_doc(p), "confirmations": [_check("micro-10579968", verdict)]}
+    shorter = advice(1_058_016, 1_058_016 * 6.0, doc)
+    assert shorter["verdict"].startswith(opening), shorter["verdict"]
+    a = advice(1_058_016, 1_058_016 * 10.0, doc)
+    assert a["nearest"][0]["status"] == reads
+    assert a["verdict"].startswith(at_the_point), a["verdict"]
+    said = f"checked once, pre-registered, on 15 fresh seeds (taperlm compare --paper confirm): {verdict},"
+    assert said in a["verdict"]
+    assert said in " ".join(format_advice(a).split())
+    assert ("its lead not confirmed" in shorter["verdict"]) == (verdict == "not confirmed")
+    (row,) = [r for r in points_markdown(doc).splitlines() if r.startswith("| micro-10579968 |")]
+    assert row.endswith(f" {verdict} on fresh seeds (--paper confirm) |"), row
+    for other in (
+        _check("micro-10579968", verdict, corpus="code"),
+        _check("micro-10579968", verdict, taper="cosine:1.5:0.5"),
+        _check("nano-2134016", verdict),
+    ):
+        doc = {**_doc(p), "confirmations": [other]}
+        plain = advice(1_058_016, 1_058_016 * 10.0, _doc(p))
+        a = advice(1_058_016, 1_058_016 * 10.0, doc)
+        assert a["nearest"][0]["status"] == status(p) == plain["nearest"][0]["status"]
+        shown = other["point"] == "micro-10579968"
+        assert ("checked once" in a["verdict"]) == shown
+        assert ("on the code corpus" in a["verdict"]) == (shown and other["corpus"] == "code")
+
+
+@pytest.mark.unit
+def test_a_lead_not_confirmed_is_an_advantage_gone():
+    """The token-axis rule reads the check too: a run at or past a point whose only lead was not
+    confirmed hears that the advantage is gone there, with the check quoted."""
+    p = _point("micro-10579968", 1_058_016, 10.0, HELPS, best_taper="cosine:0.75:1.25")
+    doc = {**_doc(p), "confirmations": [_check("micro-10579968", "not confirmed")]}
+    a = advice(1_058_016, 1_058_016 * 20.0, doc)
+    assert [g["point"] for g in a["advantage_gone_at"]] == ["micro-10579968"]
+    assert "no taper's lead holds on fresh seeds" in a["verdict"]
+    assert "not confirmed, Δ +0.0000 [-0.0200, +0.0200]" in a["verdict"]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("key", ["point", "mode", "taper", "corpus", "seeds", "mean", "anytime_ci",
+                                 "better_in", "verdict"])  # fmt: skip
+def test_a_malformed_confirmation_is_refused(tmp_path, key):
+    doc = json.loads(MEASUREMENTS.read_text())
+    check = _check("micro-10579968", "confirmed")
+    del check[key]
+    doc["confirmations"] = [check]
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(MalformedFileError, match=f"confirmation lacks {key}"):
+        load_measurements(path)
+    check[key] = "x" if key == "verdict" else 1
+    if key == "verdict":
+        path.write_text(json.dumps(doc))
+        with pytest.raises(MalformedFileError, match="a known verdict"):
+            load_measurements(path)

@@ -183,6 +183,12 @@ def confirm_hours(
 CONFIRMED, REFUTED, NOT_CONFIRMED = "confirmed", "refuted", "not confirmed"
 TAPER_LABEL = CONFIRM_TAPERS.split(";")[1]  # the arm checked against uniform
 OUTCOME_HEADING = "## The pre-registered reading"
+# Where each check's finished report.json is committed (benchmarks/results/): docs/compare.md's
+# table, README's sentence and `taperlm plan`'s advice (benchmarks/ratio_measurements.py) read it.
+RESULT_FILES = {
+    "confirm": "confirm_micro_10tpp.json",
+    "confirm-code": "confirm_code_micro_2tpp.json",
+}
 MAX_REPORT_BYTES = 64 << 20  # a 15-seed comparison's report.json is well under 1 MB
 
 
@@ -205,9 +211,16 @@ class ConfirmOutcome:
     def n(self) -> int:
         return len(self.seeds)
 
+    @property
+    def point_name(self) -> str:
+        """The measured point it checks, as the long-training sweeps name it (micro-10579968)."""
+        return f"{self.point.size}-{budget_tokens(self.point.size, self.point.tokens_per_param)}"
+
     def to_json(self) -> dict[str, Any]:
         return {
+            "point": self.point_name,
             "mode": self.mode,
+            "taper": TAPER_LABEL,
             "size": self.point.size,
             "tokens_per_param": self.point.tokens_per_param,
             "corpus": self.point.corpus,

@@ -5,8 +5,9 @@ The measurements ship with the package (`ratio_measurements.json` beside this mo
 has no benchmarks/): every point of the `taperlm compare --paper scaling` sweep and of the
 `--paper tokens` / `--paper ratios` token axis as their reports give them (size, parameters,
 tokens per parameter, the paired difference vs uniform at 1.5 -> 0.5 and at the best measured
-ratio with 95% intervals, the fitted best start with its bootstrap interval), and the paper's own
-440M point. `benchmarks/ratio_measurements.py` writes the file from benchmarks/results/, and a
+ratio with 95% intervals, the fitted best start with its bootstrap interval), the paper's own
+440M point, and the pre-registered checks of a point's lead on fresh seeds (`taperlm compare
+--paper confirm` / `confirm-code`, read by their rule: `confirmations`). `benchmarks/ratio_measurements.py` writes the file from benchmarks/results/, and a
 test checks that it still equals what those reports say; a new measured point is a regenerated
 file, nothing here changes.
 
@@ -17,6 +18,11 @@ point, inside the measured range or outside it (by how many decades on each axis
 in words. The token axis decides first: when the longest-trained measured points that trained no
 longer than the run show no decided advantage, the advantage is gone by then, and the advice
 says so whatever shorter runs measured.
+
+A point whose best measured taper was checked again on its own corpus (`checked`) is read by the
+check, which was pre-registered and used fresh seeds: a lead the check did not confirm is no
+decided advantage (a refuted one, a disadvantage), whatever the exploratory interval said; both
+are shown. A check on another corpus is shown beside the point and changes nothing.
 
 Torch-free (plan is): it reads one small JSON through the project's bounded reader.
 """
@@ -44,6 +50,10 @@ STEEP_START = 1.75
 
 _POINT_KEYS = ("point", "size", "params", "tokens_per_param", "diff_1.5", "best_measured",
                "diff_best", "best_ratio", "mode")  # fmt: skip
+_CHECK_KEYS = ("point", "mode", "taper", "corpus", "seeds", "mean", "anytime_ci", "better_in",
+               "verdict")  # fmt: skip
+BUILT_IN = "built-in"  # the corpus every point of the sweeps trained on
+CHECK_VERDICTS = ("confirmed", "refuted", "not confirmed")
 
 
 def load_measurements(path: str | Path = MEASUREMENTS) -> dict[str, Any]:
@@ -62,7 +72,29 @@ def load_measurements(path: str | Path = MEASUREMENTS) -> dict[str, Any]:
                 f"{path}: a ratio measurement lacks {', '.join(missing)}; regenerate the file "
                 "with `python3 benchmarks/ratio_measurements.py`"
             )
+    checks = doc.get("confirmations", [])
+    for c in checks if isinstance(checks, list) else [None]:
+        missing = [k for k in _CHECK_KEYS if not isinstance(c, dict) or k not in c]
+        if missing or c["verdict"] not in CHECK_VERDICTS:  # type: ignore[index]
+            raise MalformedFileError(
+                f"{path}: a confirmation lacks {', '.join(missing) or 'a known verdict'}; "
+                "regenerate the file with `python3 benchmarks/ratio_measurements.py`"
+            )
     return doc
+
+
+def with_checks(points: list[dict[str, Any]], checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each point with the pre-registered checks run at it (`confirmations`, by point name)."""
+    return [{**p, "confirmations": [c for c in checks if c["point"] == p["point"]]} for p in points]
+
+
+def checked(p: dict[str, Any]) -> dict[str, Any] | None:
+    """The pre-registered check of `p`'s lead (its best measured taper) on its own corpus, if
+    one ran: the reading that decides the point."""
+    for c in p.get("confirmations") or ():
+        if c["corpus"] == BUILT_IN and c["taper"] == p["best_measured"]:
+            return c
+    return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -100,7 +132,11 @@ def decades_outside(value: float, low: float, high: float) -> float:
 def status(p: dict[str, Any]) -> str:
     """ "helps": the best measured taper beats uniform, its interval below 0; "hurts": the best
     taper (or 1.5 -> 0.5 where uniform measured lowest) is worse, its interval above 0;
-    "undecided": the interval includes 0."""
+    "undecided": the interval includes 0. A checked lead (`checked`) is what its check says:
+    confirmed helps, refuted hurts, not confirmed is undecided."""
+    check = checked(p)
+    if check is not None:
+        return {"confirmed": "helps", "refuted": "hurts"}.get(check["verdict"], "undecided")
     d = p["diff_best"] or p["diff_1.5"]
     if not d or not d.get("ci"):
         return "undecided"
@@ -139,7 +175,7 @@ def advice(
     """What the measurements say about the ratio for a run of `params` parameters trained on
     `tokens` tokens (the keys of `plan --json`'s ratio_advice; `format_advice` prints it)."""
     doc = measurements if measurements is not None else load_measurements()
-    points = doc["points"]
+    points = with_checks(doc["points"], doc.get("confirmations", []))
     paper = doc["paper"]
     tpp = tokens / params
     near = [{**p, "status": status(p)} for p in nearest(points, params, tpp)]
@@ -279,11 +315,11 @@ def _verdict(
         how_long = _how_far(max(math.log10(run_t / g["tokens_per_param"]), 0.0), "long", "short")
         text = (
             f"The advantage is gone: at {_where_point(g)}, the longest training measured that is "
-            f"not longer than your run's, no taper decidedly beats uniform (best measured "
+            f"not longer than your run's, {_no_lead(g)} (best measured "
             f"{_best_measured(g)}; "
             f"1.5 -> 0.5: {_diff(g['diff_1.5'])}). Your run trains {how_long} that: the "
             "measurements here favour no taper — uniform, or a mild taper at no measured gain."
-        )
+        ) + _check_note(g)
     elif first["status"] == "helps":
         text = (
             f"{_which_way(first['best_measured'])}: at the nearest measured point, "
@@ -291,7 +327,7 @@ def _verdict(
             f"{_ratio(first['best_measured'])} "
             f"({_diff(first['diff_best'])} nats vs uniform; 1.5 -> 0.5: "
             f"{_diff(first['diff_1.5'])}), the fitted best start {_best_start(first['best_ratio'])}."
-        )
+        ) + _check_note(first)
         log_t = math.log10(run_t) + SAME_POINT_DECADES
         lost = [
             p for p in points if math.log10(p["tokens_per_param"]) > log_t and status(p) != "helps"
@@ -304,21 +340,22 @@ def _verdict(
                 ),
             )
             text += (
-                f" Longer training loses it: at {_where_point(g)} no taper decidedly beats uniform "
+                f" Longer training loses it: at {_where_point(g)} {_no_lead(g)} "
                 f"(best measured {_best_measured(g)}; 1.5 -> 0.5: {_diff(g['diff_1.5'])})."
-            )
+            ) + _check_note(g)
     elif first["status"] == "hurts":
         text = (
             f"Do not taper: at the nearest measured point, {_where_point(first)}, the taper is "
             f"worse than uniform (best measured {_best_measured(first)}; "
             f"1.5 -> 0.5: {_diff(first['diff_1.5'])})."
-        )
+        ) + _check_note(first)
     else:
+        held = "its lead not confirmed" if checked(first) else "no interval excluding 0"
         text = (
             f"No decided advantage: at the nearest measured point, {_where_point(first)}, the "
             f"best measured is {_best_measured(first)} (1.5 -> 0.5: {_diff(first['diff_1.5'])} "
-            "vs uniform), no interval excluding 0: uniform, or a mild taper at no measured gain."
-        )
+            f"vs uniform), {held}: uniform, or a mild taper at no measured gain."
+        ) + _check_note(first)
     paper = a["paper"]
     if paper["distance_decades"] < first["distance_decades"]:
         # the paper's winner narrows with depth: a measured inverse taper does not agree with it
@@ -332,6 +369,31 @@ def _verdict(
             f"nats vs uniform, no interval), which {agree} with the measurements here."
         )
     return text
+
+
+def _no_lead(p: dict[str, Any]) -> str:
+    """Why a point shows no advantage: no decided interval, or a lead its check did not hold."""
+    if checked(p):
+        return "no taper's lead holds on fresh seeds"
+    return "no taper decidedly beats uniform"
+
+
+def check_line(c: dict[str, Any]) -> str:
+    """One pre-registered check in words: what, where, and its reading."""
+    lo, hi = c["anytime_ci"]
+    corpus = "" if c["corpus"] == BUILT_IN else f" on the {c['corpus']} corpus"
+    n = len(c["seeds"])
+    return (
+        f"cosine {_ratio(c['taper'])} checked once{corpus}, pre-registered, on {n} fresh seeds "
+        f"(taperlm compare --paper {c['mode']}): {c['verdict']}, Δ {c['mean']:+.4f} "
+        f"[{lo:+.4f}, {hi:+.4f}] nats (anytime-valid 95%), the taper better in "
+        f"{c['better_in']} of {n}"
+    )
+
+
+def _check_note(p: dict[str, Any]) -> str:
+    """The checks run at a point the verdict quotes, as sentences ("" where none ran)."""
+    return "".join(f" At {p['point']}, {check_line(c)}." for c in p.get("confirmations") or ())
 
 
 def _paper_ratio(paper: dict[str, Any]) -> str:
@@ -437,6 +499,8 @@ def format_advice(a: dict[str, Any]) -> str:
             f"fitted best start {_best_start(p['best_ratio'])}: "
             f"{_STATUS_WORDS[p['status']]}"
         )
+        for c in p.get("confirmations") or ():
+            detail += f"; {check_line(c)}"
         lines.append(
             textwrap.fill(detail, WIDTH, initial_indent=" " * 6, subsequent_indent=" " * 6)
         )
@@ -470,7 +534,8 @@ def points_markdown(doc: dict[str, Any]) -> str:
     head = ["point", "mode", "params", "tokens/param", "Δ 1.5→0.5 [95% CI]", "best measured",
             "Δ there [95% CI]", "fitted best start [95% bootstrap]", "reading"]  # fmt: skip
     rows = [head]
-    for p in sorted(doc["points"], key=lambda p: (p["params"], p["tokens_per_param"], p["mode"])):
+    points = with_checks(doc["points"], doc.get("confirmations", []))
+    for p in sorted(points, key=lambda p: (p["params"], p["tokens_per_param"], p["mode"])):
         rows.append(
             [
                 p["point"],
@@ -481,7 +546,13 @@ def points_markdown(doc: dict[str, Any]) -> str:
                 _ratio(p["best_measured"]),
                 _diff(p["diff_best"]),
                 _best_start(p["best_ratio"]),
-                _STATUS_WORDS[status(p)],
+                "; ".join(
+                    [_STATUS_WORDS[status(p)]]
+                    + [
+                        f"{c['verdict']} on fresh seeds (--paper {c['mode']})"
+                        for c in p["confirmations"]
+                    ]
+                ),
             ]
         )
     lines = ["| " + " | ".join(r) + " |" for r in rows]
