@@ -591,3 +591,32 @@ def test_depth_check_is_its_report(point: str, tokens: int):
     lr = data["lr_tuning"]["chosen_lr"]["uniform"]
     quote = f"{_diff_text(diff)}, {better} of {diff['n']} seeds better (uniform's lr {lr:g})"
     assert quote in _flat_text("docs/compare.md"), quote
+
+
+def test_the_confirmatory_readings_are_their_committed_reports():
+    """docs/compare.md's table of the pre-registered checks is `confirm.outcome_table` of the
+    committed report.json files (benchmarks/results, `confirm.RESULT_FILES`), read by the rule;
+    README says each reading in its sentence (`outcome_sentence`); a check not committed yet is
+    said to be not run yet, in both, and has no row."""
+    from taperlm.compare.confirm import (
+        RESULT_FILES,
+        outcome_sentence,
+        outcome_table,
+        read_outcome_file,
+    )
+
+    page, readme = _flat_text("docs/compare.md"), readme_text()
+    done = []
+    for mode, name in RESULT_FILES.items():
+        path = ROOT / "benchmarks/results" / name
+        if path.is_file():
+            outcome = read_outcome_file(path, mode)
+            done.append(outcome)
+            assert " ".join(outcome_sentence(outcome).split()) in readme, mode
+            assert f"`--paper {mode}`: not run yet" not in page + readme, mode
+        else:
+            assert f"`--paper {mode}`: not run yet" in page, mode
+    if done:
+        assert " ".join(" ".join(outcome_table(done)).split()) in page
+    else:
+        assert "| `--paper confirm" not in page
