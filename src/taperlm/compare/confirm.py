@@ -52,11 +52,11 @@ from taperlm.compare.options import (
     CompareOptions,
 )
 from taperlm.compare.report import md_table
-from taperlm.compare.results import ComparisonReport
+from taperlm.compare.results import ComparisonReport, read_record
 from taperlm.compare.study import Part, StudyPlan
 from taperlm.config.presets import get_preset
 from taperlm.errors import ConfigError, MalformedFileError
-from taperlm.files.io import atomic_write_text, read_json
+from taperlm.files.io import atomic_write_text
 
 CONFIRM_TAPERS = "uniform;cosine:0.75:1.25"
 # Fresh seeds: the token axis's micro points reported seeds 0-4 and tuned on 10000-10001.
@@ -189,7 +189,6 @@ RESULT_FILES = {
     "confirm": "confirm_micro_10tpp.json",
     "confirm-code": "confirm_code_micro_2tpp.json",
 }
-MAX_REPORT_BYTES = 64 << 20  # a 15-seed comparison's report.json is well under 1 MB
 
 
 @dataclass(frozen=True)
@@ -405,4 +404,6 @@ def conclude(report: ComparisonReport, mode: str) -> None:
 
 def read_outcome_file(path: str | Path, mode: str) -> ConfirmOutcome:
     """`read_outcome` of a report.json on disk (a committed one: benchmarks/results)."""
-    return read_outcome(read_json(path, MAX_REPORT_BYTES, "comparison report"), mode, str(path))
+    return read_record(
+        Path(path), "comparison report", lambda doc: read_outcome(doc, mode, str(path))
+    )
