@@ -320,3 +320,36 @@ def test_a_committed_reading_reaches_plan_s_advice(tmp_path):
     (tmp_path / confirm.RESULT_FILES["confirm"]).write_text(json.dumps(doc))
     with raises_naming(MalformedFileError, "not the pre-registered"):
         ratio_measurements.build(tmp_path)
+
+
+def test_a_check_under_way_is_read_in_seed_order_from_its_cells(tmp_path):
+    """The interim reading: the seeds both arms have finished, from 100 in order (a gap ends
+    the sequence: the rule reads seeds in order), no interval before 3, and decided when the
+    anytime-valid interval excludes 0, as the rule would stop."""
+    import shutil
+
+    kept = ROOT / "benchmarks/results" / confirm.RESULT_FILES["confirm"].removesuffix(".json")
+    if not kept.is_dir():
+        pytest.skip("no kept cells of --paper confirm")
+    runs = tmp_path / "runs"
+    shutil.copytree(kept / "runs", runs)
+    full = confirm.interim(runs)
+    assert full.seeds[0] == 100 and len(full.seeds) >= 3 and full.anytime_ci is not None
+    shutil.rmtree(runs / "cosine-0.75-1.25-s102")  # a gap at the third seed
+    gap = confirm.interim(runs)
+    assert gap.seeds == (100, 101) and gap.anytime_ci is None and not gap.decided
+    assert "no interval before 3 seeds" in confirm.interim_sentence(gap)
+    shutil.rmtree(runs / "uniform-s100")
+    assert confirm.interim_sentence(confirm.interim(runs)) == "under way: no seed finished yet"
+    # the same differences shifted to one sign and tightened: decided
+    shutil.rmtree(runs)
+    shutil.copytree(kept / "runs", runs)
+    for seed in full.seeds:
+        path = runs / f"cosine-0.75-1.25-s{seed}" / "result.json"
+        doc = json.loads(path.read_text())
+        uniform = json.loads((runs / f"uniform-s{seed}" / "result.json").read_text())
+        doc["val"]["loss"] = uniform["val"]["loss"] + 0.05 + 0.001 * (seed % 2)
+        path.write_text(json.dumps(doc))
+    shifted = confirm.interim(runs)
+    assert shifted.decided == (len(full.seeds) >= 3) and shifted.anytime_ci[0] > 0
+    assert "decided, its report not committed yet" in confirm.interim_sentence(shifted)

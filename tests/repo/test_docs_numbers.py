@@ -596,10 +596,14 @@ def test_depth_check_is_its_report(point: str, tokens: int):
 def test_the_confirmatory_readings_are_their_committed_reports():
     """docs/compare.md's table of the pre-registered checks is `confirm.outcome_table` of the
     committed report.json files (benchmarks/results, `confirm.RESULT_FILES`), read by the rule;
-    README says each reading in its sentence (`outcome_sentence`); a check not committed yet is
-    said to be not run yet, in both, and has no row."""
+    README says each reading in its sentence (`outcome_sentence`). A check under way (its
+    finished cells kept in benchmarks/results/<stem>/runs, as --out lays them out) is quoted as
+    the rule reads them so far (`interim_sentence`); one not started is said to be not run yet;
+    neither has a row."""
     from taperlm.compare.confirm import (
         RESULT_FILES,
+        interim,
+        interim_sentence,
         outcome_sentence,
         outcome_table,
         read_outcome_file,
@@ -609,14 +613,59 @@ def test_the_confirmatory_readings_are_their_committed_reports():
     done = []
     for mode, name in RESULT_FILES.items():
         path = ROOT / "benchmarks/results" / name
+        kept = path.with_suffix("") / "runs"
         if path.is_file():
             outcome = read_outcome_file(path, mode)
             done.append(outcome)
             assert " ".join(outcome_sentence(outcome).split()) in readme, mode
             assert f"`--paper {mode}`: not run yet" not in page + readme, mode
+            assert f"`--paper {mode}`: under way" not in page + readme, mode
+        elif kept.is_dir():
+            so_far = interim(kept)
+            quoted = f"`--paper {mode}`: {interim_sentence(so_far)}"
+            assert " ".join(quoted.split()) in page, quoted
+            if mode == "confirm":  # README's summary says how many seeds it has read so far
+                assert f"the first {len(so_far.seeds)} fresh seeds" in readme
         else:
             assert f"`--paper {mode}`: not run yet" in page, mode
     if done:
         assert " ".join(" ".join(outcome_table(done)).split()) in page
     else:
         assert "| `--paper confirm" not in page
+
+
+def test_the_kept_cells_of_a_check_resume_it(tmp_path):
+    """A check's kept cells (benchmarks/results/<stem>/runs) are its own cells: each reads as a
+    done cell, trained exactly as the pre-registered comparison trains that cell (the run's
+    config, compared as a resume compares it), so that the command continues from them."""
+    import json
+
+    from taperlm.cli import build_parser
+    from taperlm.compare.cell import read_result
+    from taperlm.compare.comparison import check_options, reported_seeds
+    from taperlm.compare.confirm import RESULT_FILES, confirm_options
+    from taperlm.compare.grid import build_grid
+    from taperlm.compare.options import options_from
+    from taperlm.files.outdirs import check_folder
+    from taperlm.training.run_dir import resume_conflicts
+
+    for mode, name in RESULT_FILES.items():
+        kept = (ROOT / "benchmarks/results" / name).with_suffix("")
+        if not kept.is_dir():
+            continue
+        check_folder(kept, "compare", "--out")  # the documented copy is accepted as --out
+        data = ["--data", str(tmp_path)] if mode == "confirm-code" else []
+        args = ["compare", "--paper", mode, *data, "--out", str(tmp_path / "out")]
+        sub = confirm_options(options_from(build_parser().parse_args(args)))
+        allocs, provisional = check_options(sub)
+        grid = build_grid(provisional, allocs, reported_seeds(sub))
+        cells = sorted((kept / "runs").iterdir())
+        assert cells
+        for folder in cells:
+            result = read_result(folder)
+            assert result is not None, folder
+            config = json.loads((folder / "result.json").read_text())["config"]
+            cell = grid.cell(result.allocation, result.seed)
+            conflicts = resume_conflicts(config, cell.config)
+            # the vocabulary is sized to the data when it is read (here: none)
+            assert [c for c in conflicts if c[0] != "model.vocab_size"] == [], folder

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from taperlm.analysis.stats import confidence_sequence
+from taperlm.compare.cell import read_result
 from taperlm.compare.longrun import (
     CELL_TOKENS_PER_S,
     LONGRUN_EXTEND,
@@ -400,6 +402,53 @@ def conclude(report: ComparisonReport, mode: str) -> None:
     text = md.read_text(encoding="utf-8").split("\n" + OUTCOME_HEADING + "\n")[0].rstrip("\n")
     atomic_write_text(md, text + "\n\n" + outcome_markdown(outcome))
     print(f"taperlm compare --paper {mode}: {outcome_sentence(outcome)}", file=sys.stderr)
+
+
+@dataclass(frozen=True)
+class Interim:
+    """A check under way, read from its finished cells: the seeds both arms have finished, in
+    order from CONFIRM_FIRST_SEED (the sequence is read in seed order: a gap ends it), their
+    paired differences (taper − uniform) and the anytime-valid interval where they end."""
+
+    seeds: tuple[int, ...]
+    diffs: tuple[float, ...]
+    anytime_ci: tuple[float, float] | None  # None before CONFIRM_MIN_SEEDS: unbounded
+
+    @property
+    def decided(self) -> bool:
+        return self.anytime_ci is not None and (self.anytime_ci[1] < 0 or self.anytime_ci[0] > 0)
+
+
+def interim(runs: Path) -> Interim:
+    """The rule's reading so far of a check's cell folders (`runs`: its --out's runs/, or the
+    kept copy of their result.json files), for a page to quote while the check is under way."""
+    taper = TAPER_LABEL.replace(":", "-")  # the allocation's cell-name stem
+    seeds, diffs = [], []
+    for seed in range(CONFIRM_FIRST_SEED, CONFIRM_FIRST_SEED + CONFIRM_SEEDS):
+        pair = [read_result(runs / f"{name}-s{seed}") for name in ("uniform", taper)]
+        if None in pair:
+            break
+        uniform, tapered = pair
+        seeds.append(seed)
+        diffs.append(tapered.val.loss - uniform.val.loss)  # type: ignore[union-attr]
+    steps = confidence_sequence(diffs, CONFIRM_ALPHA) if diffs else []
+    ci = steps[-1].ci if steps and len(diffs) >= CONFIRM_MIN_SEEDS else None
+    return Interim(tuple(seeds), tuple(diffs), ci)
+
+
+def interim_sentence(i: Interim) -> str:
+    """The interim reading in words (docs/compare.md quotes it while the check runs)."""
+    n = len(i.seeds)
+    if n == 0:
+        return "under way: no seed finished yet"
+    worse = sum(d > 0 for d in i.diffs)
+    mean = sum(i.diffs) / n
+    at = f"anytime-valid 95% {_ci(i.anytime_ci)}" if i.anytime_ci else "no interval before 3 seeds"
+    state = "decided, its report not committed yet" if i.decided else "not decided yet"
+    return (
+        f"under way: {n} of at most {CONFIRM_SEEDS} seeds ({i.seeds[0]}–{i.seeds[-1]}), {state}: "
+        f"Δ {mean:+.4f} nats, {at}, the taper worse in {worse} of {n} (interim, not a result)"
+    )
 
 
 def read_outcome_file(path: str | Path, mode: str) -> ConfirmOutcome:
