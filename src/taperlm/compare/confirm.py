@@ -58,7 +58,7 @@ from taperlm.compare.results import ComparisonReport, read_record
 from taperlm.compare.study import Part, StudyPlan
 from taperlm.config.presets import get_preset
 from taperlm.errors import ConfigError, MalformedFileError
-from taperlm.files.io import atomic_write_text
+from taperlm.files.io import MAX_RECORD_BYTES, atomic_write_text, read_text
 
 CONFIRM_TAPERS = "uniform;cosine:0.75:1.25"
 # Fresh seeds: the token axis's micro points reported seeds 0-4 and tuned on 10000-10001.
@@ -399,7 +399,9 @@ def conclude(report: ComparisonReport, mode: str) -> None:
         print(f"taperlm compare --paper {mode}: no pre-registered reading: {err}", file=sys.stderr)
         return
     md = report.md_path
-    text = md.read_text(encoding="utf-8").split("\n" + OUTCOME_HEADING + "\n")[0].rstrip("\n")
+    # report.md is the comparison's own, just written; bounded all the same (a few KB)
+    text = read_text(md, MAX_RECORD_BYTES, "comparison report.md")
+    text = text.split("\n" + OUTCOME_HEADING + "\n")[0].rstrip("\n")
     atomic_write_text(md, text + "\n\n" + outcome_markdown(outcome))
     print(f"taperlm compare --paper {mode}: {outcome_sentence(outcome)}", file=sys.stderr)
 
