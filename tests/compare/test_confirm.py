@@ -196,7 +196,7 @@ UNDECIDED = ([0.01, -0.01] * 7 + [0.0], "cap", (-0.02, 0.02))
     [
         (CONFIRMED, "confirmed", "beats uniform"),
         (REFUTED, "refuted", "is worse than"),
-        (UNDECIDED, "not confirmed", "15 fresh seeds decide no difference"),
+        (UNDECIDED, "not confirmed", "15 fresh seeds do not decide a difference"),
     ],
 )
 def test_the_reading_is_the_rule_s(mode, case, verdict, says):

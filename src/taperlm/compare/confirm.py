@@ -342,8 +342,9 @@ def outcome_sentence(o: ConfirmOutcome) -> str:
             f"uniform ({measured})."
         )
     return (
-        f"Not confirmed: at {_where(o)}, {CONFIRM_SEEDS} fresh seeds decide no difference "
-        f"between cosine 0.75 -> 1.25 and uniform ({measured})."
+        f"Not confirmed: at {_where(o)}, {CONFIRM_SEEDS} fresh seeds do not decide a difference "
+        f"between cosine 0.75 -> 1.25 and uniform, either way ({measured}); this is not a "
+        "finding that they are equal."
     )
 
 
