@@ -637,15 +637,20 @@ def test_the_confirmatory_readings_are_their_committed_reports():
 def test_the_kept_cells_of_a_check_resume_it(tmp_path):
     """A check's kept cells (benchmarks/results/<stem>/runs) are its own cells: each reads as a
     done cell, trained exactly as the pre-registered comparison trains that cell (the run's
-    config, compared as a resume compares it), so that the command continues from them."""
+    config, compared as a resume compares it), so that the command continues from them. A check
+    that tunes uniform's lr (confirm-code) keeps its tuning cells too, each the tuning grid's
+    cell at its lr, and its seeds' cells are at the lr its committed report chose."""
+    import copy
     import json
+    import math
 
     from taperlm.cli import build_parser
     from taperlm.compare.cell import read_result
     from taperlm.compare.comparison import check_options, reported_seeds
-    from taperlm.compare.confirm import RESULT_FILES, confirm_options
+    from taperlm.compare.confirm import RESULT_FILES, confirm_options, read_outcome_file
     from taperlm.compare.grid import build_grid
     from taperlm.compare.options import options_from
+    from taperlm.compare.tuning import tuning_grid
     from taperlm.files.outdirs import check_folder
     from taperlm.training.run_dir import resume_conflicts
 
@@ -658,14 +663,33 @@ def test_the_kept_cells_of_a_check_resume_it(tmp_path):
         args = ["compare", "--paper", mode, *data, "--out", str(tmp_path / "out")]
         sub = confirm_options(options_from(build_parser().parse_args(args)))
         allocs, provisional = check_options(sub)
-        grid = build_grid(provisional, allocs, reported_seeds(sub))
         cells = sorted((kept / "runs").iterdir())
         assert cells
-        for folder in cells:
-            result = read_result(folder)
-            assert result is not None, folder
+        results = {folder: read_result(folder) for folder in cells}
+        assert None not in results.values(), [f for f, r in results.items() if r is None]
+        tuning = {f: r for f, r in results.items() if r.seed >= 10000}  # type: ignore[union-attr]
+        base = copy.deepcopy(provisional)
+        if sub.tune_lr:  # the seeds' cells train at the lr the kept tuning cells choose
+            by_lr: dict[float, list[float]] = {}
+            for r in tuning.values():
+                by_lr.setdefault(r.trained_lr, []).append(r.val.loss)  # type: ignore[union-attr]
+            recipe = provisional.train.lr
+            base.train.lr = min(
+                by_lr, key=lambda lr: (sum(by_lr[lr]) / len(by_lr[lr]), abs(math.log(lr / recipe)))
+            )
+            report = ROOT / "benchmarks/results" / name
+            if report.is_file():
+                assert read_outcome_file(report, mode).lr == base.train.lr
+            lrs = sorted(by_lr)
+            tseeds = sorted({r.seed for r in tuning.values()})  # type: ignore[union-attr]
+            tgrid, _ = tuning_grid(provisional, allocs, tseeds, lrs, "uniform")
+        else:
+            assert not tuning, "a check at a fixed lr has no tuning cells"
+        grid = build_grid(base, allocs, reported_seeds(sub))
+        for folder, result in results.items():
             config = json.loads((folder / "result.json").read_text())["config"]
-            cell = grid.cell(result.allocation, result.seed)
+            at = tgrid if folder in tuning else grid
+            cell = at.cell(result.allocation, result.seed)  # type: ignore[union-attr]
             conflicts = resume_conflicts(config, cell.config)
             # the vocabulary is sized to the data when it is read (here: none)
             assert [c for c in conflicts if c[0] != "model.vocab_size"] == [], folder
