@@ -512,6 +512,11 @@ def test_a_checked_lead_is_read_by_its_check(exploratory, verdict, reads, openin
         shown = other["point"] == "micro-10579968"
         assert ("checked once" in a["verdict"]) == shown
         assert ("on the code corpus" in a["verdict"]) == (shown and other["corpus"] == "code")
+        # the docs table names the corpus of a check that trained on another
+        rows = [r for r in points_markdown(doc).splitlines() if r.startswith("| micro-10579968 |")]
+        where = " on the code corpus" if other["corpus"] == "code" else ""
+        mode = other["mode"]
+        assert rows[0].endswith(f"{verdict} on fresh seeds{where} (--paper {mode}) |") == shown
 
 
 @pytest.mark.unit

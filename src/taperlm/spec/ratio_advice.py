@@ -378,13 +378,17 @@ def _no_lead(p: dict[str, Any]) -> str:
     return "no taper decidedly beats uniform"
 
 
+def _on_corpus(c: dict[str, Any]) -> str:
+    """Where a check trained, when not on the built-in corpus (its point's own measurements')."""
+    return "" if c["corpus"] == BUILT_IN else f" on the {c['corpus']} corpus"
+
+
 def check_line(c: dict[str, Any]) -> str:
     """One pre-registered check in words: what, where, and its reading."""
     lo, hi = c["anytime_ci"]
-    corpus = "" if c["corpus"] == BUILT_IN else f" on the {c['corpus']} corpus"
     n = len(c["seeds"])
     return (
-        f"cosine {_ratio(c['taper'])} checked once{corpus}, pre-registered, on {n} fresh seeds "
+        f"cosine {_ratio(c['taper'])} checked once{_on_corpus(c)}, pre-registered, on {n} fresh seeds "
         f"(taperlm compare --paper {c['mode']}): {c['verdict']}, Δ {c['mean']:+.4f} "
         f"[{lo:+.4f}, {hi:+.4f}] nats (anytime-valid 95%), the taper better in "
         f"{c['better_in']} of {n}"
@@ -549,7 +553,7 @@ def points_markdown(doc: dict[str, Any]) -> str:
                 "; ".join(
                     [_STATUS_WORDS[status(p)]]
                     + [
-                        f"{c['verdict']} on fresh seeds (--paper {c['mode']})"
+                        f"{c['verdict']} on fresh seeds{_on_corpus(c)} (--paper {c['mode']})"
                         for c in p["confirmations"]
                     ]
                 ),
